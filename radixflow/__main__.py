@@ -1,0 +1,43 @@
+"""Command line: `radixflow demo` (a short generation through Engine)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+def demo(argv: list[str]) -> int:
+    from radixflow.runtime.engine import Engine
+    from radixflow.runtime.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="radixflow demo")
+    ServerArgs.add_cli_args(parser)
+    args = ServerArgs.from_cli(parser.parse_args(argv))
+    t0 = time.time()
+    engine = Engine(**{k: v for k, v in vars(args).items() if k != "extra"})
+    print(f"loaded {engine.runner.model_dir} in {time.time() - t0:.1f}s", flush=True)
+    prompts = ["The capital of France is", "List three colors:", "The capital of France is a city where"]
+    t0 = time.time()
+    outs = engine.generate(prompts, {"max_new_tokens": 32, "temperature": 0})
+    for p, o in zip(prompts, outs):
+        m = o["meta_info"]
+        print(f"--- {p!r} ({m['prompt_tokens']} prompt tokens, {m['cached_tokens']} cached)\n{o['text']}")
+    print(f"{sum(o['meta_info']['completion_tokens'] for o in outs)} tokens in {time.time() - t0:.2f}s")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: radixflow demo [--model-path PATH] [server args...]")
+        return 0
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "demo":
+        return demo(rest)
+    print(f"unknown command {cmd!r}; try: radixflow demo", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

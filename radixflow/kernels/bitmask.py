@@ -1,0 +1,23 @@
+"""Apply a packed token bitmask `[B, ceil(V/32)]` int32 to logits: bit j of word w
+allows token 32*w + j; disallowed tokens get -inf. Torch reference (used on CPU)."""
+
+from __future__ import annotations
+
+import torch
+
+_SHIFTS = {}
+
+
+def unpack_bitmask(bitmask: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, W] int32 -> [B, V] bool (True = allowed)."""
+    key = bitmask.device
+    if key not in _SHIFTS:
+        _SHIFTS[key] = torch.arange(32, dtype=torch.int32, device=bitmask.device)
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS[key]) & 1
+    return bits.view(bitmask.shape[0], -1)[:, :vocab].bool()
+
+
+def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place. Rows whose mask is all ones are left alone."""
+    allowed = unpack_bitmask(bitmask, logits.shape[1])
+    logits.masked_fill_(~allowed, float("-inf"))

@@ -1,0 +1,119 @@
+"""KV memory: the per-layer K/V token pool, its page allocator, and the req->token table.
+
+A slot holds one token's K and V for every layer. Slots are grouped into pages of
+`page_size`; the allocator hands out whole pages. Page 0 is never handed out: its
+slots are a scratch target for padded rows (e.g. CUDA-graph padding).
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class PageAllocator:
+    """Free list of KV pages. Pages are the unit of ownership."""
+
+    def __init__(self, num_pages: int, page_size: int, device: str = "cpu"):
+        assert num_pages >= 2, "need at least one usable page besides the scratch page"
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.device = device
+        self.clear()
+
+    def clear(self) -> None:
+        self._free = torch.arange(1, self.num_pages, dtype=torch.int64)
+
+    @property
+    def num_free_pages(self) -> int:
+        return int(self._free.numel())
+
+    @property
+    def num_free_slots(self) -> int:
+        return self.num_free_pages * self.page_size
+
+    @property
+    def capacity_slots(self) -> int:
+        return (self.num_pages - 1) * self.page_size
+
+    def alloc(self, n_pages: int) -> torch.Tensor | None:
+        """Return `n_pages` page ids, or None if not enough are free."""
+        if n_pages > self._free.numel():
+            return None
+        pages, self._free = self._free[:n_pages], self._free[n_pages:]
+        return pages
+
+    def free(self, pages: torch.Tensor) -> None:
+        if pages.numel():
+            self._free = torch.cat([self._free, pages.to(torch.int64).cpu()])
+
+    def slots_of(self, pages: torch.Tensor) -> torch.Tensor:
+        offs = torch.arange(self.page_size, dtype=torch.int64)
+        return (pages.view(-1, 1) * self.page_size + offs).view(-1)
+
+    def free_slots(self, slots: torch.Tensor) -> None:
+        """Free the pages that `slots` start or cover. Slots must cover whole pages,
+        except a request's tail page, which it owns alone and which is freed whole."""
+        if slots.numel() == 0:
+            return
+        pages = torch.unique(slots.cpu() // self.page_size)
+        self.free(pages)
+
+
+class KVPool:
+    """K and V buffers `[num_slots, kv_heads, head_dim]` per layer, plus the allocator."""
+
+    def __init__(
+        self,
+        num_slots: int,
+        page_size: int,
+        num_layers: int,
+        kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: str,
+    ):
+        num_pages = num_slots // page_size + 1  # +1: the scratch page
+        self.allocator = PageAllocator(num_pages, page_size, device)
+        total = num_pages * page_size
+        self.k = [torch.zeros(total, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(total, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.page_size = page_size
+        self.dtype = dtype
+        self.device = device
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
+
+    def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k[layer][slots] = k.to(self.dtype)
+        self.v[layer][slots] = v.to(self.dtype)
+
+
+class ReqToTokenPool:
+    """`[max_running_requests, max_context]` int32 table; row r = KV slots of request r."""
+
+    def __init__(self, size: int, max_context: int, device: str):
+        self.table = torch.zeros(size, max_context, dtype=torch.int32, device=device)
+        self._free_rows = list(range(size))
+        self.size = size
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free_rows)
+
+    def alloc(self) -> int | None:
+        return self._free_rows.pop() if self._free_rows else None
+
+    def free(self, row: int) -> None:
+        assert row not in self._free_rows
+        self._free_rows.append(row)
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, torch.int32)
+
+    def read(self, row: int, end: int) -> torch.Tensor:
+        return self.table[row, :end].to(torch.int64)
+
+    def clear(self) -> None:
+        self._free_rows = list(range(self.size))

@@ -1,0 +1,192 @@
+"""RadixCache: a radix tree over token ids whose nodes own KV slots.
+
+Each node holds a run of tokens (`key`) and the KV slots that hold them (`value`),
+a lock count of running requests that use it, and a last-access time for LRU
+eviction. With page_size > 1 keys are whole pages and matches round down to pages.
+
+Invariant: every usable slot is free, owned by one running request's private tail,
+or owned by exactly one tree node. Locked nodes (and their ancestors) are never evicted.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+
+from radixflow.radix_cache.memory_pool import PageAllocator
+
+_clock = itertools.count()
+
+
+@dataclass(eq=False)
+class TreeNode:
+    key: list = field(default_factory=list)
+    value: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
+    parent: Optional["TreeNode"] = None
+    children: dict = field(default_factory=dict)
+    lock_ref: int = 0
+    last_access: int = 0
+
+    def touch(self) -> None:
+        self.last_access = next(_clock)
+
+    def __lt__(self, other: "TreeNode") -> bool:
+        return self.last_access < other.last_access
+
+
+@dataclass
+class MatchResult:
+    slots: torch.Tensor  # KV slots of the matched prefix, in position order
+    node: TreeNode  # deepest matched node (lock this while using the prefix)
+
+    @property
+    def length(self) -> int:
+        return int(self.slots.numel())
+
+
+def _common_prefix_len(a: list, b: list) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the common case, done in C
+        return n
+    diff = np.asarray(a[:n]) != np.asarray(b[:n])
+    return int(diff.argmax())
+
+
+class RadixCache:
+    def __init__(self, allocator: PageAllocator, page_size: int = 1, disable: bool = False):
+        self.allocator = allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = TreeNode()
+        self.root.lock_ref = 1
+        self.evictable_size = 0
+        self.protected_size = 0
+
+    # -- helpers -----------------------------------------------------------------------
+    def _child_key(self, key: list):
+        return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+
+    def _page_align(self, n: int) -> int:
+        return n - n % self.page_size
+
+    def _split(self, node: TreeNode, at: int) -> TreeNode:
+        """Split `node` so that its first `at` tokens become a new parent node."""
+        head = TreeNode(key=node.key[:at], value=node.value[:at], parent=node.parent, lock_ref=node.lock_ref)
+        head.last_access = node.last_access
+        head.children = {self._child_key(node.key[at:]): node}
+        head.parent.children[self._child_key(head.key)] = head
+        node.key, node.value, node.parent = node.key[at:], node.value[at:], head
+        return head
+
+    # -- public API ------------------------------------------------------------------
+    def match_prefix(self, key: list) -> MatchResult:
+        """Longest cached prefix of `key` (page aligned). Touches the matched path."""
+        if self.disable:
+            return MatchResult(torch.empty(0, dtype=torch.int64), self.root)
+        key = key[: self._page_align(len(key))]
+        node, parts = self.root, []
+        node.touch()
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            n = self._page_align(_common_prefix_len(child.key, key))
+            if n == 0:
+                break
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.touch()
+            parts.append(child.value)
+            node, key = child, key[n:]
+        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return MatchResult(slots, node)
+
+    def insert(self, key: list, slots: torch.Tensor) -> int:
+        """Insert `key` with its KV `slots`; returns how many leading tokens were
+        already cached. The caller owns (and must free) its duplicates of those slots.
+        Only the page-aligned part of `key` is inserted; the caller keeps the rest."""
+        if self.disable:
+            return 0
+        n_aligned = self._page_align(len(key))
+        key, slots = key[:n_aligned], slots[:n_aligned]
+        node, done = self.root, 0
+        node.touch()
+        while done < len(key):
+            rest = key[done:]
+            child = node.children.get(self._child_key(rest))
+            if child is None:
+                leaf = TreeNode(key=list(rest), value=slots[done:].clone(), parent=node)
+                leaf.touch()
+                node.children[self._child_key(rest)] = leaf
+                self.evictable_size += len(rest)
+                break
+            n = self._page_align(_common_prefix_len(child.key, rest))
+            if n < len(child.key):
+                child = self._split(child, n)
+            child.touch()
+            node, done = child, done + n
+        return min(done, len(key))
+
+    def inc_lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            if node.lock_ref == 0:
+                self.evictable_size -= len(node.key)
+                self.protected_size += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock(self, node: TreeNode) -> None:
+        while node is not self.root:
+            assert node.lock_ref > 0, "unlock of an unlocked node"
+            if node.lock_ref == 1:
+                self.evictable_size += len(node.key)
+                self.protected_size -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    def evict(self, num_tokens: int) -> int:
+        """Free at least `num_tokens` slots from unlocked LRU leaves (if possible).
+        Returns the number of slots freed."""
+        heap = [n for n in self._leaves() if n.lock_ref == 0]
+        heapq.heapify(heap)
+        freed = 0
+        while freed < num_tokens and heap:
+            leaf = heapq.heappop(heap)
+            self.allocator.free_slots(leaf.value)
+            freed += len(leaf.key)
+            self.evictable_size -= len(leaf.key)
+            parent = leaf.parent
+            del parent.children[self._child_key(leaf.key)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(heap, parent)
+        return freed
+
+    def _leaves(self) -> list:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            if not node.children and node is not self.root:
+                out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def all_slots(self) -> torch.Tensor:
+        """Every slot owned by the tree (for invariant checks)."""
+        parts, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            parts.append(node.value)
+            stack.extend(node.children.values())
+        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+
+    @property
+    def total_size(self) -> int:
+        return self.evictable_size + self.protected_size

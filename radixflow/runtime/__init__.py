@@ -1,0 +1,1 @@
+"""Serving runtime: engine, scheduler, model runner, sampler (and the HTTP server)."""

@@ -1,0 +1,139 @@
+"""In-process engine, shaped like SGLang's `Engine`: no HTTP, no extra processes.
+
+    with radixflow.Engine() as engine:                 # the embedded default model
+        out = engine.generate("The capital of France is", {"max_new_tokens": 8})
+        print(out["text"], out["meta_info"]["cached_tokens"])
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Iterator, Optional, Union
+
+from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
+from radixflow.runtime.model_runner import ModelRunner
+from radixflow.runtime.req import Req
+from radixflow.runtime.scheduler import Scheduler
+from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    def __init__(self, model_path: Optional[str] = None, **server_args: Any):
+        self.server_args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
+        self.runner = ModelRunner(self.server_args)
+        tok_path = self.server_args.tokenizer_path or self.runner.model_dir
+        self.tokenizer = load_tokenizer(tok_path)
+        self.eos_ids = eos_token_ids(tok_path, self.runner.config, self.tokenizer)
+        self.scheduler = Scheduler(self.server_args, self.runner, self.tokenizer, self.eos_ids)
+        self.builder = RequestBuilder(
+            self.tokenizer,
+            self.runner.vocab_size,
+            self.runner.context_len,
+            self.runner.kv_pool.allocator.capacity_slots,
+            self.server_args.max_new_tokens_limit,
+        )
+        self._closed = False
+
+    # -- generation ---------------------------------------------------------------------------
+    def generate(
+        self,
+        prompt: Union[str, list, None] = None,
+        sampling_params: Union[dict, list, None] = None,
+        input_ids: Optional[list] = None,
+        return_logprob: Union[bool, list] = False,
+        logprob_start_len: Union[int, list, None] = None,
+        top_logprobs_num: Union[int, list] = 0,
+        stream: bool = False,
+        rid: Union[str, list, None] = None,
+        return_text_in_logprobs: bool = True,
+    ) -> Union[dict, list, Iterator]:
+        """A dict for one prompt, a list of dicts for a batch (prompt-major when n > 1);
+        with stream=True an iterator of growing results."""
+        g = GenerateInput(
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            return_text_in_logprobs=return_text_in_logprobs,
+        )
+        reqs = self.builder.build(g)  # raises before anything is queued
+        single = not g.is_batch and len(reqs) == 1
+        if stream:
+            return self._stream(reqs, single)
+        self._run(reqs)
+        results = [self._result(r) for r in reqs]
+        return results[0] if single else results
+
+    def _submit(self, reqs: list[Req]) -> None:
+        self._check_open()
+        for r in reqs:
+            self.scheduler.add_request(r)
+
+    def _run(self, reqs: list[Req]) -> None:
+        self._submit(reqs)
+        try:
+            while not all(r.finished for r in reqs):
+                self.scheduler.step()
+        except BaseException:
+            for r in reqs:
+                self.scheduler.abort(r.rid)
+            raise
+
+    def _stream(self, reqs: list[Req], single: bool) -> Iterator:
+        self._submit(reqs)
+        sent = [-1] * len(reqs)
+        try:
+            while True:
+                if self.scheduler.has_work():
+                    self.scheduler.step()
+                for i, r in enumerate(reqs):
+                    if len(r.output_ids) != sent[i] or (r.finished and sent[i] >= 0 and sent[i] != -2):
+                        sent[i] = -2 if r.finished else len(r.output_ids)
+                        out = self._result(r, finished=r.finished)
+                        if not single:
+                            out["index"] = i
+                        yield out
+                if all(s == -2 for s in sent):
+                    return
+        finally:
+            for r in reqs:
+                if not r.finished:
+                    self.scheduler.abort(r.rid)
+
+    def _result(self, req: Req, finished: bool = True) -> dict:
+        return build_result(req, self.tokenizer, self.scheduler.logprobs.with_text, finished)
+
+    # -- programs, cache, lifecycle -------------------------------------------------------------------
+    def flush_cache(self) -> bool:
+        return self.scheduler.flush_cache()
+
+    def get_server_info(self) -> dict:
+        s = self.scheduler
+        return {
+            "max_total_num_tokens": self.runner.kv_pool.allocator.capacity_slots,
+            "free_slots": self.runner.kv_pool.allocator.num_free_slots,
+            "cached_slots": s.tree.total_size,
+            "cache_hit_rate": s.stats.cache_hit_rate,
+            "num_retractions": s.stats.retractions,
+        }
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Engine was shut down; create a new one")
+
+    def shutdown(self) -> None:
+        self._closed = True
+        self.scheduler = None  # type: ignore[assignment]
+        self.runner = None  # type: ignore[assignment]
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()

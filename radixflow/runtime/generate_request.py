@@ -1,0 +1,169 @@
+"""Turns a generate call (single or batch, text or token ids) into validated requests,
+and finished requests back into SGLang-shaped result dicts. Shared by Engine and the
+HTTP server, so both validate and answer alike."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.req import LogprobOptions, Req
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+@dataclass
+class GenerateInput:
+    """One generate call, as the user gave it (SGLang's GenerateReqInput, reduced)."""
+
+    text: Any = None
+    input_ids: Any = None
+    sampling_params: Any = None
+    rid: Any = None
+    return_logprob: Any = False
+    logprob_start_len: Any = None
+    top_logprobs_num: Any = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+
+    @property
+    def is_batch(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, list)
+        return bool(self.input_ids) and isinstance(self.input_ids[0], list)
+
+
+class RequestBuilder:
+    """Validates and tokenizes generate calls for one model."""
+
+    def __init__(self, tokenizer, vocab_size: int, context_len: int, max_pool_tokens: int, max_new_tokens_limit: int = 1 << 20):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.context_len = context_len
+        self.max_pool_tokens = max_pool_tokens
+        self.max_new_tokens_limit = max_new_tokens_limit
+
+    def build(self, g: GenerateInput) -> list[Req]:
+        """Requests in output order (prompt-major when n > 1). Raises RadixflowError."""
+        prompts = self._prompts(g)
+        count = len(prompts)
+        params = _per_item(g.sampling_params, count, "sampling_params")
+        rids = _rids(g.rid, count)
+        want_lp = _per_item(g.return_logprob, count, "return_logprob")
+        start = _per_item(g.logprob_start_len, count, "logprob_start_len")
+        topk = _per_item(g.top_logprobs_num, count, "top_logprobs_num")
+        reqs = []
+        for i, ids in enumerate(prompts):
+            sp = SamplingParams.from_dict(params[i])
+            if sp.max_new_tokens > self.max_new_tokens_limit:
+                raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
+            lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
+            for j in range(sp.n):
+                sub = sp if sp.n == 1 else sp.copy(n=1, sampling_seed=None if sp.sampling_seed is None else sp.sampling_seed + j)
+                rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
+                reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp))
+        return reqs
+
+    def _prompts(self, g: GenerateInput) -> list[list[int]]:
+        if (g.text is None) == (g.input_ids is None):
+            raise RadixflowError("give exactly one of text (prompt) or input_ids")
+        if g.text is not None:
+            texts = g.text if isinstance(g.text, list) else [g.text]
+            if not texts:
+                raise RadixflowError("the batch of prompts is empty")
+            for t in texts:
+                if not isinstance(t, str):
+                    raise RadixflowError(f"each prompt must be a string, got {type(t).__name__}")
+                if not t:
+                    raise RadixflowError("a prompt is empty; give at least one character")
+            batch = [self.tokenizer.encode(t) for t in texts]
+        else:
+            batch = g.input_ids if g.is_batch else [g.input_ids]
+            if not batch:
+                raise RadixflowError("input_ids is empty")
+        for ids in batch:
+            self._check_ids(ids)
+        return batch
+
+    def _check_ids(self, ids: Any) -> None:
+        if not isinstance(ids, list) or not ids:
+            raise RadixflowError("input_ids must be a non-empty list of token ids")
+        if not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < self.vocab_size for t in ids):
+            raise RadixflowError(f"input_ids must be integers in [0, {self.vocab_size})")
+        if len(ids) >= self.context_len:
+            raise RadixflowError(
+                f"the prompt has {len(ids)} tokens but the context length is {self.context_len}; shorten the prompt"
+            )
+        if len(ids) + 1 > self.max_pool_tokens:
+            raise RadixflowError(
+                f"the prompt has {len(ids)} tokens but the KV pool holds {self.max_pool_tokens}; "
+                "shorten the prompt or raise max_total_tokens"
+            )
+
+
+def _per_item(value: Any, count: int, name: str) -> list:
+    if isinstance(value, list):
+        if len(value) != count:
+            raise RadixflowError(f"{name} has {len(value)} entries for {count} prompts")
+        return value
+    return [value] * count
+
+
+def _rids(rid: Any, count: int) -> list[str]:
+    if rid is None:
+        return [uuid.uuid4().hex for _ in range(count)]
+    if isinstance(rid, str):
+        return [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
+    if isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
+        return rid
+    raise RadixflowError("rid must be a string or a list of strings, one per prompt")
+
+
+def _logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: int) -> LogprobOptions:
+    if not isinstance(want, bool):
+        raise RadixflowError("return_logprob must be true or false")
+    if start is None:
+        start = -1
+    if not isinstance(start, int) or isinstance(start, bool) or start < -1:
+        raise RadixflowError("logprob_start_len must be an integer >= -1")
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 0 <= topk <= 1000:
+        raise RadixflowError("top_logprobs_num must be an integer in [0, 1000]")
+    return LogprobOptions(want, min(start, prompt_len - 1) if start >= 0 else -1, topk if want else 0, text)
+
+
+def build_result(req: Req, tokenizer, logprob_text, finished: bool = True) -> dict:
+    """SGLang's response shape: {text, output_ids, meta_info}."""
+    ids = req.output_ids
+    sp = req.sampling
+    reason = req.finish_reason
+    text_ids = ids
+    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not sp.no_stop_trim:
+        text_ids = ids[:-1]
+    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens)
+    if reason and isinstance(reason.get("matched"), str) and not sp.no_stop_trim:
+        cut = text.find(reason["matched"])
+        if cut >= 0:
+            text = text[:cut]
+    meta = {
+        "id": req.rid,
+        "prompt_tokens": len(req.origin_input_ids),
+        "completion_tokens": len(ids),
+        "cached_tokens": req.cached_tokens,
+        "finish_reason": reason if finished else None,
+        "num_retractions": req.num_retractions,
+    }
+    if finished:
+        meta["e2e_latency"] = time.time() - req.created
+    if req.jump_forward_tokens:
+        meta["jump_forward_tokens"] = req.jump_forward_tokens
+    if req.logprob.return_logprob:
+        want_text = req.logprob.return_text_in_logprobs
+        meta["input_token_logprobs"] = logprob_text(req.input_token_logprobs, want_text)
+        meta["output_token_logprobs"] = logprob_text(req.output_token_logprobs, want_text)
+        if req.logprob.top_logprobs_num:
+            meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want_text) for t in req.input_top_logprobs]
+            meta["output_top_logprobs"] = [logprob_text(t, want_text) for t in req.output_top_logprobs]
+    return {"text": text, "output_ids": list(ids), "meta_info": meta}
+

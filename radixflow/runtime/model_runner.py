@@ -1,0 +1,104 @@
+"""Loads the model onto its device, sizes the KV pool and runs forward passes."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from radixflow.errors import ModelPathError, RadixflowError
+from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.attention import create_attention_backend
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
+from radixflow.runtime.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
+from radixflow.runtime.server_args import ServerArgs
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_KV_BUDGET_BYTES = 2 << 30
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.device = args.resolved_device()
+        self.dtype = _DTYPES[args.resolved_dtype()]
+        if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
+            self.model_dir = None
+            self.config = _config_from_json(args.model_path)
+        else:
+            files = resolve_model(args.model_path)
+            self.model_dir = files.path
+            self.config = load_config(files.path)
+        self._check_arch()
+        self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
+        self.model = self._load_model()
+        self.vocab_size = self.model.shape.vocab_size
+        self._init_memory()
+
+    def _check_arch(self) -> None:
+        archs = getattr(self.config, "architectures", None) or ["LlamaForCausalLM"]
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise ModelPathError(
+                f"architecture {archs} is not supported; radixflow runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+    def _load_model(self) -> LlamaForCausalLM:
+        torch.manual_seed(self.args.random_seed)
+        with torch.device(self.device):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                model = LlamaForCausalLM(self.config, self.context_len)
+            finally:
+                torch.set_default_dtype(prev)
+        model.rotary.float()  # cos/sin tables stay float32
+        if self.args.load_format == "dummy":
+            init_dummy_weights(model, self.args.random_seed)
+        else:
+            model.load_weights(iter_safetensors(self.model_dir))
+        return model.eval()
+
+    def _init_memory(self) -> None:
+        s = self.model.shape
+        per_token = KVPool.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+        if self.args.max_total_tokens:
+            num_slots = self.args.max_total_tokens
+        elif self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            budget = free - (1 - self.args.mem_fraction_static) * total
+            num_slots = max(int(budget // per_token), 1024)
+        else:
+            num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
+        ps = self.args.page_size
+        num_slots = max(num_slots - num_slots % ps, 2 * ps)
+        self.kv_pool = KVPool(num_slots, ps, s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.device)
+        self.req_to_token = ReqToTokenPool(self.args.max_running_requests + 1, self.context_len + 8, self.device)
+        self.backend = create_attention_backend(
+            self.args.attention_backend,
+            self.device,
+            kv_pool=self.kv_pool,
+            req_to_token=self.req_to_token,
+            num_q_heads=s.num_heads,
+            num_kv_heads=s.num_kv_heads,
+            head_dim=s.head_dim,
+        )
+        log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits `[len(fb.logits_indices), vocab]` in float32."""
+        self.backend.init_forward_metadata(fb)
+        hidden = self.model(fb, self.backend)
+        return self.model.compute_logits(hidden)
+
+
+def _config_from_json(path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise RadixflowError(f"cannot read config {path!r}: {e}") from None

@@ -1,0 +1,179 @@
+"""One Llama-family decoder driven by the HF config.
+
+Covers Llama 2/3, SmolLM2, Mistral (full attention), Qwen2 (qkv bias) and Qwen3
+(per-head q/k RMSNorm), with tied or untied embeddings. Q/K/V and gate/up are fused
+into one matmul each; `load_weights` maps the checkpoint's names onto them.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixflow.runtime.attention.base import AttentionBackend
+from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.layers.norm import RMSNorm
+from radixflow.runtime.layers.rotary import RotaryEmbedding
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+# checkpoint name fragment -> (fused parameter fragment, shard id)
+_FUSED = {
+    "q_proj": ("qkv_proj", "q"),
+    "k_proj": ("qkv_proj", "k"),
+    "v_proj": ("qkv_proj", "v"),
+    "gate_proj": ("gate_up_proj", 0),
+    "up_proj": ("gate_up_proj", 1),
+}
+
+
+class ModelShape:
+    """Sizes read off the config, in one place."""
+
+    def __init__(self, config):
+        self.hidden = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = getattr(config, "head_dim", None) or self.hidden // self.num_heads
+        self.intermediate = config.intermediate_size
+        self.num_layers = config.num_hidden_layers
+        self.vocab_size = config.vocab_size
+        self.eps = config.rms_norm_eps
+        model_type = getattr(config, "model_type", "llama")
+        self.qkv_bias = model_type == "qwen2" or bool(getattr(config, "attention_bias", False))
+        self.qk_norm = model_type == "qwen3"
+        self.mlp_bias = bool(getattr(config, "mlp_bias", False))
+        self.tie_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+
+
+class Attention(nn.Module):
+    def __init__(self, config, shape: ModelShape, layer_id: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.s = shape
+        self.layer_id = layer_id
+        self.q_size = shape.num_heads * shape.head_dim
+        self.kv_size = shape.num_kv_heads * shape.head_dim
+        self.qkv_proj = nn.Linear(shape.hidden, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
+        self.o_proj = nn.Linear(self.q_size, shape.hidden, bias=False)
+        if shape.qk_norm:
+            self.q_norm = RMSNorm(shape.head_dim, shape.eps)
+            self.k_norm = RMSNorm(shape.head_dim, shape.eps)
+        self.rotary = rotary
+
+    def forward(self, positions, x, fb: ForwardBatch, backend: AttentionBackend):
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(-1, self.s.num_heads, self.s.head_dim)
+        k = k.view(-1, self.s.num_kv_heads, self.s.head_dim)
+        v = v.view(-1, self.s.num_kv_heads, self.s.head_dim)
+        if self.s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = backend.forward(q, k, v, self.layer_id, fb)
+        return self.o_proj(out.reshape(-1, self.q_size))
+
+
+class MLP(nn.Module):
+    def __init__(self, shape: ModelShape):
+        super().__init__()
+        self.gate_up_proj = nn.Linear(shape.hidden, 2 * shape.intermediate, bias=shape.mlp_bias)
+        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=shape.mlp_bias)
+
+    def forward(self, x):
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config, shape: ModelShape, layer_id: int, rotary: RotaryEmbedding):
+        super().__init__()
+        self.self_attn = Attention(config, shape, layer_id, rotary)
+        self.mlp = MLP(shape)
+        self.input_layernorm = RMSNorm(shape.hidden, shape.eps)
+        self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
+
+    def forward(self, positions, x, residual, fb, backend):
+        if residual is None:
+            residual = x
+            h = self.input_layernorm(x)
+        else:
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(positions, h, fb, backend)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    def __init__(self, config, max_positions: int):
+        super().__init__()
+        self.config = config
+        self.shape = s = ModelShape(config)
+        rotary = RotaryEmbedding(config, s.head_dim, max_positions)
+        self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden)
+        self.layers = nn.ModuleList(DecoderLayer(config, s, i, rotary) for i in range(s.num_layers))
+        self.norm = RMSNorm(s.hidden, s.eps)
+        self.lm_head = None if s.tie_embeddings else nn.Linear(s.hidden, s.vocab_size, bias=False)
+        self.rotary = rotary
+
+    @property
+    def lm_head_weight(self) -> torch.Tensor:
+        return self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
+
+    def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
+        """Returns the final hidden states of the rows in `fb.logits_indices`."""
+        x = self.embed_tokens(fb.input_ids)
+        residual = None
+        for layer in self.layers:
+            x, residual = layer(fb.positions, x, residual, fb, backend)
+        x = x[fb.logits_indices]
+        residual = residual[fb.logits_indices]
+        h, _ = self.norm(x, residual)
+        return h
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.lm_head_weight).float()
+
+    # -- weights -----------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        params = dict(self.named_parameters())
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            name = name.removeprefix("model.")
+            if "rotary_emb" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding is the head
+            target, shard = name, None
+            for frag, (fused, sid) in _FUSED.items():
+                if f".{frag}." in name:
+                    target, shard = name.replace(frag, fused), sid
+                    break
+            if target not in params:
+                raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            self._copy_shard(params[target], tensor, shard)
+            loaded.add(target if shard is None else f"{target}:{shard}")
+        missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]
+        if missing:
+            raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
+
+    def _copy_shard(self, param: torch.Tensor, tensor: torch.Tensor, shard) -> None:
+        s = self.shape
+        with torch.no_grad():
+            if shard is None:
+                param.copy_(tensor)
+                return
+            if shard in ("q", "k", "v"):
+                q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
+                start = {"q": 0, "k": q, "v": q + kv}[shard]
+                size = q if shard == "q" else kv
+            else:
+                size = s.intermediate
+                start = shard * size
+            param.narrow(0, start, size).copy_(tensor)

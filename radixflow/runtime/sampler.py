@@ -1,0 +1,153 @@
+"""Batched sampling: penalties -> grammar mask -> logit bias -> temperature / top-k / top-p / min-p.
+
+Everything is done on `[B, V]` tensors; the only Python loops run over requests
+(never over the vocabulary), and only for requests that need per-row work
+(seeded generators, grammar masks, logit bias).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from radixflow.kernels.bitmask import apply_token_bitmask
+from radixflow.runtime.req import Req
+from radixflow.runtime.sampling_params import TOP_K_ALL
+
+
+@dataclass
+class SampleResult:
+    next_ids: torch.Tensor  # [B] int64 (cpu)
+    logprobs: Optional[torch.Tensor] = None  # [B, V] float32 raw log-softmax, when any req asked
+    chosen_logprobs: Optional[torch.Tensor] = None  # [B]
+
+
+def _row_tensor(values: list, dtype, device) -> torch.Tensor:
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
+    rows = [
+        i
+        for i, r in enumerate(reqs)
+        if r.sampling.frequency_penalty or r.sampling.presence_penalty or r.sampling.repetition_penalty != 1.0
+    ]
+    if not rows:
+        return
+    dev = logits.device
+    sub = [reqs[i] for i in rows]
+    vocab = logits.shape[1]
+    counts = torch.stack([_counts(r, vocab, dev) for r in sub]).float()
+    idx = _row_tensor(rows, torch.int64, dev)
+    part = logits[idx]
+    freq = _row_tensor([r.sampling.frequency_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    pres = _row_tensor([r.sampling.presence_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    part = part - freq * counts - pres * (counts > 0).float()
+    rep = _row_tensor([r.sampling.repetition_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    seen = counts > 0
+    prompt = [r.prompt_mask for r in sub]
+    if all(p is not None for p in prompt):
+        seen = seen | torch.stack(prompt)
+    penalized = torch.where(part > 0, part / rep, part * rep)
+    part = torch.where(seen, penalized, part)
+    logits[idx] = part
+
+
+def _counts(r: Req, vocab: int, device) -> torch.Tensor:
+    if r.output_counts is None:
+        r.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
+        if r.output_ids:
+            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
+            r.output_counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    return r.output_counts
+
+
+def record_sampled(reqs: list, next_ids: list) -> None:
+    """Keep penalty counts current after a step."""
+    for r, t in zip(reqs, next_ids):
+        if r.output_counts is not None:
+            r.output_counts[t] += 1
+
+
+def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
+    """min_new_tokens: EOS and stop ids cannot be sampled before it is reached."""
+    for i, r in enumerate(reqs):
+        if len(r.output_ids) < r.sampling.min_new_tokens:
+            banned = list(eos_ids | set(r.sampling.stop_token_ids or []))
+            logits[i, banned] = float("-inf")
+
+
+def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    if not rows:
+        return
+    words = (logits.shape[1] + 31) // 32
+    bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
+    for i in rows:
+        reqs[i].grammar.fill_bitmask(bitmask, i)
+    apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
+
+
+def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
+    for i, r in enumerate(reqs):
+        if r.sampling.logit_bias:
+            ids = [int(k) for k in r.sampling.logit_bias]
+            vals = [float(v) for v in r.sampling.logit_bias.values()]
+            logits[i, ids] += torch.tensor(vals, device=logits.device)
+
+
+def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax."""
+    greedy = [r.sampling.is_greedy for r in reqs]
+    argmax = logits.argmax(dim=-1)
+    if all(greedy):
+        return argmax
+    dev = logits.device
+    temps = _row_tensor([max(r.sampling.temperature, 1e-6) for r in reqs], torch.float32, dev).unsqueeze(1)
+    probs = torch.softmax(logits / temps, dim=-1)
+    top_k = [r.sampling.top_k if r.sampling.top_k > 0 else TOP_K_ALL for r in reqs]
+    top_p = [r.sampling.top_p for r in reqs]
+    min_p = [r.sampling.min_p for r in reqs]
+    if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
+        probs = _top_k_top_p(probs, top_k, top_p)
+    if any(m > 0 for m in min_p):
+        mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
+        probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
+    sampled = _draw(probs, reqs)
+    return torch.where(torch.tensor(greedy, device=dev), argmax, sampled)
+
+
+def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
+    dev = probs.device
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[1], device=dev).unsqueeze(0)
+    k = _row_tensor(top_k, torch.int64, dev).clamp(max=probs.shape[1]).unsqueeze(1)
+    p = _row_tensor(top_p, torch.float32, dev).unsqueeze(1)
+    cum_before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above this token
+    drop = (ranks >= k) | (cum_before > p)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, sorted_p)
+
+
+def _draw(probs: torch.Tensor, reqs: list) -> torch.Tensor:
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    seeded = [i for i, r in enumerate(reqs) if r.generator is not None and not r.sampling.is_greedy]
+    out = torch.multinomial(probs, 1).squeeze(1)
+    for i in seeded:
+        out[i] = torch.multinomial(probs[i], 1, generator=reqs[i].generator)[0]
+    return out
+
+
+def sample(logits: torch.Tensor, reqs: list, eos_ids: set) -> SampleResult:
+    """logits: [B, V] float32, modified in place."""
+    want_lp = any(r.logprob.return_logprob for r in reqs)
+    raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
+    apply_penalties(logits, reqs)
+    mask_stop_tokens(logits, reqs, eos_ids)
+    apply_grammar_masks(logits, reqs)
+    apply_logit_bias(logits, reqs)
+    next_ids = sample_from(logits, reqs)
+    chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
+    return SampleResult(next_ids=next_ids.cpu(), logprobs=raw_lp, chosen_logprobs=chosen)

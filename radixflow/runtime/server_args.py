@@ -1,0 +1,128 @@
+"""All configuration in one dataclass; the CLI is generated from its fields."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixflow.errors import RadixflowError
+
+_CHOICES = {
+    "dtype": ("auto", "float32", "bfloat16", "float16"),
+    "schedule_policy": ("lpm", "fcfs"),
+    "attention_backend": ("auto", "torch_native", "triton", "flashinfer"),
+    "load_format": ("auto", "dummy"),
+    "device": ("auto", "cpu", "cuda"),
+}
+
+_HELP = {
+    "model_path": "HF model directory or .gguf file; empty = the embedded SmolLM2-135M-Instruct",
+    "max_total_tokens": "KV pool size in tokens (default: sized from free memory)",
+    "chunked_prefill_size": "split prompts longer than this into chunks; -1 disables",
+    "page_size": "KV slots per page; the radix cache matches whole pages",
+    "disable_radix_cache": "no prefix reuse (for ablations)",
+    "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+}
+
+
+@dataclass
+class ServerArgs:
+    model_path: Optional[str] = None
+    tokenizer_path: Optional[str] = None
+    dtype: str = "auto"
+    device: str = "auto"
+    load_format: str = "auto"
+    context_length: Optional[int] = None
+    random_seed: int = 0
+
+    # memory and scheduling
+    max_total_tokens: Optional[int] = None
+    mem_fraction_static: float = 0.85
+    max_running_requests: int = 256
+    max_prefill_tokens: int = 16384
+    chunked_prefill_size: int = 4096
+    page_size: int = 1
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+
+    # kernels
+    attention_backend: str = "auto"
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 64
+
+    # constrained decoding
+    disable_jump_forward: bool = False
+    grammar_compile_workers: int = 2
+
+    # serving
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None
+    served_model_name: Optional[str] = None
+    log_level: str = "info"
+    max_new_tokens_limit: int = 32768
+    max_batch_size: int = 1024
+    max_body_bytes: int = 32 * 1024 * 1024
+    stream_interval: int = 1
+    log_interval_s: float = 10.0
+
+    # parallelism
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None
+
+    extra: dict = field(default_factory=dict, metadata={"cli": False})
+
+    def __post_init__(self) -> None:
+        for name, choices in _CHOICES.items():
+            if getattr(self, name) not in choices:
+                raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(choices)}")
+        if self.page_size < 1:
+            raise RadixflowError("page_size must be >= 1")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
+        if self.max_running_requests < 1:
+            raise RadixflowError("max_running_requests must be >= 1")
+
+    def resolved_device(self) -> str:
+        if self.device != "auto":
+            return self.device
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolved_dtype(self) -> str:
+        if self.dtype != "auto":
+            return self.dtype
+        return "bfloat16" if self.resolved_device() == "cuda" else "float32"
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(kwargs) - names)
+        if unknown:
+            raise RadixflowError(f"unknown server argument(s): {', '.join(unknown)}")
+        return cls(**kwargs)
+
+    @classmethod
+    def add_cli_args(cls, parser: argparse.ArgumentParser) -> None:
+        for f in dataclasses.fields(cls):
+            if f.metadata.get("cli") is False:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if f.type in ("bool", bool):
+                parser.add_argument(flag, action="store_true", help=_HELP.get(f.name))
+                continue
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            if str(f.type) == "Optional[int]":
+                kind = int
+            parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+
+    @classmethod
+    def from_cli(cls, namespace: argparse.Namespace) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls) if f.metadata.get("cli") is not False}
+        return cls(**{k: v for k, v in vars(namespace).items() if k in names})
