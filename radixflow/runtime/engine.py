@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Iterator, Optional, Union
 
+from radixflow.errors import RadixflowError
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.req import Req
@@ -84,6 +85,9 @@ class Engine:
             for r in reqs:
                 self.scheduler.abort(r.rid)
             raise
+        rejected = [r for r in reqs if (r.finish_reason or {}).get("status_code") == 400]
+        if rejected:
+            raise RadixflowError(rejected[0].finish_reason.get("message", "request rejected"))
 
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)

@@ -99,6 +99,24 @@ class KVManager:
         self.tree.dec_lock(req.last_node)
         req.last_node, req.tree_len = match.node, aligned
 
+    def truncate(self, req: Req, new_len: int) -> None:
+        """Forget KV past `new_len`; frees the request's own whole pages past it."""
+        assert new_len <= req.kv_len
+        if new_len < req.tree_len:  # give back part of the locked prefix: lock a shorter path
+            match = self.tree.match_prefix(req.fill_ids[:new_len])
+            self.tree.inc_lock(match.node)
+            self.tree.dec_lock(req.last_node)
+            own = self.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
+            self.allocator.free_slots(own)
+            self.req_to_token.write(req.req_pool_idx, 0, match.slots)
+            req.last_node, req.tree_len, req.kv_len = match.node, match.length, match.length
+            return
+        first_free = -(-new_len // self.page_size) * self.page_size  # keep a partly used page
+        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)[first_free:]
+        if slots.numel():
+            self.allocator.free_slots(slots)
+        req.kv_len = new_len
+
     def release(self, req: Req, cache: bool = True) -> None:
         """Free a request's row. With `cache`, its KV goes into the tree (if enabled)."""
         if req.req_pool_idx is None:

@@ -54,6 +54,8 @@ class Req:
     output_counts: Optional[torch.Tensor] = None  # [V] counts of sampled tokens (penalties)
     prompt_mask: Optional[torch.Tensor] = None  # [V] bool, tokens of the prompt (repetition penalty)
     jump_forward_tokens: int = 0
+    # request graphs run several gen segments in one request: limits count from here
+    segment_start: int = 0
 
     # logprobs, filled as they are computed
     input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
@@ -70,6 +72,11 @@ class Req:
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def segment_len(self) -> int:
+        """Tokens generated in the current gen segment."""
+        return len(self.output_ids) - self.segment_start
 
     @property
     def finished(self) -> bool:
@@ -104,4 +111,6 @@ class ReqOutput:
     input_top_logprobs: Optional[list] = None
     num_retractions: int = 0
     jump_forward_tokens: int = 0
+    # request graphs run several gen segments in one request: limits count from here
+    segment_start: int = 0
     error: Optional[str] = None

@@ -74,7 +74,7 @@ def record_sampled(reqs: list, next_ids: list) -> None:
 def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
     """min_new_tokens: EOS and stop ids cannot be sampled before it is reached."""
     for i, r in enumerate(reqs):
-        if len(r.output_ids) < r.sampling.min_new_tokens:
+        if r.segment_len < r.sampling.min_new_tokens:
             banned = list(eos_ids | set(r.sampling.stop_token_ids or []))
             logits[i, banned] = float("-inf")
 

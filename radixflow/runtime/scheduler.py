@@ -50,8 +50,11 @@ class Scheduler:
         self._seq = itertools.count()
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats()
-        self.grammar_poll: Optional[Callable[[Req], Optional[bool]]] = None
-        self.jump_forward: Optional[Callable[[Req], list]] = None
+        self.grammar_backend = None  # created on the first constrained request
+        self.jump_forward: Optional[Callable[[Req], object]] = None
+        # request graphs: called when a request finishes; returns True after appending
+        # the next segment's tokens to it (it then stays running, its KV kept)
+        self.continue_hook: Optional[Callable[[Req], bool]] = None
         self.device = runner.device
 
     # -- requests in and out --------------------------------------------------------------
@@ -65,7 +68,9 @@ class Scheduler:
             req.prompt_mask = mask
         if req.logprob.return_logprob and req.logprob.logprob_start_len >= 0:
             req.input_logprob_next = req.logprob.logprob_start_len
-        if req.state == ReqState.GRAMMAR_PENDING:
+        if req.sampling.grammar is not None:
+            self._grammars().submit(req)  # compiles off this loop; the request waits
+            req.state = ReqState.GRAMMAR_PENDING
             self.pending_grammar.append(req)
         else:
             req.state = ReqState.WAITING
@@ -106,28 +111,42 @@ class Scheduler:
 
     # -- one step ----------------------------------------------------------------------------
     def step(self) -> list[ReqOutput]:
-        self._poll_grammars()
+        touched = self._poll_grammars()
         batch = self._form_extend_batch()
         if batch:
-            touched = self._run_extend(batch)
+            touched += self._run_extend(batch)
         elif self.running:
-            touched = self._run_decode()
-        else:
-            touched = []
+            touched += self._run_decode()
         return [self._output(r) for r in touched]
 
-    def _poll_grammars(self) -> None:
-        if not self.pending_grammar or self.grammar_poll is None:
-            return
-        still = []
+    def _grammars(self):
+        if self.grammar_backend is None:
+            from radixflow.constrained.backend import GrammarBackend
+
+            self.grammar_backend = GrammarBackend(self.tokenizer, self.runner.vocab_size, self.eos_ids, self.args)
+            if not self.args.disable_jump_forward:
+                self.jump_forward = self.grammar_backend.jump_forward
+        return self.grammar_backend
+
+    def _poll_grammars(self) -> list[Req]:
+        """Move requests whose grammar has compiled to the waiting queue; finish those
+        whose grammar failed (the backend sets their finish reason)."""
+        if not self.pending_grammar:
+            return []
+        still, failed = [], []
         for req in self.pending_grammar:
-            ready = self.grammar_poll(req)  # None: not yet; True: compiled; False: failed (req finished)
+            ready = self.grammar_backend.poll(req)  # None: not yet; True: compiled; False: failed
             if ready is None:
                 still.append(req)
             elif ready:
                 req.state = ReqState.WAITING
                 self.waiting.append(req)
+            else:
+                assert req.finished, "a failed grammar must finish its request"
+                req.state = ReqState.FINISHED
+                failed.append(req)
         self.pending_grammar = still
+        return failed
 
     # -- admission ------------------------------------------------------------------------------
     def _match_limit(self, req: Req) -> int:
@@ -288,24 +307,30 @@ class Scheduler:
 
     # -- decode ----------------------------------------------------------------------------------
     def _run_decode(self) -> list[Req]:
+        """One token per running request; requests holding several pending tokens
+        (jump-forward, appended program text) make it an extend pass."""
         self._make_room_for_decode()
         if not self.running:
             return []
         reqs = list(self.running)
-        locs = []
-        for req in reqs:
-            slots = self.kv.alloc(req, 1)
+        ext = [r.seq_len - r.kv_len for r in reqs]
+        assert min(ext) >= 1, "a running request has no pending token"
+        locs, ids, pos = [], [], []
+        for req, n in zip(reqs, ext):
+            slots = self.kv.alloc(req, n)
             assert slots is not None, "decode room was reserved"
             locs.append(slots)
-        ids = [r.output_ids[-1] for r in reqs]
-        positions = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        batch = [(r, 1) for r in reqs]
+            ids.extend(req.fill_ids[req.kv_len :])
+            pos.append(torch.arange(req.kv_len, req.kv_len + n))
+        mode = ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND
+        ends = torch.tensor(ext).cumsum(0).tolist()
+        rows = [[e - 1] for e in ends]
         prefix = [r.kv_len for r in reqs]
-        rows = [[i] for i in range(len(reqs))]
-        fb = self._forward_batch(ForwardMode.DECODE, ids, positions, torch.cat(locs), batch, prefix, [1] * len(reqs), rows)
+        batch = [(r, n) for r, n in zip(reqs, ext)]
+        fb = self._forward_batch(mode, ids, torch.cat(pos), torch.cat(locs), batch, prefix, ext, rows)
         logits = self.runner.forward(fb)
-        for r in reqs:
-            r.kv_len += 1
+        for r, n in zip(reqs, ext):
+            r.kv_len += n
         self._sample_and_advance(reqs, logits)
         self.running = [r for r in self.running if not r.finished]
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -315,7 +340,7 @@ class Scheduler:
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
         while self.running:
-            need = sum(self.kv.pages_needed(r, 1) for r in self.running) * self.args.page_size
+            need = sum(self.kv.pages_needed(r, r.seq_len - r.kv_len) for r in self.running) * self.args.page_size
             if self.kv.available_slots() >= need:
                 return
             victim = max(self.running, key=lambda r: r.arrival_seq)
@@ -349,18 +374,32 @@ class Scheduler:
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 self._apply_jump_forward(req)
+            if req.finished and self.continue_hook is not None and self.continue_hook(req):
+                assert not req.finished, "a continued request must be unfinished"
             if req.finished:
                 self._retire(req)
 
     def _apply_jump_forward(self, req: Req) -> None:
         """Append tokens the grammar forces, without sampling them; their KV is computed
-        by the next extend (the request re-enters as a continuing prefill)."""
+        by the next pass (which becomes an extend). The hook returns the tokens to
+        append, or (keep, tokens) to first cut the output back to `keep` tokens
+        (re-tokenizing at the boundary)."""
         forced = self.jump_forward(req)
         if not forced:
             return
-        req.output_ids.extend(forced)
-        req.jump_forward_tokens += len(forced)
+        keep, tokens = forced if isinstance(forced, tuple) else (len(req.output_ids), forced)
+        if keep < len(req.output_ids):
+            self.rewind(req, keep)
+        req.output_ids.extend(tokens)
+        req.jump_forward_tokens += len(tokens)
         self.stops.check(req, self.runner.context_len)
+
+    def rewind(self, req: Req, keep_outputs: int) -> None:
+        """Drop outputs past `keep_outputs`, and the KV of dropped tokens."""
+        del req.output_ids[keep_outputs:]
+        new_kv = min(req.kv_len, req.seq_len - 1)
+        if new_kv < req.kv_len:
+            self.kv.truncate(req, new_kv)
 
     def _retire(self, req: Req) -> None:
         req.state = ReqState.FINISHED

@@ -15,7 +15,7 @@ class StopChecker:
             return
         p = req.sampling
         last = req.output_ids[-1]
-        if len(req.output_ids) >= p.max_new_tokens:
+        if req.segment_len >= p.max_new_tokens:
             req.finish({"type": "length", "length": p.max_new_tokens})
             return
         if (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids):
@@ -35,7 +35,7 @@ class StopChecker:
     def _stop_str(self, req: Req):
         longest = max(len(s) for s in req.sampling.stop_strs)
         # every token decodes to >= 1 char, so this many tokens cover any new match
-        tail_ids = req.output_ids[-(longest + 2) :]
+        tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - longest - 2) :]
         tail = self.tokenizer.decode(tail_ids, skip_special_tokens=req.sampling.skip_special_tokens)
         for s in req.sampling.stop_strs:
             if s in tail:
