@@ -1,0 +1,46 @@
+"""Shared fixtures: one default-model Engine and one transformers reference per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(2)
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village by the sea, there lived an old fisherman who",
+    "List three colors:",
+    "Translate to French: I love reading books in the garden on sunny afternoons.",
+    "Q: What is 12 plus 30?\nA:",
+    "The quick brown fox",
+    "In 1969, the first humans landed on the Moon. The mission was called Apollo 11 and the astronauts were Neil Armstrong, Buzz Aldrin and Michael Collins. Afterwards,",
+]
+
+
+@pytest.fixture(scope="session")
+def engine():
+    from radixflow import Engine
+
+    e = Engine()
+    yield e
+    e.shutdown()
+
+
+@pytest.fixture(scope="session")
+def model_dir(engine) -> str:
+    return engine.runner.model_dir
+
+
+@pytest.fixture(scope="session")
+def hf_model(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    m = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    return m.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer(engine):
+    return engine.tokenizer

@@ -1,0 +1,116 @@
+"""Greedy outputs and logprobs agree with Hugging Face transformers on the real model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from radixflow import Engine
+
+MAX_NEW = 24
+
+
+def hf_greedy(hf_model, tokenizer, prompt: str, max_new: int) -> list[int]:
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    with torch.no_grad():
+        out = hf_model.generate(ids, max_new_tokens=max_new, do_sample=False, attention_mask=torch.ones_like(ids))
+    return out[0, ids.shape[1] :].tolist()
+
+
+@pytest.fixture(scope="module")
+def hf_outputs(hf_model, tokenizer):
+    return [hf_greedy(hf_model, tokenizer, p, MAX_NEW) for p in PROMPTS]
+
+
+GREEDY = {"max_new_tokens": MAX_NEW, "temperature": 0}
+
+
+def test_greedy_batch_matches_transformers_with_radix_cache(engine, hf_outputs):
+    engine.flush_cache()
+    first = engine.generate(PROMPTS, GREEDY)
+    assert [o["output_ids"] for o in first] == hf_outputs
+    second = engine.generate(PROMPTS, GREEDY)
+    assert [o["output_ids"] for o in second] == hf_outputs
+    assert all(o["meta_info"]["cached_tokens"] > 0 for o in second)
+    assert all(o["meta_info"]["cached_tokens"] == o["meta_info"]["prompt_tokens"] - 1 for o in second)
+
+
+def test_greedy_batch_matches_transformers_without_radix_cache(engine, hf_outputs):
+    with Engine(disable_radix_cache=True) as e:
+        for _ in range(2):
+            outs = e.generate(PROMPTS, GREEDY)
+            assert [o["output_ids"] for o in outs] == hf_outputs
+            assert all(o["meta_info"]["cached_tokens"] == 0 for o in outs)
+
+
+def test_chunked_prefill_matches_transformers(engine, hf_outputs, tokenizer):
+    chunk = 4
+    with Engine(chunked_prefill_size=chunk) as e:
+        chunks: dict[str, int] = {}
+        run_extend = e.scheduler._run_extend
+
+        def counting(batch):
+            for req, n in batch:
+                if req.kv_len < len(req.origin_input_ids):  # a prompt chunk, not a continuation
+                    chunks[req.rid] = chunks.get(req.rid, 0) + 1
+            return run_extend(batch)
+
+        e.scheduler._run_extend = counting
+        outs = e.generate(PROMPTS, GREEDY, rid=[f"r{i}" for i in range(len(PROMPTS))])
+        assert [o["output_ids"] for o in outs] == hf_outputs
+        long_ones = [f"r{i}" for i, p in enumerate(PROMPTS) if len(tokenizer.encode(p)) >= 3 * chunk]
+        assert len(long_ones) >= 4
+        assert all(chunks[r] >= 3 for r in long_ones), chunks
+
+
+def test_page_size_4_matches_transformers(hf_outputs):
+    with Engine(page_size=4) as e:
+        for _ in range(2):
+            outs = e.generate(PROMPTS, GREEDY)
+            assert [o["output_ids"] for o in outs] == hf_outputs
+        assert any(o["meta_info"]["cached_tokens"] > 0 for o in outs)
+        assert all(o["meta_info"]["cached_tokens"] % 4 == 0 for o in outs)
+
+
+def test_logprobs_match_transformers(engine, hf_model, tokenizer):
+    prompt = PROMPTS[2]
+    out = engine.generate(
+        prompt, {"max_new_tokens": 8, "temperature": 0}, return_logprob=True, logprob_start_len=0, top_logprobs_num=3
+    )
+    ids = tokenizer.encode(prompt) + out["output_ids"]
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids])).logits[0].float()
+    ref = torch.log_softmax(logits, dim=-1)
+    n_prompt = len(tokenizer.encode(prompt))
+    m = out["meta_info"]
+    inp = m["input_token_logprobs"]
+    assert len(inp) == n_prompt and inp[0][0] is None and inp[0][1] == ids[0]
+    for pos in range(1, n_prompt):
+        lp, tid, _ = inp[pos]
+        assert tid == ids[pos]
+        assert abs(lp - ref[pos - 1, tid].item()) < 1e-3
+    outp = m["output_token_logprobs"]
+    assert len(outp) == 8
+    for j, (lp, tid, text) in enumerate(outp):
+        assert tid == out["output_ids"][j] and isinstance(text, str)
+        assert abs(lp - ref[n_prompt - 1 + j, tid].item()) < 1e-3
+    top = m["output_top_logprobs"][0]
+    ref_vals, ref_ids = ref[n_prompt - 1].topk(3)
+    assert [t[1] for t in top] == ref_ids.tolist()
+    assert all(abs(t[0] - v) < 1e-3 for t, v in zip(top, ref_vals.tolist()))
+
+
+def test_input_logprobs_from_start_len_with_cached_prefix(engine, hf_model, tokenizer):
+    prompt = PROMPTS[7]
+    engine.generate(prompt, {"max_new_tokens": 1})  # cache the whole prompt
+    start = 10
+    out = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=start)
+    ids = tokenizer.encode(prompt)
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    inp = out["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in inp] == ids[start:]
+    for k, (lp, tid, _) in enumerate(inp):
+        assert abs(lp - ref[start + k - 1, tid].item()) < 1e-3
+    assert out["meta_info"]["cached_tokens"] == start - 1
