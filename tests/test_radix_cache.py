@@ -1,0 +1,141 @@
+"""Property test: random insert / match / lock / unlock / evict sequences keep every
+KV page owned exactly once and leak nothing."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from radixflow.radix_cache.memory_pool import PageAllocator
+from radixflow.radix_cache.radix_tree import RadixCache
+
+NUM_PAGES = 64
+
+# small alphabet so that sequences share prefixes often
+seqs = st.lists(st.integers(0, 3), min_size=1, max_size=24)
+ops = st.lists(
+    st.one_of(
+        st.tuples(st.just("insert"), seqs),
+        st.tuples(st.just("match_lock"), seqs),
+        st.tuples(st.just("unlock"), st.integers(0, 50)),
+        st.tuples(st.just("evict"), st.integers(1, 40)),
+    ),
+    max_size=60,
+)
+
+
+class Model:
+    """Drives a RadixCache the way the scheduler does, and checks ownership."""
+
+    def __init__(self, page_size: int):
+        self.ps = page_size
+        self.alloc = PageAllocator(NUM_PAGES, page_size)
+        self.tree = RadixCache(self.alloc, page_size)
+        self.locks: list = []
+
+    def insert(self, key: list) -> None:
+        key = key[: len(key) - len(key) % self.ps]
+        if not key:
+            return
+        match = self.tree.match_prefix(key)
+        self.tree.inc_lock(match.node)
+        n_new_pages = (len(key) - match.length) // self.ps
+        pages = self.alloc.alloc(n_new_pages)
+        if pages is None:
+            self.tree.evict(n_new_pages * self.ps)
+            pages = self.alloc.alloc(n_new_pages)
+        if pages is None:
+            self.tree.dec_lock(match.node)
+            return
+        slots = torch.cat([match.slots, self.alloc.slots_of(pages)])
+        cached = self.tree.insert(key, slots)
+        if cached > match.length:
+            self.alloc.free_slots(slots[match.length : cached])
+        self.tree.dec_lock(match.node)
+
+    def check(self) -> None:
+        tree_pages = self.tree.all_slots() // self.ps
+        tree_pages = torch.unique(tree_pages) if tree_pages.numel() else tree_pages
+        assert tree_pages.numel() * self.ps == self.tree.total_size
+        owned = torch.cat([self.alloc._free, tree_pages])
+        assert owned.numel() == torch.unique(owned).numel(), "a page is both free and cached, or cached twice"
+        assert owned.numel() == NUM_PAGES - 1, "a page leaked"
+        assert 0 not in owned.tolist(), "the scratch page was handed out"
+        assert self.tree.protected_size == sum(self._locked_sizes())
+        for node in self._nodes():
+            if node is not self.tree.root:
+                assert len(node.key) == node.value.numel() and len(node.key) % self.ps == 0
+
+    def _nodes(self):
+        stack = [self.tree.root]
+        while stack:
+            n = stack.pop()
+            yield n
+            stack.extend(n.children.values())
+
+    def _locked_sizes(self):
+        return [len(n.key) for n in self._nodes() if n is not self.tree.root and n.lock_ref > 0]
+
+
+def run_ops(page_size: int, operations: list) -> None:
+    m = Model(page_size)
+    for op, arg in operations:
+        if op == "insert":
+            m.insert(arg)
+        elif op == "match_lock":
+            match = m.tree.match_prefix(arg)
+            assert match.length % page_size == 0 and match.length <= len(arg)
+            m.tree.inc_lock(match.node)
+            m.locks.append(match.node)
+        elif op == "unlock" and m.locks:
+            m.tree.dec_lock(m.locks.pop(arg % len(m.locks)))
+        elif op == "evict":
+            before = m.alloc.num_free_slots
+            freed = m.tree.evict(arg)
+            assert m.alloc.num_free_slots - before == freed
+        m.check()
+    locked_nodes = set(m.locks)
+    for node in m._nodes():
+        if node.lock_ref > 0 and node is not m.tree.root:
+            assert node in locked_nodes or any(_is_ancestor(node, l) for l in locked_nodes)
+    while m.locks:
+        m.tree.dec_lock(m.locks.pop())
+    m.tree.evict(NUM_PAGES * page_size)
+    assert m.alloc.num_free_pages == NUM_PAGES - 1, "eviction of an unlocked tree must free everything"
+    assert m.tree.total_size == 0
+
+
+def _is_ancestor(a, b) -> bool:
+    while b is not None:
+        if b is a:
+            return True
+        b = b.parent
+    return False
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops)
+def test_radix_cache_ownership_page_1(operations):
+    run_ops(1, operations)
+
+
+@settings(max_examples=100, deadline=None)
+@given(ops)
+def test_radix_cache_ownership_page_2(operations):
+    run_ops(2, operations)
+
+
+def test_match_splits_and_shares():
+    alloc = PageAllocator(32, 1)
+    tree = RadixCache(alloc, 1)
+    a = alloc.slots_of(alloc.alloc(5))
+    tree.insert([1, 2, 3, 4, 5], a)
+    m = tree.match_prefix([1, 2, 3, 9])
+    assert m.length == 3 and m.slots.tolist() == a[:3].tolist()
+    b = alloc.slots_of(alloc.alloc(2))
+    assert tree.insert([1, 2, 3, 7, 8], torch.cat([a[:3], b])) == 3
+    assert tree.match_prefix([1, 2, 3, 7, 8, 9]).slots.tolist() == a[:3].tolist() + b.tolist()
+    tree.inc_lock(tree.match_prefix([1, 2, 3, 7, 8]).node)
+    assert tree.evict(100) == 2  # only the unlocked [4, 5] leaf can go
+    assert tree.match_prefix([1, 2, 3, 4, 5]).length == 3
