@@ -114,6 +114,14 @@ class Engine:
         return build_result(req, self.tokenizer, self.scheduler.logprobs.with_text, finished)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
+    def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
+        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler."""
+        from radixflow.runtime.program_executor import run_programs
+
+        self._check_open()
+        outs = run_programs(self, program if isinstance(program, list) else [program])
+        return outs if isinstance(program, list) else outs[0]
+
     def flush_cache(self) -> bool:
         return self.scheduler.flush_cache()
 
