@@ -5,13 +5,27 @@ from radixflow.runtime.server_args import ServerArgs
 
 __version__ = "0.1.0"
 
+_LANG = {  # the frontend DSL, imported on first use
+    **{n: "radixflow.lang" for n in ("function", "gen", "gen_int", "gen_string", "select", "system", "user")},
+    **{n: "radixflow.lang" for n in ("assistant", "set_default_backend", "flush_cache", "get_server_info")},
+    **{n: "radixflow.lang" for n in ("token_length_normalized", "greedy_token_selection", "ProgramState")},
+    **{n: "radixflow.lang" for n in ("unconditional_likelihood_normalized", "ProgramError")},
+    "Runtime": "radixflow.lang.backends.runtime",
+    "RuntimeEndpoint": "radixflow.lang.backends.runtime_endpoint",
+    "OpenAIEndpoint": "radixflow.lang.backends.openai_endpoint",
+}
+
 
 def __getattr__(name):  # heavy imports (torch, transformers) only when used
     if name == "Engine":
         from radixflow.runtime.engine import Engine
 
         return Engine
+    if name in _LANG:
+        import importlib
+
+        return getattr(importlib.import_module(_LANG[name]), name)
     raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "ServerArgs", "RadixflowError", "ModelPathError"]
+__all__ = ["Engine", "ServerArgs", "RadixflowError", "ModelPathError", *_LANG]

@@ -1,0 +1,127 @@
+"""The backend interface programs run against, and the shared logic of backends that
+speak radixflow's native generate API (Engine in-process, or a server over HTTP)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterator, Optional, Union
+
+from radixflow.errors import RadixflowError
+from radixflow.lang.chat_template import ChatTemplate
+from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
+from radixflow.runtime.choice_scoring import choose, logprob_values, select_meta
+from radixflow.runtime.segment_tokens import encode_piece, gen_piece
+
+
+class Backend:
+    is_program_backend = True
+    tokenizer = None  # the model's tokenizer, when this process can load it
+    supports_graphs = False
+
+    def chat_template(self) -> ChatTemplate:
+        return ChatTemplate.from_tokenizer(self.tokenizer)
+
+    def generate(self, prompt: Prompt, params: dict, node=None) -> Union[GenResult, list]:
+        raise NotImplementedError
+
+    def generate_stream(self, prompt: Prompt, params: dict, node=None) -> Iterator[Union[str, GenResult]]:
+        yield self.generate(prompt, params, node)
+
+    def select(self, prompt: Prompt, choices: list, method: str, node=None) -> SelectResult:
+        raise NotImplementedError
+
+    def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
+        raise RadixflowError(f"{type(self).__name__} cannot run request graphs")
+
+    def flush_cache(self) -> bool:
+        return False
+
+    def get_server_info(self) -> Optional[dict]:
+        return None
+
+
+class NativeBackend(Backend):
+    """Generate and select through the native API's shape: `_call(payload)` and
+    `_call_stream(payload)` are `Engine.generate` or `POST /generate`."""
+
+    supports_graphs = True
+
+    def _call(self, payload: dict):
+        raise NotImplementedError
+
+    def _call_stream(self, payload: dict) -> Iterator[dict]:
+        raise NotImplementedError
+
+    def _payload(self, prompt: Prompt, params: dict) -> dict:
+        if prompt.ids is not None:
+            return {"input_ids": prompt.ids, "sampling_params": params}
+        return {"text": prompt.text, "sampling_params": params}
+
+    def generate(self, prompt: Prompt, params: dict, node=None):
+        out = self._call(self._payload(prompt, params))
+        if isinstance(out, list):
+            return [self._gen_result(o, params) for o in out]
+        return self._gen_result(out, params)
+
+    def generate_stream(self, prompt: Prompt, params: dict, node=None):
+        last = None
+        for chunk in self._call_stream(self._payload(prompt, params)):
+            last = chunk
+            if chunk["meta_info"].get("finish_reason") is None:
+                yield chunk["text"]
+        if last is None:
+            raise RadixflowError("the stream ended with no output")
+        yield self._gen_result(last, params)
+
+    def _gen_result(self, out: dict, params: dict) -> GenResult:
+        meta = out["meta_info"]
+        if (meta.get("finish_reason") or {}).get("type") == "abort":
+            raise RadixflowError(meta["finish_reason"].get("message", "the request was aborted"))
+        if self.tokenizer is None:
+            return GenResult(out["text"], None, meta)
+        skip = params.get("skip_special_tokens", True)
+        text, kept = gen_piece(self.tokenizer, out["output_ids"], meta.get("finish_reason"), skip, params.get("no_stop_trim", False))
+        return GenResult(text, kept, meta)
+
+    def select(self, prompt: Prompt, choices: list, method: str, node=None) -> SelectResult:
+        if prompt.ids is None:
+            return self._select_text(prompt, choices, method)
+        cids = [encode_piece(self.tokenizer, c, first=False) for c in choices]
+        inputs = [prompt.ids + c for c in cids]
+        starts = [len(prompt.ids)] * len(cids)
+        if method == "unconditional_likelihood_normalized":
+            inputs += cids
+            starts += [0] * len(cids)
+        outs = self._score(inputs, starts)
+        cond = [logprob_values(o["meta_info"]["input_token_logprobs"]) for o in outs[: len(cids)]]
+        uncond = [logprob_values(o["meta_info"]["input_token_logprobs"]) for o in outs[len(cids) :]] or None
+        best = choose(method, cond, uncond)
+        return SelectResult(best, cids[best], select_meta(cond, uncond))
+
+    def _score(self, inputs: list, starts: list) -> list:
+        return self._call(
+            {
+                "input_ids": inputs,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": starts,
+            }
+        )
+
+    def _select_text(self, prompt: Prompt, choices: list, method: str) -> SelectResult:
+        """Without a local tokenizer: score prompt+choice texts; the server's token count
+        of the prompt alone marks where the choice starts (boundary tokens may merge)."""
+        if method == "unconditional_likelihood_normalized":
+            raise RadixflowError("unconditional_likelihood_normalized needs the model's tokenizer in this process")
+        head = self._call({"text": prompt.text, "sampling_params": {"max_new_tokens": 0}})
+        start = head["meta_info"]["prompt_tokens"]
+        outs = self._call(
+            {
+                "text": [prompt.text + c for c in choices],
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": start,
+            }
+        )
+        cond = [logprob_values(o["meta_info"]["input_token_logprobs"]) for o in outs]
+        best = choose(method, cond, None)
+        return SelectResult(best, None, select_meta(cond, None))

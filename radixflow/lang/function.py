@@ -1,0 +1,185 @@
+"""`@rf.function`: a Python function over a program state `s`, run on a backend.
+
+run() first traces the program with its arguments. If the trace completes (no
+generated value was used in Python), the program is a static request graph and runs as
+one submission inside the runtime; otherwise it runs eagerly, one call per gen.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional, Union
+
+from radixflow.errors import RadixflowError
+from radixflow.lang.backends import resolve_backend
+from radixflow.lang.errors import NotTraceable, ProgramError
+from radixflow.lang.graph_run import replay, trace_graph
+from radixflow.lang.interpreter import Interpreter
+from radixflow.lang.ir import Graph
+from radixflow.lang.lowering import lower
+from radixflow.lang.state import ProgramState
+
+SAMPLING_KEYS = (
+    "max_new_tokens",
+    "min_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+)
+MODES = ("auto", "graph", "eager")
+
+
+class Function:
+    def __init__(self, func: Callable, bound: Optional[dict] = None):
+        self.func = func
+        self.bound = dict(bound or {})
+        params = list(inspect.signature(func).parameters)
+        if not params or params[0] != "s":
+            raise RadixflowError(f"@function {func.__name__}: the first parameter must be named s")
+        self.arg_names = params[1:]
+        functools.update_wrapper(self, func)
+
+    def bind(self, **kwargs: Any) -> "Function":
+        return Function(self.func, {**self.bound, **kwargs})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+    # -- arguments ---------------------------------------------------------------------------
+    def _split(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
+        """(program arguments, sampling defaults)."""
+        sampling = {k: kwargs.pop(k) for k in SAMPLING_KEYS if k in kwargs and k not in self.arg_names}
+        sampling = {k: v for k, v in sampling.items() if v is not None}
+        sig = inspect.signature(self.func)
+        bound = sig.bind_partial(None, *args, **{**self.bound, **kwargs})
+        arguments = dict(bound.arguments)
+        arguments.pop("s")
+        return arguments, {"max_new_tokens": 128, **sampling}
+
+    # -- tracing -------------------------------------------------------------------------------
+    def trace(self, *args: Any, **kwargs: Any) -> Graph:
+        """The request graph (missing arguments become placeholders). Raises NotTraceable
+        if the program uses a generated value in Python."""
+        arguments, _ = self._split(args, kwargs)
+        return trace_graph(self.func, arguments, self.arg_names)
+
+    # -- running -------------------------------------------------------------------------------
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, mode: str = "auto", **kwargs: Any) -> ProgramState:
+        """Run once. mode: "auto" (request graph if static, else eager), "graph" or "eager"."""
+        if mode not in MODES:
+            raise RadixflowError(f"mode must be one of {', '.join(MODES)}")
+        b = resolve_backend(backend)
+        arguments, defaults = self._split(args, kwargs)
+        program = None if stream else self._compile(b, arguments, defaults, mode)
+        if program is not None:
+            out = b.run_graphs([program[1]])[0]
+            return _replayed(program[0], out, b, defaults)
+        return self._run_eager(b, arguments, defaults, stream)
+
+    def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
+        if mode == "eager" or not b.supports_graphs:
+            if mode == "graph":
+                raise RadixflowError(f"{type(b).__name__} cannot run request graphs")
+            return None
+        try:
+            graph = trace_graph(self.func, arguments, self.arg_names)
+            return graph, lower(graph, b.chat_template(), defaults)
+        except NotTraceable:
+            if mode == "graph":
+                raise
+            return None
+
+    def _run_eager(self, b, arguments: dict, defaults: dict, stream: bool) -> ProgramState:
+        ex = Interpreter(b, defaults, b.chat_template(), use_ids=b.tokenizer is not None, streaming=stream)
+        state = ProgramState(ex, "eager")
+        if not stream:
+            self.func(state, **arguments)
+            return state
+        import threading
+
+        def body() -> None:
+            try:
+                self.func(state, **arguments)
+            except BaseException as e:  # surfaces from text_iter / sync / text
+                ex.log.close(e)
+                return
+            ex.log.close()
+
+        state._thread = threading.Thread(target=body, daemon=True, name=f"rf-{self.func.__name__}")
+        state._thread.start()
+        return state
+
+    def run_batch(
+        self,
+        batch_kwargs: list,
+        *,
+        backend: Any = None,
+        num_threads: Union[int, str] = "auto",
+        progress_bar: bool = True,
+        mode: str = "auto",
+        **sampling: Any,
+    ) -> list[ProgramState]:
+        """Run many; results in input order. Static programs go to the runtime together."""
+        b = resolve_backend(backend)
+        items = [dict(kw) if isinstance(kw, dict) else {"args": tuple(kw)} for kw in batch_kwargs]
+        calls = [self._split(it.pop("args", ()), {**it, **sampling}) for it in items]
+        states: list = [None] * len(calls)
+        bar = _progress(len(calls), progress_bar, self.func.__name__)
+        compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
+        static = [i for i, c in compiled.items() if c is not None]
+        if static:
+            outs = b.run_graphs([compiled[i][1] for i in static], on_result=lambda k, out: bar.update(1))
+            for i, out in zip(static, outs):
+                states[i] = _replayed(compiled[i][0], out, b, calls[i][1])
+        rest = [i for i in range(len(calls)) if states[i] is None]
+        threads = _threads(num_threads, len(rest))
+
+        def one(i: int) -> ProgramState:
+            state = self._run_eager(b, calls[i][0], calls[i][1], False)
+            bar.update(1)
+            return state
+
+        with ThreadPoolExecutor(threads) as pool:
+            for i, state in zip(rest, pool.map(one, rest)):
+                states[i] = state
+        bar.close()
+        return states
+
+
+def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
+    if out.get("error"):
+        raise ProgramError(f"program {graph.name}: {out['error']}")
+    state = replay(graph, out, b.chat_template(), defaults)
+    state.program_meta = out.get("meta_info", {})
+    return state
+
+
+def _threads(num_threads: Union[int, str], n: int) -> int:
+    if num_threads == "auto":
+        return max(1, min(n, 16 * (os.cpu_count() or 1), 128))
+    return max(1, int(num_threads))
+
+
+def _progress(total: int, enabled: bool, name: str):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, disable=not enabled, desc=name, leave=False)
+
+
+def function(func: Optional[Callable] = None, **options: Any):
+    """Decorator: `@rf.function` or `@rf.function()`."""
+    if func is None:
+        return lambda f: Function(f)
+    return Function(func)
+
+

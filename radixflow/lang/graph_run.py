@@ -1,0 +1,76 @@
+"""Trace a program into a Graph, and rebuild a ProgramState from a graph's results."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Callable
+
+from radixflow.lang.backends.base import Backend
+from radixflow.lang.chat_template import ChatTemplate
+from radixflow.lang.errors import NotTraceable
+from radixflow.lang.interpreter import GenResult, Interpreter, SelectResult
+from radixflow.lang.ir import Fork, Graph, Join
+from radixflow.lang.placeholder import Placeholder
+from radixflow.lang.state import ProgramState
+from radixflow.lang.tracer import Recorder
+
+
+def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
+    params = inspect.signature(func).parameters
+    args = dict(arguments)
+    for name in arg_names:
+        if name not in args and params[name].default is inspect.Parameter.empty:
+            args[name] = Placeholder("arg", name)
+    rec = Recorder()
+    try:
+        func(ProgramState(rec, "trace"), **args)
+    except NotTraceable:
+        raise
+    except Exception as e:  # e.g. a placeholder reached code that needs a real value
+        raise NotTraceable(f"tracing {func.__name__} raised {type(e).__name__}: {e}") from e
+    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()})
+
+
+def _jsonable(v):
+    if isinstance(v, Placeholder):
+        return None
+    if v is None or isinstance(v, (str, int, float, bool)):
+        return v
+    return repr(v)
+
+
+class ReplayBackend(Backend):
+    """Answers gen/select from a request graph's results, by node id."""
+
+    def __init__(self, results: dict):
+        self.results = results
+
+    def _get(self, node) -> dict:
+        return self.results[str(node.nid)]
+
+    def generate(self, prompt, params, node=None) -> GenResult:
+        r = self._get(node)
+        return GenResult(r["text"], None, r.get("meta_info"))
+
+    def select(self, prompt, choices, method, node=None) -> SelectResult:
+        r = self._get(node)
+        return SelectResult(choices.index(r["text"]), None, r.get("meta_info"))
+
+
+def replay(graph: Graph, out: dict, template: ChatTemplate, defaults: dict) -> ProgramState:
+    ex = Interpreter(ReplayBackend(out["results"]), defaults, template, use_ids=False)
+    _replay(ex, graph.nodes, {})
+    return ProgramState(ex, "graph")
+
+
+def _replay(ex: Interpreter, nodes: list, forks: dict) -> None:
+    for n in nodes:
+        if isinstance(n, Fork):
+            kids, _ = ex.fork(len(n.branches))
+            forks[n.nid] = kids
+            for kid, branch in zip(kids, n.branches):
+                _replay(kid, branch, forks)
+        elif isinstance(n, Join):
+            ex.join(forks[n.fork], n.mode)
+        else:
+            ex.execute(n)

@@ -1,0 +1,213 @@
+"""Runs program nodes eagerly against a backend: one backend call per gen / select.
+
+With a backend that has the model's tokenizer, the interpreter keeps the program's token
+ids as well as its text, and sends ids: the same pieces (runtime/segment_tokens.py) as
+the request-graph executor, so a static program gives the same tokens either way.
+The same class replays a request graph's results into a ProgramState.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from radixflow.lang.chat_template import ChatTemplate
+from radixflow.lang.errors import ProgramError
+from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, Text, VarRef
+from radixflow.lang.primitives import sampling_params
+from radixflow.lang.stream_log import StreamLog
+from radixflow.runtime.segment_tokens import encode_piece
+
+STOP_HOLDBACK = 32  # streamed characters held back while a stop string may still cut them
+
+
+@dataclass
+class Prompt:
+    text: str
+    ids: Optional[list] = None
+
+
+@dataclass
+class GenResult:
+    text: str
+    ids: Optional[list] = None  # the kept token ids (None: text-only backend)
+    meta: Optional[dict] = None
+
+
+@dataclass
+class SelectResult:
+    index: int
+    ids: Optional[list] = None
+    meta: Optional[dict] = None
+
+
+class Interpreter:
+    def __init__(self, backend, defaults: dict, template: ChatTemplate, use_ids: bool, streaming: bool = False):
+        self.backend = backend
+        self.defaults = defaults
+        self.template = template
+        self.streaming = streaming
+        self.text = ""
+        self.ids: Optional[list] = [] if use_ids else None
+        self.pending = ""  # text not yet tokenized
+        self.vars: dict = {}
+        self.metas: dict = {}
+        self.messages: list = []
+        self.role: Optional[tuple] = None
+        self.role_seen = False
+        self.scopes: dict = {}
+        self.produced: list = []
+        self.base = (0, 0)  # (text, ids) lengths at the fork that made this one
+        self.log = StreamLog()
+
+    # -- nodes -------------------------------------------------------------------------------
+    def execute(self, node: Node) -> None:
+        if isinstance(node, Text):
+            self._append(node.text)
+        elif isinstance(node, VarRef):
+            self._append(str(self.get(node.name)))
+        elif isinstance(node, Gen):
+            self._gen(node)
+        elif isinstance(node, Select):
+            self._select(node)
+        elif isinstance(node, RoleBegin):
+            self._role_begin(node.role)
+        elif isinstance(node, RoleEnd):
+            self._role_end(node.role)
+        elif isinstance(node, ScopeBegin):
+            self.scopes[node.name] = len(self.text)
+        elif isinstance(node, ScopeEnd):
+            self.set(node.name, self.text[self.scopes.pop(node.name) :])
+        elif isinstance(node, ArgRef):
+            raise ProgramError(f"argument {node.name!r} was not given")
+        else:
+            raise ProgramError(f"cannot execute a {node.kind} node here")
+
+    def _append(self, text: str, var: Optional[str] = None) -> None:
+        self.text += text
+        if self.ids is not None:
+            self.pending += text
+        self.log.put(var, text)
+
+    def _flush(self) -> None:
+        if self.ids is not None and self.pending:
+            self.ids.extend(encode_piece(self.backend.tokenizer, self.pending, first=not self.ids))
+            self.pending = ""
+
+    def _prompt(self) -> Prompt:
+        self._flush()
+        return Prompt(self.text, None if self.ids is None else list(self.ids))
+
+    def _gen(self, node: Gen) -> None:
+        params = sampling_params(self.defaults, node.params)
+        prompt = self._prompt()
+        shown = 0
+        try:
+            if self.streaming and params.get("n", 1) == 1:
+                res, shown = self._gen_stream(prompt, params, node)
+            else:
+                res = self.backend.generate(prompt, params, node)
+        except ProgramError:
+            raise
+        except Exception as e:
+            raise ProgramError(f"gen {node.name!r} failed: {e}") from e
+        if isinstance(res, list):  # n > 1: the variable holds all samples, the text the first
+            self.set(node.name, [r.text for r in res], [r.meta for r in res])
+            res = res[0]
+        else:
+            self.set(node.name, res.text, res.meta)
+        self._append_generated(res, node.name, shown)
+
+    def _gen_stream(self, prompt: Prompt, params: dict, node: Gen) -> tuple:
+        shown = 0
+        for item in self.backend.generate_stream(prompt, params, node):
+            if isinstance(item, GenResult):
+                return item, shown
+            safe = max(shown, len(item) - STOP_HOLDBACK)
+            self._stream_out(item[shown:safe], node.name)
+            shown = safe
+        raise ProgramError(f"gen {node.name!r}: the stream ended without a result")
+
+    def _stream_out(self, delta: str, var: Optional[str]) -> None:
+        self.log.put(var, delta)
+
+    def _append_generated(self, res: GenResult, var: Optional[str], shown: int) -> None:
+        self.text += res.text
+        if self.ids is not None:
+            self.ids.extend(res.ids if res.ids is not None else encode_piece(self.backend.tokenizer, res.text, False))
+        self.log.put(var, res.text[shown:])
+
+    def _select(self, node: Select) -> None:
+        prompt = self._prompt()
+        try:
+            res = self.backend.select(prompt, node.choices, node.method, node)
+        except ProgramError:
+            raise
+        except Exception as e:
+            raise ProgramError(f"select {node.name!r} failed: {e}") from e
+        choice = node.choices[res.index]
+        self.set(node.name, choice, res.meta)
+        self._append_generated(GenResult(choice, res.ids), node.name, 0)
+
+    # -- roles ---------------------------------------------------------------------------------
+    def _role_begin(self, role: str) -> None:
+        if self.role is not None:
+            raise ProgramError(f"role {role!r} begins inside role {self.role[0]!r}; roles cannot nest")
+        if role != "system" and not self.role_seen and self.template.default_system:
+            self._role_begin("system")
+            self._append(self.template.default_system)
+            self._role_end("system")
+        self.role_seen = True
+        self._append(self.template.begin(role))
+        self.role = (role, len(self.text))
+
+    def _role_end(self, role: str) -> None:
+        if self.role is None or self.role[0] != role:
+            raise ProgramError(f"role {role!r} ends but {self.role[0] if self.role else 'no role'!r} is open")
+        content = self.text[self.role[1] :]
+        self.role = None
+        self._append(self.template.end(role))
+        self.messages.append({"role": role, "content": content.lstrip()})
+
+    # -- variables -------------------------------------------------------------------------------
+    def get(self, name: str) -> Any:
+        if name not in self.vars:
+            raise KeyError(f"the program has no variable {name!r} (yet)")
+        return self.vars[name]
+
+    def set(self, name: Optional[str], value: Any, meta: Optional[dict] = None) -> None:
+        if name is None:
+            return
+        self.vars[name] = value
+        if meta is not None:
+            self.metas[name] = meta
+        self.produced.append(name)
+
+    # -- fork / join ---------------------------------------------------------------------------------
+    def fork(self, n: int) -> tuple[list["Interpreter"], None]:
+        self._flush()
+        kids = []
+        for _ in range(n):
+            kid = copy.copy(self)
+            kid.vars, kid.metas = dict(self.vars), dict(self.metas)
+            kid.messages, kid.scopes, kid.produced = copy.deepcopy(self.messages), dict(self.scopes), []
+            kid.ids = None if self.ids is None else list(self.ids)
+            kid.log = StreamLog()
+            kid.base = (len(self.text), 0 if self.ids is None else len(self.ids))
+            kids.append(kid)
+        return kids, None
+
+    def join(self, kids: list["Interpreter"], mode: str, fork_nid: Optional[int] = None) -> None:
+        if mode == "gather":
+            for name in dict.fromkeys(n for k in kids for n in k.produced):
+                self.set(name, [k.vars.get(name) for k in kids], {"forks": [k.metas.get(name) for k in kids]})
+            return
+        self._flush()
+        for k in kids:
+            k._flush()
+            text_base, ids_base = k.base
+            self.text += k.text[text_base:]
+            self.log.put(None, k.text[text_base:])
+            if self.ids is not None:
+                self.ids.extend(k.ids[ids_base:])

@@ -1,0 +1,87 @@
+"""Placeholders stand for values unknown while tracing: generated variables and, in
+`trace()` without arguments, the program's arguments.
+
+They may be concatenated into the program (`s += "A: " + s["x"]`, f-strings too);
+anything that would need the actual value (`if`, `==`, `int()`, `.strip()`) raises
+DataDependentError, and the program runs eagerly instead.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from radixflow.lang.errors import DataDependentError
+from radixflow.lang.ir import ArgRef, ExprList, Text, VarRef, _items
+
+MARK = "\x1f"
+_PATTERN = re.compile(MARK + r"(var|arg):([^" + MARK + r"]*)" + MARK)
+
+
+class Placeholder:
+    __slots__ = ("_kind", "_name")
+
+    def __init__(self, kind: str, name: str):
+        object.__setattr__(self, "_kind", kind)
+        object.__setattr__(self, "_name", name)
+
+    def node(self):
+        return VarRef(name=self._name) if self._kind == "var" else ArgRef(name=self._name)
+
+    def __str__(self) -> str:
+        return f"{MARK}{self._kind}:{self._name}{MARK}"
+
+    def __format__(self, spec: str) -> str:
+        if spec:
+            self._fail(f"format spec {spec!r}")
+        return str(self)
+
+    def __add__(self, other: Any) -> ExprList:
+        return ExprList([self.node()] + _items(other))
+
+    def __radd__(self, other: Any) -> ExprList:
+        return ExprList(_items(other) + [self.node()])
+
+    def __repr__(self) -> str:
+        return f"<{self._kind} {self._name!r} (unknown while tracing)>"
+
+    def _fail(self, what: str):
+        raise DataDependentError(f"the program uses the value of {self._kind} {self._name!r} in Python ({what})")
+
+    def __getattr__(self, name: str):
+        self._fail(f".{name}")
+
+    def __setattr__(self, name: str, value: Any):
+        self._fail(f"setting .{name}")
+
+
+def _make_op(op: str):
+    def method(self, *args, **kwargs):
+        self._fail(op)
+
+    method.__name__ = op
+    return method
+
+
+for _op in (
+    "__bool__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __len__ __iter__ __contains__ "
+    "__getitem__ __int__ __float__ __index__ __mul__ __rmul__ __mod__ __call__ __bytes__"
+).split():
+    setattr(Placeholder, _op, _make_op(_op))
+
+
+def split_text(text: str) -> list:
+    """A string that may hold placeholders (from f-strings) -> Text / VarRef / ArgRef nodes."""
+    if MARK not in text:
+        return [Text(text=text)] if text else []
+    nodes, pos = [], 0
+    for m in _PATTERN.finditer(text):
+        if m.start() > pos:
+            nodes.append(Text(text=text[pos : m.start()]))
+        nodes.append(VarRef(name=m.group(2)) if m.group(1) == "var" else ArgRef(name=m.group(2)))
+        pos = m.end()
+    if pos < len(text):
+        nodes.append(Text(text=text[pos:]))
+    if any(isinstance(n, Text) and MARK in n.text for n in nodes):
+        raise DataDependentError("a traced placeholder was altered by Python string operations")
+    return nodes

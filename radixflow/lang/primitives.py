@@ -1,0 +1,131 @@
+"""The program primitives: gen, gen_int, gen_string, select, and role blocks."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any, Optional, Union
+
+from radixflow.errors import RadixflowError
+from radixflow.lang.choices import ChoicesMethod, method_name
+from radixflow.lang.ir import ExprList, Gen, RoleBegin, RoleEnd, Select
+
+# gen() argument -> sampling param name (SGLang's frontend names)
+_GEN_TO_SAMPLING = {
+    "max_tokens": "max_new_tokens",
+    "min_tokens": "min_new_tokens",
+    "n": "n",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos",
+    "regex": "regex",
+    "json_schema": "json_schema",
+}
+_DTYPES = {int: "int", float: "float", str: "str", bool: "bool", "int": "int", "float": "float", "str": "str", "bool": "bool"}
+
+
+def gen(
+    name: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    n: Optional[int] = None,
+    stop: Optional[Union[str, list]] = None,
+    stop_token_ids: Optional[list] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    min_p: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    repetition_penalty: Optional[float] = None,
+    ignore_eos: Optional[bool] = None,
+    regex: Optional[str] = None,
+    json_schema: Optional[Union[str, dict]] = None,
+    choices: Optional[list] = None,
+    choices_method: Optional[ChoicesMethod] = None,
+    dtype: Any = None,
+) -> Union[Gen, Select]:
+    """Generate text into variable `name`. Unset (None) fields inherit the run()'s defaults."""
+    if choices is not None:
+        return select(name, choices, choices_method=choices_method)
+    given = dict(locals())
+    params = {_GEN_TO_SAMPLING[k]: v for k, v in given.items() if k in _GEN_TO_SAMPLING and v is not None}
+    if regex is not None:
+        try:
+            re.compile(regex)
+        except re.error as e:
+            raise RadixflowError(f"gen {name!r}: invalid regex {regex!r}: {e}") from None
+    if isinstance(json_schema, dict):
+        params["json_schema"] = json.dumps(json_schema)
+    if dtype is not None:
+        if dtype not in _DTYPES:
+            raise RadixflowError(f"gen {name!r}: dtype must be int, float, str or bool, got {dtype!r}")
+        params["dtype"] = _DTYPES[dtype]
+    return Gen(name=name, params=params)
+
+
+def gen_int(name: Optional[str] = None, max_tokens: Optional[int] = None, **kwargs: Any) -> Gen:
+    return gen(name, max_tokens=max_tokens, dtype=int, **kwargs)
+
+
+def gen_string(name: Optional[str] = None, max_tokens: Optional[int] = None, **kwargs: Any) -> Gen:
+    return gen(name, max_tokens=max_tokens, dtype=str, **kwargs)
+
+
+def select(
+    name: Optional[str] = None,
+    choices: Optional[list] = None,
+    temperature: float = 0.0,
+    choices_method: Optional[ChoicesMethod] = None,
+) -> Select:
+    """Append the most likely of `choices` (all scored in one batch) and store it as `name`."""
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise RadixflowError(f"select {name!r}: choices must be a non-empty list of non-empty strings")
+    return Select(name=name, choices=list(choices), method=method_name(choices_method), temperature=temperature)
+
+
+def _role(role: str, expr: Any) -> ExprList:
+    body = [] if expr is None else [expr]
+    return ExprList([RoleBegin(role=role)] + body + [RoleEnd(role=role)])
+
+
+def system(expr: Any = None) -> ExprList:
+    return _role("system", expr)
+
+
+def user(expr: Any = None) -> ExprList:
+    return _role("user", expr)
+
+
+def assistant(expr: Any = None) -> ExprList:
+    return _role("assistant", expr)
+
+
+def sampling_params(defaults: dict, params: dict) -> dict:
+    """A gen's sampling params: the run's defaults, overridden by what the gen set."""
+    out = {**defaults, **{k: v for k, v in params.items() if k != "dtype"}}
+    dtype = params.get("dtype")
+    if dtype is not None:
+        out["regex"] = _dtype_regex(dtype)
+        out.pop("json_schema", None)
+        if dtype in ("int", "float"):
+            stops = out.get("stop") or []
+            out["stop"] = ([stops] if isinstance(stops, str) else list(stops)) + [" ", "\n"]
+    return out
+
+
+def _dtype_regex(dtype: str) -> str:
+    try:
+        from radixflow.constrained import regex_for_dtype
+    except ImportError:
+        raise RadixflowError(
+            "gen(dtype=...) needs radixflow.constrained.regex_for_dtype, which this build does not have yet"
+        ) from None
+    return regex_for_dtype(dtype)

@@ -1,0 +1,188 @@
+"""ProgramState: what a program's `s` is. The same class runs eagerly (an Interpreter
+behind it), while tracing (a Recorder) and when holding a request graph's results."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Any, Callable, Iterator, Optional, Union
+
+from radixflow.lang.errors import ProgramError
+from radixflow.lang.ir import ExprList, Node, ScopeBegin, ScopeEnd
+from radixflow.lang.placeholder import Placeholder, split_text
+from radixflow.lang.primitives import assistant, system, user
+
+JOIN_MODES = {"gather_variable": "gather", "gather": "gather", "concate_and_append": "concat", "concat": "concat"}
+
+
+def to_nodes(expr: Any) -> list[Node]:
+    """Whatever a program appends -> IR nodes (copies, so expressions can be reused)."""
+    if isinstance(expr, ExprList):
+        return [n for item in expr.items for n in to_nodes(item)]
+    if isinstance(expr, Placeholder):
+        return [expr.node()]
+    if isinstance(expr, str):
+        return split_text(expr)
+    if isinstance(expr, Node):
+        return [dataclasses.replace(expr)]
+    if isinstance(expr, (int, float)) and not isinstance(expr, bool):
+        return split_text(str(expr))
+    raise TypeError(f"cannot append a {type(expr).__name__} to a program; use str, gen, select or a role")
+
+
+class ProgramState:
+    def __init__(self, executor, mode: str = "eager"):
+        self._ex = executor
+        self.mode = mode  # "eager", "graph" or "trace": how it ran
+        self._thread: Optional[threading.Thread] = None
+
+    # -- appending ---------------------------------------------------------------------------
+    def __iadd__(self, expr: Any) -> "ProgramState":
+        for node in to_nodes(expr):
+            self._ex.execute(node)
+        return self
+
+    def system(self, expr: Any = None):
+        return self._role(system, expr)
+
+    def user(self, expr: Any = None):
+        return self._role(user, expr)
+
+    def assistant(self, expr: Any = None):
+        return self._role(assistant, expr)
+
+    def _role(self, make: Callable, expr: Any):
+        """`s.user("hi")` appends a turn; `with s.user(): ...` wraps a block in one."""
+        if expr is not None:
+            self += make(expr)
+            return None
+        begin, end = make().items
+        return _Block(self, begin, end)
+
+    def var_scope(self, name: str):
+        """`with s.var_scope("x"): ...` stores the text appended inside as s["x"]."""
+        return _Block(self, ScopeBegin(name=name), ScopeEnd(name=name))
+
+    # -- variables ---------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        return self._ex.get(name)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        self._ex.set(name, value)
+
+    def __contains__(self, name: str) -> bool:
+        self.sync()
+        return self._ex.contains(name) if hasattr(self._ex, "contains") else name in self._ex.vars
+
+    def get_var(self, name: str) -> Any:
+        return self[name]
+
+    def set_var(self, name: str, value: Any) -> None:
+        self[name] = value
+
+    def get_meta_info(self, name: str) -> Optional[dict]:
+        self._readable("get_meta_info()")
+        return self._ex.metas.get(name)
+
+    # -- reading -------------------------------------------------------------------------------
+    def text(self) -> str:
+        self._readable("text()")
+        return self._ex.text
+
+    def messages(self) -> list[dict]:
+        self._readable("messages()")
+        return list(self._ex.messages)
+
+    def _readable(self, what: str) -> None:
+        if hasattr(self._ex, "unknown"):
+            self._ex.unknown(what)
+        self.sync()
+
+    def variables(self) -> dict:
+        self._readable("variables()")
+        return dict(self._ex.vars)
+
+    def sync(self) -> "ProgramState":
+        """Wait for a streaming run to end; raise its error if it failed."""
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        log = getattr(self._ex, "log", None)
+        if log is not None and log.error is not None:
+            raise log.error
+        return self
+
+    def error(self) -> Optional[BaseException]:
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+        log = getattr(self._ex, "log", None)
+        return None if log is None else log.error
+
+    def text_iter(self, var: Optional[str] = None) -> Iterator[str]:
+        """Text deltas as they are generated (all text, or one variable's)."""
+        if self._thread is None:  # not streaming: everything is there already
+            self.sync()
+            yield self._ex.vars.get(var, "") if var is not None else self._ex.text
+            return
+        yield from self._ex.log.iter(var)
+
+    # -- fork ------------------------------------------------------------------------------------
+    def fork(self, n: int) -> "ForkGroup":
+        if n < 1:
+            raise ProgramError("fork(n) needs n >= 1")
+        kids, nid = self._ex.fork(n)
+        return ForkGroup([ProgramState(k, self.mode) for k in kids], self, nid)
+
+    def __repr__(self) -> str:
+        if hasattr(self._ex, "unknown"):
+            return "ProgramState(tracing)"
+        return f"ProgramState(mode={self.mode}, text={self._ex.text[-60:]!r})"
+
+
+class _Block:
+    def __init__(self, state: ProgramState, begin: Node, end: Node):
+        self.state, self.begin, self.end = state, begin, end
+
+    def __enter__(self) -> ProgramState:
+        self.state += self.begin
+        return self.state
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.state += self.end
+
+
+class ForkGroup(list):
+    """The states of a fork; `forks += expr` appends to each (a callable gets the index)."""
+
+    def __init__(self, states: list, parent: ProgramState, nid: Optional[int]):
+        super().__init__(states)
+        self.parent, self.nid, self.joined = parent, nid, False
+
+    def __iadd__(self, expr: Any) -> "ForkGroup":
+        for i, s in enumerate(self):
+            if callable(expr):
+                s += expr(i)
+            elif isinstance(expr, list):
+                s += expr[i]
+            else:
+                s += expr
+        return self
+
+    def join(self, mode: str = "gather_variable") -> None:
+        """gather_variable: each new variable becomes a list in the parent (its text is
+        unchanged). concate_and_append: the branches' texts are appended to the parent."""
+        if mode not in JOIN_MODES:
+            raise ProgramError(f"join mode must be one of {', '.join(JOIN_MODES)}, got {mode!r}")
+        if self.joined:
+            raise ProgramError("these forks were already joined")
+        self.joined = True
+        self.parent._ex.join([s._ex for s in self], JOIN_MODES[mode], self.nid)
+
+    def __enter__(self) -> "ForkGroup":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and not self.joined:
+            self.join()
+

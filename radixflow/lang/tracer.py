@@ -1,0 +1,77 @@
+"""Tracing: runs a program against a recorder instead of a model. Generated values are
+placeholders; if the program finishes, what it appended is a static request graph."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any, Optional
+
+from radixflow.lang.errors import DataDependentError, NotTraceable
+from radixflow.lang.ir import Fork, Gen, Join, Node, ScopeEnd, Select, VarRef
+from radixflow.lang.placeholder import MARK, Placeholder
+
+
+class Recorder:
+    """The executor behind a ProgramState while tracing."""
+
+    def __init__(self, counter: Optional[itertools.count] = None, known: Optional[dict] = None):
+        self.nodes: list[Node] = []
+        self.counter = counter or itertools.count()
+        self.known: dict = dict(known or {})  # name -> Placeholder (generated) or a value the program set
+        self.produced: list = []
+
+    def execute(self, node: Node) -> None:
+        if isinstance(node, VarRef) and not isinstance(self.known.get(node.name, Placeholder("var", "")), Placeholder):
+            from radixflow.lang.placeholder import split_text
+
+            for n in split_text(str(self.known[node.name])):
+                self.execute(n)
+            return
+        if isinstance(node, Gen) and node.params.get("n", 1) != 1:
+            raise NotTraceable(f"gen {node.name!r} has n > 1")
+        _check_no_placeholders(node)
+        node = dataclasses.replace(node, nid=next(self.counter))
+        self.nodes.append(node)
+        name = getattr(node, "name", None)
+        if isinstance(node, (Gen, Select, ScopeEnd)) and name:
+            self._produce(name)
+
+    def _produce(self, name: str) -> None:
+        self.known[name] = Placeholder("var", name)
+        self.produced.append(name)
+
+    def get(self, name: str) -> Any:
+        if name not in self.known:
+            raise KeyError(f"the program has no variable {name!r} (yet)")
+        return self.known[name]
+
+    def set(self, name: str, value: Any) -> None:
+        self.known[name] = value
+
+    def contains(self, name: str) -> bool:
+        return name in self.known
+
+    def unknown(self, what: str):
+        raise DataDependentError(f"the program reads {what} while it is being traced")
+
+    def fork(self, n: int) -> tuple[list["Recorder"], int]:
+        kids = [Recorder(self.counter, self.known) for _ in range(n)]
+        node = Fork(branches=[k.nodes for k in kids], nid=next(self.counter))
+        self.nodes.append(node)
+        return kids, node.nid
+
+    def join(self, kids: list["Recorder"], mode: str, fork_nid: int) -> None:
+        self.nodes.append(Join(fork=fork_nid, mode=mode, nid=next(self.counter)))
+        if mode == "gather":
+            for name in dict.fromkeys(n for k in kids for n in k.produced):
+                self._produce(name)
+
+
+def _check_no_placeholders(node: Node) -> None:
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
+        for v in items:
+            if isinstance(v, Placeholder) or (isinstance(v, str) and MARK in v):
+                raise DataDependentError(f"{node.kind} {getattr(node, 'name', '')!r} has a generated value in {f.name}")
