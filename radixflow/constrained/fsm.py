@@ -1,0 +1,208 @@
+"""A regex compiled into a token-level FSM (outlines-core `Index`), plus what the
+runtime needs per state, computed once per grammar:
+
+- `dist[s]`: the fewest tokens from state s to an accepting state (budget-aware completion);
+- per state, its allowed tokens sorted by the distance of the state they lead to, so the
+  tokens that keep a request within a token budget are a prefix of that array;
+- cached packed masks (full, and budget-limited), and forced continuations (jump-forward).
+
+Masks are filled with `Guide.write_mask_into` the first time a state is seen and copied
+from the cache afterwards; nothing on the per-token path loops over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import collections
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from outlines_core import Guide, Index
+
+from radixflow.constrained.vocabulary import NO_BYTE, TokenVocab
+
+INF = 1 << 20  # distance of a state that cannot reach acceptance
+MAX_FORCED_BYTES = 4096
+
+
+@dataclass(eq=False)
+class CompiledGrammar:
+    regex: str
+    index: Index
+    vocab: TokenVocab
+    states: np.ndarray  # [S] sorted outlines state ids; dense index = position
+    final: np.ndarray  # [S] bool
+    terminal: np.ndarray  # [S] bool: accepting, and nothing but EOS may follow
+    dist: np.ndarray  # [S] int64
+    max_next: np.ndarray  # [S] int64: largest dist among the states a token leads to
+    offsets: np.ndarray  # [S+1] into tokens / next_dist
+    tokens: np.ndarray  # [T] int32, per state sorted by next_dist
+    next_dist: np.ndarray  # [T] int64
+    compile_s: float = 0.0
+    _dense: dict = field(default_factory=dict, repr=False)
+    _full: dict = field(default_factory=dict, repr=False)
+    _tight: dict = field(default_factory=dict, repr=False)
+    _forced: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._dense = {int(s): i for i, s in enumerate(self.states)}
+
+    @property
+    def initial_state(self) -> int:
+        return self.index.get_initial_state()
+
+    @property
+    def min_tokens(self) -> int:
+        """The fewest tokens of any output this grammar accepts."""
+        return int(self.dist[self.dense(self.initial_state)])
+
+    def dense(self, state: int) -> int:
+        return self._dense[state]
+
+    def new_guide(self, max_rollback: int = 8) -> Guide:
+        return Guide(self.index, max_rollback=max_rollback)
+
+    # -- masks --------------------------------------------------------------------------------
+    def full_mask(self, guide: Guide) -> torch.Tensor:
+        """[W] int32 mask of the guide's current state (cached per state)."""
+        state = guide.get_state()
+        mask = self._full.get(state)
+        if mask is None:
+            i = self.dense(state)
+            if self.max_next[i] >= INF:  # some tokens lead nowhere: leave them out
+                mask = self.budget_mask(state, INF - 1)
+            else:
+                mask = torch.zeros(self.vocab.words, dtype=torch.int32)
+                guide.write_mask_into(mask.data_ptr(), mask.numel(), 4)
+                if self.final[i]:
+                    _set_bits(mask, self.vocab.eos_ids)
+            self._full[state] = mask
+        return mask
+
+    def budget_mask(self, state: int, within: int) -> torch.Tensor:
+        """[W] int32 mask of tokens after which an accepting state is at most `within`
+        tokens away (EOS too, in an accepting state); cached per (state, within)."""
+        key = (state, within)
+        mask = self._tight.get(key)
+        if mask is None:
+            i = self.dense(state)
+            lo, hi = self.offsets[i], self.offsets[i + 1]
+            keep = int(np.searchsorted(self.next_dist[lo:hi], within, side="right"))
+            bits = np.zeros(self.vocab.words * 32, dtype=bool)
+            bits[self.tokens[lo : lo + keep]] = True
+            if self.final[i]:
+                bits[list(self.vocab.eos_ids)] = True
+            mask = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
+            self._tight[key] = mask
+        return mask
+
+    # -- jump-forward -------------------------------------------------------------------------
+    def forced_bytes(self, state: int) -> bytes:
+        """The bytes every accepted continuation from `state` starts with (cached)."""
+        out = self._forced.get(state)
+        if out is None:
+            out = self._walk_forced(state)
+            self._forced[state] = out
+        return out
+
+    def _walk_forced(self, state: int) -> bytes:
+        out = bytearray()
+        while len(out) < MAX_FORCED_BYTES:
+            i = self.dense(state)
+            if self.final[i]:
+                break
+            firsts = np.unique(self.vocab.first_byte[self.tokens[self.offsets[i] : self.offsets[i + 1]]])
+            if len(firsts) != 1 or firsts[0] == NO_BYTE:
+                break
+            tok = int(self.vocab.single_byte_token[firsts[0]])
+            nxt = self.index.get_next_state(state, tok) if tok >= 0 else None
+            if nxt is None:
+                break
+            out.append(int(firsts[0]))
+            state = nxt
+        return bytes(out)
+
+    def walk(self, state: int, tokens: list):
+        """The state after `tokens`, or None if one of them is not allowed."""
+        for t in tokens:
+            state = self.index.get_next_state(state, t)
+            if state is None:
+                return None
+        return state
+
+
+def _set_bits(mask: torch.Tensor, ids) -> None:
+    for t in ids:
+        if t // 32 < mask.numel():
+            word = int(mask[t // 32]) | (1 << (t % 32))
+            mask[t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+
+
+def compile_regex(regex: str, vocab: TokenVocab) -> CompiledGrammar:
+    """Raises ValueError (outlines-core's message) when the regex cannot be compiled."""
+    index = Index(regex, vocab.outlines)
+    trans = index.get_transitions()
+    finals = set(index.get_final_states())
+    states = np.array(sorted(set(trans) | finals | {index.get_initial_state()}), dtype=np.int64)
+    toks, nxts = _flatten(trans, states, vocab.eos_id)
+    final = np.isin(states, np.array(sorted(finals), dtype=np.int64))
+    dist = _distances(states, toks, nxts, final)
+    return _assemble(regex, index, vocab, states, final, dist, toks, nxts)
+
+
+def _flatten(trans: dict, states: np.ndarray, eos_id: int) -> tuple[list, list]:
+    """Per dense state: token ids and dense next states (EOS left out)."""
+    toks, nxts = [], []
+    for s in states.tolist():
+        d = trans.get(s, {})
+        d.pop(eos_id, None)
+        t = np.fromiter(d.keys(), dtype=np.int32, count=len(d))
+        n = np.searchsorted(states, np.fromiter(d.values(), dtype=np.int64, count=len(d)))
+        toks.append(t)
+        nxts.append(n)
+    return toks, nxts
+
+
+def _distances(states: np.ndarray, toks: list, nxts: list, final: np.ndarray) -> np.ndarray:
+    """Breadth-first search backwards from the accepting states over token transitions."""
+    preds = collections.defaultdict(set)
+    for i, n in enumerate(nxts):
+        for j in np.unique(n).tolist():
+            preds[j].add(i)
+    dist = np.full(len(states), INF, dtype=np.int64)
+    frontier = np.nonzero(final)[0].tolist()
+    dist[frontier] = 0
+    queue = collections.deque(frontier)
+    while queue:
+        j = queue.popleft()
+        for i in preds[j]:
+            if dist[i] == INF:
+                dist[i] = dist[j] + 1
+                queue.append(i)
+    return dist
+
+
+def _assemble(regex, index, vocab, states, final, dist, toks, nxts) -> CompiledGrammar:
+    offsets = np.zeros(len(states) + 1, dtype=np.int64)
+    all_toks, all_nd, max_next = [], [], np.zeros(len(states), dtype=np.int64)
+    for i, (t, n) in enumerate(zip(toks, nxts)):
+        nd = dist[n]
+        order = np.argsort(nd, kind="stable")
+        all_toks.append(t[order])
+        all_nd.append(nd[order])
+        offsets[i + 1] = offsets[i] + len(t)
+        max_next[i] = nd.max() if len(nd) else 0
+    terminal = final & (offsets[1:] == offsets[:-1])
+    return CompiledGrammar(
+        regex=regex,
+        index=index,
+        vocab=vocab,
+        states=states,
+        final=final,
+        terminal=terminal,
+        dist=dist,
+        max_next=max_next,
+        offsets=offsets,
+        tokens=np.concatenate(all_toks) if all_toks else np.zeros(0, dtype=np.int32),
+        next_dist=np.concatenate(all_nd) if all_nd else np.zeros(0, dtype=np.int64),
+    )

@@ -1,0 +1,83 @@
+"""Jump-forward: where the grammar allows exactly one continuation string, append its
+tokens without sampling them.
+
+The forced bytes come from the FSM (`CompiledGrammar.forced_bytes`). They are
+re-tokenized together with the last output token, so the sequence is what the tokenizer
+would have produced for that text (e.g. `"` + `,"age":` becomes `",` `"age` `":`); when
+the last token changes, the scheduler cuts it (the `(keep, tokens)` answer). A jump is
+only taken when it leaves the request able to finish within its token budget.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+from radixflow.constrained.matcher import GrammarMatcher
+
+Encode = Callable[[str], list]
+
+
+def utf8_prefix(data: bytes) -> bytes:
+    """The longest prefix of `data` that is whole UTF-8 (a trailing partial character dropped)."""
+    for cut in range(min(4, len(data)) + 1):
+        try:
+            (data[: len(data) - cut]).decode("utf-8")
+            return data[: len(data) - cut]
+        except UnicodeDecodeError:
+            continue
+    return b""
+
+
+def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False) -> Union[list, tuple]:
+    """Advance `matcher` over the forced continuation and return what the scheduler
+    appends: [] (nothing), [tokens] or (keep, [tokens]). `first`: before the segment's
+    first sample (nothing to re-tokenize; one sampled token must still fit the budget)."""
+    forced = utf8_prefix(matcher.grammar.forced_bytes(matcher.state))
+    if not forced:
+        return []
+    out = req.output_ids
+    prev = [out[-1]] if len(out) > req.segment_start and not first else []
+    reserve = 1 if first else 0
+    for boundary in ([prev, []] if prev else [[]]):
+        planned = _retokenize(matcher, boundary, forced, encode)
+        if planned is None:
+            continue
+        common, tokens = planned
+        keep = len(out) - len(boundary) + common
+        if _apply(matcher, req, len(boundary) - common, tokens, keep, reserve):
+            return tokens if keep == len(out) else (keep, tokens)
+    return []
+
+
+def _retokenize(matcher: GrammarMatcher, boundary: list, forced: bytes, encode: Encode):
+    """(tokens of `boundary` kept, new tokens), or None when the text does not round-trip."""
+    vocab = matcher.grammar.vocab
+    prefix = vocab.decode_bytes(boundary)
+    if prefix is None:
+        return None
+    try:
+        text = (prefix + forced).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    ids = list(encode(text))
+    if vocab.decode_bytes(ids) != prefix + forced:
+        return None
+    common = 1 if boundary and ids[:1] == boundary else 0
+    tokens = ids[common:]
+    return (common, tokens) if tokens else None
+
+
+def _apply(matcher: GrammarMatcher, req, undo: int, tokens: list, keep: int, reserve: int) -> bool:
+    """Roll back `undo` accepted tokens and accept `tokens`, if that fits the budget."""
+    g = matcher.grammar
+    undone = req.output_ids[len(req.output_ids) - undo :] if undo else []
+    matcher.rollback(undo)
+    after = g.walk(matcher.state, tokens)
+    used = keep - req.segment_start + len(tokens)
+    fits = after is not None and used + max(int(g.dist[g.dense(after)]), reserve) <= req.sampling.max_new_tokens
+    if reserve and after is not None and g.terminal[g.dense(after)]:
+        fits = False  # before the first sample: leave the last token to sampling
+    if not fits:
+        matcher.advance_all(undone)
+        return False
+    return matcher.advance_all(tokens)

@@ -1,0 +1,78 @@
+"""Per-request grammar state: what `req.grammar` is.
+
+The scheduler calls `fill_bitmask` before sampling, `accept_token` after, and
+`is_terminated` in the stop checker. The matcher reads the request's remaining token
+budget (`max_new_tokens - segment_len`) itself, so when the budget comes down to the
+distance to an accepting state, only tokens that keep acceptance within reach are allowed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixflow.constrained.fsm import CompiledGrammar
+
+
+class GrammarMatcher:
+    def __init__(self, grammar: CompiledGrammar, req=None):
+        self.grammar = grammar
+        self.req = req  # for the token budget; None = unlimited
+        self.guide = grammar.new_guide()
+        self.ended = False  # EOS accepted, or a token the FSM did not allow
+        self.rejected_token = None
+
+    # -- the scheduler's interface ----------------------------------------------------------------
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row].copy_(self.current_mask())
+
+    def accept_token(self, token: int) -> None:
+        if self.ended:
+            return
+        if token in self.grammar.vocab.eos_ids:
+            self.ended = True
+            return
+        try:
+            self.guide.advance(token, return_tokens=False)
+        except ValueError:  # only reachable if a caller bypassed the mask
+            self.ended = True
+            self.rejected_token = token
+
+    def is_terminated(self) -> bool:
+        return self.ended or bool(self.grammar.terminal[self.grammar.dense(self.state)])
+
+    # -- helpers ---------------------------------------------------------------------------------
+    @property
+    def state(self) -> int:
+        return self.guide.get_state()
+
+    @property
+    def is_accepting(self) -> bool:
+        return bool(self.grammar.final[self.grammar.dense(self.state)])
+
+    def distance(self) -> int:
+        """Fewest tokens from here to an accepted output."""
+        return int(self.grammar.dist[self.grammar.dense(self.state)])
+
+    def budget(self) -> int:
+        if self.req is None:
+            return 1 << 30
+        return self.req.sampling.max_new_tokens - self.req.segment_len
+
+    def current_mask(self) -> torch.Tensor:
+        g = self.grammar
+        within = self.budget() - 1  # tokens left after this one
+        if within < g.max_next[g.dense(self.state)]:
+            return g.budget_mask(self.state, within)
+        return g.full_mask(self.guide)
+
+    def advance_all(self, tokens: list) -> bool:
+        """Accept `tokens` (all allowed, checked first); False and no change otherwise."""
+        if self.grammar.walk(self.state, tokens) is None:
+            return False
+        for t in tokens:
+            self.guide.advance(t, return_tokens=False)
+        return True
+
+    def rollback(self, n: int) -> None:
+        if n:
+            self.guide.rollback_state(n)

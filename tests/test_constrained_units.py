@@ -1,0 +1,232 @@
+"""Constrained decoding without running the model: regex helpers, schema conversion,
+validation, the vocabulary, FSM distances, budget masks and jump-forward planning
+(the default model's tokenizer, no forward passes)."""
+
+from __future__ import annotations
+
+import json
+import re
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from constrained_corpus import REGEXES, SCHEMAS
+from radixflow.constrained import regex_for_choices, regex_for_dtype, regex_for_schema, validate
+from radixflow.constrained.jump_forward import plan_jump, utf8_prefix
+from radixflow.constrained.matcher import GrammarMatcher
+from radixflow.constrained.regex_helpers import int_range_regex, number_range_regex
+from radixflow.constrained.vocabulary import token_to_bytes
+from radixflow.errors import RadixflowError
+
+UNBOUNDED = {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["name", "bio", "tags"]}
+
+
+@pytest.fixture(scope="module")
+def backend(engine):
+    return engine.scheduler._grammars()
+
+
+class Req:
+    def __init__(self, max_new_tokens: int):
+        self.sampling = SimpleNamespace(max_new_tokens=max_new_tokens)
+        self.output_ids: list = []
+        self.segment_start = 0
+
+    @property
+    def segment_len(self) -> int:
+        return len(self.output_ids) - self.segment_start
+
+
+def allowed_ids(matcher: GrammarMatcher, vocab_size: int) -> np.ndarray:
+    mask = torch.zeros(1, (vocab_size + 31) // 32, dtype=torch.int32)
+    matcher.fill_bitmask(mask, 0)
+    bits = np.unpackbits(mask.numpy().view(np.uint8), bitorder="little")[:vocab_size]
+    return np.nonzero(bits)[0]
+
+
+# -- regex helpers ------------------------------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(lo=st.one_of(st.none(), st.integers(-3000, 3000)), span=st.one_of(st.none(), st.integers(0, 5000)), probe=st.lists(st.integers(-9000, 9000), min_size=20, max_size=20))
+def test_int_range_regex_matches_exactly_the_range(lo, span, probe):
+    hi = None if span is None else (span if lo is None else lo + span)
+    rx = int_range_regex(lo, hi)
+    for v in probe + [lo or 0, hi or 0, (lo or 0) - 1, (hi or 0) + 1]:
+        inside = (lo is None or v >= lo) and (hi is None or v <= hi)
+        assert bool(re.fullmatch(rx, str(v))) == inside, (lo, hi, v, rx)
+    assert not re.fullmatch(rx, "-0") and not re.fullmatch(rx, "007")
+
+
+@settings(max_examples=100, deadline=None)
+@given(lo=st.integers(-100, 100), span=st.integers(1, 200), values=st.lists(st.floats(-400, 400, allow_nan=False), min_size=30, max_size=30))
+def test_number_range_regex_only_matches_inside(lo, span, values):
+    rx = number_range_regex(lo, lo + span)
+    for v in values:
+        for text in (f"{v:.3f}", f"{int(v)}", f"{v:.1f}"):
+            if re.fullmatch(rx, text):
+                assert lo <= float(text) <= lo + span, (text, rx)
+    assert re.fullmatch(rx, str(lo)) and re.fullmatch(rx, str(lo + span))
+
+
+def test_choices_and_dtypes():
+    rx = regex_for_choices(["a.b", "x|y", "(z)", "new\nline"])
+    for c in ["a.b", "x|y", "(z)", "new\nline"]:
+        assert re.fullmatch(rx, c)
+    assert not re.fullmatch(rx, "aXb") and not re.fullmatch(rx, "x")
+    assert re.fullmatch(regex_for_dtype(int), "-42") and not re.fullmatch(regex_for_dtype(int), "4.2")
+    assert re.fullmatch(regex_for_dtype("float"), "3.25e-4") and re.fullmatch(regex_for_dtype(bool), "True")
+    assert re.fullmatch(regex_for_dtype(str), '"hi there"') and not re.fullmatch(regex_for_dtype(str), '"a"b"')
+    with pytest.raises(RadixflowError, match="dtype"):
+        regex_for_dtype(list)
+    with pytest.raises(RadixflowError, match="non-empty"):
+        regex_for_choices([])
+
+
+# -- schemas and validation -----------------------------------------------------------------------------
+def test_corpus_is_supported_and_compact():
+    assert len(SCHEMAS) >= 30 and len(REGEXES) >= 20
+    for schema in SCHEMAS:
+        validate("json_schema", schema)
+        validate("json_schema", json.dumps(schema))
+    for _, rx in REGEXES:
+        validate("regex", rx)
+    rx = regex_for_schema(SCHEMAS[0])
+    assert re.fullmatch(rx, '{"name":"Bo","age":7}') and not re.fullmatch(rx, '{ "name": "Bo", "age": 7 }')
+    assert not re.fullmatch(rx, '{"name":"Bo","age":121}')  # bounds enforced (outlines-core alone ignores them)
+    spaced = regex_for_schema(SCHEMAS[0], whitespace=r"[ ]?")
+    assert re.fullmatch(spaced, '{ "name": "Bo", "age": 7 }')
+
+
+def test_formats_are_real_values():
+    rx = regex_for_schema({"type": "string", "format": "date"})
+    assert re.fullmatch(rx, '"2024-01-31"') and not re.fullmatch(rx, '"2023-02-30"') and not re.fullmatch(rx, '"2023-04-31"')
+    ip = regex_for_schema({"type": "string", "format": "ipv4"})
+    assert re.fullmatch(ip, '"192.168.0.255"') and not re.fullmatch(ip, '"256.1.1.1"')
+
+
+@pytest.mark.parametrize(
+    "kind,spec,needle",
+    [
+        ("regex", "(?=a)b", "unsupported regex"),
+        ("regex", "[a-", "invalid or unsupported regex"),
+        ("regex", r"(a)\1", "back-references"),
+        ("regex", "", "non-empty"),
+        ("json_schema", "{not json", "not valid JSON"),
+        ("json_schema", '"string"', "JSON object"),
+        ("json_schema", {"type": "strng"}, "invalid JSON schema"),
+        ("json_schema", {"type": "integer", "multipleOf": 3}, "multipleOf"),
+        ("json_schema", {"type": "array", "uniqueItems": True}, "uniqueItems"),
+        ("json_schema", {"type": "string", "format": "hostname"}, "hostname"),
+        ("json_schema", {"allOf": [{"type": "object"}, {"type": "object"}]}, "allOf"),
+        ("json_schema", {"$ref": "#/$defs/missing"}, "unsupported JSON schema"),
+        ("ebnf", "root ::= 'a'", "not supported"),
+        ("grammar", "x", "unknown grammar kind"),
+    ],
+)
+def test_validate_names_the_problem(kind, spec, needle):
+    with pytest.raises(RadixflowError, match=re.escape(needle)):
+        validate(kind, spec)
+
+
+def test_anchors_are_stripped():
+    validate("regex", "^[a-z]+$")
+    validate("regex", r"^[a-z]+\$")
+
+
+# -- vocabulary ----------------------------------------------------------------------------------------
+def test_token_bytes_for_both_tokenizer_kinds():
+    assert token_to_bytes("Ġhello", "byte_level") == b" hello"
+    assert token_to_bytes("Ċ", "byte_level") == b"\n"
+    assert token_to_bytes("Ã©", "byte_level") == "é".encode()
+    assert token_to_bytes("▁Hello", "sentencepiece") == b" Hello"
+    assert token_to_bytes("<0x0A>", "sentencepiece") == b"\n"
+    assert token_to_bytes("<0xE2>", "sentencepiece") == b"\xe2"
+
+
+def test_vocabulary_matches_the_tokenizer(backend, tokenizer):
+    vocab = backend.vocab
+    assert vocab.kind == "byte_level" and vocab.eos_ids == (2,)
+    assert all(vocab.token_bytes[i] is None for i in (0, 1, 2))  # special tokens excluded
+    for i in range(17, vocab.vocab_size, 97):
+        text = tokenizer.decode([i])
+        if "\ufffd" not in text:
+            assert vocab.token_bytes[i] == text.encode(), i
+    assert (vocab.single_byte_token[0x20:0x7F] >= 0).all()  # every printable ASCII byte is a token
+
+
+# -- FSM: distances, budget masks, termination ---------------------------------------------------------------
+def test_min_tokens_and_terminal_states(backend, tokenizer):
+    g = backend.compile("regex", "(yes|no)")
+    assert g.min_tokens == 1  # "no" / "yes" are single tokens
+    m = GrammarMatcher(g)
+    m.accept_token(tokenizer.encode("yes", add_special_tokens=False)[0])
+    assert m.is_accepting and m.is_terminated()
+    g2 = backend.compile("regex", "[0-9]+")
+    m2 = GrammarMatcher(g2)
+    m2.accept_token(tokenizer.encode("7", add_special_tokens=False)[0])
+    assert m2.is_accepting and not m2.is_terminated()
+    assert 2 in allowed_ids(m2, backend.vocab.vocab_size)  # EOS only once accepting
+    assert 2 not in allowed_ids(GrammarMatcher(g2), backend.vocab.vocab_size)
+
+
+def test_mask_allows_exactly_the_index_tokens(backend):
+    g = backend.compile("json_schema", json.dumps(UNBOUNDED))
+    m = GrammarMatcher(g)
+    ids = allowed_ids(m, backend.vocab.vocab_size)
+    assert set(ids.tolist()) == set(m.guide.get_tokens())
+
+
+@pytest.mark.parametrize("budget_extra", [0, 1, 3, 8])
+def test_random_walks_under_a_budget_always_accept(backend, tokenizer, budget_extra):
+    """Budget-aware completion without the model: any token the mask allows keeps an
+    accepted output reachable, so random walks always end valid within the budget."""
+    g = backend.compile("json_schema", json.dumps(UNBOUNDED))
+    rng = np.random.default_rng(budget_extra)
+    budget = g.min_tokens + budget_extra
+    for _ in range(20):
+        req = Req(budget)
+        m = GrammarMatcher(g, req)
+        while not m.is_terminated() and req.segment_len < budget:
+            tok = int(rng.choice(allowed_ids(m, backend.vocab.vocab_size)))
+            if tok == 2:
+                break
+            req.output_ids.append(tok)
+            m.accept_token(tok)
+        assert m.is_accepting, tokenizer.decode(req.output_ids)
+        json.loads(tokenizer.decode(req.output_ids))
+
+
+# -- jump-forward --------------------------------------------------------------------------------------
+def test_jump_forward_at_start_and_after_a_sampled_token(backend, tokenizer):
+    g = backend.compile("json_schema", json.dumps(SCHEMAS[0]))
+    req = Req(64)
+    m = GrammarMatcher(g, req)
+    first = plan_jump(m, req, backend._encode, first=True)
+    assert tokenizer.decode(first) == '{"name":"'
+    req.output_ids += first
+    for tok in tokenizer.encode('Bob"', add_special_tokens=False):
+        req.output_ids.append(tok)
+        m.accept_token(tok)
+    planned = plan_jump(m, req, backend._encode)
+    keep, tokens = planned if isinstance(planned, tuple) else (len(req.output_ids), planned)
+    ids = req.output_ids[:keep] + tokens
+    assert tokenizer.decode(ids) == '{"name":"Bob","age":'
+    tail = tokenizer.decode(req.output_ids[keep - 1 + (keep < len(req.output_ids)) : keep]) if keep < len(req.output_ids) else ""
+    assert tokens[: len(tokens)] == tokenizer.encode(tail + tokenizer.decode(tokens)[len(tail):], add_special_tokens=False)[-len(tokens):]
+    assert m.grammar.walk(g.initial_state, ids) == m.state
+
+
+def test_jump_forward_respects_the_budget(backend):
+    g = backend.compile("regex", "abcdefghijklmnop[0-9]")
+    req = Req(3)  # the forced text alone takes more tokens than the budget allows
+    m = GrammarMatcher(g, req)
+    assert plan_jump(m, req, backend._encode, first=True) == []
+    assert m.state == g.initial_state
+
+
+def test_utf8_prefix():
+    assert utf8_prefix("aé".encode()[:-1]) == b"a"
+    assert utf8_prefix("é€".encode()) == "é€".encode()
