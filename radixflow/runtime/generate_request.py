@@ -57,6 +57,10 @@ class RequestBuilder:
         reqs = []
         for i, ids in enumerate(prompts):
             sp = SamplingParams.from_dict(params[i])
+            if sp.grammar is not None:
+                from radixflow.constrained import validate  # outlines-core only when grammars are used
+
+                validate(*sp.grammar)
             if sp.max_new_tokens > self.max_new_tokens_limit:
                 raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
             lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))

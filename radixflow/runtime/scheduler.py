@@ -133,6 +133,8 @@ class Scheduler:
         whose grammar failed (the backend sets their finish reason)."""
         if not self.pending_grammar:
             return []
+        if not (self.waiting or self.running or self.chunked):  # idle: wait, don't spin
+            self.grammar_backend.wait(self.pending_grammar, timeout=0.005)
         still, failed = [], []
         for req in self.pending_grammar:
             ready = self.grammar_backend.poll(req)  # None: not yet; True: compiled; False: failed

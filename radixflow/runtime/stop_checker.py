@@ -22,7 +22,8 @@ class StopChecker:
             req.finish({"type": "stop", "matched": last})
             return
         if req.grammar is not None and req.grammar.is_terminated():
-            req.finish({"type": "stop", "matched": last})
+            # the last token is part of the grammar's output (not a stop token): keep it
+            req.finish({"type": "stop", "matched": None})
             return
         if p.stop_strs:
             matched = self._stop_str(req)
