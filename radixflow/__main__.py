@@ -1,4 +1,4 @@
-"""Command line: `radixflow demo` (a short generation through Engine)."""
+"""Command line: `radixflow serve` (the HTTP server) and `radixflow demo` (a short generation through Engine)."""
 
 from __future__ import annotations
 
@@ -27,15 +27,31 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
+def serve(argv: list[str]) -> int:
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.launch_server import launch_server
+    from radixflow.runtime.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="radixflow serve", description="Start the HTTP server (native + OpenAI API).")
+    ServerArgs.add_cli_args(parser)
+    try:
+        args = ServerArgs.from_cli(parser.parse_args(argv))
+    except RadixflowError as e:
+        parser.error(str(e))
+    return launch_server(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: radixflow demo [--model-path PATH] [server args...]")
+        print("usage: radixflow serve|demo [--model-path PATH] [--host HOST] [--port PORT] [server args...]")
         return 0
     cmd, rest = argv[0], argv[1:]
     if cmd == "demo":
         return demo(rest)
-    print(f"unknown command {cmd!r}; try: radixflow demo", file=sys.stderr)
+    if cmd == "serve":
+        return serve(rest)
+    print(f"unknown command {cmd!r}; try: radixflow serve or radixflow demo", file=sys.stderr)
     return 2
 
 

@@ -137,19 +137,26 @@ def _logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: i
     return LogprobOptions(want, min(start, prompt_len - 1) if start >= 0 else -1, topk if want else 0, text)
 
 
+def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no_stop_trim: bool) -> str:
+    """A whole output's text, with a matched stop token or stop string cut off
+    (shared with the server's detokenizer, so both give the same text)."""
+    text_ids = ids
+    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not no_stop_trim:
+        text_ids = ids[:-1]
+    text = tokenizer.decode(text_ids, skip_special_tokens=skip_special_tokens)
+    if reason and isinstance(reason.get("matched"), str) and not no_stop_trim:
+        cut = text.find(reason["matched"])
+        if cut >= 0:
+            text = text[:cut]
+    return text
+
+
 def build_result(req: Req, tokenizer, logprob_text, finished: bool = True) -> dict:
     """SGLang's response shape: {text, output_ids, meta_info}."""
     ids = req.output_ids
     sp = req.sampling
     reason = req.finish_reason
-    text_ids = ids
-    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not sp.no_stop_trim:
-        text_ids = ids[:-1]
-    text = tokenizer.decode(text_ids, skip_special_tokens=sp.skip_special_tokens)
-    if reason and isinstance(reason.get("matched"), str) and not sp.no_stop_trim:
-        cut = text.find(reason["matched"])
-        if cut >= 0:
-            text = text[:cut]
+    text = output_text(tokenizer, ids, reason, sp.skip_special_tokens, sp.no_stop_trim)
     meta = {
         "id": req.rid,
         "prompt_tokens": len(req.origin_input_ids),
