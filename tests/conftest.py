@@ -44,3 +44,20 @@ def hf_model(model_dir):
 @pytest.fixture(scope="session")
 def tokenizer(engine):
     return engine.tokenizer
+
+
+# -- serving (issue 3): one real server for the whole session ---------------------------------------
+SERVER_FAULT_PREFIX = "fault-"  # requests whose rid starts so make the scheduler raise (tests the 500 path)
+
+
+@pytest.fixture(scope="session")
+def server():
+    from serving_helpers import start_server
+
+    s = start_server(
+        "--max-total-tokens", "32768", "--max-batch-size", "16", "--max-new-tokens-limit", "2048",
+        "--max-body-bytes", "200000", "--stream-interval", "1", "--log-interval-s", "5",
+        env={"RADIXFLOW_TEST_FAULT_RID_PREFIX": SERVER_FAULT_PREFIX},
+    )  # fmt: skip
+    yield s
+    s.stop()

@@ -1,0 +1,149 @@
+"""The OpenAI-compatible API, through the official `openai` client and raw httpx."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from serving_helpers import API_KEY
+from test_server_native import sse_events
+
+PROMPT = "The capital of France is"
+MESSAGES = [{"role": "user", "content": "Name a primary color."}]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key=API_KEY, timeout=120, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def chat_prompt(engine):
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    return apply_chat_template(engine.tokenizer, MESSAGES)
+
+
+def test_models(client):
+    models = client.models.list().data
+    assert len(models) == 1 and models[0].id == "default" and models[0].owned_by == "radixflow"
+
+
+def test_completion_matches_engine(client, engine):
+    want = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 10})
+    r = client.completions.create(model="default", prompt=PROMPT, max_tokens=10, temperature=0)
+    assert r.object == "text_completion" and r.choices[0].text == want["text"]
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == want["meta_info"]["prompt_tokens"] and r.usage.completion_tokens == 10
+    assert r.usage.prompt_tokens_details.cached_tokens >= 0
+
+
+def test_completion_stream_with_usage(client, engine):
+    want = engine.generate(PROMPT, {"temperature": 0, "max_new_tokens": 8})
+    chunks = list(client.completions.create(model="default", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
+                                            stream_options={"include_usage": True}))  # fmt: skip
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == want["text"]
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 8
+    assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0  # the prompt was served before
+
+
+def test_completion_batch_echo_logprobs(client, engine):
+    r = client.completions.create(model="default", prompt=[PROMPT, "1, 2, 3,"], max_tokens=3, temperature=0,
+                                  logprobs=2, echo=True)  # fmt: skip
+    assert len(r.choices) == 2 and r.choices[1].text.startswith("1, 2, 3,")
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(engine.tokenizer.encode(PROMPT)) + 3
+    assert "".join(lp.tokens) == r.choices[0].text
+    assert lp.token_logprobs[0] is None  # the first prompt token has no logprob
+    assert all(isinstance(v, float) and v <= 0 for v in lp.token_logprobs[1:])
+    assert len(lp.top_logprobs[-1]) == 2 and lp.text_offset == sorted(lp.text_offset)
+
+
+def test_chat_matches_engine(client, engine, chat_prompt):
+    want = engine.generate(chat_prompt, {"temperature": 0, "max_new_tokens": 12})
+    r = client.chat.completions.create(model="default", messages=MESSAGES, max_completion_tokens=12, temperature=0)
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content == want["text"]
+    r2 = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=12, temperature=0)
+    assert r2.choices[0].message.content == want["text"]
+    assert r2.usage.prompt_tokens_details.cached_tokens > 0  # same prompt again: served from the radix cache
+
+
+def test_chat_stream_with_usage(client, engine, chat_prompt):
+    want = engine.generate(chat_prompt, {"temperature": 0, "max_new_tokens": 10})
+    chunks = list(client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=10, temperature=0,
+                                                 stream=True, stream_options={"include_usage": True}))  # fmt: skip
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    assert deltas[0].role == "assistant"
+    assert "".join(d.content or "" for d in deltas) == want["text"]
+    assert chunks[-1].usage.total_tokens == chunks[-1].usage.prompt_tokens + 10
+    no_usage = list(client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=2, stream=True))
+    assert all(c.usage is None for c in no_usage)
+
+
+def test_chat_n_stop_seed_logprobs(client):
+    r = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4, n=3, temperature=0.9, seed=7)
+    assert sorted(c.index for c in r.choices) == [0, 1, 2]
+    assert 3 <= r.usage.completion_tokens <= 12
+    again = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4, n=3, temperature=0.9, seed=7)
+    assert [c.message.content for c in again.choices] == [c.message.content for c in r.choices]  # seeded
+    stop = client.completions.create(model="default", prompt="Count: 1, 2, 3,", max_tokens=20, temperature=0, stop=[","])
+    assert "," not in stop.choices[0].text and stop.choices[0].finish_reason == "stop"
+    lp = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=3, temperature=0, logprobs=True,
+                                        top_logprobs=2)  # fmt: skip
+    content = lp.choices[0].logprobs.content
+    assert len(content) == 3 and len(content[0].top_logprobs) == 2
+    assert content[0].top_logprobs[0].token == content[0].token  # greedy picks the top-1
+
+
+def test_sglang_extras(client):
+    r = client.completions.create(model="default", prompt=PROMPT, max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True, "top_k": 1, "min_tokens": 6, "repetition_penalty": 1.1})  # fmt: skip
+    assert r.usage.completion_tokens == 6
+    r = client.completions.create(model="default", prompt="Is the sky blue? Answer:", max_tokens=4, temperature=0,
+                                  extra_body={"regex": "(yes|no)"})  # fmt: skip
+    assert r.choices[0].text in ("yes", "no")
+
+
+def test_response_format_json_schema(client):
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    r = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=16, temperature=0,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})  # fmt: skip
+    assert isinstance(json.loads(r.choices[0].message.content)["ok"], bool)
+
+
+@pytest.mark.parametrize(
+    "kwargs,needle",
+    [
+        ({"max_tokens": -1}, "max_new_tokens"),
+        ({"extra_body": {"bogus_field": 1}}, "unknown field"),
+        ({"temperature": "hot"}, "temperature"),
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "hi"}]}, "role"),
+        ({"top_logprobs": 3}, "logprobs"),
+        ({"response_format": {"type": "xml"}}, "response_format"),
+        ({"extra_body": {"min_p": 2}}, "min_p"),
+    ],
+)
+def test_chat_bad_input(client, kwargs, needle):
+    args = {"model": "default", "messages": MESSAGES, "max_tokens": 2, **kwargs}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(**args)
+    assert needle in e.value.response.json()["error"]["message"]
+
+
+def test_wrong_key_is_401(server):
+    bad = openai.OpenAI(base_url=server.url + "/v1", api_key="nope", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        bad.models.list()
+
+
+def test_raw_httpx_stream(server):
+    body = {"model": "x", "prompt": PROMPT, "max_tokens": 3, "stream": True, "temperature": 0}
+    with server.client() as c, c.stream("POST", "/v1/completions", json=body) as r:
+        events = sse_events(r.iter_lines())
+    assert events[-1] == "[DONE]" and all(e["object"] == "text_completion" for e in events[:-1])
+    assert events[-2]["choices"][0]["finish_reason"] == "length"
