@@ -110,6 +110,7 @@ class Scheduler:
         return True
 
     # -- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
     def step(self) -> list[ReqOutput]:
         touched = self._poll_grammars()
         batch = self._form_extend_batch()

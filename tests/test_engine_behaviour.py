@@ -1,0 +1,153 @@
+"""Engine behaviour: small KV pools, bad input, sampling parameters, streaming."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import PROMPTS
+from radixflow import Engine, RadixflowError
+from radixflow.errors import ModelPathError
+
+GREEDY = {"max_new_tokens": 24, "temperature": 0}
+
+
+def test_small_kv_pool_completes_everything_with_same_outputs(engine):
+    ref = [o["output_ids"] for o in engine.generate(PROMPTS, GREEDY)]
+    with Engine(max_total_tokens=160, chunked_prefill_size=64) as small:
+        assert small.runner.kv_pool.allocator.capacity_slots < sum(
+            o["meta_info"]["prompt_tokens"] + 24 for o in engine.generate(PROMPTS, GREEDY)
+        )
+        outs = small.generate(PROMPTS, GREEDY)
+        assert [o["output_ids"] for o in outs] == ref
+        assert small.scheduler.stats.retractions > 0 or small.scheduler.stats.prompt_tokens > sum(
+            o["meta_info"]["prompt_tokens"] for o in outs
+        )
+        small.scheduler.check_invariants()
+        assert not small.scheduler.has_work()
+
+
+def test_retraction_resumes_without_altering_output(engine):
+    long_prompts = [p * 2 for p in PROMPTS[:4]]
+    params = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+    ref = [o["output_ids"] for o in engine.generate(long_prompts, params)]
+    with Engine(max_total_tokens=220) as small:
+        outs = small.generate(long_prompts, params)
+        assert small.scheduler.stats.retractions > 0
+        assert [o["output_ids"] for o in outs] == ref
+        assert sum(o["meta_info"]["num_retractions"] for o in outs) > 0
+        small.scheduler.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"prompt": ""}, "empty"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 0.0}}, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"top_p": 1.5}}, "top_p"),
+        ({"prompt": "hi", "sampling_params": {"temperatur": 0.5}}, "unknown sampling param"),
+        ({"prompt": "hi", "sampling_params": {"max_new_tokens": "3"}}, "max_new_tokens"),
+        ({"prompt": "word " * 9000}, "context length"),
+        ({"prompt": None, "input_ids": None}, "exactly one"),
+        ({"prompt": "hi", "input_ids": [1, 2]}, "exactly one"),
+        ({"input_ids": [1, 10**9]}, "input_ids"),
+        ({"prompt": ["a", "b"], "sampling_params": [{}]}, "entries"),
+    ],
+)
+def test_bad_input_is_rejected_and_engine_keeps_working(engine, kwargs, fragment):
+    with pytest.raises(RadixflowError, match=fragment):
+        engine.generate(**kwargs)
+    assert not engine.scheduler.has_work()
+    assert engine.generate("The capital of France is", {"max_new_tokens": 2, "temperature": 0})["output_ids"]
+
+
+def test_bad_model_path():
+    with pytest.raises(ModelPathError, match="does not exist"):
+        Engine("/nonexistent/model")
+    with pytest.raises(ModelPathError, match="config.json"):
+        Engine("/tmp")
+
+
+def test_stop_strings_trimmed_unless_no_stop_trim(engine):
+    free = engine.generate("List three colors:", GREEDY)["text"]
+    stop = free.strip().split()[1]
+    out = engine.generate("List three colors:", {**GREEDY, "stop": [stop]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
+    assert stop not in out["text"] and free.startswith(out["text"])
+    kept = engine.generate("List three colors:", {**GREEDY, "stop": stop, "no_stop_trim": True})
+    assert kept["text"].endswith(stop) or stop in kept["text"]
+
+
+def test_stop_token_ids_ignore_eos_and_min_new_tokens(engine):
+    base = engine.generate("The capital of France is", GREEDY)
+    tok = base["output_ids"][2]
+    out = engine.generate("The capital of France is", {**GREEDY, "stop_token_ids": [tok]})
+    assert out["output_ids"] == base["output_ids"][:3]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": tok}
+    # a prompt the model answers briefly, then ends with EOS
+    chat = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Say hi."}], tokenize=False, add_generation_prompt=True
+    )
+    short = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0})
+    assert short["meta_info"]["finish_reason"]["type"] == "stop"
+    n = short["meta_info"]["completion_tokens"]
+    longer = engine.generate(chat, {"max_new_tokens": 64, "temperature": 0, "min_new_tokens": n + 5})
+    assert longer["meta_info"]["completion_tokens"] >= n + 5
+    ign = engine.generate(chat, {"max_new_tokens": n + 6, "temperature": 0, "ignore_eos": True})
+    assert ign["meta_info"]["completion_tokens"] == n + 6
+    assert ign["meta_info"]["finish_reason"] == {"type": "length", "length": n + 6}
+
+
+def test_sampling_seed_is_reproducible_and_n_gives_n(engine):
+    p = {"max_new_tokens": 12, "temperature": 1.0, "sampling_seed": 7}
+    a = engine.generate("Once upon a time", p)["output_ids"]
+    b = engine.generate("Once upon a time", p)["output_ids"]
+    assert a == b
+    outs = engine.generate(["Once upon a time", "The sea"], {**p, "n": 3})
+    assert len(outs) == 6
+    assert len({tuple(o["output_ids"]) for o in outs[:3]}) > 1  # n samples differ
+    assert outs[0]["output_ids"] == a  # the first of n uses the seed itself
+
+
+def test_top_k_1_is_greedy_and_top_p_small_is_greedy(engine):
+    g = engine.generate(PROMPTS[:3], GREEDY)
+    k1 = engine.generate(PROMPTS[:3], {"max_new_tokens": 24, "temperature": 0.8, "top_k": 1})
+    p0 = engine.generate(PROMPTS[:3], {"max_new_tokens": 24, "temperature": 0.8, "top_p": 1e-6})
+    assert [o["output_ids"] for o in g] == [o["output_ids"] for o in k1] == [o["output_ids"] for o in p0]
+
+
+def test_repetition_penalty_matches_transformers(engine, hf_model, tokenizer):
+    prompt = PROMPTS[6]
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    with torch.no_grad():
+        ref = hf_model.generate(ids, max_new_tokens=20, do_sample=False, repetition_penalty=1.3,
+                                attention_mask=torch.ones_like(ids))[0, ids.shape[1]:].tolist()
+    out = engine.generate(prompt, {"max_new_tokens": 20, "temperature": 0, "repetition_penalty": 1.3})
+    assert out["output_ids"] == ref
+
+
+def test_frequency_and_presence_penalties_reduce_repeats(engine):
+    prompt = "Repeat after me: la la la la la la la la"
+    plain = engine.generate(prompt, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})["output_ids"]
+    pen = engine.generate(prompt, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True,
+                                   "frequency_penalty": 2.0, "presence_penalty": 2.0})["output_ids"]
+    assert len(set(pen)) > len(set(plain))
+
+
+def test_streaming_grows_to_the_final_result(engine):
+    chunks = list(engine.generate("The capital of France is", GREEDY, stream=True))
+    final = engine.generate("The capital of France is", GREEDY)
+    assert len(chunks) >= 2
+    assert chunks[-1]["output_ids"] == final["output_ids"] and chunks[-1]["text"] == final["text"]
+    lens = [len(c["output_ids"]) for c in chunks]
+    assert lens == sorted(lens)
+    assert chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+
+def test_max_new_tokens_zero_prefills_only(engine):
+    out = engine.generate(PROMPTS[2], {"max_new_tokens": 0})
+    assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
+    again = engine.generate(PROMPTS[2], {"max_new_tokens": 1})
+    assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
