@@ -429,17 +429,33 @@ class Scheduler:
         cap = self.runner.kv_pool.allocator.capacity_slots
         return (cap - self.kv.available_slots()) / cap
 
-    def check_invariants(self) -> None:
-        """Every usable slot is free, owned by one running request, or by one tree node."""
+    def _owned_pages(self) -> torch.Tensor:
+        """Free pages, tree pages and running requests' own pages (with repeats, if any)."""
         alloc = self.runner.kv_pool.allocator
         ps = alloc.page_size
         owners = [alloc._free, torch.unique(self.tree.all_slots() // ps)]
         for req in self.running + ([self.chunked] if self.chunked else []):
             own = self.kv.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
             owners.append(torch.unique(own // ps))
-        pages = torch.cat(owners)
+        return torch.cat(owners)
+
+    def check_invariants(self) -> None:
+        """Every usable slot is free, owned by one running request, or by one tree node."""
+        alloc = self.runner.kv_pool.allocator
+        pages = self._owned_pages()
         assert pages.numel() == torch.unique(pages).numel(), "a KV page has two owners"
         assert pages.numel() == alloc.num_pages - 1, f"KV pages leaked: {alloc.num_pages - 1 - pages.numel()}"
+
+    def reclaim_unowned_pages(self) -> int:
+        """After a step raised: free pages nobody owns (allocated for a pass that never
+        completed, so no request's kv_len covers them). Returns how many."""
+        alloc = self.runner.kv_pool.allocator
+        lost = torch.ones(alloc.num_pages, dtype=torch.bool)
+        lost[0] = False
+        lost[self._owned_pages().cpu()] = False
+        pages = lost.nonzero().flatten()
+        alloc.free(pages)
+        return int(pages.numel())
 
 
 class SchedulerStats:

@@ -189,11 +189,16 @@ class SchedulerLoop:
         self._emit(outs)
 
     def _fail_batch(self, err: Exception) -> list[ReqOutput]:
-        """Fail every request that may have been in the failed step (all admitted ones);
-        waiting requests stay queued. Frees their KV."""
+        """Fail every request that may have been in the failed step (all admitted ones;
+        those that finished before the error get their normal output); waiting requests
+        stay queued. Frees their KV, and any slots the broken pass left unowned."""
         waiting = {id(r) for r in self.scheduler.waiting + self.scheduler.pending_grammar}
-        victims = [r for r in self.inflight.values() if id(r) not in waiting and not r.finished]
-        return [self._fail(r, err) for r in victims]
+        admitted = [r for r in self.inflight.values() if id(r) not in waiting]
+        outs = [self.scheduler._output(r) if r.state == ReqState.FINISHED else self._fail(r, err) for r in admitted]
+        lost = self.scheduler.reclaim_unowned_pages()
+        if lost:
+            log.warning("reclaimed %d KV pages left by the failed step", lost)
+        return outs
 
     def _fail(self, req: Req, err: Exception) -> ReqOutput:
         msg = f"internal error while serving this request: {type(err).__name__}: {err}"

@@ -1,0 +1,138 @@
+"""Concurrency, aborts, disconnects and failing requests: KV is always given back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+from conftest import SERVER_FAULT_PREFIX
+from serving_helpers import wait_idle
+
+LONG = {"max_new_tokens": 2000, "ignore_eos": True, "temperature": 0}
+
+
+def assert_no_leak(info: dict) -> None:
+    assert info["num_inflight_reqs"] == 0 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0, info
+    assert info["request_slots"] == 0, info  # only the radix tree may hold slots once idle
+    assert info["locked_cached_slots"] == 0, info
+    assert info["free_slots"] + info["cached_slots"] == info["max_total_num_tokens"], info
+
+
+def wait_running(server, rid_count: int = 1, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while server.info()["num_running_reqs"] < rid_count:
+        assert time.time() < deadline, "request never started running"
+        time.sleep(0.1)
+
+
+async def _stream_one(client: httpx.AsyncClient, i: int) -> dict:
+    body = {"text": f"Request number {i}: the weather today is", "stream": True,
+            "sampling_params": {"max_new_tokens": 4, "temperature": 0.7, "sampling_seed": i}}  # fmt: skip
+    last, done = None, False
+    async with client.stream("POST", "/generate", json=body) as r:
+        assert r.status_code == 200
+        async for line in r.aiter_lines():
+            if line == "data: [DONE]":
+                done = True
+            elif line.startswith("data: "):
+                last = json.loads(line[6:])
+                assert "error" not in last, last
+    assert done and last["meta_info"]["finish_reason"] is not None
+    return last
+
+
+def test_200_concurrent_streams_no_leak(server):
+    async def run() -> list:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=600, limits=limits) as c:
+            return await asyncio.gather(*(_stream_one(c, i) for i in range(200)))
+
+    outs = asyncio.run(run())
+    assert len(outs) == 200
+    assert all(o["meta_info"]["completion_tokens"] >= 1 for o in outs)
+    assert len({o["meta_info"]["id"] for o in outs}) == 200
+    assert_no_leak(wait_idle(server))
+
+
+def _generate_in_thread(server, body: dict, out: dict) -> threading.Thread:
+    def go():
+        with server.client(timeout=600) as c:
+            r = c.post("/generate", json=body)
+            out["status"], out["body"] = r.status_code, r.json()
+
+    t = threading.Thread(target=go)
+    t.start()
+    return t
+
+
+def test_abort_request_frees_kv(server):
+    out: dict = {}
+    t = _generate_in_thread(server, {"text": "Tell me a very long story.", "rid": "abort-me", "sampling_params": LONG}, out)
+    wait_running(server)
+    with server.client() as c:
+        assert c.post("/abort_request", json={"rid": "abort-me"}).status_code == 200
+        assert c.post("/abort_request", json={}).status_code == 400
+    t.join(60)
+    assert out["status"] == 200 and out["body"]["meta_info"]["finish_reason"]["type"] == "abort"
+    assert out["body"]["meta_info"]["completion_tokens"] < 2000
+    assert_no_leak(wait_idle(server))
+
+
+def test_abort_all(server):
+    out: dict = {}
+    t = _generate_in_thread(server, {"text": ["Story one:", "Story two:"], "sampling_params": LONG}, out)
+    wait_running(server, 2)
+    with server.client() as c:
+        c.post("/abort_request", json={"abort_all": True})
+    t.join(60)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in out["body"]] == ["abort", "abort"]
+    assert_no_leak(wait_idle(server))
+
+
+def test_stream_disconnect_frees_kv(server):
+    body = {"text": "Write an endless poem.", "stream": True, "sampling_params": LONG}
+    with server.client() as c, c.stream("POST", "/generate", json=body) as r:
+        seen = 0
+        for line in r.iter_lines():
+            seen += line.startswith("data: ")
+            if seen == 2:
+                break  # leaving the block closes the connection mid-stream
+    t0 = time.time()
+    info = wait_idle(server, timeout=30)
+    assert time.time() - t0 < 30
+    assert_no_leak(info)
+
+
+def test_nonstream_disconnect_frees_kv(server):
+    with server.client(timeout=3) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/generate", json={"text": "Another endless poem.", "sampling_params": LONG})
+    assert_no_leak(wait_idle(server, timeout=30))
+
+
+def test_failing_request_gets_500_and_server_goes_on(server):
+    with server.client() as c:
+        r = c.post("/generate", json={"text": "boom", "rid": SERVER_FAULT_PREFIX + "1", "sampling_params": {"max_new_tokens": 3}})
+        assert r.status_code == 500 and "injected fault" in r.json()["error"]["message"]
+        body = {"text": "boom", "rid": SERVER_FAULT_PREFIX + "2", "stream": True, "sampling_params": {"max_new_tokens": 3}}
+        with c.stream("POST", "/generate", json=body) as s:
+            lines = [x for x in s.iter_lines() if x]
+        assert "injected fault" in json.loads(lines[-2][6:])["error"]["message"] and lines[-1] == "data: [DONE]"
+        ok = c.post("/generate", json={"text": "still alive?", "sampling_params": {"max_new_tokens": 2}})
+        assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 2
+    assert_no_leak(wait_idle(server))
+
+
+def test_duplicate_rid_rejected(server):
+    out: dict = {}
+    t = _generate_in_thread(server, {"text": "Long one", "rid": "dup", "sampling_params": LONG}, out)
+    wait_running(server)
+    with server.client() as c:
+        r = c.post("/generate", json={"text": "again", "rid": "dup"})
+        c.post("/abort_request", json={"rid": "dup"})
+    t.join(60)
+    assert r.status_code == 400 and "already in use" in r.json()["error"]["message"]
+    assert_no_leak(wait_idle(server))
