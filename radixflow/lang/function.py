@@ -82,8 +82,7 @@ class Function:
         arguments, defaults = self._split(args, kwargs)
         program = None if stream else self._compile(b, arguments, defaults, mode)
         if program is not None:
-            out = b.run_graphs([program[1]])[0]
-            return _replayed(program[0], out, b, defaults)
+            return _replayed(program[0], _run_graphs(b, [program[1]], program[0].name)[0], b, defaults)
         return self._run_eager(b, arguments, defaults, stream)
 
     def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
@@ -138,7 +137,7 @@ class Function:
         compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
         static = [i for i, c in compiled.items() if c is not None]
         if static:
-            outs = b.run_graphs([compiled[i][1] for i in static], on_result=lambda k, out: bar.update(1))
+            outs = _run_graphs(b, [compiled[i][1] for i in static], self.func.__name__, lambda k, out: bar.update(1))
             for i, out in zip(static, outs):
                 states[i] = _replayed(compiled[i][0], out, b, calls[i][1])
         rest = [i for i in range(len(calls)) if states[i] is None]
@@ -154,6 +153,15 @@ class Function:
                 states[i] = state
         bar.close()
         return states
+
+
+def _run_graphs(b, programs: list, name: str, on_result=None) -> list:
+    try:
+        return b.run_graphs(programs, on_result=on_result)
+    except ProgramError:
+        raise
+    except RadixflowError as e:  # e.g. a gen's sampling params rejected before running
+        raise ProgramError(f"program {name}: {e}") from e
 
 
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:

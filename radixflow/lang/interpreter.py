@@ -26,6 +26,8 @@ STOP_HOLDBACK = 32  # streamed characters held back while a stop string may stil
 class Prompt:
     text: str
     ids: Optional[list] = None
+    messages: Optional[list] = None  # finished turns (for chat APIs)
+    role: Optional[tuple] = None  # (open role, its text so far)
 
 
 @dataclass
@@ -97,7 +99,8 @@ class Interpreter:
 
     def _prompt(self) -> Prompt:
         self._flush()
-        return Prompt(self.text, None if self.ids is None else list(self.ids))
+        role = None if self.role is None else (self.role[0], self.text[self.role[1] :])
+        return Prompt(self.text, None if self.ids is None else list(self.ids), list(self.messages), role)
 
     def _gen(self, node: Gen) -> None:
         params = sampling_params(self.defaults, node.params)
@@ -199,9 +202,9 @@ class Interpreter:
         return kids, None
 
     def join(self, kids: list["Interpreter"], mode: str, fork_nid: Optional[int] = None) -> None:
+        for name in dict.fromkeys(n for k in kids for n in k.produced):  # branch variables -> lists
+            self.set(name, [k.vars.get(name) for k in kids], {"forks": [k.metas.get(name) for k in kids]})
         if mode == "gather":
-            for name in dict.fromkeys(n for k in kids for n in k.produced):
-                self.set(name, [k.vars.get(name) for k in kids], {"forks": [k.metas.get(name) for k in kids]})
             return
         self._flush()
         for k in kids:

@@ -72,8 +72,7 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
             ctx.fork_vars[n.nid] = {v for k in kids for v in k.gen_vars - ctx.gen_vars}
         elif isinstance(n, Join):
             ops.append({"op": "join", "fork": n.fork, "mode": n.mode})
-            if n.mode == "gather":  # branch variables become lists: not text the executor can append
-                ctx.gen_vars -= ctx.fork_vars.get(n.fork, set())
+            ctx.gen_vars -= ctx.fork_vars.get(n.fork, set())  # branch variables become lists
     return [o for o in ops if o["op"] != "text" or o["text"]]
 
 

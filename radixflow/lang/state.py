@@ -170,8 +170,9 @@ class ForkGroup(list):
         return self
 
     def join(self, mode: str = "gather_variable") -> None:
-        """gather_variable: each new variable becomes a list in the parent (its text is
-        unchanged). concate_and_append: the branches' texts are appended to the parent."""
+        """Each variable the branches set becomes a list in the parent. gather_variable
+        leaves the parent's text as it was; concate_and_append appends the branches'
+        texts to it, in order (the first branch's KV is reused through the radix cache)."""
         if mode not in JOIN_MODES:
             raise ProgramError(f"join mode must be one of {', '.join(JOIN_MODES)}, got {mode!r}")
         if self.joined:

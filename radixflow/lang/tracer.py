@@ -63,9 +63,8 @@ class Recorder:
 
     def join(self, kids: list["Recorder"], mode: str, fork_nid: int) -> None:
         self.nodes.append(Join(fork=fork_nid, mode=mode, nid=next(self.counter)))
-        if mode == "gather":
-            for name in dict.fromkeys(n for k in kids for n in k.produced):
-                self._produce(name)
+        for name in dict.fromkeys(n for k in kids for n in k.produced):
+            self._produce(name)
 
 
 def _check_no_placeholders(node: Node) -> None:

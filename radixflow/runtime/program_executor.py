@@ -275,11 +275,10 @@ class ProgramExecutor:
         kids = st.children[op.fork]
         if not all(k.state == DONE for k in kids):
             return False
-        if op.mode == "gather":
-            for name in dict.fromkeys(n for k in kids for n in k.produced):
-                st.vars[name] = [k.vars.get(name) for k in kids]
-                st.produced.append(name)
-        else:
+        for name in dict.fromkeys(n for k in kids for n in k.produced):  # branch variables -> lists
+            st.vars[name] = [k.vars.get(name) for k in kids]
+            st.produced.append(name)
+        if op.mode == "concat":
             self._flush(st)
             base = st.fork_base[op.fork]
             for k in kids:

@@ -89,7 +89,10 @@ def _parse_op(r: dict, ids: set) -> Op:
     if op.name is not None and not isinstance(op.name, str):
         raise RadixflowError(f"op {op.id}: name must be a string")
     if kind == "gen":
-        sp = SamplingParams.from_dict(dict(r.get("sampling_params") or {}))
+        try:
+            sp = SamplingParams.from_dict(dict(r.get("sampling_params") or {}))
+        except RadixflowError as e:
+            raise RadixflowError(f"gen {op.name!r}: {e}") from None
         if sp.n != 1:
             raise RadixflowError(f"gen {op.name!r}: n > 1 is not supported in request graphs")
         if sp.max_new_tokens < 1:

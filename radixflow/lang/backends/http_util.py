@@ -1,0 +1,48 @@
+"""Small HTTP helpers shared by the HTTP backends."""
+
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import httpx
+
+from radixflow.errors import RadixflowError
+
+
+def check(r: httpx.Response, what: str) -> httpx.Response:
+    if r.status_code >= 400:
+        raise RadixflowError(f"{what} failed ({r.status_code}): {error_message(r)}")
+    return r
+
+
+def error_message(r: httpx.Response) -> str:
+    try:
+        body = r.json()
+    except ValueError:
+        return r.text.strip()[:500]
+    err = body.get("error") if isinstance(body, dict) else None
+    if isinstance(err, dict):
+        return str(err.get("message", err))
+    return str(err or body)[:500]
+
+
+def sse_events(r: httpx.Response) -> Iterator[dict]:
+    """`data: {...}` events of a server-sent-event stream, until [DONE]."""
+    for line in r.iter_lines():
+        if not line.startswith("data:"):
+            continue
+        data = line[len("data:") :].strip()
+        if data == "[DONE]":
+            return
+        event = json.loads(data)
+        if isinstance(event, dict) and "error" in event:
+            err = event["error"]
+            raise RadixflowError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+        yield event
+
+
+def client(base_url: str, api_key, timeout: float) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits)

@@ -1,0 +1,95 @@
+"""`rf.Runtime`: starts a local `radixflow serve` process and talks to it through a
+RuntimeEndpoint (`.endpoint`)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Optional
+
+import httpx
+
+from radixflow.errors import RadixflowError
+from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
+
+
+class Runtime:
+    def __init__(self, model_path: Optional[str] = None, launch_timeout: float = 300.0, **server_args: Any):
+        self.port = server_args.pop("port", None) or _free_port()
+        self.api_key = server_args.get("api_key")
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(self.port)]
+        if model_path:
+            cmd += ["--model-path", model_path]
+        cmd += _cli(server_args)
+        fd, self.log_path = tempfile.mkstemp(prefix="radixflow-runtime-", suffix=".log")
+        self.process = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT)
+        os.close(fd)
+        try:
+            self._wait_ready(launch_timeout)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.endpoint = RuntimeEndpoint(self.url, self.api_key)
+
+    def _wait_ready(self, timeout: float) -> None:
+        deadline = time.time() + timeout
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RadixflowError(f"the server exited with {self.process.returncode}:\n{self.log()[-3000:]}")
+            try:
+                if httpx.get(f"{self.url}/health", headers=headers, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.3)
+        raise RadixflowError(f"the server did not start within {timeout:.0f}s:\n{self.log()[-3000:]}")
+
+    def log(self) -> str:
+        with open(self.log_path, errors="replace") as f:
+            return f.read()
+
+    def shutdown(self) -> None:
+        if getattr(self, "endpoint", None) is not None:
+            self.endpoint.close()
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+    def flush_cache(self) -> bool:
+        return self.endpoint.flush_cache()
+
+    def get_server_info(self) -> dict:
+        return self.endpoint.get_server_info()
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(server_args: dict) -> list[str]:
+    out = []
+    for k, v in server_args.items():
+        flag = "--" + k.replace("_", "-")
+        if v is True:
+            out.append(flag)
+        elif v is not None and v is not False:
+            out += [flag, str(v)]
+    return out

@@ -1,0 +1,67 @@
+"""Programs on a radixflow server, through its native API (/generate, /program,
+/get_model_info, /flush_cache). Works with SGLang-style servers for eager runs."""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, Optional
+
+from radixflow.lang.backends.base import NativeBackend
+from radixflow.lang.backends.http_util import check, client, sse_events
+
+MAX_PARALLEL_PROGRAMS = 128
+
+
+class RuntimeEndpoint(NativeBackend):
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0):
+        self.base_url = base_url.rstrip("/")
+        self.client = client(self.base_url, api_key, timeout)
+        self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
+        self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
+
+    def _call(self, payload: dict):
+        return check(self.client.post("/generate", json=payload), "POST /generate").json()
+
+    def _call_stream(self, payload: dict) -> Iterator[dict]:
+        with self.client.stream("POST", "/generate", json={**payload, "stream": True}) as r:
+            if r.status_code >= 400:
+                r.read()
+                check(r, "POST /generate")
+            yield from sse_events(r)
+
+    def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
+        def one(i: int) -> dict:
+            out = check(self.client.post("/program", json={"program": programs[i]}), "POST /program").json()
+            if on_result is not None:
+                on_result(i, out)
+            return out
+
+        if len(programs) == 1:
+            return [one(0)]
+        with ThreadPoolExecutor(min(len(programs), MAX_PARALLEL_PROGRAMS)) as pool:
+            return list(pool.map(one, range(len(programs))))
+
+    def flush_cache(self) -> bool:
+        return self.client.post("/flush_cache").status_code == 200
+
+    def get_server_info(self) -> dict:
+        return check(self.client.get("/get_server_info"), "GET /get_server_info").json()
+
+    def metrics(self) -> str:
+        return check(self.client.get("/metrics"), "GET /metrics").text
+
+    def close(self) -> None:
+        self.client.close()
+
+
+def _local_tokenizer(path: Optional[str]):
+    """The model's tokenizer if this machine has it (then programs send token ids)."""
+    if not path or not os.path.isdir(path):
+        return None
+    try:
+        from radixflow.runtime.tokenizer import load_tokenizer
+
+        return load_tokenizer(path)
+    except Exception:
+        return None
