@@ -1,0 +1,103 @@
+"""Every supported family loads from a HF directory (sharded safetensors too) and
+matches transformers: tiny random models built here with transformers itself."""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+
+import pytest
+import torch
+
+from radixflow import Engine
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+def _configs():
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    return {
+        "llama3-untied": LlamaConfig(**TINY, rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                                             "original_max_position_embeddings": 64},
+                                     tie_word_embeddings=False),
+        "mistral": MistralConfig(**TINY, sliding_window=None, tie_word_embeddings=False),
+        "qwen2": Qwen2Config(**TINY, tie_word_embeddings=True),
+        "qwen3": Qwen3Config(**TINY, head_dim=32, tie_word_embeddings=False),
+    }
+
+
+def _build(tmp_path, name, config, tokenizer_dir, vocab):
+    from transformers import AutoModelForCausalLM
+
+    config.vocab_size = vocab
+    config.architectures = [config.architectures[0]] if config.architectures else None
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # larger weights than the default init, so outputs vary
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    path = tmp_path / name
+    model.save_pretrained(path, max_shard_size="200KB")  # forces several shards
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        src = os.path.join(tokenizer_dir, f)
+        if os.path.exists(src):
+            shutil.copy(src, path / f)
+    return model.eval(), str(path)
+
+
+@pytest.mark.parametrize("name", ["llama3-untied", "mistral", "qwen2", "qwen3"])
+def test_family_matches_transformers(tmp_path, model_dir, tokenizer, name):
+    config = _configs()[name]
+    hf, path = _build(tmp_path, name, config, model_dir, len(tokenizer))
+    assert len(glob.glob(os.path.join(path, "*.safetensors"))) > 1
+    prompts = ["Hello there, how are", "The capital of France is Paris and the capital of Spain"]
+    with Engine(path) as e:
+        outs = e.generate(prompts, {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True},
+                          return_logprob=True, logprob_start_len=0)
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([tokenizer.encode(prompt)])
+        with torch.no_grad():
+            ref = hf.generate(ids, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids),
+                              eos_token_id=None, pad_token_id=0)[0, ids.shape[1]:].tolist()
+            logits = hf(torch.tensor([ids[0].tolist() + out["output_ids"]])).logits[0]
+        assert out["output_ids"] == ref
+        lp = torch.log_softmax(logits.float(), -1)
+        n = ids.shape[1]
+        got = [t[0] for t in out["meta_info"]["input_token_logprobs"][1:]]
+        want = [lp[i - 1, ids[0, i]].item() for i in range(1, n)]
+        assert max(abs(a - b) for a, b in zip(got, want)) < 1e-3
+
+
+def test_dtypes_bf16_and_fp16_run(model_dir):
+    for dtype in ("bfloat16", "float16"):
+        with Engine(dtype=dtype, max_total_tokens=2048) as e:
+            out = e.generate("The capital of France is", {"max_new_tokens": 6, "temperature": 0})
+            assert e.runner.kv_pool.dtype == getattr(torch, dtype)
+            assert len(out["output_ids"]) == 6
+
+
+def test_gguf_paths(tmp_path, model_dir):
+    from radixflow.errors import ModelPathError
+    from radixflow.runtime.model_loader import default_gguf_path, resolve_model
+
+    assert resolve_model(default_gguf_path()).path == model_dir  # converted once, then cached
+    assert resolve_model(None).path == model_dir
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"not a gguf file at all")
+    with pytest.raises(ModelPathError, match="cannot read GGUF"):
+        resolve_model(str(bad))
+    other = tmp_path / "weights.bin"
+    other.write_bytes(b"x")
+    with pytest.raises(ModelPathError, match=".gguf"):
+        resolve_model(str(other))
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf" / "config.json").write_text("{not json")
+    (tmp_path / "hf" / "tokenizer.json").write_text("{}")
+    (tmp_path / "hf" / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ModelPathError, match="not valid JSON"):
+        resolve_model(str(tmp_path / "hf"))
