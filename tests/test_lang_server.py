@@ -1,0 +1,81 @@
+"""LLM programs against a real `radixflow serve` (started by rf.Runtime): request graphs
+through POST /program, eager runs through /generate, the OpenAI-compatible backend."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import radixflow as rf
+
+from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, template_fill
+
+GREEDY = {"temperature": 0}
+
+
+@pytest.fixture(scope="module")
+def runtime():
+    rt = rf.Runtime(max_total_tokens=16384, log_level="warning")
+    yield rt
+    rt.shutdown()
+
+
+def metric(rt, name: str) -> float:
+    m = re.search(rf"^radixflow:{name}\{{[^}}]*\}} ([0-9.e+-]+)$", rt.endpoint.metrics(), re.M)
+    assert m, f"metric {name} missing"
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("program,kwargs", [(few_shot_qa, {"question": "What is the capital of France?"}), (concat_story, {"name": "Ada"})])
+def test_static_program_same_greedy_result_as_graph_and_eager_on_server_and_engine(runtime, engine, program, kwargs):
+    graph = program.run(backend=runtime, **kwargs, **GREEDY)
+    eager = program.run(backend=runtime, mode="eager", **kwargs, **GREEDY)
+    local = program.run(backend=engine, **kwargs, **GREEDY)
+    assert (graph.mode, eager.mode, local.mode) == ("graph", "eager", "graph")
+    assert graph.text() == eager.text() == local.text()
+    assert graph.variables() == eager.variables() == local.variables()
+
+
+def test_graph_path_is_one_server_request_per_program(runtime):
+    before = metric(runtime, "num_requests_total")
+    graph = template_fill.run(name="Ada", backend=runtime, max_new_tokens=4, **GREEDY)
+    mid = metric(runtime, "num_requests_total")
+    eager = template_fill.run(name="Ada", backend=runtime, mode="eager", max_new_tokens=4, **GREEDY)
+    after = metric(runtime, "num_requests_total")
+    assert (mid - before, after - mid) == (1, 5)  # one /program vs five /generate calls
+    assert graph.program_meta["num_requests"] == 1 and graph.program_meta["continued_segments"] == 4
+    assert graph.text() == eager.text()
+
+
+def test_run_batch_reuses_the_shared_prefix_kv_on_server(runtime):
+    assert runtime.flush_cache()
+    questions = [f"What is the capital of {c}?" for c in ("France", "Italy", "Japan", "Egypt", "Peru", "Kenya", "Chile", "India")]
+    states = few_shot_qa.run_batch([{"question": q} for q in questions], backend=runtime, progress_bar=False, max_new_tokens=4, **GREEDY)
+    assert [s.mode for s in states] == ["graph"] * 8
+    assert all(s.text().startswith(FEW_SHOT + f"Q: {q}") for s, q in zip(states, questions))
+    cached = sum(s.program_meta["cached_tokens"] for s in states)
+    prompt = sum(s.program_meta["prompt_tokens"] for s in states)
+    info = runtime.get_server_info()
+    print(f"server run_batch(8): cached {cached}/{prompt} prompt tokens, cache hit rate {info['cache_hit_rate']:.2f}")
+    assert cached / prompt > 0.5 and info["cache_hit_rate"] > 0.5
+
+
+def test_program_route_rejects_bad_programs(runtime):
+    r = runtime.endpoint.client.post("/program", json={"program": {"ops": [{"op": "gen", "id": 1, "name": "x", "sampling_params": {"top_p": 9}}]}})
+    assert r.status_code == 400 and "gen 'x'" in r.json()["error"]["message"]
+
+
+def test_openai_endpoint_gen_and_select_through_logprobs(runtime):
+    model = runtime.endpoint.client.get("/v1/models").json()["data"][0]["id"]
+    oe = rf.OpenAIEndpoint(runtime.url + "/v1", model=model)
+    s = few_shot_qa.run(question="What is the capital of France?", backend=oe, **GREEDY)
+    assert s.mode == "eager" and s["answer"] == " Paris"
+    c = capital_select.run(country="France", backend=oe, max_new_tokens=2, **GREEDY)
+    assert c["capital"] == " Paris" and len(c.get_meta_info("capital")["normalized_prompt_logprobs"]) == 3
+    chat = rf.OpenAIEndpoint(runtime.url + "/v1", model=model, chat=True)
+    t = chat_two_turns.run(question="What is the capital of France?", backend=chat, **GREEDY)
+    assert [m["role"] for m in t.messages()] == ["system", "user", "assistant", "user", "assistant"]
+    assert t["first"] and t.messages()[2]["content"] == t["first"]
+    with pytest.raises(rf.ProgramError, match="select"):
+        capital_select.run(country="France", backend=chat)
