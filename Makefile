@@ -1,5 +1,5 @@
 # Two commands do all the set-up from a bare clone:
-#   make run    create the venv, install, start the main job on the embedded default model
+#   make run    create the venv, install, start the HTTP server on the embedded default model
 #   make test   install the test dependencies and run the whole suite
 PYTHON ?= python3
 VENV   := .venv
@@ -22,12 +22,13 @@ $(STAMP): pyproject.toml | $(PY)
 
 $(TSTAMP): $(STAMP)
 	$(PIP) install -e '.[test]'
+	$(PIP) install --no-deps sglang==0.5.23
 	touch $@
 
 install: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m radixflow demo
+	$(PY) -m radixflow serve
 
 test: $(TSTAMP)
 	$(PY) -m pytest -q -x tests

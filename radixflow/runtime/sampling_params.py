@@ -26,6 +26,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: Optional[Union[str, list]] = None
     stop_token_ids: Optional[list] = None
+    stop_regex: Optional[Union[str, list]] = None  # accepted empty (SGLang's frontend always sends it)
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
@@ -90,6 +91,8 @@ class SamplingParams:
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
         self.stop_strs = _normalize_stop(self.stop)
+        if self.stop_regex:
+            raise RadixflowError("stop_regex is not supported yet; use stop strings (stop) instead")
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
