@@ -1,4 +1,23 @@
-"""The frontend DSL: LLM programs as Python functions over a state `s`."""
+"""The frontend DSL: LLM programs as Python functions over a state `s`.
+
+    @rf.function
+    def qa(s, question):
+        s += "Q: " + question + "\nA:" + rf.gen("answer", max_tokens=32, stop="\n")
+
+    state = qa.run(question="...", backend=rf.Engine())   # or rf.Runtime(), rf.RuntimeEndpoint(url)
+
+run() traces the program first. A static program (no generated value used in Python)
+becomes a request graph, submitted whole (Engine.run_program / POST /program) and run
+inside the scheduler; otherwise it runs eagerly, one call per gen (state.mode says which).
+
+Tokenization boundaries: a program's tokens are its pieces tokenized separately: the
+text between two model calls as one piece, each gen's own generated ids (stop string /
+EOS trimmed), each select's chosen option. So generated " Paris" followed by the text
+"." gives [" Paris"] + ["."] even where reading "Paris." at once would merge them. Eager
+runs on Engine / RuntimeEndpoint send token ids built by the same rule, so graph and
+eager give identical greedy tokens. OpenAIEndpoint sends text, which the server
+re-tokenizes as a whole. See radixflow/runtime/segment_tokens.py.
+"""
 
 from radixflow.lang.backends import flush_cache, get_server_info, set_default_backend
 from radixflow.lang.choices import (
