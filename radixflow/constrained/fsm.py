@@ -16,7 +16,6 @@ import collections
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from outlines_core import Guide, Index
 
 from radixflow.constrained.vocabulary import NO_BYTE, TokenVocab
@@ -63,7 +62,7 @@ class CompiledGrammar:
         return Guide(self.index, max_rollback=max_rollback)
 
     # -- masks --------------------------------------------------------------------------------
-    def full_mask(self, guide: Guide) -> torch.Tensor:
+    def full_mask(self, guide: Guide) -> np.ndarray:
         """[W] int32 mask of the guide's current state (cached per state)."""
         state = guide.get_state()
         mask = self._full.get(state)
@@ -72,14 +71,14 @@ class CompiledGrammar:
             if self.max_next[i] >= INF:  # some tokens lead nowhere: leave them out
                 mask = self.budget_mask(state, INF - 1)
             else:
-                mask = torch.zeros(self.vocab.words, dtype=torch.int32)
-                guide.write_mask_into(mask.data_ptr(), mask.numel(), 4)
+                mask = np.zeros(self.vocab.words, dtype=np.int32)
+                guide.write_mask_into(mask.ctypes.data, mask.size, 4)
                 if self.final[i]:
                     _set_bits(mask, self.vocab.eos_ids)
             self._full[state] = mask
         return mask
 
-    def budget_mask(self, state: int, within: int) -> torch.Tensor:
+    def budget_mask(self, state: int, within: int) -> np.ndarray:
         """[W] int32 mask of tokens after which an accepting state is at most `within`
         tokens away (EOS too, in an accepting state); cached per (state, within)."""
         key = (state, within)
@@ -92,7 +91,7 @@ class CompiledGrammar:
             bits[self.tokens[lo : lo + keep]] = True
             if self.final[i]:
                 bits[list(self.vocab.eos_ids)] = True
-            mask = torch.from_numpy(np.packbits(bits, bitorder="little").view(np.int32).copy())
+            mask = np.packbits(bits, bitorder="little").view(np.int32).copy()
             self._tight[key] = mask
         return mask
 
@@ -131,11 +130,11 @@ class CompiledGrammar:
         return state
 
 
-def _set_bits(mask: torch.Tensor, ids) -> None:
+def _set_bits(mask: np.ndarray, ids) -> None:
+    bits = mask.view(np.uint32)
     for t in ids:
-        if t // 32 < mask.numel():
-            word = int(mask[t // 32]) | (1 << (t % 32))
-            mask[t // 32] = word - (1 << 32) if word >= 1 << 31 else word
+        if t // 32 < bits.size:
+            bits[t // 32] |= np.uint32(1 << (t % 32))
 
 
 def compile_regex(regex: str, vocab: TokenVocab) -> CompiledGrammar:

@@ -44,11 +44,14 @@ DATE_REGEX = (  # February stops at 28: always a real date, leap year or not
 )
 _TIME = r"(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 _OCTET = r"(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_OUTLINES_FORMATS = ("time", "email", "uri", "uuid")
-_FORMATS = {
+_URI_CHAR = r"[A-Za-z0-9._~%!$&'()*+,;=:@/?#-]"  # no quote, backslash or space: stays a JSON string
+_OUTLINES_FORMATS = ("time", "uuid")
+_FORMATS = {  # outlines-core's email and uri regexes let `"` into the string (invalid JSON)
     "date": f'"{DATE_REGEX}"',
     "date-time": f'"{DATE_REGEX}T{_TIME}"',
     "ipv4": rf'"{_OCTET}(?:\.{_OCTET}){{3}}"',
+    "email": r'"[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*\.[A-Za-z]{2,12}"',
+    "uri": rf'"(?:https?|ftp)://[A-Za-z0-9-]+(?:\.[A-Za-z0-9-]+)*(?::[0-9]{{1,5}})?(?:[/?#]{_URI_CHAR}*)?"',
 }
 
 

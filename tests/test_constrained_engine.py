@@ -1,0 +1,190 @@
+"""Constrained decoding end to end with the default model: every output of the schema and
+regex corpus validates, greedy and at temperature 1.0; unconstrained neighbours are
+unaffected; jump-forward saves forward passes; tight budgets still give valid JSON;
+bad grammars fail up front and the engine keeps working."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+
+import pytest
+from jsonschema import Draft202012Validator
+
+from constrained_corpus import REGEXES, SCHEMAS
+from radixflow.constrained import regex_for_choices, regex_for_dtype
+from radixflow.errors import RadixflowError
+
+SCHEMA_TOKENS = 72  # the corpus needs at most 35 (budget-aware completion closes in time)
+REGEX_TOKENS = 32
+UNBOUNDED = [
+    {"type": "object", "properties": {"name": {"type": "string"}, "bio": {"type": "string"}}, "required": ["name", "bio"]},
+    {"type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["title", "tags"]},
+    {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}, "required": ["notes"]},
+]
+
+
+def schema_prompt(schema: dict) -> str:
+    fields = ", ".join(schema.get("properties", {})) or schema.get("type", "value")
+    return f"Write a realistic JSON example with {fields}:\n"
+
+
+def regex_prompt(name: str) -> str:
+    return f"Give an example of a {name.replace('_', ' ')}:"
+
+
+def assert_valid_json(out: dict, schema: dict, budget: int) -> None:
+    meta = out["meta_info"]
+    assert meta["finish_reason"]["type"] in ("stop", "length"), meta["finish_reason"]
+    assert meta["completion_tokens"] <= budget
+    value = json.loads(out["text"])
+    checker = Draft202012Validator(schema, format_checker=Draft202012Validator.FORMAT_CHECKER)
+    errors = [e.message for e in checker.iter_errors(value)]
+    assert not errors, (out["text"], errors)
+
+
+@contextlib.contextmanager
+def jump_forward(engine, on: bool):
+    sched = engine.scheduler
+    backend = sched._grammars()
+    saved = (sched.jump_forward, backend.jump_enabled)
+    sched.jump_forward, backend.jump_enabled = (backend.jump_forward if on else None), on
+    try:
+        yield
+    finally:
+        sched.jump_forward, backend.jump_enabled = saved
+
+
+@contextlib.contextmanager
+def count_forward_passes(engine):
+    runner = engine.runner
+    inner = runner.forward
+    calls = {"n": 0}
+
+    def counted(fb):
+        calls["n"] += 1
+        return inner(fb)
+
+    runner.forward = counted
+    try:
+        yield calls
+    finally:
+        del runner.forward
+
+
+def test_corpus_outputs_all_validate_greedy_and_sampled(engine):
+    """All schemas and regexes, greedy and at temperature 1.0, in one batched call."""
+    prompts, params, expect = [], [], []
+    for temperature in (0.0, 1.0):
+        for i, schema in enumerate(SCHEMAS):
+            prompts.append(schema_prompt(schema))
+            params.append({"json_schema": schema, "max_new_tokens": SCHEMA_TOKENS, "temperature": temperature, "sampling_seed": i})
+            expect.append(("json", schema))
+        for i, (name, rx) in enumerate(REGEXES):
+            prompts.append(regex_prompt(name))
+            params.append({"regex": rx, "max_new_tokens": REGEX_TOKENS, "temperature": temperature, "sampling_seed": i})
+            expect.append(("regex", rx))
+    outs = engine.generate(prompts, params)
+    for (kind, spec), out in zip(expect, outs):
+        if kind == "json":
+            assert_valid_json(out, spec, SCHEMA_TOKENS)
+        else:
+            assert out["meta_info"]["completion_tokens"] <= REGEX_TOKENS
+            assert re.fullmatch(spec, out["text"]), (spec, out["text"])
+    stopped = sum(o["meta_info"]["finish_reason"]["type"] == "stop" for o in outs)
+    assert stopped >= len(outs) * 0.7, f"only {stopped}/{len(outs)} ended by the grammar"
+
+
+def test_unconstrained_requests_unaffected_by_constrained_neighbours(engine):
+    plain = ["The capital of France is", "List three colors:", "def add(a, b):"]
+    greedy = {"max_new_tokens": 16, "temperature": 0}
+    alone = [o["text"] for o in engine.generate(plain, greedy)]
+    mixed_prompts = plain + [schema_prompt(s) for s in SCHEMAS[:3]] + ["Pick a color:"]
+    mixed_params = [greedy] * 3 + [{**greedy, "max_new_tokens": 64, "json_schema": s} for s in SCHEMAS[:3]]
+    mixed_params += [{**greedy, "regex": regex_for_choices(["red", "green", "blue"])}]
+    mixed = engine.generate(mixed_prompts, mixed_params)
+    assert [o["text"] for o in mixed[:3]] == alone
+    for s, o in zip(SCHEMAS[:3], mixed[3:6]):
+        assert_valid_json(o, s, 64)
+    assert mixed[6]["text"] in ("red", "green", "blue")
+
+
+def test_jump_forward_saves_forward_passes(engine, capsys):
+    schemas = [SCHEMAS[i] for i in (1, 5, 6, 13, 21, 26)]
+    prompts = [schema_prompt(s) for s in schemas]
+    params = [{"json_schema": s, "max_new_tokens": 72, "temperature": 0} for s in schemas]
+    passes, jumped = {}, {}
+    for on in (False, True):
+        with jump_forward(engine, on), count_forward_passes(engine) as calls:
+            outs = engine.generate(prompts, params)
+        passes[on] = calls["n"]
+        jumped[on] = sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs)
+        for s, o in zip(schemas, outs):
+            assert_valid_json(o, s, 72)
+    with capsys.disabled():
+        print(f"\njump-forward: forward passes off={passes[False]} on={passes[True]}; tokens jumped on={jumped[True]}")
+    assert jumped[False] == 0 and jumped[True] > 0
+    assert passes[True] < passes[False]
+
+
+def test_tight_budgets_still_give_valid_json(engine):
+    prompts, params, cases = [], [], []
+    for i in range(12):
+        schema = UNBOUNDED[i % len(UNBOUNDED)]
+        budget = 24 + 2 * i  # 24 .. 46
+        prompts.append("Write a long, detailed JSON record about a famous novelist:")
+        params.append({"json_schema": schema, "max_new_tokens": budget, "temperature": 1.0, "sampling_seed": 100 + i})
+        cases.append((schema, budget))
+    outs = engine.generate(prompts, params)
+    for (schema, budget), out in zip(cases, outs):
+        assert_valid_json(out, schema, budget)
+    at_limit = sum(o["meta_info"]["completion_tokens"] >= b - 2 for o, (_, b) in zip(outs, cases))
+    assert at_limit >= 3, "the budgets should bind for several requests (else this tests nothing)"
+
+
+def test_choices_and_dtypes_through_the_engine(engine):
+    outs = engine.generate(
+        ["Is the sky blue? Answer:", "How many legs does a cat have?", "Pi is roughly", "Is water wet?"],
+        [
+            {"regex": regex_for_choices(["yes", "no"]), "temperature": 0},
+            {"regex": regex_for_dtype(int), "temperature": 0, "max_new_tokens": 8},
+            {"regex": regex_for_dtype(float), "temperature": 0, "max_new_tokens": 8},
+            {"regex": regex_for_dtype(bool), "temperature": 1.0, "max_new_tokens": 4},
+        ],
+    )
+    assert outs[0]["text"] in ("yes", "no")
+    int(outs[1]["text"])
+    float(outs[2]["text"])
+    assert outs[3]["text"] in ("True", "False")
+
+
+@pytest.mark.parametrize(
+    "params,needle",
+    [
+        ({"regex": "(?<=a)b"}, "unsupported regex"),
+        ({"json_schema": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}, "multipleOf"),
+        ({"json_schema": "{oops"}, "not valid JSON"),
+        ({"ebnf": "root ::= 'a'"}, "not supported"),
+        ({"regex": "a", "json_schema": {"type": "string"}}, "at most one"),
+        ({"regex": "[0-9]{40}", "max_new_tokens": 5}, "too small for this grammar"),
+    ],
+)
+def test_bad_grammars_fail_clearly_and_the_engine_keeps_working(engine, params, needle):
+    with pytest.raises(RadixflowError, match=re.escape(needle)):
+        engine.generate("Hello", {"max_new_tokens": 8, **params})
+    assert not engine.scheduler.has_work()
+    out = engine.generate("Hello", {"max_new_tokens": 4, "temperature": 0, "regex": "[a-z]+"})
+    assert re.fullmatch("[a-z]+", out["text"])
+
+
+def test_compiled_grammars_and_failures_are_cached(engine):
+    backend = engine.scheduler._grammars()
+    hits, misses = backend.cache.hits, backend.cache.misses
+    spec = json.dumps({"type": "string", "maxLength": 7})  # not used elsewhere: a miss, then a hit
+    first = backend.compile_async("json_schema", spec)
+    again = backend.compile_async("json_schema", spec)
+    assert again is first and (backend.cache.hits, backend.cache.misses) == (hits + 1, misses + 1)
+    bad = backend.compile_async("ebnf", "x")
+    assert backend.compile_async("ebnf", "x") is bad
+    assert isinstance(bad.exception(), RadixflowError)
