@@ -173,6 +173,8 @@ BAD_BODIES = [
     (json.dumps({"text": ["a"] * 17}).encode(), "at most 16"),
     (json.dumps({"text": "hi", "sampling_params": {"regex": "(?=a)b"}}).encode(), "unsupported regex"),
     (json.dumps({"text": "hi", "image_data": "x"}).encode(), "image_data"),
+    (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"abc": 1}}}).encode(), "logit_bias key"),
+    (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"99999999": 1}}}).encode(), "logit_bias key"),
 ]
 
 

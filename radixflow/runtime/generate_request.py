@@ -61,6 +61,7 @@ class RequestBuilder:
                 from radixflow.constrained import validate  # outlines-core only when grammars are used
 
                 validate(*sp.grammar)
+            _check_logit_bias(sp.logit_bias, self.vocab_size)
             if sp.max_new_tokens > self.max_new_tokens_limit:
                 raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
             lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
@@ -105,6 +106,16 @@ class RequestBuilder:
                 f"the prompt has {len(ids)} tokens but the KV pool holds {self.max_pool_tokens}; "
                 "shorten the prompt or raise max_total_tokens"
             )
+
+
+def _check_logit_bias(bias: Any, vocab_size: int) -> None:
+    """Keys are token ids (ints or digit strings, as JSON forces) in the vocabulary."""
+    for k, v in (bias or {}).items():
+        tid = k if isinstance(k, int) and not isinstance(k, bool) else (int(k) if isinstance(k, str) and k.isdigit() else -1)
+        if not 0 <= tid < vocab_size:
+            raise RadixflowError(f"logit_bias key {k!r} is not a token id in [0, {vocab_size})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise RadixflowError(f"logit_bias[{k!r}] must be a number, got {type(v).__name__}")
 
 
 def _per_item(value: Any, count: int, name: str) -> list:
