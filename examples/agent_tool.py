@@ -82,7 +82,7 @@ def calculator_agent(s, question):
     except ValueError as e:
         s["result"] = f"error: {e}"
     s += rf.user(f"The calculator says {s['result']}. State the final answer in one sentence.")
-    s += rf.assistant(rf.gen("answer", max_tokens=24))
+    s += rf.assistant(rf.gen("answer", max_tokens=16))
 
 
 def main() -> None:

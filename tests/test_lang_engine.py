@@ -53,14 +53,17 @@ def test_multi_turn_chat_messages_follow_the_chat_template(backend, tokenizer):
     assert graph.program_meta["num_requests"] == 1 and graph.program_meta["continued_segments"] == 1
 
 
-@pytest.mark.parametrize("method", [None, rf.greedy_token_selection, rf.unconditional_likelihood_normalized])
-def test_select_scores_all_choices_and_matches_eager(backend, method):
-    graph, eager = both(capital_select, country="France", method=method)
+def test_select_scores_all_choices_and_matches_eager(backend):
+    graph, eager = both(capital_select, country="France")
     assert graph["capital"] == eager["capital"] == " Paris"
     meta = graph.get_meta_info("capital")
     assert len(meta["normalized_prompt_logprobs"]) == 3
     assert meta["normalized_prompt_logprobs"] == pytest.approx(eager.get_meta_info("capital")["normalized_prompt_logprobs"], abs=1e-4)
     assert graph.text() == eager.text()
+    for method in (rf.greedy_token_selection, rf.unconditional_likelihood_normalized):
+        other = capital_select.run(country="France", method=method, **GREEDY)
+        assert other.mode == "graph" and other["capital"] == " Paris"
+    assert "unconditional_token_logprobs" in other.get_meta_info("capital")
 
 
 def test_fork_join_gathers_branch_variables(backend):

@@ -39,9 +39,9 @@ def test_static_program_same_greedy_result_as_graph_and_eager_on_server_and_engi
 
 def test_graph_path_is_one_server_request_per_program(runtime):
     before = metric(runtime, "num_requests_total")
-    graph = template_fill.run(name="Ada", backend=runtime, max_new_tokens=4, **GREEDY)
+    graph = template_fill.run(name="Ada", backend=runtime, max_new_tokens=2, **GREEDY)
     mid = metric(runtime, "num_requests_total")
-    eager = template_fill.run(name="Ada", backend=runtime, mode="eager", max_new_tokens=4, **GREEDY)
+    eager = template_fill.run(name="Ada", backend=runtime, mode="eager", max_new_tokens=2, **GREEDY)
     after = metric(runtime, "num_requests_total")
     assert (mid - before, after - mid) == (1, 5)  # one /program vs five /generate calls
     assert graph.program_meta["num_requests"] == 1 and graph.program_meta["continued_segments"] == 4
@@ -69,10 +69,8 @@ def test_program_route_rejects_bad_programs(runtime):
 def test_openai_endpoint_gen_and_select_through_logprobs(runtime):
     model = runtime.endpoint.client.get("/v1/models").json()["data"][0]["id"]
     oe = rf.OpenAIEndpoint(runtime.url + "/v1", model=model)
-    s = few_shot_qa.run(question="What is the capital of France?", backend=oe, **GREEDY)
-    assert s.mode == "eager" and s["answer"] == " Paris"
     c = capital_select.run(country="France", backend=oe, max_new_tokens=2, **GREEDY)
-    assert c["capital"] == " Paris" and len(c.get_meta_info("capital")["normalized_prompt_logprobs"]) == 3
+    assert c.mode == "eager" and c["capital"] == " Paris" and len(c.get_meta_info("capital")["normalized_prompt_logprobs"]) == 3
     chat = rf.OpenAIEndpoint(runtime.url + "/v1", model=model, chat=True)
     t = chat_two_turns.run(question="What is the capital of France?", backend=chat, **GREEDY)
     assert [m["role"] for m in t.messages()] == ["system", "user", "assistant", "user", "assistant"]
