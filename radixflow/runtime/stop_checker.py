@@ -15,9 +15,6 @@ class StopChecker:
             return
         p = req.sampling
         last = req.output_ids[-1]
-        if req.segment_len >= p.max_new_tokens:
-            req.finish({"type": "length", "length": p.max_new_tokens})
-            return
         if (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids):
             req.finish({"type": "stop", "matched": last})
             return
@@ -30,7 +27,10 @@ class StopChecker:
             if matched is not None:
                 req.finish({"type": "stop", "matched": matched})
                 return
-        if req.seq_len >= context_len:
+        # after the stop checks: a stop matched by the last allowed token still counts as a stop
+        if req.segment_len >= p.max_new_tokens:
+            req.finish({"type": "length", "length": p.max_new_tokens})
+        elif req.seq_len >= context_len:
             req.finish({"type": "length", "length": len(req.output_ids)})
 
     def _stop_str(self, req: Req):
