@@ -1,0 +1,97 @@
+"""Triton extend (prefill) attention over the paged KV pool.
+
+The new tokens' K/V are stored in the pool first; then query i of request b (at
+position prefix_len + i) attends to KV positions 0..prefix_len + i of that request,
+read through req_to_token: the cached prefix and, causally, its own new tokens.
+A program handles BLOCK_M queries of one request for one query head (flash-attention
+style online softmax). Reference: `reference.extend_attention_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step
+
+
+@triton.jit
+def _extend_kernel(
+    Q, K, V, Out, ReqToToken, ReqIdx, PrefixLens, ExtendLens, QStart,
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_r2t,
+    scale, GROUP, D,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    mblk = tl.program_id(2)
+    ext = tl.load(ExtendLens + b).to(tl.int32)
+    if mblk * BLOCK_M < ext:
+        pre = tl.load(PrefixLens + b).to(tl.int32)
+        q0 = tl.load(QStart + b).to(tl.int64)
+        row = tl.load(ReqIdx + b).to(tl.int64)
+        kvh = h // GROUP
+        offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+        mask_m = offs_m < ext
+        offs_d = tl.arange(0, BLOCK_D)
+        mask_d = offs_d < D
+        q = tl.load(Q + (q0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :],
+                    mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        q_pos = pre + offs_m
+        kv_end = pre + tl.minimum((mblk + 1) * BLOCK_M, ext)
+
+        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_M], tl.float32)
+        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+        for n0 in range(0, kv_end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < kv_end
+            k, v = load_kv_block(ReqToToken + row * stride_r2t, offs_n, mask_n, K + kvh * stride_kh,
+                                 V + kvh * stride_vh, stride_kt, stride_vt, offs_d, mask_d)
+            allowed = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
+            qk = tl.where(allowed, dot(q, k.to(q.dtype), IEEE) * scale, float("-inf"))
+            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE)
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        tl.store(Out + (q0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
+                 out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
+
+
+def _blocks(dtype: torch.dtype, d: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps): smaller tiles for float32 and wide heads."""
+    if dtype == torch.float32 or d > 128:
+        return 32, 32, 4
+    return 128, 64, 8
+
+
+def extend_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    q_start: torch.Tensor,
+    max_extend: int,
+    scale: float,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q: [T, Hq, D] request-major; q_start: [B] first row of each request in q."""
+    t, hq, d = q.shape
+    group = hq // k_buf.shape[1]
+    out = torch.empty_like(q) if out is None else out
+    bsz = extend_lens.shape[0]
+    if t == 0 or bsz == 0:
+        return out
+    block_m, block_n, warps = _blocks(q.dtype, d)
+    grid = (bsz, hq, triton.cdiv(max_extend, block_m))
+    _extend_kernel[grid](
+        q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, q_start,
+        q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
+        out.stride(0), out.stride(1), req_to_token.stride(0),
+        scale, group, d,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d), IEEE=q.dtype == torch.float32,
+        num_warps=warps, num_stages=2,
+    )
+    return out

@@ -1,0 +1,81 @@
+"""Torch references for the Triton kernels: the semantics each kernel must reproduce.
+
+Plain torch, no Triton import, so they run anywhere. Rounding follows the model's
+torch path (runtime/layers): sums and normalisation in float32, results rounded to
+the input dtype at the same points.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+    """norm(x [+ residual]) * weight; with residual also returns x + residual."""
+    if residual is not None:
+        x = x + residual
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    out = weight * h.to(x.dtype)
+    return out if residual is None else (out, x)
+
+
+def silu_and_mul_ref(x: torch.Tensor) -> torch.Tensor:
+    """x: [T, 2I] = [gate | up] -> silu(gate) * up."""
+    gate, up = x.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
+def rotary_ref(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """Rotate-half rotary; cos/sin: [max_pos, D] float32 (first half == second half)."""
+    c = cos[positions].unsqueeze(1)
+    s = sin[positions].unsqueeze(1)
+
+    def apply(x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-xf[..., half:], xf[..., :half]], dim=-1)
+        return (xf * c + rotated * s).to(x.dtype)
+
+    return apply(q), apply(k)
+
+
+def store_kv_ref(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    k_buf[loc] = k.to(k_buf.dtype)
+    v_buf[loc] = v.to(v_buf.dtype)
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """q: [M, Hq, D], k/v: [N, Hkv, D], mask: [M, N] bool -> [M, Hq, D], in float32."""
+    group = q.shape[1] // k.shape[1]
+    kf = k.float().repeat_interleave(group, dim=1)
+    vf = v.float().repeat_interleave(group, dim=1)
+    scores = torch.einsum("mhd,nhd->hmn", q.float(), kf) * scale
+    scores = scores.masked_fill(~mask.unsqueeze(0), float("-inf"))
+    return torch.einsum("hmn,nhd->mhd", scores.softmax(dim=-1), vf)
+
+
+def decode_attention_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, scale: float) -> torch.Tensor:
+    """One query per request over its first seq_len tokens. q: [B, Hq, D]."""
+    outs = []
+    for b in range(q.shape[0]):
+        n = int(seq_lens[b])
+        slots = req_to_token[int(req_pool_indices[b]), :n].long()
+        mask = torch.ones(1, n, dtype=torch.bool, device=q.device)
+        outs.append(_attend(q[b : b + 1], k_buf[slots], v_buf[slots], mask, scale))
+    return torch.cat(outs).to(q.dtype)
+
+
+def extend_attention_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix_lens, extend_lens, scale: float):
+    """New tokens (request-major in q) attend to the cached prefix and causally to themselves.
+    Their own K/V must already be in the pool."""
+    outs, start = [], 0
+    for b in range(len(extend_lens)):
+        pre, ext = int(prefix_lens[b]), int(extend_lens[b])
+        slots = req_to_token[int(req_pool_indices[b]), : pre + ext].long()
+        qpos = torch.arange(pre, pre + ext, device=q.device).unsqueeze(1)
+        kpos = torch.arange(pre + ext, device=q.device).unsqueeze(0)
+        outs.append(_attend(q[start : start + ext], k_buf[slots], v_buf[slots], kpos <= qpos, scale))
+        start += ext
+    return torch.cat(outs).to(q.dtype)
