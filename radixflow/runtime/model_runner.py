@@ -28,6 +28,8 @@ class ModelRunner:
         if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
             self.model_dir = None
             self.config = _config_from_json(args.model_path)
+            if not args.tokenizer_path:  # random weights: any tokenizer covering the ids will do
+                args.tokenizer_path = resolve_model(None).path
         else:
             files = resolve_model(args.model_path)
             self.model_dir = files.path
@@ -37,6 +39,8 @@ class ModelRunner:
         self.model = self._load_model()
         self.vocab_size = self.model.shape.vocab_size
         self._init_memory()
+        self.model.enable_fused_kernels(getattr(self.backend, "fused_kernels", False))
+        self.graph_runner = self._init_cuda_graphs()
 
     def _check_arch(self) -> None:
         archs = getattr(self.config, "architectures", None) or ["LlamaForCausalLM"]
@@ -87,9 +91,19 @@ class ModelRunner:
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
 
+    def _init_cuda_graphs(self):
+        if self.device != "cuda" or self.args.disable_cuda_graph or not getattr(self.backend, "supports_cuda_graph", False):
+            return None
+        from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+
+        max_bs = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
+        return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
         self.backend.init_forward_metadata(fb)
         hidden = self.model(fb, self.backend)
         return self.model.compute_logits(hidden)

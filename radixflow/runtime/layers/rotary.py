@@ -27,6 +27,8 @@ def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
+    fused = False  # use the Triton kernel (in place) on CUDA tensors
+
     def __init__(self, config, head_dim: int, max_positions: int):
         super().__init__()
         inv_freq, self.attention_scaling = compute_inv_freq(config, head_dim)
@@ -37,7 +39,11 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * self.attention_scaling, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]."""
+        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]. When fused, q and k are rotated in place."""
+        if self.fused and q.is_cuda:
+            from radixflow.kernels.rotary import apply_rotary
+
+            return apply_rotary(positions, q, k, self.cos, self.sin)
         cos = self.cos[positions].unsqueeze(1)
         sin = self.sin[positions].unsqueeze(1)
         return _apply(q, cos, sin), _apply(k, cos, sin)

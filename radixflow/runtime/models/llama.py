@@ -81,13 +81,20 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    fused = False  # SiLU-and-mul through the Triton kernel on CUDA tensors
+
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.gate_up_proj = nn.Linear(shape.hidden, 2 * shape.intermediate, bias=shape.mlp_bias)
         self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=shape.mlp_bias)
 
     def forward(self, x):
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        gate_up = self.gate_up_proj(x)
+        if self.fused and gate_up.is_cuda:
+            from radixflow.kernels.norm_act import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
+        gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -121,6 +128,12 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(s.hidden, s.eps)
         self.lm_head = None if s.tie_embeddings else nn.Linear(s.hidden, s.vocab_size, bias=False)
         self.rotary = rotary
+
+    def enable_fused_kernels(self, on: bool) -> None:
+        """Route RMSNorm, rotary and SiLU-and-mul through the Triton kernels (CUDA only)."""
+        for m in self.modules():
+            if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
+                m.fused = on
 
     @property
     def lm_head_weight(self) -> torch.Tensor:

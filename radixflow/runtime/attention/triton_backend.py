@@ -1,0 +1,51 @@
+"""Attention through the Triton kernels in radixflow.kernels (the default on CUDA).
+
+Decode reads only tensors of the ForwardBatch and a split count fixed per batch
+size, so a decode pass can be captured in a CUDA graph and replayed with new
+contents in the same buffers.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
+from radixflow.kernels.extend_attention import extend_attention
+from radixflow.kernels.kv_store import store_kv
+from radixflow.runtime.attention.base import AttentionBackend
+from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+
+
+class TritonBackend(AttentionBackend):
+    supports_cuda_graph = True
+    fused_kernels = True  # the model's norm / rotary / SiLU run as Triton kernels too
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        device = self.kv_pool.k[0].device
+        cuda = device.type == "cuda"
+        self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
+
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        if fb.mode == ForwardMode.DECODE:
+            fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms)
+            return
+        starts, acc = [], 0
+        for n in fb.extend_lens_list:
+            starts.append(acc)
+            acc += n
+        q_start = torch.tensor(starts, dtype=torch.int64).to(fb.input_ids.device, non_blocking=True)
+        fb.attn_metadata = (q_start, max(fb.extend_lens_list))
+
+    def forward(self, q, k, v, layer, fb):
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
+        table = self.req_to_token.table
+        if fb.mode == ForwardMode.DECODE:
+            return decode_attention(
+                q, k_buf, v_buf, table, fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata
+            )
+        q_start, max_extend = fb.attn_metadata
+        return extend_attention(
+            q, k_buf, v_buf, table, fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale
+        )

@@ -1,0 +1,338 @@
+"""Every Triton kernel against its torch reference.
+
+Without CUDA the kernels run in Triton's interpreter on CPU tensors at tiny shapes
+(TRITON_INTERPRET must be set before the kernels' modules are imported, so it is set
+here, at the top). With CUDA the same tests run on the GPU, and the `gpu`-marked
+tests add real shapes (Llama-3-8B heads, long contexts, bf16) and CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_torch  # noqa: E402
+from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
+from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
+from radixflow.kernels.kv_store import store_kv  # noqa: E402
+from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
+from radixflow.kernels.rotary import apply_rotary  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _close(a: torch.Tensor, b: torch.Tensor, tol: float) -> None:
+    assert a.shape == b.shape and a.dtype == b.dtype
+    assert not torch.isnan(a).any()
+    err = (a.float() - b.float()).abs().max().item()
+    assert err <= tol, f"max abs error {err} > {tol}"
+
+
+# -- small fixtures -----------------------------------------------------------------------------
+def _tokenizer_dir() -> str:
+    """The default model's tokenizer; RADIXFLOW_TOKENIZER where that model is not installed."""
+    if os.environ.get("RADIXFLOW_TOKENIZER"):
+        return os.environ["RADIXFLOW_TOKENIZER"]
+    from radixflow.runtime.model_loader import resolve_model
+
+    return resolve_model(None).path
+
+
+def _rope_tables(max_pos: int, dim: int, device: str = DEV) -> tuple[torch.Tensor, torch.Tensor]:
+    inv = 1.0 / (10000 ** (torch.arange(0, dim, 2).float() / dim))
+    freqs = torch.outer(torch.arange(max_pos).float(), inv)
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(device), emb.sin().to(device)
+
+
+def _paged_pool(seq_lens: list, kv_heads: int, dim: int, dtype, device: str = DEV, rows: int = 8):
+    """A pool with scattered slots: request b owns a random set of slots in row b + 1."""
+    total = sum(seq_lens) + 16
+    k_buf = torch.randn(total, kv_heads, dim, device=device).to(dtype)
+    v_buf = torch.randn(total, kv_heads, dim, device=device).to(dtype)
+    table = torch.zeros(rows, max(seq_lens) + 4, dtype=torch.int32, device=device)
+    perm = (torch.randperm(total - 1) + 1).to(device)
+    start = 0
+    for b, n in enumerate(seq_lens):
+        table[b + 1, :n] = perm[start : start + n].int()
+        start += n
+    req_idx = torch.arange(1, len(seq_lens) + 1, device=device)
+    return k_buf, v_buf, table, req_idx
+
+
+# -- elementwise kernels ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rmsnorm_matches_reference(dtype):
+    x = torch.randn(5, 48, device=DEV).to(dtype)
+    r = torch.randn(5, 48, device=DEV).to(dtype)
+    w = torch.randn(48, device=DEV).to(dtype)
+    _close(rmsnorm(x, w, 1e-5), ref.rmsnorm_ref(x, w, 1e-5), 1e-5 if dtype == torch.float32 else 2e-3)
+    out, res = rmsnorm(x, w, 1e-5, r)
+    ref_out, ref_res = ref.rmsnorm_ref(x, w, 1e-5, r)
+    assert torch.equal(res, ref_res)
+    _close(out, ref_out, 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_rmsnorm_reference_is_the_layer():
+    from radixflow.runtime.layers.norm import RMSNorm
+
+    layer = RMSNorm(32, 1e-6)
+    with torch.no_grad():
+        layer.weight.normal_()
+    x, r = torch.randn(4, 32), torch.randn(4, 32)
+    assert torch.equal(layer(x), ref.rmsnorm_ref(x, layer.weight, 1e-6))
+    out, res = layer(x, r)
+    ref_out, ref_res = ref.rmsnorm_ref(x, layer.weight, 1e-6, r)
+    assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_silu_and_mul_matches_reference(dtype):
+    x = (3 * torch.randn(6, 80, device=DEV)).to(dtype)
+    _close(silu_and_mul(x), ref.silu_and_mul_ref(x), 1e-5 if dtype == torch.float32 else 2e-3)
+
+
+def test_rotary_in_place_on_fused_qkv_views():
+    hq, hk, d = 3, 2, 16
+    cos, sin = _rope_tables(32, d)
+    qkv = torch.randn(6, (hq + 2 * hk) * d, device=DEV)
+    q = qkv[:, : hq * d].view(6, hq, d)
+    k = qkv[:, hq * d : (hq + hk) * d].view(6, hk, d)
+    v_before = qkv[:, (hq + hk) * d :].clone()
+    pos = torch.tensor([0, 3, 5, 31, 2, 2], device=DEV)
+    want_q, want_k = ref.rotary_ref(pos, q.clone(), k.clone(), cos, sin)
+    got_q, got_k = apply_rotary(pos, q, k, cos, sin)
+    assert got_q.data_ptr() == q.data_ptr()  # in place
+    _close(got_q, want_q, 1e-5)
+    _close(got_k, want_k, 1e-5)
+    assert torch.equal(qkv[:, (hq + hk) * d :], v_before)  # v untouched
+
+
+def test_rotary_reference_is_the_layer():
+    from types import SimpleNamespace
+
+    from radixflow.runtime.layers.rotary import RotaryEmbedding
+
+    layer = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
+    pos = torch.tensor([0, 7, 63])
+    q, k = torch.randn(3, 4, 16), torch.randn(3, 2, 16)
+    got = layer(pos, q, k)
+    want = ref.rotary_ref(pos, q, k, layer.cos, layer.sin)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
+def test_store_kv_writes_exactly_the_slots():
+    k_buf = torch.randn(20, 2, 16, device=DEV)
+    v_buf = torch.randn(20, 2, 16, device=DEV)
+    kv = torch.randn(3, 4, 16, device=DEV)
+    k, v = kv[:, :2], kv[:, 2:]  # strided views, like the fused qkv output
+    loc = torch.tensor([5, 9, 1], device=DEV)
+    want_k, want_v = k_buf.clone(), v_buf.clone()
+    ref.store_kv_ref(want_k, want_v, loc, k, v)
+    store_kv(k_buf, v_buf, loc, k, v)
+    assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)
+
+
+@pytest.mark.parametrize("vocab", [100, 64])
+def test_bitmask_matches_reference(vocab):
+    logits = torch.randn(3, vocab, device=DEV)
+    words = (vocab + 31) // 32
+    mask = torch.randint(-(2**31), 2**31 - 1, (3, words), dtype=torch.int32, device=DEV)
+    mask[1] = -1  # all allowed
+    got, want = logits.clone(), logits.clone()
+    apply_token_bitmask_triton(got, mask)
+    apply_token_bitmask_torch(want, mask)
+    assert torch.equal(got, want)
+    assert torch.equal(got[1], logits[1])
+    assert torch.isinf(got).any()
+
+
+def test_bitmask_dispatch_on_cpu_uses_torch():
+    logits = torch.zeros(1, 40)
+    mask = torch.tensor([[0b101, 0]], dtype=torch.int32)
+    apply_token_bitmask(logits, mask)
+    allowed = torch.isfinite(logits[0]).nonzero().flatten().tolist()
+    assert allowed == [0, 2]
+
+
+# -- attention ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("splits,block_n", [(1, 64), (4, 64), (4, 16)])
+@pytest.mark.parametrize("hq,hkv", [(6, 2), (4, 4)])
+def test_decode_attention_matches_reference(splits, block_n, hq, hkv):
+    seq_lens = [70, 7, 1]
+    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, 16, torch.float32)
+    q = torch.randn(len(seq_lens), hq, 16, device=DEV)
+    lens = torch.tensor(seq_lens, device=DEV)
+    config = {"block_n": block_n, "num_warps": 4, "num_stages": 2}
+    got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, splits, config=config)
+    want = ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 0.25)
+    _close(got, want, 1e-5)
+
+
+def test_extend_attention_prefix_plus_causal():
+    prefix, extend = [10, 0, 3], [20, 5, 4]
+    hq, hkv, d = 6, 2, 16
+    k_buf, v_buf, table, req_idx = _paged_pool([p + e for p, e in zip(prefix, extend)], hkv, d, torch.float32)
+    q = torch.randn(sum(extend), hq, d, device=DEV)
+    pre = torch.tensor(prefix, device=DEV)
+    ext = torch.tensor(extend, device=DEV)
+    starts = torch.tensor([0, 20, 25], device=DEV)
+    got = extend_attention(q, k_buf, v_buf, table, req_idx, pre, ext, starts, max(extend), 0.25)
+    want = ref.extend_attention_ref(q, k_buf, v_buf, table, req_idx, pre, ext, 0.25)
+    _close(got, want, 1e-5)
+
+
+def test_num_kv_splits_fills_the_gpu_and_is_capped():
+    assert num_kv_splits(1, 8, 132, waves=2) == 16
+    assert num_kv_splits(64, 8, 132, waves=2) == 1
+    assert num_kv_splits(64, 8, 132, waves=4) == 2
+    assert all(num_kv_splits(b, 8) & (num_kv_splits(b, 8) - 1) == 0 for b in range(1, 300))
+
+
+# -- the Triton backend inside the engine ----------------------------------------------------
+def test_triton_backend_matches_torch_native_in_the_engine(tmp_path):
+    """Mixed batch (fresh, cache hits, chunked prefill) plus decode, teacher-forced."""
+    import json
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    from logprob_check import compare, make_prompts, run_candidate, run_reference
+
+    import radixflow
+    from radixflow.runtime.attention.torch_native import TorchNativeBackend
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    cfg = dict(
+        architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=96, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=6, num_key_value_heads=2, head_dim=16, vocab_size=512,
+        max_position_embeddings=512, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+    )
+    path = tmp_path / "tiny.json"
+    path.write_text(json.dumps(cfg))
+    engine = radixflow.Engine(
+        str(path), load_format="dummy", device=DEV, dtype="float32", max_total_tokens=1024, chunked_prefill_size=32,
+        tokenizer_path=_tokenizer_dir(), disable_cuda_graph=True,
+    )
+    runner = engine.runner
+    kw = dict(kv_pool=runner.kv_pool, req_to_token=runner.req_to_token, num_q_heads=6, num_kv_heads=2, head_dim=16)
+    warm, batch, starts = make_prompts(512, shared_len=20, long_len=70)
+    runner.backend = TritonBackend(**kw)
+    cand = run_candidate(engine, warm, batch, starts, new_tokens=4)
+    assert engine.scheduler.stats.cached_tokens > 0  # the radix hits happened
+    runner.backend = TorchNativeBackend(**kw)
+    result = compare(cand, run_reference(engine, warm, cand, starts))
+    assert result["scored"] > 100
+    assert result["prefill_max_abs"] < 1e-4 and result["decode_max_abs"] < 1e-4, result
+
+
+def test_engine_imports_without_server_and_grammar_packages():
+    code = (
+        "import sys\n"
+        "for m in ('zmq', 'fastapi', 'uvicorn', 'outlines_core', 'triton'): sys.modules[m] = None\n"
+        "import radixflow\n"
+        "from radixflow.runtime.engine import Engine\n"
+        "from radixflow.runtime.model_runner import ModelRunner\n"
+        "print('ok')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0 and "ok" in out.stdout, out.stderr[-2000:]
+
+
+def test_graph_batch_sizes_cover_every_batch():
+    from radixflow.runtime.cuda_graph_runner import graph_batch_sizes
+
+    sizes = graph_batch_sizes(64)
+    assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 64 and sizes == sorted(set(sizes))
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(100)[-2:] == [96, 100]
+
+
+# -- GPU: real shapes ---------------------------------------------------------------------------
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("seq_lens", [[1, 200, 4097, 33], [130] * 64])
+def test_gpu_decode_attention_llama_shapes(seq_lens):
+    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, 8, 128, torch.bfloat16, rows=len(seq_lens) + 1)
+    q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5)
+    for splits in (1, num_kv_splits(len(seq_lens), 8), 16):
+        _close(decode_attention(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5, splits), want, 2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gpu_extend_attention_llama_shapes(dtype):
+    prefix, extend = [0, 1000, 4096, 7], [2048, 300, 129, 1]
+    k_buf, v_buf, table, req_idx = _paged_pool([p + e for p, e in zip(prefix, extend)], 8, 128, dtype)
+    q = torch.randn(sum(extend), 32, 128, device=DEV, dtype=dtype)
+    starts = torch.tensor([0, 2048, 2348, 2477], device=DEV)
+    pre, ext = torch.tensor(prefix, device=DEV), torch.tensor(extend, device=DEV)
+    got = extend_attention(q, k_buf, v_buf, table, req_idx, pre, ext, starts, max(extend), 128**-0.5)
+    want = ref.extend_attention_ref(q, k_buf, v_buf, table, req_idx, pre, ext, 128**-0.5)
+    _close(got, want, 2e-2 if dtype == torch.bfloat16 else 1e-4)
+
+
+@gpu
+@needs_cuda
+def test_gpu_elementwise_kernels_bf16():
+    x = torch.randn(64, 4096, device=DEV, dtype=torch.bfloat16)
+    r = torch.randn(64, 4096, device=DEV, dtype=torch.bfloat16)
+    w = torch.randn(4096, device=DEV, dtype=torch.bfloat16)
+    out, res = rmsnorm(x, w, 1e-5, r)
+    ref_out, ref_res = ref.rmsnorm_ref(x, w, 1e-5, r)
+    assert torch.equal(res, ref_res)
+    _close(out, ref_out, 0.07)  # at most ~1 bf16 ulp of values up to ~8
+    assert (out != ref_out).float().mean().item() < 0.01
+    gu = torch.randn(64, 2 * 14336, device=DEV, dtype=torch.bfloat16)
+    _close(silu_and_mul(gu), ref.silu_and_mul_ref(gu), 0.07)
+    cos, sin = _rope_tables(8192, 128)
+    pos = torch.randint(0, 8192, (64,), device=DEV)
+    q = torch.randn(64, 32, 128, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(64, 8, 128, device=DEV, dtype=torch.bfloat16)
+    want_q, want_k = ref.rotary_ref(pos, q, k, cos, sin)
+    got_q, got_k = apply_rotary(pos, q.clone(), k.clone(), cos, sin)
+    _close(got_q, want_q, 0.07)
+    _close(got_k, want_k, 0.07)
+    logits = torch.randn(64, 128256, device=DEV)
+    mask = torch.randint(-(2**31), 2**31 - 1, (64, 4008), dtype=torch.int32, device=DEV)
+    got, want = logits.clone(), logits.clone()
+    apply_token_bitmask(got, mask)
+    apply_token_bitmask_torch(want, mask)
+    assert torch.equal(got, want)
+
+
+@gpu
+@needs_cuda
+def test_gpu_cuda_graph_decode_equals_eager():
+    import radixflow
+
+    cfg = os.path.join(ROOT, "benchmarks", "configs", "smollm2-135m.json")
+    tok = _tokenizer_dir()
+    prompts = [[(7 * i + j) % 49000 + 3 for j in range(5 + 3 * i)] for i in range(5)]
+    params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    outs = []
+    for disable in (False, True):
+        engine = radixflow.Engine(
+            cfg, load_format="dummy", dtype="float32", tokenizer_path=tok, max_total_tokens=4096,
+            disable_cuda_graph=disable, cuda_graph_max_bs=8,
+        )
+        assert (engine.runner.graph_runner is None) == disable
+        res = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+        outs.append([[lp for lp, _, _ in r["meta_info"]["output_token_logprobs"]] for r in res])
+        engine.shutdown()
+    for a, b in zip(*outs):
+        assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
