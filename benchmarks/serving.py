@@ -205,6 +205,30 @@ def print_report(args: argparse.Namespace, s: dict) -> None:
         print(f"{k:>20}: {v:.3f}" if isinstance(v, float) else f"{k:>20}: {v}")
 
 
+def offline_transformers(args: argparse.Namespace, reqs: list[Request]) -> dict:
+    """For scale: the same prompts through transformers' batched generate (greedy,
+    left-padded batches of --hf-batch that run until their longest output), offline."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from radixflow.runtime.model_loader import resolve_model
+
+    path = resolve_model(args.hf_model).path
+    tok = AutoTokenizer.from_pretrained(path, padding_side="left")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    t0 = time.perf_counter()
+    for i in range(0, len(reqs), args.hf_batch):
+        part = reqs[i : i + args.hf_batch]
+        enc = tok([r.prompt for r in part], return_tensors="pt", padding=True)
+        longest = max(r.output_len for r in part)
+        with torch.no_grad():
+            model.generate(**enc, max_new_tokens=longest, min_new_tokens=longest, do_sample=False, pad_token_id=pad)
+    dt = time.perf_counter() - t0
+    return {"requests": len(reqs), "duration_s": dt, "request_throughput": len(reqs) / dt,
+            "output_tok_s": sum(r.output_len for r in reqs) / dt}  # fmt: skip
+
+
 def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default="http://127.0.0.1:30000")
@@ -223,12 +247,21 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-json", default=None, help="append the summary as one JSON line here")
+    ap.add_argument("--offline-transformers", action="store_true",
+                    help="no server: run the same prompts through transformers offline, for scale")
+    ap.add_argument("--hf-model", default=None, help="model for --offline-transformers (default: radixflow's)")
+    ap.add_argument("--hf-batch", type=int, default=16)
     return ap.parse_args(argv)
 
 
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv)
     reqs = make_requests(args)
+    if args.offline_transformers:
+        print("== transformers offline, same prompts ==")
+        for k, v in offline_transformers(args, reqs).items():
+            print(f"{k:>20}: {v:.3f}" if isinstance(v, float) else f"{k:>20}: {v}")
+        return 0
     results, duration = asyncio.run(run(args, reqs))
     summary = summarize(results, duration)
     print_report(args, summary)

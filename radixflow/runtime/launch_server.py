@@ -11,6 +11,7 @@ import asyncio
 import logging
 import multiprocessing as mp
 import os
+import shutil
 import signal
 import sys
 import time
@@ -48,9 +49,7 @@ def launch_server(args: ServerArgs) -> int:
         return 0
     finally:
         _stop_children(procs)
-        for path in ipc.paths():
-            if os.path.exists(path):
-                os.unlink(path)
+        shutil.rmtree(ipc.directory, ignore_errors=True)
 
 
 def _install_signal_handlers() -> dict:

@@ -66,7 +66,7 @@ class SchedulerLoop:
         self.eos_ids = eos_token_ids(self.tokenizer_path, self.runner.config, tokenizer)
         self.scheduler = Scheduler(args, self.runner, tokenizer, self.eos_ids)
         self.inflight: dict[str, Req] = {}
-        self.streaming: set[str] = set()
+        self.streaming: dict[str, int] = {}  # rid -> output length last sent
         ctx = zmq.Context()
         self.recv_sock = ctx.socket(zmq.PULL)
         self.recv_sock.bind(ipc.scheduler)
@@ -132,7 +132,7 @@ class SchedulerLoop:
         for req in batch.reqs:
             self.inflight[req.rid] = req
             if batch.stream:
-                self.streaming.add(req.rid)
+                self.streaming[req.rid] = 0
             try:
                 self.scheduler.add_request(req)
             except Exception as e:
@@ -216,9 +216,10 @@ class SchedulerLoop:
         for o in outs:
             if o.finished:
                 self.inflight.pop(o.rid, None)
-                self.streaming.discard(o.rid)
+                self.streaming.pop(o.rid, None)
                 keep.append(o)
-            elif o.rid in self.streaming and len(o.output_ids) % interval == 0:
+            elif o.rid in self.streaming and len(o.output_ids) - self.streaming[o.rid] >= interval:
+                self.streaming[o.rid] = len(o.output_ids)
                 keep.append(o)
         if keep:
             self._send(OutputBatch(keep, self._stats_if_due()))

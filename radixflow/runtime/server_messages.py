@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -26,11 +25,14 @@ class IpcNames:
 
     @classmethod
     def fresh(cls) -> "IpcNames":
-        base = os.path.join(tempfile.gettempdir(), f"radixflow-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        return cls(f"ipc://{base}-sched", f"ipc://{base}-detok", f"ipc://{base}-tok")
+        """Sockets in a new directory only this user can enter: the messages are pickles,
+        so no other local user may connect."""
+        base = tempfile.mkdtemp(prefix=f"radixflow-{os.getpid()}-")  # mode 0700
+        return cls(f"ipc://{base}/sched", f"ipc://{base}/detok", f"ipc://{base}/tok")
 
-    def paths(self) -> list[str]:
-        return [n[len("ipc://") :] for n in (self.scheduler, self.detokenizer, self.tokenizer)]
+    @property
+    def directory(self) -> str:
+        return os.path.dirname(self.scheduler[len("ipc://") :])
 
 
 @dataclass
