@@ -69,6 +69,30 @@ class KVManager:
         self.req_to_token.write(req.req_pool_idx, req.kv_len, slots)
         return slots
 
+    def alloc_decode(self, reqs: list) -> Optional[torch.Tensor]:
+        """One slot for each request's next token, in one allocation and one scatter
+        into req_to_token (the per-step hot path)."""
+        rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
+        kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
+        table = self.req_to_token.table
+        if self.page_size == 1:
+            pages = self._alloc_pages(len(reqs))
+            if pages is None:
+                return None
+            slots = pages
+        else:
+            need_page = kv_lens % self.page_size == 0
+            prev = table[rows.to(table.device), (kv_lens - 1).clamp(min=0).to(table.device)].to(torch.int64).cpu()
+            slots = prev + 1
+            n_new = int(need_page.sum())
+            if n_new:
+                pages = self._alloc_pages(n_new)
+                if pages is None:
+                    return None
+                slots[need_page] = pages * self.page_size
+        table[rows.to(table.device), kv_lens.to(table.device)] = slots.to(table.device, torch.int32)
+        return slots
+
     def _alloc_pages(self, n_pages: int) -> Optional[torch.Tensor]:
         pages = self.allocator.alloc(n_pages)
         if pages is None:

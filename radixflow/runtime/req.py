@@ -69,6 +69,13 @@ class Req:
         """All tokens whose KV this request needs (prompt, then outputs so far)."""
         return self.origin_input_ids + self.output_ids
 
+    def pending_ids(self) -> list:
+        """Tokens still without KV (usually just the last sampled one); O(pending)."""
+        n_prompt = len(self.origin_input_ids)
+        if self.kv_len >= n_prompt:
+            return self.output_ids[self.kv_len - n_prompt :]
+        return self.fill_ids[self.kv_len :]
+
     @property
     def seq_len(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)

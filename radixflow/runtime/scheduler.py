@@ -318,19 +318,17 @@ class Scheduler:
         reqs = list(self.running)
         ext = [r.seq_len - r.kv_len for r in reqs]
         assert min(ext) >= 1, "a running request has no pending token"
-        locs, ids, pos = [], [], []
-        for req, n in zip(reqs, ext):
-            slots = self.kv.alloc(req, n)
-            assert slots is not None, "decode room was reserved"
-            locs.append(slots)
-            ids.extend(req.fill_ids[req.kv_len :])
-            pos.append(torch.arange(req.kv_len, req.kv_len + n))
-        mode = ForwardMode.DECODE if max(ext) == 1 else ForwardMode.EXTEND
-        ends = torch.tensor(ext).cumsum(0).tolist()
-        rows = [[e - 1] for e in ends]
         prefix = [r.kv_len for r in reqs]
+        if max(ext) == 1:
+            mode, locs = ForwardMode.DECODE, self.kv.alloc_decode(reqs)
+            assert locs is not None, "decode room was reserved"
+            ids = [r.output_ids[-1] for r in reqs]
+            positions = torch.tensor(prefix, dtype=torch.int64)
+            rows = [[i] for i in range(len(reqs))]
+        else:
+            mode, ids, positions, locs, rows = ForwardMode.EXTEND, *self._pending_tokens(reqs, ext)
         batch = [(r, n) for r, n in zip(reqs, ext)]
-        fb = self._forward_batch(mode, ids, torch.cat(pos), torch.cat(locs), batch, prefix, ext, rows)
+        fb = self._forward_batch(mode, ids, positions, locs, batch, prefix, ext, rows)
         logits = self.runner.forward(fb)
         for r, n in zip(reqs, ext):
             r.kv_len += n
@@ -339,6 +337,18 @@ class Scheduler:
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
         self.stats.decode_tokens += len(reqs)
         return reqs
+
+    def _pending_tokens(self, reqs: list[Req], ext: list[int]):
+        """Inputs of a continuation pass where some requests hold several pending tokens."""
+        locs, ids, pos = [], [], []
+        for req, n in zip(reqs, ext):
+            slots = self.kv.alloc(req, n)
+            assert slots is not None, "decode room was reserved"
+            locs.append(slots)
+            ids.extend(req.pending_ids())
+            pos.append(torch.arange(req.kv_len, req.kv_len + n))
+        ends = torch.tensor(ext).cumsum(0).tolist()
+        return ids, torch.cat(pos), torch.cat(locs), [[e - 1] for e in ends]
 
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
@@ -411,7 +421,7 @@ class Scheduler:
     def _output(self, req: Req) -> ReqOutput:
         return ReqOutput(
             rid=req.rid,
-            output_ids=list(req.output_ids),
+            output_ids=req.output_ids,  # by reference: copied only when sent
             finished=req.finished,
             finish_reason=req.finish_reason,
             prompt_tokens=len(req.origin_input_ids),
