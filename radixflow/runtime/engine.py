@@ -29,6 +29,7 @@ class Engine:
         self.tokenizer = load_tokenizer(tok_path)
         self.eos_ids = eos_token_ids(tok_path, self.runner.config, self.tokenizer)
         self.scheduler = Scheduler(self.server_args, self.runner, self.tokenizer, self.eos_ids)
+        self.scheduler.emit_outputs = False
         self.builder = RequestBuilder(
             self.tokenizer,
             self.runner.vocab_size,

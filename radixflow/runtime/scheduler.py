@@ -51,6 +51,7 @@ class Scheduler:
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
+        self.emit_outputs = True  # the in-process Engine reads requests directly and turns this off
         self.jump_forward: Optional[Callable[[Req], object]] = None
         # request graphs: called when a request finishes; returns True after appending
         # the next segment's tokens to it (it then stays running, its KV kept)
@@ -118,7 +119,7 @@ class Scheduler:
             touched += self._run_extend(batch)
         elif self.running:
             touched += self._run_decode()
-        return [self._output(r) for r in touched]
+        return [self._output(r) for r in touched] if self.emit_outputs else []
 
     def _grammars(self):
         if self.grammar_backend is None:
