@@ -155,5 +155,8 @@ def init_dummy_weights(model: torch.nn.Module, seed: int = 0) -> None:
         for name, p in model.named_parameters():
             if "norm" in name:
                 p.fill_(1.0)
+            elif tuple(getattr(p, "full_shape", p.shape)) != tuple(p.shape):  # a tensor-parallel shard
+                full = torch.empty(p.full_shape, dtype=p.dtype, device=p.device).normal_(0.0, 0.02)
+                p.load_full(full)  # same draws as tp=1, so every tp size gets the same model
             else:
                 p.normal_(0.0, 0.02)  # in place, on the model's device

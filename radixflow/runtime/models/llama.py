@@ -16,6 +16,14 @@ from torch import nn
 from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.layers.norm import RMSNorm
+from radixflow.runtime.layers.parallel_linear import (
+    ParallelLMHead,
+    VocabParallelEmbedding,
+    load_param,
+    merged_column_parallel_linear,
+    qkv_parallel_linear,
+    row_parallel_linear,
+)
 from radixflow.runtime.layers.rotary import RotaryEmbedding
 
 SUPPORTED_ARCHITECTURES = (
@@ -59,10 +67,12 @@ class Attention(nn.Module):
         super().__init__()
         self.s = shape
         self.layer_id = layer_id
-        self.q_size = shape.num_heads * shape.head_dim
-        self.kv_size = shape.num_kv_heads * shape.head_dim
-        self.qkv_proj = nn.Linear(shape.hidden, self.q_size + 2 * self.kv_size, bias=shape.qkv_bias)
-        self.o_proj = nn.Linear(self.q_size, shape.hidden, bias=False)
+        hd = shape.head_dim
+        self.qkv_proj = qkv_parallel_linear(shape.hidden, hd, shape.num_heads, shape.num_kv_heads, shape.qkv_bias)
+        heads = self.qkv_proj.heads  # this rank's query and KV heads (all of them with tp=1)
+        self.num_heads, self.num_kv_heads = heads.q_heads, heads.kv_heads
+        self.q_size, self.kv_size = heads.q_heads * hd, heads.kv_heads * hd
+        self.o_proj = row_parallel_linear(shape.num_heads * hd, shape.hidden, False, heads.q_start * hd, self.q_size)
         if shape.qk_norm:
             self.q_norm = RMSNorm(shape.head_dim, shape.eps)
             self.k_norm = RMSNorm(shape.head_dim, shape.eps)
@@ -70,9 +80,9 @@ class Attention(nn.Module):
 
     def forward(self, positions, x, fb: ForwardBatch, backend: AttentionBackend):
         q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(-1, self.s.num_heads, self.s.head_dim)
-        k = k.view(-1, self.s.num_kv_heads, self.s.head_dim)
-        v = v.view(-1, self.s.num_kv_heads, self.s.head_dim)
+        q = q.view(-1, self.num_heads, self.s.head_dim)
+        k = k.view(-1, self.num_kv_heads, self.s.head_dim)
+        v = v.view(-1, self.num_kv_heads, self.s.head_dim)
         if self.s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary(positions, q, k)
@@ -85,8 +95,9 @@ class MLP(nn.Module):
 
     def __init__(self, shape: ModelShape):
         super().__init__()
-        self.gate_up_proj = nn.Linear(shape.hidden, 2 * shape.intermediate, bias=shape.mlp_bias)
-        self.down_proj = nn.Linear(shape.intermediate, shape.hidden, bias=shape.mlp_bias)
+        inter = shape.intermediate
+        self.gate_up_proj = merged_column_parallel_linear(shape.hidden, [inter, inter], shape.mlp_bias)
+        self.down_proj = row_parallel_linear(inter, shape.hidden, shape.mlp_bias)
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
@@ -123,10 +134,10 @@ class LlamaForCausalLM(nn.Module):
         self.config = config
         self.shape = s = ModelShape(config)
         rotary = RotaryEmbedding(config, s.head_dim, max_positions)
-        self.embed_tokens = nn.Embedding(s.vocab_size, s.hidden)
+        self.embed_tokens = VocabParallelEmbedding(s.vocab_size, s.hidden)
         self.layers = nn.ModuleList(DecoderLayer(config, s, i, rotary) for i in range(s.num_layers))
         self.norm = RMSNorm(s.hidden, s.eps)
-        self.lm_head = None if s.tie_embeddings else nn.Linear(s.hidden, s.vocab_size, bias=False)
+        self.lm_head = None if s.tie_embeddings else ParallelLMHead(s.vocab_size, s.hidden)
         self.rotary = rotary
 
     def enable_fused_kernels(self, on: bool) -> None:
@@ -134,6 +145,11 @@ class LlamaForCausalLM(nn.Module):
         for m in self.modules():
             if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
                 m.fused = on
+
+    def local_heads(self) -> tuple[int, int]:
+        """(query heads, KV heads) this tensor-parallel rank computes and caches."""
+        attn = self.layers[0].self_attn
+        return attn.num_heads, attn.num_kv_heads
 
     @property
     def lm_head_weight(self) -> torch.Tensor:
@@ -151,7 +167,8 @@ class LlamaForCausalLM(nn.Module):
         return h
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.lm_head_weight).float()
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return head.gather_logits(F.linear(hidden, head.weight)).float()  # all of the vocabulary
 
     # -- weights -----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -170,23 +187,8 @@ class LlamaForCausalLM(nn.Module):
                     break
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
-            self._copy_shard(params[target], tensor, shard)
+            load_param(params[target], tensor, shard)  # this rank's slice (parallel_linear.py)
             loaded.add(target if shard is None else f"{target}:{shard}")
         missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]
         if missing:
             raise ValueError(f"checkpoint lacks weights for: {', '.join(missing[:5])}")
-
-    def _copy_shard(self, param: torch.Tensor, tensor: torch.Tensor, shard) -> None:
-        s = self.shape
-        with torch.no_grad():
-            if shard is None:
-                param.copy_(tensor)
-                return
-            if shard in ("q", "k", "v"):
-                q, kv = s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim
-                start = {"q": 0, "k": q, "v": q + kv}[shard]
-                size = q if shard == "q" else kv
-            else:
-                size = s.intermediate
-                start = shard * size
-            param.narrow(0, start, size).copy_(tensor)
