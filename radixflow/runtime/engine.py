@@ -17,6 +17,7 @@ from radixflow.runtime.req import Req
 from radixflow.runtime.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
+from radixflow.runtime.tp_launch import TPRankFailed, start_tp
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,13 @@ log = logging.getLogger(__name__)
 class Engine:
     def __init__(self, model_path: Optional[str] = None, **server_args: Any):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
-        self.runner = ModelRunner(self.server_args)
+        self.tp = start_tp(self.server_args)  # tp_size > 1: this process is rank 0, the others spawned
+        try:
+            self.runner = ModelRunner(self.server_args)
+        except BaseException:
+            if self.tp is not None:
+                self.tp.kill()
+            raise
         tok_path = self.server_args.tokenizer_path or self.runner.model_dir
         self.tokenizer = load_tokenizer(tok_path)
         self.eos_ids = eos_token_ids(tok_path, self.runner.config, self.tokenizer)
@@ -82,9 +89,10 @@ class Engine:
         try:
             while not all(r.finished for r in reqs):
                 self.scheduler.step()
-        except BaseException:
+        except BaseException as e:
             for r in reqs:
                 self.scheduler.abort(r.rid)
+            self._raise_if_tp_failed(e)
             raise
         rejected = [r for r in reqs if (r.finish_reason or {}).get("status_code") == 400]
         if rejected:
@@ -139,8 +147,19 @@ class Engine:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this Engine was shut down; create a new one")
+        if self.tp is not None:
+            self.tp.check()
+
+    def _raise_if_tp_failed(self, err: BaseException) -> None:
+        if self.tp is None or isinstance(err, TPRankFailed) or not isinstance(err, RuntimeError):
+            return
+        failure = self.tp.wait_failure(timeout=2.0)  # a collective can fail before the monitor looks
+        if failure:
+            raise TPRankFailed(failure) from err
 
     def shutdown(self) -> None:
+        if self.tp is not None and not self._closed:
+            self.tp.shutdown()
         self._closed = True
         self.scheduler = None  # type: ignore[assignment]
         self.runner = None  # type: ignore[assignment]

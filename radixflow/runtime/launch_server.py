@@ -15,8 +15,8 @@ import shutil
 import signal
 import sys
 import time
-from typing import Optional
 
+from radixflow.runtime.exit_status import exit_text as _exit_text
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server_messages import IpcNames, ModelInfo
 
@@ -34,6 +34,10 @@ class StartupError(RuntimeError):
 def launch_server(args: ServerArgs) -> int:
     """Runs until shut down; returns the process exit status."""
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s server] %(message)s")
+    if args.node_rank > 0:  # only node 0 serves HTTP; the others run their tensor-parallel ranks
+        from radixflow.runtime.tp_launch import run_worker_node
+
+        return run_worker_node(args)
     ipc = IpcNames.fresh()
     procs: dict = {}
     stop = _install_signal_handlers()
@@ -155,17 +159,6 @@ async def _watch_children(server, tm, procs: dict, state: dict) -> None:
                 state["exit"] = 1
                 server.should_exit = True
                 return
-
-
-def _exit_text(code: Optional[int]) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def _stop_children(procs: dict) -> None:

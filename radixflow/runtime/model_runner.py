@@ -7,12 +7,14 @@ import logging
 import torch
 
 from radixflow.errors import ModelPathError, RadixflowError
-from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
+from radixflow.radix_cache.memory_pool import KVPool
 from radixflow.runtime.attention import create_attention_backend
+from radixflow.runtime.distributed import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
 from radixflow.runtime.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.tp_worker import broadcast_step, make_req_to_token
 
 log = logging.getLogger(__name__)
 
@@ -25,6 +27,7 @@ class ModelRunner:
         self.args = args
         self.device = args.resolved_device()
         self.dtype = _DTYPES[args.resolved_dtype()]
+        self.tp = get_tp() if args.tp_size > 1 else TPContext()  # joined by tp_launch.start_tp
         if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
             self.model_dir = None
             self.config = _config_from_json(args.model_path)
@@ -55,7 +58,8 @@ class ModelRunner:
             prev = torch.get_default_dtype()
             torch.set_default_dtype(self.dtype)
             try:
-                model = LlamaForCausalLM(self.config, self.context_len)
+                with building_with(self.tp):
+                    model = LlamaForCausalLM(self.config, self.context_len)
             finally:
                 torch.set_default_dtype(prev)
         model.rotary.float()  # cos/sin tables stay float32
@@ -67,7 +71,8 @@ class ModelRunner:
 
     def _init_memory(self) -> None:
         s = self.model.shape
-        per_token = KVPool.bytes_per_token(s.num_layers, s.num_kv_heads, s.head_dim, self.dtype)
+        q_heads, kv_heads = self.model.local_heads()  # this rank's share under tensor parallelism
+        per_token = KVPool.bytes_per_token(s.num_layers, kv_heads, s.head_dim, self.dtype)
         if self.args.max_total_tokens:
             num_slots = self.args.max_total_tokens
         elif self.device == "cuda":
@@ -77,16 +82,18 @@ class ModelRunner:
         else:
             num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
         ps = self.args.page_size
-        num_slots = max(num_slots - num_slots % ps, 2 * ps)
-        self.kv_pool = KVPool(num_slots, ps, s.num_layers, s.num_kv_heads, s.head_dim, self.dtype, self.device)
-        self.req_to_token = ReqToTokenPool(self.args.max_running_requests + 1, self.context_len + 8, self.device)
+        num_slots = min_over_ranks(max(num_slots - num_slots % ps, 2 * ps), self.tp)  # same slots on every rank
+        self.kv_pool = KVPool(num_slots, ps, s.num_layers, kv_heads, s.head_dim, self.dtype, self.device)
+        rows = self.args.max_running_requests + 1
+        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.size, self.tp.rank)
+        self.tp_leader = self.tp.size > 1 and self.tp.is_leader  # broadcasts each pass to the other ranks
         self.backend = create_attention_backend(
             self.args.attention_backend,
             self.device,
             kv_pool=self.kv_pool,
             req_to_token=self.req_to_token,
-            num_q_heads=s.num_heads,
-            num_kv_heads=s.num_kv_heads,
+            num_q_heads=q_heads,
+            num_kv_heads=kv_heads,
             head_dim=s.head_dim,
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
@@ -102,6 +109,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""
+        if self.tp_leader:
+            broadcast_step(self.req_to_token, fb, self.tp)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         self.backend.init_forward_metadata(fb)

@@ -30,6 +30,7 @@ from radixflow.runtime.server_messages import (
     StatsSnapshot,
     TokenizedBatch,
 )
+from radixflow.runtime.tp_launch import start_tp
 
 log = logging.getLogger("radixflow.scheduler")
 
@@ -60,6 +61,7 @@ class SchedulerLoop:
 
         self.args = args
         self.parent_pid = parent_pid
+        self.tp = start_tp(args, on_failure=_exit_on_rank_failure)  # tp_size > 1: spawns ranks 1..
         self.runner = ModelRunner(args)
         self.tokenizer_path = args.tokenizer_path or self.runner.model_dir
         tokenizer = load_tokenizer(self.tokenizer_path)
@@ -286,6 +288,12 @@ class SchedulerLoop:
             return forward(fb)
 
         self.runner.forward = faulty
+
+
+def _exit_on_rank_failure(reason: str) -> None:
+    """A tensor-parallel rank died: no pass can run any more; the server reports it and exits."""
+    log.error("%s; the scheduler exits", reason)
+    os._exit(1)
 
 
 def _decode_params(req: Req) -> DecodeParams:
