@@ -60,6 +60,8 @@ def make_engine(opts, config: str, tp: int, **kw):
         kw.update(device="cpu", dtype="float32", max_total_tokens=8192)
     else:
         kw.setdefault("dtype", "bfloat16")
+    if os.environ.get("RADIXFLOW_TP_BENCH_NO_GRAPH"):
+        kw["disable_cuda_graph"] = True
     return radixflow.Engine(config_path(config, opts.smoke), **kw)
 
 
