@@ -264,10 +264,9 @@ class Scheduler:
             if req.needs_input_logprobs:
                 self.logprobs.add_input(req, req_logits, req.kv_len, n)
             req.kv_len += n
+            self.kv.cache_unfinished(req)  # share what is computed so far
             if req.kv_len < req.seq_len:  # more chunks to come
-                self.kv.cache_unfinished(req)
                 continue
-            self.kv.cache_unfinished(req)
             if req.sampling.max_new_tokens == 0:
                 req.finish({"type": "length", "length": 0})
                 self._retire(req)
@@ -362,7 +361,6 @@ class Scheduler:
             self._retract(victim)
 
     def _retract(self, req: Req) -> None:
-        assert len(self.running) + 1 > 0
         self.kv.release(req, cache=True)
         req.state = ReqState.WAITING
         req.num_retractions += 1
