@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 import time
@@ -140,9 +141,15 @@ def run_child(opts, section: str, tp: int) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--child", section, "--child-tp", str(tp), "--child-out", path,
            "--out", opts.out] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else [])
     t = time.perf_counter()
-    proc = subprocess.run(cmd, timeout=opts.timeout)
-    if proc.returncode != 0:
-        return {"error": f"exit {proc.returncode}"}
+    proc = subprocess.Popen(cmd, start_new_session=True)  # own group: a timeout kills its rank processes too
+    try:
+        code = proc.wait(timeout=opts.timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return {"error": f"timed out after {opts.timeout}s"}
+    if code != 0:
+        return {"error": f"exit {code}"}
     with open(path) as f:
         out = json.load(f)
     out["wall_s"] = time.perf_counter() - t

@@ -101,6 +101,11 @@ def init_tp(
     kw = {"timeout": IDLE_TIMEOUT} if backend == "gloo" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=tp_size, **kw)
     world = dist.group.WORLD
+    if backend == "nccl":
+        # NCCL builds its communicator on the first collective; that must not be inside a
+        # CUDA-graph capture (it hangs there), so run one now.
+        dist.all_reduce(torch.zeros(1, device="cuda"), group=world)
+        torch.cuda.synchronize()
     cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
     _TP = TPContext(rank, tp_size, world, cpu, (host, port))
     return _TP
