@@ -13,6 +13,7 @@ below is a no-op.
 from __future__ import annotations
 
 import pickle
+import threading
 import time
 from dataclasses import dataclass
 from datetime import timedelta
@@ -128,10 +129,18 @@ def _wait_for_ranks(store, tp_size: int, check_peers: Optional[Callable[[], Opti
             time.sleep(0.1)
 
 
-def destroy_tp() -> None:
+def destroy_tp(timeout_s: float = 10.0) -> None:
+    """Tear the group down; if that blocks (NCCL can wait on work a CUDA graph captured),
+    abort it after `timeout_s` instead of hanging the shutdown."""
     global _TP
     if _TP.size > 1 and dist.is_initialized():
-        dist.destroy_process_group()
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+        done = threading.Thread(target=dist.destroy_process_group, daemon=True)
+        done.start()
+        done.join(timeout_s)
+        if done.is_alive():
+            abort_tp()
     _TP = TPContext()
 
 

@@ -159,6 +159,7 @@ class Engine:
 
     def shutdown(self) -> None:
         if self.tp is not None and not self._closed:
+            self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
         self._closed = True
         self.scheduler = None  # type: ignore[assignment]

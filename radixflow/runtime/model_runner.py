@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import torch
@@ -105,6 +106,12 @@ class ModelRunner:
 
         max_bs = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
+
+    def release_cuda_graphs(self) -> None:
+        if self.graph_runner is not None:
+            torch.cuda.synchronize()
+            self.graph_runner = None
+            gc.collect()
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:

@@ -201,6 +201,7 @@ def worker_main(args: ServerArgs, rank: int, parent_pid: int) -> None:
         os._exit(1)
     stopping.set()
     log.info("tensor-parallel rank %d stopping (%s)", rank, reason)
+    runner.release_cuda_graphs()
     destroy_tp()
 
 
