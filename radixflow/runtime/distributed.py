@@ -12,7 +12,6 @@ below is a no-op.
 
 from __future__ import annotations
 
-import pickle
 import threading
 import time
 from dataclasses import dataclass
@@ -36,7 +35,7 @@ class TPContext:
     rank: int = 0
     size: int = 1
     device_group: Any = None  # tensor collectives: nccl on cuda, gloo on cpu
-    cpu_group: Any = None  # pickled step messages: always gloo
+    cpu_group: Any = None  # host-side agreement (e.g. min KV slots): always gloo
     store_addr: Optional[tuple[str, int]] = None  # the rendezvous TCPStore (heartbeats)
 
     @property
@@ -180,17 +179,3 @@ def min_over_ranks(value: int, tp: TPContext) -> int:
     t = torch.tensor([value], dtype=torch.int64)
     dist.all_reduce(t, op=dist.ReduceOp.MIN, group=tp.cpu_group)
     return int(t.item())
-
-
-def broadcast_obj(obj: Any, tp: TPContext) -> Any:
-    """Rank 0 sends `obj` (pickled) to every rank; every rank returns it."""
-    if tp.rank == 0:
-        data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-        size = torch.tensor([data.numel()], dtype=torch.int64)
-    else:
-        size = torch.zeros(1, dtype=torch.int64)
-    dist.broadcast(size, src=0, group=tp.cpu_group)
-    if tp.rank != 0:
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(data, src=0, group=tp.cpu_group)
-    return obj if tp.rank == 0 else pickle.loads(data.numpy().tobytes())

@@ -1,14 +1,18 @@
 """The per-step protocol between tensor-parallel ranks.
 
 Rank 0 runs the only scheduler. Before each forward pass it broadcasts the pass
-itself: the ForwardBatch's host-side contents plus the req_to_token writes made
-through `ReqToTokenPool.write` since the previous pass (admissions, prefix matches,
-radix dedupe). The other ranks replay those writes, then place the pass's own slots
+itself: the ForwardBatch's tensors plus the req_to_token writes made through
+`ReqToTokenPool.write` since the previous pass (admissions, prefix matches, radix
+dedupe). The other ranks replay those writes, then place the pass's own slots
 (`out_cache_loc`, at positions prefix_len.. of each row, which also covers decode
 slots scattered straight into the table), and run the identical pass over their
 shard of the model and their own KV pool (same slot indices, their heads). They never
 sample: the tokens rank 0 picks (grammar masks and all) reach them as the next pass's
 input_ids, so the ranks cannot diverge.
+
+A pass travels as two int64 tensors on the device group (NCCL on GPUs, gloo on CPU):
+a fixed header (kind and section sizes), then one packed payload. Rank 0 builds both
+without a device sync, so its GPU work is not held up by the protocol.
 
 A digest of the batch's table rows travels with the pass (every pass on CPU, every
 `RADIXFLOW_TP_CHECK_EVERY` passes on CUDA, where it costs a sync); a rank whose table
@@ -19,43 +23,19 @@ from __future__ import annotations
 
 import logging
 import os
-from dataclasses import dataclass, field
-from typing import Optional
 
-import numpy as np
 import torch
 
 from radixflow.radix_cache.memory_pool import ReqToTokenPool
-from radixflow.runtime.distributed import TPContext, broadcast_obj
+from radixflow.runtime.distributed import TPContext
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class StepMsg:
-    """One forward pass, as rank 0 built it."""
-
-    mode: str
-    input_ids: np.ndarray
-    positions: np.ndarray
-    out_cache_loc: np.ndarray
-    req_pool_indices: list
-    seq_lens: list
-    prefix_lens: list
-    extend_lens: list
-    logits_indices: np.ndarray
-    table_writes: list = field(default_factory=list)  # (row, start, int32 slots)
-    digest: Optional[int] = None  # of the batch's req_to_token rows, after this pass's slots
-
-
-@dataclass
-class StopMsg:
-    reason: str = "shutdown"
-
-
-def _host(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to("cpu", torch.int64).numpy()
+STOP, EXTEND, DECODE = 0, 1, 2
+KIND = {ForwardMode.EXTEND: EXTEND, ForwardMode.DECODE: DECODE}
+# header: kind, tokens, batch, logits rows, table writes, written slots, has digest, digest
+HEADER_LEN = 8
 
 
 class TableDivergedError(RuntimeError):
@@ -71,53 +51,18 @@ def table_digest(table: torch.Tensor, fb: ForwardBatch) -> int:
     return int((rows * cols * valid).sum())
 
 
-def step_message(fb: ForwardBatch, writes: list) -> StepMsg:
-    return StepMsg(
-        mode=fb.mode.value,
-        input_ids=_host(fb.input_ids),
-        positions=_host(fb.positions),
-        out_cache_loc=_host(fb.out_cache_loc),
-        req_pool_indices=fb.req_pool_indices.tolist(),
-        seq_lens=list(fb.seq_lens_list),
-        prefix_lens=list(fb.prefix_lens_list),
-        extend_lens=list(fb.extend_lens_list),
-        logits_indices=_host(fb.logits_indices),
-        table_writes=writes,
-    )
-
-
-def forward_batch_from(msg: StepMsg, device: str) -> ForwardBatch:
-    def t(values) -> torch.Tensor:
-        return torch.as_tensor(values, dtype=torch.int64).to(device)
-
-    return ForwardBatch(
-        mode=ForwardMode(msg.mode),
-        input_ids=t(msg.input_ids),
-        positions=t(msg.positions),
-        out_cache_loc=t(msg.out_cache_loc),
-        req_pool_indices=t(msg.req_pool_indices),
-        seq_lens=t(msg.seq_lens),
-        prefix_lens=t(msg.prefix_lens),
-        extend_lens=t(msg.extend_lens),
-        logits_indices=t(msg.logits_indices),
-        seq_lens_list=list(msg.seq_lens),
-        prefix_lens_list=list(msg.prefix_lens),
-        extend_lens_list=list(msg.extend_lens),
-    )
-
-
 class RecordingReqToTokenPool(ReqToTokenPool):
-    """Rank 0's table: remembers each write until the next pass ships them."""
+    """Rank 0's table: remembers each write (on the device, no sync) until the next pass ships them."""
 
     def __init__(self, size: int, max_context: int, device: str):
         super().__init__(size, max_context, device)
-        self.writes: list = []
+        self.writes: list = []  # (row, start, int64 slots on the table's device)
         self.passes = 0
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         super().write(row, start, slots)
         if slots.numel():
-            self.writes.append((row, start, slots.detach().to("cpu", torch.int32).numpy()))
+            self.writes.append((row, start, slots.detach().to(self.table.device, torch.int64)))
 
     def take_writes(self) -> list:
         writes, self.writes = self.writes, []
@@ -134,38 +79,85 @@ def _check_every(device) -> int:
     return max(int(os.environ.get("RADIXFLOW_TP_CHECK_EVERY", default)), 1)
 
 
+def _broadcast(t: torch.Tensor, tp: TPContext) -> torch.Tensor:
+    torch.distributed.broadcast(t, src=0, group=tp.device_group)
+    return t
+
+
+# -- rank 0 ---------------------------------------------------------------------------------------
 def broadcast_step(pool: "RecordingReqToTokenPool", fb: ForwardBatch, tp: TPContext) -> None:
     """Rank 0, right before its own forward pass: ship the pass to the other ranks."""
     assert isinstance(pool, RecordingReqToTokenPool)
-    msg = step_message(fb, pool.take_writes())
+    device = pool.table.device
+    writes = pool.take_writes()
     pool.passes += 1
-    if pool.passes % _check_every(pool.table.device) == 0:
-        msg.digest = table_digest(pool.table, fb)
-    broadcast_obj(msg, tp)
+    digest = table_digest(pool.table, fb) if pool.passes % _check_every(device) == 0 else None
+    meta = [w[0] for w in writes] + [w[1] for w in writes] + [w[2].numel() for w in writes]
+    lens = fb.seq_lens_list + fb.prefix_lens_list + fb.extend_lens_list
+    payload = torch.cat(
+        [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices]
+        + [torch.tensor(lens + meta, dtype=torch.int64).to(device, non_blocking=True)]
+        + [w[2] for w in writes]
+    ).to(torch.int64)
+    header = [KIND[fb.mode], fb.num_tokens, fb.batch_size, fb.logits_indices.numel(), len(writes),
+              sum(w[2].numel() for w in writes), digest is not None, digest or 0]  # fmt: skip
+    _broadcast(torch.tensor(header, dtype=torch.int64).to(device), tp)
+    _broadcast(payload, tp)
 
 
-def apply_step(pool: ReqToTokenPool, msg: StepMsg, fb: ForwardBatch) -> None:
-    """Bring this rank's req_to_token to rank 0's state for the batch's rows."""
-    table = pool.table
-    for row, start, slots in msg.table_writes:
-        table[row, start : start + len(slots)] = torch.from_numpy(slots).to(table.device)
-    cols = torch.cat([torch.arange(p, p + n) for p, n in zip(msg.prefix_lens, msg.extend_lens)])
-    rows = torch.repeat_interleave(torch.as_tensor(msg.req_pool_indices), torch.as_tensor(msg.extend_lens))
-    table[rows.to(table.device), cols.to(table.device)] = fb.out_cache_loc.to(torch.int32)
-    if msg.digest is not None and table_digest(table, fb) != msg.digest:
+def send_stop(tp: TPContext) -> None:
+    device = "cuda" if tp.device_group is not None and torch.distributed.get_backend(tp.device_group) == "nccl" else "cpu"
+    _broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1), dtype=torch.int64).to(device), tp)
+
+
+# -- ranks > 0 ------------------------------------------------------------------------------------
+def _split(payload: torch.Tensor, sizes: list) -> list:
+    return list(torch.split(payload, sizes))
+
+
+def receive_step(pool: ReqToTokenPool, tp: TPContext) -> "ForwardBatch | None":
+    """Ranks > 0: the next pass (its table writes applied), or None when rank 0 says stop."""
+    device = pool.table.device
+    header = _broadcast(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), tp).tolist()
+    kind, t, b, n, nw, nslots, has_digest, digest = header
+    if kind == STOP:
+        return None
+    sizes = [t, t, t, b, n, 3 * b + 3 * nw, nslots]
+    payload = _broadcast(torch.empty(sum(sizes), dtype=torch.int64, device=device), tp)
+    ids, pos, loc, rows, logits_idx, host, slots = _split(payload, sizes)
+    host = host.tolist()
+    seq, pre, ext = host[:b], host[b : 2 * b], host[2 * b : 3 * b]
+    w_rows, w_starts, w_lens = host[3 * b : 3 * b + nw], host[3 * b + nw : 3 * b + 2 * nw], host[3 * b + 2 * nw :]
+    fb = ForwardBatch(
+        mode=ForwardMode.EXTEND if kind == EXTEND else ForwardMode.DECODE,
+        input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows, logits_indices=logits_idx,
+        seq_lens=torch.tensor(seq, device=device), prefix_lens=torch.tensor(pre, device=device),
+        extend_lens=torch.tensor(ext, device=device), seq_lens_list=seq, prefix_lens_list=pre, extend_lens_list=ext,
+    )  # fmt: skip
+    _scatter_rows(pool.table, w_rows, w_starts, w_lens, slots)
+    _scatter_rows(pool.table, rows, pre, ext, loc)
+    if has_digest and table_digest(pool.table, fb) != digest:
         raise TableDivergedError("req_to_token differs from rank 0's (a table write was not broadcast)")
+    return fb
+
+
+def _scatter_rows(table: torch.Tensor, rows, starts, lens, slots: torch.Tensor) -> None:
+    """table[rows[i], starts[i] : starts[i] + lens[i]] = the i-th run of `slots`, in one indexed write."""
+    if slots.numel() == 0:
+        return
+    device = table.device
+    rows, starts, lens = (torch.as_tensor(x, device=device) for x in (rows, starts, lens))
+    total = slots.numel()
+    row_idx = torch.repeat_interleave(rows, lens, output_size=total)
+    offset = torch.arange(total, device=device) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens, output_size=total)
+    col_idx = torch.repeat_interleave(starts, lens, output_size=total) + offset
+    table[row_idx, col_idx] = slots.to(torch.int32)
 
 
 def follow_steps(runner) -> str:
     """Ranks > 0: run every pass rank 0 broadcasts until it says stop; returns why."""
     while True:
-        msg = broadcast_obj(None, runner.tp)
-        if isinstance(msg, StopMsg):
-            return msg.reason
-        fb = forward_batch_from(msg, runner.device)
-        apply_step(runner.req_to_token, msg, fb)
+        fb = receive_step(runner.req_to_token, runner.tp)
+        if fb is None:
+            return "shutdown"
         runner.forward(fb)
-
-
-def send_stop(tp: TPContext, reason: str = "shutdown") -> None:
-    broadcast_obj(StopMsg(reason), tp)
