@@ -18,6 +18,7 @@ from typing import Optional, Union
 
 from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.fsm import CompiledGrammar, compile_regex
+from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.json_schema import COMPACT_WHITESPACE
 from radixflow.constrained.jump_forward import plan_jump
 from radixflow.constrained.matcher import GrammarMatcher
@@ -29,9 +30,14 @@ log = logging.getLogger(__name__)
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = COMPACT_WHITESPACE):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None):
+        """`whitespace`: the JSON whitespace pattern; None takes the server's
+        constrained_json_whitespace_pattern (itself None = compact JSON)."""
         self.tokenizer = tokenizer
-        self.whitespace = whitespace
+        if whitespace is None:
+            whitespace = getattr(server_args, "constrained_json_whitespace_pattern", None)
+        self.whitespace = whitespace or COMPACT_WHITESPACE
+        self.any_depth = getattr(server_args, "constrained_json_any_depth", DEFAULT_DEPTH)
         self.jump_enabled = not getattr(server_args, "disable_jump_forward", False)
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
         # the vocabulary is built by the pool too, ahead of any compile job (FIFO)
@@ -48,7 +54,7 @@ class GrammarBackend:
         self._jobs[req] = self.compile_async(kind, spec)
 
     def compile_async(self, kind: str, spec) -> Future:
-        key = (kind, spec, self.whitespace)
+        key = (kind, spec, self.whitespace, self.any_depth)
         return self.cache.get(key, lambda: self._compile(kind, spec))
 
     def compile(self, kind: str, spec) -> CompiledGrammar:
@@ -57,7 +63,7 @@ class GrammarBackend:
 
     def _compile(self, kind: str, spec) -> CompiledGrammar:
         start = time.perf_counter()
-        regex = to_regex(kind, spec, self.whitespace)
+        regex = to_regex(kind, spec, self.whitespace, self.any_depth)
         try:
             grammar = compile_regex(regex, self.vocab)
         except ValueError as e:

@@ -8,16 +8,26 @@ JSON through; we either express them ourselves or refuse the schema:
   string const before conversion, and that const's regex is then swapped for ours;
 - keywords that constrain values but that no regex here enforces (multipleOf,
   uniqueItems, not, if/then/else, ...) make the schema unsupported (a 400 naming them).
+
+Free-form nodes (`{}` / `true`: any value; `{"type": "object"}` without properties;
+an array without items) get our depth-limited regexes (`json_any`) instead of
+outlines-core's generic JSON regex, whose index takes tens of seconds to build. Required
+keys that `properties` does not list are added to it (outlines-core would drop them and
+emit objects the schema rejects).
+
+`whitespace` is the regex allowed between JSON tokens; None and "" mean compact output.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixflow.constrained.json_any import DEFAULT_DEPTH, any_array_regex, any_object_regex, any_value_regex, check_depth
 from radixflow.constrained.regex_helpers import int_range_regex, integer_bounds, number_range_regex
 from radixflow.errors import RadixflowError
 
@@ -37,6 +47,13 @@ _SUPPORTED = _ANNOTATIONS | {
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_TYPE_KEYWORDS = {
+    "object": {"properties", "required", "additionalProperties"},
+    "array": {"items", "prefixItems", "minItems", "maxItems"},
+    "string": {"pattern", "minLength", "maxLength", "format"},
+    "integer": set(_BOUNDS),
+    "number": set(_BOUNDS),
+}
 
 _DAYS_28 = r"0[1-9]|1[0-9]|2[0-8]"
 DATE_REGEX = (  # February stops at 28: always a real date, leap year or not
@@ -55,18 +72,40 @@ _FORMATS = {  # outlines-core's email and uri regexes let `"` into the string (i
 }
 
 
-def regex_for_schema(schema: Any, whitespace: Optional[str] = COMPACT_WHITESPACE) -> str:
+def regex_for_schema(
+    schema: Any, whitespace: Optional[str] = COMPACT_WHITESPACE, any_depth: int = DEFAULT_DEPTH
+) -> str:
     """A regex whose matches are exactly (a subset of) the JSON documents valid under
-    `schema` (a dict or its JSON text). Raises RadixflowError naming what is unsupported."""
+    `schema` (a dict or its JSON text). `any_depth`: how many levels of containers a
+    free-form value may nest. Raises RadixflowError naming what is unsupported."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
-    return _regex_for_text(text, whitespace)
+    try:
+        check_depth(any_depth)
+    except ValueError as e:
+        raise RadixflowError(str(e)) from None
+    return _regex_for_text(text, whitespace or COMPACT_WHITESPACE, any_depth)
+
+
+@dataclass
+class _Rules:
+    """What the rewrite collects (placeholder -> our regex) and how it renders free-form JSON."""
+
+    whitespace: str
+    any_depth: int
+    swaps: dict = field(default_factory=dict)
+
+    def swap(self, regex: str) -> dict:
+        name = _PLACEHOLDER.format(len(self.swaps))
+        self.swaps[name] = regex
+        return {"const": name}
 
 
 @functools.lru_cache(maxsize=256)
-def _regex_for_text(text: str, whitespace: Optional[str]) -> str:
+def _regex_for_text(text: str, whitespace: str, any_depth: int) -> str:
     schema = _parse(text)
-    swaps: dict[str, str] = {}
-    schema = _rewrite(schema, swaps, "#")
+    rules = _Rules(whitespace, any_depth)
+    schema = _rewrite(schema, rules, "#")
+    swaps = rules.swaps
     try:
         regex = build_regex_from_schema(json.dumps(schema), whitespace)
     except (ValueError, TypeError) as e:
@@ -104,8 +143,10 @@ def _check_schema(schema: dict) -> None:
         raise RadixflowError(f"invalid JSON schema at {path}: {e.message}") from None
 
 
-def _rewrite(node: Any, swaps: dict, path: str) -> Any:
+def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
     """A copy of the schema with our own rules swapped in as placeholders."""
+    if node is True:
+        return rules.swap(any_value_regex(rules.any_depth, rules.whitespace))
     if not isinstance(node, dict):
         return node
     unknown = sorted(set(node) - _SUPPORTED)
@@ -116,32 +157,84 @@ def _rewrite(node: Any, swaps: dict, path: str) -> Any:
         )
     if len(node.get("allOf", [])) > 1:
         raise RadixflowError(f"allOf with several subschemas at {path} is not supported; merge them into one")
-    node = _split_typed_bounds(node)
-    own = _own_regex(node, path)
+    node = _complete_items(_complete_required(_split_typed_bounds(node), path))
+    own = _own_regex(node, path) or _free_form_regex(node, rules)
     if own is not None:
-        name = _PLACEHOLDER.format(len(swaps))
-        swaps[name] = own
-        return {"const": name}
+        return rules.swap(own)
     out = dict(node)
     for key in _SUBSCHEMA_MAPS:
         if isinstance(node.get(key), dict):
-            out[key] = {k: _rewrite(v, swaps, f"{path}/{key}/{k}") for k, v in node[key].items()}
+            out[key] = {k: _rewrite(v, rules, f"{path}/{key}/{k}") for k, v in node[key].items()}
     for key in _SUBSCHEMA_LISTS:
         if isinstance(node.get(key), list):
-            out[key] = [_rewrite(v, swaps, f"{path}/{key}/{i}") for i, v in enumerate(node[key])]
+            out[key] = [_rewrite(v, rules, f"{path}/{key}/{i}") for i, v in enumerate(node[key])]
+    if "properties" in node and node.get("additionalProperties", False) is not False:
+        del out["additionalProperties"]  # outlines-core ignores it beside properties: only listed keys
     for key in ("items", "additionalProperties"):
-        if isinstance(node.get(key), dict):
-            out[key] = _rewrite(node[key], swaps, f"{path}/{key}")
+        if key in out and (isinstance(node[key], dict) or node[key] is True):
+            out[key] = _rewrite(node[key], rules, f"{path}/{key}")
     return out
 
 
 def _split_typed_bounds(node: dict) -> dict:
-    """{"type": ["integer", "null"], "minimum": 0} -> anyOf of one node per type."""
+    """{"type": ["integer", "null"], "minimum": 0} -> anyOf of one node per type; also
+    type lists with "object" or "array" (so a free-form branch gets our regex)."""
     types = node.get("type")
-    if not isinstance(types, list) or not any(k in node for k in _BOUNDS + ("format",)):
+    if not isinstance(types, list):
         return node
-    rest = {k: v for k, v in node.items() if k != "type"}
-    return {"anyOf": [{**rest, "type": t} for t in types]}
+    if not any(k in node for k in _BOUNDS + ("format",)) and not {"object", "array"} & set(types):
+        return node
+    return {"anyOf": [_typed_branch(node, t) for t in types]}
+
+
+def _typed_branch(node: dict, kind: str) -> dict:
+    """`node` for one of its types, without the keywords of the others (outlines-core
+    would render `{"type": "null", "properties": ...}` as an object)."""
+    foreign = set().union(*(keys for t, keys in _TYPE_KEYWORDS.items() if t != kind)) - _TYPE_KEYWORDS.get(kind, set())
+    return {**{k: v for k, v in node.items() if k != "type" and k not in foreign}, "type": kind}
+
+
+def _complete_required(node: dict, path: str) -> dict:
+    """Required keys missing from `properties` are added to it (with the
+    additionalProperties schema, or any value): outlines-core emits only listed keys."""
+    required = node.get("required") or []
+    props = node.get("properties") or {}
+    missing = [k for k in required if k not in props]
+    if not missing:
+        return node
+    extra = node.get("additionalProperties", True)
+    if extra is False:
+        raise RadixflowError(
+            f"required key(s) {', '.join(missing)} at {path} are not in properties and additionalProperties "
+            "is false: no object satisfies this schema"
+        )
+    return {**node, "properties": {**props, **{k: extra for k in missing}}}
+
+
+def _complete_items(node: dict) -> dict:
+    """An array with bounds but no items: items are any value (ours, not outlines-core's)."""
+    if node.get("type") == "array" and "items" not in node and "prefixItems" not in node and set(node) - _ANNOTATIONS != {"type"}:
+        return {**node, "items": True}
+    return node
+
+
+def _free_form_regex(node: dict, rules: _Rules) -> Optional[str]:
+    """Our depth-limited regex for a node that allows any value / object / array."""
+    keys = set(node) - _ANNOTATIONS
+    if not keys:
+        return any_value_regex(rules.any_depth, rules.whitespace)
+    kind = node.get("type")
+    if kind == "object" and keys <= {"type", "additionalProperties"} and _is_any(node.get("additionalProperties", True)):
+        return any_object_regex(rules.any_depth, rules.whitespace)
+    if kind == "object" and keys <= {"type", "additionalProperties", "properties"} and node.get("additionalProperties") is False and not node.get("properties"):
+        return rf"\{{{rules.whitespace}\}}"
+    if kind == "array" and keys == {"type"}:
+        return any_array_regex(rules.any_depth, rules.whitespace)
+    return None
+
+
+def _is_any(schema: Any) -> bool:
+    return schema is True or (isinstance(schema, dict) and not set(schema) - _ANNOTATIONS)
 
 
 def _own_regex(node: dict, path: str) -> Optional[str]:

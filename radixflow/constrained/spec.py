@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from outlines_core import Index, Vocabulary
 
+from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.json_schema import COMPACT_WHITESPACE, regex_for_schema
 from radixflow.errors import RadixflowError
 
@@ -37,8 +38,11 @@ def _escaped(text: str, pos: int) -> bool:
     return slashes % 2 == 1
 
 
-def to_regex(kind: str, spec: Any, whitespace: Optional[str] = COMPACT_WHITESPACE) -> str:
-    """The regex a grammar compiles to. Raises RadixflowError."""
+def to_regex(
+    kind: str, spec: Any, whitespace: Optional[str] = COMPACT_WHITESPACE, any_depth: int = DEFAULT_DEPTH
+) -> str:
+    """The regex a grammar compiles to (`whitespace`, `any_depth`: JSON schemas only).
+    Raises RadixflowError."""
     if kind == "regex":
         if not isinstance(spec, str) or not spec:
             raise RadixflowError("regex must be a non-empty string")
@@ -46,7 +50,7 @@ def to_regex(kind: str, spec: Any, whitespace: Optional[str] = COMPACT_WHITESPAC
     if kind == "json_schema":
         if not isinstance(spec, (str, dict)):
             raise RadixflowError("json_schema must be a JSON schema object or its JSON text")
-        return regex_for_schema(spec, whitespace)
+        return regex_for_schema(spec, whitespace, any_depth)
     if kind == "ebnf":
         raise RadixflowError("ebnf grammars are not supported; express the grammar as a regex or a json_schema")
     raise RadixflowError(f"unknown grammar kind {kind!r}; use one of {', '.join(KINDS)}")

@@ -24,6 +24,10 @@ _HELP = {
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+    "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
+    "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
+    "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
+    "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
 
 
@@ -55,6 +59,8 @@ class ServerArgs:
     # constrained decoding
     disable_jump_forward: bool = False
     grammar_compile_workers: int = 2
+    constrained_json_whitespace_pattern: Optional[str] = None
+    constrained_json_any_depth: int = 2
 
     # serving
     host: str = "127.0.0.1"
@@ -86,6 +92,15 @@ class ServerArgs:
             raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
         if self.max_running_requests < 1:
             raise RadixflowError("max_running_requests must be >= 1")
+        if not 0 <= self.constrained_json_any_depth <= 3:
+            raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
+        if self.constrained_json_whitespace_pattern:
+            from radixflow.constrained.spec import check_regex
+
+            try:
+                check_regex(self.constrained_json_whitespace_pattern)
+            except RadixflowError as e:
+                raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
 
     def resolved_device(self) -> str:
         if self.device != "auto":
