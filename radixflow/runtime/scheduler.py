@@ -290,23 +290,22 @@ class Scheduler:
         return [start + n - 1] if done else []
 
     def _forward_batch(self, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:
-        dev = self.device
         seq = [p + e for p, e in zip(prefix, ext)]
         flat_rows = [i for r in rows for i in r] or [0]
+        pool_rows = [r.req_pool_idx for r, _ in batch]
+        # one host-to-device copy for all of the pass's index tensors (each copy costs a sync on CUDA)
+        host_locs = locs.device.type == "cpu"  # decode slots come from the host allocator; extend reads the table
+        packed = torch.cat([torch.tensor(ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
+                            positions.to(torch.int64)] + ([locs.to(torch.int64)] if host_locs else [])).to(self.device)  # fmt: skip
+        b = len(batch)
+        sizes = [len(ids), b, b, b, b, len(flat_rows), positions.numel()] + ([locs.numel()] if host_locs else [])
+        ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, *loc_t = torch.split(packed, sizes)
+        loc_t = loc_t[0] if host_locs else locs.to(self.device, torch.int64)
         return ForwardBatch(
-            mode=mode,
-            input_ids=torch.tensor(ids, dtype=torch.int64, device=dev),
-            positions=positions.to(dev),
-            out_cache_loc=locs.to(dev),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r, _ in batch], dtype=torch.int64, device=dev),
-            seq_lens=torch.tensor(seq, dtype=torch.int64, device=dev),
-            prefix_lens=torch.tensor(prefix, dtype=torch.int64, device=dev),
-            extend_lens=torch.tensor(ext, dtype=torch.int64, device=dev),
-            logits_indices=torch.tensor(flat_rows, dtype=torch.int64, device=dev),
-            seq_lens_list=seq,
-            prefix_lens_list=prefix,
-            extend_lens_list=ext,
-        )
+            mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t, req_pool_indices=rows_t,
+            seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t, logits_indices=logit_t,
+            seq_lens_list=seq, prefix_lens_list=prefix, extend_lens_list=ext,
+        )  # fmt: skip
 
     # -- decode ----------------------------------------------------------------------------------
     def _run_decode(self) -> list[Req]:
@@ -352,6 +351,9 @@ class Scheduler:
 
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
+        pending = sum(r.seq_len - r.kv_len for r in self.running)
+        if self.kv.available_slots() >= (pending + len(self.running)) * self.args.page_size:
+            return  # enough for any page layout: skip the per-request count
         while self.running:
             need = sum(self.kv.pages_needed(r, r.seq_len - r.kv_len) for r in self.running) * self.args.page_size
             if self.kv.available_slots() >= need:
