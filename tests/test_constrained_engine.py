@@ -201,3 +201,35 @@ def test_json_object_free_form_greedy(engine):
     assert isinstance(json.loads(out["text"]), dict), out["text"]
     grammar = engine.scheduler._grammars().compile("json_schema", json.dumps({"type": "object"}))
     assert grammar.compile_s < 10, grammar.compile_s
+
+
+def test_jumped_tokens_ride_in_the_same_pass_as_the_others(engine):
+    """A jump costs no pass of its own: the jumping request's forced tokens and the other
+    requests' single decode tokens go through one (extend) pass together."""
+    schema = {"type": "object", "properties": {"first_name": {"type": "string", "maxLength": 12}, "favourite_colour": {"enum": ["red", "green", "blue"]}}, "required": ["first_name", "favourite_colour"]}
+    prompts = ["Write a short poem about the sea:", "Invent a person as JSON:", "Count to twenty: one, two,"]
+    params = [
+        {"max_new_tokens": 24, "min_new_tokens": 24, "temperature": 0},
+        {"json_schema": schema, "max_new_tokens": 24, "temperature": 0},
+        {"max_new_tokens": 24, "min_new_tokens": 24, "temperature": 0},
+    ]
+    engine.scheduler._grammars().compile("json_schema", json.dumps(schema))  # admitted with the others
+    passes = []
+    inner = engine.runner.forward
+
+    def logged(fb):
+        passes.append((fb.mode.name, list(fb.extend_lens_list)))
+        return inner(fb)
+
+    engine.runner.forward = logged
+    try:
+        with jump_forward(engine, True):
+            outs = engine.generate(prompts, params)
+    finally:
+        del engine.runner.forward
+    assert outs[1]["meta_info"]["jump_forward_tokens"] > 0
+    assert_valid_json(outs[1], schema, 24)
+    assert len(passes[0][1]) == 3, passes  # one prefill for all three
+    mixed = [lens for mode, lens in passes[1:] if mode == "EXTEND" and len(lens) == 3 and max(lens) > 1]
+    assert mixed and min(mixed[0]) == 1, passes  # jumped tokens travelled with the others' decode tokens
+    assert len(passes) == 24, passes  # prefill + one pass per further sampled token of the 24-token requests

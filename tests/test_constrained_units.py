@@ -227,6 +227,27 @@ def test_jump_forward_respects_the_budget(backend):
     assert m.state == g.initial_state
 
 
+def test_jump_does_not_end_on_a_token_the_model_could_extend(backend, tokenizer):
+    """`"langs":[` would end the jump on `[` although `["` is allowed: the model then sees
+    a split it never saw in training (greedy closed every array empty). The jump stops
+    before `[`, and the sampler may pick `["`."""
+    schema = {"type": "object", "properties": {"langs": {"type": "array", "items": {"enum": ["English", "French"]}}}, "required": ["langs"]}
+    g = backend.compile("json_schema", json.dumps(schema))
+    bracket, quoted = (tokenizer.convert_tokens_to_ids(t) for t in ("[", '["'))
+    longer = backend.vocab.extensions(bracket).tolist()
+    assert quoted in longer and bracket not in longer
+    req = Req(64)
+    m = GrammarMatcher(g, req)
+    first = plan_jump(m, req, backend._encode, first=True)
+    assert tokenizer.decode(first) == '{"langs":'
+    assert quoted in allowed_ids(m, backend.vocab.vocab_size)
+    assert g.extendable(m.state, bracket) and not g.extendable(m.state, quoted)
+    req.output_ids += first
+    req.output_ids.append(quoted)
+    m.accept_token(quoted)
+    assert plan_jump(m, req, backend._encode) == []  # English or French: nothing forced yet
+
+
 def test_utf8_prefix():
     assert utf8_prefix("aé".encode()[:-1]) == b"a"
     assert utf8_prefix("é€".encode()) == "é€".encode()

@@ -10,6 +10,7 @@ compiled (or failed), and jump forward after sampled tokens.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import time
 import weakref
@@ -109,7 +110,12 @@ class GrammarBackend:
         return plan_jump(req.grammar, req, self._encode)
 
     def _encode(self, text: str) -> list:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        return list(self._encode_cached(text))
+
+    @functools.lru_cache(maxsize=8192)  # noqa: B019 - one backend per scheduler, kept for its life
+    def _encode_cached(self, text: str) -> tuple:
+        """A jump's text (last token + forced bytes) recurs across requests of a grammar."""
+        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     @staticmethod
     def _reject(req, message: str) -> bool:

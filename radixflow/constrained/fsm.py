@@ -42,6 +42,7 @@ class CompiledGrammar:
     _full: dict = field(default_factory=dict, repr=False)
     _tight: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
+    _extendable: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._dense = {int(s): i for i, s in enumerate(self.states)}
@@ -120,6 +121,20 @@ class CompiledGrammar:
             out.append(int(firsts[0]))
             state = nxt
         return bytes(out)
+
+    def extendable(self, state: int, token: int) -> bool:
+        """Whether, from `state`, the grammar also allows a longer token that starts with
+        `token`'s bytes (e.g. `["` beside `[`): then a jump should not end on `token`, or it
+        forces a split the model never saw in training (cached per (state, token))."""
+        key = (state, token)
+        out = self._extendable.get(key)
+        if out is None:
+            ext = self.vocab.extensions(token)
+            i = self.dense(state)
+            allowed = self.tokens[self.offsets[i] : self.offsets[i + 1]]
+            out = bool(len(ext)) and bool(np.isin(ext, allowed, assume_unique=True).any())
+            self._extendable[key] = out
+        return out
 
     def walk(self, state: int, tokens: list):
         """The state after `tokens`, or None if one of them is not allowed."""

@@ -6,6 +6,14 @@ re-tokenized together with the last output token, so the sequence is what the to
 would have produced for that text (e.g. `"` + `,"age":` becomes `",` `"age` `":`); when
 the last token changes, the scheduler cuts it (the `(keep, tokens)` answer). A jump is
 only taken when it leaves the request able to finish within its token budget.
+
+A jump does not end on a token that the grammar would also let the model extend (`[`
+where `["` is allowed, `{` where `{"` is): that token is left to the sampler, or the
+model would continue from a token split it never saw in training (greedy then closes
+arrays empty, `[` + `]`, instead of `["` + an item).
+
+Nothing here loops over the vocabulary: the forced bytes and the extendable check are
+cached per FSM state, re-tokenization is one tokenizer call per jump (cached per text).
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False)
             continue
         common, tokens = planned
         keep = len(out) - len(boundary) + common
-        if _apply(matcher, req, len(boundary) - common, tokens, keep, reserve):
+        tokens = _apply(matcher, req, len(boundary) - common, tokens, keep, reserve)
+        if tokens:
             return tokens if keep == len(out) else (keep, tokens)
     return []
 
@@ -67,17 +76,22 @@ def _retokenize(matcher: GrammarMatcher, boundary: list, forced: bytes, encode: 
     return (common, tokens) if tokens else None
 
 
-def _apply(matcher: GrammarMatcher, req, undo: int, tokens: list, keep: int, reserve: int) -> bool:
-    """Roll back `undo` accepted tokens and accept `tokens`, if that fits the budget."""
+def _apply(matcher: GrammarMatcher, req, undo: int, tokens: list, keep: int, reserve: int) -> list:
+    """Roll back `undo` accepted tokens and accept `tokens` (less an extendable last
+    token), if that fits the budget. Returns the tokens accepted ([]: nothing changed)."""
     g = matcher.grammar
     undone = req.output_ids[len(req.output_ids) - undo :] if undo else []
     matcher.rollback(undo)
-    after = g.walk(matcher.state, tokens)
+    before_last = g.walk(matcher.state, tokens[:-1])
+    if before_last is not None and g.extendable(before_last, tokens[-1]):
+        tokens, after = tokens[:-1], before_last
+    else:
+        after = g.walk(before_last, tokens[-1:]) if before_last is not None else None
     used = keep - req.segment_start + len(tokens)
-    fits = after is not None and used + max(int(g.dist[g.dense(after)]), reserve) <= req.sampling.max_new_tokens
-    if reserve and after is not None and g.terminal[g.dense(after)]:
+    fits = bool(tokens) and after is not None and used + max(int(g.dist[g.dense(after)]), reserve) <= req.sampling.max_new_tokens
+    if fits and reserve and g.terminal[g.dense(after)]:
         fits = False  # before the first sample: leave the last token to sampling
     if not fits:
         matcher.advance_all(undone)
-        return False
-    return matcher.advance_all(tokens)
+        return []
+    return tokens if matcher.advance_all(tokens) else []

@@ -8,10 +8,11 @@ EOS only in accepting states, and no grammar can produce the others.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -49,14 +50,39 @@ class TokenVocab:
     outlines: Vocabulary
     fingerprint: str
     kind: str  # "byte_level" or "sentencepiece"
+    by_bytes: Optional[tuple] = field(default=None, repr=False)  # (token bytes sorted, their ids)
+    _extensions: dict = field(default_factory=dict, repr=False)
 
     @property
     def words(self) -> int:
         return (self.vocab_size + 31) // 32
 
+    def extensions(self, token: int) -> np.ndarray:
+        """Ids of the tokens whose bytes start with `token`'s and are longer (cached per token;
+        a bisection over the vocabulary sorted by bytes, no loop over it)."""
+        out = self._extensions.get(token)
+        if out is None:
+            if self.by_bytes is None:
+                self.by_bytes = _sorted_by_bytes(self.token_bytes)
+            keys, ids = self.by_bytes
+            prefix = self.token_bytes[token] if 0 <= token < self.vocab_size else None
+            if prefix is None:
+                out = np.zeros(0, dtype=np.int32)
+            else:
+                lo = bisect.bisect_right(keys, prefix)  # past the token itself (and equal-byte twins)
+                hi = bisect.bisect_left(keys, prefix + b"\xff" * 64)
+                out = ids[lo:hi]
+            self._extensions[token] = out
+        return out
+
     def decode_bytes(self, ids: list) -> Optional[bytes]:
         parts = [self.token_bytes[t] if 0 <= t < self.vocab_size else None for t in ids]
         return None if any(p is None for p in parts) else b"".join(parts)
+
+
+def _sorted_by_bytes(token_bytes: list) -> tuple:
+    pairs = sorted((b, i) for i, b in enumerate(token_bytes) if b is not None)
+    return [b for b, _ in pairs], np.array([i for _, i in pairs], dtype=np.int32)
 
 
 def tokenizer_kind(tokenizer) -> str:
@@ -129,4 +155,5 @@ def _assemble(token_bytes: list, vocab_size: int, eos: list, kind: str) -> Token
         outlines=Vocabulary(eos[0], by_bytes),
         fingerprint=digest.hexdigest()[:16],
         kind=kind,
+        by_bytes=_sorted_by_bytes(token_bytes),  # for jump-forward's extension check
     )
