@@ -160,6 +160,20 @@ def test_bitmask_matches_reference(vocab):
     assert torch.isinf(got).any()
 
 
+@pytest.mark.parametrize("vocab", [100, 64, 49152])
+def test_bitmask_byte_table_matches_reference(vocab):
+    from radixflow.kernels.bitmask import apply_token_bitmask_lut
+
+    logits = torch.randn(4, vocab)
+    logits[2, :5] = float("-inf")  # already banned stays banned
+    mask = torch.randint(-(2**31), 2**31 - 1, (4, (vocab + 31) // 32), dtype=torch.int32)
+    mask[1] = -1
+    got, want = logits.clone(), logits.clone()
+    apply_token_bitmask_lut(got, mask)
+    apply_token_bitmask_torch(want, mask)
+    assert torch.equal(got, want) and torch.equal(got[1], logits[1])
+
+
 def test_bitmask_dispatch_on_cpu_uses_torch():
     logits = torch.zeros(1, 40)
     mask = torch.tensor([[0b101, 0]], dtype=torch.int32)

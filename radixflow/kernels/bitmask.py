@@ -7,7 +7,10 @@ reference otherwise (Triton is imported only on that path).
 
 from __future__ import annotations
 
+import sys
+
 import torch
+import torch.nn.functional as F
 
 _SHIFTS = {}
 
@@ -27,11 +30,34 @@ def apply_token_bitmask_torch(logits: torch.Tensor, bitmask: torch.Tensor) -> No
     logits.masked_fill_(~allowed, float("-inf"))
 
 
+_BYTE_BIAS = {}
+
+
+def _byte_bias(device, dtype) -> torch.Tensor:
+    """[256, 8]: entry (b, i) is 0 if bit i of byte b is set, else -inf."""
+    key = (device, dtype)
+    if key not in _BYTE_BIAS:
+        bits = (torch.arange(256).unsqueeze(1) >> torch.arange(8)) & 1
+        _BYTE_BIAS[key] = torch.zeros(256, 8, dtype=dtype).masked_fill_(bits == 0, float("-inf")).to(device)
+    return _BYTE_BIAS[key]
+
+
+def apply_token_bitmask_lut(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place, fast on CPU: each mask byte looks up its 8 additive biases (0 / -inf) in a
+    256-row table, then one add. `masked_fill_` with an unpacked bool mask is ~5x slower there.
+    Reads the int32 words as little-endian bytes (byte k of word w = tokens 32w+8k..32w+8k+7)."""
+    assert sys.byteorder == "little"
+    b, vocab = logits.shape
+    by = bitmask.contiguous().view(torch.uint8).long()
+    bias = F.embedding(by, _byte_bias(logits.device, logits.dtype)).view(b, -1)
+    logits.add_(bias[:, :vocab])
+
+
 def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
-    """In place: Triton on CUDA, torch elsewhere."""
+    """In place: Triton on CUDA, the byte-table version elsewhere."""
     if logits.is_cuda and logits.stride(1) == 1:
         from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton
 
         apply_token_bitmask_triton(logits, bitmask.to(logits.device, torch.int32))
         return
-    apply_token_bitmask_torch(logits, bitmask)
+    apply_token_bitmask_lut(logits, bitmask.to(logits.device, torch.int32))
