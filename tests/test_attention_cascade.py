@@ -72,3 +72,4 @@ def test_shared_prefix_len():
     assert shared_prefix_len(rows, 40) == 40  # capped at the limit
     assert shared_prefix_len(rows[:1], 42) == 0  # one request: nothing to share
     assert shared_prefix_len(torch.stack([rows[0], rows[0] + 1]), 42) == 0
+

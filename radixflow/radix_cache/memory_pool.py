@@ -86,8 +86,8 @@ class KVPool:
         return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k[layer][slots] = k.to(self.dtype)
-        self.v[layer][slots] = v.to(self.dtype)
+        self.k[layer].index_copy_(0, slots, k.to(self.dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.dtype))
 
 
 class ReqToTokenPool:
