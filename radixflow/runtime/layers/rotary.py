@@ -37,6 +37,7 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)
         self.register_buffer("cos", emb.cos() * self.attention_scaling, persistent=False)
         self.register_buffer("sin", emb.sin() * self.attention_scaling, persistent=False)
+        self._cached_for, self._cached = None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]. When fused, q and k are rotated in place."""
@@ -44,8 +45,10 @@ class RotaryEmbedding(nn.Module):
             from radixflow.kernels.rotary import apply_rotary
 
             return apply_rotary(positions, q, k, self.cos, self.sin)
-        cos = self.cos[positions].unsqueeze(1)
-        sin = self.sin[positions].unsqueeze(1)
+        if self._cached_for is not positions:  # every layer of a pass rotates by the same positions
+            self._cached = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
+            self._cached_for = positions
+        cos, sin = self._cached
         return _apply(q, cos, sin), _apply(k, cos, sin)
 
 
