@@ -342,3 +342,41 @@ def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer
     assert g_compact.walk(g_compact.initial_state, ids) is None
     assert (("json_schema", text, "[ ]?", 2) in spaced.cache.entries) and (("json_schema", text, "", 2) in backend.cache.entries)
     spaced.cache.pool.shutdown(wait=False)
+
+
+def test_grammar_masks_by_id_equal_the_bitmask_path():
+    """On CPU, states allowing few tokens are applied through their ids; the result must
+    equal the bitmask path's for every row."""
+    import numpy as np
+    import torch
+
+    from radixflow.kernels.bitmask import apply_token_bitmask_torch
+    from radixflow.runtime.sampler import apply_grammar_masks
+
+    vocab, words = 100, 4
+
+    class Fake:
+        def __init__(self, allowed, small):
+            self.mask = np.zeros(words, dtype=np.int32)
+            for t in allowed:
+                self.mask[t // 32] |= np.int32(np.uint32(1 << (t % 32)).astype(np.int32))
+            self.small = torch.tensor(sorted(allowed), dtype=torch.int64) if small else None
+
+        def fill_bitmask(self, bitmask, row):
+            bitmask.numpy()[row] = self.mask
+
+        def allowed_ids(self):
+            return self.small
+
+    reqs = [type("R", (), {"grammar": g})() for g in (Fake([3, 31, 32, 99], True), None, Fake([0, 63, 64], False))]
+    logits = torch.randn(3, vocab)
+    got = logits.clone()
+    apply_grammar_masks(got, reqs)
+    want = logits.clone()
+    full = torch.full((3, words), -1, dtype=torch.int32)
+    for i, r in enumerate(reqs):
+        if r.grammar is not None:
+            r.grammar.fill_bitmask(full, i)
+    apply_token_bitmask_torch(want, full)
+    assert torch.equal(got, want)
+    assert torch.isfinite(got[0]).sum() == 4 and torch.equal(got[1], logits[1])
