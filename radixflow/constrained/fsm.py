@@ -16,13 +16,11 @@ import collections
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 from outlines_core import Guide, Index
 
 from radixflow.constrained.vocabulary import NO_BYTE, TokenVocab
 
 INF = 1 << 20  # distance of a state that cannot reach acceptance
-SMALL_MASK = 2048  # masks allowing at most this many tokens also keep their token ids
 MAX_FORCED_BYTES = 4096
 
 
@@ -45,7 +43,6 @@ class CompiledGrammar:
     _tight: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
     _extendable: dict = field(default_factory=dict, repr=False)
-    _small: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         self._dense = {int(s): i for i, s in enumerate(self.states)}
@@ -81,18 +78,6 @@ class CompiledGrammar:
                     _set_bits(mask, self.vocab.eos_ids)
             self._full[state] = mask
         return mask
-
-    def allowed_ids(self, mask: np.ndarray):
-        """The token ids `mask` allows, as an int64 tensor, if there are at most SMALL_MASK of
-        them (else None); cached per mask. Masks live in this grammar's caches for its whole
-        life, so a mask's id() is a stable key (the entry also holds the mask)."""
-        hit = self._small.get(id(mask))
-        if hit is None:
-            bits = np.unpackbits(mask.view(np.uint8), bitorder="little")
-            ids = np.flatnonzero(bits) if int(bits.sum()) <= SMALL_MASK else None
-            hit = (mask, None if ids is None else torch.from_numpy(ids.astype(np.int64)))
-            self._small[id(mask)] = hit
-        return hit[1]
 
     def budget_mask(self, state: int, within: int) -> np.ndarray:
         """[W] int32 mask of tokens after which an accepting state is at most `within`

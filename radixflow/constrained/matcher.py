@@ -30,10 +30,6 @@ class GrammarMatcher:
         else:
             bitmask[row].copy_(torch.from_numpy(mask))
 
-    def allowed_ids(self):
-        """The allowed token ids (int64 tensor) when there are few of them, else None."""
-        return self.grammar.allowed_ids(self.current_mask())
-
     def accept_token(self, token: int) -> None:
         if self.ended:
             return

@@ -81,8 +81,6 @@ def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
 
 def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
-    if not logits.is_cuda:
-        rows = [i for i in rows if not _keep_only_allowed(logits, i, reqs[i].grammar.allowed_ids())]
     if not rows:
         return
     words = (logits.shape[1] + 31) // 32
@@ -90,17 +88,6 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     for i in rows:
         reqs[i].grammar.fill_bitmask(bitmask, i)
     apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
-
-
-def _keep_only_allowed(logits: torch.Tensor, row: int, ids) -> bool:
-    """On CPU, a state allowing few tokens is cheaper to apply through their ids than
-    through a full-vocabulary bitmask. False if `ids` is None (use the bitmask)."""
-    if ids is None or (ids.numel() and int(ids[-1]) >= logits.shape[1]):
-        return False
-    values = logits[row, ids]
-    logits[row].fill_(float("-inf"))
-    logits[row, ids] = values
-    return True
 
 
 def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
