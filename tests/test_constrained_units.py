@@ -342,3 +342,46 @@ def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer
     assert g_compact.walk(g_compact.initial_state, ids) is None
     assert (("json_schema", text, "[ ]?", 2) in spaced.cache.entries) and (("json_schema", text, "", 2) in backend.cache.entries)
     spaced.cache.pool.shutdown(wait=False)
+
+
+def test_small_batch_bias_rows_equal_the_bitmask_path():
+    """On CPU a batch with <= SMALL_MASK_BATCH constrained rows adds cached bias rows;
+    the logits must equal the bitmask path's, and the cache must be reused."""
+    import numpy as np
+    import torch
+
+    from radixflow.kernels.bitmask import apply_token_bitmask_torch
+    from radixflow.runtime import sampler
+
+    vocab = 100
+    rng = np.random.default_rng(0)
+
+    class Fake:
+        def __init__(self):
+            self.mask = rng.integers(-(2**31), 2**31 - 1, size=4, dtype=np.int64).astype(np.int32)
+
+        def current_mask(self):
+            return self.mask
+
+        def fill_bitmask(self, bitmask, row):
+            bitmask.numpy()[row] = self.mask
+
+    grammars = [Fake(), None, Fake()]
+    reqs = [type("R", (), {"grammar": g})() for g in grammars]
+    logits = torch.randn(3, vocab)
+    want = logits.clone()
+    full = torch.full((3, 4), -1, dtype=torch.int32)
+    for i, g in enumerate(grammars):
+        if g is not None:
+            g.fill_bitmask(full, i)
+    apply_token_bitmask_torch(want, full)
+    cache = sampler.BiasRowCache(capacity=8)
+    sampler._BIAS_ROWS, saved = cache, sampler._BIAS_ROWS
+    try:
+        for _ in range(2):  # second round: served from the cache
+            got = logits.clone()
+            sampler.apply_grammar_masks(got, reqs)
+            assert torch.equal(got, want)
+        assert len(cache.rows) == 2
+    finally:
+        sampler._BIAS_ROWS = saved

@@ -8,6 +8,7 @@ reference otherwise (Triton is imported only on that path).
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 
 import torch
 import torch.nn.functional as F
@@ -61,3 +62,27 @@ def apply_token_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
         apply_token_bitmask_triton(logits, bitmask.to(logits.device, torch.int32))
         return
     apply_token_bitmask_lut(logits, bitmask.to(logits.device, torch.int32))
+
+
+class BiasRowCache:
+    """Additive bias rows (0 / -inf over the vocabulary) of recently used masks, so a
+    small CPU batch applies its mask with one add. Keyed by the mask array's id(): grammar
+    masks are cached arrays that live as long as their grammar, and each entry holds its
+    mask, so the id cannot be reused while the entry exists. LRU-bounded (~200 KB a row)."""
+
+    def __init__(self, capacity: int = 64):
+        self.capacity = capacity
+        self.rows: OrderedDict = OrderedDict()
+
+    def get(self, mask, vocab: int) -> torch.Tensor:
+        key = (id(mask), vocab)
+        hit = self.rows.get(key)
+        if hit is not None:
+            self.rows.move_to_end(key)
+            return hit[1]
+        row = torch.zeros(1, vocab)
+        apply_token_bitmask_lut(row, torch.from_numpy(mask).view(1, -1))
+        self.rows[key] = (mask, row[0])
+        if len(self.rows) > self.capacity:
+            self.rows.popitem(last=False)
+        return row[0]

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-from radixflow.kernels.bitmask import apply_token_bitmask
+from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
 from radixflow.runtime.req import Req
 from radixflow.runtime.sampling_params import TOP_K_ALL
 
@@ -79,9 +79,17 @@ def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
             logits[i, banned] = float("-inf")
 
 
+SMALL_MASK_BATCH = 2  # up to this many constrained rows on CPU: add cached bias rows
+_BIAS_ROWS = BiasRowCache()
+
+
 def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
+        return
+    if not logits.is_cuda and len(rows) <= SMALL_MASK_BATCH and logits.dtype == torch.float32:
+        for i in rows:  # one add beats a table lookup over the whole vocabulary at this size
+            logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
         return
     words = (logits.shape[1] + 31) // 32
     bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
