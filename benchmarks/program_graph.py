@@ -65,7 +65,7 @@ def main() -> None:
     same = sum(a == b for a, b in zip(graph["texts"], eager["texts"]))
     ratio = graph["throughput"] / eager["throughput"]
     lines = [
-        f"| mode | wall (s) | mean e2e latency (s) | p50 (s) | programs/s | cache hit rate |",
+        "| mode | wall (s) | mean e2e latency (s) | p50 (s) | programs/s | cache hit rate |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, r in (("request graph", graph), ("eager", eager)):

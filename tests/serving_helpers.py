@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -13,15 +12,11 @@ from typing import Optional
 
 import httpx
 
+from radixflow.runtime.child_processes import free_port
+
 API_KEY = "test-key-123"
 READY_LINE = "radixflow server ready at"
 STARTUP_TIMEOUT_S = 240
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass

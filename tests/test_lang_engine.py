@@ -11,7 +11,7 @@ import pytest
 import radixflow as rf
 from radixflow.lang.backends.engine_backend import EngineBackend
 
-from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, template_fill, tips
+from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, tips
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 from agent_tool import calculator_agent, evaluate_arithmetic, format_number  # noqa: E402

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable, Iterator, Optional, Union
+from typing import Any, Callable, Iterator, Optional
 
 from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ExprList, Node, ScopeBegin, ScopeEnd

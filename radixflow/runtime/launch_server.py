@@ -14,9 +14,9 @@ import os
 import shutil
 import signal
 import sys
-import time
 
-from radixflow.runtime.exit_status import exit_text as _exit_text
+from radixflow.runtime.child_processes import exit_text as _exit_text
+from radixflow.runtime.child_processes import stop_processes
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server_messages import IpcNames, ModelInfo
 
@@ -52,7 +52,7 @@ def launch_server(args: ServerArgs) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        _stop_children(procs)
+        stop_processes(procs, CHILD_JOIN_S, terminate=True)
         shutil.rmtree(ipc.directory, ignore_errors=True)
 
 
@@ -159,18 +159,6 @@ async def _watch_children(server, tm, procs: dict, state: dict) -> None:
                 state["exit"] = 1
                 server.should_exit = True
                 return
-
-
-def _stop_children(procs: dict) -> None:
-    for proc in procs.values():
-        if proc.is_alive():
-            proc.terminate()
-    deadline = time.time() + CHILD_JOIN_S
-    for proc in procs.values():
-        proc.join(max(deadline - time.time(), 0.1))
-        if proc.is_alive():
-            proc.kill()
-            proc.join(1)
 
 
 def _uvicorn_level(level: str) -> str:

@@ -242,7 +242,7 @@ class Scheduler:
 
     # -- extend ----------------------------------------------------------------------------------
     def _run_extend(self, batch: list[tuple[Req, int]]) -> list[Req]:
-        ids, pos, locs, rows, logit_rows = [], [], [], [], []
+        ids, pos, locs, rows = [], [], [], []
         start = 0
         for req, n in batch:
             fill = req.fill_ids

@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import os
 import signal
-import socket
 import sys
 import threading
 import time
@@ -30,7 +29,7 @@ import torch.multiprocessing as mp
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.distributed import TPContext, abort_tp, destroy_tp, init_tp, ranks_of_node
-from radixflow.runtime.exit_status import exit_text
+from radixflow.runtime.child_processes import exit_text, free_port, stop_processes
 from radixflow.runtime.server_args import ServerArgs
 
 log = logging.getLogger("radixflow.tp")
@@ -50,12 +49,6 @@ def check_tp_args(args: ServerArgs) -> None:
     ranks_of_node(args.tp_size, args.nnodes, args.node_rank)
     if args.nnodes > 1 and not args.dist_init_addr:
         raise RadixflowError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address), the same on every node")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- rank 0 --------------------------------------------------------------------------------------
@@ -85,7 +78,7 @@ class TPGroup:
         abort_tp()
         for p in self.procs.values():
             p.kill()
-        _reap(self.procs)
+        stop_processes(self.procs, JOIN_S)
         destroy_tp()
 
     def shutdown(self) -> None:
@@ -99,7 +92,7 @@ class TPGroup:
             except Exception:  # noqa: BLE001 - a rank died meanwhile
                 pass
         destroy_tp()
-        _reap(self.procs)
+        stop_processes(self.procs, JOIN_S)
 
 
 def start_tp(args: ServerArgs, on_failure: Optional[Callable[[str], None]] = None) -> Optional[TPGroup]:
@@ -110,13 +103,13 @@ def start_tp(args: ServerArgs, on_failure: Optional[Callable[[str], None]] = Non
         return None
     assert args.node_rank == 0, "ranks of nodes > 0 start through run_worker_node"
     if not args.dist_init_addr:
-        args.dist_init_addr = f"127.0.0.1:{_free_port()}"
+        args.dist_init_addr = f"127.0.0.1:{free_port()}"
     group = TPGroup(args)
     group.procs = _spawn_ranks(args, ranks_of_node(args.tp_size, args.nnodes, 0)[1:])
     try:
         group.tp = init_tp(args.tp_size, 0, args.dist_init_addr, args.resolved_device(), 0, lambda: _dead_child(group.procs))
     except BaseException:
-        _reap(group.procs)
+        stop_processes(group.procs, JOIN_S)
         raise
     threading.Thread(target=_monitor, args=(group, on_failure), name="radixflow-tp-monitor", daemon=True).start()
     return group
@@ -130,15 +123,6 @@ def _spawn_ranks(args: ServerArgs, ranks) -> dict:
         p.start()
         procs[rank] = p
     return procs
-
-
-def _reap(procs: dict) -> None:
-    deadline = time.time() + JOIN_S
-    for p in procs.values():
-        p.join(max(deadline - time.time(), 0.1))
-        if p.is_alive():
-            p.kill()
-            p.join(1)
 
 
 def _monitor(group: TPGroup, on_failure: Optional[Callable[[str], None]]) -> None:

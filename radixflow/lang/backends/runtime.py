@@ -4,7 +4,6 @@ RuntimeEndpoint (`.endpoint`)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,11 +14,12 @@ import httpx
 
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
+from radixflow.runtime.child_processes import free_port
 
 
 class Runtime:
     def __init__(self, model_path: Optional[str] = None, launch_timeout: float = 300.0, **server_args: Any):
-        self.port = server_args.pop("port", None) or _free_port()
+        self.port = server_args.pop("port", None) or free_port()
         self.api_key = server_args.get("api_key")
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(self.port)]
@@ -76,12 +76,6 @@ class Runtime:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _cli(server_args: dict) -> list[str]:

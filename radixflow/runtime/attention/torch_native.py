@@ -61,8 +61,7 @@ class TorchNativeBackend(AttentionBackend):
         self.kv_pool.store(layer, fb.out_cache_loc, k, v)
         meta: NativeMetadata = fb.attn_metadata
         if meta.shared is None:
-            out = self._decode(q, layer, meta) if fb.mode == ForwardMode.DECODE else self._extend(q, layer, fb, 0)
-            return out
+            return self._decode(q, layer, meta) if fb.mode == ForwardMode.DECODE else self._extend(q, layer, fb, 0)
         shared_out, shared_lse = self._attend_shared(q, layer, meta.shared)
         if fb.mode == ForwardMode.DECODE:
             rest_out, rest_lse = self._decode(q, layer, meta, with_lse=True)
