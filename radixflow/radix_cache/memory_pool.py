@@ -91,10 +91,16 @@ class KVPool:
 
 
 class ReqToTokenPool:
-    """`[max_running_requests, max_context]` int32 table; row r = KV slots of request r."""
+    """`[max_running_requests, max_context]` int32 table; row r = KV slots of request r.
+
+    The scheduler reads a host copy (`host`), so that it never waits for the GPU; each
+    write goes to both, the device side as an asynchronous copy (on CPU they are one tensor).
+    """
 
     def __init__(self, size: int, max_context: int, device: str):
         self.table = torch.zeros(size, max_context, dtype=torch.int32, device=device)
+        on_host = self.table.device.type == "cpu"
+        self.host = self.table if on_host else torch.zeros(size, max_context, dtype=torch.int32)
         self._free_rows = list(range(size))
         self.size = size
 
@@ -110,10 +116,25 @@ class ReqToTokenPool:
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        self.table[row, start : start + slots.numel()] = slots.to(self.table.device, torch.int32)
+        vals = slots.to("cpu", torch.int32)
+        self.host[row, start : start + vals.numel()] = vals
+        if self.host is not self.table:  # pageable source: staged at once, no wait for the GPU
+            self.table[row, start : start + vals.numel()].copy_(vals, non_blocking=True)
+
+    def write_points(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
+        """table[rows[i], cols[i]] = slots[i] (host int64 tensors), in one scatter."""
+        self.host[rows, cols] = slots.to(torch.int32)
+        if self.host is not self.table:
+            dev = self.table.device
+            packed = torch.stack([rows, cols, slots]).to(dev, non_blocking=True)
+            self.table[packed[0], packed[1]] = packed[2].to(torch.int32)
 
     def read(self, row: int, end: int) -> torch.Tensor:
-        return self.table[row, :end].to(torch.int64)
+        """The row's first `end` slots, int64, on the host."""
+        return self.host[row, :end].to(torch.int64)
+
+    def read_at(self, row: int, col: int) -> int:
+        return int(self.host[row, col])
 
     def clear(self) -> None:
         self._free_rows = list(range(self.size))

@@ -57,7 +57,7 @@ class KVManager:
         take = min(room, n)
         parts = []
         if take:
-            last = int(self.req_to_token.table[req.req_pool_idx, req.kv_len - 1])
+            last = self.req_to_token.read_at(req.req_pool_idx, req.kv_len - 1)
             parts.append(torch.arange(last + 1, last + 1 + take, dtype=torch.int64))
         n_pages = self.pages_needed(req, n)
         if n_pages:
@@ -74,23 +74,20 @@ class KVManager:
         into req_to_token (the per-step hot path)."""
         rows = torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64)
         kv_lens = torch.tensor([r.kv_len for r in reqs], dtype=torch.int64)
-        table = self.req_to_token.table
         if self.page_size == 1:
-            pages = self._alloc_pages(len(reqs))
-            if pages is None:
+            slots = self._alloc_pages(len(reqs))
+            if slots is None:
                 return None
-            slots = pages
         else:
             need_page = kv_lens % self.page_size == 0
-            prev = table[rows.to(table.device), (kv_lens - 1).clamp(min=0).to(table.device)].to(torch.int64).cpu()
-            slots = prev + 1
+            slots = self.req_to_token.host[rows, (kv_lens - 1).clamp(min=0)].to(torch.int64) + 1
             n_new = int(need_page.sum())
             if n_new:
                 pages = self._alloc_pages(n_new)
                 if pages is None:
                     return None
                 slots[need_page] = pages * self.page_size
-        table[rows.to(table.device), kv_lens.to(table.device)] = slots.to(table.device, torch.int32)
+        self.req_to_token.write_points(rows, kv_lens, slots)
         return slots
 
     def _alloc_pages(self, n_pages: int) -> Optional[torch.Tensor]:

@@ -56,6 +56,7 @@ class Req:
     jump_forward_tokens: int = 0
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
+    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
 
     # logprobs, filled as they are computed
     input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
@@ -120,4 +121,5 @@ class ReqOutput:
     jump_forward_tokens: int = 0
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
+    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
     error: Optional[str] = None

@@ -19,13 +19,13 @@ from radixflow.runtime.sampling_params import TOP_K_ALL
 
 @dataclass
 class SampleResult:
-    next_ids: torch.Tensor  # [B] int64 (cpu)
+    next_ids: torch.Tensor  # [B] int64, on the logits' device
     logprobs: Optional[torch.Tensor] = None  # [B, V] float32 raw log-softmax, when any req asked
     chosen_logprobs: Optional[torch.Tensor] = None  # [B]
 
 
 def _row_tensor(values: list, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype, device=device)
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # no wait for the GPU
 
 
 def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
@@ -103,7 +103,7 @@ def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
         if r.sampling.logit_bias:
             ids = [int(k) for k in r.sampling.logit_bias]
             vals = [float(v) for v in r.sampling.logit_bias.values()]
-            logits[i, ids] += torch.tensor(vals, device=logits.device)
+            logits[i, ids] += _row_tensor(vals, torch.float32, logits.device)
 
 
 def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
@@ -124,7 +124,7 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
     sampled = _draw(probs, reqs)
-    return torch.where(torch.tensor(greedy, device=dev), argmax, sampled)
+    return torch.where(_row_tensor(greedy, torch.bool, dev), argmax, sampled)
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
@@ -158,4 +158,4 @@ def sample(logits: torch.Tensor, reqs: list, eos_ids: set) -> SampleResult:
     apply_logit_bias(logits, reqs)
     next_ids = sample_from(logits, reqs)
     chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
-    return SampleResult(next_ids=next_ids.cpu(), logprobs=raw_lp, chosen_logprobs=chosen)
+    return SampleResult(next_ids=next_ids, logprobs=raw_lp, chosen_logprobs=chosen)

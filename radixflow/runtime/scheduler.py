@@ -5,6 +5,12 @@ requests, from their cached prefix, chunked to `chunked_prefill_size`) when ther
 something to admit, otherwise one decode step for every running request. When a
 decode step lacks KV slots, the newest requests are retracted to the waiting queue;
 their KV goes into the radix tree, so a resume often re-prefills nothing.
+
+Overlap (on by default on CUDA): a decode pass of plain requests is launched and its
+sampled ids stay on the GPU; the next step launches the following pass from those ids
+first and only then reads them back and does the per-request work (stop checks,
+outputs), so the GPU never waits for the host between decode steps. A request that
+finishes this way has had one extra token computed; it is dropped.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -31,6 +38,16 @@ log = logging.getLogger(__name__)
 IN_BATCH_PREFIX_THRESHOLD = 32  # defer a request sharing this many uncached tokens with one being admitted
 LPM_MAX_WAITING = 128  # above this, lpm falls back to fcfs (matching every request costs)
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+
+
+@dataclass
+class InflightDecode:
+    """A decode pass launched but not yet read back."""
+
+    reqs: list
+    next_ids: torch.Tensor  # [B] sampled ids on the device: the next pass's input
+    host_ids: torch.Tensor  # [B] their host copy, valid once `ready` has completed
+    ready: Optional[torch.cuda.Event]
 
 
 class Scheduler:
@@ -57,6 +74,8 @@ class Scheduler:
         # the next segment's tokens to it (it then stays running, its KV kept)
         self.continue_hook: Optional[Callable[[Req], bool]] = None
         self.device = runner.device
+        self.overlap = args.overlap_enabled(self.device)
+        self.inflight: Optional[InflightDecode] = None
 
     # -- requests in and out --------------------------------------------------------------
     def add_request(self, req: Req) -> None:
@@ -95,6 +114,7 @@ class Scheduler:
         return req
 
     def has_work(self) -> bool:
+        # an in-flight pass's unfinished requests are all in `running`
         return bool(self.waiting or self.running or self.chunked or self.pending_grammar)
 
     @property
@@ -105,6 +125,7 @@ class Scheduler:
         """Drop every cached prefix; only when idle (like SGLang)."""
         if self.has_work():
             return False
+        self.inflight = None  # only finished requests' extra tokens were in flight
         self.tree.reset()
         self.runner.kv_pool.allocator.clear()
         self.runner.req_to_token.clear()
@@ -115,10 +136,18 @@ class Scheduler:
     def step(self) -> list[ReqOutput]:
         touched = self._poll_grammars()
         batch = self._form_extend_batch()
+        if self.inflight is not None:
+            if not batch and self._can_chain():
+                touched += self._chain_decode()
+                return self._outputs(touched)
+            touched += self._drain()
         if batch:
             touched += self._run_extend(batch)
         elif self.running:
-            touched += self._run_decode()
+            touched += self._decode()
+        return self._outputs(touched)
+
+    def _outputs(self, touched: list[Req]) -> list[ReqOutput]:
         return [self._output(r) for r in touched] if self.emit_outputs else []
 
     def _grammars(self):
@@ -290,17 +319,18 @@ class Scheduler:
         return [start + n - 1] if done else []
 
     def _forward_batch(self, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:
+        """`ids`: a list, or a tensor already on the device (overlapped decode); the rest host-side."""
         seq = [p + e for p, e in zip(prefix, ext)]
         flat_rows = [i for r in rows for i in r] or [0]
         pool_rows = [r.req_pool_idx for r, _ in batch]
-        # one host-to-device copy for all of the pass's index tensors (each copy costs a sync on CUDA)
-        host_locs = locs.device.type == "cpu"  # decode slots come from the host allocator; extend reads the table
-        packed = torch.cat([torch.tensor(ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
-                            positions.to(torch.int64)] + ([locs.to(torch.int64)] if host_locs else [])).to(self.device)  # fmt: skip
+        host_ids = ids if isinstance(ids, list) else []
+        # one asynchronous host-to-device copy for all of the pass's index tensors
+        packed = torch.cat([torch.tensor(host_ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
+                            positions.to(torch.int64), locs.to(torch.int64)]).to(self.device, non_blocking=True)  # fmt: skip
         b = len(batch)
-        sizes = [len(ids), b, b, b, b, len(flat_rows), positions.numel()] + ([locs.numel()] if host_locs else [])
-        ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, *loc_t = torch.split(packed, sizes)
-        loc_t = loc_t[0] if host_locs else locs.to(self.device, torch.int64)
+        sizes = [len(host_ids), b, b, b, b, len(flat_rows), positions.numel(), locs.numel()]
+        ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, loc_t = torch.split(packed, sizes)
+        ids_t = ids_t if isinstance(ids, list) else ids
         return ForwardBatch(
             mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t, req_pool_indices=rows_t,
             seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t, logits_indices=logit_t,
@@ -308,6 +338,80 @@ class Scheduler:
         )  # fmt: skip
 
     # -- decode ----------------------------------------------------------------------------------
+    def _decode(self) -> list[Req]:
+        reqs = self.running
+        if self.overlap and all(r.seq_len - r.kv_len == 1 and self._overlappable(r) for r in reqs) and self._room_for(reqs, 2):
+            self.inflight = self._launch_decode(list(reqs), None)
+            return []
+        return self._run_decode()
+
+    def _overlappable(self, req: Req) -> bool:
+        """Requests whose sampling needs nothing from the host's view of the last token."""
+        s = req.sampling
+        return (
+            req.grammar is None
+            and not req.logprob.return_logprob
+            and not req.continuable
+            and s.frequency_penalty == 0 and s.presence_penalty == 0 and s.repetition_penalty == 1.0
+            and req.segment_len > s.min_new_tokens  # the stop-token mask must not depend on the lag
+        )  # fmt: skip
+
+    def _room_for(self, reqs: list, slots_each: int) -> bool:
+        return self.kv.available_slots() >= len(reqs) * slots_each * self.args.page_size
+
+    def _can_chain(self) -> bool:
+        live = [r for r in self.inflight.reqs if not r.finished]
+        return bool(live) and self.chunked is None and self._room_for(live, 2)
+
+    def _launch_decode(self, reqs: list[Req], ids: Optional[torch.Tensor]) -> InflightDecode:
+        """Launch one decode pass; `ids` (on the device) are its input tokens, else each
+        request's last output. Nothing here waits for the GPU."""
+        prefix = [r.kv_len for r in reqs]
+        locs = self.kv.alloc_decode(reqs)
+        assert locs is not None, "decode room was checked"
+        ids = [r.output_ids[-1] for r in reqs] if ids is None else ids
+        batch = [(r, 1) for r in reqs]
+        positions = torch.tensor(prefix, dtype=torch.int64)
+        fb = self._forward_batch(ForwardMode.DECODE, ids, positions, locs, batch, prefix, [1] * len(reqs), [[i] for i in range(len(reqs))])  # fmt: skip
+        logits = self.runner.forward(fb)
+        for r in reqs:
+            r.kv_len += 1
+        next_ids = sample(logits, reqs, self.eos_ids).next_ids
+        host_ids = next_ids.to("cpu", non_blocking=True)
+        ready = None
+        if next_ids.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        return InflightDecode(reqs, next_ids, host_ids, ready)
+
+    def _chain_decode(self) -> list[Req]:
+        """Launch the next pass from the in-flight pass's ids, then read those back."""
+        prev = self.inflight
+        keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
+        ids = prev.next_ids
+        if len(keep) < len(prev.reqs):
+            ids = ids[torch.tensor(keep).to(ids.device, non_blocking=True)]
+        self.inflight = self._launch_decode([prev.reqs[i] for i in keep], ids)
+        self.stats.chained_decode_steps += 1
+        return self._read_back(prev)
+
+    def _drain(self) -> list[Req]:
+        prev, self.inflight = self.inflight, None
+        return self._read_back(prev)
+
+    def _read_back(self, done: InflightDecode) -> list[Req]:
+        """Per-request work for a completed pass; requests finished since it was
+        launched drop its token (it was an extra one)."""
+        if done.ready is not None:
+            done.ready.synchronize()
+        pairs = [(r, t) for r, t in zip(done.reqs, done.host_ids.tolist()) if not r.finished]
+        reqs = [r for r, _ in pairs]
+        self._advance(reqs, [t for _, t in pairs], None)
+        self.running = [r for r in self.running if not r.finished]
+        self.stats.decode_tokens += len(reqs)
+        return reqs
+
     def _run_decode(self) -> list[Req]:
         """One token per running request; requests holding several pending tokens
         (jump-forward, appended program text) make it an extend pass."""
@@ -374,7 +478,10 @@ class Scheduler:
     # -- sampling, finishing -----------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
         result = sample(logits, reqs, self.eos_ids)
-        next_ids = result.next_ids.tolist()
+        self._advance(reqs, result.next_ids.tolist(), result)
+
+    def _advance(self, reqs: list[Req], next_ids: list, result) -> None:
+        """Append each request's sampled token; check stops; retire finished requests."""
         record_sampled(reqs, next_ids)
         now = time.time()
         for i, (req, tok) in enumerate(zip(reqs, next_ids)):
@@ -476,6 +583,7 @@ class SchedulerStats:
         self.extend_tokens = 0
         self.decode_tokens = 0
         self.retractions = 0
+        self.chained_decode_steps = 0  # decode passes launched before the previous one was read back
 
     @property
     def cache_hit_rate(self) -> float:

@@ -15,6 +15,7 @@ _CHOICES = {
     "attention_backend": ("auto", "torch_native", "triton", "flashinfer"),
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
+    "overlap_schedule": ("auto", "on", "off"),
 }
 
 _HELP = {
@@ -24,6 +25,8 @@ _HELP = {
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+    "overlap_schedule": "launch the next decode pass before reading back the last one; auto = on CUDA",
+    "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
@@ -50,6 +53,8 @@ class ServerArgs:
     page_size: int = 1
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    overlap_schedule: str = "auto"
+    disable_overlap_schedule: bool = False
 
     # kernels
     attention_backend: str = "auto"
@@ -108,6 +113,11 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def overlap_enabled(self, device: str) -> bool:
+        if self.disable_overlap_schedule or self.overlap_schedule == "off":
+            return False
+        return self.overlap_schedule == "on" or str(device).startswith("cuda")
 
     def resolved_dtype(self) -> str:
         if self.dtype != "auto":

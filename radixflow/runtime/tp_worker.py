@@ -62,7 +62,7 @@ class RecordingReqToTokenPool(ReqToTokenPool):
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         super().write(row, start, slots)
         if slots.numel():
-            self.writes.append((row, start, slots.detach().to(self.table.device, torch.int64)))
+            self.writes.append((row, start, slots.detach().to(self.table.device, torch.int64, non_blocking=True)))
 
     def take_writes(self) -> list:
         writes, self.writes = self.writes, []
