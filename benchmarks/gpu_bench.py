@@ -417,6 +417,9 @@ def sec_decode_bs1() -> dict:
     prompt = rand_ids(random.Random(7), 128)
     out = {"weight_GB": total / 1e9, "decode_read_GB": read / 1e9}
     out["graph_tok_s"] = _decode_rate(eng, prompt, SZ["bs1_out"])
+    eng.scheduler.overlap = False
+    out["graph_tok_s_overlap_off"] = _decode_rate(eng, prompt, SZ["bs1_out"])
+    eng.scheduler.overlap = eng.server_args.overlap_enabled(eng.runner.device)
     g = runner.graph_runner
     if g is not None:
         step = cuda_time(lambda: g.graphs[1].replay(), 50)
@@ -625,11 +628,8 @@ def _host_profile(eng, prompts: list, params: list) -> list:
     return [(f"{os.path.basename(k[0])}:{k[2]}", round(v[2], 3), v[1]) for k, v in rows]
 
 
-def sec_idle() -> dict:
-    eng = OPTS.bench_engine
-    rng = random.Random(11)
-    bs = SZ["idle_bs"]
-    prompts, params = [rand_ids(rng, 128) for _ in range(bs)], [greedy(SZ["idle_out"])] * bs
+def _idle_run(eng, prompts: list, params: list) -> dict:
+    bs = len(prompts)
     rec = ForwardRecorder(eng.runner)
     try:
         res = _run_batch(eng, prompts, params)
@@ -639,9 +639,23 @@ def sec_idle() -> dict:
     busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
     gaps = [a[3].elapsed_time(b[2]) for a, b in zip(dec, dec[1:])]
     host = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
-    out = {"decode_steps": len(dec), "gpu_forward_ms": statistics.median(busy), "gap_ms": statistics.median(gaps),
-           "host_step_ms": 1e3 * statistics.median(host), "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])),
-           "out_tok_s": res["out_tok_s"]}
+    return {"decode_steps": len(dec), "gpu_forward_ms": statistics.median(busy), "gap_ms": statistics.median(gaps),
+            "host_step_ms": 1e3 * statistics.median(host), "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])),
+            "out_tok_s": res["out_tok_s"]}
+
+
+def sec_idle() -> dict:
+    """GPU idle between decode steps at batch idle_bs: overlap scheduling on (the default
+    on CUDA) and off, in the same run."""
+    eng = OPTS.bench_engine
+    rng = random.Random(11)
+    bs = SZ["idle_bs"]
+    prompts, params = [rand_ids(rng, 128) for _ in range(bs)], [greedy(SZ["idle_out"])] * bs
+    sched = eng.scheduler
+    out = {}
+    for name, on in (("overlap_off", False), ("overlap_on", True)):
+        sched.overlap = on
+        out[name] = _idle_run(eng, prompts, params)
     out["host_top_self_s"] = _host_profile(eng, prompts, params)
     return out
 
