@@ -691,7 +691,7 @@ def main() -> None:
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/bench-out"))
     p.add_argument("--tokenizer", default=os.path.join(ROOT, ".gpu_assets", "tokenizer"))
     p.add_argument("--sections", default="env,ceilings,pytest,correctness,tiny_ckpt,decode_bs1")
-    p.add_argument("--max-running", type=int, default=256)
+    p.add_argument("--max-running", type=int, default=1024)
     p.add_argument("--graph-max-bs", type=int, default=256)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16")

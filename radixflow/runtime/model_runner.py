@@ -28,6 +28,7 @@ class ModelRunner:
         self.args = args
         self.device = args.resolved_device()
         self.dtype = _DTYPES[args.resolved_dtype()]
+        args.resolve_max_running(self.device)  # the scheduler reads it after this
         self.tp = get_tp() if args.tp_size > 1 else TPContext()  # joined by tp_launch.start_tp
         if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
             self.model_dir = None

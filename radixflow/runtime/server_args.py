@@ -25,6 +25,7 @@ _HELP = {
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+    "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "overlap_schedule": "launch the next decode pass before reading back the last one; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
@@ -47,7 +48,7 @@ class ServerArgs:
     # memory and scheduling
     max_total_tokens: Optional[int] = None
     mem_fraction_static: float = 0.85
-    max_running_requests: int = 256
+    max_running_requests: Optional[int] = None
     max_prefill_tokens: int = 16384
     chunked_prefill_size: int = 4096
     page_size: int = 1
@@ -95,7 +96,7 @@ class ServerArgs:
             raise RadixflowError("page_size must be >= 1")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
-        if self.max_running_requests < 1:
+        if self.max_running_requests is not None and self.max_running_requests < 1:
             raise RadixflowError("max_running_requests must be >= 1")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
@@ -113,6 +114,11 @@ class ServerArgs:
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def resolve_max_running(self, device: str) -> int:
+        if self.max_running_requests is None:
+            self.max_running_requests = 1024 if str(device).startswith("cuda") else 256
+        return self.max_running_requests
 
     def overlap_enabled(self, device: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":
