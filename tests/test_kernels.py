@@ -26,7 +26,7 @@ from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
-from radixflow.kernels.rotary import apply_rotary  # noqa: E402
+from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -144,6 +144,36 @@ def test_store_kv_writes_exactly_the_slots():
     ref.store_kv_ref(want_k, want_v, loc, k, v)
     store_kv(k_buf, v_buf, loc, k, v)
     assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)
+
+
+def _split_qkv(qkv: torch.Tensor, hq: int, hk: int, d: int):
+    """q, k, v as strided views of one [T, (Hq + 2 Hkv) * D] tensor, like the qkv projection's output."""
+    t = qkv.shape[0]
+    q, k, v = qkv.split([hq * d, hk * d, hk * d], dim=-1)
+    return q.view(t, hq, d), k.view(t, hk, d), v.view(t, hk, d)
+
+
+def _rotary_store_both_ways(t, hq, hk, d, dtype, max_pos=32, slots=20):
+    """(fused kernel, reference) results: the qkv tensor rotated in place and the two pool buffers."""
+    cos, sin = _rope_tables(max_pos, d)
+    qkv = torch.randn(t, (hq + 2 * hk) * d, device=DEV).to(dtype)
+    k_buf = torch.randn(slots, hk, d, device=DEV).to(dtype)
+    v_buf = torch.randn(slots, hk, d, device=DEV).to(dtype)
+    pos = torch.randint(0, max_pos, (t,), device=DEV)
+    loc = torch.randperm(slots, device=DEV)[:t]
+    want_qkv, want_k, want_v = qkv.clone(), k_buf.clone(), v_buf.clone()
+    ref.rotary_store_kv_ref(pos, *_split_qkv(want_qkv, hq, hk, d), cos, sin, want_k, want_v, loc)
+    q, k, v = _split_qkv(qkv, hq, hk, d)
+    got_q, _ = apply_rotary_store_kv(pos, q, k, v, cos, sin, k_buf, v_buf, loc)
+    assert got_q.data_ptr() == q.data_ptr()  # in place
+    return (qkv, k_buf, v_buf), (want_qkv, want_k, want_v)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_rotary_store_kv_matches_reference(dtype):
+    (qkv, k_buf, v_buf), (want_qkv, want_k, want_v) = _rotary_store_both_ways(5, 3, 2, 16, dtype)
+    assert torch.equal(qkv, want_qkv)  # q, k rotated in place, v untouched
+    assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)  # only the slots written
 
 
 @pytest.mark.parametrize("vocab", [100, 64])
@@ -327,6 +357,29 @@ def test_gpu_elementwise_kernels_bf16():
     apply_token_bitmask(got, mask)
     apply_token_bitmask_torch(want, mask)
     assert torch.equal(got, want)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("t", [1, 64])
+def test_gpu_rotary_store_kv_llama_shapes(t):
+    (qkv, k_buf, v_buf), (want_qkv, want_k, want_v) = _rotary_store_both_ways(
+        t, 32, 8, 128, torch.bfloat16, max_pos=8192, slots=4096
+    )
+    _close(qkv, want_qkv, 0.07)
+    _close(k_buf, want_k, 0.07)
+    assert torch.equal(v_buf, want_v)
+    # bit for bit what the two separate kernels do
+    cos, sin = _rope_tables(8192, 128)
+    pos, loc = torch.randint(0, 8192, (t,), device=DEV), torch.randperm(4096, device=DEV)[:t]
+    qkv = torch.randn(t, 48 * 128, device=DEV, dtype=torch.bfloat16)
+    bufs = [torch.randn(4096, 8, 128, device=DEV, dtype=torch.bfloat16) for _ in range(2)]
+    sep_qkv, sep_bufs = qkv.clone(), [b.clone() for b in bufs]
+    apply_rotary_store_kv(pos, *_split_qkv(qkv, 32, 8, 128), cos, sin, *bufs, loc)
+    q, k, v = _split_qkv(sep_qkv, 32, 8, 128)
+    apply_rotary(pos, q, k, cos, sin)
+    store_kv(*sep_bufs, loc, k, v)
+    assert torch.equal(qkv, sep_qkv) and all(torch.equal(a, b) for a, b in zip(bufs, sep_bufs))
 
 
 @gpu

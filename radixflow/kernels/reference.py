@@ -46,6 +46,15 @@ def store_kv_ref(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k:
     v_buf[loc] = v.to(v_buf.dtype)
 
 
+def rotary_store_kv_ref(positions, q, k, v, cos, sin, k_buf, v_buf, loc):
+    """q/k rotated in place, then the rotated k and v stored at `loc`; returns (q, k)."""
+    rq, rk = rotary_ref(positions, q, k, cos, sin)
+    q.copy_(rq)
+    k.copy_(rk)
+    store_kv_ref(k_buf, v_buf, loc, k, v)
+    return q, k
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [M, Hq, D], k/v: [N, Hkv, D], mask: [M, N] bool -> [M, Hq, D], in float32."""
     group = q.shape[1] // k.shape[1]

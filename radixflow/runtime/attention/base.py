@@ -11,6 +11,7 @@ import torch
 from radixflow.errors import RadixflowError
 from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.layers.rotary import RotaryEmbedding
 
 
 class AttentionBackend:
@@ -28,6 +29,14 @@ class AttentionBackend:
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D]."""
         raise NotImplementedError
+
+    def forward_rotary(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+        rotary: RotaryEmbedding, layer: int, fb: ForwardBatch,
+    ) -> torch.Tensor:
+        """Rotary embedding on q/k, then `forward`; a backend may fuse the rotation with its KV store."""
+        q, k = rotary(positions, q, k)
+        return self.forward(q, k, v, layer, fb)
 
 
 def create_attention_backend(name: str, device: str, **kwargs) -> AttentionBackend:

@@ -12,6 +12,7 @@ import torch
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.kv_store import store_kv
+from radixflow.kernels.rotary import apply_rotary_store_kv
 from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
@@ -38,8 +39,19 @@ class TritonBackend(AttentionBackend):
         fb.attn_metadata = (q_start, max(fb.extend_lens_list))
 
     def forward(self, q, k, v, layer, fb):
+        store_kv(self.kv_pool.k[layer], self.kv_pool.v[layer], fb.out_cache_loc, k, v)
+        return self._attend(q, layer, fb)
+
+    def forward_rotary(self, positions, q, k, v, rotary, layer, fb):
+        if not (rotary.fused and q.is_cuda):
+            return super().forward_rotary(positions, q, k, v, rotary, layer, fb)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        store_kv(k_buf, v_buf, fb.out_cache_loc, k, v)
+        apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc)
+        return self._attend(q, layer, fb)
+
+    def _attend(self, q, layer, fb):
+        """Attention over the pool, which already holds this batch's K/V."""
+        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
         table = self.req_to_token.table
         if fb.mode == ForwardMode.DECODE:
             return decode_attention(

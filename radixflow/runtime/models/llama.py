@@ -85,8 +85,7 @@ class Attention(nn.Module):
         v = v.view(-1, self.num_kv_heads, self.s.head_dim)
         if self.s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
-        out = backend.forward(q, k, v, self.layer_id, fb)
+        out = backend.forward_rotary(positions, q, k, v, self.rotary, self.layer_id, fb)
         return self.o_proj(out.reshape(-1, self.q_size))
 
 
