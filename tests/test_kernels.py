@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
@@ -24,6 +25,7 @@ from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_t
 from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
+from radixflow.kernels.gemv import choose_gemv, gemv  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
@@ -174,6 +176,36 @@ def test_rotary_store_kv_matches_reference(dtype):
     (qkv, k_buf, v_buf), (want_qkv, want_k, want_v) = _rotary_store_both_ways(5, 3, 2, 16, dtype)
     assert torch.equal(qkv, want_qkv)  # q, k rotated in place, v untouched
     assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)  # only the slots written
+
+
+# -- small-batch GEMV ---------------------------------------------------------------------------
+GEMV_TINY = {"block_n": 16, "block_k": 32, "num_warps": 4, "num_stages": 2}
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype,n,k", [(torch.float32, 48, 64), (torch.float16, 50, 72)])
+def test_gemv_matches_reference(m, bias, dtype, n, k):
+    x = torch.randn(m, k, device=DEV).to(dtype)
+    w = torch.randn(n, k, device=DEV).to(dtype)
+    b = torch.randn(n, device=DEV).to(dtype) if bias else None
+    want = ref.gemv_ref(x, w, b)
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    _close(gemv(x, w, b, config=GEMV_TINY), want, tol)  # several K tiles, ragged N
+    _close(gemv(x, w, b), want, tol)  # the default config: one masked K tile
+
+
+def test_linear_layers_route_small_batches_to_the_gemv():
+    from radixflow.runtime.layers.parallel_linear import merged_column_parallel_linear, row_parallel_linear
+
+    col = merged_column_parallel_linear(64, [24, 24], bias=True).to(DEV)
+    row = row_parallel_linear(48, 32, bias=False).to(DEV)
+    x = torch.randn(9, 64, device=DEV)
+    for layer in (col, row):
+        layer.gemv_max_m = 8
+    want = row(col(x))  # 9 rows: F.linear
+    assert torch.equal(want, F.linear(F.linear(x, col.weight, col.bias), row.weight))
+    _close(row(col(x[:3])), want[:3], 1e-4)  # 3 rows: the GEMV
 
 
 @pytest.mark.parametrize("vocab", [100, 64])
@@ -380,6 +412,37 @@ def test_gpu_rotary_store_kv_llama_shapes(t):
     apply_rotary(pos, q, k, cos, sin)
     store_kv(*sep_bufs, loc, k, v)
     assert torch.equal(qkv, sep_qkv) and all(torch.equal(a, b) for a, b in zip(bufs, sep_bufs))
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k,bias", [(6144, 4096, True), (4096, 14336, False), (128256, 4096, False)])
+def test_gpu_gemv_llama_shapes(n, k, bias):
+    w = (torch.randn(n, k, device=DEV) * k**-0.5).to(torch.bfloat16)
+    b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
+    for m in (1, 3, 8):
+        x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
+        got = gemv(x, w, b)
+        _close(got, ref.gemv_ref(x, w, b), 0.07)  # ~1 bf16 ulp of outputs up to ~8
+        _close(got, F.linear(x, w, b), 0.1)
+    x32, w32 = torch.randn(2, k, device=DEV), w[:4096].float()
+    _close(gemv(x32, w32), ref.gemv_ref(x32, w32), 1e-3)
+
+
+@gpu
+@needs_cuda
+def test_gpu_gemv_chooser_and_cuda_graph():
+    layers = [(torch.randn(6144, 4096, device=DEV, dtype=torch.bfloat16), None) for _ in range(3)]
+    max_m, timings = choose_gemv(layers)
+    assert max_m in (0, 1, 2, 4, 8) and sorted(timings) == [1, 2, 4, 8]
+    assert all(0 < t < 1e4 for pair in timings.values() for t in pair)
+    x = torch.randn(1, 4096, device=DEV, dtype=torch.bfloat16)
+    eager = gemv(x, layers[0][0])
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = gemv(x, layers[0][0])
+    graph.replay()
+    assert torch.equal(out, eager)
 
 
 @gpu

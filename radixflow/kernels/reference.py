@@ -55,6 +55,12 @@ def rotary_store_kv_ref(positions, q, k, v, cos, sin, k_buf, v_buf, loc):
     return q, k
 
 
+def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] @ weight[N, K].T (+ bias) accumulated in float32, rounded once to x's dtype."""
+    b = None if bias is None else bias.float()
+    return F.linear(x.float(), weight.float(), b).to(x.dtype)
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [M, Hq, D], k/v: [N, Hkv, D], mask: [M, N] bool -> [M, Hq, D], in float32."""
     group = q.shape[1] // k.shape[1]

@@ -45,6 +45,8 @@ class ModelRunner:
         self.vocab_size = self.model.shape.vocab_size
         self._init_memory()
         self.model.enable_fused_kernels(getattr(self.backend, "fused_kernels", False))
+        if self.device == "cuda" and getattr(self.backend, "fused_kernels", False):
+            self.model.choose_small_batch_matmuls()  # before graph capture: the graphs bake in the choice
         self.graph_runner = self._init_cuda_graphs()
 
     def _check_arch(self) -> None:

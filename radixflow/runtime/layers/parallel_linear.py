@@ -15,6 +15,10 @@ tp/kv ranks. Every parameter carries `weight_loader(tensor, shard_id)` (a checkp
 tensor, sharded by name) and `load_full(tensor)` (the unsharded fused tensor, for
 dummy weights that must match tp=1). With tp_size=1 the layers are plain nn.Linear /
 nn.Embedding and compute exactly what they did.
+
+On CUDA, `choose_small_batch_matmuls` may route a layer's local matmul with few rows
+(decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS;
+collectives stay where they are.
 """
 
 from __future__ import annotations
@@ -27,8 +31,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import logging
+
 from radixflow.errors import RadixflowError
 from radixflow.runtime.distributed import all_gather_last_dim, all_reduce, get_tp
+
+log = logging.getLogger(__name__)
 
 
 def split_range(total: int, parts: int, index: int) -> tuple[int, int]:
@@ -97,7 +105,43 @@ def load_full_param(param: torch.Tensor, full: torch.Tensor) -> None:
         param.copy_(full)
 
 
-class ColumnParallelLinear(nn.Linear):
+class SmallBatchMatmul:
+    """`matmul`: x @ weight.T (+ bias) through the Triton GEMV for 1..gemv_max_m rows, else F.linear.
+    gemv_max_m stays 0 (always F.linear) unless `choose_small_batch_matmuls` measured the GEMV faster."""
+
+    gemv_max_m = 0
+    weight: torch.Tensor
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
+            from radixflow.kernels.gemv import gemv
+
+            return gemv(x, self.weight, bias)
+        return F.linear(x, self.weight, bias)
+
+
+def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, int]:
+    """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
+    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
+    from radixflow.kernels.gemv import choose_gemv
+
+    groups: dict[tuple, list[SmallBatchMatmul]] = {}
+    for layer in layers:
+        bias = getattr(layer, "bias", None)
+        groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None), []).append(layer)
+    chosen = {}
+    for (n, k, dtype, has_bias), group in groups.items():
+        max_m, timings = choose_gemv([(g.weight, getattr(g, "bias", None)) for g in group])
+        for g in group:
+            g.gemv_max_m = max_m
+        name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"
+        chosen[name] = max_m
+        times = ", ".join(f"M={m} cublas {b:.1f} triton {t:.1f}" for m, (b, t) in timings.items())
+        log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV for M <= {max_m}" if max_m else "cuBLAS")
+    return chosen
+
+
+class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
     """Output rows split across ranks, one `Part` per fused block."""
 
     def __init__(self, in_features: int, parts: Sequence[Part], bias: bool):
@@ -123,6 +167,9 @@ class ColumnParallelLinear(nn.Linear):
         for p, block in zip(self.parts, blocks):
             self._load(param, block, p.key)
 
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, self.bias)
+
 
 def qkv_parallel_linear(hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> ColumnParallelLinear:
     tp = get_tp()
@@ -140,7 +187,7 @@ def merged_column_parallel_linear(in_features: int, sizes: Sequence[int], bias: 
     return ColumnParallelLinear(in_features, parts, bias)
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(SmallBatchMatmul, nn.Linear):
     """Input columns `[start, start + size)` of the full layer on this rank; outputs summed."""
 
     def __init__(self, full_in: int, out_features: int, start: int, size: int, bias: bool):
@@ -160,8 +207,8 @@ class RowParallelLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return super().forward(x)
-        out = all_reduce(F.linear(x, self.weight), self.tp)
+            return self.matmul(x, self.bias)
+        out = all_reduce(self.matmul(x), self.tp)
         return out if self.bias is None else out + self.bias
 
 
@@ -173,7 +220,7 @@ def row_parallel_linear(full_in: int, out_features: int, bias: bool, start: Opti
     return RowParallelLinear(full_in, out_features, start, size, bias)
 
 
-class VocabParallelEmbedding(nn.Embedding):
+class VocabParallelEmbedding(SmallBatchMatmul, nn.Embedding):
     """Rows `[start, start + per_rank)` of the vocabulary; rows past the vocabulary are zero."""
 
     def __init__(self, vocab_size: int, dim: int):
@@ -197,6 +244,10 @@ class VocabParallelEmbedding(nn.Embedding):
         outside = (local < 0) | (local >= self.valid)
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         return all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0), self.tp)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """This layer as the output head: [N, hidden] -> [N, vocab] on every rank."""
+        return self.gather_logits(self.matmul(hidden))
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[N, vocab/tp] on each rank (this layer as the output head) -> [N, vocab] on every rank."""

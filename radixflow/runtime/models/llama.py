@@ -17,8 +17,11 @@ from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.forward_batch import ForwardBatch
 from radixflow.runtime.layers.norm import RMSNorm
 from radixflow.runtime.layers.parallel_linear import (
+    ColumnParallelLinear,
     ParallelLMHead,
+    RowParallelLinear,
     VocabParallelEmbedding,
+    choose_small_batch_matmuls,
     load_param,
     merged_column_parallel_linear,
     qkv_parallel_linear,
@@ -145,6 +148,13 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
                 m.fused = on
 
+    def choose_small_batch_matmuls(self) -> dict[str, int]:
+        """CUDA: per linear shape (and the output head), use the Triton GEMV for decode-sized
+        batches where it times faster than cuBLAS. Call before capturing CUDA graphs."""
+        linears = [m for m in self.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        return choose_small_batch_matmuls(linears + [head])
+
     def local_heads(self) -> tuple[int, int]:
         """(query heads, KV heads) this tensor-parallel rank computes and caches."""
         attn = self.layers[0].self_attn
@@ -167,7 +177,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return head.gather_logits(F.linear(hidden, head.weight)).float()  # all of the vocabulary
+        return head.logits(hidden).float()  # all of the vocabulary
 
     # -- weights -----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,0 +1,120 @@
+"""Triton GEMV for a few rows (decode at batch 1..8): out[M, N] = x[M, K] @ weight[N, K].T (+ bias).
+
+Each program owns BLOCK_N outputs and streams their weight rows over all of K with wide
+loads, accumulating x * w elementwise in float32 and reducing once at the end, so there is
+no split-K partial buffer and no second kernel. For M > 1 the K tile shrinks by M to keep
+the accumulator's registers constant. Reference: `reference.gemv_ref`.
+
+Whether it beats cuBLAS depends on the shape and the GPU, so `choose_gemv` times both on
+the model's own weights and the layers use the winner (runtime/layers/parallel_linear.py).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+# Launch parameters (benchmarks/gpu_kernel_bench.py sweeps alternatives at the Llama-3-8B shapes).
+GEMV_CONFIG = {"block_n": 16, "block_k": 512, "num_warps": 4, "num_stages": 2}
+GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, Bias, Out,
+    M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_n = offs_n < N
+    w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask_k = (k0 + offs_k) < K
+            w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            x = tl.load(x_ptrs + k0, mask=mask_k[None, :], other=0.0)
+            acc += w.to(tl.float32) * x.to(tl.float32)
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            mask_k = (k0 + offs_k) < K
+            w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
+            x = tl.load(x_ptrs + k0, mask=(offs_m[:, None] < M) & mask_k[None, :], other=0.0)
+            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        out = tl.sum(acc3, axis=2)
+    if HAS_BIAS:
+        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & mask_n[None, :])
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype."""
+    cfg = GEMV_CONFIG if config is None else config
+    m, k = x.shape
+    n = weight.shape[0]
+    assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    out = torch.empty((m, n), dtype=x.dtype, device=x.device)
+    block_m = triton.next_power_of_2(m)
+    _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
+        x, weight, out if bias is None else bias, out,
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        BLOCK_K=max(16, cfg["block_k"] // block_m), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return out
+
+
+# -- choosing between cuBLAS and the GEMV ---------------------------------------------------
+def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmup: int = 3) -> float:
+    """Mean GPU time of fn(i), i in range(calls), captured in one CUDA graph (launch costs as in a
+    decode step, which replays a graph)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fn(0)  # compile, settle cuBLAS's workspace on the capture stream
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        for i in range(calls):
+            fn(i)
+    for _ in range(warmup):
+        graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        graph.replay()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1e3 / (reps * calls)
+
+
+@torch.inference_mode()
+def choose_gemv(
+    layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], ms: Sequence[int] = (1, 2, 4, 8)
+) -> tuple[int, dict[int, tuple[float, float]]]:
+    """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
+    turn so the L2 cache holds what it holds in a real step). Returns the largest M up to which the
+    GEMV won at every timed M (0: always cuBLAS) and {M: (cublas_us, gemv_us)}."""
+    w0 = layers[0][0]
+    calls = max(len(layers), 8)
+    timings, max_m, winning = {}, 0, True
+    for m in ms:
+        x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
+        blas = time_graph_us(lambda i: F.linear(x, *layers[i % len(layers)]), calls)
+        mine = time_graph_us(lambda i: gemv(x, *layers[i % len(layers)]), calls)
+        timings[m] = (blas, mine)
+        winning = winning and mine < blas
+        max_m = m if winning else max_m
+    return max_m, timings
