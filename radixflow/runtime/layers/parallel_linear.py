@@ -23,6 +23,7 @@ collectives stay where they are.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from functools import partial
 from typing import Hashable, Optional, Sequence
@@ -30,8 +31,6 @@ from typing import Hashable, Optional, Sequence
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-import logging
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.distributed import all_gather_last_dim, all_reduce, get_tp
