@@ -165,19 +165,20 @@ def free(eng) -> None:
         torch.cuda.empty_cache()
 
 
-def run_prompts(eng, prompts: list[dict], a: argparse.Namespace) -> tuple[list[dict], float]:
-    """Greedy, in two waves (even then odd prompts) so shared prefixes of wave 2 hit the radix cache."""
+def run_prompts(eng, prompts: list[dict], a: argparse.Namespace, logprobs: bool = True) -> tuple[list[dict], float]:
+    """Greedy, in two waves (even then odd prompts) so shared prefixes of wave 2 hit the radix cache.
+    Without logprobs the decode passes run under overlap scheduling (the CUDA default)."""
     params = {"max_new_tokens": a.max_new_tokens, "temperature": 0.0, "ignore_eos": a.ignore_eos}
     eng.flush_cache()
     results: dict[int, dict] = {}
     t = time.perf_counter()
     for wave in (prompts[0::2], prompts[1::2]):
         outs = eng.generate(input_ids=[p["ids"] for p in wave], sampling_params=params,
-                            return_logprob=True, top_logprobs_num=TOPK, return_text_in_logprobs=False)
+                            return_logprob=logprobs, top_logprobs_num=TOPK if logprobs else 0, return_text_in_logprobs=False)
         for p, o in zip(wave, outs):
             m = o["meta_info"]
             results[p["i"]] = {"ids": o["output_ids"], "text": o["text"], "cached": m["cached_tokens"],
-                               "top": [[(lp, tid) for lp, tid, _ in row] for row in m["output_top_logprobs"]]}
+                               "top": [[(lp, tid) for lp, tid, _ in row] for row in m.get("output_top_logprobs") or []]}
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return [results[p["i"]] for p in prompts], time.perf_counter() - t
@@ -237,6 +238,10 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
     cand_name, ref_name = a.backends
     cand_eng, cand_start = make_engine(folder, cand_name, dtype, a)
     cand, cand_s = run_prompts(cand_eng, prompts, a)
+    chained = cand_eng.scheduler.stats.chained_decode_steps
+    plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
+    overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
+               "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
     free(cand_eng)
     del cand_eng
     ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
@@ -255,6 +260,7 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
                "closest_call_matched": min((r["min_margin_ref_before_diff"] for r in rows
                                             if r["match"] and r["min_margin_ref_before_diff"] is not None), default=None),
                "divergences": divs,
+               "candidate_overlap_vs_logprob_run": overlap,
                "seconds": {"candidate_start": cand_start, "candidate_gen": cand_s,
                            "reference_start": ref_start, "reference_gen": ref_s}}
     return {"summary": summary, "prompts": rows}
@@ -282,6 +288,9 @@ def print_table(res: dict, cand_name: str) -> None:
         print(f"\n== {dtype}: {s['matches']}/{s['of']} identical (need {s['need']}), "
               f"{s['tokens_compared']} tokens compared, {s['cached_tokens']} prompt tokens from the radix cache, "
               f"closest call among matches {s['closest_call_matched']} nats -> {'PASS' if s['pass'] else 'FAIL'}")
+        ov = s["candidate_overlap_vs_logprob_run"]
+        print(f"  {cand_name} without logprobs (overlapped decode, {ov['chained_decode_steps']} chained passes): "
+              f"{ov['identical']}/{ov['of']} identical to its logprob run")
         for d in s["divergences"]:
             if "ref_token" not in d:
                 print(f"  #{d['i']:2d} pos {d['pos']}: {d['note']}")
