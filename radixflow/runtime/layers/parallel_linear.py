@@ -119,6 +119,20 @@ class SmallBatchMatmul:
         return F.linear(x, self.weight, bias)
 
 
+_MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)
+
+
+def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    global _MM_OUT_DTYPE
+    if _MM_OUT_DTYPE:
+        try:
+            return torch.mm(x, weight.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            _MM_OUT_DTYPE = False
+            logging.getLogger(__name__).warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
+    return F.linear(x, weight).float()
+
+
 def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, int]:
     """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
     and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
@@ -245,8 +259,14 @@ class VocabParallelEmbedding(SmallBatchMatmul, nn.Embedding):
         return all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0), self.tp)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This layer as the output head: [N, hidden] -> [N, vocab] on every rank."""
-        return self.gather_logits(self.matmul(hidden))
+        """This layer as the output head: [N, hidden] -> [N, vocab] float32 on every rank.
+
+        Half-precision inputs still give float32 logits (accumulated in float32 and not
+        rounded): bf16 logits are ~0.125 apart near 20, so greedy decoding would meet exact
+        ties that any last-bit difference upstream breaks either way."""
+        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
+            return self.gather_logits(_mm_float32(hidden, self.weight))
+        return self.gather_logits(self.matmul(hidden).float())
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[N, vocab/tp] on each rank (this layer as the output head) -> [N, vocab] on every rank."""

@@ -152,8 +152,7 @@ class LlamaForCausalLM(nn.Module):
         """CUDA: per linear shape (and the output head), use the Triton GEMV for decode-sized
         batches where it times faster than cuBLAS. Call before capturing CUDA graphs."""
         linears = [m for m in self.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-        head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return choose_small_batch_matmuls(linears + [head])
+        return choose_small_batch_matmuls(linears)  # the head computes float32 logits by its own path
 
     def local_heads(self) -> tuple[int, int]:
         """(query heads, KV heads) this tensor-parallel rank computes and caches."""
@@ -177,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return head.logits(hidden).float()  # all of the vocabulary
+        return head.logits(hidden)  # float32, all of the vocabulary
 
     # -- weights -----------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
