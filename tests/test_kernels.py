@@ -174,8 +174,10 @@ def _rotary_store_both_ways(t, hq, hk, d, dtype, max_pos=32, slots=20):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_rotary_store_kv_matches_reference(dtype):
     (qkv, k_buf, v_buf), (want_qkv, want_k, want_v) = _rotary_store_both_ways(5, 3, 2, 16, dtype)
-    assert torch.equal(qkv, want_qkv)  # q, k rotated in place, v untouched
-    assert torch.equal(k_buf, want_k) and torch.equal(v_buf, want_v)  # only the slots written
+    # the GPU may contract x1*c - x2*s into one FMA: equal up to the last bit, not bitwise
+    torch.testing.assert_close(qkv, want_qkv, rtol=2e-6 if dtype == torch.float32 else 1e-3, atol=1e-6)  # in place
+    torch.testing.assert_close(k_buf, want_k, rtol=2e-6 if dtype == torch.float32 else 1e-3, atol=1e-6)
+    assert torch.equal(v_buf, want_v)  # v copied unchanged, only into the slots
 
 
 # -- small-batch GEMV ---------------------------------------------------------------------------
