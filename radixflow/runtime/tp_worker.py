@@ -101,7 +101,7 @@ def broadcast_step(pool: "RecordingReqToTokenPool", fb: ForwardBatch, tp: TPCont
     ).to(torch.int64)
     header = [KIND[fb.mode], fb.num_tokens, fb.batch_size, fb.logits_indices.numel(), len(writes),
               sum(w[2].numel() for w in writes), digest is not None, digest or 0]  # fmt: skip
-    _broadcast(torch.tensor(header, dtype=torch.int64).to(device), tp)
+    _broadcast(torch.tensor(header, dtype=torch.int64).to(device, non_blocking=True), tp)  # no wait for the GPU
     _broadcast(payload, tp)
 
 
