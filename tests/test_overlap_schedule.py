@@ -94,3 +94,15 @@ def test_overlap_under_kv_pressure_retracts_and_keeps_outputs(engine):
         assert small.scheduler.stats.chained_decode_steps > 0
         assert [o["output_ids"] for o in outs] == ref
         _settle(small.scheduler)
+
+
+def test_overlap_and_batch_defaults_follow_the_device():
+    from radixflow import ServerArgs
+
+    args = ServerArgs()
+    assert args.overlap_enabled("cuda") and not args.overlap_enabled("cpu")
+    assert ServerArgs(overlap_schedule="on").overlap_enabled("cpu")
+    assert not ServerArgs(overlap_schedule="off").overlap_enabled("cuda")
+    assert not ServerArgs(disable_overlap_schedule=True).overlap_enabled("cuda")
+    assert ServerArgs().resolve_max_running("cuda") == 1024 and ServerArgs().resolve_max_running("cpu") == 256
+    assert ServerArgs(max_running_requests=8).resolve_max_running("cuda") == 8
