@@ -197,17 +197,22 @@ def test_gemv_matches_reference(m, bias, dtype, n, k):
     _close(gemv(x, w, b), want, tol)  # the default config: one masked K tile
 
 
-def test_linear_layers_route_small_batches_to_the_gemv():
+def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
+    import radixflow.kernels.gemv as gemv_module
     from radixflow.runtime.layers.parallel_linear import merged_column_parallel_linear, row_parallel_linear
 
+    calls = []
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a: calls.append(a[0].shape[0]) or gemv(*a))
     col = merged_column_parallel_linear(64, [24, 24], bias=True).to(DEV)
     row = row_parallel_linear(48, 32, bias=False).to(DEV)
     x = torch.randn(9, 64, device=DEV)
     for layer in (col, row):
         layer.gemv_max_m = 8
     want = row(col(x))  # 9 rows: F.linear
+    assert calls == []
     assert torch.equal(want, F.linear(F.linear(x, col.weight, col.bias), row.weight))
     _close(row(col(x[:3])), want[:3], 1e-4)  # 3 rows: the GEMV
+    assert calls == [3, 3]
 
 
 @pytest.mark.parametrize("vocab", [100, 64])

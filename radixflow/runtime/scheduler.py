@@ -29,7 +29,7 @@ from radixflow.runtime.kv_manager import KVManager
 from radixflow.runtime.logprobs import LogprobCollector
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.req import Req, ReqOutput, ReqState
-from radixflow.runtime.sampler import record_sampled, sample
+from radixflow.runtime.sampler import SampleResult, record_sampled, sample
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.stop_checker import StopChecker
 
@@ -45,7 +45,7 @@ class InflightDecode:
     """A decode pass launched but not yet read back."""
 
     reqs: list
-    next_ids: torch.Tensor  # [B] sampled ids on the device: the next pass's input
+    result: SampleResult  # next_ids on the device: the next pass's input
     host_ids: torch.Tensor  # [B] their host copy, valid once `ready` has completed
     ready: Optional[torch.cuda.Event]
 
@@ -137,9 +137,9 @@ class Scheduler:
         touched = self._poll_grammars()
         batch = self._form_extend_batch()
         if self.inflight is not None:
-            if not batch and self._can_chain():
-                touched += self._chain_decode()
-                return self._outputs(touched)
+            chained = None if batch else self._chain_decode()
+            if chained is not None:
+                return self._outputs(touched + chained)
             touched += self._drain()
         if batch:
             touched += self._run_extend(batch)
@@ -340,7 +340,7 @@ class Scheduler:
     # -- decode ----------------------------------------------------------------------------------
     def _decode(self) -> list[Req]:
         reqs = self.running
-        if self.overlap and all(r.seq_len - r.kv_len == 1 and self._overlappable(r) for r in reqs) and self._room_for(reqs, 2):
+        if self.overlap and all(r.seq_len - r.kv_len == 1 and self._overlappable(r) for r in reqs) and self._room_for(reqs):
             self.inflight = self._launch_decode(list(reqs), None)
             return []
         return self._run_decode()
@@ -356,12 +356,10 @@ class Scheduler:
             and req.segment_len > s.min_new_tokens  # the stop-token mask must not depend on the lag
         )  # fmt: skip
 
-    def _room_for(self, reqs: list, slots_each: int) -> bool:
-        return self.kv.available_slots() >= len(reqs) * slots_each * self.args.page_size
-
-    def _can_chain(self) -> bool:
-        live = [r for r in self.inflight.reqs if not r.finished]
-        return bool(live) and self.chunked is None and self._room_for(live, 2)
+    def _room_for(self, reqs: list) -> bool:
+        """Free or evictable slots for every pending token of `reqs` and one more each, in any page layout."""
+        pending = sum(r.seq_len - r.kv_len for r in reqs)
+        return self.kv.available_slots() >= (pending + len(reqs)) * self.args.page_size
 
     def _launch_decode(self, reqs: list[Req], ids: Optional[torch.Tensor]) -> InflightDecode:
         """Launch one decode pass; `ids` (on the device) are its input tokens, else each
@@ -376,23 +374,27 @@ class Scheduler:
         logits = self.runner.forward(fb)
         for r in reqs:
             r.kv_len += 1
-        next_ids = sample(logits, reqs, self.eos_ids).next_ids
-        host_ids = next_ids.to("cpu", non_blocking=True)
+        result = sample(logits, reqs, self.eos_ids)
+        host_ids = result.next_ids.to("cpu", non_blocking=True)
         ready = None
-        if next_ids.is_cuda:
+        if result.next_ids.is_cuda:
             ready = torch.cuda.Event()
             ready.record()
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        return InflightDecode(reqs, next_ids, host_ids, ready)
+        return InflightDecode(reqs, result, host_ids, ready)
 
-    def _chain_decode(self) -> list[Req]:
-        """Launch the next pass from the in-flight pass's ids, then read those back."""
+    def _chain_decode(self) -> Optional[list[Req]]:
+        """Launch the next pass from the in-flight pass's ids, then read those back; None
+        (nothing launched) when the in-flight pass must be drained first."""
         prev = self.inflight
         keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
-        ids = prev.next_ids
+        reqs = [prev.reqs[i] for i in keep]
+        if not reqs or self.chunked is not None or not self._room_for(reqs):
+            return None
+        ids = prev.result.next_ids
         if len(keep) < len(prev.reqs):
             ids = ids[torch.tensor(keep).to(ids.device, non_blocking=True)]
-        self.inflight = self._launch_decode([prev.reqs[i] for i in keep], ids)
+        self.inflight = self._launch_decode(reqs, ids)
         self.stats.chained_decode_steps += 1
         return self._read_back(prev)
 
@@ -401,37 +403,28 @@ class Scheduler:
         return self._read_back(prev)
 
     def _read_back(self, done: InflightDecode) -> list[Req]:
-        """Per-request work for a completed pass; requests finished since it was
-        launched drop its token (it was an extra one)."""
+        """Per-request work for a completed decode pass."""
         if done.ready is not None:
             done.ready.synchronize()
-        pairs = [(r, t) for r, t in zip(done.reqs, done.host_ids.tolist()) if not r.finished]
-        reqs = [r for r, _ in pairs]
-        self._advance(reqs, [t for _, t in pairs], None)
+        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result)
         self.running = [r for r in self.running if not r.finished]
         self.stats.decode_tokens += len(reqs)
         return reqs
 
     def _run_decode(self) -> list[Req]:
-        """One token per running request; requests holding several pending tokens
-        (jump-forward, appended program text) make it an extend pass."""
+        """One token per running request, read back at once; requests holding several
+        pending tokens (jump-forward, appended program text) make it an extend pass."""
         self._make_room_for_decode()
         if not self.running:
             return []
         reqs = list(self.running)
         ext = [r.seq_len - r.kv_len for r in reqs]
         assert min(ext) >= 1, "a running request has no pending token"
-        prefix = [r.kv_len for r in reqs]
         if max(ext) == 1:
-            mode, locs = ForwardMode.DECODE, self.kv.alloc_decode(reqs)
-            assert locs is not None, "decode room was reserved"
-            ids = [r.output_ids[-1] for r in reqs]
-            positions = torch.tensor(prefix, dtype=torch.int64)
-            rows = [[i] for i in range(len(reqs))]
-        else:
-            mode, ids, positions, locs, rows = ForwardMode.EXTEND, *self._pending_tokens(reqs, ext)
-        batch = [(r, n) for r, n in zip(reqs, ext)]
-        fb = self._forward_batch(mode, ids, positions, locs, batch, prefix, ext, rows)
+            return self._read_back(self._launch_decode(reqs, None))
+        prefix = [r.kv_len for r in reqs]
+        ids, positions, locs, rows = self._pending_tokens(reqs, ext)
+        fb = self._forward_batch(ForwardMode.EXTEND, ids, positions, locs, list(zip(reqs, ext)), prefix, ext, rows)
         logits = self.runner.forward(fb)
         for r, n in zip(reqs, ext):
             r.kv_len += n
@@ -455,8 +448,7 @@ class Scheduler:
 
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
-        pending = sum(r.seq_len - r.kv_len for r in self.running)
-        if self.kv.available_slots() >= (pending + len(self.running)) * self.args.page_size:
+        if self._room_for(self.running):
             return  # enough for any page layout: skip the per-request count
         while self.running:
             need = sum(self.kv.pages_needed(r, r.seq_len - r.kv_len) for r in self.running) * self.args.page_size
@@ -480,11 +472,15 @@ class Scheduler:
         result = sample(logits, reqs, self.eos_ids)
         self._advance(reqs, result.next_ids.tolist(), result)
 
-    def _advance(self, reqs: list[Req], next_ids: list, result) -> None:
-        """Append each request's sampled token; check stops; retire finished requests."""
-        record_sampled(reqs, next_ids)
+    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult) -> list[Req]:
+        """Append each request's sampled token; check stops; retire finished requests.
+        A request finished before its token arrived (aborted, or done while an overlapped
+        pass computed one token more) drops it. Returns the requests advanced."""
+        live = [i for i, r in enumerate(reqs) if not r.finished]
+        record_sampled([reqs[i] for i in live], [next_ids[i] for i in live])
         now = time.time()
-        for i, (req, tok) in enumerate(zip(reqs, next_ids)):
+        for i in live:
+            req, tok = reqs[i], next_ids[i]
             req.output_ids.append(tok)
             if req.first_token_time is None:
                 req.first_token_time = now
@@ -499,6 +495,7 @@ class Scheduler:
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
                 self._retire(req)
+        return [reqs[i] for i in live]
 
     def _apply_jump_forward(self, req: Req) -> None:
         """Append tokens the grammar forces, without sampling them; their KV is computed

@@ -129,7 +129,7 @@ def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
             return torch.mm(x, weight.t(), out_dtype=torch.float32)
         except (RuntimeError, TypeError):
             _MM_OUT_DTYPE = False
-            logging.getLogger(__name__).warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
+            log.warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
     return F.linear(x, weight).float()
 
 
@@ -233,7 +233,7 @@ def row_parallel_linear(full_in: int, out_features: int, bias: bool, start: Opti
     return RowParallelLinear(full_in, out_features, start, size, bias)
 
 
-class VocabParallelEmbedding(SmallBatchMatmul, nn.Embedding):
+class VocabParallelEmbedding(nn.Embedding):
     """Rows `[start, start + per_rank)` of the vocabulary; rows past the vocabulary are zero."""
 
     def __init__(self, vocab_size: int, dim: int):
@@ -266,7 +266,7 @@ class VocabParallelEmbedding(SmallBatchMatmul, nn.Embedding):
         ties that any last-bit difference upstream breaks either way."""
         if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
             return self.gather_logits(_mm_float32(hidden, self.weight))
-        return self.gather_logits(self.matmul(hidden).float())
+        return self.gather_logits(F.linear(hidden, self.weight).float())
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[N, vocab/tp] on each rank (this layer as the output head) -> [N, vocab] on every rank."""

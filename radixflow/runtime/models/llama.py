@@ -149,10 +149,10 @@ class LlamaForCausalLM(nn.Module):
                 m.fused = on
 
     def choose_small_batch_matmuls(self) -> dict[str, int]:
-        """CUDA: per linear shape (and the output head), use the Triton GEMV for decode-sized
-        batches where it times faster than cuBLAS. Call before capturing CUDA graphs."""
+        """CUDA: per linear shape, use the Triton GEMV for decode-sized batches where it times
+        faster than cuBLAS (the output head has its own float32 path). Call before capturing CUDA graphs."""
         linears = [m for m in self.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-        return choose_small_batch_matmuls(linears)  # the head computes float32 logits by its own path
+        return choose_small_batch_matmuls(linears)
 
     def local_heads(self) -> tuple[int, int]:
         """(query heads, KV heads) this tensor-parallel rank computes and caches."""
