@@ -410,6 +410,23 @@ def _profile_replay(runner, steps: int = 20) -> list:
     return [(e.key[:60], round(getattr(e, "device_time_total", 0) / steps, 1), e.count // steps) for e in rows[:10]]
 
 
+def _pdl_off_rates(eng, prompt: list) -> dict:
+    """The same engine with a batch-1 graph captured without PDL (kernels/pdl.py), in the same run."""
+    from radixflow.kernels import pdl
+    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+
+    runner, g = eng.runner, eng.runner.graph_runner
+    before = pdl.set_enabled(False)
+    try:
+        runner.graph_runner = CudaGraphRunner(runner.model, runner.backend, 1)
+        out = {"graph_tok_s_pdl_off": _decode_rate(eng, prompt, SZ["bs1_out"]),
+               "replay_step_ms_pdl_off": cuda_time(lambda: runner.graph_runner.graphs[1].replay(), 50) * 1e3}
+    finally:
+        pdl.set_enabled(before)
+        runner.graph_runner = g
+    return out
+
+
 def sec_decode_bs1() -> dict:
     eng = OPTS.bench_engine
     runner = eng.runner
@@ -426,6 +443,7 @@ def sec_decode_bs1() -> dict:
         out["replay_step_ms"] = step * 1e3
         out["replay_only_tok_s"] = 1 / step
         out["replay_GBps"] = read / step / 1e9
+        out.update(_pdl_off_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g

@@ -7,6 +7,7 @@
   model's load-time chooser) picks for M = 1, 2, 4, 8. Each layer cycles over enough weight
   copies to exceed the L2 cache, as the 32 layers of a decode step do.
 - rotary_kv: rotary + KV store as two kernels vs the fused kernel, T = 1 and 64 tokens.
+- layer_chain: a batch-1 decode step minus attention, with PDL on/off and SiLU fused or not.
 Every kernel is checked against its torch reference first. Times are per call inside a CUDA
 graph (as a decode step replays one). Writes DIR/kernel_bench.json and prints a table.
 """
@@ -128,6 +129,56 @@ def bench_rotary_kv(t: int) -> dict:
     return res
 
 
+def bench_layer_chain() -> dict:
+    """A batch-1 decode step without attention: per layer RMSNorm, qkv GEMV, rotary + KV store,
+    o GEMV, RMSNorm, gate_up GEMV, SiLU-and-mul, down GEMV; 32 layers over 8 weight copies (well
+    past L2). Variants: PDL on/off (kernels/pdl.py) x SiLU fused into the down GEMV or not, and
+    cuBLAS for every matmul. us per step, and TB/s of weight bytes."""
+    from radixflow.kernels import pdl
+    from radixflow.kernels.norm_act import rmsnorm, silu_and_mul
+
+    copies = 8
+    mk = lambda n, k: (torch.randn(n, k, device=DEV) * k**-0.5).to(DTYPE)  # noqa: E731
+    layers = [{name: mk(n, k) for name, (n, k, _) in SHAPES.items() if name != "lm_head"} for _ in range(copies)]
+    norm_w = torch.ones(HIDDEN, device=DEV, dtype=DTYPE)
+    cos, sin = ref_tables(8192)
+    k_buf = torch.zeros(4096, KV_HEADS, HEAD_DIM, device=DEV, dtype=DTYPE)
+    v_buf = torch.zeros_like(k_buf)
+    pos, loc = torch.tensor([300], device=DEV), torch.tensor([17], device=DEV)
+    x0, r0 = (torch.randn(1, HIDDEN, device=DEV, dtype=DTYPE) for _ in range(2))
+    step_bytes = sum(w.numel() * DTYPE.itemsize for w in layers[0].values()) * LAYERS
+
+    def step(mm, fuse: bool):
+        x, r = x0, r0
+        for i in range(LAYERS):
+            w = layers[i % copies]
+            h, r = rmsnorm(x, norm_w, 1e-5, r)
+            q, k, v = _split(mm(h, w["qkv"]))
+            apply_rotary_store_kv(pos, q, k, v, cos, sin, k_buf, v_buf, loc)
+            h, r = rmsnorm(mm(q.reshape(1, -1), w["o"]), norm_w, 1e-5, r)
+            gu = mm(h, w["gate_up"])
+            x = gemv(gu, w["down"], silu_mul=True) if fuse else mm(silu_and_mul(gu), w["down"])
+        return x
+
+    res, outs = {}, {}
+    variants = {"cublas": (F.linear, False, False)}
+    for on in (False, True):
+        for fuse in (False, True):
+            variants[f"pdl_{'on' if on else 'off'}_silu_{'fused' if fuse else 'kernel'}"] = (gemv, fuse, on)
+    for name, (mm, fuse, on) in variants.items():
+        before = pdl.set_enabled(on)
+        try:
+            outs[name] = step(mm, fuse)
+            us = time_graph_us(lambda i: step(mm, fuse), 1, reps=10)
+            res[name] = {"us": us, "weight_tbs": step_bytes / us / 1e6}
+        finally:
+            pdl.set_enabled(before)
+    gemv_outs = [o for n, o in outs.items() if n != "cublas"]
+    res["gemv_variants_equal"] = all(torch.equal(gemv_outs[0], o) for o in gemv_outs[1:])
+    res["max_err_vs_cublas"] = _max_err(gemv_outs[0], outs["cublas"])
+    return res
+
+
 def ref_tables(max_pos: int) -> tuple[torch.Tensor, torch.Tensor]:
     inv = 1.0 / (500000.0 ** (torch.arange(0, HEAD_DIM, 2, device=DEV).float() / HEAD_DIM))
     emb = torch.outer(torch.arange(max_pos, device=DEV).float(), inv).repeat(1, 2)
@@ -155,6 +206,7 @@ def main() -> None:
         print(f"{name} done", flush=True)
     for t in (1, 64):
         results["rotary_kv"][f"T{t}"] = bench_rotary_kv(t)
+    results["layer_chain"] = bench_layer_chain()
     ok = set.intersection(*(set(r["sweep_us"]) for r in results["gemv"].values()))
     per_cfg = {c: sum(r["sweep_us"][c] * r["per_step"] for r in results["gemv"].values()) for c in ok}
     results["step_us_by_config"] = per_cfg
@@ -175,6 +227,10 @@ def print_table(res: dict) -> None:
               f"{r['triton_tbs']:5.2f} {r['best_config']:>20} {r['best_us']:7.1f} {r['best_tbs']:5.2f} {chosen:>8} {errs:>12}")
     print("decode-step matmul us (x per-step calls): cuBLAS %.0f | " % res["step_us_cublas"]
           + " | ".join(f"{c} {us:.0f}" for c, us in sorted(res["step_us_by_config"].items(), key=lambda kv: kv[1])))
+    chain = res["layer_chain"]
+    print("decode step without attention (us, weight TB/s): " + " | ".join(
+        f"{n} {r['us']:.0f} {r['weight_tbs']:.2f}" for n, r in chain.items() if isinstance(r, dict))
+        + f"; GEMV variants equal: {chain['gemv_variants_equal']}, max err vs cuBLAS {chain['max_err_vs_cublas']:.3f}")
     for t, r in res["rotary_kv"].items():
         print(f"rotary+store {t}: separate {r['separate_us']:.2f} us, fused {r['fused_us']:.2f} us per layer; "
               f"max err vs ref {r['max_err_vs_ref']:.3f}, equal to separate kernels: {r['equal_to_separate']}")

@@ -202,7 +202,7 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     from radixflow.runtime.layers.parallel_linear import merged_column_parallel_linear, row_parallel_linear
 
     calls = []
-    monkeypatch.setattr(gemv_module, "gemv", lambda *a: calls.append(a[0].shape[0]) or gemv(*a))
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or gemv(*a, **kw))
     col = merged_column_parallel_linear(64, [24, 24], bias=True).to(DEV)
     row = row_parallel_linear(48, 32, bias=False).to(DEV)
     x = torch.randn(9, 64, device=DEV)
@@ -213,6 +213,33 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     assert torch.equal(want, F.linear(F.linear(x, col.weight, col.bias), row.weight))
     _close(row(col(x[:3])), want[:3], 1e-4)  # 3 rows: the GEMV
     assert calls == [3, 3]
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_gemv_with_silu_mul_is_the_two_kernels(m, dtype):
+    """The down projection's fused input: bit for bit the SiLU-and-mul kernel followed by the GEMV."""
+    gate_up = torch.randn(m, 2 * 40, device=DEV).to(dtype)
+    w = torch.randn(24, 40, device=DEV).to(dtype)
+    fused = gemv(gate_up, w, silu_mul=True, config=GEMV_TINY)
+    assert torch.equal(fused, gemv(silu_and_mul(gate_up), w, config=GEMV_TINY))
+    _close(fused, ref.gemv_ref(ref.silu_and_mul_ref(gate_up), w), 1e-4 if dtype == torch.float32 else 2e-2)
+
+
+def test_mlp_down_projection_fuses_silu_only_on_the_gemv_path(monkeypatch):
+    import radixflow.kernels.gemv as gemv_module
+    from radixflow.runtime.layers.parallel_linear import row_parallel_linear
+
+    calls = []
+    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(kw.get("silu_mul")) or gemv(*a, **kw))
+    down = row_parallel_linear(40, 24, bias=False).to(DEV)
+    down.gemv_max_m = 4
+    gate_up = torch.randn(6, 80, device=DEV)
+    want = F.linear(F.silu(gate_up[:, :40]) * gate_up[:, 40:], down.weight)
+    _close(down(gate_up, silu_mul=True), want, 1e-4)  # 6 rows: SiLU kernel, then F.linear
+    assert calls == []
+    _close(down(gate_up[:2], silu_mul=True), want[:2], 1e-4)  # 2 rows: one fused GEMV
+    assert calls == [True]
 
 
 @pytest.mark.parametrize("vocab", [100, 64])
@@ -450,6 +477,45 @@ def test_gpu_gemv_chooser_and_cuda_graph():
         out = gemv(x, layers[0][0])
     graph.replay()
     assert torch.equal(out, eager)
+
+
+def _decode_like_chain(x, res, norm_w, w_up, w_down, layers: int = 6):
+    """rmsnorm -> GEMV -> fused SiLU GEMV, `layers` times: each kernel reads the previous one's output."""
+    for _ in range(layers):
+        h, res = rmsnorm(x, norm_w, 1e-5, res)
+        x = gemv(gemv(h, w_up), w_down, silu_mul=True)
+    return x, res
+
+
+@gpu
+@needs_cuda
+def test_gpu_pdl_chain_in_a_cuda_graph_equals_plain_launches():
+    """Kernels launched with PDL start before their predecessor ends; in a captured graph the
+    results must equal ordinary launches bit for bit (a missing wait would read stale data)."""
+    from radixflow.kernels import pdl
+
+    assert torch.cuda.get_device_capability()[0] < 9 or pdl.pdl_launch(torch.ones(1, device=DEV))["USE_PDL"]
+    args = [torch.randn(1, 4096, device=DEV, dtype=torch.bfloat16) for _ in range(2)]
+    weights = [torch.ones(4096, device=DEV, dtype=torch.bfloat16),
+               (torch.randn(28672, 4096, device=DEV) * 0.02).to(torch.bfloat16),
+               (torch.randn(4096, 14336, device=DEV) * 0.02).to(torch.bfloat16)]
+    outs = []
+    for on in (True, False):
+        before = pdl.set_enabled(on)
+        try:
+            _decode_like_chain(*args, *weights)  # compile outside the capture
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                got = _decode_like_chain(*args, *weights)
+            for _ in range(3):
+                graph.replay()
+            torch.cuda.synchronize()
+            outs.append([t.clone() for t in got])
+        finally:
+            pdl.set_enabled(before)
+    assert all(torch.equal(a, b) for a, b in zip(*outs))
+    eager = _decode_like_chain(*args, *weights)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], eager))
 
 
 @gpu

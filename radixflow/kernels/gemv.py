@@ -5,6 +5,10 @@ loads, accumulating x * w elementwise in float32 and reducing once at the end, s
 no split-K partial buffer and no second kernel. For M > 1 the K tile shrinks by M to keep
 the accumulator's registers constant. Reference: `reference.gemv_ref`.
 
+On Hopper the kernel is launched with PDL (kernels/pdl.py) and loads its first weight tile
+before waiting for the kernel that produces x. `silu_mul=True` computes SiLU-and-mul of a
+[M, 2K] input on the fly (the MLP's down projection), saving that kernel and its launch.
+
 Whether it beats cuBLAS depends on the shape and the GPU, so `choose_gemv` times both on
 the model's own weights and the layers use the winner (runtime/layers/parallel_linear.py).
 """
@@ -18,6 +22,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from radixflow.kernels.pdl import pdl_launch, pdl_wait
+
 # Launch parameters: the best of benchmarks/gpu_kernel_bench.py's sweep on an H200 (2026-11-30, M=1,
 # Llama-3-8B shapes: o_proj 11.3 us vs 12.8 us for block_n 16, qkv 14.6 vs 15.6 us; cuBLAS 13.4 / 14.6 us).
 GEMV_CONFIG = {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2}
@@ -25,32 +31,49 @@ GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
 
 @triton.jit
+def _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL: tl.constexpr):
+    """Rows of x at columns k0 + offs_k as float32; with SILU_MUL, X is [M, 2K] (gate | up) and
+    this is silu(gate) * up, rounded where `norm_act.silu_and_mul` rounds."""
+    mask = (offs_m[:, None] < M) & ((k0 + offs_k) < K)[None, :]
+    ptrs = X + offs_m[:, None] * stride_xm + k0 + offs_k[None, :]
+    x = tl.load(ptrs, mask=mask, other=0.0)
+    if SILU_MUL:
+        g = x.to(tl.float32)
+        u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
+        s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
+        x = (s * u).to(X.dtype.element_ty)
+    return x.to(tl.float32)
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, Bias, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    x_ptrs = X + offs_m[:, None] * stride_xm + offs_k[None, :]
+    # The first weight tile depends on no earlier kernel: load it before waiting (PDL).
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+    pdl_wait(USE_PDL)
     if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        acc = w * _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             mask_k = (k0 + offs_k) < K
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            x = tl.load(x_ptrs + k0, mask=mask_k[None, :], other=0.0)
-            acc += w.to(tl.float32) * x.to(tl.float32)
+            acc += w.to(tl.float32) * _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL)
         out = tl.sum(acc, axis=1)[None, :]
     else:
-        acc3 = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-        for k0 in range(0, K, BLOCK_K):
+        acc3 = _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)[:, None, :] * w[None, :, :]
+        for k0 in range(BLOCK_K, K, BLOCK_K):
             mask_k = (k0 + offs_k) < K
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            x = tl.load(x_ptrs + k0, mask=(offs_m[:, None] < M) & mask_k[None, :], other=0.0)
-            acc3 += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+            x = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL)
+            acc3 += x[:, None, :] * w.to(tl.float32)[None, :, :]
         out = tl.sum(acc3, axis=2)
     if HAS_BIAS:
         out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
@@ -58,10 +81,16 @@ def _gemv_kernel(
              mask=(offs_m[:, None] < M) & mask_n[None, :])
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype."""
+def gemv(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
+    silu_mul: bool = False,
+) -> torch.Tensor:
+    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
+    With silu_mul, x is [M, 2K] (gate | up) and the product uses silu(gate) * up (`norm_act.silu_and_mul`)."""
     cfg = GEMV_CONFIG if config is None else config
     m, k = x.shape
+    if silu_mul:
+        k //= 2
     n = weight.shape[0]
     assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     if x.stride(1) != 1:
@@ -71,8 +100,9 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
         BLOCK_K=max(16, cfg["block_k"] // block_m), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        **pdl_launch(x),
     )
     return out
 

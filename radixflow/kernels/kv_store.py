@@ -9,14 +9,17 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _store_kv_kernel(
     K, V, KBuf, VBuf, Loc,
     stride_kt, stride_kh, stride_vt, stride_vh, stride_bt, stride_bh,
     H, D,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
     offs_h = tl.arange(0, BLOCK_H)[:, None]
@@ -38,5 +41,5 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: tor
             k, v, k_buf, v_buf, loc,
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1),
             h, d,
-            BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d), num_warps=4,
+            BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d), num_warps=4, **pdl_launch(k),
         )

@@ -11,14 +11,17 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _rmsnorm_kernel(
     X, R, W, Out, ROut,
     stride_x, stride_r, stride_o, stride_ro,
     N, eps,
-    HAS_RES: tl.constexpr, BLOCK: tl.constexpr,
+    HAS_RES: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     mask = offs < N
@@ -52,7 +55,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
             x2, r2, weight, out, res_out,
             x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
             n, eps,
-            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block),
+            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block), **pdl_launch(x2),
         )
     if residual is None:
         return out.view(shape)
@@ -60,7 +63,8 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 
 @triton.jit
-def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr):
+def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -78,7 +82,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     if x.shape[0]:
         block = min(triton.next_power_of_2(n), 2048)
         grid = (x.shape[0], triton.cdiv(n, block))
-        _silu_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n, BLOCK=block, num_warps=_warps(block))
+        _silu_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n, BLOCK=block, num_warps=_warps(block),
+                                  **pdl_launch(x))
     return out
 
 

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow.kernels.pdl import pdl_launch, pdl_wait
+
 
 @triton.jit
 def _rotate(X, t, pos_cos, pos_sin, stride_t, stride_h, H, HALF, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -35,8 +37,9 @@ def _rotary_kernel(
     Q, K, Pos, Cos, Sin,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_cos,
     HQ, HK, HALF,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
@@ -57,7 +60,7 @@ def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos:
             q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
             hq, hk, d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4,
+            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4, **pdl_launch(q),
         )
     return q, k
 
@@ -67,8 +70,9 @@ def _rotary_store_kv_kernel(
     Q, K, V, Pos, Cos, Sin, KBuf, VBuf, Loc,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_bt, stride_bh,
     HQ, HK, HALF,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
@@ -112,6 +116,6 @@ def apply_rotary_store_kv(
             k_buf.stride(0), k_buf.stride(1),
             hq, hk, d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4,
+            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4, **pdl_launch(q),
         )
     return q, k
