@@ -58,17 +58,17 @@ def _gemv_kernel(
     mask_n = offs_n < N
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     # The first weight tile depends on no earlier kernel: load it before waiting (PDL).
-    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+    w0 = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
     pdl_wait(USE_PDL)
     if BLOCK_M == 1:
-        acc = w * _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)
+        acc = w0 * _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)
         for k0 in range(BLOCK_K, K, BLOCK_K):
             mask_k = (k0 + offs_k) < K
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
             acc += w.to(tl.float32) * _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL)
         out = tl.sum(acc, axis=1)[None, :]
     else:
-        acc3 = _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)[:, None, :] * w[None, :, :]
+        acc3 = _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)[:, None, :] * w0[None, :, :]
         for k0 in range(BLOCK_K, K, BLOCK_K):
             mask_k = (k0 + offs_k) < K
             w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
