@@ -215,33 +215,6 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     assert calls == [3, 3]
 
 
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_gemv_with_silu_mul_is_the_two_kernels(m, dtype):
-    """The down projection's fused input: bit for bit the SiLU-and-mul kernel followed by the GEMV."""
-    gate_up = torch.randn(m, 2 * 40, device=DEV).to(dtype)
-    w = torch.randn(24, 40, device=DEV).to(dtype)
-    fused = gemv(gate_up, w, silu_mul=True, config=GEMV_TINY)
-    assert torch.equal(fused, gemv(silu_and_mul(gate_up), w, config=GEMV_TINY))
-    _close(fused, ref.gemv_ref(ref.silu_and_mul_ref(gate_up), w), 1e-4 if dtype == torch.float32 else 2e-2)
-
-
-def test_mlp_down_projection_fuses_silu_only_on_the_gemv_path(monkeypatch):
-    import radixflow.kernels.gemv as gemv_module
-    from radixflow.runtime.layers.parallel_linear import row_parallel_linear
-
-    calls = []
-    monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(kw.get("silu_mul")) or gemv(*a, **kw))
-    down = row_parallel_linear(40, 24, bias=False).to(DEV)
-    down.gemv_max_m = 4
-    gate_up = torch.randn(6, 80, device=DEV)
-    want = F.linear(F.silu(gate_up[:, :40]) * gate_up[:, 40:], down.weight)
-    _close(down(gate_up, silu_mul=True), want, 1e-4)  # 6 rows: SiLU kernel, then F.linear
-    assert calls == []
-    _close(down(gate_up[:2], silu_mul=True), want[:2], 1e-4)  # 2 rows: one fused GEMV
-    assert calls == [True]
-
-
 @pytest.mark.parametrize("vocab", [100, 64])
 def test_bitmask_matches_reference(vocab):
     logits = torch.randn(3, vocab, device=DEV)
@@ -480,10 +453,10 @@ def test_gpu_gemv_chooser_and_cuda_graph():
 
 
 def _decode_like_chain(x, res, norm_w, w_up, w_down, layers: int = 6):
-    """rmsnorm -> GEMV -> fused SiLU GEMV, `layers` times: each kernel reads the previous one's output."""
+    """RMSNorm -> GEMV -> SiLU-and-mul -> GEMV, `layers` times: each kernel reads the previous one's output."""
     for _ in range(layers):
         h, res = rmsnorm(x, norm_w, 1e-5, res)
-        x = gemv(gemv(h, w_up), w_down, silu_mul=True)
+        x = gemv(silu_and_mul(gemv(h, w_up)), w_down)
     return x, res
 
 

@@ -5,9 +5,9 @@ loads, accumulating x * w elementwise in float32 and reducing once at the end, s
 no split-K partial buffer and no second kernel. For M > 1 the K tile shrinks by M to keep
 the accumulator's registers constant. Reference: `reference.gemv_ref`.
 
-On Hopper the kernel is launched with PDL (kernels/pdl.py) and loads its first weight tile
-before waiting for the kernel that produces x. `silu_mul=True` computes SiLU-and-mul of a
-[M, 2K] input on the fly (the MLP's down projection), saving that kernel and its launch.
+The weight stream is double-buffered (the next tile's load is issued before the current one
+is used), so each program keeps two tiles in flight. On Hopper the kernel is launched with
+PDL (kernels/pdl.py) and loads its first tile before waiting for the kernel that produces x.
 
 Whether it beats cuBLAS depends on the shape and the GPU, so `choose_gemv` times both on
 the model's own weights and the layers use the winner (runtime/layers/parallel_linear.py).
@@ -31,25 +31,27 @@ GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
 
 @triton.jit
-def _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL: tl.constexpr):
-    """Rows of x at columns k0 + offs_k as float32; with SILU_MUL, X is [M, 2K] (gate | up) and
-    this is silu(gate) * up, rounded where `norm_act.silu_and_mul` rounds."""
+def _load_x(X, offs_m, offs_k, k0, M, K, stride_xm):
+    """Rows of x at columns k0 + offs_k, as float32 [BLOCK_M, BLOCK_K]."""
     mask = (offs_m[:, None] < M) & ((k0 + offs_k) < K)[None, :]
-    ptrs = X + offs_m[:, None] * stride_xm + k0 + offs_k[None, :]
-    x = tl.load(ptrs, mask=mask, other=0.0)
-    if SILU_MUL:
-        g = x.to(tl.float32)
-        u = tl.load(ptrs + K, mask=mask, other=0.0).to(tl.float32)
-        s = (g / (1.0 + tl.exp(-g))).to(X.dtype.element_ty).to(tl.float32)
-        x = (s * u).to(X.dtype.element_ty)
-    return x.to(tl.float32)
+    return tl.load(X + offs_m[:, None] * stride_xm + k0 + offs_k[None, :], mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _fma(acc, x, w, BLOCK_M: tl.constexpr):
+    """acc += x * w elementwise, summed over K only at the end: [N, K] for one row, else [M, N, K]."""
+    if BLOCK_M == 1:
+        acc += w.to(tl.float32) * x
+    else:
+        acc += x[:, None, :] * w.to(tl.float32)[None, :, :]
+    return acc
 
 
 @triton.jit
 def _gemv_kernel(
     X, W, Bias, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, SILU_MUL: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -57,40 +59,33 @@ def _gemv_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    # The first weight tile depends on no earlier kernel: load it before waiting (PDL).
-    w0 = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+    # The weights depend on no earlier kernel: the first tile is loaded before waiting (PDL).
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
     if BLOCK_M == 1:
-        acc = w0 * _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            mask_k = (k0 + offs_k) < K
-            w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            acc += w.to(tl.float32) * _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL)
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    last = (tl.cdiv(K, BLOCK_K) - 1) * BLOCK_K
+    for k0 in range(0, last, BLOCK_K):  # double-buffered: the next tile is in flight while this one is used
+        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (k0 + BLOCK_K + offs_k < K)[None, :], other=0.0)
+        acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
+        w = w_next
+    acc = _fma(acc, _load_x(X, offs_m, offs_k, last, M, K, stride_xm), w, BLOCK_M)
+    if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
-        acc3 = _load_x(X, offs_m, offs_k, 0, M, K, stride_xm, SILU_MUL)[:, None, :] * w0[None, :, :]
-        for k0 in range(BLOCK_K, K, BLOCK_K):
-            mask_k = (k0 + offs_k) < K
-            w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & mask_k[None, :], other=0.0)
-            x = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm, SILU_MUL)
-            acc3 += x[:, None, :] * w.to(tl.float32)[None, :, :]
-        out = tl.sum(acc3, axis=2)
+        out = tl.sum(acc, axis=2)
     if HAS_BIAS:
         out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
              mask=(offs_m[:, None] < M) & mask_n[None, :])
 
 
-def gemv(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
-    silu_mul: bool = False,
-) -> torch.Tensor:
-    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
-    With silu_mul, x is [M, 2K] (gate | up) and the product uses silu(gate) * up (`norm_act.silu_and_mul`)."""
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
+    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype."""
     cfg = GEMV_CONFIG if config is None else config
     m, k = x.shape
-    if silu_mul:
-        k //= 2
     n = weight.shape[0]
     assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
     if x.stride(1) != 1:
@@ -100,7 +95,7 @@ def gemv(
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, SILU_MUL=silu_mul, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
         BLOCK_K=max(16, cfg["block_k"] // block_m), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
         **pdl_launch(x),
     )
@@ -136,15 +131,20 @@ def choose_gemv(
     layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], ms: Sequence[int] = (1, 2, 4, 8)
 ) -> tuple[int, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
-    turn so the L2 cache holds what it holds in a real step). Returns the largest M up to which the
-    GEMV won at every timed M (0: always cuBLAS) and {M: (cublas_us, gemv_us)}."""
+    turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
+    projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
+    counts as it does there. Returns the largest M up to which the GEMV won at every timed M (0: always
+    cuBLAS) and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
+    from radixflow.kernels.norm_act import rmsnorm
+
     w0 = layers[0][0]
     calls = max(len(layers), 8)
+    norm_w = torch.ones(w0.shape[1], dtype=w0.dtype, device=w0.device)
     timings, max_m, winning = {}, 0, True
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
-        blas = time_graph_us(lambda i: F.linear(x, *layers[i % len(layers)]), calls)
-        mine = time_graph_us(lambda i: gemv(x, *layers[i % len(layers)]), calls)
+        blas = time_graph_us(lambda i: F.linear(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)]), calls)
+        mine = time_graph_us(lambda i: gemv(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)]), calls)
         timings[m] = (blas, mine)
         winning = winning and mine < blas
         max_m = m if winning else max_m

@@ -111,17 +111,11 @@ class SmallBatchMatmul:
     gemv_max_m = 0
     weight: torch.Tensor
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None, silu_mul: bool = False) -> torch.Tensor:
-        """silu_mul (CUDA, Triton kernels): x is [M, 2K] (gate | up) and the input is silu(gate) * up,
-        computed inside the GEMV when it is used, else by the SiLU-and-mul kernel."""
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 
-            return gemv(x, self.weight, bias, silu_mul=silu_mul)
-        if silu_mul:
-            from radixflow.kernels.norm_act import silu_and_mul
-
-            x = silu_and_mul(x)
+            return gemv(x, self.weight, bias)
         return F.linear(x, self.weight, bias)
 
 
@@ -224,11 +218,10 @@ class RowParallelLinear(SmallBatchMatmul, nn.Linear):
         with torch.no_grad():
             param.copy_(tensor)
 
-    def forward(self, x: torch.Tensor, silu_mul: bool = False) -> torch.Tensor:
-        """silu_mul: see `SmallBatchMatmul.matmul`."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
-            return self.matmul(x, self.bias, silu_mul)
-        out = all_reduce(self.matmul(x, silu_mul=silu_mul), self.tp)
+            return self.matmul(x, self.bias)
+        out = all_reduce(self.matmul(x), self.tp)
         return out if self.bias is None else out + self.bias
 
 

@@ -103,8 +103,10 @@ class MLP(nn.Module):
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        if self.fused and gate_up.is_cuda:  # SiLU-and-mul by Triton, inside the GEMV at small batch
-            return self.down_proj(gate_up, silu_mul=True)
+        if self.fused and gate_up.is_cuda:
+            from radixflow.kernels.norm_act import silu_and_mul
+
+            return self.down_proj(silu_and_mul(gate_up))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
