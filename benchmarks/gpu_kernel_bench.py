@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from radixflow.kernels import reference as ref  # noqa: E402
-from radixflow.kernels.gemv import GEMV_CONFIG, choose_gemv, gemv, time_graph_us  # noqa: E402
+from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS, choose_gemv, gemv, time_graph_us  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
 
@@ -86,8 +86,8 @@ def bench_gemv(n: int, k: int) -> dict:
     res["triton_tbs"] = tbs(res["triton_us"])
     best = min(res["sweep_us"], key=res["sweep_us"].get)
     res["best_config"], res["best_us"], res["best_tbs"] = best, res["sweep_us"][best], tbs(res["sweep_us"][best])
-    max_m, timings = choose_gemv([(w, None) for w in weights])
-    res["chooser"] = {"gemv_max_m": max_m, "us_by_m": {m: {"cublas": b, "triton": t} for m, (b, t) in timings.items()}}
+    max_m, config, timings = choose_gemv([(w, None) for w in weights])
+    res["chooser"] = {"gemv_max_m": max_m, "config": _name(config), "us_by_m": {m: {"cublas": b, "triton": t} for m, (b, t) in timings.items()}}
     return res
 
 
@@ -129,10 +129,11 @@ def bench_rotary_kv(t: int) -> dict:
     return res
 
 
-def bench_layer_chain() -> dict:
+def bench_layer_chain(chosen: dict) -> dict:
     """A batch-1 decode step without attention: per layer RMSNorm, qkv GEMV, rotary + KV store,
     o GEMV, RMSNorm, gate_up GEMV, SiLU-and-mul, down GEMV; 32 layers over 8 weight copies (well
-    past L2). Variants: every matmul by the GEMV with PDL on / off (kernels/pdl.py), and every
+    past L2). Variants: every matmul by the GEMV with PDL on / off (kernels/pdl.py), the same with
+    each shape's config as chosen by `choose_gemv` (`chosen`: shape name -> config), and every
     matmul by cuBLAS. us per step, and TB/s of weight bytes."""
     from radixflow.kernels import pdl
     from radixflow.kernels.norm_act import rmsnorm, silu_and_mul
@@ -153,14 +154,18 @@ def bench_layer_chain() -> dict:
         for i in range(LAYERS):
             w = layers[i % copies]
             h, r = rmsnorm(x, norm_w, 1e-5, r)
-            q, k, v = _split(mm(h, w["qkv"]))
+            q, k, v = _split(mm(h, w, "qkv"))
             apply_rotary_store_kv(pos, q, k, v, cos, sin, k_buf, v_buf, loc)
-            h, r = rmsnorm(mm(q.reshape(1, -1), w["o"]), norm_w, 1e-5, r)
-            x = mm(silu_and_mul(mm(h, w["gate_up"])), w["down"])
+            h, r = rmsnorm(mm(q.reshape(1, -1), w, "o"), norm_w, 1e-5, r)
+            x = mm(silu_and_mul(mm(h, w, "gate_up")), w, "down")
         return x
 
     res, outs = {}, {}
-    variants = {"cublas": (F.linear, False), "gemv_pdl_off": (gemv, False), "gemv_pdl_on": (gemv, True)}
+    blas = lambda x, w, name: F.linear(x, w[name])  # noqa: E731
+    default = lambda x, w, name: gemv(x, w[name])  # noqa: E731
+    best = lambda x, w, name: gemv(x, w[name], config=chosen[name])  # noqa: E731
+    variants = {"cublas": (blas, False), "gemv_pdl_off": (default, False), "gemv_pdl_on": (default, True),
+                "gemv_chosen_pdl_on": (best, True)}
     for name, (mm, on) in variants.items():
         before = pdl.set_enabled(on)
         try:
@@ -169,7 +174,7 @@ def bench_layer_chain() -> dict:
             res[name] = {"us": us, "weight_tbs": step_bytes / us / 1e6}
         finally:
             pdl.set_enabled(before)
-    gemv_outs = [o for n, o in outs.items() if n != "cublas"]
+    gemv_outs = [o for n, o in outs.items() if n.startswith("gemv_pdl")]
     res["gemv_variants_equal"] = all(torch.equal(gemv_outs[0], o) for o in gemv_outs[1:])
     res["max_err_vs_cublas"] = _max_err(gemv_outs[0], outs["cublas"])
     return res
@@ -202,7 +207,9 @@ def main() -> None:
         print(f"{name} done", flush=True)
     for t in (1, 64):
         results["rotary_kv"][f"T{t}"] = bench_rotary_kv(t)
-    results["layer_chain"] = bench_layer_chain()
+    chosen = {name: cfg for name in results["gemv"] for cfg in GEMV_CONFIGS
+              if _name(cfg) == results["gemv"][name]["chooser"]["config"]}
+    results["layer_chain"] = bench_layer_chain(chosen)
     ok = set.intersection(*(set(r["sweep_us"]) for r in results["gemv"].values()))
     per_cfg = {c: sum(r["sweep_us"][c] * r["per_step"] for r in results["gemv"].values()) for c in ok}
     results["step_us_by_config"] = per_cfg
@@ -215,12 +222,12 @@ def main() -> None:
 def print_table(res: dict) -> None:
     print(f"\n{res['gpu']}  torch {res['torch']}  triton {res['triton']}  GEMV_CONFIG {res['gemv_config']}")
     print(f"{'M=1':8} {'N x K':>13} {'cuBLAS us':>10} {'TB/s':>5} {'triton us':>10} {'TB/s':>5} "
-          f"{'best cfg':>20} {'us':>7} {'TB/s':>5} {'chooser':>8} {'err M1/M8':>12}")
+          f"{'best cfg':>20} {'us':>7} {'TB/s':>5} {'chooser':>22} {'err M1/M8':>12}")
     for name, r in res["gemv"].items():
-        chosen = f"M<={r['chooser']['gemv_max_m']}" if r["chooser"]["gemv_max_m"] else "cuBLAS"
+        chosen = f"M<={r['chooser']['gemv_max_m']} {r['chooser']['config']}" if r["chooser"]["gemv_max_m"] else "cuBLAS"
         errs = "/".join(f"{e:.3f}" for e in r["errors"].values())
         print(f"{name:8} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:10.1f} {r['cublas_tbs']:5.2f} {r['triton_us']:10.1f} "
-              f"{r['triton_tbs']:5.2f} {r['best_config']:>20} {r['best_us']:7.1f} {r['best_tbs']:5.2f} {chosen:>8} {errs:>12}")
+              f"{r['triton_tbs']:5.2f} {r['best_config']:>20} {r['best_us']:7.1f} {r['best_tbs']:5.2f} {chosen:>22} {errs:>12}")
     print("decode-step matmul us (x per-step calls): cuBLAS %.0f | " % res["step_us_cublas"]
           + " | ".join(f"{c} {us:.0f}" for c, us in sorted(res["step_us_by_config"].items(), key=lambda kv: kv[1])))
     chain = res["layer_chain"]

@@ -25,7 +25,7 @@ from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_t
 from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
-from radixflow.kernels.gemv import choose_gemv, gemv  # noqa: E402
+from radixflow.kernels.gemv import GEMV_CONFIGS, choose_gemv, gemv  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
@@ -440,8 +440,8 @@ def test_gpu_gemv_llama_shapes(n, k, bias):
 @needs_cuda
 def test_gpu_gemv_chooser_and_cuda_graph():
     layers = [(torch.randn(6144, 4096, device=DEV, dtype=torch.bfloat16), None) for _ in range(3)]
-    max_m, timings = choose_gemv(layers)
-    assert max_m in (0, 1, 2, 4, 8) and sorted(timings) == [1, 2, 4, 8]
+    max_m, config, timings = choose_gemv(layers)
+    assert max_m in (0, 1, 2, 4, 8) and sorted(timings) == [1, 2, 4, 8] and config in GEMV_CONFIGS
     assert all(0 < t < 1e4 for pair in timings.values() for t in pair)
     x = torch.randn(1, 4096, device=DEV, dtype=torch.bfloat16)
     eager = gemv(x, layers[0][0])

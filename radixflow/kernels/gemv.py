@@ -24,9 +24,15 @@ import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
-# Launch parameters: the best of benchmarks/gpu_kernel_bench.py's sweep on an H200 (2026-11-30, M=1,
-# Llama-3-8B shapes: o_proj 11.3 us vs 12.8 us for block_n 16, qkv 14.6 vs 15.6 us; cuBLAS 13.4 / 14.6 us).
-GEMV_CONFIG = {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2}
+# Launch parameters the load-time chooser tries per weight shape, from benchmarks/gpu_kernel_bench.py's
+# sweeps on an H200 (2026-11-30, M=1, Llama-3-8B shapes): block_n 8 / block_k 512 was best for o_proj and
+# down, block_n 4 / block_k 1024 for qkv and gate_up (13.9 vs 16.9 us and 55.7 vs 61.3 us); the order of
+# the two varies by a few percent from run to run, hence both. The first is the default.
+GEMV_CONFIGS = (
+    {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2},
+)
+GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
 
@@ -129,23 +135,30 @@ def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmu
 @torch.inference_mode()
 def choose_gemv(
     layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], ms: Sequence[int] = (1, 2, 4, 8)
-) -> tuple[int, dict[int, tuple[float, float]]]:
+) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
     projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
-    counts as it does there. Returns the largest M up to which the GEMV won at every timed M (0: always
-    cuBLAS) and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
+    counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept.
+    Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
+    and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
     from radixflow.kernels.norm_act import rmsnorm
 
     w0 = layers[0][0]
     calls = max(len(layers), 8)
     norm_w = torch.ones(w0.shape[1], dtype=w0.dtype, device=w0.device)
-    timings, max_m, winning = {}, 0, True
+
+    def timed(mm, x: torch.Tensor, **kw) -> float:
+        return time_graph_us(lambda i: mm(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)], **kw), calls)
+
+    timings, max_m, winning, config = {}, 0, True, GEMV_CONFIG
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
-        blas = time_graph_us(lambda i: F.linear(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)]), calls)
-        mine = time_graph_us(lambda i: gemv(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)]), calls)
+        if m == ms[0]:
+            by_config = [timed(gemv, x, config=c) for c in GEMV_CONFIGS]
+            config = GEMV_CONFIGS[by_config.index(min(by_config))]
+        blas, mine = timed(F.linear, x), timed(gemv, x, config=config)
         timings[m] = (blas, mine)
         winning = winning and mine < blas
         max_m = m if winning else max_m
-    return max_m, timings
+    return max_m, config, timings

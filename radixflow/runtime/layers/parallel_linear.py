@@ -109,13 +109,14 @@ class SmallBatchMatmul:
     gemv_max_m stays 0 (always F.linear) unless `choose_small_batch_matmuls` measured the GEMV faster."""
 
     gemv_max_m = 0
+    gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
     weight: torch.Tensor
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 
-            return gemv(x, self.weight, bias)
+            return gemv(x, self.weight, bias, config=self.gemv_config)
         return F.linear(x, self.weight, bias)
 
 
@@ -144,13 +145,13 @@ def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, 
         groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None), []).append(layer)
     chosen = {}
     for (n, k, dtype, has_bias), group in groups.items():
-        max_m, timings = choose_gemv([(g.weight, getattr(g, "bias", None)) for g in group])
+        max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None)) for g in group])
         for g in group:
-            g.gemv_max_m = max_m
+            g.gemv_max_m, g.gemv_config = max_m, config
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"
         chosen[name] = max_m
         times = ", ".join(f"M={m} cublas {b:.1f} triton {t:.1f}" for m, (b, t) in timings.items())
-        log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV for M <= {max_m}" if max_m else "cuBLAS")
+        log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV {config} for M <= {max_m}" if max_m else "cuBLAS")
     return chosen
 
 
