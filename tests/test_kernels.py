@@ -252,17 +252,43 @@ def test_bitmask_dispatch_on_cpu_uses_torch():
 
 
 # -- attention ----------------------------------------------------------------------------------
-@pytest.mark.parametrize("splits,block_n", [(1, 64), (4, 64), (4, 16)])
-@pytest.mark.parametrize("hq,hkv", [(6, 2), (4, 4)])
-def test_decode_attention_matches_reference(splits, block_n, hq, hkv):
-    seq_lens = [70, 7, 1]
+DECODE_VARIANTS = {  # decode_attention's launch variants (see its module doc) at tiny shapes
+    "default": {"block_n": 64, "num_warps": 4, "num_stages": 2},
+    "stage2": {"block_n": 64, "direct": False},
+    "block16": {"block_n": 16},
+    "kv_per_prog": {"block_n": 16, "kv_per_prog": 4},
+    "fma": {"block_n": 16, "fma": True},
+    "fused_merge": {"block_n": 16, "fused_merge": True, "heads_fastest": True},
+    "split_align": {"block_n": 16, "split_align": 4},
+}
+
+
+@pytest.mark.parametrize(
+    "variant,splits,hq,hkv",
+    [(v, s, 6, 2) for v in DECODE_VARIANTS for s in (1, 4)] + [(v, 4, 4, 4) for v in ("default", "kv_per_prog", "fma")],
+)
+def test_decode_attention_matches_reference(variant, splits, hq, hkv):
+    seq_lens = [70, 7, 1]  # with 4 splits some are empty
     k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, 16, torch.float32)
     q = torch.randn(len(seq_lens), hq, 16, device=DEV)
     lens = torch.tensor(seq_lens, device=DEV)
-    config = {"block_n": block_n, "num_warps": 4, "num_stages": 2}
-    got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, splits, config=config)
+    got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, splits, config=DECODE_VARIANTS[variant])
     want = ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 0.25)
     _close(got, want, 1e-5)
+
+
+def test_decode_attention_fused_merge_resets_its_counters():
+    """The same launch (as a graph replays it) over other lengths, twice: the counters return to zero."""
+    import radixflow.kernels.decode_attention as da
+
+    k_buf, v_buf, table, req_idx = _paged_pool([40, 90], 2, 16, torch.float32)
+    q = torch.randn(2, 4, 16, device=DEV)
+    config = {"block_n": 16, "fused_merge": True, "kv_per_prog": 2}
+    for seq_lens in ([40, 3], [40, 90]):
+        lens = torch.tensor(seq_lens, device=DEV)
+        got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, 4, config=config)
+        _close(got, ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 0.25), 1e-5)
+        assert not da._COUNTERS[q.device].any()
 
 
 def test_extend_attention_prefix_plus_causal():
@@ -278,11 +304,27 @@ def test_extend_attention_prefix_plus_causal():
     _close(got, want, 1e-5)
 
 
+ONE_HEAD_16 = {"kv_per_prog": 1, "fma": False, "max_splits": 16}
+
+
 def test_num_kv_splits_fills_the_gpu_and_is_capped():
-    assert num_kv_splits(1, 8, 132, waves=2) == 16
-    assert num_kv_splits(64, 8, 132, waves=2) == 1
-    assert num_kv_splits(64, 8, 132, waves=4) == 2
+    assert num_kv_splits(1, 8, 132, waves=2, config=ONE_HEAD_16) == 16
+    assert num_kv_splits(64, 8, 132, waves=2, config=ONE_HEAD_16) == 1
+    assert num_kv_splits(64, 8, 132, waves=4, config=ONE_HEAD_16) == 2
     assert all(num_kv_splits(b, 8) & (num_kv_splits(b, 8) - 1) == 0 for b in range(1, 300))
+    assert num_kv_splits(1, 8, 132, config={**ONE_HEAD_16, "max_splits": 64}) == 64
+    assert num_kv_splits(16, 8, 132, waves=4, config={**ONE_HEAD_16, "kv_per_prog": 4}) == 16  # 32 programs a split
+
+
+def test_decode_config_small_batch_overrides(monkeypatch):
+    import radixflow.kernels.decode_attention as da
+
+    monkeypatch.setitem(da.DECODE_CONFIG, "small", {"max_batch": 2, "block_n": 16, "max_splits": 32, "kv_per_prog": 1})
+    assert da.resolve_config(2)["block_n"] == 16 and da.resolve_config(3)["block_n"] == da.DECODE_CONFIG["block_n"]
+    assert num_kv_splits(1, 8, 132) == 32 and num_kv_splits(1, 8, 132, config=ONE_HEAD_16) == 16
+    explicit = da.resolve_config(1, {"kv_per_prog": 2})
+    assert explicit["block_n"] == da.DECODE_CONFIG["block_n"] and explicit["maxnreg"] is None  # no `small`, no cap
+    assert da.resolve_config(1, {"small": {"max_batch": 1, "fma": True}})["fma"]
 
 
 # -- the Triton backend inside the engine ----------------------------------------------------
@@ -343,6 +385,13 @@ def test_graph_batch_sizes_cover_every_batch():
 
 
 # -- GPU: real shapes ---------------------------------------------------------------------------
+GPU_DECODE_VARIANTS = [  # besides DECODE_CONFIG
+    {"direct": False}, {"block_n": 32, "kv_per_prog": 2}, {"block_n": 16, "kv_per_prog": 8, "num_warps": 8},
+    {"block_n": 16, "fma": True, "num_warps": 4}, {"split_align": 16, "fused_merge": True},
+    {"block_n": 32, "heads_fastest": True, "num_warps": 4, "num_stages": 2}, {"maxnreg": 64},
+]
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("seq_lens", [[1, 200, 4097, 33], [130] * 64])
@@ -353,6 +402,28 @@ def test_gpu_decode_attention_llama_shapes(seq_lens):
     want = ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5)
     for splits in (1, num_kv_splits(len(seq_lens), 8), 16):
         _close(decode_attention(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5, splits), want, 2e-2)
+        for config in GPU_DECODE_VARIANTS:
+            got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5, splits, config=config)
+            _close(got, want, 2e-2)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("config", [{}, {"split_align": 16, "fused_merge": True, "max_splits": 32}])
+def test_gpu_decode_attention_graph_replays_longer_lengths(config):
+    """Captured at 5 tokens a request, replayed at up to 3000: nothing in the launch depends on lengths."""
+    k_buf, v_buf, table, req_idx = _paged_pool([3000, 700], 8, 128, torch.bfloat16, rows=3)
+    q = torch.randn(2, 32, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor([5, 5], device=DEV)
+    splits = num_kv_splits(2, 8, config=config)
+    decode_attention(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5, splits, config=config)  # compile
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5, splits, config=config)
+    for seq_lens in ([5, 5], [3000, 1], [17, 700]):
+        lens.copy_(torch.tensor(seq_lens))
+        graph.replay()
+        _close(out, ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 128**-0.5), 2e-2)
 
 
 @gpu
