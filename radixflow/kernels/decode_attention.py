@@ -39,14 +39,17 @@ import triton.language as tl
 from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
-# Launch parameters. block_n / num_warps / num_stages / waves: the best of benchmarks/gpu_bench.py's
-# attn_tune on an H200 (2026-11-30: 212 us vs 276 us for the first version at 200 requests x 700
-# tokens, Llama-3-8B heads). `waves`: how many times the stage-1 programs should cover the SMs.
-# The other keys are explained in the module doc; set them from benchmarks/gpu_attn_bench.py.
+# Launch parameters, from benchmarks/gpu_attn_bench.py on an H200 (2026-11-30, Llama-3-8B heads, KV
+# slots scattered; us per layer call in a CUDA graph, against the previous launch in the same run):
+# - large batches: 4 warps, no stage 2 with one split: 440 us (3.92 TB/s) vs 476 at 544 requests x
+#   U[32,1536] tokens, 156 vs 165 at 200 x 700, 39.5 vs 42.4 at 64 x 400;
+# - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them:
+#   5.9 / 6.4 / 11.1 us at 256 / 384 / 4096 tokens vs 6.9 / 7.0 / 14.3.
+# The other keys are explained in the module doc.
 DECODE_CONFIG = {
-    "block_n": 64, "num_warps": 8, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0,
-    "kv_per_prog": 1, "fma": False, "direct": True, "fused_merge": False, "heads_fastest": False, "maxnreg": 64,
-    "small": {"max_batch": 0},
+    "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0,
+    "kv_per_prog": 1, "fma": False, "direct": True, "fused_merge": False, "heads_fastest": False, "maxnreg": None,
+    "small": {"max_batch": 1, "max_splits": 32, "split_align": 16},
 }
 _COUNTERS: dict[torch.device, torch.Tensor] = {}  # fused_merge's arrival counters, zero between calls
 
