@@ -109,9 +109,8 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 
 
 # -- choosing between cuBLAS and the GEMV ---------------------------------------------------
-def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmup: int = 3) -> float:
-    """Mean GPU time of fn(i), i in range(calls), captured in one CUDA graph (launch costs as in a
-    decode step, which replays a graph)."""
+def capture_graph(fn: Callable[[int], object], calls: int) -> torch.cuda.CUDAGraph:
+    """fn(i), i in range(calls), captured in one CUDA graph (after one eager call to compile)."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -121,6 +120,11 @@ def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmu
     with torch.cuda.graph(graph, stream=stream):
         for i in range(calls):
             fn(i)
+    return graph
+
+
+def replay_us(graph: torch.cuda.CUDAGraph, calls: int, reps: int = 20, warmup: int = 3) -> float:
+    """Mean GPU time per captured call over `reps` replays."""
     for _ in range(warmup):
         graph.replay()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -132,6 +136,12 @@ def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmu
     return start.elapsed_time(end) * 1e3 / (reps * calls)
 
 
+def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmup: int = 3) -> float:
+    """Mean GPU time of fn(i), i in range(calls), captured in one CUDA graph (launch costs as in a
+    decode step, which replays a graph)."""
+    return replay_us(capture_graph(fn, calls), calls, reps, warmup)
+
+
 @torch.inference_mode()
 def choose_gemv(
     layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], ms: Sequence[int] = (1, 2, 4, 8)
@@ -139,7 +149,8 @@ def choose_gemv(
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
     projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
-    counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept.
+    counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept. Each
+candidate is the best of three interleaved timings.
     Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
     from radixflow.kernels.norm_act import rmsnorm
@@ -148,17 +159,27 @@ def choose_gemv(
     calls = max(len(layers), 8)
     norm_w = torch.ones(w0.shape[1], dtype=w0.dtype, device=w0.device)
 
-    def timed(mm, x: torch.Tensor, **kw) -> float:
-        return time_graph_us(lambda i: mm(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)], **kw), calls)
+    def fastest(candidates: dict, x: torch.Tensor, rounds: int = 3) -> dict:
+        """{name: us} for {name: (mm, kwargs)}: the best of `rounds` interleaved timings of each, so a
+        slow spell of the GPU does not decide between two close candidates."""
+        graphs = {name: capture_graph(lambda i: mm(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)], **kw), calls)
+                  for name, (mm, kw) in candidates.items()}
+        best = {name: float("inf") for name in graphs}
+        for _ in range(rounds):
+            for name, graph in graphs.items():
+                best[name] = min(best[name], replay_us(graph, calls))
+        return best
 
     timings, max_m, winning, config = {}, 0, True, GEMV_CONFIG
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
+        configs = GEMV_CONFIGS if m == ms[0] else (config,)
+        us = fastest({"cublas": (F.linear, {}), **{i: (gemv, {"config": c}) for i, c in enumerate(configs)}}, x)
+        blas = us.pop("cublas")
+        best = min(us, key=us.get)
         if m == ms[0]:
-            by_config = [timed(gemv, x, config=c) for c in GEMV_CONFIGS]
-            config = GEMV_CONFIGS[by_config.index(min(by_config))]
-        blas, mine = timed(F.linear, x), timed(gemv, x, config=config)
-        timings[m] = (blas, mine)
-        winning = winning and mine < blas
+            config = configs[best]
+        timings[m] = (blas, us[best])
+        winning = winning and us[best] < blas
         max_m = m if winning else max_m
     return max_m, config, timings
