@@ -9,10 +9,12 @@ churn); small cases cycle over enough pool copies to exceed the L2 cache, as 32 
 Every variant (a launch config of kernels/decode_attention.py, see its module doc) is checked
 against the torch reference first (max abs error > 2e-2 fails loudly: listed, not timed, exit 1),
 then timed per call inside a CUDA graph: us and TB/s of K+V bytes read. "old" is the launch
-before the direct/PDL changes (stage 2 always, no PDL), "default" today's DECODE_CONFIG.
-Batch-1 cases run with PDL on and off. Kernels are compiled first in --jobs processes (Triton's
-disk cache then serves this one). Writes DIR/attn_bench.json, prints a table and a suggested
-DECODE_CONFIG (the best large-batch variant, plus the best batch-1 one as its `small` entry).
+before the direct/PDL changes (8 warps, stage 2 always, no PDL), "default" today's DECODE_CONFIG.
+The knobs swept: block_n / num_warps / num_stages, and over BASE split_align, max_splits, waves
+and direct. Batch-1 cases run with PDL on and off. Kernels are compiled first in --jobs
+processes (Triton's disk cache then serves this one). Writes DIR/attn_bench.json, prints a table
+and a suggested DECODE_CONFIG (the best large-batch variant, plus the best batch-1 one as its
+`small` entry).
 """
 
 from __future__ import annotations
@@ -41,33 +43,19 @@ CASES = {  # name: (batch, lengths: int or (low, high) uniform)
     "544xU": (544, (32, 1536)), "200x700": (200, 700), "64x400": (64, 400),
     "1x256": (1, 256), "1x384": (1, 384), "1x4096": (1, 4096),
 }
-BASE = {
-    "block_n": 64, "num_warps": 8, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0,
-    "kv_per_prog": 1, "fma": False, "direct": True, "fused_merge": False, "heads_fastest": False, "maxnreg": None,
-}
-OLD = {**BASE, "direct": False, "maxnreg": 64}  # as the first kernel compiled (64 registers); timed with PDL off
+BASE = {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True}
+OLD = {**BASE, "num_warps": 8, "direct": False}  # the first kernel's launch; timed with PDL off
 # (block_n, num_warps, num_stages, other keys) over BASE
 LARGE = [
-    (64, 8, 3, {}), (64, 8, 3, {"maxnreg": 64}), (64, 8, 5, {"maxnreg": 64}), (32, 4, 3, {}), (64, 4, 3, {}),
-    (128, 8, 3, {}), (64, 8, 3, {"heads_fastest": True, "maxnreg": 64}),
-    (64, 8, 3, {"heads_fastest": True}), (32, 4, 3, {"heads_fastest": True}),
-    (32, 4, 3, {"kv_per_prog": 2}), (64, 8, 3, {"kv_per_prog": 2}),
-    (32, 4, 3, {"kv_per_prog": 2, "heads_fastest": True}),
-    (16, 4, 3, {"kv_per_prog": 4}), (32, 8, 3, {"kv_per_prog": 4}), (16, 8, 3, {"kv_per_prog": 8}),
-    (16, 8, 2, {"fma": True}), (64, 8, 3, {"waves": 8}), (64, 8, 3, {"waves": 2}),
+    (64, 4, 3, {}), (64, 8, 3, {}), (64, 8, 5, {}), (32, 4, 3, {}), (128, 8, 3, {}), (64, 4, 3, {"direct": False}),
+    (64, 4, 3, {"waves": 8}), (64, 4, 3, {"waves": 2}),
 ]
 SMALL = [
     (16, 4, 2, {}), (32, 4, 3, {}), (64, 4, 3, {"split_align": 16}), (64, 8, 3, {"split_align": 16}),
     (64, 4, 3, {"split_align": 16, "max_splits": 32}), (32, 4, 3, {"split_align": 16, "max_splits": 32}),
     (64, 4, 3, {"split_align": 16, "max_splits": 64}), (64, 4, 3, {"split_align": 32, "max_splits": 8}),
-    (64, 4, 3, {"split_align": 16, "fused_merge": True}),
-    (32, 4, 3, {"split_align": 16, "max_splits": 32, "fused_merge": True}),
-    (32, 4, 3, {"split_align": 16, "max_splits": 32, "kv_per_prog": 2}),
-    (16, 4, 2, {"split_align": 16, "max_splits": 64, "kv_per_prog": 8}),
-    (16, 8, 2, {"fma": True}), (16, 8, 2, {"fma": True, "split_align": 16, "max_splits": 32, "fused_merge": True}),
 ]
-SHORT = {"heads_fastest": "hf", "kv_per_prog": "kv", "fma": "fma", "fused_merge": "fused", "split_align": "a",
-         "max_splits": "ms", "waves": "wv", "maxnreg": "r"}
+SHORT = {"split_align": "a", "max_splits": "ms", "waves": "wv", "direct": "direct"}
 
 
 def _variant(v: tuple) -> dict:
@@ -77,7 +65,8 @@ def _variant(v: tuple) -> dict:
 
 def _name(cfg: dict) -> str:
     changed = [(k, v) for k, v in cfg.items() if k in SHORT and v != BASE[k]]
-    tail = "".join(f"_{SHORT[k]}" + ("" if v is True else str(v)) for k, v in changed)
+    tail = "".join(f"_no{SHORT[k]}" if v is False else f"_{SHORT[k]}" + ("" if v is True else str(v))
+                   for k, v in changed)
     return f"n{cfg['block_n']}w{cfg['num_warps']}s{cfg['num_stages']}{tail}"
 
 

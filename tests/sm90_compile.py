@@ -19,17 +19,18 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from radixflow.kernels import gemv, kv_store, norm_act, rotary  # noqa: E402
+from radixflow.kernels import decode_attention, gemv, kv_store, norm_act, rotary  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
 
 
 def _compile(fn, signature: dict, constexprs: dict, **options) -> str:
-    """PTX of fn for sm_90; pointers and int arguments get the divisibility hints the JIT gives them."""
+    """PTX of fn for sm_90; pointers and int arguments get the divisibility hints the JIT gives them.
+    A runtime argument named in constexprs is specialised to that value, as the JIT does with 1."""
     sig = dict(signature, **{name: "constexpr" for name in constexprs})
     names = list(sig)
-    hints = {(names.index(n),): [["tt.divisibility", 16]] for n, t in signature.items() if t.startswith("*") or t == "i32"}
+    hints = {(names.index(n),): [["tt.divisibility", 16]] for n, t in sig.items() if t.startswith("*") or t == "i32"}
     return triton.compile(ASTSource(fn, sig, constexprs, attrs=hints), target=SM90, options=options).asm["ptx"]
 
 
@@ -69,9 +70,39 @@ def check_rotary_and_kv_store(pdl: bool) -> None:
     _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl)
 
 
+def _waits_first(ptx: str) -> bool:
+    """griddepcontrol.wait comes before the kernel's first global load, async copy or store."""
+    first = min(ptx.find(op) for op in ("ld.global", "cp.async", "st.global") if op in ptx)
+    return ptx.index("griddepcontrol.wait") < first
+
+
+def check_decode_attention(pdl: bool) -> None:
+    """Both stages at Llama-3-8B heads (groups of 4, head dim 128) with DECODE_CONFIG's block shape:
+    stage 1 with one split writing the output (direct; the JIT makes num_splits 1 a constant) and
+    with 16 splits writing float32 partials, and stage 2 merging 16 splits."""
+    cfg = decode_attention.DECODE_CONFIG
+    sig = {"Q": BF16, "K": BF16, "V": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64", "SeqLens": "*i64",
+           "MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
+           **_ints("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
+                   "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh"),
+           "scale": "fp32", **_ints("num_splits", "split_align", "D")}
+    consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
+    for extra in ({"num_splits": 1, "DIRECT": True}, {"DIRECT": False}):
+        ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
+                       num_stages=cfg["num_stages"], launch_pdl=pdl)
+        assert ("griddepcontrol.wait" in ptx) == pdl and (not pdl or _waits_first(ptx))
+    sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
+           **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
+                   "num_splits", "D")}
+    ptx = _compile(decode_attention._decode_stage2, sig, {"BLOCK_S": 16, "BLOCK_D": 128, "USE_PDL": pdl},
+                   num_warps=4, launch_pdl=pdl)
+    assert ("griddepcontrol.wait" in ptx) == pdl and (not pdl or _waits_first(ptx))
+
+
 def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (False, True) for m in (1, 4)]
-    checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store) for pdl in (False, True)]
+    checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
+               for pdl in (False, True)]
     failed = 0
     for fn, args in checks:
         try:

@@ -252,20 +252,17 @@ def test_bitmask_dispatch_on_cpu_uses_torch():
 
 
 # -- attention ----------------------------------------------------------------------------------
-DECODE_VARIANTS = {  # decode_attention's launch variants (see its module doc) at tiny shapes
+DECODE_VARIANTS = {  # decode_attention's launch configs (see its module doc) at tiny shapes
     "default": {"block_n": 64, "num_warps": 4, "num_stages": 2},
     "stage2": {"block_n": 64, "direct": False},
     "block16": {"block_n": 16},
-    "kv_per_prog": {"block_n": 16, "kv_per_prog": 4},
-    "fma": {"block_n": 16, "fma": True},
-    "fused_merge": {"block_n": 16, "fused_merge": True, "heads_fastest": True},
     "split_align": {"block_n": 16, "split_align": 4},
+    "small": {"block_n": 64, "small": {"max_batch": 3, "block_n": 16, "split_align": 4, "direct": False}},
 }
 
 
 @pytest.mark.parametrize(
-    "variant,splits,hq,hkv",
-    [(v, s, 6, 2) for v in DECODE_VARIANTS for s in (1, 4)] + [(v, 4, 4, 4) for v in ("default", "kv_per_prog", "fma")],
+    "variant,splits,hq,hkv", [(v, s, 6, 2) for v in DECODE_VARIANTS for s in (1, 4)] + [("default", 4, 4, 4)]
 )
 def test_decode_attention_matches_reference(variant, splits, hq, hkv):
     seq_lens = [70, 7, 1]  # with 4 splits some are empty
@@ -275,20 +272,6 @@ def test_decode_attention_matches_reference(variant, splits, hq, hkv):
     got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, splits, config=DECODE_VARIANTS[variant])
     want = ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 0.25)
     _close(got, want, 1e-5)
-
-
-def test_decode_attention_fused_merge_resets_its_counters():
-    """The same launch (as a graph replays it) over other lengths, twice: the counters return to zero."""
-    import radixflow.kernels.decode_attention as da
-
-    k_buf, v_buf, table, req_idx = _paged_pool([40, 90], 2, 16, torch.float32)
-    q = torch.randn(2, 4, 16, device=DEV)
-    config = {"block_n": 16, "fused_merge": True, "kv_per_prog": 2}
-    for seq_lens in ([40, 3], [40, 90]):
-        lens = torch.tensor(seq_lens, device=DEV)
-        got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, 4, config=config)
-        _close(got, ref.decode_attention_ref(q, k_buf, v_buf, table, req_idx, lens, 0.25), 1e-5)
-        assert not da._COUNTERS[q.device].any()
 
 
 def test_extend_attention_prefix_plus_causal():
@@ -304,27 +287,27 @@ def test_extend_attention_prefix_plus_causal():
     _close(got, want, 1e-5)
 
 
-ONE_HEAD_16 = {"kv_per_prog": 1, "fma": False, "max_splits": 16}
+MAX_16 = {"max_splits": 16}  # an explicit config: DECODE_CONFIG's `small` does not apply
 
 
 def test_num_kv_splits_fills_the_gpu_and_is_capped():
-    assert num_kv_splits(1, 8, 132, waves=2, config=ONE_HEAD_16) == 16
-    assert num_kv_splits(64, 8, 132, waves=2, config=ONE_HEAD_16) == 1
-    assert num_kv_splits(64, 8, 132, waves=4, config=ONE_HEAD_16) == 2
+    assert num_kv_splits(1, 8, 132, waves=2, config=MAX_16) == 16
+    assert num_kv_splits(64, 8, 132, waves=2, config=MAX_16) == 1
+    assert num_kv_splits(64, 8, 132, waves=4, config=MAX_16) == 2
     assert all(num_kv_splits(b, 8) & (num_kv_splits(b, 8) - 1) == 0 for b in range(1, 300))
-    assert num_kv_splits(1, 8, 132, config={**ONE_HEAD_16, "max_splits": 64}) == 64
-    assert num_kv_splits(16, 8, 132, waves=4, config={**ONE_HEAD_16, "kv_per_prog": 4}) == 16  # 32 programs a split
+    assert num_kv_splits(1, 8, 132, config={"max_splits": 64}) == 64
 
 
 def test_decode_config_small_batch_overrides(monkeypatch):
     import radixflow.kernels.decode_attention as da
 
-    monkeypatch.setitem(da.DECODE_CONFIG, "small", {"max_batch": 2, "block_n": 16, "max_splits": 32, "kv_per_prog": 1})
+    monkeypatch.setitem(da.DECODE_CONFIG, "small", {"max_batch": 2, "block_n": 16, "max_splits": 32})
     assert da.resolve_config(2)["block_n"] == 16 and da.resolve_config(3)["block_n"] == da.DECODE_CONFIG["block_n"]
-    assert num_kv_splits(1, 8, 132) == 32 and num_kv_splits(1, 8, 132, config=ONE_HEAD_16) == 16
-    explicit = da.resolve_config(1, {"kv_per_prog": 2})
-    assert explicit["block_n"] == da.DECODE_CONFIG["block_n"] and explicit["maxnreg"] is None  # no `small`, no cap
-    assert da.resolve_config(1, {"small": {"max_batch": 1, "fma": True}})["fma"]
+    assert num_kv_splits(1, 8, 132) == 32 and num_kv_splits(1, 8, 132, config=MAX_16) == 16
+    assert da.resolve_config(1, {"num_warps": 8})["block_n"] == da.DECODE_CONFIG["block_n"]  # no `small`
+    assert da.resolve_config(1, {"small": {"max_batch": 1, "split_align": 8}})["split_align"] == 8
+    with pytest.raises(ValueError, match="kv_per_prog"):  # a removed variant is not silently ignored
+        da.resolve_config(1, {"kv_per_prog": 2})
 
 
 # -- the Triton backend inside the engine ----------------------------------------------------
@@ -386,9 +369,7 @@ def test_graph_batch_sizes_cover_every_batch():
 
 # -- GPU: real shapes ---------------------------------------------------------------------------
 GPU_DECODE_VARIANTS = [  # besides DECODE_CONFIG
-    {"direct": False}, {"block_n": 32, "kv_per_prog": 2}, {"block_n": 16, "kv_per_prog": 8, "num_warps": 8},
-    {"block_n": 16, "fma": True, "num_warps": 4}, {"split_align": 16, "fused_merge": True},
-    {"block_n": 32, "heads_fastest": True, "num_warps": 4, "num_stages": 2}, {"maxnreg": 64},
+    {"direct": False}, {"split_align": 16, "max_splits": 32}, {"block_n": 32, "num_warps": 8, "num_stages": 2},
 ]
 
 
@@ -409,9 +390,10 @@ def test_gpu_decode_attention_llama_shapes(seq_lens):
 
 @gpu
 @needs_cuda
-@pytest.mark.parametrize("config", [{}, {"split_align": 16, "fused_merge": True, "max_splits": 32}])
+@pytest.mark.parametrize("config", [{}, {"split_align": 16, "max_splits": 32}, {"max_splits": 1}])
 def test_gpu_decode_attention_graph_replays_longer_lengths(config):
-    """Captured at 5 tokens a request, replayed at up to 3000: nothing in the launch depends on lengths."""
+    """Captured at 5 tokens a request, replayed at up to 3000: nothing in the launch depends on lengths
+    (max_splits 1: the direct path, stage 1 alone)."""
     k_buf, v_buf, table, req_idx = _paged_pool([3000, 700], 8, 128, torch.bfloat16, rows=3)
     q = torch.randn(2, 32, 128, device=DEV, dtype=torch.bfloat16)
     lens = torch.tensor([5, 5], device=DEV)
