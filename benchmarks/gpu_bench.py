@@ -17,7 +17,6 @@ Sections (each isolated: a failure is logged and the next one runs):
   qwen3        Qwen3-8B shape: runs, batch-1 decode speed
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead")
-  attn_tune    decode-attention launch variants at three shapes; adopts the best for the run
   offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
@@ -187,68 +186,6 @@ def sec_env() -> dict:
     smi = subprocess.run(query, capture_output=True, text=True).stdout.strip() if DEV == "cuda" else ""
     return {"torch": torch.__version__, "triton": triton.__version__, "transformers": transformers.__version__,
             "gpu": torch.cuda.get_device_name() if DEV == "cuda" else "cpu", "missing_packages": missing, "nvidia_smi": smi}
-
-
-TUNE_VARIANTS = [
-    {"block_n": 32, "num_warps": 4, "num_stages": 2},
-    {"block_n": 64, "num_warps": 4, "num_stages": 2},
-    {"block_n": 64, "num_warps": 4, "num_stages": 3},
-    {"block_n": 64, "num_warps": 8, "num_stages": 3},
-    {"block_n": 128, "num_warps": 8, "num_stages": 2},
-]
-
-
-def _decode_case(bs: int, ctx: int):
-    """Llama-3-8B decode attention inputs: bs requests of ctx tokens on scattered slots."""
-    slots = bs * ctx
-    k_buf = torch.randn(slots + 1, 8, 128, device=DEV, dtype=torch.bfloat16)
-    v_buf = torch.randn_like(k_buf)
-    table = (torch.randperm(slots, device=DEV) + 1).view(bs, ctx).int()
-    q = torch.randn(bs, 32, 128, device=DEV, dtype=torch.bfloat16)
-    lens = torch.full((bs,), ctx, device=DEV, dtype=torch.int64)
-    return q, k_buf, v_buf, table, torch.arange(bs, device=DEV), lens
-
-
-def _time_variants(bs: int, ctx: int, sms: int) -> dict:
-    """{(variant index, waves): seconds} for one decode shape; outputs checked against variant 0."""
-    from radixflow.kernels import decode_attention as da
-
-    args = _decode_case(bs, ctx)
-    times, base = {}, None
-    for i, var in enumerate(TUNE_VARIANTS):
-        for waves in (2, 4):
-            splits = da.num_kv_splits(bs, 8, sms, waves)
-            run = lambda: da.decode_attention(*args, 128**-0.5, splits, config=var)  # noqa: E731
-            got = run()
-            base = got if base is None else base
-            assert (got.float() - base.float()).abs().max().item() < 2e-2
-            times[(i, waves)] = cuda_time(run, 1 if OPTS.smoke else 20)
-    return times
-
-
-def sec_attn_tune() -> dict:
-    """Time decode-attention launch variants; adopt the best at 200 x 700 tokens for this run
-    if it beats the first version (variant 0, waves 2) by 5% without slowing batch 1."""
-    from radixflow.kernels import decode_attention as da
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count if DEV == "cuda" else 8
-    cases = {"bs200_ctx700": (200, 700), "bs64_ctx400": (64, 400), "bs1_ctx4096": (1, 4096)}
-    if OPTS.smoke:
-        cases = {k: (min(bs, 2), 40) for k, (bs, _) in cases.items()}
-    out, timings = {}, {}
-    for name, (bs, ctx) in cases.items():
-        timings[name] = _time_variants(bs, ctx, sms)
-        gb = 2 * bs * ctx * 8 * 128 * 2 / 1e9
-        for (i, waves), t in timings[name].items():
-            out[f"{name}/v{i}/w{waves}"] = {"us": round(t * 1e6, 1), "GBps": round(gb / t, 1)}
-    first, big, one = (0, 2), timings["bs200_ctx700"], timings["bs1_ctx4096"]
-    best = min(big, key=big.get)
-    if big[first] / big[best] > 1.05 and one[best] <= 1.05 * one[first]:
-        da.DECODE_CONFIG.update(TUNE_VARIANTS[best[0]], waves=best[1])
-    out["adopted"] = dict(da.DECODE_CONFIG)
-    out["bs200_gain_over_first"] = big[first] / big[best]
-    free()
-    return out
 
 
 def _copy_bandwidth() -> float:
@@ -699,7 +636,7 @@ def sec_prefill() -> dict:
 SECTIONS = {
     "env": sec_env, "ceilings": sec_ceilings, "pytest": sec_pytest, "correctness": sec_correctness,
     "tiny_ckpt": sec_tiny_ckpt, "qwen3": sec_qwen3, "hf": sec_hf, "hf_compile": sec_hf_compile, "decode_bs1": sec_decode_bs1,
-    "attn_tune": sec_attn_tune, "offline": sec_offline, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
+    "offline": sec_offline, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
 NEEDS_BENCH_ENGINE = {"offline", "shared", "idle", "prefill"}
 

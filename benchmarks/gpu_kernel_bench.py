@@ -25,7 +25,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from radixflow.kernels import reference as ref  # noqa: E402
-from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS, choose_gemv, gemv, time_graph_us  # noqa: E402
+from radixflow.kernels.gemv import GEMV_CONFIG, choose_gemv, gemv, time_graph_us  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
 
@@ -87,7 +87,7 @@ def bench_gemv(n: int, k: int) -> dict:
     best = min(res["sweep_us"], key=res["sweep_us"].get)
     res["best_config"], res["best_us"], res["best_tbs"] = best, res["sweep_us"][best], tbs(res["sweep_us"][best])
     max_m, config, timings = choose_gemv([(w, None) for w in weights])
-    res["chooser"] = {"gemv_max_m": max_m, "config": _name(config), "us_by_m": {m: {"cublas": b, "triton": t} for m, (b, t) in timings.items()}}
+    res["chooser"] = {"gemv_max_m": max_m, "config": config, "us_by_m": {m: {"cublas": b, "triton": t} for m, (b, t) in timings.items()}}
     return res
 
 
@@ -207,9 +207,7 @@ def main() -> None:
         print(f"{name} done", flush=True)
     for t in (1, 64):
         results["rotary_kv"][f"T{t}"] = bench_rotary_kv(t)
-    chosen = {name: cfg for name in results["gemv"] for cfg in GEMV_CONFIGS
-              if _name(cfg) == results["gemv"][name]["chooser"]["config"]}
-    results["layer_chain"] = bench_layer_chain(chosen)
+    results["layer_chain"] = bench_layer_chain({name: r["chooser"]["config"] for name, r in results["gemv"].items()})
     ok = set.intersection(*(set(r["sweep_us"]) for r in results["gemv"].values()))
     per_cfg = {c: sum(r["sweep_us"][c] * r["per_step"] for r in results["gemv"].values()) for c in ok}
     results["step_us_by_config"] = per_cfg
@@ -224,7 +222,7 @@ def print_table(res: dict) -> None:
     print(f"{'M=1':8} {'N x K':>13} {'cuBLAS us':>10} {'TB/s':>5} {'triton us':>10} {'TB/s':>5} "
           f"{'best cfg':>20} {'us':>7} {'TB/s':>5} {'chooser':>22} {'err M1/M8':>12}")
     for name, r in res["gemv"].items():
-        chosen = f"M<={r['chooser']['gemv_max_m']} {r['chooser']['config']}" if r["chooser"]["gemv_max_m"] else "cuBLAS"
+        chosen = f"M<={r['chooser']['gemv_max_m']} {_name(r['chooser']['config'])}" if r["chooser"]["gemv_max_m"] else "cuBLAS"
         errs = "/".join(f"{e:.3f}" for e in r["errors"].values())
         print(f"{name:8} {r['n']:>6}x{r['k']:<6} {r['cublas_us']:10.1f} {r['cublas_tbs']:5.2f} {r['triton_us']:10.1f} "
               f"{r['triton_tbs']:5.2f} {r['best_config']:>20} {r['best_us']:7.1f} {r['best_tbs']:5.2f} {chosen:>22} {errs:>12}")

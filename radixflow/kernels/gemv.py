@@ -150,8 +150,7 @@ def choose_gemv(
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
     projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
     counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept. Each
-candidate is the best of three interleaved timings.
-    Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
+    candidate is the best of three interleaved timings. Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
     from radixflow.kernels.norm_act import rmsnorm
 
