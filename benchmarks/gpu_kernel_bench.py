@@ -163,7 +163,7 @@ def bench_layer_chain(chosen: dict) -> dict:
     res, outs = {}, {}
     blas = lambda x, w, name: F.linear(x, w[name])  # noqa: E731
     default = lambda x, w, name: gemv(x, w[name])  # noqa: E731
-    best = lambda x, w, name: gemv(x, w[name], config=chosen[name])  # noqa: E731
+    best = lambda x, w, name: gemv(x, w[name], config=chosen.get(name))  # noqa: E731  (--shapes: others default)
     variants = {"cublas": (blas, False), "gemv_pdl_off": (default, False), "gemv_pdl_on": (default, True),
                 "gemv_chosen_pdl_on": (best, True)}
     for name, (mm, on) in variants.items():
