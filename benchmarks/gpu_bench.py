@@ -11,12 +11,15 @@ Sections (each isolated: a failure is logged and the next one runs):
   ceilings     HBM copy bandwidth and bf16 matmul rate, measured here
   pytest       tests/test_kernels.py on the GPU (including the `gpu` tests)
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
-               float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch
+               float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
+               also torch-native vs itself (as candidate; each request alone vs batched)
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
-  decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off
+  decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off; profiles
+               of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
   qwen3        Qwen3-8B shape: runs, batch-1 decode speed
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
-  hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead")
+  hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
+               generate()'s own compiled decode step, else a compiled decode loop (--hf-compile)
   offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
@@ -51,9 +54,10 @@ OPTS = argparse.Namespace()
 # workload sizes; --smoke (CPU, tiny model) shrinks them to check the script's plumbing
 SIZES = dict(offline=1000, in_max=1024, out_max=512, shared_n=256, shared_len=4096, shared_out=128, idle_bs=64,
              idle_out=256, prefill_n=8, prefill_len=2048, bs1_out=256, corr_shared=300, corr_long=1500, corr_chunk=512,
-             hf_bs1_out=64, tiny_new=32)
+             hf_bs1_out=64, tiny_new=32, hf_compile_out=128)
 SMOKE = dict(offline=12, in_max=64, out_max=16, shared_n=6, shared_len=96, shared_out=8, idle_bs=4, idle_out=12,
-             prefill_n=2, prefill_len=64, bs1_out=16, corr_shared=24, corr_long=80, corr_chunk=32, hf_bs1_out=8, tiny_new=8)
+             prefill_n=2, prefill_len=64, bs1_out=16, corr_shared=24, corr_long=80, corr_chunk=32, hf_bs1_out=8, tiny_new=8,
+             hf_compile_out=12)
 TINY_CONFIG = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=TOKENIZER_VOCAB, max_position_embeddings=4096,
@@ -220,8 +224,20 @@ def sec_pytest() -> dict:
     return {"rc": out.returncode, "summary": out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]}
 
 
+def _compare(cand, ref, tol: float = 2e-2) -> dict:
+    """logprob_check.compare plus the spread of |dlogprob| over all scored positions: the
+    median, the 99th percentile and the fraction within tol (the max alone hides the shape)."""
+    from logprob_check import compare
+
+    d = sorted(abs(x - y) for a, b in ((cand.input_lps, ref.input_lps), (cand.output_lps, ref.output_lps))
+               for xs, ys in zip(a, b) for x, y in zip(xs, ys))
+    res = compare(cand, ref)
+    res.update(p50_abs=d[len(d) // 2], p99_abs=d[int(0.99 * (len(d) - 1))], frac_within_tol=sum(x <= tol for x in d) / len(d))
+    return res
+
+
 def _check_backends(config: str, dtype: str, tol: float, shared: int, long: int, chunk: int) -> dict:
-    from logprob_check import compare, make_prompts, run_candidate, run_reference
+    from logprob_check import make_prompts, run_candidate, run_reference
 
     kw = dict(dtype=dtype, max_total_tokens=32768, chunked_prefill_size=chunk, cuda_graph_max_bs=8, max_running_requests=16)
     warm, batch, starts = make_prompts(TOKENIZER_VOCAB, shared, long, seed=1)
@@ -233,15 +249,27 @@ def _check_backends(config: str, dtype: str, tol: float, shared: int, long: int,
     ref_eng = make_engine(config, attention_backend="torch_native", **kw)
     ref = run_reference(ref_eng, warm, cand, starts)
     free(ref_eng)
-    res = compare(cand, ref)
+    res = _compare(cand, ref, tol)
     res.update(cached_tokens=hit, tol=tol, ok=max(res["prefill_max_abs"], res["decode_max_abs"]) <= tol)
     return res
 
 
+def _solo_reference(eng, warm: list, cand, starts: list):
+    """run_reference with each request alone: same tokens and cache state (flushed, warm-up
+    prefix cached), only the batching and chunk boundaries differ."""
+    from logprob_check import RunLogprobs, run_reference
+
+    runs = [run_reference(eng, warm, RunLogprobs([p], [[]], [o], [[]]), [s])
+            for p, o, s in zip(cand.prompts, cand.output_ids, starts)]
+    return RunLogprobs(cand.prompts, [r.input_lps[0] for r in runs], cand.output_ids, [r.output_lps[0] for r in runs])
+
+
 def _check_bf16(config: str, shared: int, long: int, chunk: int) -> dict:
     """bf16 Triton and bf16 torch-native, each against a float32 torch-native run of the
-    same (bf16-rounded) weights: how far each bf16 path is from exact arithmetic."""
-    from logprob_check import compare, make_prompts, run_candidate, run_reference
+    same (bf16-rounded) weights: how far each bf16 path is from exact arithmetic. Two
+    torch-native-only baselines show what bf16 itself allows: the whole check with native as
+    the candidate too, and teacher-forced scoring of each request alone vs the batch."""
+    from logprob_check import make_prompts, run_candidate, run_reference
 
     kw = dict(max_total_tokens=32768, chunked_prefill_size=chunk, cuda_graph_max_bs=8, max_running_requests=16)
     warm, batch, starts = make_prompts(TOKENIZER_VOCAB, shared, long, seed=1)
@@ -249,6 +277,9 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int) -> dict:
     cand = run_candidate(tri, warm, batch, starts, new_tokens=16)
     nat16 = make_engine(config, attention_backend="torch_native", dtype="bfloat16", **kw)
     ref16 = run_reference(nat16, warm, cand, starts)
+    nat_cand = run_candidate(nat16, warm, batch, starts, new_tokens=16)
+    res = {"native_vs_native_bf16": _compare(nat_cand, run_reference(nat16, warm, nat_cand, starts)),
+           "native_solo_vs_batched_bf16": _compare(_solo_reference(nat16, warm, cand, starts), ref16)}
     free(nat16)
     nat32 = make_engine(config, attention_backend="torch_native", dtype="float32", **kw)
     with torch.no_grad():
@@ -257,8 +288,8 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int) -> dict:
     free(tri)
     ref32 = run_reference(nat32, warm, cand, starts)
     free(nat32)
-    res = {"triton_vs_native_bf16": compare(cand, ref16), "triton_bf16_vs_fp32": compare(cand, ref32),
-           "native_bf16_vs_fp32": compare(ref16, ref32)}
+    res.update(triton_vs_native_bf16=_compare(cand, ref16), triton_bf16_vs_fp32=_compare(cand, ref32),
+               native_bf16_vs_fp32=_compare(ref16, ref32))
     res["ok"] = max(res["triton_vs_native_bf16"]["prefill_max_abs"], res["triton_vs_native_bf16"]["decode_max_abs"]) <= 2e-2
     return res
 
@@ -347,6 +378,96 @@ def _profile_replay(runner, steps: int = 20) -> list:
     return [(e.key[:60], round(getattr(e, "device_time_total", 0) / steps, 1), e.count // steps) for e in rows[:10]]
 
 
+def _trace_gpu_ops(prof) -> tuple[list, set]:
+    """(GPU kernels / memcpys / memsets as (name, start_us, end_us, correlation) by start time,
+    correlation ids of the CUDA graph launches) from a profile's chrome trace."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        prof.export_chrome_trace(os.path.join(d, "t.json"))
+        with open(os.path.join(d, "t.json")) as f:
+            events = json.load(f)["traceEvents"]
+    ops = [(e["name"], e["ts"], e["ts"] + e.get("dur", 0), e.get("args", {}).get("correlation"))
+           for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    launches = {e.get("args", {}).get("correlation") for e in events
+                if e.get("cat") in ("cuda_runtime", "cuda_driver") and "GraphLaunch" in e.get("name", "")}
+    return sorted(ops, key=lambda o: o[1]), launches - {None}
+
+
+def _busy_us(intervals: list, lo: float, hi: float) -> float:
+    """Length of the union of intervals, clipped to [lo, hi]."""
+    total, end = 0.0, lo
+    for s, e in sorted(intervals):
+        s, e = max(s, end), min(e, hi)
+        if e > s:
+            total, end = total + e - s, e
+    return total
+
+
+def _outside_graph_stats(ops: list, launches: set, graph_names: set, top: int = 15) -> dict:
+    """Split a batch-1 decode trace into graph replays and the GPU work outside them. An op is
+    inside a replay when its correlation id is a graph launch's (CUPTI gives a graph's kernels
+    the id of their cudaGraphLaunch); failing that, when its name occurs in a bare replay, a run
+    of consecutive such ops being one replay."""
+    groups: dict = {}
+    for o in ops:
+        if o[3] in launches:
+            groups.setdefault(o[3], []).append(o)
+    by_corr = len(groups) >= 2
+    if by_corr:
+        inside = lambda o: o[3] in launches  # noqa: E731
+        runs = list(groups.values())
+    else:
+        inside = lambda o: o[0] in graph_names  # noqa: E731
+        runs, run = [], []
+        for o in ops:  # an outside op ends a replay unless it overlaps it (another stream)
+            if inside(o):
+                run.append(o)
+            elif run and o[1] >= max(x[2] for x in run):
+                runs, run = runs + [run], []
+        runs += [run] if run else []
+    replays = sorted((min(o[1] for o in r), max(o[2] for o in r), len(r)) for r in runs)
+    if len(replays) < 2:
+        raise RuntimeError(f"{len(replays)} graph replays in the trace")
+    lo, hi, steps = replays[0][0], replays[-1][1], len(replays) - 1
+    outside = [o for o in ops if not inside(o) and lo <= o[1] <= hi]
+    gaps = [(e0, s1) for (_, e0, _), (s1, _, _) in zip(replays, replays[1:])]
+    idle = [s1 - e0 - _busy_us([o[1:3] for o in outside], e0, s1) for e0, s1 in gaps]
+    by_name: dict = {}
+    for o in outside:
+        n, t = by_name.get(o[0], (0, 0.0))
+        by_name[o[0]] = (n + 1, t + o[2] - o[1])
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1][1])
+    med = statistics.median
+    return {"method": "graph-launch correlation" if by_corr else "kernel names of a bare replay", "replays": len(replays),
+            "ops_per_replay": med(r[2] for r in replays), "replay_us": med(e - s for s, e, _ in replays),
+            "step_us": med(b[0] - a[0] for a, b in zip(replays, replays[1:])),
+            "gap_us": med(s1 - e0 for e0, s1 in gaps), "idle_us": med(idle), "idle_fraction": sum(idle) / (hi - lo),
+            "outside_ops_per_step": len(outside) / steps, "outside_us_per_step": sum(t for _, (_, t) in rows) / steps,
+            "outside_names_also_in_graph": sorted(n for n in by_name if n in graph_names)[:5],
+            "outside_top": [(n[:80], round(c / steps, 2), round(t / steps, 2)) for n, (c, t) in rows[:top]]}
+
+
+def _profile_outside_graph(eng, prompt: list, steps: int = 30) -> dict:
+    """torch.profiler over ~steps end-to-end decode steps at batch 1 (Engine.generate, overlap as
+    configured): what the GPU runs outside the batch-1 graph, and how long it waits. step_us is
+    the end-to-end step on the GPU (one replay's start to the next's)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = eng.runner.graph_runner.graphs[1]
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # a bare replay: the graph's kernels
+        for _ in range(3):
+            g.replay()
+        sync()
+    bare, _ = _trace_gpu_ops(prof)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:  # CUDA only (runtime calls included): less host overhead
+        eng.generate(input_ids=[prompt], sampling_params=greedy(steps + 2))
+        sync()
+    out = _outside_graph_stats(*_trace_gpu_ops(prof), {o[0] for o in bare})
+    out.update(ops_per_bare_replay=len(bare) / 3, overlap=eng.scheduler.overlap)
+    return out
+
+
 def _pdl_off_rates(eng, prompt: list) -> dict:
     """The same engine with a batch-1 graph captured without PDL (kernels/pdl.py), in the same run."""
     from radixflow.kernels import pdl
@@ -394,6 +515,11 @@ def sec_decode_bs1() -> dict:
             out["top_kernels_us_per_step"] = _profile_replay(runner)
     except Exception as e:
         out["profile_error"] = repr(e)
+    try:
+        if g is not None:
+            out["outside_graph"] = _profile_outside_graph(eng, prompt)
+    except Exception as e:
+        out["outside_graph_error"] = repr(e)[:500]
     return out
 
 
@@ -465,14 +591,95 @@ def sec_hf() -> dict:
     return out
 
 
+def _hf_compiled_generate(model, ids: torch.Tensor, n: int, cache) -> dict:
+    """transformers' own recipe: generate() with a static cache compiles its decode step
+    (CompileConfig: inductor, mode="reduce-overhead") and runs the prefill eagerly. Our cache
+    object is passed in and reset between calls so its tensors keep their addresses (a new
+    cache per call would re-record the CUDA graph)."""
+    from transformers import CompileConfig
+
+    cc = CompileConfig(fullgraph=True, mode="reduce-overhead")
+    cc._compile_all_devices = DEV == "cpu"  # generate() compiles on CPU only when told to (smoke)
+
+    def run(k: int, clock=None):
+        cache.reset()
+        with torch.no_grad():
+            return model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, compile_config=cc,
+                                  max_new_tokens=k, min_new_tokens=k, do_sample=False, streamer=clock)
+
+    warm = wall(lambda: run(8))  # compiles, then records the CUDA graph
+    clock = TokenClock()
+    tokens = run(n, clock)[0, ids.shape[1]:]
+    return {"warmup_s": warm, "tok_s": clock.decode_rate(), "tokens": tokens.tolist()}
+
+
+def _hf_compiled_loop(model, ids: torch.Tensor, n: int, cache) -> dict:
+    """A greedy loop of our own over the static cache: the prefill eager (the cache's first
+    write must not happen inside a CUDA graph's memory pool, which is what broke compiling
+    model.forward whole), the decode step (forward + argmax) compiled with
+    mode="reduce-overhead", fullgraph=True; cudagraph_mark_step_begin() before each step and
+    the next token cloned out of the graph's output."""
+
+    def step(tok, pos):
+        logits = model(input_ids=tok, position_ids=pos, past_key_values=cache, use_cache=True).logits
+        return logits[:, -1].argmax(-1, keepdim=True)
+
+    step_c = torch.compile(step, mode="reduce-overhead", fullgraph=True)
+
+    def run(k: int) -> tuple[list, float]:
+        """(tokens, decode tok/s after the first token)"""
+        cache.reset()
+        with torch.no_grad():
+            tok = model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+            pos, out = torch.full((1, 1), ids.shape[1], device=DEV), [tok]
+            sync()
+            t = time.perf_counter()
+            for _ in range(k - 1):
+                torch.compiler.cudagraph_mark_step_begin()
+                out.append(step_c(out[-1], pos).clone())
+                pos += 1
+            sync()
+            return torch.cat(out, 1)[0].tolist(), (k - 1) / (time.perf_counter() - t)
+
+    warm = wall(lambda: run(8))
+    tokens, rate = run(n)
+    return {"warmup_s": warm, "tok_s": rate, "tokens": tokens}
+
+
+HF_COMPILE = {"generate": _hf_compiled_generate, "loop": _hf_compiled_loop}
+
+
 def sec_hf_compile() -> dict:
-    """transformers' static cache + torch.compile(mode='reduce-overhead'), batch 1."""
+    """transformers batch 1, static cache + torch.compile(mode='reduce-overhead'): each approach of
+    --hf-compile in turn until one runs. warmup_s (compilation and graph recording) is one
+    8-token call; tok_s is the rate after the first token, like sec_hf (generate: per-token
+    timestamps, one host sync per token; loop: no sync until the end)."""
+    from transformers import StaticCache
+
     model = _hf_model("llama3-8b")
-    model.generation_config.cache_implementation = "static"
-    model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-    t = time.perf_counter()
-    rate = _hf_bs1_rate(model, SZ["bs1_out"])
-    out = {"bs1_compiled_static_tok_s": rate, "wall_incl_compile_s": time.perf_counter() - t}
+    n = SZ["hf_compile_out"]
+    ids = torch.tensor([rand_ids(random.Random(7), 128)], device=DEV)
+    with torch.no_grad():  # eager greedy tokens, to check the compiled ones against
+        eager = model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)[0, ids.shape[1]:].tolist()
+    out = {"new_tokens": n, "approach": None, "failed": {}}
+    for name in OPTS.hf_compile.split(","):
+        torch._dynamo.reset()
+        graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+        cache = StaticCache(config=model.config, max_cache_len=ids.shape[1] + n + 8)
+        t = time.perf_counter()
+        try:
+            res = HF_COMPILE[name](model, ids, n, cache)
+        except Exception as e:  # the next approach runs
+            out["failed"][name] = {"error": repr(e)[:800], "after_s": round(time.perf_counter() - t, 1),
+                                   "trace": traceback.format_exc()[-1500:]}
+            log(f"hf_compile {name} failed after {time.perf_counter() - t:.0f}s: {e!r}"[:600])
+            continue
+        tokens = res.pop("tokens")
+        same = next((i for i, (a, b) in enumerate(zip(tokens, eager)) if a != b), min(len(tokens), len(eager)))
+        out.update(approach=name, bs1_compiled_static_tok_s=res["tok_s"], warmup_s=res["warmup_s"],
+                   wall_s=time.perf_counter() - t, leading_tokens_equal_to_eager=same,
+                   dynamo_graphs=torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs)  # 1: no recompiles
+        break
     del model
     free()
     return out
@@ -650,6 +857,7 @@ def main() -> None:
     p.add_argument("--graph-max-bs", type=int, default=256)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16")
+    p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})
     os.makedirs(OPTS.out, exist_ok=True)

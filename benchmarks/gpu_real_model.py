@@ -9,6 +9,8 @@ in-process Engine with attention_backend=triton, then with torch_native. Per pro
 token ids or not. At a divergence (first differing position, same prefix before it) the evidence
 is the torch-native top-2 logprob margin there, teacher-forced by a fresh prefill of the common
 prefix (plus each backend's own decode-time top-2): a near tie (< --tie-nats) explains it.
+Baseline: the torch-native engine also runs each prompt alone (cache flushed, batch-1 decode);
+how many of its outputs equal its batched run shows what batching alone changes in that dtype.
 On CPU the Triton backend cannot run; the candidate is torch_native again (plumbing check only).
 Writes OUT/real_model.json and prints a table.
 """
@@ -165,14 +167,18 @@ def free(eng) -> None:
         torch.cuda.empty_cache()
 
 
-def run_prompts(eng, prompts: list[dict], a: argparse.Namespace, logprobs: bool = True) -> tuple[list[dict], float]:
+def run_prompts(eng, prompts: list[dict], a: argparse.Namespace, logprobs: bool = True,
+                solo: bool = False) -> tuple[list[dict], float]:
     """Greedy, in two waves (even then odd prompts) so shared prefixes of wave 2 hit the radix cache.
-    Without logprobs the decode passes run under overlap scheduling (the CUDA default)."""
+    Without logprobs the decode passes run under overlap scheduling (the CUDA default). solo: each
+    prompt alone instead, cache flushed before each (one prefill, then batch-1 decode)."""
     params = {"max_new_tokens": a.max_new_tokens, "temperature": 0.0, "ignore_eos": a.ignore_eos}
     eng.flush_cache()
     results: dict[int, dict] = {}
     t = time.perf_counter()
-    for wave in (prompts[0::2], prompts[1::2]):
+    for wave in ([[p] for p in prompts] if solo else (prompts[0::2], prompts[1::2])):
+        if solo:
+            eng.flush_cache()
         outs = eng.generate(input_ids=[p["ids"] for p in wave], sampling_params=params,
                             return_logprob=logprobs, top_logprobs_num=TOPK if logprobs else 0, return_text_in_logprobs=False)
         for p, o in zip(wave, outs):
@@ -246,6 +252,9 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
     del cand_eng
     ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
     ref, ref_s = run_prompts(ref_eng, prompts, a)
+    solo, solo_s = run_prompts(ref_eng, prompts, a, solo=True)  # same backend and dtype: what batching alone changes
+    solo_row = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(solo, ref)), "of": len(ref),
+                "differ": [p["i"] for p, x, y in zip(prompts, solo, ref) if x["ids"] != y["ids"]], "seconds": solo_s}
     tie = a.tie_nats if a.tie_nats is not None else TIE_NATS[dtype]
     rows = [compare_prompt(p, c, r, ref_eng, tok, tie, cand_name) for p, c, r in zip(prompts, cand, ref)]
     free(ref_eng)
@@ -261,6 +270,7 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
                                             if r["match"] and r["min_margin_ref_before_diff"] is not None), default=None),
                "divergences": divs,
                "candidate_overlap_vs_logprob_run": overlap,
+               "reference_solo_vs_batched": solo_row,
                "seconds": {"candidate_start": cand_start, "candidate_gen": cand_s,
                            "reference_start": ref_start, "reference_gen": ref_s}}
     return {"summary": summary, "prompts": rows}
@@ -291,6 +301,9 @@ def print_table(res: dict, cand_name: str) -> None:
         ov = s["candidate_overlap_vs_logprob_run"]
         print(f"  {cand_name} without logprobs (overlapped decode, {ov['chained_decode_steps']} chained passes): "
               f"{ov['identical']}/{ov['of']} identical to its logprob run")
+        solo = s["reference_solo_vs_batched"]
+        print(f"  reference alone per prompt (cache flushed) vs batched: {solo['identical']}/{solo['of']} identical "
+              f"(differ: {solo['differ']})")
         for d in s["divergences"]:
             if "ref_token" not in d:
                 print(f"  #{d['i']:2d} pos {d['pos']}: {d['note']}")
