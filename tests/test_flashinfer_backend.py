@@ -1,0 +1,200 @@
+"""The FlashInfer attention backend.
+
+CPU: the errors that name the fix (package missing, unsupported page size / dtype / device),
+the kv_indptr / kv_indices builders against a loop, and when CUDA graphs are offered.
+GPU (`gpu`, needs flashinfer): attention of decode and mixed extend batches (fresh requests
+and prefix hits) against the torch-native backend in float32, eagerly and through a
+captured-and-replayed CUDA graph.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+
+import pytest
+import torch
+
+from radixflow.errors import RadixflowError
+from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
+from radixflow.runtime.attention import create_attention_backend
+from radixflow.runtime.attention import flashinfer_backend as fib
+from radixflow.runtime.attention.torch_native import TorchNativeBackend
+from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+def _kwargs(page_size=1, dtype=torch.bfloat16, device="cpu", heads=(4, 2, 16), slots=64, layers=1, rows=4, width=64):
+    hq, hkv, d = heads
+    pool, table = KVPool(slots, page_size, layers, hkv, d, dtype, device), ReqToTokenPool(rows, width, device)
+    return dict(kv_pool=pool, req_to_token=table, num_q_heads=hq, num_kv_heads=hkv, head_dim=d)
+
+
+# -- CPU ------------------------------------------------------------------------------------------
+def test_missing_flashinfer_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # import raises ImportError
+    with pytest.raises(RadixflowError, match=r"pip install flashinfer-python.*attention_backend=triton"):
+        create_attention_backend("flashinfer", "cuda", **_kwargs())
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(page_size=16), "page_size 1 only"),
+        (dict(dtype=torch.float32), "bfloat16 or float16"),
+        (dict(), "needs a CUDA device"),
+    ],
+)
+def test_unsupported_setups_are_refused(monkeypatch, kw, match):
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    with pytest.raises(RadixflowError, match=match):
+        fib.FlashInferBackend(**_kwargs(**kw))
+
+
+def test_cuda_graphs_only_with_a_runner_that_replans(monkeypatch):
+    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+
+    backend = object.__new__(fib.FlashInferBackend)
+    monkeypatch.setattr(CudaGraphRunner, "calls_graph_hooks", False, raising=False)
+    assert not backend.supports_cuda_graph
+    monkeypatch.setattr(CudaGraphRunner, "calls_graph_hooks", True, raising=False)
+    assert backend.supports_cuda_graph
+
+
+def test_kv_indptr():
+    assert fib.kv_indptr([3, 1, 5]).tolist() == [0, 3, 4, 9]
+    assert fib.kv_indptr([2], pad=2).tolist() == [0, 2, 3, 4]
+    assert fib.kv_indptr([], pad=3).dtype == torch.int32
+
+
+def test_kv_indices_match_a_loop():
+    g = torch.Generator().manual_seed(0)
+    table = torch.randint(0, 10_000, (6, 50), generator=g, dtype=torch.int32)
+    rows, lens = torch.tensor([4, 0, 5, 2]), torch.tensor([7, 1, 50, 13])
+    got = fib.kv_indices(table, rows, lens, int(lens.sum()))
+    want = torch.cat([table[r, :n] for r, n in zip(rows.tolist(), lens.tolist())])
+    assert got.dtype == torch.int32 and torch.equal(got, want)
+
+
+# -- GPU: Llama-3-8B heads, bf16 against a float32 torch-native reference --------------------------
+HQ, HKV, D = 32, 8, 128
+TOL = 2e-2  # bf16 inputs and output against a float32 reference
+
+
+def _pool_and_table(seq_lens: list[int], hkv: int = HKV, layers: int = 2):
+    """A bf16 pool with random K/V and scattered slots, and its float32 copy; request b owns row b + 1."""
+    kw = _kwargs(dtype=torch.bfloat16, device="cuda", heads=(HQ, hkv, D), slots=sum(seq_lens) + 64, layers=layers,
+                 rows=len(seq_lens) + 2, width=max(seq_lens) + 8)  # fmt: skip
+    pool = kw["kv_pool"]
+    for buf in pool.k + pool.v:
+        buf.normal_()
+    ref_pool = KVPool(pool.k[0].shape[0] - 1, 1, layers, hkv, D, torch.float32, "cuda")
+    for src, dst in zip(pool.k + pool.v, ref_pool.k + ref_pool.v):
+        dst.copy_(src)
+    perm = torch.randperm(pool.k[0].shape[0] - 1, device="cuda") + 1  # slot 0 is scratch
+    start = 0
+    for b, n in enumerate(seq_lens):
+        kw["req_to_token"].table[b + 1, :n] = perm[start : start + n].int()
+        start += n
+    return kw, ref_pool
+
+
+def _batch(table: torch.Tensor, prefix: list[int], extend: list[int]) -> ForwardBatch:
+    seq = [p + e for p, e in zip(prefix, extend)]
+    rows = torch.arange(1, len(seq) + 1, device="cuda")
+    locs = torch.cat([table[r, p:s].long() for r, p, s in zip(rows.tolist(), prefix, seq)])
+    t = sum(extend)
+    mode = ForwardMode.DECODE if all(e == 1 for e in extend) and all(p > 0 for p in prefix) else ForwardMode.EXTEND
+    cuda = lambda x: torch.tensor(x, device="cuda")  # noqa: E731
+    return ForwardBatch(
+        mode=mode, input_ids=torch.zeros(t, dtype=torch.int64, device="cuda"),
+        positions=torch.zeros(t, dtype=torch.int64, device="cuda"), out_cache_loc=locs, req_pool_indices=rows,
+        seq_lens=cuda(seq), prefix_lens=cuda(prefix), extend_lens=cuda(extend),
+        logits_indices=torch.arange(t, device="cuda"), seq_lens_list=seq, prefix_lens_list=prefix,
+        extend_lens_list=list(extend),
+    )  # fmt: skip
+
+
+def _reference(ref_pool, kw, fb, q, k, v, layer: int) -> torch.Tensor:
+    ref = TorchNativeBackend(**dict(kw, kv_pool=ref_pool))
+    ref.init_forward_metadata(fb)
+    return ref.forward(q.float(), k.float(), v.float(), layer, fb)
+
+
+def _qkv(t: int, hkv: int = HKV):
+    return (torch.randn(t, h, D, device="cuda", dtype=torch.bfloat16) for h in (HQ, hkv, hkv))
+
+
+def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+    assert not torch.isnan(got).any()
+    err = (got.float() - want).abs().max().item()
+    assert err <= TOL, f"max abs error {err} > {TOL}"
+
+
+GPU_CASES = {  # name: (prefix lens, extend lens, KV heads)
+    "extend_mixed": ([0, 1000, 4096, 7, 0], [300, 17, 1, 129, 1], HKV),  # fresh, prefix hits, one-token extends
+    "decode_tensor_cores": ([1, 200, 4097, 33], [1, 1, 1, 1], HKV),  # 4 query heads a KV head
+    "decode_cuda_cores": ([1, 200, 4097, 33], [1, 1, 1, 1], 16),  # 2 a KV head
+}
+
+
+def attention_error(prefix: list[int], extend: list[int], hkv: int, layers: int = 2) -> tuple[float, bool]:
+    """Max abs error of FlashInferBackend (bf16) against torch-native (float32) over `layers`
+    layers of one batch, and whether its decode ran on tensor cores."""
+    kw, ref_pool = _pool_and_table([p + e for p, e in zip(prefix, extend)], hkv, layers)
+    backend = fib.FlashInferBackend(**kw)
+    fb = _batch(kw["req_to_token"].table, prefix, extend)
+    err = 0.0
+    for layer in range(layers):
+        q, k, v = _qkv(fb.num_tokens, hkv)
+        backend.init_forward_metadata(fb)
+        got = backend.forward(q, k, v, layer, fb)
+        assert got.shape == q.shape and got.dtype == torch.bfloat16 and not torch.isnan(got).any()
+        err = max(err, (got.float() - _reference(ref_pool, kw, fb, q, k, v, layer)).abs().max().item())
+    return err, backend.tensor_cores
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("case", GPU_CASES)
+def test_gpu_matches_torch_native(case):
+    pytest.importorskip("flashinfer")
+    prefix, extend, hkv = GPU_CASES[case]
+    err, tensor_cores = attention_error(prefix, extend, hkv)
+    assert tensor_cores == (HQ // hkv >= 4)
+    assert err <= TOL, f"max abs error {err} > {TOL}"
+
+
+@gpu
+@needs_cuda
+def test_gpu_cuda_graph_replans_for_each_replay():
+    """Captured with the runner's dummy batch (one token a row), replayed for real batches of
+    other lengths and a smaller size (padded rows)."""
+    pytest.importorskip("flashinfer")
+    kw, ref_pool = _pool_and_table([3000, 700, 40, 5])
+    backend = fib.FlashInferBackend(**kw)
+    bs = 4
+    static = _batch(kw["req_to_token"].table, [0] * bs, [1] * bs)
+    static.mode, static.out_cache_loc = ForwardMode.DECODE, torch.zeros(bs, dtype=torch.int64, device="cuda")
+    sq, sk, sv = _qkv(bs)
+    backend.init_cuda_graph_capture(static)
+    backend.init_forward_metadata(static)  # keeps the graph plan
+    backend.forward(sq, sk, sv, 0, static)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        backend.init_forward_metadata(static)
+        out = backend.forward(sq, sk, sv, 0, static)
+    for prefix in ([2999, 699, 39, 4], [10, 600, 1]):
+        fb = _batch(kw["req_to_token"].table, prefix, [1] * len(prefix))
+        n = fb.batch_size
+        q, k, v = _qkv(n)
+        for dst, src in ((sq, q), (sk, k), (sv, v)):
+            dst.zero_()
+            dst[:n].copy_(src)
+        static.out_cache_loc.zero_()
+        static.out_cache_loc[:n].copy_(fb.out_cache_loc)
+        backend.init_cuda_graph_replay(fb, bs)
+        graph.replay()
+        _close(out[:n], _reference(ref_pool, kw, fb, q, k, v, 0))
