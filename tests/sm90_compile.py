@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from radixflow.kernels import decode_attention, gemv, kv_store, norm_act, rotary  # noqa: E402
+from radixflow.kernels import argmax, decode_attention, gemv, kv_store, norm_act, rotary  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -70,6 +70,13 @@ def check_rotary_and_kv_store(pdl: bool) -> None:
     _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl)
 
 
+def check_argmax() -> None:
+    _compile(argmax._argmax_blocks, {"X": "*fp32", "Val": "*fp32", "Idx": "*i32", **_ints("V", "stride_x", "num_blocks")},
+             {"BLOCK": argmax.BLOCK_V}, num_warps=8)
+    _compile(argmax._argmax_rows, {"Val": "*fp32", "Idx": "*i32", "Out": "*i64", "num_blocks": "i32"}, {"BLOCK_B": 32},
+             num_warps=1)
+
+
 def _waits_first(ptx: str) -> bool:
     """griddepcontrol.wait comes before the kernel's first global load, async copy or store."""
     first = min(ptx.find(op) for op in ("ld.global", "cp.async", "st.global") if op in ptx)
@@ -103,6 +110,7 @@ def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (False, True) for m in (1, 4)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (False, True)]
+    checks.append((check_argmax, ()))
     failed = 0
     for fn, args in checks:
         try:

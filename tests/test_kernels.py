@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.argmax import argmax_rows  # noqa: E402
 from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_torch  # noqa: E402
 from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
@@ -213,6 +214,19 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     assert torch.equal(want, F.linear(F.linear(x, col.weight, col.bias), row.weight))
     _close(row(col(x[:3])), want[:3], 1e-4)  # 3 rows: the GEMV
     assert calls == [3, 3]
+
+
+@pytest.mark.parametrize("rows,vocab", [(1, 300), (3, 257), (2, 40)])
+def test_argmax_rows_matches_torch(rows, vocab):
+    """Two passes over blocks of 64: ties across blocks and within one go to the lowest index, an
+    all -inf row (every token masked) gives 0, and a row shorter than a block takes torch's path."""
+    x = torch.randn(rows, vocab, device=DEV)
+    x[0, [5, vocab - 1, 70 % vocab]] = 9.0  # a tie across blocks (and the last entry)
+    if rows > 2:
+        x[1] = float("-inf")
+        x[2, 130:140] = 7.5  # a tie inside one block
+    assert torch.equal(argmax_rows(x, block=64), x.argmax(dim=-1))
+    assert argmax_rows(x, block=64)[0].item() == 5
 
 
 @pytest.mark.parametrize("vocab", [100, 64])
@@ -487,6 +501,15 @@ def test_gpu_gemv_llama_shapes(n, k, bias):
         _close(got, F.linear(x, w, b), 0.1)
     x32, w32 = torch.randn(2, k, device=DEV), w[:4096].float()
     _close(gemv(x32, w32), ref.gemv_ref(x32, w32), 1e-3)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("rows", [1, 7, 256])
+def test_gpu_argmax_rows_llama_vocab(rows):
+    x = torch.randn(rows, 128256, device=DEV) * 4
+    x[0, [1000, 90000]] = 100.0  # tie: the lower index wins
+    assert torch.equal(argmax_rows(x), x.argmax(dim=-1)) and argmax_rows(x)[0].item() == 1000
 
 
 @gpu

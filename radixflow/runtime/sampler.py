@@ -12,6 +12,7 @@ from typing import Optional
 
 import torch
 
+from radixflow.host_copy import to_device_async
 from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
 from radixflow.runtime.req import Req
 from radixflow.runtime.sampling_params import TOP_K_ALL
@@ -25,7 +26,7 @@ class SampleResult:
 
 
 def _row_tensor(values: list, dtype, device) -> torch.Tensor:
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)  # no wait for the GPU
+    return to_device_async(torch.tensor(values, dtype=dtype), device)
 
 
 def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
@@ -95,7 +96,7 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
     for i in rows:
         reqs[i].grammar.fill_bitmask(bitmask, i)
-    apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
+    apply_token_bitmask(logits, to_device_async(bitmask, logits.device))
 
 
 def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
@@ -106,10 +107,19 @@ def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
             logits[i, ids] += _row_tensor(vals, torch.float32, logits.device)
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1); on CUDA through a two-pass Triton kernel (torch's takes one block a row)."""
+    if logits.is_cuda:
+        from radixflow.kernels.argmax import argmax_rows
+
+        return argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
 def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax."""
     greedy = [r.sampling.is_greedy for r in reqs]
-    argmax = logits.argmax(dim=-1)
+    argmax = greedy_ids(logits)
     if all(greedy):
         return argmax
     dev = logits.device
