@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from radixflow.host_copy import to_device_async
+
 
 class PageAllocator:
     """Free list of KV pages. Pages are the unit of ownership."""
@@ -118,15 +120,15 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         vals = slots.to("cpu", torch.int32)
         self.host[row, start : start + vals.numel()] = vals
-        if self.host is not self.table:  # pageable source: staged at once, no wait for the GPU
-            self.table[row, start : start + vals.numel()].copy_(vals, non_blocking=True)
+        if self.host is not self.table:
+            self.table[row, start : start + vals.numel()] = to_device_async(vals, self.table.device)
 
     def write_points(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
         """table[rows[i], cols[i]] = slots[i] (host int64 tensors), in one scatter."""
         self.host[rows, cols] = slots.to(torch.int32)
         if self.host is not self.table:
             dev = self.table.device
-            packed = torch.stack([rows, cols, slots]).to(dev, non_blocking=True)
+            packed = to_device_async(torch.stack([rows, cols, slots]), dev)
             self.table[packed[0], packed[1]] = packed[2].to(torch.int32)
 
     def read(self, row: int, end: int) -> torch.Tensor:

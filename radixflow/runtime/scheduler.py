@@ -23,6 +23,7 @@ from typing import Callable, Optional
 
 import torch
 
+from radixflow.host_copy import to_device_async
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.kv_manager import KVManager
@@ -325,8 +326,8 @@ class Scheduler:
         pool_rows = [r.req_pool_idx for r, _ in batch]
         host_ids = ids if isinstance(ids, list) else []
         # one asynchronous host-to-device copy for all of the pass's index tensors
-        packed = torch.cat([torch.tensor(host_ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
-                            positions.to(torch.int64), locs.to(torch.int64)]).to(self.device, non_blocking=True)  # fmt: skip
+        packed = to_device_async(torch.cat([torch.tensor(host_ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
+                                            positions.to(torch.int64), locs.to(torch.int64)]), self.device)  # fmt: skip
         b = len(batch)
         sizes = [len(host_ids), b, b, b, b, len(flat_rows), positions.numel(), locs.numel()]
         ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, loc_t = torch.split(packed, sizes)
@@ -393,7 +394,7 @@ class Scheduler:
             return None
         ids = prev.result.next_ids
         if len(keep) < len(prev.reqs):
-            ids = ids[torch.tensor(keep).to(ids.device, non_blocking=True)]
+            ids = ids[to_device_async(torch.tensor(keep), ids.device)]
         self.inflight = self._launch_decode(reqs, ids)
         self.stats.chained_decode_steps += 1
         return self._read_back(prev)

@@ -26,6 +26,7 @@ import os
 
 import torch
 
+from radixflow.host_copy import to_device_async
 from radixflow.radix_cache.memory_pool import ReqToTokenPool
 from radixflow.runtime.distributed import TPContext
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
@@ -62,7 +63,7 @@ class RecordingReqToTokenPool(ReqToTokenPool):
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         super().write(row, start, slots)
         if slots.numel():
-            self.writes.append((row, start, slots.detach().to(self.table.device, torch.int64, non_blocking=True)))
+            self.writes.append((row, start, to_device_async(slots.detach().to(torch.int64), self.table.device)))
 
     def take_writes(self) -> list:
         writes, self.writes = self.writes, []
@@ -96,12 +97,12 @@ def broadcast_step(pool: "RecordingReqToTokenPool", fb: ForwardBatch, tp: TPCont
     lens = fb.seq_lens_list + fb.prefix_lens_list + fb.extend_lens_list
     payload = torch.cat(
         [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices]
-        + [torch.tensor(lens + meta, dtype=torch.int64).to(device, non_blocking=True)]
+        + [to_device_async(torch.tensor(lens + meta, dtype=torch.int64), device)]
         + [w[2] for w in writes]
     ).to(torch.int64)
     header = [KIND[fb.mode], fb.num_tokens, fb.batch_size, fb.logits_indices.numel(), len(writes),
               sum(w[2].numel() for w in writes), digest is not None, digest or 0]  # fmt: skip
-    _broadcast(torch.tensor(header, dtype=torch.int64).to(device, non_blocking=True), tp)  # no wait for the GPU
+    _broadcast(to_device_async(torch.tensor(header, dtype=torch.int64), device), tp)
     _broadcast(payload, tp)
 
 

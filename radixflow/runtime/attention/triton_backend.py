@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from radixflow.host_copy import to_device_async
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.kv_store import store_kv
@@ -35,7 +36,7 @@ class TritonBackend(AttentionBackend):
         for n in fb.extend_lens_list:
             starts.append(acc)
             acc += n
-        q_start = torch.tensor(starts, dtype=torch.int64).to(fb.input_ids.device, non_blocking=True)
+        q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), fb.input_ids.device)
         fb.attn_metadata = (q_start, max(fb.extend_lens_list))
 
     def forward(self, q, k, v, layer, fb):

@@ -1,0 +1,18 @@
+"""Host-to-GPU copies that never make the host wait for the GPU.
+
+A copy from pageable host memory may first synchronize with the stream (CUDA stages pageable
+memory through pinned buffers; its documentation allows the sync), which stalls a scheduler
+that prepares the next pass while the current one runs. Copying from pinned memory is truly
+asynchronous; PyTorch's pinned-memory cache keeps the source alive until the copy has run.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def to_device_async(t: torch.Tensor, device) -> torch.Tensor:
+    """`t` (on the host) on `device`, queued on the current stream without waiting for the GPU."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
