@@ -14,6 +14,9 @@ contract every such kernel keeps:
 
 Because each kernel waits for its predecessor, which waited for its own, a wait covers every
 earlier kernel. Kernels launched without PDL (cuBLAS, torch) keep the ordinary stream order.
+Do not fork a side stream inside such a chain: a CUDA graph captured with an L2-prefetch branch
+joined back before a PDL kernel computed different logits (BENCHMARKS.md, session 4; not
+understood, so not done).
 
 In a kernel: a `USE_PDL: tl.constexpr` parameter and `pdl_wait(USE_PDL)` at the point above;
 at the launch: `**pdl_launch(tensor)`, which sets both (or nothing on CPU / older GPUs).
