@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 torch.set_num_threads(2)
+# Without CUDA the Triton kernels run in Triton's interpreter, which must be chosen before the
+# first import of triton, and any test module (e.g. the FlashInfer backend's, through the Triton
+# backend it extends) may be first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 PROMPTS = [
     "The capital of France is",
