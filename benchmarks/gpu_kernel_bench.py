@@ -41,9 +41,9 @@ SHAPES = {
 SWEEP = [  # (block_n, block_k, num_warps, num_stages); GEMV_CONFIG is timed as "default"
     (8, 512, 4, 2),
     (16, 256, 4, 3),
-    (32, 256, 8, 2),
     (8, 1024, 8, 1),
     (4, 1024, 4, 2),
+    (4, 512, 4, 2),
 ]
 L2_BYTES = 256 << 20  # well past the H200's 50 MB L2
 DTYPE = torch.bfloat16
@@ -80,6 +80,8 @@ def bench_gemv(n: int, k: int) -> dict:
         label = "default" if cfg is GEMV_CONFIG else _name(cfg)
         try:
             res["sweep_us"][label] = time_graph_us(lambda i: gemv(x, weights[i % copies], config=cfg), calls)
+            res.setdefault("sweep_err", {})[label] = _max_err(gemv(x, weights[0], config=cfg), ref.gemv_ref(x, weights[0]))
+            res.setdefault("sweep_cfg", {})[label] = cfg
         except Exception as e:  # a config the compiler or the GPU rejects: report it, keep sweeping
             res.setdefault("sweep_failed", {})[label] = repr(e)[:300]
     res["triton_us"] = res["sweep_us"]["default"]
@@ -129,7 +131,7 @@ def bench_rotary_kv(t: int) -> dict:
     return res
 
 
-def bench_layer_chain(chosen: dict) -> dict:
+def bench_layer_chain(chosen: dict, swept: dict | None = None) -> dict:
     """A batch-1 decode step without attention: per layer RMSNorm, qkv GEMV, rotary + KV store,
     o GEMV, RMSNorm, gate_up GEMV, SiLU-and-mul, down GEMV; 32 layers over 8 weight copies (well
     past L2). Variants: every matmul by the GEMV with PDL on / off (kernels/pdl.py), the same with
@@ -164,8 +166,9 @@ def bench_layer_chain(chosen: dict) -> dict:
     blas = lambda x, w, name: F.linear(x, w[name])  # noqa: E731
     default = lambda x, w, name: gemv(x, w[name])  # noqa: E731
     best = lambda x, w, name: gemv(x, w[name], config=chosen.get(name))  # noqa: E731  (--shapes: others default)
+    swept_best = lambda x, w, name: gemv(x, w[name], config=(swept or {}).get(name))  # noqa: E731
     variants = {"cublas": (blas, False), "gemv_pdl_off": (default, False), "gemv_pdl_on": (default, True),
-                "gemv_chosen_pdl_on": (best, True)}
+                "gemv_chosen_pdl_on": (best, True), "gemv_sweep_best_pdl_on": (swept_best, True)}
     for name, (mm, on) in variants.items():
         before = pdl.set_enabled(on)
         try:
@@ -207,7 +210,8 @@ def main() -> None:
         print(f"{name} done", flush=True)
     for t in (1, 64):
         results["rotary_kv"][f"T{t}"] = bench_rotary_kv(t)
-    results["layer_chain"] = bench_layer_chain({name: r["chooser"]["config"] for name, r in results["gemv"].items()})
+    results["layer_chain"] = bench_layer_chain({name: r["chooser"]["config"] for name, r in results["gemv"].items()},
+                                               {name: r["sweep_cfg"].get(r["best_config"]) for name, r in results["gemv"].items()})
     ok = set.intersection(*(set(r["sweep_us"]) for r in results["gemv"].values()))
     per_cfg = {c: sum(r["sweep_us"][c] * r["per_step"] for r in results["gemv"].values()) for c in ok}
     results["step_us_by_config"] = per_cfg

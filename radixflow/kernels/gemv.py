@@ -26,11 +26,14 @@ from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
 # Launch parameters the load-time chooser tries per weight shape, from benchmarks/gpu_kernel_bench.py's
 # sweeps on an H200 (2026-11-30, M=1, Llama-3-8B shapes): block_n 8 / block_k 512 was best for o_proj and
-# down, block_n 4 / block_k 1024 for qkv and gate_up (13.9 vs 16.9 us and 55.7 vs 61.3 us); the order of
-# the two varies by a few percent from run to run, hence both. The first is the default.
+# down in session 3, block_n 4 / block_k 1024 for qkv and gate_up (13.9 vs 16.9 us and 55.7 vs 61.3 us),
+# and block_n 4 / block_k 512 for o_proj and down in session 4 (9.9 vs 10.2 us, 29.2 vs 30.7 us). The
+# order varies by a few percent from run to run and machine to machine, hence all three. The first is
+# the default.
 GEMV_CONFIGS = (
     {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2},
+    {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 2},
 )
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
