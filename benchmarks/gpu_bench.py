@@ -193,11 +193,13 @@ def sec_env() -> dict:
 
 
 def _copy_bandwidth() -> float:
-    """Bytes read + written per second by a 2 GiB device-to-device copy."""
+    """Bytes read + written per second by a 2 GiB device-to-device copy (median of 30), after
+    ~0.1 s of copies: one warm-up copy had read 4.15 and 4.26 TB/s minutes apart on one machine."""
     src = torch.randn(1 << 30, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    return 2 * src.numel() * src.element_size() / cuda_time(lambda: dst.copy_(src), 20)
+    for _ in range(100):
+        dst.copy_(src)
+    return 2 * src.numel() * src.element_size() / cuda_time(lambda: dst.copy_(src), 30)
 
 
 def _matmul_rate() -> float:
@@ -505,8 +507,10 @@ def sec_decode_bs1() -> dict:
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
-    if "_bw" in RESULTS:
-        bw = RESULTS["_bw"]
+    if "_bw" in RESULTS:  # the higher of the run's reading and one taken now: the stricter roofline
+        out["copy_bw_TBps_now"] = _copy_bandwidth() / 1e12
+        bw = max(RESULTS["_bw"], out["copy_bw_TBps_now"] * 1e12)
+        out["roofline_bw_TBps"] = bw / 1e12
         out["roofline_tok_s"] = bw / total
         out["roofline_read_tok_s"] = bw / read
         out["pct_of_roofline"] = 100 * out["graph_tok_s"] / out["roofline_tok_s"]
