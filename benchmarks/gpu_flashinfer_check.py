@@ -209,33 +209,8 @@ def section_pytest() -> dict:
     return {"returncode": p.returncode, "summary": lines[-1:], "tail": tail(p.stdout + p.stderr, 3000)}
 
 
-def ensure_graph_hooks() -> str:
-    """The CUDA-graph runner change this backend needs (see flashinfer_backend's module doc),
-    applied here to the class if the runner does not make it yet."""
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
-
-    if getattr(CudaGraphRunner, "calls_graph_hooks", False):
-        return "runner"
-    static_batch, replay = CudaGraphRunner._static_batch, CudaGraphRunner.replay
-
-    def _static_batch(self, bs):
-        fb = static_batch(self, bs)
-        if hasattr(self.backend, "init_cuda_graph_capture"):
-            self.backend.init_cuda_graph_capture(fb)
-        return fb
-
-    def _replay(self, fb):
-        if hasattr(self.backend, "init_cuda_graph_replay"):
-            self.backend.init_cuda_graph_replay(fb, self.padded_size(fb.batch_size))
-        return replay(self, fb)
-
-    CudaGraphRunner._static_batch, CudaGraphRunner.replay = _static_batch, _replay
-    CudaGraphRunner.calls_graph_hooks = True
-    return "patched in by this script"
-
-
 def section_e2e() -> dict:
-    out = {"graph_hooks": ensure_graph_hooks()}
+    out = {}
     prompt = random.Random(0).choices(range(100, 40000), k=128)
     for name in ("triton", "flashinfer"):
         try:

@@ -63,8 +63,9 @@ def check_rotary_and_kv_store(pdl: bool) -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "KBuf": BF16, "VBuf": BF16,
            "Loc": "*i64", **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                                   "stride_cos", "stride_bt", "stride_bh", "HQ", "HK", "HALF")}
-    consts = {"BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 64, "USE_PDL": pdl}
-    _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl)
+    for store in (True, False):
+        consts = {"BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 64, "STORE_KV": store, "USE_PDL": pdl}
+        _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl)
     sig = {"K": BF16, "V": BF16, "KBuf": BF16, "VBuf": BF16, "Loc": "*i64",
            **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
     _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl)

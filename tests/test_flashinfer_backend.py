@@ -1,7 +1,7 @@
 """The FlashInfer attention backend.
 
-CPU: the errors that name the fix (package missing, unsupported page size / dtype / device),
-the kv_indptr / kv_indices builders against a loop, and when CUDA graphs are offered.
+CPU: the errors that name the fix (package missing, unsupported page size / dtype / device)
+and the kv_indptr / kv_indices builders against a loop.
 GPU (`gpu`, needs flashinfer): attention of decode and mixed extend batches (fresh requests
 and prefix hits) against the torch-native backend in float32, eagerly and through a
 captured-and-replayed CUDA graph.
@@ -51,16 +51,6 @@ def test_unsupported_setups_are_refused(monkeypatch, kw, match):
     monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
     with pytest.raises(RadixflowError, match=match):
         fib.FlashInferBackend(**_kwargs(**kw))
-
-
-def test_cuda_graphs_only_with_a_runner_that_replans(monkeypatch):
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
-
-    backend = object.__new__(fib.FlashInferBackend)
-    monkeypatch.setattr(CudaGraphRunner, "calls_graph_hooks", False, raising=False)
-    assert not backend.supports_cuda_graph
-    monkeypatch.setattr(CudaGraphRunner, "calls_graph_hooks", True, raising=False)
-    assert backend.supports_cuda_graph
 
 
 def test_kv_indptr():

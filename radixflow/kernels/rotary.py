@@ -3,7 +3,7 @@
 References: `reference.rotary_ref`, `reference.rotary_store_kv_ref`. One program per token
 handles every q and k head, so the cos/sin row is read once per token. `apply_rotary_store_kv`
 also writes the rotated k and v into the KV pool (what `kv_store.store_kv` does), saving a
-launch per layer.
+launch per layer; both go through one kernel.
 """
 
 from __future__ import annotations
@@ -33,64 +33,39 @@ def _rotate(X, t, pos_cos, pos_sin, stride_t, stride_h, H, HALF, BLOCK_H: tl.con
 
 
 @triton.jit
-def _rotary_kernel(
-    Q, K, Pos, Cos, Sin,
-    stride_qt, stride_qh, stride_kt, stride_kh, stride_cos,
-    HQ, HK, HALF,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    pdl_wait(USE_PDL)
-    t = tl.program_id(0).to(tl.int64)
-    pos = tl.load(Pos + t).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    c = tl.load(Cos + pos * stride_cos + offs_d, mask=offs_d < HALF, other=0.0)
-    s = tl.load(Sin + pos * stride_cos + offs_d, mask=offs_d < HALF, other=0.0)
-    _rotate(Q, t, c, s, stride_qt, stride_qh, HQ, HALF, BLOCK_HQ, BLOCK_D)
-    _rotate(K, t, c, s, stride_kt, stride_kh, HK, HALF, BLOCK_HK, BLOCK_D)
-
-
-def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-    """q: [T, Hq, D], k: [T, Hkv, D] (views with unit stride in D), modified in place and returned."""
-    t, hq, d = q.shape
-    hk = k.shape[1]
-    assert q.stride(2) == 1 and k.stride(2) == 1 and cos.stride(1) == 1 and cos.dtype == torch.float32
-    if t:
-        _rotary_kernel[(t,)](
-            q, k, positions, cos, sin,
-            q.stride(0), q.stride(1), k.stride(0), k.stride(1), cos.stride(0),
-            hq, hk, d // 2,
-            BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4, **pdl_launch(q),
-        )
-    return q, k
-
-
-@triton.jit
 def _rotary_store_kv_kernel(
     Q, K, V, Pos, Cos, Sin, KBuf, VBuf, Loc,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_cos, stride_bt, stride_bh,
     HQ, HK, HALF,
-    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_HQ: tl.constexpr, BLOCK_HK: tl.constexpr, BLOCK_D: tl.constexpr, STORE_KV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    """q/k of token t rotated in place; with STORE_KV also the rotated k and v into the pool at Loc[t]."""
     pdl_wait(USE_PDL)
     t = tl.program_id(0).to(tl.int64)
     pos = tl.load(Pos + t).to(tl.int64)
-    slot = tl.load(Loc + t).to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     c = tl.load(Cos + pos * stride_cos + offs_d, mask=offs_d < HALF, other=0.0)
     s = tl.load(Sin + pos * stride_cos + offs_d, mask=offs_d < HALF, other=0.0)
     _rotate(Q, t, c, s, stride_qt, stride_qh, HQ, HALF, BLOCK_HQ, BLOCK_D)
     k1, k2 = _rotate(K, t, c, s, stride_kt, stride_kh, HK, HALF, BLOCK_HK, BLOCK_D)
-    offs_h = tl.arange(0, BLOCK_HK)[:, None]
-    mask = (offs_h < HK) & (offs_d[None, :] < HALF)
-    dst = slot * stride_bt + offs_h * stride_bh + offs_d[None, :]
-    tl.store(KBuf + dst, k1.to(KBuf.dtype.element_ty), mask=mask)
-    tl.store(KBuf + dst + HALF, k2.to(KBuf.dtype.element_ty), mask=mask)
-    src = V + t * stride_vt + offs_h * stride_vh + offs_d[None, :]
-    v1 = tl.load(src, mask=mask)
-    v2 = tl.load(src + HALF, mask=mask)
-    tl.store(VBuf + dst, v1.to(VBuf.dtype.element_ty), mask=mask)
-    tl.store(VBuf + dst + HALF, v2.to(VBuf.dtype.element_ty), mask=mask)
+    if STORE_KV:
+        slot = tl.load(Loc + t).to(tl.int64)
+        offs_h = tl.arange(0, BLOCK_HK)[:, None]
+        mask = (offs_h < HK) & (offs_d[None, :] < HALF)
+        dst = slot * stride_bt + offs_h * stride_bh + offs_d[None, :]
+        tl.store(KBuf + dst, k1.to(KBuf.dtype.element_ty), mask=mask)
+        tl.store(KBuf + dst + HALF, k2.to(KBuf.dtype.element_ty), mask=mask)
+        src = V + t * stride_vt + offs_h * stride_vh + offs_d[None, :]
+        v1 = tl.load(src, mask=mask)
+        v2 = tl.load(src + HALF, mask=mask)
+        tl.store(VBuf + dst, v1.to(VBuf.dtype.element_ty), mask=mask)
+        tl.store(VBuf + dst + HALF, v2.to(VBuf.dtype.element_ty), mask=mask)
+
+
+def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+    """q: [T, Hq, D], k: [T, Hkv, D] (views with unit stride in D), modified in place and returned."""
+    return _launch(positions, q, k, cos, sin, None)
 
 
 def apply_rotary_store_kv(
@@ -105,10 +80,16 @@ def apply_rotary_store_kv(
     loc: torch.Tensor,
 ):
     """`apply_rotary` on q/k, then the rotated k and v into k_buf/v_buf [S, Hkv, D] at slots `loc`."""
+    assert v.stride(2) == 1 and k_buf.is_contiguous() and v_buf.is_contiguous()
+    return _launch(positions, q, k, cos, sin, (v, k_buf, v_buf, loc))
+
+
+def _launch(positions, q, k, cos, sin, store: tuple | None):
+    """One program per token; `store`: (v, k_buf, v_buf, loc) to also write the KV pool."""
     t, hq, d = q.shape
     hk = k.shape[1]
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1 and cos.stride(1) == 1
-    assert cos.dtype == torch.float32 and k_buf.is_contiguous() and v_buf.is_contiguous() and d % 2 == 0
+    assert q.stride(2) == 1 and k.stride(2) == 1 and cos.stride(1) == 1 and cos.dtype == torch.float32 and d % 2 == 0
+    v, k_buf, v_buf, loc = store if store is not None else (k, k, k, positions)  # unused without STORE_KV
     if t:
         _rotary_store_kv_kernel[(t,)](
             q, k, v, positions, cos, sin, k_buf, v_buf, loc,
@@ -116,6 +97,6 @@ def apply_rotary_store_kv(
             k_buf.stride(0), k_buf.stride(1),
             hq, hk, d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4, **pdl_launch(q),
+            BLOCK_D=triton.next_power_of_2(d // 2), STORE_KV=store is not None, num_warps=4, **pdl_launch(q),
         )
     return q, k

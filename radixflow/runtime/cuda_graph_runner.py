@@ -30,11 +30,6 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
 
 
 class CudaGraphRunner:
-    # A backend that plans its metadata on the host (FlashInfer) cannot plan inside a capture: this
-    # runner calls its init_cuda_graph_capture(fb) before capturing a batch size and
-    # init_cuda_graph_replay(fb, padded) before each replay, outside the graph.
-    calls_graph_hooks = True
-
     def __init__(self, model, backend, max_bs: int, device: str = "cuda"):
         self.model = model
         self.backend = backend
@@ -78,8 +73,7 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream()
         for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory
             fb = self._static_batch(bs)
-            if hasattr(self.backend, "init_cuda_graph_capture"):
-                self.backend.init_cuda_graph_capture(fb)
+            self.backend.init_cuda_graph_capture(fb)  # outside the capture: host-side planning
             stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(stream):
                 for _ in range(2):  # compile Triton kernels, settle cuBLAS workspaces
@@ -110,7 +104,6 @@ class CudaGraphRunner:
         self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
         self.req_pool_indices[:bs].copy_(fb.req_pool_indices)
         self.seq_lens[:bs].copy_(fb.seq_lens)
-        if hasattr(self.backend, "init_cuda_graph_replay"):
-            self.backend.init_cuda_graph_replay(fb, padded)
+        self.backend.init_cuda_graph_replay(fb, padded)
         self.graphs[padded].replay()
         return self.logits[padded][:bs]

@@ -119,9 +119,8 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
 def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax."""
     greedy = [r.sampling.is_greedy for r in reqs]
-    argmax = greedy_ids(logits)
     if all(greedy):
-        return argmax
+        return greedy_ids(logits)
     dev = logits.device
     temps = _row_tensor([max(r.sampling.temperature, 1e-6) for r in reqs], torch.float32, dev).unsqueeze(1)
     probs = torch.softmax(logits / temps, dim=-1)
@@ -134,7 +133,9 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
     sampled = _draw(probs, reqs)
-    return torch.where(_row_tensor(greedy, torch.bool, dev), argmax, sampled)
+    if not any(greedy):
+        return sampled
+    return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:

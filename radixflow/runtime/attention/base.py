@@ -30,6 +30,13 @@ class AttentionBackend:
         """q: [T, Hq, D], k/v: [T, Hkv, D] -> [T, Hq, D]."""
         raise NotImplementedError
 
+    def init_cuda_graph_capture(self, fb: ForwardBatch) -> None:
+        """Before a decode graph of fb.batch_size is captured, outside the capture (CudaGraphRunner).
+        A backend whose metadata is planned on the host (FlashInfer) binds fixed buffers here."""
+
+    def init_cuda_graph_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
+        """Before the graph of `padded_bs` is replayed for the real batch `fb`, outside the graph."""
+
     def forward_rotary(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
         rotary: RotaryEmbedding, layer: int, fb: ForwardBatch,

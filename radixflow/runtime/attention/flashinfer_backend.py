@@ -14,8 +14,8 @@ K/V are stored by the Triton kernels of the Triton backend (the store is fused w
 CUDA graphs: plan() runs on the host and copies its schedule into the workspace, so it
 cannot be captured. A decode graph runs a wrapper bound to fixed index buffers, re-planned
 before every replay: the graph runner has to call `init_cuda_graph_capture` before capturing
-a batch size and `init_cuda_graph_replay` before each replay, and says so with
-`CudaGraphRunner.calls_graph_hooks`; without that this backend runs decode eagerly.
+a batch size and `init_cuda_graph_replay` before each replay (AttentionBackend's hooks,
+called outside the capture).
 """
 
 from __future__ import annotations
@@ -74,6 +74,7 @@ class FlashInferPlan:
 
 
 class FlashInferBackend(TritonBackend):
+    supports_cuda_graph = True  # through init_cuda_graph_capture / init_cuda_graph_replay
     def __init__(self, decode_tensor_cores: bool | None = None, **kwargs):
         """decode_tensor_cores: None = by the number of query heads per KV head (benchmarks force it)."""
         fi = import_flashinfer()  # first: the error that names the fix
@@ -99,12 +100,6 @@ class FlashInferBackend(TritonBackend):
         self._graph_bufs: tuple | None = None
         self._plan_done: dict[int, torch.cuda.Event] = {}
         self._warm_up()
-
-    @property
-    def supports_cuda_graph(self) -> bool:
-        from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
-
-        return getattr(CudaGraphRunner, "calls_graph_hooks", False)
 
     # -- per pass ------------------------------------------------------------------------------
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
