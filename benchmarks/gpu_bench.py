@@ -14,7 +14,8 @@ Sections (each isolated: a failure is logged and the next one runs):
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched)
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
-  decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off; profiles
+  decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
+               recaptured without PDL and with rotary outside decode attention; profiles
                of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
   qwen3        Qwen3-8B shape: runs, batch-1 decode speed
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
@@ -24,7 +25,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate
-Results go to OUT/results.json and OUT/bench.log; a table is printed last.
+A section named twice runs twice (results under name, name#1, ...). Results go to
+OUT/results.json and OUT/bench.log; a table is printed last.
 """
 
 from __future__ import annotations
@@ -470,21 +472,50 @@ def _profile_outside_graph(eng, prompt: list, steps: int = 30) -> dict:
     return out
 
 
-def _pdl_off_rates(eng, prompt: list) -> dict:
-    """The same engine with a batch-1 graph captured without PDL (kernels/pdl.py), in the same run."""
-    from radixflow.kernels import pdl
+def _recaptured_rates(eng, prompt: list, suffix: str, toggle) -> dict:
+    """The same engine with a batch-1 graph captured while `toggle(False)` holds (it returns the
+    setting to restore), in the same run: decode tok/s, replay ms, and the largest logit
+    difference from the engine's own graph on the same inputs (the last step's)."""
     from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
 
     runner, g = eng.runner, eng.runner.graph_runner
-    before = pdl.set_enabled(False)
+    before = toggle(False)
     try:
-        runner.graph_runner = CudaGraphRunner(runner.model, runner.backend, 1)
-        out = {"graph_tok_s_pdl_off": _decode_rate(eng, prompt, SZ["bs1_out"]),
-               "replay_step_ms_pdl_off": cuda_time(lambda: runner.graph_runner.graphs[1].replay(), 50) * 1e3}
+        runner.graph_runner = alt = CudaGraphRunner(runner.model, runner.backend, 1)
     finally:
-        pdl.set_enabled(before)
+        toggle(before)
+    try:
+        out = {f"graph_tok_s_{suffix}": _decode_rate(eng, prompt, SZ["bs1_out"]),
+               f"replay_step_ms_{suffix}": cuda_time(lambda: alt.graphs[1].replay(), 50) * 1e3}
+        logits = []
+        for r in (g, alt):
+            for buf in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens"):
+                getattr(r, buf)[:1].copy_(getattr(alt, buf)[:1])
+            r.graphs[1].replay()
+            logits.append(r.logits[1].clone())
+        out[f"logits_maxdiff_{suffix}"] = float((logits[0] - logits[1]).abs().max())
+    finally:
         runner.graph_runner = g
     return out
+
+
+def _pdl_off_rates(eng, prompt: list) -> dict:
+    """A batch-1 graph captured without PDL (kernels/pdl.py)."""
+    from radixflow.kernels import pdl
+
+    return _recaptured_rates(eng, prompt, "pdl_off", pdl.set_enabled)
+
+
+def _rotary_apart_rates(eng, prompt: list) -> dict:
+    """A batch-1 graph with rotary + KV store as their own kernel, not inside decode attention."""
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    def toggle(max_batch):  # False: 0, the separate kernel at every batch size; then the old setting back
+        before = TritonBackend.rotary_in_decode_attention_max_batch
+        TritonBackend.rotary_in_decode_attention_max_batch = int(max_batch)
+        return before
+
+    return _recaptured_rates(eng, prompt, "rotary_apart", toggle)
 
 
 def sec_decode_bs1() -> dict:
@@ -504,6 +535,7 @@ def sec_decode_bs1() -> dict:
         out["replay_only_tok_s"] = 1 / step
         out["replay_GBps"] = read / step / 1e9
         out.update(_pdl_off_rates(eng, prompt))
+        out.update(_rotary_apart_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
@@ -876,13 +908,15 @@ def main() -> None:
         if uses_bench and OPTS.bench_engine is None:
             free()  # earlier sections' memory back to the driver before the KV pool is sized
             OPTS.bench_engine = make_engine("llama3-8b", **OPTS.bench_kw)
+        runs = sum(k.split("#")[0] == name and not k.endswith("_wall_s") for k in RESULTS)
+        key = f"{name}#{runs}" if runs else name
         t = time.perf_counter()
         try:
-            RESULTS[name] = SECTIONS[name]()
+            RESULTS[key] = SECTIONS[name]()
         except Exception as e:
-            RESULTS[name] = {"error": repr(e), "trace": traceback.format_exc()[-3000:]}
-        RESULTS[name + "_wall_s"] = round(time.perf_counter() - t, 1)
-        log(f"{name} ({RESULTS[name + '_wall_s']}s): {json.dumps(RESULTS[name], default=str)[:3000]}")
+            RESULTS[key] = {"error": repr(e), "trace": traceback.format_exc()[-3000:]}
+        RESULTS[key + "_wall_s"] = round(time.perf_counter() - t, 1)
+        log(f"{key} ({RESULTS[key + '_wall_s']}s): {json.dumps(RESULTS[key], default=str)[:3000]}")
         save()
     print_table()
 

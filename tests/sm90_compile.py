@@ -91,11 +91,14 @@ def check_decode_attention(pdl: bool) -> None:
     cfg = decode_attention.DECODE_CONFIG
     sig = {"Q": BF16, "K": BF16, "V": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64", "SeqLens": "*i64",
            "MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
+           "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "KNew": BF16, "VNew": BF16, "Loc": "*i64",
            **_ints("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
-                   "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh"),
+                   "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
+                   "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
-    for extra in ({"num_splits": 1, "DIRECT": True}, {"DIRECT": False}):
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True}, {"DIRECT": False, "ROPE": True},
+                  {"DIRECT": False, "ROPE": False}):
         ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
                        num_stages=cfg["num_stages"], launch_pdl=pdl)
         assert ("griddepcontrol.wait" in ptx) == pdl and (not pdl or _waits_first(ptx))

@@ -288,6 +288,38 @@ def test_decode_attention_matches_reference(variant, splits, hq, hkv):
     _close(got, want, 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("splits", [1, 4])
+def test_decode_attention_with_rotary_equals_rotary_then_attention(dtype, splits):
+    """With `rope`, decode attention rotates q and the new k itself and stores k / v at the new
+    slot: the same pool and output as the rotary + KV-store kernel followed by plain attention."""
+    from radixflow.kernels.decode_attention import DecodeRope
+
+    seq_lens, hq, hkv, d = [70, 7, 1], 6, 2, 16
+    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, d, dtype)
+    lens = torch.tensor(seq_lens, device=DEV)
+    loc = table[req_idx, lens - 1].long()  # the new token's slot: the last of each sequence
+    positions = lens - 1
+    cos, sin = _rope_tables(128, d)
+    qkv = torch.randn(len(seq_lens), (hq + 2 * hkv) * d, device=DEV).to(dtype)
+    q, k, v = (t.view(len(seq_lens), -1, d) for t in qkv.split([hq * d, hkv * d, hkv * d], dim=-1))
+    pools = [(k_buf.clone(), v_buf.clone()) for _ in range(3)]
+    fused = decode_attention(q.clone(), *pools[0], table, req_idx, lens, 0.25, splits,
+                             rope=DecodeRope(positions, cos, sin, k.clone(), v.clone(), loc))
+    q2, k2 = q.clone(), k.clone()
+    apply_rotary_store_kv(positions, q2, k2, v, cos, sin, *pools[1], loc)
+    separate = decode_attention(q2, *pools[1], table, req_idx, lens, 0.25, splits)
+    rq, rk = ref.rotary_ref(positions, q, k, cos, sin)
+    ref.store_kv_ref(*pools[2], loc, rk, v)
+    want = ref.decode_attention_ref(rq, *pools[2], table, req_idx, lens, 0.25)
+    tol = 1e-5 if dtype == torch.float32 else 2e-3  # the kernels may contract into FMAs differently
+    for a, b, c in zip(pools[0], pools[1], pools[2]):  # the same rotated k, v in the same slots
+        _close(a, b, tol)
+        _close(a, c, tol)
+    _close(fused, separate, tol)
+    _close(fused, want, tol)
+
+
 def test_extend_attention_prefix_plus_causal():
     prefix, extend = [10, 0, 3], [20, 5, 4]
     hq, hkv, d = 6, 2, 16

@@ -15,11 +15,18 @@ multiples of this many tokens (0: block_n), so a short sequence spreads over mor
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
 graph).
 
+With `rope` (small decode batches, runtime/attention/triton_backend.py), stage 1 also does what
+the rotary + KV-store kernel would: each program rotates its q heads, and the program whose split
+holds the new token rotates its k and stores k and v in the pool before reading the split.
+
 Both kernels are launched with PDL (kernels/pdl.py); every input is written by earlier
-kernels, so each program waits before its first load. Reference: `reference.decode_attention_ref`.
+kernels, so each program waits before its first load. Reference: `reference.decode_attention_ref`
+(with `rope`: `reference.rotary_store_kv_ref`, then it).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -44,13 +51,25 @@ DECODE_CONFIG = {
 
 
 @triton.jit
+def _rotate_half(X, offs_d, mask, c, s, D):
+    """Rotary on rows of X at columns offs_d (rotate-half layout: d pairs with d +- D/2), in
+    float32, rounded to X's dtype as the rotary kernel rounds it. c / s: cos / sin at offs_d."""
+    first = offs_d < D // 2
+    x = tl.load(X + offs_d, mask=mask, other=0.0).to(tl.float32)
+    partner = tl.load(X + tl.where(first, offs_d + D // 2, offs_d - D // 2), mask=mask, other=0.0).to(tl.float32)
+    return (x * c + tl.where(first, -partner, partner) * s).to(X.dtype.element_ty)
+
+
+@triton.jit
 def _decode_stage1(
     Q, K, V, ReqToToken, ReqIdx, SeqLens, MidO, MidLse, Out,
+    Pos, Cos, Sin, KNew, VNew, Loc,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
+    stride_cos, stride_knb, stride_knh, stride_vnb, stride_vnh,
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DIRECT: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -67,8 +86,21 @@ def _decode_stage1(
     mask_h = offs_h < GROUP
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < D
-    q = tl.load(Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    q_ptrs = Q + b * stride_qb + heads[:, None] * stride_qh
+    if ROPE:  # q and the new token's k arrive unrotated; k and v are not in the pool yet
+        pos = tl.load(Pos + b).to(tl.int64)
+        c = tl.load(Cos + pos * stride_cos + offs_d, mask=mask_d, other=0.0)
+        s = tl.load(Sin + pos * stride_cos + offs_d, mask=mask_d, other=0.0)
+        q = _rotate_half(q_ptrs, offs_d[None, :], mask_h[:, None] & mask_d[None, :], c[None, :], s[None, :], D)
+        if (seq_len - 1 >= start) & (seq_len - 1 < end):  # this program attends to the new token
+            slot = tl.load(Loc + b).to(tl.int64)
+            k_new = _rotate_half(KNew + b * stride_knb + kvh * stride_knh, offs_d, mask_d, c, s, D)
+            tl.store(K + slot * stride_kt + kvh * stride_kh + offs_d, k_new.to(K.dtype.element_ty), mask=mask_d)
+            v_new = tl.load(VNew + b * stride_vnb + kvh * stride_vnh + offs_d, mask=mask_d)
+            tl.store(V + slot * stride_vt + kvh * stride_vh + offs_d, v_new.to(V.dtype.element_ty), mask=mask_d)
+            tl.debug_barrier()  # the stores are visible to the whole program before the loop reads them
+    else:
+        q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None] & mask_d[None, :], other=0.0)
     Slots = ReqToToken + row * stride_r2t
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -132,6 +164,19 @@ def _decode_stage2(
              mask=mask_d[None, :])
 
 
+@dataclass
+class DecodeRope:
+    """Rotary inputs for `decode_attention` to apply itself: per request its position, the new
+    token's unrotated k and its v ([B, Hkv, D] views) and its KV slot; cos / sin: [max_pos, D] float32."""
+
+    positions: torch.Tensor
+    cos: torch.Tensor
+    sin: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    loc: torch.Tensor
+
+
 def resolve_config(batch: int, config: dict | None = None) -> dict:
     """The launch parameters for this batch size: DECODE_CONFIG, or `config` over its keys
     (without DECODE_CONFIG's `small` unless `config` brings its own), then `small` if it applies."""
@@ -177,8 +222,11 @@ def decode_attention(
     num_splits: int,
     out: torch.Tensor | None = None,
     config: dict | None = None,
+    rope: DecodeRope | None = None,
 ) -> torch.Tensor:
-    """q: [B, Hq, D]; k_buf/v_buf: [S, Hkv, D]; returns [B, Hq, D] in q's dtype."""
+    """q: [B, Hq, D]; k_buf/v_buf: [S, Hkv, D]; returns [B, Hq, D] in q's dtype. With `rope`, q and
+    the new tokens' k arrive unrotated and their k / v are not in the pool yet: the kernel rotates
+    them and stores k / v (what `rotary.apply_rotary_store_kv` does), saving a launch per layer."""
     bsz, hq, d = q.shape
     cfg = resolve_config(bsz, config)
     hkv = k_buf.shape[1]
@@ -189,13 +237,19 @@ def decode_attention(
     direct = cfg["direct"] and num_splits == 1
     block_d = triton.next_power_of_2(d)
     mid_o, mid_lse, mid_strides = _partials(out, num_splits, direct)
+    r = rope or DecodeRope(seq_lens, q, q, q, q, seq_lens)  # unused without ROPE
+    if rope is not None:
+        assert q.stride(2) == r.k.stride(2) == r.v.stride(2) == r.cos.stride(1) == 1 and r.cos.dtype == torch.float32
+        assert d % 2 == 0 and r.cos.shape[1] == d
     _decode_stage1[(bsz, hkv, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
+        r.positions, r.cos, r.sin, r.k, r.v, r.loc,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
+        r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, IEEE=q.dtype == torch.float32,
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )
     if not direct:

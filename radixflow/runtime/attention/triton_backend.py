@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from radixflow.host_copy import to_device_async
-from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
+from radixflow.kernels.decode_attention import DecodeRope, decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.kv_store import store_kv
 from radixflow.kernels.rotary import apply_rotary_store_kv
@@ -21,6 +21,10 @@ from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     fused_kernels = True  # the model's norm / rotary / SiLU run as Triton kernels too
+    # Decode batches up to this size run rotary and the KV store inside the attention kernel: one
+    # launch a layer fewer on a latency-bound path (batch 1: -0.7% / -2.3% replay time on an H200).
+    # Larger batches keep the separate kernel, which rotates each q once instead of once a split.
+    rotary_in_decode_attention_max_batch = 8
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)
@@ -47,6 +51,10 @@ class TritonBackend(AttentionBackend):
         if not (rotary.fused and q.is_cuda):
             return super().forward_rotary(positions, q, k, v, rotary, layer, fb)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
+        if fb.mode == ForwardMode.DECODE and fb.batch_size <= self.rotary_in_decode_attention_max_batch:
+            rope = DecodeRope(positions, rotary.cos, rotary.sin, k, v, fb.out_cache_loc)
+            return decode_attention(q, k_buf, v_buf, self.req_to_token.table, fb.req_pool_indices, fb.seq_lens,
+                                    self.scale, fb.attn_metadata, rope=rope)
         apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc)
         return self._attend(q, layer, fb)
 
