@@ -6,19 +6,23 @@
 Sections, in order; each is isolated (a failure is recorded, the next one runs), and one
 that would end past --deadline-s is skipped:
   env      versions, GPU, nvcc
-  jit      FlashInfer's JIT build for head_dim 128, bf16, sm_90a only (prefill kernel, which
-           also serves tensor-core decode, and the CUDA-core decode kernel, in one ninja run
-           over MAX_JOBS cores); if it fails, the compiler's output tail is recorded and the
-           script stops, exit status 0
-  correct  FlashInferBackend vs torch-native (float32) at Llama-3-8B heads (32 q / 8 kv / 128),
-           bf16: a mixed extend batch (fresh requests and prefix hits), decode on tensor cores
-           and on CUDA cores (16 KV heads); a decode CUDA graph replayed after re-planning
+  jit      FlashInfer's JIT build, sm_90a only, of the modules the GPU cases need, in one ninja
+           run over MAX_JOBS cores: the prefill kernel (extend, and decode on tensor cores) for
+           bf16 / head_dim 128, fp16 / 128 and bf16 / 64, the CUDA-core decode kernel for bf16 /
+           128 and bf16 / 64; then one backend a shape (a slow one built what was missed); if it
+           fails, the compiler's output tail is recorded and the script stops, exit status 0
+  correct  FlashInferBackend vs torch-native (float32), the GPU tests' cases at one layer each:
+           a mixed extend batch (fresh requests and prefix hits) and decode, at Llama-3-8B heads
+           (32 q / 8 kv / 128: tensor cores; 16 kv: CUDA cores) in bf16 and fp16 and at
+           SmolLM2-135M heads (9 q / 3 kv / 64: CUDA cores) in bf16; decode CUDA graphs replayed
+           after re-planning, at both models' heads
   attn     decode attention per layer, 32 layers replayed in a CUDA graph (KV beyond the L2
            cache, slots randomly permuted): FlashInfer on tensor cores and on CUDA cores vs the
            Triton kernel, at 1 x 4096, 64 x 400 and 200 x 700 tokens; plus the host time of
            one plan (once per step)
   e2e      batch-1 decode tok/s of the Engine (Llama-3-8B config, dummy weights, bf16, CUDA
-           graphs), attention_backend triton vs flashinfer
+           graphs), attention_backend triton vs flashinfer, and how many greedy tokens agree
+  e2e_smollm2  the same for the SmolLM2-135M config
   pytest   (not by default) tests/test_flashinfer_backend.py -m gpu in a subprocess
 The JIT cache goes to .flashinfer_cache/ (git-ignored; kept between calls on a warm machine).
 Results: OUT/flashinfer_check.json, rewritten after every section.
@@ -50,7 +54,7 @@ import torch  # noqa: E402
 HQ, HKV, D, DT = 32, 8, 128, torch.bfloat16
 LAYERS = 32
 ATTN_CASES = {"1x4096": (1, 4096), "64x400": (64, 400), "200x700": (200, 700)}
-COST_S = dict(env=10, jit=240, correct=25, attn=45, e2e=120, pytest=60)  # rough, for the deadline
+COST_S = dict(env=10, jit=240, correct=35, attn=45, e2e=120, e2e_smollm2=60, pytest=90)  # rough, for the deadline
 RESULTS: dict = {}
 OPTS = argparse.Namespace()
 T0 = time.perf_counter()
@@ -92,42 +96,72 @@ def section_env() -> dict:
 
 
 def section_jit() -> dict:
-    """Both modules in one ninja run (flashinfer 0.3's JIT API), then the backend, which loads
-    them (or builds what is missing) and runs its warm-up passes."""
+    """All modules in one ninja run (flashinfer 0.3's JIT API), then a backend a shape, which
+    loads them (or builds what is missing, one module at a time) and runs its warm-up passes."""
     out = {}
     t = time.perf_counter()
     try:
         try:
-            from flashinfer.jit import build_jit_specs, gen_batch_decode_module, gen_batch_prefill_module
+            from flashinfer.jit import build_jit_specs
         except ImportError as e:
             out["prebuild"] = f"skipped: {e!r}"
         else:
-            args = (DT, DT, DT, torch.int32, D, D, 0, False, False)  # dtypes q/kv/out/index, head dims, no extras
-            specs = [gen_batch_prefill_module("fa2", *args, False), gen_batch_decode_module(*args)]
+            specs = jit_specs()
             build_jit_specs(specs, verbose=False)
             out["modules"] = [s.name for s in specs]
         out["compile_s"] = round(time.perf_counter() - t, 1)
-        t = time.perf_counter()
-        make_backend(make_pool([8], layers=1))
-        out["backend_init_s"] = round(time.perf_counter() - t, 1)
+        out["backend_init_s"] = {}
+        for heads in dict.fromkeys(h for *_, h in T.GPU_CASES.values()):
+            t = time.perf_counter()
+            kw = T._kwargs(dtype=heads.dtype, device="cuda", heads=(heads.hq, heads.hkv, heads.d), slots=16, layers=1)
+            make_backend(kw)
+            out["backend_init_s"][str(heads)] = round(time.perf_counter() - t, 1)
     except Exception as e:
         RESULTS["jit_error_tail"] = tail(str(e), 8000)
         raise
     return out
 
 
+def jit_specs() -> list:
+    """The modules the backend loads for the GPU cases' shapes: FlashInfer's prefill kernel
+    (extend, and decode on tensor cores) for each (dtype, head_dim), and its CUDA-core decode
+    kernel where a case decodes on CUDA cores. The arguments are those the wrappers' plan()
+    passes (index dtype int32, no rope / sliding window / soft cap / fp16 QK reduction), so the
+    module names match and the backend loads these builds."""
+    from flashinfer.jit import gen_batch_decode_module, gen_batch_prefill_module
+
+    need: dict[tuple, None] = {}
+    for *_, h in T.GPU_CASES.values():
+        need[("prefill", h.dtype, h.d)] = None
+        if not h.tensor_cores:
+            need[("decode", h.dtype, h.d)] = None
+    specs = []
+    for kind, dt, d in need:
+        args = (dt, dt, dt, torch.int32, d, d, 0, False, False)  # dtypes q/kv/out/index, head dims, no extras
+        prefill = kind == "prefill"
+        specs.append(gen_batch_prefill_module("fa2", *args, False) if prefill else gen_batch_decode_module(*args))
+    return specs
+
+
 def section_correct() -> dict:
     """Max abs error vs torch-native in float32 (the GPU tests' cases, one layer each), and the
     GPU tests' CUDA-graph check."""
     out = {}
-    for name, (prefix, extend, hkv) in T.GPU_CASES.items():
-        err, tensor_cores = T.attention_error(prefix, extend, hkv, layers=1)
-        out[name] = {"max_abs_err": err, "ok": err <= T.TOL, "tensor_cores": tensor_cores}
-    try:  # capture at batch 4, replay re-planned for other lengths and batch 3
-        T.test_gpu_cuda_graph_replans_for_each_replay()
-        out["cuda_graph_replay"] = {"ok": True}
-    except Exception:
-        out["cuda_graph_replay"] = {"ok": False, "error": tail(traceback.format_exc(), 2000)}
+    for name, (prefix, extend, heads) in T.GPU_CASES.items():
+        try:
+            err, tensor_cores = T.attention_error(prefix, extend, heads, layers=1)
+            ok = err <= heads.tol and tensor_cores == heads.tensor_cores
+            out[name] = {"heads": str(heads), "max_abs_err": err, "tol": heads.tol, "tensor_cores": tensor_cores,
+                         "ok": ok}  # fmt: skip
+        except Exception:
+            out[name] = {"heads": str(heads), "ok": False, "error": tail(traceback.format_exc(), 2000)}
+    for shape, heads in T.GRAPH_HEADS.items():  # capture at batch 4, replay re-planned for other lengths and batch 3
+        key = f"cuda_graph_replay_{shape}"
+        try:
+            T.test_gpu_cuda_graph_replans_for_each_replay(shape)
+            out[key] = {"heads": str(heads), "ok": True}
+        except Exception:
+            out[key] = {"heads": str(heads), "ok": False, "error": tail(traceback.format_exc(), 2000)}
     return out
 
 
@@ -210,33 +244,42 @@ def section_pytest() -> dict:
 
 
 def section_e2e() -> dict:
+    return compare_backends("llama3-8b")
+
+
+def section_e2e_smollm2() -> dict:
+    return compare_backends("smollm2-135m")
+
+
+def compare_backends(config: str) -> dict:
     out = {}
-    prompt = random.Random(0).choices(range(100, 40000), k=128)
+    prompt = random.Random(0).choices(range(100, 40000), k=128)  # below SmolLM2's vocabulary (49152)
     for name in ("triton", "flashinfer"):
         try:
-            out[name] = engine_decode(name, prompt)
+            out[name] = engine_decode(config, name, prompt)
         except Exception:
             out[name] = {"failed": tail(traceback.format_exc(), 3000)}
-        log(f"e2e {name}: {out[name]}")
+        log(f"e2e {config} {name}: {out[name]}")
     ids = [out[n].get("greedy_ids") for n in ("triton", "flashinfer")]
     if all(ids):  # random weights: near-tied logits may still part the two after a few tokens
         out["greedy_ids_agree_for"] = next((i for i, (a, b) in enumerate(zip(*ids)) if a != b), len(ids[0]))
     return out
 
 
-def engine_decode(backend: str, prompt: list[int]) -> dict:
+def engine_decode(config: str, backend: str, prompt: list[int]) -> dict:
     import gc
 
     import radixflow
 
     t = time.perf_counter()
     eng = radixflow.Engine(
-        os.path.join(ROOT, "benchmarks", "configs", "llama3-8b.json"), load_format="dummy", dtype="bfloat16",
+        os.path.join(ROOT, "benchmarks", "configs", f"{config}.json"), load_format="dummy", dtype="bfloat16",
         tokenizer_path=OPTS.tokenizer, attention_backend=backend, cuda_graph_max_bs=1, max_running_requests=4,
         max_total_tokens=32768, context_length=4096,
     )  # fmt: skip
     try:
-        r = {"init_s": round(time.perf_counter() - t, 1), "cuda_graphs": eng.runner.graph_runner is not None}
+        r = {"init_s": round(time.perf_counter() - t, 1), "cuda_graphs": eng.runner.graph_runner is not None,
+             "decode_tensor_cores": getattr(eng.runner.backend, "tensor_cores", None)}  # fmt: skip
         r["tok_s"] = round(decode_rate(eng, prompt, OPTS.e2e_tokens), 1)
         r["greedy_ids"] = eng.generate(input_ids=prompt, sampling_params=greedy(16))["output_ids"]
         return r
@@ -268,8 +311,8 @@ def decode_rate(eng, prompt: list, n: int) -> float:
 
 
 SECTIONS = {"env": section_env, "jit": section_jit, "correct": section_correct, "attn": section_attn,
-            "e2e": section_e2e, "pytest": section_pytest}  # fmt: skip
-DEFAULT_SECTIONS = "env,jit,correct,attn,e2e"  # pytest repeats `correct` (+ the eager GPU tests at 2 layers)
+            "e2e": section_e2e, "e2e_smollm2": section_e2e_smollm2, "pytest": section_pytest}  # fmt: skip
+DEFAULT_SECTIONS = "env,jit,correct,attn,e2e,e2e_smollm2"  # pytest repeats `correct` (+ GPU tests at 2 layers)
 
 
 def main() -> None:

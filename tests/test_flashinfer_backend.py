@@ -4,13 +4,15 @@ CPU: the errors that name the fix (package missing, unsupported page size / dtyp
 and the kv_indptr / kv_indices builders against a loop.
 GPU (`gpu`, needs flashinfer): attention of decode and mixed extend batches (fresh requests
 and prefix hits) against the torch-native backend in float32, eagerly and through a
-captured-and-replayed CUDA graph.
+captured-and-replayed CUDA graph, at Llama-3-8B heads (32 q / 8 kv / 128) in bf16 and fp16 and
+at SmolLM2-135M heads (9 q / 3 kv / 64, CUDA-core decode) in bf16.
 """
 
 from __future__ import annotations
 
 import sys
 import types
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -68,19 +70,58 @@ def test_kv_indices_match_a_loop():
     assert got.dtype == torch.int32 and torch.equal(got, want)
 
 
-# -- GPU: Llama-3-8B heads, bf16 against a float32 torch-native reference --------------------------
-HQ, HKV, D = 32, 8, 128
-TOL = 2e-2  # bf16 inputs and output against a float32 reference
+# -- GPU: bf16 / fp16 against a float32 torch-native reference ------------------------------------
+@dataclass(frozen=True)
+class Heads:
+    """A model's attention shape and the dtype of its activations and KV pool."""
+
+    hq: int  # query heads
+    hkv: int  # KV heads
+    d: int  # head dim
+    dtype: torch.dtype = torch.bfloat16
+
+    @property
+    def tensor_cores(self) -> bool:
+        """Whether the backend should decode on tensor cores: from 4 query heads a KV head."""
+        return self.hq // self.hkv >= 4
+
+    @property
+    def tol(self) -> float:
+        return TOL[self.dtype]
+
+    def __str__(self) -> str:
+        return f"{self.hq}q/{self.hkv}kv/d{self.d}/{str(self.dtype).removeprefix('torch.')}"
 
 
-def _pool_and_table(seq_lens: list[int], hkv: int = HKV, layers: int = 2):
-    """A bf16 pool with random K/V and scattered slots, and its float32 copy; request b owns row b + 1."""
-    kw = _kwargs(dtype=torch.bfloat16, device="cuda", heads=(HQ, hkv, D), slots=sum(seq_lens) + 64, layers=layers,
-                 rows=len(seq_lens) + 2, width=max(seq_lens) + 8)  # fmt: skip
+# max abs error against the float32 reference (bf16 measured 0.008 on the H200; fp16 keeps 3 more
+# mantissa bits, so ~0.001 is expected: a dtype mix-up errs by O(1) either way)
+TOL = {torch.bfloat16: 2e-2, torch.float16: 1e-2}
+LLAMA3 = Heads(32, 8, 128)  # Llama-3-8B: decode on tensor cores
+LLAMA3_FP16 = replace(LLAMA3, dtype=torch.float16)
+SMOLLM2 = Heads(9, 3, 64)  # SmolLM2-135M: head_dim 64, 3 query heads a KV head (CUDA cores)
+MIXED = ([0, 1000, 4096, 7, 0], [300, 17, 1, 129, 1])  # fresh, prefix hits, one-token extends
+DECODE = ([1, 200, 4097, 33], [1, 1, 1, 1])
+
+GPU_CASES = {  # name: (prefix lens, extend lens, heads)
+    "extend_mixed": (*MIXED, LLAMA3),
+    "decode_tensor_cores": (*DECODE, LLAMA3),  # 4 query heads a KV head
+    "decode_cuda_cores": (*DECODE, Heads(32, 16, 128)),  # 2 a KV head
+    "extend_mixed_smollm2": (*MIXED, SMOLLM2),
+    "decode_smollm2": (*DECODE, SMOLLM2),  # CUDA cores, group 3
+    "extend_mixed_fp16": (*MIXED, LLAMA3_FP16),
+    "decode_tensor_cores_fp16": (*DECODE, LLAMA3_FP16),
+}
+GRAPH_HEADS = {"llama3": LLAMA3, "smollm2": SMOLLM2}  # decode CUDA graphs: tensor cores, CUDA cores
+
+
+def _pool_and_table(seq_lens: list[int], heads: Heads, layers: int = 2):
+    """A pool with random K/V and scattered slots, and its float32 copy; request b owns row b + 1."""
+    kw = _kwargs(dtype=heads.dtype, device="cuda", heads=(heads.hq, heads.hkv, heads.d), slots=sum(seq_lens) + 64,
+                 layers=layers, rows=len(seq_lens) + 2, width=max(seq_lens) + 8)  # fmt: skip
     pool = kw["kv_pool"]
     for buf in pool.k + pool.v:
         buf.normal_()
-    ref_pool = KVPool(pool.k[0].shape[0] - 1, 1, layers, hkv, D, torch.float32, "cuda")
+    ref_pool = KVPool(pool.k[0].shape[0] - 1, 1, layers, heads.hkv, heads.d, torch.float32, "cuda")
     for src, dst in zip(pool.k + pool.v, ref_pool.k + ref_pool.v):
         dst.copy_(src)
     perm = torch.randperm(pool.k[0].shape[0] - 1, device="cuda") + 1  # slot 0 is scratch
@@ -113,35 +154,28 @@ def _reference(ref_pool, kw, fb, q, k, v, layer: int) -> torch.Tensor:
     return ref.forward(q.float(), k.float(), v.float(), layer, fb)
 
 
-def _qkv(t: int, hkv: int = HKV):
-    return (torch.randn(t, h, D, device="cuda", dtype=torch.bfloat16) for h in (HQ, hkv, hkv))
+def _qkv(t: int, heads: Heads):
+    return (torch.randn(t, n, heads.d, device="cuda", dtype=heads.dtype) for n in (heads.hq, heads.hkv, heads.hkv))
 
 
-def _close(got: torch.Tensor, want: torch.Tensor) -> None:
+def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> None:
     assert not torch.isnan(got).any()
     err = (got.float() - want).abs().max().item()
-    assert err <= TOL, f"max abs error {err} > {TOL}"
+    assert err <= tol, f"max abs error {err} > {tol}"
 
 
-GPU_CASES = {  # name: (prefix lens, extend lens, KV heads)
-    "extend_mixed": ([0, 1000, 4096, 7, 0], [300, 17, 1, 129, 1], HKV),  # fresh, prefix hits, one-token extends
-    "decode_tensor_cores": ([1, 200, 4097, 33], [1, 1, 1, 1], HKV),  # 4 query heads a KV head
-    "decode_cuda_cores": ([1, 200, 4097, 33], [1, 1, 1, 1], 16),  # 2 a KV head
-}
-
-
-def attention_error(prefix: list[int], extend: list[int], hkv: int, layers: int = 2) -> tuple[float, bool]:
-    """Max abs error of FlashInferBackend (bf16) against torch-native (float32) over `layers`
-    layers of one batch, and whether its decode ran on tensor cores."""
-    kw, ref_pool = _pool_and_table([p + e for p, e in zip(prefix, extend)], hkv, layers)
+def attention_error(prefix: list[int], extend: list[int], heads: Heads, layers: int = 2) -> tuple[float, bool]:
+    """Max abs error of FlashInferBackend (heads.dtype) against torch-native (float32) over
+    `layers` layers of one batch, and whether its decode ran on tensor cores."""
+    kw, ref_pool = _pool_and_table([p + e for p, e in zip(prefix, extend)], heads, layers)
     backend = fib.FlashInferBackend(**kw)
     fb = _batch(kw["req_to_token"].table, prefix, extend)
     err = 0.0
     for layer in range(layers):
-        q, k, v = _qkv(fb.num_tokens, hkv)
+        q, k, v = _qkv(fb.num_tokens, heads)
         backend.init_forward_metadata(fb)
         got = backend.forward(q, k, v, layer, fb)
-        assert got.shape == q.shape and got.dtype == torch.bfloat16 and not torch.isnan(got).any()
+        assert got.shape == q.shape and got.dtype == heads.dtype and not torch.isnan(got).any()
         err = max(err, (got.float() - _reference(ref_pool, kw, fb, q, k, v, layer)).abs().max().item())
     return err, backend.tensor_cores
 
@@ -151,24 +185,26 @@ def attention_error(prefix: list[int], extend: list[int], hkv: int, layers: int 
 @pytest.mark.parametrize("case", GPU_CASES)
 def test_gpu_matches_torch_native(case):
     pytest.importorskip("flashinfer")
-    prefix, extend, hkv = GPU_CASES[case]
-    err, tensor_cores = attention_error(prefix, extend, hkv)
-    assert tensor_cores == (HQ // hkv >= 4)
-    assert err <= TOL, f"max abs error {err} > {TOL}"
+    prefix, extend, heads = GPU_CASES[case]
+    err, tensor_cores = attention_error(prefix, extend, heads)
+    assert tensor_cores == heads.tensor_cores
+    assert err <= heads.tol, f"max abs error {err} > {heads.tol}"
 
 
 @gpu
 @needs_cuda
-def test_gpu_cuda_graph_replans_for_each_replay():
+@pytest.mark.parametrize("shape", GRAPH_HEADS)
+def test_gpu_cuda_graph_replans_for_each_replay(shape):
     """Captured with the runner's dummy batch (one token a row), replayed for real batches of
     other lengths and a smaller size (padded rows)."""
     pytest.importorskip("flashinfer")
-    kw, ref_pool = _pool_and_table([3000, 700, 40, 5])
+    heads = GRAPH_HEADS[shape]
+    kw, ref_pool = _pool_and_table([3000, 700, 40, 5], heads)
     backend = fib.FlashInferBackend(**kw)
     bs = 4
     static = _batch(kw["req_to_token"].table, [0] * bs, [1] * bs)
     static.mode, static.out_cache_loc = ForwardMode.DECODE, torch.zeros(bs, dtype=torch.int64, device="cuda")
-    sq, sk, sv = _qkv(bs)
+    sq, sk, sv = _qkv(bs, heads)
     backend.init_cuda_graph_capture(static)
     backend.init_forward_metadata(static)  # keeps the graph plan
     backend.forward(sq, sk, sv, 0, static)
@@ -179,7 +215,7 @@ def test_gpu_cuda_graph_replans_for_each_replay():
     for prefix in ([2999, 699, 39, 4], [10, 600, 1]):
         fb = _batch(kw["req_to_token"].table, prefix, [1] * len(prefix))
         n = fb.batch_size
-        q, k, v = _qkv(n)
+        q, k, v = _qkv(n, heads)
         for dst, src in ((sq, q), (sk, k), (sv, v)):
             dst.zero_()
             dst[:n].copy_(src)
@@ -187,4 +223,4 @@ def test_gpu_cuda_graph_replans_for_each_replay():
         static.out_cache_loc[:n].copy_(fb.out_cache_loc)
         backend.init_cuda_graph_replay(fb, bs)
         graph.replay()
-        _close(out[:n], _reference(ref_pool, kw, fb, q, k, v, 0))
+        _close(out[:n], _reference(ref_pool, kw, fb, q, k, v, 0), heads.tol)
