@@ -191,6 +191,44 @@ def test_gpu_matches_torch_native(case):
     assert err <= heads.tol, f"max abs error {err} > {heads.tol}"
 
 
+def test_decode_is_never_routed_to_the_triton_kernel():
+    """The Triton backend runs small decode batches' rotary inside its own decode kernel; the
+    subclass must turn that off, or FlashInfer's decode would never run (and its plan would be
+    passed where the Triton kernel expects a split count)."""
+    assert fib.FlashInferBackend.rotary_in_decode_attention_max_batch == 0
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("bs", [1, 4])
+def test_gpu_decode_through_forward_rotary(bs):
+    """The model's entry point (rotary, KV store, attention) at small decode batches: FlashInfer's
+    decode wrapper attends, and the result matches the torch rotary + torch-native attention."""
+    pytest.importorskip("flashinfer")
+    from types import SimpleNamespace
+
+    from radixflow.kernels.reference import rotary_ref
+    from radixflow.runtime.layers.rotary import RotaryEmbedding
+
+    heads = LLAMA3
+    prefix = [300 + 7 * i for i in range(bs)]
+    kw, ref_pool = _pool_and_table([p + 1 for p in prefix], heads, layers=1)
+    backend = fib.FlashInferBackend(**kw)
+    fb = _batch(kw["req_to_token"].table, prefix, [1] * bs)
+    assert fb.mode == ForwardMode.DECODE
+    fb.positions = fb.seq_lens - 1
+    rotary = RotaryEmbedding(SimpleNamespace(rope_theta=500000.0), heads.d, 4096).to("cuda")
+    rotary.fused = True  # as the model sets it on CUDA
+    q, k, v = _qkv(bs, heads)
+    rq, rk = rotary_ref(fb.positions, q, k, rotary.cos, rotary.sin)
+    backend.init_forward_metadata(fb)
+    calls, run = [], backend._run
+    backend._run = lambda *a: calls.append(a) or run(*a)
+    got = backend.forward_rotary(fb.positions, q, k, v, rotary, 0, fb)
+    assert calls, "FlashInfer's wrapper did not run"
+    _close(got, _reference(ref_pool, kw, fb, rq, rk, v, 0), heads.tol)
+
+
 @gpu
 @needs_cuda
 @pytest.mark.parametrize("shape", GRAPH_HEADS)
