@@ -193,9 +193,19 @@ def test_gpu_matches_torch_native(case):
 
 def test_decode_is_never_routed_to_the_triton_kernel():
     """The Triton backend runs small decode batches' rotary inside its own decode kernel; the
-    subclass must turn that off, or FlashInfer's decode would never run (and its plan would be
+    FlashInfer subclass must not, or FlashInfer's decode would never run (and its plan would be
     passed where the Triton kernel expects a split count)."""
-    assert fib.FlashInferBackend.rotary_in_decode_attention_max_batch == 0
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    decode = ForwardBatch(
+        mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64), positions=torch.zeros(1, dtype=torch.int64),
+        out_cache_loc=torch.zeros(1, dtype=torch.int64), req_pool_indices=torch.ones(1, dtype=torch.int64),
+        seq_lens=torch.ones(1, dtype=torch.int64), prefix_lens=torch.zeros(1, dtype=torch.int64),
+        extend_lens=torch.ones(1, dtype=torch.int64), logits_indices=torch.zeros(1, dtype=torch.int64),
+        seq_lens_list=[1], prefix_lens_list=[0], extend_lens_list=[1],
+    )  # fmt: skip
+    assert TritonBackend.rotary_in_attention(object.__new__(TritonBackend), decode)
+    assert not fib.FlashInferBackend.rotary_in_attention(object.__new__(fib.FlashInferBackend), decode)
 
 
 @gpu

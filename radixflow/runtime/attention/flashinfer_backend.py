@@ -75,7 +75,6 @@ class FlashInferPlan:
 
 class FlashInferBackend(TritonBackend):
     supports_cuda_graph = True  # through init_cuda_graph_capture / init_cuda_graph_replay
-    rotary_in_decode_attention_max_batch = 0  # that is the Triton decode kernel: decode attends through FlashInfer
     def __init__(self, decode_tensor_cores: bool | None = None, **kwargs):
         """decode_tensor_cores: None = by the number of query heads per KV head (benchmarks force it)."""
         fi = import_flashinfer()  # first: the error that names the fix
@@ -113,6 +112,9 @@ class FlashInferBackend(TritonBackend):
             return
         self._plan_extend(kv_indptr(fb.extend_lens_list), kv_indptr(fb.seq_lens_list), indices)
         fb.attn_metadata = FlashInferPlan(self.extend)
+
+    def rotary_in_attention(self, fb: ForwardBatch) -> bool:
+        return False  # FlashInfer attends: rotary and the KV store stay in the Triton kernel before it
 
     def _attend(self, q, layer, fb):
         return self._run(fb.attn_metadata.wrapper, q, layer)

@@ -47,26 +47,30 @@ class TritonBackend(AttentionBackend):
         store_kv(self.kv_pool.k[layer], self.kv_pool.v[layer], fb.out_cache_loc, k, v)
         return self._attend(q, layer, fb)
 
+    def rotary_in_attention(self, fb: ForwardBatch) -> bool:
+        """Whether this pass's rotary and KV store run inside the decode-attention kernel."""
+        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.rotary_in_decode_attention_max_batch
+
     def forward_rotary(self, positions, q, k, v, rotary, layer, fb):
         if not (rotary.fused and q.is_cuda):
             return super().forward_rotary(positions, q, k, v, rotary, layer, fb)
+        if self.rotary_in_attention(fb):
+            return self._decode(q, layer, fb, DecodeRope(positions, rotary.cos, rotary.sin, k, v, fb.out_cache_loc))
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        if fb.mode == ForwardMode.DECODE and fb.batch_size <= self.rotary_in_decode_attention_max_batch:
-            rope = DecodeRope(positions, rotary.cos, rotary.sin, k, v, fb.out_cache_loc)
-            return decode_attention(q, k_buf, v_buf, self.req_to_token.table, fb.req_pool_indices, fb.seq_lens,
-                                    self.scale, fb.attn_metadata, rope=rope)
         apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc)
         return self._attend(q, layer, fb)
 
     def _attend(self, q, layer, fb):
         """Attention over the pool, which already holds this batch's K/V."""
-        k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
-        table = self.req_to_token.table
         if fb.mode == ForwardMode.DECODE:
-            return decode_attention(
-                q, k_buf, v_buf, table, fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata
-            )
+            return self._decode(q, layer, fb)
         q_start, max_extend = fb.attn_metadata
         return extend_attention(
-            q, k_buf, v_buf, table, fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale
+            q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table, fb.req_pool_indices,
+            fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale,
         )
+
+    def _decode(self, q, layer, fb, rope: DecodeRope | None = None):
+        """Decode attention over the pool; with `rope` the kernel first rotates q and stores the new K/V."""
+        return decode_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
+                                fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata, rope=rope)
