@@ -518,6 +518,13 @@ def _rotary_apart_rates(eng, prompt: list) -> dict:
     return _recaptured_rates(eng, prompt, "rotary_apart", toggle)
 
 
+def _pdl_late_rates(eng, prompt: list) -> dict:
+    """A batch-1 graph whose kernels trigger the next one after their PDL wait, not before it."""
+    from radixflow.kernels import pdl
+
+    return _recaptured_rates(eng, prompt, "pdl_late", pdl.set_early_trigger)
+
+
 def sec_decode_bs1() -> dict:
     eng = OPTS.bench_engine
     runner = eng.runner
@@ -535,6 +542,7 @@ def sec_decode_bs1() -> dict:
         out["replay_only_tok_s"] = 1 / step
         out["replay_GBps"] = read / step / 1e9
         out.update(_pdl_off_rates(eng, prompt))
+        out.update(_pdl_late_rates(eng, prompt))
         out.update(_rotary_apart_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)

@@ -7,7 +7,8 @@
   model's load-time chooser) picks for M = 1, 2, 4, 8. Each layer cycles over enough weight
   copies to exceed the L2 cache, as the 32 layers of a decode step do.
 - rotary_kv: rotary + KV store as two kernels vs the fused kernel, T = 1 and 64 tokens.
-- layer_chain: a batch-1 decode step minus attention: GEMV with PDL on / off, and cuBLAS.
+- layer_chain: a batch-1 decode step minus attention: GEMV with PDL off, on with the trigger after
+  the wait (late) and before it (early, the default), and cuBLAS.
 Every kernel is checked against its torch reference first. Times are per call inside a CUDA
 graph (as a decode step replays one). Writes DIR/kernel_bench.json and prints a table.
 """
@@ -167,17 +168,20 @@ def bench_layer_chain(chosen: dict, swept: dict | None = None) -> dict:
     default = lambda x, w, name: gemv(x, w[name])  # noqa: E731
     best = lambda x, w, name: gemv(x, w[name], config=chosen.get(name))  # noqa: E731  (--shapes: others default)
     swept_best = lambda x, w, name: gemv(x, w[name], config=(swept or {}).get(name))  # noqa: E731
-    variants = {"cublas": (blas, False), "gemv_pdl_off": (default, False), "gemv_pdl_on": (default, True),
-                "gemv_chosen_pdl_on": (best, True), "gemv_sweep_best_pdl_on": (swept_best, True)}
-    for name, (mm, on) in variants.items():
-        before = pdl.set_enabled(on)
+    variants = {"cublas": (blas, False, False), "gemv_pdl_off": (default, False, False),
+                "gemv_pdl_late": (default, True, False), "gemv_pdl_on": (default, True, True),
+                "gemv_chosen_pdl_late": (best, True, False), "gemv_chosen_pdl_on": (best, True, True),
+                "gemv_sweep_best_pdl_on": (swept_best, True, True)}
+    for name, (mm, on, early) in variants.items():
+        before, before_early = pdl.set_enabled(on), pdl.set_early_trigger(early)
         try:
             outs[name] = step(mm)
             us = time_graph_us(lambda i: step(mm), 1, reps=10)
             res[name] = {"us": us, "weight_tbs": step_bytes / us / 1e6}
         finally:
             pdl.set_enabled(before)
-    gemv_outs = [o for n, o in outs.items() if n.startswith("gemv_pdl")]
+            pdl.set_early_trigger(before_early)
+    gemv_outs = [o for n, o in outs.items() if n.startswith("gemv_pdl")]  # the default config: PDL off / late / early
     res["gemv_variants_equal"] = all(torch.equal(gemv_outs[0], o) for o in gemv_outs[1:])
     res["max_err_vs_cublas"] = _max_err(gemv_outs[0], outs["cublas"])
     return res

@@ -38,37 +38,37 @@ def _ints(*names: str) -> dict:
     return {n: "i32" for n in names}
 
 
-def check_gemv(pdl: bool, block_m: int) -> None:
+def check_gemv(pdl: int, block_m: int) -> None:
     sig = {"X": BF16, "W": BF16, "Bias": BF16, "Out": BF16, **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
     for cfg in gemv.GEMV_CONFIGS:
         consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
                   "BLOCK_K": cfg["block_k"] // block_m}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                       launch_pdl=pdl)
-        assert ("griddepcontrol.wait" in ptx) == pdl
+                       launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl)
         if pdl:  # the first weight tile is requested before the wait
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 
-def check_norm_and_activation(pdl: bool) -> None:
+def check_norm_and_activation(pdl: int) -> None:
     sig = {"X": BF16, "R": BF16, "W": BF16, "Out": BF16, "ROut": BF16,
            **_ints("stride_x", "stride_r", "stride_o", "stride_ro", "N"), "eps": "fp32"}
-    ptx = _compile(norm_act._rmsnorm_kernel, sig, {"HAS_RES": True, "BLOCK": 4096, "USE_PDL": pdl}, launch_pdl=pdl)
-    assert ("griddepcontrol.wait" in ptx) == pdl
+    ptx = _compile(norm_act._rmsnorm_kernel, sig, {"HAS_RES": True, "BLOCK": 4096, "USE_PDL": pdl}, launch_pdl=pdl > 0)
+    assert _pdl_order_ok(ptx, pdl)
     sig = {"X": BF16, "Out": BF16, **_ints("stride_x", "stride_o", "N")}
-    _compile(norm_act._silu_mul_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, launch_pdl=pdl)
+    _compile(norm_act._silu_mul_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, launch_pdl=pdl > 0)
 
 
-def check_rotary_and_kv_store(pdl: bool) -> None:
+def check_rotary_and_kv_store(pdl: int) -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "KBuf": BF16, "VBuf": BF16,
            "Loc": "*i64", **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh",
                                   "stride_cos", "stride_bt", "stride_bh", "HQ", "HK", "HALF")}
     for store in (True, False):
         consts = {"BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 64, "STORE_KV": store, "USE_PDL": pdl}
-        _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl)
+        _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
     sig = {"K": BF16, "V": BF16, "KBuf": BF16, "VBuf": BF16, "Loc": "*i64",
            **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
-    _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl)
+    _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl > 0)
 
 
 def check_argmax() -> None:
@@ -78,13 +78,21 @@ def check_argmax() -> None:
              num_warps=1)
 
 
+def _pdl_order_ok(ptx: str, pdl: int) -> bool:
+    """USE_PDL=0: no PDL instruction; 1: the trigger after the wait; 2: before it (kernels/pdl.py)."""
+    if not pdl:
+        return "griddepcontrol" not in ptx
+    wait, trigger = ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")
+    return wait >= 0 and trigger >= 0 and (trigger < wait) == (pdl == 2)
+
+
 def _waits_first(ptx: str) -> bool:
     """griddepcontrol.wait comes before the kernel's first global load, async copy or store."""
     first = min(ptx.find(op) for op in ("ld.global", "cp.async", "st.global") if op in ptx)
     return ptx.index("griddepcontrol.wait") < first
 
 
-def check_decode_attention(pdl: bool) -> None:
+def check_decode_attention(pdl: int) -> None:
     """Both stages at Llama-3-8B heads (groups of 4, head dim 128) with DECODE_CONFIG's block shape:
     stage 1 with one split writing the output (direct; the JIT makes num_splits 1 a constant) and
     with 16 splits writing float32 partials, and stage 2 merging 16 splits."""
@@ -100,20 +108,20 @@ def check_decode_attention(pdl: bool) -> None:
     for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True}, {"DIRECT": False, "ROPE": True},
                   {"DIRECT": False, "ROPE": False}):
         ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"], launch_pdl=pdl)
-        assert ("griddepcontrol.wait" in ptx) == pdl and (not pdl or _waits_first(ptx))
+                       num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "num_splits", "D")}
     ptx = _compile(decode_attention._decode_stage2, sig, {"BLOCK_S": 16, "BLOCK_D": 128, "USE_PDL": pdl},
-                   num_warps=4, launch_pdl=pdl)
-    assert ("griddepcontrol.wait" in ptx) == pdl and (not pdl or _waits_first(ptx))
+                   num_warps=4, launch_pdl=pdl > 0)
+    assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
 
 
 def main() -> int:
-    checks = [(check_gemv, (pdl, m)) for pdl in (False, True) for m in (1, 4)]
+    checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
-               for pdl in (False, True)]
+               for pdl in (0, 1, 2)]
     checks.append((check_argmax, ()))
     failed = 0
     for fn, args in checks:

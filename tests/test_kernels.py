@@ -528,9 +528,10 @@ def test_gpu_gemv_llama_shapes(n, k, bias):
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
     for m in (1, 3, 8):
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-        got = gemv(x, w, b)
-        _close(got, ref.gemv_ref(x, w, b), 0.07)  # ~1 bf16 ulp of outputs up to ~8
-        _close(got, F.linear(x, w, b), 0.1)
+        for config in GEMV_CONFIGS:
+            got = gemv(x, w, b, config=config)
+            _close(got, ref.gemv_ref(x, w, b), 0.07)  # ~1 bf16 ulp of outputs up to ~8
+            _close(got, F.linear(x, w, b), 0.1)
     x32, w32 = torch.randn(2, k, device=DEV), w[:4096].float()
     _close(gemv(x32, w32), ref.gemv_ref(x32, w32), 1e-3)
 
@@ -571,18 +572,19 @@ def _decode_like_chain(x, res, norm_w, w_up, w_down, layers: int = 6):
 @gpu
 @needs_cuda
 def test_gpu_pdl_chain_in_a_cuda_graph_equals_plain_launches():
-    """Kernels launched with PDL start before their predecessor ends; in a captured graph the
-    results must equal ordinary launches bit for bit (a missing wait would read stale data)."""
+    """Kernels launched with PDL start before their predecessor ends (with the early trigger, even
+    before the one before that ends); in a captured graph the results must equal ordinary launches
+    bit for bit (a missing wait would read stale data)."""
     from radixflow.kernels import pdl
 
-    assert torch.cuda.get_device_capability()[0] < 9 or pdl.pdl_launch(torch.ones(1, device=DEV))["USE_PDL"]
+    assert torch.cuda.get_device_capability()[0] < 9 or pdl.pdl_launch(torch.ones(1, device=DEV))["USE_PDL"] == 2
     args = [torch.randn(1, 4096, device=DEV, dtype=torch.bfloat16) for _ in range(2)]
     weights = [torch.ones(4096, device=DEV, dtype=torch.bfloat16),
                (torch.randn(28672, 4096, device=DEV) * 0.02).to(torch.bfloat16),
                (torch.randn(4096, 14336, device=DEV) * 0.02).to(torch.bfloat16)]
     outs = []
-    for on in (True, False):
-        before = pdl.set_enabled(on)
+    for on, early in ((True, True), (True, False), (False, False)):
+        before, before_early = pdl.set_enabled(on), pdl.set_early_trigger(early)
         try:
             _decode_like_chain(*args, *weights)  # compile outside the capture
             graph = torch.cuda.CUDAGraph()
@@ -594,7 +596,8 @@ def test_gpu_pdl_chain_in_a_cuda_graph_equals_plain_launches():
             outs.append([t.clone() for t in got])
         finally:
             pdl.set_enabled(before)
-    assert all(torch.equal(a, b) for a, b in zip(*outs))
+            pdl.set_early_trigger(before_early)
+    assert all(torch.equal(a, b) for a, b in zip(outs[0], outs[1])) and all(torch.equal(a, b) for a, b in zip(outs[0], outs[2]))
     eager = _decode_like_chain(*args, *weights)
     assert all(torch.equal(a, b) for a, b in zip(outs[0], eager))
 
