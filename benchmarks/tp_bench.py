@@ -57,6 +57,8 @@ def make_engine(opts, config: str, tp: int, **kw):
     kw.update(tp_size=tp, load_format="dummy", max_total_tokens=kw.get("max_total_tokens", 200_000))
     if opts.tokenizer:
         kw["tokenizer_path"] = opts.tokenizer
+    if opts.attention_backend:
+        kw["attention_backend"] = opts.attention_backend
     if opts.smoke:
         kw.update(device="cpu", dtype="float32", max_total_tokens=8192)
     else:
@@ -139,7 +141,8 @@ def child(opts) -> None:
 def run_child(opts, section: str, tp: int) -> dict:
     path = os.path.join(opts.out, f"{section}_tp{tp}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", section, "--child-tp", str(tp), "--child-out", path,
-           "--out", opts.out] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else [])
+           "--out", opts.out] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else []) \
+        + (["--attention-backend", opts.attention_backend] if opts.attention_backend else [])
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, start_new_session=True)  # own group: a timeout kills its rank processes too
     try:
@@ -190,6 +193,7 @@ def main() -> None:
     ap.add_argument("--sections", default="logprobs,decode_bs1,offline")
     ap.add_argument("--tokenizer", default=None, help="tokenizer dir for dummy-weight models (default: the default model's)")
     ap.add_argument("--out", default="/tmp/tp_bench")
+    ap.add_argument("--attention-backend", default=None, help="triton, torch_native or flashinfer (default: the engine's)")
     ap.add_argument("--tol", type=float, default=0.1, help="bf16 logprob tolerance (max abs)")
     ap.add_argument("--timeout", type=int, default=1800)
     ap.add_argument("--smoke", action="store_true")
