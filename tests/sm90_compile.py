@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from radixflow.kernels import argmax, decode_attention, gemv, kv_store, norm_act, rotary  # noqa: E402
+from radixflow.kernels import argmax, decode_attention, gemv, kv_store, norm_act, rotary, sampling  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -78,6 +78,13 @@ def check_argmax() -> None:
              num_warps=1)
 
 
+def check_sampling() -> None:
+    sig = {"Logits": "*fp32", "InvTemp": "*fp32", "TopK": "*i32", "TopP": "*fp32", "LogMinP": "*fp32", "Out": "*i64",
+           "Rounds": "*i32", **_ints("stride", "V", "seed")}
+    ptx = _compile(sampling._sample_kernel, sig, {"BLOCK": sampling.BLOCK_V, "MAX_ROUNDS": sampling.MAX_ROUNDS}, num_warps=8)
+    assert "st.global" in ptx
+
+
 def _pdl_order_ok(ptx: str, pdl: int) -> bool:
     """USE_PDL=0: no PDL instruction; 1: the trigger after the wait; 2: before it (kernels/pdl.py)."""
     if not pdl:
@@ -123,6 +130,7 @@ def main() -> int:
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]
     checks.append((check_argmax, ()))
+    checks.append((check_sampling, ()))
     failed = 0
     for fn, args in checks:
         try:

@@ -30,6 +30,7 @@ from radixflow.kernels.gemv import GEMV_CONFIGS, choose_gemv, gemv  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
+from radixflow.kernels.sampling import sample_rows  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 gpu = pytest.mark.gpu
@@ -179,6 +180,63 @@ def test_rotary_store_kv_matches_reference(dtype):
     torch.testing.assert_close(qkv, want_qkv, rtol=2e-6 if dtype == torch.float32 else 1e-3, atol=1e-6)  # in place
     torch.testing.assert_close(k_buf, want_k, rtol=2e-6 if dtype == torch.float32 else 1e-3, atol=1e-6)
     assert torch.equal(v_buf, want_v)  # v copied unchanged, only into the slots
+
+
+# -- sampling without a sort -----------------------------------------------------------------------
+def _allowed_distribution(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
+    """What runtime/sampler.py's torch path draws from: softmax, top-k / top-p by sorting, min-p."""
+    from radixflow.runtime.sampler import _top_k_top_p
+
+    probs = _top_k_top_p(torch.softmax(row.float() / temperature, dim=-1)[None], [top_k], [top_p])[0]
+    probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
+    return probs / probs.sum()
+
+
+def _draw_many(row: torch.Tensor, n: int, temperature: float, top_k: int, top_p: float, min_p: float, block: int):
+    full = lambda v, dt=torch.float32: torch.full((n,), v, dtype=dt, device=row.device)  # noqa: E731
+    rounds = torch.zeros(n, dtype=torch.int32, device=row.device)
+    ids = sample_rows(row.repeat(n, 1).contiguous(), full(temperature), full(top_k, torch.int32), full(top_p), full(min_p),
+                      block=block, rounds=rounds)
+    return ids, rounds
+
+
+def _check_draws(row, n, params, block, tv_max):
+    torch.manual_seed(1)  # the kernel's seed comes from torch's CPU generator: a fixed draw
+    ids, rounds = _draw_many(row, n, *params, block=block)
+    want = _allowed_distribution(row, *params)
+    got = torch.bincount(ids, minlength=row.numel()).float() / n
+    assert (got[want == 0] == 0).all(), "drew a token outside top-k / top-p / min-p"
+    tv = 0.5 * (got - want).abs().sum().item()
+    assert tv < tv_max, f"total variation {tv:.3f} from the sort-based distribution"
+    assert rounds.min() >= 1
+
+
+@pytest.mark.parametrize("params", [(0.9, 40, 0.6, 0.0), (0.9, 5, 1.0, 0.0), (0.9, 40, 1.0, 0.1)],
+                         ids=["top_p", "top_k", "min_p"])
+def test_sampling_kernel_draws_from_the_truncated_distribution(params):
+    """Rejection sampling from the row must match the sort-based torch path's distribution, with
+    each cut (top-p, top-k, min-p) the one that binds."""
+    torch.manual_seed(0)
+    row = torch.linspace(3, -3, 40)[torch.randperm(40)].to(DEV)  # value order != index order
+    allowed = int((_allowed_distribution(row, *params) > 0).sum())
+    assert 1 < allowed < int((_allowed_distribution(row, params[0], 40, 1.0, 0.0) > 0).sum())  # the cut binds
+    _check_draws(row, 300, params, block=32, tv_max=0.12)  # two blocks a pass
+
+
+def test_sampling_kernel_edge_rows():
+    """Per-row parameters in one launch: top_k 1, min_p 0.99 and a tiny top_p all give the argmax;
+    masked (-inf) tokens are never drawn even when they hold the largest logits."""
+    torch.manual_seed(0)
+    v, reps = 24, 8
+    row = torch.randn(v) * 2
+    masked = row.clone()
+    masked[row.topk(3).indices] = float("-inf")
+    logits = torch.stack([row, row, row, masked] * reps).to(DEV)
+    per_row = lambda vals, dt=torch.float32: torch.tensor(vals * reps, dtype=dt, device=DEV)  # noqa: E731
+    ids = sample_rows(logits, per_row([1.0, 1.0, 1.0, 1.0]), per_row([1, v, v, v], torch.int32),
+                      per_row([1.0, 1.0, 1e-6, 1.0]), per_row([0.0, 0.99, 0.0, 0.0]), block=16).view(reps, 4)
+    assert (ids[:, :3] == int(row.argmax())).all()
+    assert not torch.isin(ids[:, 3], row.topk(3).indices.to(DEV)).any()
 
 
 # -- small-batch GEMV ---------------------------------------------------------------------------
@@ -559,6 +617,40 @@ def test_gpu_gemv_chooser_and_cuda_graph():
         out = gemv(x, layers[0][0])
     graph.replay()
     assert torch.equal(out, eager)
+
+
+@gpu
+@needs_cuda
+def test_gpu_sampling_kernel_llama_vocab():
+    """At the Llama-3 vocabulary, a peaked row (logits N(0, 4^2)), 4096 draws: top-p 0.9 and
+    top-k 50 with min-p, against the sort-based distribution."""
+    gen = torch.Generator(device=DEV).manual_seed(3)
+    row = torch.randn(128256, device=DEV, generator=gen) * 4
+    _check_draws(row, 4096, (0.8, 128256, 0.9, 0.0), block=4096, tv_max=0.05)
+    _check_draws(row, 4096, (1.0, 50, 1.0, 0.01), block=4096, tv_max=0.05)
+
+
+@gpu
+@needs_cuda
+def test_gpu_sampler_routes_truncated_batches_to_the_kernel(monkeypatch):
+    from types import SimpleNamespace
+
+    from radixflow.kernels import sampling
+    from radixflow.runtime import sampler
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    calls = []
+    monkeypatch.setattr(sampling, "sample_rows", lambda *a, **kw: calls.append(1) or torch.zeros(2, dtype=torch.int64, device=DEV))
+    logits = torch.randn(2, 1000, device=DEV)
+    reqs = [SimpleNamespace(sampling=SamplingParams(temperature=0.7, top_p=0.9), generator=None) for _ in range(2)]
+    sampler.sample_from(logits.clone(), reqs)
+    assert calls == [1]
+    reqs[1].generator = torch.Generator(device=DEV).manual_seed(0)
+    out = sampler.sample_from(logits.clone(), reqs)
+    assert calls == [1] and out.shape == (2,)  # a seeded row: torch's path
+    plain = [SimpleNamespace(sampling=SamplingParams(temperature=0.7), generator=None) for _ in range(2)]
+    sampler.sample_from(logits.clone(), plain)
+    assert calls == [1]  # no top-k / top-p: nothing to sort, torch's path
 
 
 def _decode_like_chain(x, res, norm_w, w_up, w_down, layers: int = 6):

@@ -2,7 +2,10 @@
 
 Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
-(seeded generators, grammar masks, logit bias).
+(seeded generators, grammar masks, logit bias). On CUDA, a batch with top-k or top-p is
+drawn by a Triton kernel that needs no sort (kernels/sampling.py), unless a request brings its
+own seeded generator; without them torch's path (softmax and one draw) was as fast or faster
+on an H200 (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from radixflow.host_copy import to_device_async
 from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
 from radixflow.runtime.req import Req
 from radixflow.runtime.sampling_params import TOP_K_ALL
+
+triton_sampling = True
 
 
 @dataclass
@@ -123,19 +128,32 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
         return greedy_ids(logits)
     dev = logits.device
     temps = _row_tensor([max(r.sampling.temperature, 1e-6) for r in reqs], torch.float32, dev).unsqueeze(1)
-    probs = torch.softmax(logits / temps, dim=-1)
     top_k = [r.sampling.top_k if r.sampling.top_k > 0 else TOP_K_ALL for r in reqs]
     top_p = [r.sampling.top_p for r in reqs]
     min_p = [r.sampling.min_p for r in reqs]
+    seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
+    truncated = any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p)
+    if logits.is_cuda and triton_sampling and truncated and not seeded:
+        from radixflow.kernels.sampling import sample_rows
+
+        sampled = sample_rows(logits, temps.squeeze(1), _row_tensor([min(k, 2**31 - 1) for k in top_k], torch.int32, dev),
+                              _row_tensor(top_p, torch.float32, dev), _row_tensor(min_p, torch.float32, dev))
+    else:
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
+    if not any(greedy):
+        return sampled
+    return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
+
+
+def _sample_torch(logits: torch.Tensor, temps: torch.Tensor, top_k: list, top_p: list, min_p: list, reqs: list) -> torch.Tensor:
+    dev = logits.device
+    probs = torch.softmax(logits / temps, dim=-1)
     if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
         probs = _top_k_top_p(probs, top_k, top_p)
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
-    sampled = _draw(probs, reqs)
-    if not any(greedy):
-        return sampled
-    return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
+    return _draw(probs, reqs)
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
