@@ -153,15 +153,9 @@ def cuda_time(fn, reps: int) -> float:
     """Median seconds of fn() by CUDA events."""
     if not torch.cuda.is_available():
         return statistics.median(wall(fn) for _ in range(reps))
-    times = []
-    for _ in range(reps):
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        times.append(s.elapsed_time(e) / 1e3)
-    return statistics.median(times)
+    from cuda_timing import cuda_median_s
+
+    return cuda_median_s(fn, reps)
 
 
 def wall(fn) -> float:

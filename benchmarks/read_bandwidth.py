@@ -13,11 +13,10 @@ Each is the median of `reps` timed calls after a warm-up of about 0.1 s.
 
 from __future__ import annotations
 
-import statistics
-
 import torch
 import triton
 import triton.language as tl
+from cuda_timing import cuda_median_s
 
 CONFIGS = ({"block": 4096, "iters": 16, "num_warps": 8, "num_stages": 3},
            {"block": 2048, "iters": 32, "num_warps": 4, "num_stages": 4})
@@ -31,18 +30,6 @@ def _sum_kernel(X, Out, N, BLOCK: tl.constexpr, ITERS: tl.constexpr):
         offs = base + i * BLOCK + tl.arange(0, BLOCK)
         acc += tl.load(X + offs, mask=offs < N, other=0.0).to(tl.float32)
     tl.store(Out + tl.program_id(0), tl.sum(acc))
-
-
-def _median_s(fn, reps: int) -> float:
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def read_bandwidths(gib: int = 2, reps: int = 30) -> dict[str, float]:
@@ -64,8 +51,8 @@ def read_bandwidths(gib: int = 2, reps: int = 30) -> dict[str, float]:
         assert n % chunk == 0
         want = x.view(grid, chunk).sum(dim=1, dtype=torch.float32)  # it read what it claims, chunk by chunk
         assert torch.allclose(partial, want, rtol=1e-4, atol=1e-2), float((partial - want).abs().max())
-        out[f"triton_sum_b{cfg['block']}_i{cfg['iters']}"] = nbytes / _median_s(run, reps)
+        out[f"triton_sum_b{cfg['block']}_i{cfg['iters']}"] = nbytes / cuda_median_s(run, reps)
     for _ in range(50):
         x.sum()
-    out["torch_sum"] = nbytes / _median_s(lambda: x.sum(), reps)
+    out["torch_sum"] = nbytes / cuda_median_s(lambda: x.sum(), reps)
     return out
