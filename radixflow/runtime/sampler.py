@@ -136,19 +136,21 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     if logits.is_cuda and triton_sampling and truncated and not seeded:
         from radixflow.kernels.sampling import sample_rows
 
-        sampled = sample_rows(logits, temps.squeeze(1), _row_tensor([min(k, 2**31 - 1) for k in top_k], torch.int32, dev),
+        sampled = sample_rows(logits, temps.squeeze(1), _row_tensor([min(k, logits.shape[1]) for k in top_k], torch.int32, dev),
                               _row_tensor(top_p, torch.float32, dev), _row_tensor(min_p, torch.float32, dev))
     else:
-        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
+        sampled = _sample_torch(logits, temps, top_k if truncated else None, top_p, min_p, reqs)
     if not any(greedy):
         return sampled
     return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
 
 
-def _sample_torch(logits: torch.Tensor, temps: torch.Tensor, top_k: list, top_p: list, min_p: list, reqs: list) -> torch.Tensor:
+def _sample_torch(logits: torch.Tensor, temps: torch.Tensor, top_k: list | None, top_p: list, min_p: list,
+                  reqs: list) -> torch.Tensor:
+    """torch's path: softmax, top-k / top-p by sorting (top_k None: neither applies), min-p, one draw."""
     dev = logits.device
     probs = torch.softmax(logits / temps, dim=-1)
-    if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
+    if top_k is not None:
         probs = _top_k_top_p(probs, top_k, top_p)
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
