@@ -821,8 +821,7 @@ def sec_offline_pdl_ab() -> dict:
     for label, early in (("early", True), ("late", False), ("early_again", True)):
         before = pdl.set_early_trigger(early)
         try:
-            runner.release_cuda_graphs()
-            runner.graph_runner = runner._init_cuda_graphs()
+            runner.recapture_cuda_graphs()
         finally:
             pdl.set_early_trigger(before)
         out[label] = sec_offline()

@@ -110,6 +110,11 @@ class ModelRunner:
         max_bs = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
+    def recapture_cuda_graphs(self) -> None:
+        """Capture the decode graphs again (benchmarks: after a kernel launch setting changed)."""
+        self.release_cuda_graphs()
+        self.graph_runner = self._init_cuda_graphs()
+
     def release_cuda_graphs(self) -> None:
         if self.graph_runner is not None:
             torch.cuda.synchronize()
