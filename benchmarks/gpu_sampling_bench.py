@@ -55,10 +55,9 @@ def mean_rounds(logits: torch.Tensor, params: dict) -> float:
     from radixflow.runtime.sampling_params import TOP_K_ALL
 
     sp, b = SamplingParams(**params), logits.shape[0]
-    full = lambda v, dt=torch.float32: torch.full((b,), v, dtype=dt, device="cuda")  # noqa: E731
     rounds = torch.zeros(b, dtype=torch.int32, device="cuda")
-    sample_rows(logits.clone(), full(sp.temperature), full(sp.top_k if sp.top_k > 0 else TOP_K_ALL, torch.int32),
-                full(sp.top_p), full(sp.min_p), rounds=rounds)
+    sample_rows(logits.clone(), [sp.temperature] * b, [sp.top_k if sp.top_k > 0 else TOP_K_ALL] * b,
+                [sp.top_p] * b, [sp.min_p] * b, rounds=rounds)
     return rounds.float().mean().item()
 
 

@@ -193,9 +193,8 @@ def _allowed_distribution(row: torch.Tensor, temperature: float, top_k: int, top
 
 
 def _draw_many(row: torch.Tensor, n: int, temperature: float, top_k: int, top_p: float, min_p: float, block: int):
-    full = lambda v, dt=torch.float32: torch.full((n,), v, dtype=dt, device=row.device)  # noqa: E731
     rounds = torch.zeros(n, dtype=torch.int32, device=row.device)
-    ids = sample_rows(row.repeat(n, 1).contiguous(), full(temperature), full(top_k, torch.int32), full(top_p), full(min_p),
+    ids = sample_rows(row.repeat(n, 1).contiguous(), [temperature] * n, [top_k] * n, [top_p] * n, [min_p] * n,
                       block=block, rounds=rounds)
     return ids, rounds
 
@@ -232,9 +231,8 @@ def test_sampling_kernel_edge_rows():
     masked = row.clone()
     masked[row.topk(3).indices] = float("-inf")
     logits = torch.stack([row, row, row, masked] * reps).to(DEV)
-    per_row = lambda vals, dt=torch.float32: torch.tensor(vals * reps, dtype=dt, device=DEV)  # noqa: E731
-    ids = sample_rows(logits, per_row([1.0, 1.0, 1.0, 1.0]), per_row([1, v, v, v], torch.int32),
-                      per_row([1.0, 1.0, 1e-6, 1.0]), per_row([0.0, 0.99, 0.0, 0.0]), block=16).view(reps, 4)
+    ids = sample_rows(logits, [1.0, 1.0, 1.0, 1.0] * reps, [1, v, v, v] * reps, [1.0, 1.0, 1e-6, 1.0] * reps,
+                      [0.0, 0.99, 0.0, 0.0] * reps, block=16).view(reps, 4)
     assert (ids[:, :3] == int(row.argmax())).all()
     assert not torch.isin(ids[:, 3], row.topk(3).indices.to(DEV)).any()
 

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow.host_copy import to_device_async
+
 BLOCK_V = 4096
 MAX_ROUNDS = 64
 
@@ -98,22 +100,26 @@ def _sample_kernel(Logits, InvTemp, TopK, TopP, LogMinP, Out, Rounds, stride, V,
     tl.store(Rounds + row, rnd)
 
 
-def sample_rows(logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor,
-                min_p: torch.Tensor, block: int = BLOCK_V, rounds: torch.Tensor | None = None) -> torch.Tensor:
+def sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
+                min_p: list[float], block: int = BLOCK_V, rounds: torch.Tensor | None = None) -> torch.Tensor:
     """One token id per row of logits [B, V] (float32), each row with its own temperature (> 0),
-    top_k (>= 1; >= V for all), top_p (0, 1] and min_p [0, 1) (float32 / int tensors [B] on
-    logits' device) -> int64 [B]. `rounds` (int32 [B]), if given, receives each row's number of draws."""
+    top_k (>= 1; >= V for all), top_p (0, 1] and min_p [0, 1) (host lists of B) -> int64 [B].
+    The per-row parameters are prepared on the host and reach the GPU in two copies, with no
+    kernel launched for them. `rounds` (int32 [B]), if given, receives each row's number of draws."""
     b, v = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     rounds = torch.empty(b, dtype=torch.int32, device=logits.device) if rounds is None else rounds
     if b == 0:
         return out
-    inv_t = (1.0 / temperature.float()).contiguous()
-    log_min_p = torch.where(min_p > 0, torch.log(min_p.float().clamp(min=1e-30)), float("-inf")).contiguous()
+    rows = torch.tensor([temperature, top_p, min_p], dtype=torch.float32)
+    rows[0] = 1.0 / rows[0]
+    rows[2] = torch.where(rows[2] > 0, torch.log(rows[2].clamp(min=1e-30)), float("-inf"))
+    inv_t, top_p_t, log_min_p = to_device_async(rows, logits.device)
+    k = to_device_async(torch.tensor([min(x, v) for x in top_k], dtype=torch.int32), logits.device)
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no wait for the GPU
     _sample_kernel[(b,)](
-        logits, inv_t, top_k.to(torch.int32).contiguous(), top_p.float().contiguous(), log_min_p, out, rounds,
+        logits, inv_t, k, top_p_t, log_min_p, out, rounds,
         logits.stride(0), v, seed, BLOCK=min(block, triton.next_power_of_2(v)), MAX_ROUNDS=MAX_ROUNDS,
         num_warps=8,
     )

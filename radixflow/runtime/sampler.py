@@ -127,7 +127,7 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     if all(greedy):
         return greedy_ids(logits)
     dev = logits.device
-    temps = _row_tensor([max(r.sampling.temperature, 1e-6) for r in reqs], torch.float32, dev).unsqueeze(1)
+    temps = [max(r.sampling.temperature, 1e-6) for r in reqs]
     top_k = [r.sampling.top_k if r.sampling.top_k > 0 else TOP_K_ALL for r in reqs]
     top_p = [r.sampling.top_p for r in reqs]
     min_p = [r.sampling.min_p for r in reqs]
@@ -136,21 +136,20 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     if logits.is_cuda and triton_sampling and truncated and not seeded:
         from radixflow.kernels.sampling import sample_rows
 
-        sampled = sample_rows(logits, temps.squeeze(1), _row_tensor([min(k, logits.shape[1]) for k in top_k], torch.int32, dev),
-                              _row_tensor(top_p, torch.float32, dev), _row_tensor(min_p, torch.float32, dev))
+        sampled = sample_rows(logits, temps, top_k, top_p, min_p)
     else:
-        sampled = _sample_torch(logits, temps, top_k if truncated else None, top_p, min_p, reqs)
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, truncated, reqs)
     if not any(greedy):
         return sampled
     return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
 
 
-def _sample_torch(logits: torch.Tensor, temps: torch.Tensor, top_k: list | None, top_p: list, min_p: list,
+def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, truncated: bool,
                   reqs: list) -> torch.Tensor:
-    """torch's path: softmax, top-k / top-p by sorting (top_k None: neither applies), min-p, one draw."""
+    """torch's path: softmax, top-k / top-p by sorting (when `truncated`), min-p, one draw."""
     dev = logits.device
-    probs = torch.softmax(logits / temps, dim=-1)
-    if top_k is not None:
+    probs = torch.softmax(logits / _row_tensor(temps, torch.float32, dev).unsqueeze(1), dim=-1)
+    if truncated:
         probs = _top_k_top_p(probs, top_k, top_p)
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
