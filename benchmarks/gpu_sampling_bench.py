@@ -9,7 +9,8 @@ the default on CUDA) and through torch's sort-based path (`sampler.triton_sampli
 with the kernel's mean number of draws per row; and, for torch's top-p path, each of its steps
 (softmax, sort, cumsum + mask, scatter back, draw). Logits are N(0, 4^2) rows, a peaked
 distribution like a trained model's. Times are medians of CUDA events around the call (host
-launch time included, as in a step). Writes DIR/sampling_bench.json and prints a table.
+launch time included), and the GPU's time alone (calls queued behind a sleeping kernel): with
+overlap scheduling the host's part runs while the GPU computes the next step. Writes DIR/sampling_bench.json and prints a table.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from cuda_timing import cuda_median_s  # noqa: E402
+from cuda_timing import cuda_median_s, cuda_queued_s  # noqa: E402
 from radixflow.runtime import sampler  # noqa: E402
 from radixflow.runtime.sampling_params import SamplingParams  # noqa: E402
 
@@ -86,14 +87,16 @@ def main() -> None:
     os.makedirs(opts.out, exist_ok=True)
     gen = torch.Generator(device="cuda").manual_seed(0)
     res: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "vocab": VOCAB, "ms": {}, "top_p_steps_ms": {}}
-    res["rounds"] = {}
+    res["rounds"], res["gpu_ms"] = {}, {}
     for b in BATCHES:
         logits = torch.randn(b, VOCAB, device="cuda", generator=gen) * 4
-        res["ms"][b] = {}
+        res["ms"][b], res["gpu_ms"][b] = {}, {}
         for path in ("triton", "torch"):
             sampler.triton_sampling = path == "triton"
             for name, params in MODES.items():
-                res["ms"][b][f"{name}/{path}"] = median_ms(lambda p=params: sampler.sample_from(logits.clone(), fake_reqs(b, p)))
+                call = lambda p=params: sampler.sample_from(logits.clone(), fake_reqs(b, p))  # noqa: E731
+                res["ms"][b][f"{name}/{path}"] = median_ms(call)
+                res["gpu_ms"][b][f"{name}/{path}"] = cuda_queued_s(call) * 1e3
         sampler.triton_sampling = True
         res["ms"][b]["clone_only"] = median_ms(lambda: logits.clone())
         res["rounds"][b] = {name: mean_rounds(logits, params) for name, params in MODES.items() if params["temperature"] > 0}
@@ -105,6 +108,9 @@ def main() -> None:
     for b in BATCHES:
         print(f"{b:>6} " + " ".join(f"{res['ms'][b][n + '/triton']:8.3f}/{res['ms'][b][n + '/torch']:<9.3f}" for n in MODES)
               + f"   {res['ms'][b]['clone_only']:.3f}")
+    print("GPU time alone (calls queued behind a sleeping kernel, host launch time hidden), ms:")
+    for b in BATCHES:
+        print(f"{b:>6} " + " ".join(f"{res['gpu_ms'][b][n + '/triton']:8.3f}/{res['gpu_ms'][b][n + '/torch']:<9.3f}" for n in MODES))
     print("kernel draws per row: " + " | ".join(f"bs{b}: " + ", ".join(f"{k} {v:.2f}" for k, v in res["rounds"][b].items())
                                                 for b in BATCHES))
     print("top-p path by step (ms): " + " | ".join(

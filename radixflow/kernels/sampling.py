@@ -2,16 +2,22 @@
 
 torch's path (runtime/sampler.py) sorts every row of probabilities for top-k / top-p, which at
 a 128k vocabulary costs more than the rest of sampling together: 5.5 ms for 256 rows on an
-H200 against 0.8 ms for greedy (BENCHMARKS.md). Here one program owns a row and draws by
-rejection (1.7 ms there):
+H200 against 0.8 ms for greedy (BENCHMARKS.md). Here a row is cut into chunks of BLOCK tokens
+and sampled by rejection in two kernels:
 
-1. two passes find the row's max logit m and Z = sum exp(s), s = (logit - m) / temperature;
-2. draw x from the candidates (at first every token with p >= min_p * p_max) by inverse CDF
-   in index order: one pass, up to the block where the draw lands;
-3. x is in the allowed set iff fewer than top_k tokens have a larger s and their mass is at
-   most top_p * Z (the sort-based rule: "drop a token once the mass above it exceeds top_p"):
-   one pass. Accept, or reject x and every token not above it (they fail the same test), so
-   the candidates shrink to {s > s_x}, whose mass that pass already summed; go to 2.
+1. `_chunk_stats`, one program per (row, chunk): the chunk's max logit, its argmax and
+   sum exp((logit - chunk max) / temperature). Every chunk of every row at once, so this
+   streams the logits at memory speed even for one row.
+2. `_draw`, one program per row: from the chunks' figures, the row's max m and
+   Z = sum exp(s), s = (logit - m) / temperature, and each chunk's mass; then
+   a. draw x from the candidates (at first every token with p >= min_p * p_max) by inverse
+      CDF: pick the chunk from the chunk masses, then scan that chunk alone;
+   b. x is in the allowed set iff fewer than top_k tokens have a larger s and their mass is
+      at most top_p * Z (the sort-based rule: "drop a token once the mass above it exceeds
+      top_p"). Only chunks whose max is above x can hold such tokens, so only those are
+      scanned (for a peaked distribution, a few). Accept, or reject x and every token not
+      above it (they fail the same test): the candidates shrink to {s > s_x}, whose mass per
+      chunk that scan just summed; go to a.
 
 A draw from a superset, kept only when it lands in the allowed set, is a draw from the allowed
 set renormalised, so this samples exactly what the sort-based path samples (ties between
@@ -23,6 +29,8 @@ the GPU. Reference: runtime/sampler.py's torch path.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -36,91 +44,111 @@ MAX_ROUNDS = 64
 
 @triton.jit
 def _scaled(Row, start, offs, V, m, inv_t):
-    """s = (logit - m) / temperature of one block; -inf outside the row."""
+    """s = (logit - m) / temperature of one chunk; -inf outside the row."""
     x = tl.load(Row + start + offs, mask=start + offs < V, other=float("-inf"))
     return (x - m) * inv_t
 
 
 @triton.jit
-def _sample_kernel(Logits, InvTemp, TopK, TopP, LogMinP, Out, Rounds, stride, V, seed,
-                   BLOCK: tl.constexpr, MAX_ROUNDS: tl.constexpr):
+def _chunk_stats(Logits, InvTemp, ChunkMax, ChunkSum, ChunkTop, stride, V, num_chunks, BLOCK: tl.constexpr):
+    row, chunk = tl.program_id(0), tl.program_id(1)
+    offs = chunk * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(Logits + row.to(tl.int64) * stride + offs, mask=offs < V, other=float("-inf"))
+    m = tl.max(x, axis=0)
+    e = tl.where(x > float("-inf"), tl.exp((x - m) * tl.load(InvTemp + row)), 0.0)  # 0 for a chunk of -inf
+    at = row * num_chunks + chunk
+    tl.store(ChunkMax + at, m)
+    tl.store(ChunkSum + at, tl.sum(e, axis=0))
+    tl.store(ChunkTop + at, (chunk * BLOCK + tl.argmax(x, axis=0)).to(tl.float32))  # exact below 2**24
+
+
+@triton.jit
+def _draw(Logits, InvTemp, TopP, LogMinP, TopK, ChunkMax, ChunkSum, ChunkTop, Out, Rounds, stride, V, num_chunks,
+          seed, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, MAX_ROUNDS: tl.constexpr, STORE_ROUNDS: tl.constexpr):
     row = tl.program_id(0)
     base = Logits + row.to(tl.int64) * stride
     offs = tl.arange(0, BLOCK)
-    inv_t, k, top_p, lmin = tl.load(InvTemp + row), tl.load(TopK + row), tl.load(TopP + row), tl.load(LogMinP + row)
-    m = float("-inf")
-    top = 0
-    for start in range(0, V, BLOCK):
-        x = tl.load(base + start + offs, mask=start + offs < V, other=float("-inf"))
-        bm = tl.max(x, axis=0)
-        top = tl.where(bm > m, start + tl.argmax(x, axis=0), top)
-        m = tl.maximum(m, bm)
-    z = 0.0
-    mass = 0.0  # of the candidates: tokens with s > low and s >= lmin
-    for start in range(0, V, BLOCK):
-        s = _scaled(base, start, offs, V, m, inv_t)
-        e = tl.exp(s)
-        z += tl.sum(e, axis=0)
-        mass += tl.sum(tl.where(s >= lmin, e, 0.0), axis=0)
+    chunks = tl.arange(0, CHUNKS)
+    inv_t, top_p, lmin = tl.load(InvTemp + row), tl.load(TopP + row), tl.load(LogMinP + row)
+    k = tl.load(TopK + row).to(tl.int32)
+    cmax = tl.load(ChunkMax + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
+    m = tl.max(cmax, axis=0)
+    top = tl.load(ChunkTop + row * num_chunks + tl.argmax(cmax, axis=0)).to(tl.int32)  # the lowest index among ties
+    cs = (cmax - m) * inv_t  # each chunk's largest s
+    csum = tl.load(ChunkSum + row * num_chunks + chunks, mask=chunks < num_chunks, other=0.0)
+    weight = tl.where(cs > float("-inf"), csum * tl.exp(cs), 0.0)
+    z = tl.sum(weight, axis=0)
+    cand = weight  # per chunk, the mass of the candidates: tokens with s > low and s >= lmin
+    if lmin > float("-inf"):  # min-p: only chunks reaching the cut hold candidates
+        cand = tl.zeros([CHUNKS], tl.float32)
+        for c0 in range(0, num_chunks):
+            if (tl.load(ChunkMax + row * num_chunks + c0) - m) * inv_t >= lmin:
+                s = _scaled(base, c0 * BLOCK, offs, V, m, inv_t)
+                cand = tl.where(chunks == c0, tl.sum(tl.where(s >= lmin, tl.exp(s), 0.0), axis=0), cand)
     low = float("-inf")
     result = top
     done = 0
     rnd = 0
     while (done == 0) & (rnd < MAX_ROUNDS):
-        u = tl.rand(seed, row * MAX_ROUNDS + rnd) * mass
-        chosen = -1
-        acc = 0.0
-        start = 0
-        while (chosen < 0) & (start < V):  # inverse CDF over the candidates, in index order
-            s = _scaled(base, start, offs, V, m, inv_t)
+        cum = tl.cumsum(cand, axis=0)
+        u = tl.rand(seed, row * MAX_ROUNDS + rnd) * tl.sum(cand, axis=0)
+        c = tl.min(tl.where((cum > u) & (cand > 0), chunks, CHUNKS), axis=0)  # the chunk the draw lands in
+        chosen = top  # u rounded past the candidates' sum (~1e-7): the top token
+        if c < CHUNKS:
+            s = _scaled(base, c * BLOCK, offs, V, m, inv_t)
             e = tl.where((s > low) & (s >= lmin), tl.exp(s), 0.0)
-            total = tl.sum(e, axis=0)
-            if acc + total > u:  # the draw lands in this block: scan it
-                hit = (tl.cumsum(e, axis=0) + acc > u) & (e > 0)
-                chosen = tl.min(tl.where(hit, start + offs, V), axis=0)
-                chosen = tl.where(chosen < V, chosen, -1)
-            acc += total
-            start += BLOCK
-        chosen = tl.where(chosen < 0, top, chosen)  # u * mass rounded past the candidates' sum: ~1e-7
+            before = tl.sum(tl.where(chunks < c, cand, 0.0), axis=0)
+            hit = (tl.cumsum(e, axis=0) + before > u) & (e > 0)
+            first = tl.min(tl.where(hit, offs, BLOCK), axis=0)
+            first = tl.where(first < BLOCK, first, tl.max(tl.where(e > 0, offs, -1), axis=0))  # rounding: the last
+            chosen = tl.where(first >= 0, c * BLOCK + first, top)
         s_x = (tl.load(base + chosen) - m) * inv_t
         count = 0
-        above = 0.0
-        for start in range(0, V, BLOCK):  # allowed? the tokens (and their mass) above it
-            s = _scaled(base, start, offs, V, m, inv_t)
-            gt = s > s_x
-            count += tl.sum(gt.to(tl.int32), axis=0)
-            above += tl.sum(tl.where(gt, tl.exp(s), 0.0), axis=0)
-        ok = (count < k) & (above <= top_p * z)
+        above = tl.zeros([CHUNKS], tl.float32)  # per chunk, the mass of the tokens above x
+        for c2 in range(0, num_chunks):  # allowed? the tokens (and their mass) above it
+            if (tl.load(ChunkMax + row * num_chunks + c2) - m) * inv_t > s_x:
+                s = _scaled(base, c2 * BLOCK, offs, V, m, inv_t)
+                gt = s > s_x
+                count += tl.sum(gt.to(tl.int32), axis=0)
+                above = tl.where(chunks == c2, tl.sum(tl.where(gt, tl.exp(s), 0.0), axis=0), above)
+        ok = (count < k) & ((top_p >= 1.0) | (tl.sum(above, axis=0) <= top_p * z))  # no rounding at top_p 1
         result = tl.where(ok, chosen, result)
         done = ok.to(tl.int32)
         low = s_x
-        mass = above  # the candidates' mass next round: {s > s_x}
+        cand = above  # the candidates next round: {s > s_x}
         rnd += 1
     tl.store(Out + row, result.to(tl.int64))
-    tl.store(Rounds + row, rnd)
+    if STORE_ROUNDS:
+        tl.store(Rounds + row, rnd)
 
 
 def sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
                 min_p: list[float], block: int = BLOCK_V, rounds: torch.Tensor | None = None) -> torch.Tensor:
     """One token id per row of logits [B, V] (float32), each row with its own temperature (> 0),
     top_k (>= 1; >= V for all), top_p (0, 1] and min_p [0, 1) (host lists of B) -> int64 [B].
-    The per-row parameters are prepared on the host and reach the GPU in two copies, with no
+    The per-row parameters are prepared on the host and reach the GPU in one copy, with no
     kernel launched for them. `rounds` (int32 [B]), if given, receives each row's number of draws."""
     b, v = logits.shape
-    assert logits.dtype == torch.float32 and logits.stride(1) == 1
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1 and v < 2**24  # indices exact in float32
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
-    rounds = torch.empty(b, dtype=torch.int32, device=logits.device) if rounds is None else rounds
     if b == 0:
         return out
-    rows = torch.tensor([temperature, top_p, min_p], dtype=torch.float32)
-    rows[0] = 1.0 / rows[0]
-    rows[2] = torch.where(rows[2] > 0, torch.log(rows[2].clamp(min=1e-30)), float("-inf"))
-    inv_t, top_p_t, log_min_p = to_device_async(rows, logits.device)
-    k = to_device_async(torch.tensor([min(x, v) for x in top_k], dtype=torch.int32), logits.device)
+    params = to_device_async(torch.tensor([
+        [1.0 / t for t in temperature],
+        top_p,
+        [math.log(p) if p > 0 else -math.inf for p in min_p],
+        [min(k, v) for k in top_k],
+    ], dtype=torch.float32), logits.device)
     seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no wait for the GPU
-    _sample_kernel[(b,)](
-        logits, inv_t, k, top_p_t, log_min_p, out, rounds,
-        logits.stride(0), v, seed, BLOCK=min(block, triton.next_power_of_2(v)), MAX_ROUNDS=MAX_ROUNDS,
+    block = min(block, triton.next_power_of_2(v))
+    num_chunks = triton.cdiv(v, block)
+    chunk_stats = torch.empty((3, b, num_chunks), dtype=torch.float32, device=logits.device)  # max, sum, argmax
+    _chunk_stats[(b, num_chunks)](logits, params[0], *chunk_stats, logits.stride(0), v, num_chunks,
+                                  BLOCK=block, num_warps=4)
+    _draw[(b,)](
+        logits, *params, *chunk_stats, out, out if rounds is None else rounds,
+        logits.stride(0), v, num_chunks, seed,
+        BLOCK=block, CHUNKS=triton.next_power_of_2(num_chunks), MAX_ROUNDS=MAX_ROUNDS, STORE_ROUNDS=rounds is not None,
         num_warps=8,
     )
     return out

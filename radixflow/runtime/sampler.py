@@ -2,10 +2,10 @@
 
 Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
-(seeded generators, grammar masks, logit bias). On CUDA, a batch with top-k or top-p is
-drawn by a Triton kernel that needs no sort (kernels/sampling.py), unless a request brings its
-own seeded generator; without them torch's path (softmax and one draw) was as fast or faster
-on an H200 (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
+(seeded generators, grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton
+kernel that needs no sort (kernels/sampling.py), unless a request brings its own seeded
+generator: on an H200 its GPU time is 5-23x below torch's path for every mode, temperature
+alone included (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     min_p = [r.sampling.min_p for r in reqs]
     seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
     truncated = any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p)
-    if logits.is_cuda and triton_sampling and truncated and not seeded:
+    if logits.is_cuda and triton_sampling and not seeded:
         from radixflow.kernels.sampling import sample_rows
 
         sampled = sample_rows(logits, temps, top_k, top_p, min_p)
