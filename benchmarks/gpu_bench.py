@@ -17,6 +17,7 @@ Sections (each isolated: a failure is logged and the next one runs):
   decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
                recaptured without PDL and with rotary outside decode attention; profiles
                of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
+  sampled_bs1  batch-1 decode with top-p sampling (Triton kernel, torch's path) against greedy
   qwen3        Qwen3-8B shape: runs, batch-1 decode speed
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
@@ -360,9 +361,10 @@ def sec_tiny_ckpt() -> dict:
     return out
 
 
-def _decode_rate(eng, prompt: list, n: int, reps: int = 2) -> float:
-    """Decode tokens/s of one request: (n - 1) / (time(n tokens) - time(1 token))."""
-    run = lambda k: wall(lambda: eng.generate(input_ids=[prompt], sampling_params=greedy(k)))  # noqa: E731
+def _decode_rate(eng, prompt: list, n: int, reps: int = 2, **sampling) -> float:
+    """Decode tokens/s of one request: (n - 1) / (time(n tokens) - time(1 token)); greedy unless
+    `sampling` says otherwise."""
+    run = lambda k: wall(lambda: eng.generate(input_ids=[prompt], sampling_params=greedy(k, **sampling)))  # noqa: E731
     run(8)
     t1 = min(run(1) for _ in range(3))
     tn = min(run(n) for _ in range(reps))
@@ -568,6 +570,25 @@ def sec_decode_bs1() -> dict:
             out["outside_graph"] = _profile_outside_graph(eng, prompt)
     except Exception as e:
         out["outside_graph_error"] = repr(e)[:500]
+    return out
+
+
+def sec_sampled_bs1() -> dict:
+    """Batch-1 decode with temperature 0.8 and top-p 0.9 (the Triton sampling kernel, then torch's
+    sort-based path) against greedy, in one engine: what sampling costs a decode step."""
+    from radixflow.runtime import sampler
+
+    eng, out = OPTS.bench_engine, {}
+    prompt = rand_ids(random.Random(7), 128)
+    top_p = dict(temperature=0.8, top_p=0.9)
+    for rep in range(2):  # interleaved: a slow spell of the machine hits all three
+        out[f"greedy_tok_s#{rep}"] = _decode_rate(eng, prompt, SZ["bs1_out"])
+        out[f"top_p_kernel_tok_s#{rep}"] = _decode_rate(eng, prompt, SZ["bs1_out"], **top_p)
+        before, sampler.triton_sampling = sampler.triton_sampling, False
+        try:
+            out[f"top_p_torch_tok_s#{rep}"] = _decode_rate(eng, prompt, SZ["bs1_out"], **top_p)
+        finally:
+            sampler.triton_sampling = before
     return out
 
 
@@ -918,6 +939,7 @@ def sec_prefill() -> dict:
 SECTIONS = {
     "env": sec_env, "ceilings": sec_ceilings, "pytest": sec_pytest, "correctness": sec_correctness,
     "tiny_ckpt": sec_tiny_ckpt, "qwen3": sec_qwen3, "hf": sec_hf, "hf_compile": sec_hf_compile, "decode_bs1": sec_decode_bs1,
+    "sampled_bs1": sec_sampled_bs1,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
 NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill"}
@@ -940,7 +962,7 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     for name in OPTS.sections.split(","):
-        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1"}
+        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1"}
         if not uses_bench and OPTS.bench_engine is not None:
             free(OPTS.bench_engine)  # its KV pool holds most of the GPU memory
             OPTS.bench_engine = None
