@@ -18,6 +18,7 @@ Sections (each isolated: a failure is logged and the next one runs):
                recaptured without PDL and with rotary outside decode attention; profiles
                of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
   sampled_bs1  batch-1 decode with top-p sampling (Triton kernel, torch's path) against greedy
+  gemv_configs batch-1 decode with the chooser's GEMV config per shape against one config for all
   qwen3        Qwen3-8B shape: runs, batch-1 decode speed
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
@@ -530,6 +531,43 @@ def _pdl_late_rates(eng, prompt: list) -> dict:
     return _recaptured_rates(eng, prompt, "pdl_late", pdl.set_early_trigger)
 
 
+def _forced_config_rates(eng, prompt: list, index: int) -> dict:
+    """A batch-1 graph with every GEMV on GEMV_CONFIGS[index], not the chooser's config for its shape."""
+    from radixflow.kernels.gemv import GEMV_CONFIGS
+    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+
+    mms = [m for m in eng.runner.model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
+    saved = {}
+
+    def toggle(on):
+        if on is False:
+            saved.update({id(m): m.gemv_config for m in mms})
+            for m in mms:
+                m.gemv_config = GEMV_CONFIGS[index]
+            return "restore"
+        for m in mms:
+            m.gemv_config = saved[id(m)]
+        return None
+
+    out = _recaptured_rates(eng, prompt, f"cfg{index}", toggle)
+    out["chosen_configs"] = sorted({f"{tuple(m.weight.shape)}: {m.gemv_config}" for m in mms})
+    return out
+
+
+def sec_gemv_configs() -> dict:
+    """Batch-1 decode with the chooser's per-shape GEMV configs against every GEMV on one config
+    (the two configs it picks from at the Llama shape), interleaved, twice."""
+    eng, out = OPTS.bench_engine, {}
+    if eng.runner.graph_runner is None:
+        return {"skipped": "no CUDA graphs"}
+    prompt = rand_ids(random.Random(7), 128)
+    for rep in range(2):
+        out[f"chosen_tok_s#{rep}"] = _decode_rate(eng, prompt, SZ["bs1_out"])
+        for i in (1, 2):
+            out.update({f"{k}#{rep}": v for k, v in _forced_config_rates(eng, prompt, i).items()})
+    return out
+
+
 def sec_decode_bs1() -> dict:
     eng = OPTS.bench_engine
     runner = eng.runner
@@ -940,6 +978,7 @@ SECTIONS = {
     "env": sec_env, "ceilings": sec_ceilings, "pytest": sec_pytest, "correctness": sec_correctness,
     "tiny_ckpt": sec_tiny_ckpt, "qwen3": sec_qwen3, "hf": sec_hf, "hf_compile": sec_hf_compile, "decode_bs1": sec_decode_bs1,
     "sampled_bs1": sec_sampled_bs1,
+    "gemv_configs": sec_gemv_configs,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
 NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill"}
@@ -962,7 +1001,7 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     for name in OPTS.sections.split(","):
-        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1"}
+        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1", "gemv_configs"}
         if not uses_bench and OPTS.bench_engine is not None:
             free(OPTS.bench_engine)  # its KV pool holds most of the GPU memory
             OPTS.bench_engine = None
