@@ -568,6 +568,65 @@ def sec_gemv_configs() -> dict:
     return out
 
 
+EXTRA_GEMV_CONFIGS = (
+    {"block_n": 4, "block_k": 2048, "num_warps": 8, "num_stages": 2},
+    {"block_n": 2, "block_k": 1024, "num_warps": 4, "num_stages": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "num_stages": 2},
+    {"block_n": 2, "block_k": 2048, "num_warps": 8, "num_stages": 2},
+)
+
+
+def sec_gemv_config_search() -> dict:
+    """Coordinate descent over the GEMV config of each weight shape (GEMV_CONFIGS and a few more),
+    scored by the replay time of a freshly captured batch-1 graph; then the best mix against the
+    chooser's, interleaved. Says whether tuning on whole steps would beat the per-shape chooser."""
+    import gc as _gc
+
+    from radixflow.kernels.gemv import GEMV_CONFIGS
+    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+
+    eng = OPTS.bench_engine
+    runner, g = eng.runner, eng.runner.graph_runner
+    if g is None:
+        return {"skipped": "no CUDA graphs"}
+    mms = [m for m in runner.model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
+    shapes = sorted({tuple(m.weight.shape) for m in mms})
+    chosen = {tuple(m.weight.shape): m.gemv_config for m in mms}
+    configs = list(GEMV_CONFIGS) + list(EXTRA_GEMV_CONFIGS)
+
+    def step_ms(mix: dict) -> float:
+        for m in mms:
+            m.gemv_config = mix[tuple(m.weight.shape)]
+        graph = CudaGraphRunner(runner.model, runner.backend, 1).graphs[1]
+        ms = cuda_time(graph.replay, 30) * 1e3
+        _gc.collect()  # the previous trial's graph and its memory pool
+        return ms
+
+    best, best_ms, trace = dict(chosen), step_ms(chosen), []
+    try:
+        for sweep in range(2):
+            for shape in shapes:
+                for cfg in configs:
+                    if cfg == best[shape]:
+                        continue
+                    trial = {**best, shape: cfg}
+                    ms = step_ms(trial)
+                    trace.append((sweep, str(shape), str(cfg), round(ms, 4)))
+                    if ms < best_ms * 0.997:  # beats the current mix by more than noise
+                        best, best_ms = trial, ms
+        final = {"chosen": [], "best": []}
+        for _ in range(5):  # interleaved
+            final["chosen"].append(step_ms(chosen))
+            final["best"].append(step_ms(best))
+    finally:
+        for m in mms:
+            m.gemv_config = chosen[tuple(m.weight.shape)]
+    return {"chosen": {str(k): v for k, v in chosen.items()}, "best": {str(k): v for k, v in best.items()},
+            "chosen_ms_median": statistics.median(final["chosen"]), "best_ms_median": statistics.median(final["best"]),
+            "final": final, "trace": trace}
+
+
 def sec_decode_bs1() -> dict:
     eng = OPTS.bench_engine
     runner = eng.runner
@@ -979,6 +1038,7 @@ SECTIONS = {
     "tiny_ckpt": sec_tiny_ckpt, "qwen3": sec_qwen3, "hf": sec_hf, "hf_compile": sec_hf_compile, "decode_bs1": sec_decode_bs1,
     "sampled_bs1": sec_sampled_bs1,
     "gemv_configs": sec_gemv_configs,
+    "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
 NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill"}
@@ -1001,7 +1061,7 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     for name in OPTS.sections.split(","):
-        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1", "gemv_configs"}
+        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1", "gemv_configs", "gemv_config_search"}
         if not uses_bench and OPTS.bench_engine is not None:
             free(OPTS.bench_engine)  # its KV pool holds most of the GPU memory
             OPTS.bench_engine = None
