@@ -10,9 +10,15 @@ shard of the model and their own KV pool (same slot indices, their heads). They 
 sample: the tokens rank 0 picks (grammar masks and all) reach them as the next pass's
 input_ids, so the ranks cannot diverge.
 
-A pass travels as two int64 tensors on the device group (NCCL on GPUs, gloo on CPU):
-a fixed header (kind and section sizes), then one packed payload. Rank 0 builds both
-without a device sync, so its GPU work is not held up by the protocol.
+A pass travels in three int64 tensors. Its shape goes on the host group (gloo): a fixed
+header (kind and section sizes), then the host lists (lengths, table-write positions).
+Its device tensors (ids, positions, slots, ...) go as one packed payload on the device
+group (NCCL on GPUs, gloo on CPU). Neither end waits for its GPU: rank 0 sends pass n + 1
+while its GPU runs pass n, and the other ranks learn pass n + 1 from the host group and
+queue it behind pass n, as rank 0 does. (With the header on the device group, a
+follower had to wait for its GPU to finish pass n before it could read the header, then
+left its GPU idle while it launched pass n + 1: every rank paid that gap in the next
+all-reduce.)
 
 A digest of the batch's table rows travels with the pass (every pass on CPU, every
 `RADIXFLOW_TP_CHECK_EVERY` passes on CUDA, where it costs a sync); a rank whose table
@@ -81,7 +87,7 @@ def _check_every(device) -> int:
 
 
 def _broadcast(t: torch.Tensor, tp: TPContext) -> torch.Tensor:
-    torch.distributed.broadcast(t, src=0, group=tp.device_group)
+    torch.distributed.broadcast(t, src=0, group=tp.device_group if t.device.type == "cuda" else tp.cpu_group)
     return t
 
 
@@ -96,19 +102,17 @@ def broadcast_step(pool: "RecordingReqToTokenPool", fb: ForwardBatch, tp: TPCont
     meta = [w[0] for w in writes] + [w[1] for w in writes] + [w[2].numel() for w in writes]
     lens = fb.seq_lens_list + fb.prefix_lens_list + fb.extend_lens_list
     payload = torch.cat(
-        [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices]
-        + [to_device_async(torch.tensor(lens + meta, dtype=torch.int64), device)]
-        + [w[2] for w in writes]
+        [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices] + [w[2] for w in writes]
     ).to(torch.int64)
     header = [KIND[fb.mode], fb.num_tokens, fb.batch_size, fb.logits_indices.numel(), len(writes),
               sum(w[2].numel() for w in writes), digest is not None, digest or 0]  # fmt: skip
-    _broadcast(to_device_async(torch.tensor(header, dtype=torch.int64), device), tp)
-    _broadcast(payload, tp)
+    _broadcast(torch.tensor(header, dtype=torch.int64), tp)  # host group
+    _broadcast(torch.tensor(lens + meta, dtype=torch.int64), tp)
+    _broadcast(payload, tp)  # device group on GPUs
 
 
 def send_stop(tp: TPContext) -> None:
-    device = "cuda" if tp.device_group is not None and torch.distributed.get_backend(tp.device_group) == "nccl" else "cpu"
-    _broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1), dtype=torch.int64).to(device), tp)
+    _broadcast(torch.tensor([STOP] + [0] * (HEADER_LEN - 1), dtype=torch.int64), tp)
 
 
 # -- ranks > 0 ------------------------------------------------------------------------------------
@@ -119,24 +123,26 @@ def _split(payload: torch.Tensor, sizes: list) -> list:
 def receive_step(pool: ReqToTokenPool, tp: TPContext) -> "ForwardBatch | None":
     """Ranks > 0: the next pass (its table writes applied), or None when rank 0 says stop."""
     device = pool.table.device
-    header = _broadcast(torch.empty(HEADER_LEN, dtype=torch.int64, device=device), tp).tolist()
+    header = _broadcast(torch.empty(HEADER_LEN, dtype=torch.int64), tp).tolist()
     kind, t, b, n, nw, nslots, has_digest, digest = header
     if kind == STOP:
         return None
-    sizes = [t, t, t, b, n, 3 * b + 3 * nw, nslots]
+    host = _broadcast(torch.empty(3 * b + 3 * nw, dtype=torch.int64), tp)
+    sizes = [t, t, t, b, n, nslots]
     payload = _broadcast(torch.empty(sum(sizes), dtype=torch.int64, device=device), tp)
-    ids, pos, loc, rows, logits_idx, host, slots = _split(payload, sizes)
+    ids, pos, loc, rows, logits_idx, slots = _split(payload, sizes)
+    lens = to_device_async(host[: 3 * b], device)  # seq, prefix, extend
     host = host.tolist()
     seq, pre, ext = host[:b], host[b : 2 * b], host[2 * b : 3 * b]
     w_rows, w_starts, w_lens = host[3 * b : 3 * b + nw], host[3 * b + nw : 3 * b + 2 * nw], host[3 * b + 2 * nw :]
     fb = ForwardBatch(
         mode=ForwardMode.EXTEND if kind == EXTEND else ForwardMode.DECODE,
         input_ids=ids, positions=pos, out_cache_loc=loc, req_pool_indices=rows, logits_indices=logits_idx,
-        seq_lens=torch.tensor(seq, device=device), prefix_lens=torch.tensor(pre, device=device),
-        extend_lens=torch.tensor(ext, device=device), seq_lens_list=seq, prefix_lens_list=pre, extend_lens_list=ext,
+        seq_lens=lens[:b], prefix_lens=lens[b : 2 * b], extend_lens=lens[2 * b :],
+        seq_lens_list=seq, prefix_lens_list=pre, extend_lens_list=ext,
     )  # fmt: skip
     _scatter_rows(pool.table, w_rows, w_starts, w_lens, slots)
-    _scatter_rows(pool.table, rows, pre, ext, loc)
+    _scatter_rows(pool.table, rows, fb.prefix_lens, fb.extend_lens, loc)
     if has_digest and table_digest(pool.table, fb) != digest:
         raise TableDivergedError("req_to_token differs from rank 0's (a table write was not broadcast)")
     return fb
@@ -147,7 +153,8 @@ def _scatter_rows(table: torch.Tensor, rows, starts, lens, slots: torch.Tensor) 
     if slots.numel() == 0:
         return
     device = table.device
-    rows, starts, lens = (torch.as_tensor(x, device=device) for x in (rows, starts, lens))
+    rows, starts, lens = (x if torch.is_tensor(x) else to_device_async(torch.tensor(x, dtype=torch.int64), device)
+                          for x in (rows, starts, lens))
     total = slots.numel()
     row_idx = torch.repeat_interleave(rows, lens, output_size=total)
     offset = torch.arange(total, device=device) - torch.repeat_interleave(torch.cumsum(lens, 0) - lens, lens, output_size=total)
