@@ -4,7 +4,7 @@ Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
 (seeded generators, grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton
 kernel that needs no sort (kernels/sampling.py), unless a request brings its own seeded
-generator: on an H200 its GPU time is 5-23x below torch's path for every mode, temperature
+generator: on an H200 its GPU time is 5-23x below that of torch's path in every mode, temperature
 alone included (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
 """
 
