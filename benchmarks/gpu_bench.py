@@ -539,7 +539,7 @@ def _forced_config_rates(eng, prompt: list, index: int) -> dict:
     mms = [m for m in eng.runner.model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
     saved = {}
 
-    def toggle(on):
+    def toggle(on):  # _recaptured_rates' protocol: toggle(False) sets the config, toggle(its result) restores
         if on is False:
             saved.update({id(m): m.gemv_config for m in mms})
             for m in mms:

@@ -149,7 +149,8 @@ def receive_step(pool: ReqToTokenPool, tp: TPContext) -> "ForwardBatch | None":
 
 
 def _scatter_rows(table: torch.Tensor, rows, starts, lens, slots: torch.Tensor) -> None:
-    """table[rows[i], starts[i] : starts[i] + lens[i]] = the i-th run of `slots`, in one indexed write."""
+    """table[rows[i], starts[i] : starts[i] + lens[i]] = the i-th run of `slots`, in one indexed write.
+    rows, starts and lens are host lists (copied without a sync) or tensors on the table's device."""
     if slots.numel() == 0:
         return
     device = table.device
