@@ -531,12 +531,18 @@ def _pdl_late_rates(eng, prompt: list) -> dict:
     return _recaptured_rates(eng, prompt, "pdl_late", pdl.set_early_trigger)
 
 
+def _gemv_layers(model) -> list:
+    """The model's linear layers that run small batches through the Triton GEMV."""
+    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+
+    return [m for m in model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
+
+
 def _forced_config_rates(eng, prompt: list, index: int) -> dict:
     """A batch-1 graph with every GEMV on GEMV_CONFIGS[index], not the chooser's config for its shape."""
     from radixflow.kernels.gemv import GEMV_CONFIGS
-    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
 
-    mms = [m for m in eng.runner.model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
+    mms = _gemv_layers(eng.runner.model)
     saved = {}
 
     def toggle(on):  # _recaptured_rates' protocol: toggle(False) sets the config, toggle(its result) restores
@@ -580,17 +586,14 @@ def sec_gemv_config_search() -> dict:
     """Coordinate descent over the GEMV config of each weight shape (GEMV_CONFIGS and a few more),
     scored by the replay time of a freshly captured batch-1 graph; then the best mix against the
     chooser's, interleaved. Says whether tuning on whole steps would beat the per-shape chooser."""
-    import gc as _gc
-
     from radixflow.kernels.gemv import GEMV_CONFIGS
     from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
-    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
 
     eng = OPTS.bench_engine
     runner, g = eng.runner, eng.runner.graph_runner
     if g is None:
         return {"skipped": "no CUDA graphs"}
-    mms = [m for m in runner.model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
+    mms = _gemv_layers(runner.model)
     shapes = sorted({tuple(m.weight.shape) for m in mms})
     chosen = {tuple(m.weight.shape): m.gemv_config for m in mms}
     configs = list(GEMV_CONFIGS) + list(EXTRA_GEMV_CONFIGS)
@@ -600,7 +603,7 @@ def sec_gemv_config_search() -> dict:
             m.gemv_config = mix[tuple(m.weight.shape)]
         graph = CudaGraphRunner(runner.model, runner.backend, 1).graphs[1]
         ms = cuda_time(graph.replay, 30) * 1e3
-        _gc.collect()  # the previous trial's graph and its memory pool
+        gc.collect()  # the previous trial's graph and its memory pool
         return ms
 
     best, best_ms, trace = dict(chosen), step_ms(chosen), []
@@ -1041,7 +1044,8 @@ SECTIONS = {
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
-NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill"}
+NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+                      "gemv_configs", "gemv_config_search"}
 
 
 def main() -> None:
@@ -1061,7 +1065,7 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     for name in OPTS.sections.split(","):
-        uses_bench = name in NEEDS_BENCH_ENGINE | {"decode_bs1", "sampled_bs1", "gemv_configs", "gemv_config_search"}
+        uses_bench = name in NEEDS_BENCH_ENGINE
         if not uses_bench and OPTS.bench_engine is not None:
             free(OPTS.bench_engine)  # its KV pool holds most of the GPU memory
             OPTS.bench_engine = None

@@ -132,24 +132,22 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
     top_p = [r.sampling.top_p for r in reqs]
     min_p = [r.sampling.min_p for r in reqs]
     seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
-    truncated = any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p)
     if logits.is_cuda and triton_sampling and not seeded:
         from radixflow.kernels.sampling import sample_rows
 
         sampled = sample_rows(logits, temps, top_k, top_p, min_p)
     else:
-        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, truncated, reqs)
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
     if not any(greedy):
         return sampled
     return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
 
 
-def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, truncated: bool,
-                  reqs: list) -> torch.Tensor:
-    """torch's path: softmax, top-k / top-p by sorting (when `truncated`), min-p, one draw."""
+def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, reqs: list) -> torch.Tensor:
+    """torch's path: softmax, top-k / top-p by sorting (when any row truncates), min-p, one draw."""
     dev = logits.device
     probs = torch.softmax(logits / _row_tensor(temps, torch.float32, dev).unsqueeze(1), dim=-1)
-    if truncated:
+    if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
         probs = _top_k_top_p(probs, top_k, top_p)
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
