@@ -16,7 +16,7 @@ import torch
 
 class ForwardMode(Enum):
     EXTEND = "extend"  # new tokens attend to a cached prefix plus causally to themselves
-    DECODE = "decode"  # one new token per request
+    DECODE = "decode"  # one new token per request; every row's logits (logits_indices is arange(B))
 
 
 @dataclass

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixflow.runtime.attention.base import AttentionBackend
-from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.layers.norm import RMSNorm
 from radixflow.runtime.layers.parallel_linear import (
     ColumnParallelLinear,
@@ -169,8 +169,9 @@ class LlamaForCausalLM(nn.Module):
         residual = None
         for layer in self.layers:
             x, residual = layer(fb.positions, x, residual, fb, backend)
-        x = x[fb.logits_indices]
-        residual = residual[fb.logits_indices]
+        if fb.mode != ForwardMode.DECODE:  # decode keeps every row: no gather (two kernels in each graph)
+            x = x[fb.logits_indices]
+            residual = residual[fb.logits_indices]
         h, _ = self.norm(x, residual)
         return h
 
