@@ -42,10 +42,10 @@ def check_gemv(pdl: int, block_m: int) -> None:
     sig = {"X": BF16, "W": BF16, "Bias": BF16, "Out": BF16, **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
     for cfg in gemv.GEMV_CONFIGS:
         consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
-                  "BLOCK_K": cfg["block_k"] // block_m}
-        ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
-                       launch_pdl=pdl > 0)
+                  "BLOCK_K": cfg["block_k"] // block_m, "STAGES": cfg["stages"]}
+        ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl)
+        assert "cp.async" in ptx, "the K loop is no longer pipelined through shared memory"
         if pdl:  # the first weight tile is requested before the wait
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 

@@ -5,9 +5,12 @@ loads, accumulating x * w elementwise in float32 and reducing once at the end, s
 no split-K partial buffer and no second kernel. For M > 1 the K tile shrinks by M to keep
 the accumulator's registers constant. Reference: `reference.gemv_ref`.
 
-The weight stream is double-buffered (the next tile's load is issued before the current one
-is used), so each program keeps two tiles in flight. On Hopper the kernel is launched with
-PDL (kernels/pdl.py) and loads its first tile before waiting for the kernel that produces x.
+The weight tiles stream through shared memory: Triton's software pipeliner turns the K loop's
+load into cp.async copies `stages - 1` tiles ahead, so a program keeps several tiles in flight
+without holding them in registers. (A double buffer in registers, two tiles in flight, took
+4.13 ms a step for batch-1 decode of Llama-3-8B on an H200, against 3.94 ms; BENCHMARKS.md.)
+On Hopper the kernel is launched with PDL (kernels/pdl.py) and loads its first tile into
+registers before waiting for the kernel that produces x.
 
 Whether it beats cuBLAS depends on the shape and the GPU, so `choose_gemv` times both on
 the model's own weights and the layers use the winner (runtime/layers/parallel_linear.py).
@@ -24,16 +27,16 @@ import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
-# Launch parameters the load-time chooser tries per weight shape, from benchmarks/gpu_kernel_bench.py's
-# sweeps on an H200 (2026-11-30, M=1, Llama-3-8B shapes): block_n 8 / block_k 512 was best for o_proj and
-# down in session 3, block_n 4 / block_k 1024 for qkv and gate_up (13.9 vs 16.9 us and 55.7 vs 61.3 us),
-# and block_n 4 / block_k 512 for o_proj and down in session 4 (9.9 vs 10.2 us, 29.2 vs 30.7 us). The
-# order varies by a few percent from run to run and machine to machine, hence all three. The first is
-# the default.
+# Launch parameters the load-time chooser tries per weight shape: the fastest of each Llama-3-8B shape
+# on an H200 at M=1 among 8 (BENCHMARKS.md, session 8 run 2), timed after an RMSNorm in a CUDA graph:
+# block_n 4 / block_k 1024 with 3 stages for gate_up (54.6 us), with 4 for qkv (14.5 us), 8 / 1024 with 3
+# for o_proj and down (10.1 and 29.6 us), and 4 / 512 with 6 a close second for down (30.5 us). Which wins
+# moves by a few percent between machines, hence all four. The first is the default.
 GEMV_CONFIGS = (
-    {"block_n": 8, "block_k": 512, "num_warps": 4, "num_stages": 2},
-    {"block_n": 4, "block_k": 1024, "num_warps": 4, "num_stages": 2},
-    {"block_n": 4, "block_k": 512, "num_warps": 4, "num_stages": 2},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 3},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
+    {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
 )
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
@@ -61,26 +64,25 @@ def _gemv_kernel(
     X, W, Bias, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    # The weights depend on no earlier kernel: the first tile is loaded before waiting (PDL).
+    # The weights depend on no earlier kernel: the first tile is loaded before waiting (PDL). Inside the
+    # loop the wait would stop Triton from pipelining it, so the first tile is peeled off.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    last = (tl.cdiv(K, BLOCK_K) - 1) * BLOCK_K
-    for k0 in range(0, last, BLOCK_K):  # double-buffered: the next tile is in flight while this one is used
-        w_next = tl.load(w_ptrs + k0 + BLOCK_K, mask=mask_n[:, None] & (k0 + BLOCK_K + offs_k < K)[None, :], other=0.0)
+    acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 tiles ahead
+        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
         acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
-        w = w_next
-    acc = _fma(acc, _load_x(X, offs_m, offs_k, last, M, K, stride_xm), w, BLOCK_M)
     if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
@@ -105,7 +107,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x, weight, out if bias is None else bias, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=max(16, cfg["block_k"] // block_m), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        BLOCK_K=max(16, cfg["block_k"] // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl_launch(x),
     )
     return out
