@@ -222,6 +222,20 @@ def test_sampling_kernel_draws_from_the_truncated_distribution(params):
     _check_draws(row, 300, params, block=16, tv_max=0.12)  # 3 chunks, padded to 4
 
 
+def test_sampling_kernel_redraws_from_the_tokens_above_a_rejected_one():
+    """After a rejection the next draw must come from the tokens above the rejected one. Chunk 0
+    holds A (p 0.3); chunk 1 holds B (p 0.2) and 14 equal small tokens (0.5 together), which top-p
+    0.35 drops. The allowed set {A, B} gives A 0.6. Redrawing a chunk by the masses before the
+    rejection would pick chunk 1 (0.7 of them) and so B far too often: A would fall to 0.45."""
+    probs = torch.full((32,), 1e-12)
+    probs[3], probs[17] = 0.3, 0.2
+    probs[18:32] = 0.5 / 14
+    row = probs.log().to(DEV)
+    want = _allowed_distribution(row, 1.0, 32, 0.35, 0.0)
+    assert want[3].item() == pytest.approx(0.6) and int((want > 0).sum()) == 2
+    _check_draws(row, 300, (1.0, 32, 0.35, 0.0), block=16, tv_max=0.07)  # TV 0.01 here; 0.16 with stale masses
+
+
 def test_sampling_kernel_edge_rows():
     """Per-row parameters in one launch: top_k 1, min_p 0.99 and a tiny top_p all give the argmax;
     masked (-inf) tokens are never drawn even when they hold the largest logits."""
