@@ -63,6 +63,8 @@ def make_engine(opts, config: str, tp: int, **kw):
         kw.update(device="cpu", dtype="float32", max_total_tokens=8192)
     else:
         kw.setdefault("dtype", "bfloat16")
+    if opts.graph_max_bs is not None:
+        kw["cuda_graph_max_bs"] = opts.graph_max_bs
     if os.environ.get("RADIXFLOW_TP_BENCH_NO_GRAPH"):
         kw["disable_cuda_graph"] = True
     return radixflow.Engine(config_path(config, opts.smoke), **kw)
@@ -142,7 +144,8 @@ def run_child(opts, section: str, tp: int) -> dict:
     path = os.path.join(opts.out, f"{section}_tp{tp}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", section, "--child-tp", str(tp), "--child-out", path,
            "--out", opts.out] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else []) \
-        + (["--attention-backend", opts.attention_backend] if opts.attention_backend else [])
+        + (["--attention-backend", opts.attention_backend] if opts.attention_backend else []) \
+        + (["--graph-max-bs", str(opts.graph_max_bs)] if opts.graph_max_bs is not None else [])
     t = time.perf_counter()
     proc = subprocess.Popen(cmd, start_new_session=True)  # own group: a timeout kills its rank processes too
     try:
@@ -196,6 +199,7 @@ def main() -> None:
     ap.add_argument("--attention-backend", default=None, help="triton, torch_native or flashinfer (default: the engine's)")
     ap.add_argument("--tol", type=float, default=0.1, help="bf16 logprob tolerance (max abs)")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--graph-max-bs", type=int, default=None, help="largest decode batch with a CUDA graph (engine default 64)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--child", default=None)
     ap.add_argument("--child-tp", type=int, default=1)
