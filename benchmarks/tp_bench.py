@@ -199,7 +199,7 @@ def main() -> None:
     ap.add_argument("--attention-backend", default=None, help="triton, torch_native or flashinfer (default: the engine's)")
     ap.add_argument("--tol", type=float, default=0.1, help="bf16 logprob tolerance (max abs)")
     ap.add_argument("--timeout", type=int, default=1800)
-    ap.add_argument("--graph-max-bs", type=int, default=None, help="largest decode batch with a CUDA graph (engine default 64)")
+    ap.add_argument("--graph-max-bs", type=int, default=None, help="largest decode batch with a CUDA graph (engine default: max_running_requests)")
     ap.add_argument("--smoke", action="store_true")
     ap.add_argument("--child", default=None)
     ap.add_argument("--child-tp", type=int, default=1)

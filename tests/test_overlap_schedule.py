@@ -97,7 +97,10 @@ def test_overlap_under_kv_pressure_retracts_and_keeps_outputs(engine):
 
 
 def test_overlap_and_batch_defaults_follow_the_device():
+    import pytest
+
     from radixflow import ServerArgs
+    from radixflow.errors import RadixflowError
 
     args = ServerArgs()
     assert args.overlap_enabled("cuda") and not args.overlap_enabled("cpu")
@@ -106,3 +109,8 @@ def test_overlap_and_batch_defaults_follow_the_device():
     assert not ServerArgs(disable_overlap_schedule=True).overlap_enabled("cuda")
     assert ServerArgs().resolve_max_running("cuda") == 1024 and ServerArgs().resolve_max_running("cpu") == 256
     assert ServerArgs(max_running_requests=8).resolve_max_running("cuda") == 8
+    assert ServerArgs().graph_max_bs("cuda") == 1024  # every batch the scheduler runs replays a graph
+    assert ServerArgs(max_running_requests=96).graph_max_bs("cuda") == 96
+    assert ServerArgs(cuda_graph_max_bs=64).graph_max_bs("cuda") == 64
+    with pytest.raises(RadixflowError, match="cuda_graph_max_bs"):
+        ServerArgs(cuda_graph_max_bs=-1)

@@ -107,7 +107,7 @@ class ModelRunner:
             return None
         from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
 
-        max_bs = min(self.args.cuda_graph_max_bs, self.args.max_running_requests)
+        max_bs = self.args.graph_max_bs(self.device)
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
     def recapture_cuda_graphs(self) -> None:

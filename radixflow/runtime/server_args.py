@@ -26,6 +26,8 @@ _HELP = {
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
+    "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
+    "(default: max_running_requests)",
     "overlap_schedule": "launch the next decode pass before reading back the last one; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
@@ -60,7 +62,7 @@ class ServerArgs:
     # kernels
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
-    cuda_graph_max_bs: int = 64
+    cuda_graph_max_bs: Optional[int] = None
 
     # constrained decoding
     disable_jump_forward: bool = False
@@ -98,6 +100,8 @@ class ServerArgs:
             raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise RadixflowError("max_running_requests must be >= 1")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
+            raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
@@ -119,6 +123,14 @@ class ServerArgs:
         if self.max_running_requests is None:
             self.max_running_requests = 1024 if str(device).startswith("cuda") else 256
         return self.max_running_requests
+
+    def graph_max_bs(self, device: str) -> int:
+        """Largest decode batch with a CUDA graph: cuda_graph_max_bs, by default every batch the
+        scheduler can run. Under tensor parallelism an eager pass is host-bound (two all-reduce
+        launches a layer): tp=2 offline ran at 0.81x tp=1 with graphs up to 256 and at 1.21x with
+        graphs up to 1024 (BENCHMARKS.md, session 8)."""
+        running = self.resolve_max_running(device)
+        return running if self.cuda_graph_max_bs is None else min(self.cuda_graph_max_bs, running)
 
     def overlap_enabled(self, device: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":
