@@ -538,6 +538,11 @@ def _gemv_layers(model) -> list:
     return [m for m in model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
 
 
+def _gemv_configs_in_use(model) -> list:
+    """'(N, K): config' for each GEMV weight shape, as the model's layers now hold them."""
+    return sorted({f"{tuple(m.weight.shape)}: {m.gemv_config}" for m in _gemv_layers(model)})
+
+
 def _forced_config_rates(eng, prompt: list, index: int) -> dict:
     """A batch-1 graph with every GEMV on GEMV_CONFIGS[index], not the chooser's config for its shape."""
     from radixflow.kernels.gemv import GEMV_CONFIGS
@@ -556,7 +561,7 @@ def _forced_config_rates(eng, prompt: list, index: int) -> dict:
         return None
 
     out = _recaptured_rates(eng, prompt, f"cfg{index}", toggle)
-    out["chosen_configs"] = sorted({f"{tuple(m.weight.shape)}: {m.gemv_config}" for m in mms})
+    out["chosen_configs"] = _gemv_configs_in_use(eng.runner.model)
     return out
 
 
@@ -636,7 +641,7 @@ def sec_decode_bs1() -> dict:
     total, read = weight_bytes(runner.model)
     prompt = rand_ids(random.Random(7), 128)
     out = {"weight_GB": total / 1e9, "decode_read_GB": read / 1e9,
-           "gemv_configs": sorted({f"{tuple(m.weight.shape)}: {m.gemv_config}" for m in _gemv_layers(runner.model)})}
+           "gemv_configs": _gemv_configs_in_use(runner.model)}
     out["graph_tok_s"] = _decode_rate(eng, prompt, SZ["bs1_out"])
     eng.scheduler.overlap = False
     out["graph_tok_s_overlap_off"] = _decode_rate(eng, prompt, SZ["bs1_out"])
