@@ -531,6 +531,21 @@ def _pdl_late_rates(eng, prompt: list) -> dict:
     return _recaptured_rates(eng, prompt, "pdl_late", pdl.set_early_trigger)
 
 
+def _set_residual_dtype(dtype):
+    """The residual stream's dtype (DecoderLayer.residual_dtype); False: the model's own (bf16).
+    Returns the setting before, so it fits _recaptured_rates' toggle protocol."""
+    from radixflow.runtime.models.llama import DecoderLayer
+
+    before = DecoderLayer.residual_dtype
+    DecoderLayer.residual_dtype = None if dtype is False else dtype
+    return before
+
+
+def _residual_bf16_rates(eng, prompt: list) -> dict:
+    """A batch-1 graph with the residual stream in bf16 (the model's dtype), not float32."""
+    return _recaptured_rates(eng, prompt, "residual_bf16", _set_residual_dtype)
+
+
 def _gemv_layers(model) -> list:
     """The model's linear layers that run small batches through the Triton GEMV."""
     from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
@@ -655,6 +670,7 @@ def sec_decode_bs1() -> dict:
         out.update(_pdl_off_rates(eng, prompt))
         out.update(_pdl_late_rates(eng, prompt))
         out.update(_rotary_apart_rates(eng, prompt))
+        out.update(_residual_bf16_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
@@ -955,6 +971,21 @@ def sec_offline_pdl_ab() -> dict:
     return out
 
 
+def sec_offline_residual_ab() -> dict:
+    """`offline` with the residual stream in float32 (the default), in bf16, then float32 again,
+    in one process (graphs recaptured for each): what the float32 stream costs at large batches."""
+    runner, out = OPTS.bench_engine.runner, {}
+    try:
+        for label, dtype in (("float32", torch.float32), ("bf16", False), ("float32_again", torch.float32)):
+            _set_residual_dtype(dtype)
+            runner.recapture_cuda_graphs()
+            out[label] = sec_offline()
+    finally:
+        _set_residual_dtype(torch.float32)
+        runner.recapture_cuda_graphs()
+    return out
+
+
 def sec_shared() -> dict:
     rng = random.Random(5)
     common = rand_ids(rng, SZ["shared_len"])
@@ -1048,9 +1079,10 @@ SECTIONS = {
     "sampled_bs1": sec_sampled_bs1,
     "gemv_configs": sec_gemv_configs,
     "gemv_config_search": sec_gemv_config_search,
-    "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
+    "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
+    "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
 }
-NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search"}
 
 

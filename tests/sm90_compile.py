@@ -51,7 +51,7 @@ def check_gemv(pdl: int, block_m: int) -> None:
 
 
 def check_norm_and_activation(pdl: int) -> None:
-    sig = {"X": BF16, "R": BF16, "W": BF16, "Out": BF16, "ROut": BF16,
+    sig = {"X": BF16, "R": "*fp32", "W": BF16, "Out": BF16, "ROut": "*fp32",  # the model's float32 stream
            **_ints("stride_x", "stride_r", "stride_o", "stride_ro", "N"), "eps": "fp32"}
     ptx = _compile(norm_act._rmsnorm_kernel, sig, {"HAS_RES": True, "BLOCK": 4096, "USE_PDL": pdl}, launch_pdl=pdl > 0)
     assert _pdl_order_ok(ptx, pdl)

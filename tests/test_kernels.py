@@ -90,6 +90,20 @@ def test_rmsnorm_matches_reference(dtype):
     _close(out, ref_out, 1e-5 if dtype == torch.float32 else 2e-3)
 
 
+def test_rmsnorm_keeps_a_float32_residual_stream():
+    """A 16-bit model's residual stream is float32: the sum keeps float32, the output x's dtype."""
+    x = torch.randn(5, 48, device=DEV).to(torch.float16)
+    r = 30 * torch.randn(5, 48, device=DEV)  # large, as late in a deep model: a 16-bit sum would round
+    w = torch.randn(48, device=DEV).to(torch.float16)
+    out, res = rmsnorm(x, w, 1e-5, r)
+    ref_out, ref_res = ref.rmsnorm_ref(x, w, 1e-5, r)
+    assert res.dtype == torch.float32 and out.dtype == torch.float16
+    _close(res, x.float() + r, 1e-6)
+    assert not torch.equal(res, (x + r.half()).float())  # the 16-bit stream would differ
+    _close(res, ref_res, 1e-6)
+    _close(out, ref_out, 2e-3)
+
+
 def test_rmsnorm_reference_is_the_layer():
     from radixflow.runtime.layers.norm import RMSNorm
 
@@ -100,6 +114,11 @@ def test_rmsnorm_reference_is_the_layer():
     assert torch.equal(layer(x), ref.rmsnorm_ref(x, layer.weight, 1e-6))
     out, res = layer(x, r)
     ref_out, ref_res = ref.rmsnorm_ref(x, layer.weight, 1e-6, r)
+    assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
+    layer16, x16 = layer.to(torch.bfloat16), x.to(torch.bfloat16)  # bf16 model, float32 stream
+    out, res = layer16(x16, 30 * r)
+    ref_out, ref_res = ref.rmsnorm_ref(x16, layer16.weight, 1e-6, 30 * r)
+    assert res.dtype == torch.float32 and out.dtype == torch.bfloat16
     assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
 
 
@@ -544,11 +563,12 @@ def test_gpu_elementwise_kernels_bf16():
     x = torch.randn(64, 4096, device=DEV, dtype=torch.bfloat16)
     r = torch.randn(64, 4096, device=DEV, dtype=torch.bfloat16)
     w = torch.randn(4096, device=DEV, dtype=torch.bfloat16)
-    out, res = rmsnorm(x, w, 1e-5, r)
-    ref_out, ref_res = ref.rmsnorm_ref(x, w, 1e-5, r)
-    assert torch.equal(res, ref_res)
-    _close(out, ref_out, 0.07)  # at most ~1 bf16 ulp of values up to ~8
-    assert (out != ref_out).float().mean().item() < 0.01
+    for res_in in (r, 30 * r.float()):  # a bf16 stream, and the float32 one the model keeps
+        out, res = rmsnorm(x, w, 1e-5, res_in)
+        ref_out, ref_res = ref.rmsnorm_ref(x, w, 1e-5, res_in)
+        assert torch.equal(res, ref_res) and res.dtype == res_in.dtype
+        _close(out, ref_out, 0.07)  # at most ~1 bf16 ulp of values up to ~8
+        assert (out != ref_out).float().mean().item() < 0.01
     gu = torch.randn(64, 2 * 14336, device=DEV, dtype=torch.bfloat16)
     _close(silu_and_mul(gu), ref.silu_and_mul_ref(gu), 0.07)
     cos, sin = _rope_tables(8192, 128)

@@ -2,7 +2,9 @@
 
 References: `reference.rmsnorm_ref`, `reference.silu_and_mul_ref`. Both kernels work
 on one row per program; sums in float32, results rounded to the input dtype where
-torch rounds them, so bf16 outputs match the torch path bit for bit in most rows.
+torch rounds them, so bf16 outputs match the torch path bit for bit in most rows. The
+residual may be float32 while x is bf16: the sum keeps the residual's dtype, the
+normalised output takes x's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ def _rmsnorm_kernel(
     x = tl.load(X + row * stride_x + offs, mask=mask, other=0.0)
     if HAS_RES:
         r = tl.load(R + row * stride_r + offs, mask=mask, other=0.0)
-        x = (x.to(tl.float32) + r.to(tl.float32)).to(Out.dtype.element_ty)
+        x = (x.to(tl.float32) + r.to(tl.float32)).to(ROut.dtype.element_ty)  # the stream's dtype (float32 in bf16 models)
         tl.store(ROut + row * stride_ro + offs, x, mask=mask)
     xf = x.to(tl.float32)
     rstd = tl.rsqrt(tl.sum(xf * xf, axis=0) / N + eps)
@@ -48,7 +50,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
         r2 = res_out = x2  # unused
     else:
         r2 = residual.reshape(-1, n)
-        res_out = torch.empty_like(out)
+        res_out = torch.empty_like(r2)
     if rows:
         block = triton.next_power_of_2(n)
         _rmsnorm_kernel[(rows,)](

@@ -12,12 +12,14 @@ import torch.nn.functional as F
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
-    """norm(x [+ residual]) * weight; with residual also returns x + residual."""
+    """norm(x [+ residual]) * weight in x's dtype; with residual also returns x + residual in
+    the residual's dtype (which may be float32 while x is bf16), normalised as rounded."""
+    dtype = x.dtype
     if residual is not None:
-        x = x + residual
+        x = (x.float() + residual.float()).to(residual.dtype)
     h = x.float()
     h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    out = weight * h.to(x.dtype)
+    out = weight * h.to(dtype)
     return out if residual is None else (out, x)
 
 

@@ -16,18 +16,19 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """With `residual`, returns (norm(x + residual), x + residual)."""
+        """With `residual`, returns (norm(x + residual), x + residual): the first in x's dtype,
+        the second in the residual's (a bf16 model keeps its residual stream in float32)."""
         if self.fused and x.is_cuda:
             from radixflow.kernels.norm_act import rmsnorm
 
             return rmsnorm(x, self.weight, self.eps, residual)
+        dtype = x.dtype
         if residual is not None:
-            x = x + residual
+            x = x + residual if x.dtype == residual.dtype else (x.float() + residual.float()).to(residual.dtype)
             residual = x
-        if x.dtype == torch.float32:  # one fused op; the same math as below
+        if dtype == torch.float32:  # one fused op; the same math as below
             out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
             return out if residual is None else (out, residual)
-        dtype = x.dtype
         h = x.float()
         h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
         out = self.weight * h.to(dtype)

@@ -112,6 +112,11 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    # The residual stream's dtype (None: the model's). float32 because a bf16 stream rounds at
+    # each of the 2 adds per layer, which was the largest bf16 error source measured
+    # (benchmarks/bf16_error_sources.py); it costs 4 bytes per hidden value, not weight reads.
+    residual_dtype: torch.dtype | None = torch.float32
+
     def __init__(self, config, shape: ModelShape, layer_id: int, rotary: RotaryEmbedding):
         super().__init__()
         self.self_attn = Attention(config, shape, layer_id, rotary)
@@ -121,7 +126,7 @@ class DecoderLayer(nn.Module):
 
     def forward(self, positions, x, residual, fb, backend):
         if residual is None:
-            residual = x
+            residual = x if self.residual_dtype is None else x.to(self.residual_dtype)
             h = self.input_layernorm(x)
         else:
             h, residual = self.input_layernorm(x, residual)
