@@ -74,11 +74,17 @@ def test_family_matches_transformers(tmp_path, model_dir, tokenizer, name):
 
 
 def test_dtypes_bf16_and_fp16_run(model_dir):
+    """16-bit models run, with a 16-bit KV pool and activations but a float32 residual stream."""
     for dtype in ("bfloat16", "float16"):
         with Engine(dtype=dtype, max_total_tokens=2048) as e:
+            seen = []
+            last = e.runner.model.layers[-1]
+            hook = last.register_forward_hook(lambda m, args, out: seen.append((out[0].dtype, out[1].dtype)))
             out = e.generate("The capital of France is", {"max_new_tokens": 6, "temperature": 0})
+            hook.remove()
             assert e.runner.kv_pool.dtype == getattr(torch, dtype)
             assert len(out["output_ids"]) == 6
+            assert seen and set(seen) == {(getattr(torch, dtype), torch.float32)}  # (branch output, residual)
 
 
 def test_gguf_paths(tmp_path, model_dir):
