@@ -115,11 +115,12 @@ def test_rmsnorm_reference_is_the_layer():
     out, res = layer(x, r)
     ref_out, ref_res = ref.rmsnorm_ref(x, layer.weight, 1e-6, r)
     assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
-    layer16, x16 = layer.to(torch.bfloat16), x.to(torch.bfloat16)  # bf16 model, float32 stream
-    out, res = layer16(x16, 30 * r)
-    ref_out, ref_res = ref.rmsnorm_ref(x16, layer16.weight, 1e-6, 30 * r)
-    assert res.dtype == torch.float32 and out.dtype == torch.bfloat16
-    assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
+    layer16, x16 = layer.to(torch.bfloat16), x.to(torch.bfloat16)
+    for stream in (30 * r, (30 * r).to(torch.bfloat16)):  # a bf16 model's float32 stream; a bf16 one
+        out, res = layer16(x16, stream)
+        ref_out, ref_res = ref.rmsnorm_ref(x16, layer16.weight, 1e-6, stream)
+        assert res.dtype == stream.dtype and out.dtype == torch.bfloat16
+        assert torch.equal(out, ref_out) and torch.equal(res, ref_res)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])

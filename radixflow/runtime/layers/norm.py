@@ -24,7 +24,7 @@ class RMSNorm(nn.Module):
             return rmsnorm(x, self.weight, self.eps, residual)
         dtype = x.dtype
         if residual is not None:
-            x = x + residual if x.dtype == residual.dtype else (x.float() + residual.float()).to(residual.dtype)
+            x = (x.float() + residual.float()).to(residual.dtype)  # one rounding, to the stream's dtype
             residual = x
         if dtype == torch.float32:  # one fused op; the same math as below
             out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
