@@ -13,36 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import traceback
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from radixflow.kernels.gemv import capture_graph, replay_us  # noqa: E402
+
 CHAIN = 64  # all-reduces per decode step of a 32-layer model
 
 
-def _graph_us(fn, reps: int = 20) -> float:
-    """Mean µs of one all-reduce in a captured chain of CHAIN, replayed `reps` times."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()  # warm up outside the graph
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(CHAIN):
-            fn()
-    g.replay()
+def _graph_us(fn) -> float:
+    """Mean µs of one all-reduce in a captured chain of CHAIN (the GEMV chooser's graph timing),
+    started on every rank together."""
+    graph = capture_graph(lambda i: fn(), CHAIN)
     torch.cuda.synchronize()
     dist.barrier()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        g.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1e3 / reps / CHAIN
+    return replay_us(graph, CHAIN)
 
 
 def _worker(rank: int, world: int, port: int, sizes: list, out: str) -> None:

@@ -20,7 +20,14 @@ import json
 import math
 import time
 
+import os
+import sys
+from types import SimpleNamespace
+
 import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from radixflow.runtime.layers.rotary import RotaryEmbedding  # noqa: E402
 
 KNOBS = ("resid", "gemm_in", "gemm_out", "kv", "probs")
 
@@ -47,14 +54,7 @@ class Model:
         self.layers = [dict(q=w(self.nh * self.hd, h), k=w(self.nkv * self.hd, h), v=w(self.nkv * self.hd, h),
                             o=w(h, self.nh * self.hd), g=w(i, h), u=w(i, h), d=w(h, i)) for _ in range(n)]
         self.lm = self.embed if cfg.get("tie_word_embeddings") else w(v, h)
-        theta = cfg.get("rope_theta", 10000.0)
-        self.inv_freq = 1.0 / theta ** (torch.arange(0, self.hd, 2, device=device).float() / self.hd)
-
-    def rope(self, x: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:  # x [T, H, D]
-        f = pos[:, None].float() * self.inv_freq[None]
-        cos, sin = f.cos()[:, None], f.sin()[:, None]
-        a, b = x[..., : self.hd // 2], x[..., self.hd // 2:]
-        return torch.cat([a * cos - b * sin, b * cos + a * sin], dim=-1)
+        self.rotary = RotaryEmbedding(SimpleNamespace(**cfg), self.hd, cfg["max_position_embeddings"]).to(device)  # the engine's (torch path)
 
     def forward(self, ids: torch.Tensor, knobs: dict, split_k: bool = False) -> torch.Tensor:
         """ids [B, T] -> logprob of each next token [B, T-1]."""
@@ -70,15 +70,15 @@ class Model:
         def norm(x):
             return rnd(x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps), k["gemm_in"])
 
-        pos = torch.arange(T, device=ids.device)
+        pos = torch.arange(T, device=ids.device).repeat(B)
         h = self.embed[ids].float()
         mask = torch.ones(T, T, dtype=torch.bool, device=ids.device).tril()
         for L in self.layers:
             x = norm(h)
-            q = self.rope(mm(x, L["q"]).view(B * T, self.nh, self.hd), pos.repeat(B)).view(B, T, self.nh, self.hd)
-            kk = rnd(self.rope(mm(x, L["k"]).view(B * T, self.nkv, self.hd), pos.repeat(B)), k["kv"])
+            q, kk = self.rotary(pos, mm(x, L["q"]).view(B * T, self.nh, self.hd), mm(x, L["k"]).view(B * T, self.nkv, self.hd))
+            q = q.view(B, T, self.nh, self.hd)
+            kk = rnd(kk, k["kv"]).view(B, T, self.nkv, self.hd)
             vv = rnd(mm(x, L["v"]), k["kv"]).view(B, T, self.nkv, self.hd)
-            kk = kk.view(B, T, self.nkv, self.hd)
             rep = self.nh // self.nkv
             s = torch.einsum("bqhd,bkhd->bhqk", q, kk.repeat_interleave(rep, dim=2)) / math.sqrt(self.hd)
             p = rnd(torch.softmax(s.masked_fill(~mask, float("-inf")), dim=-1), k["probs"])
@@ -125,9 +125,10 @@ def main() -> None:
         allon = {n: True for n in KNOBS}
         runs = {"all": allon, **{f"all_but_{n}": {**allon, n: False} for n in KNOBS},
                 **{f"only_{n}": {n: True} for n in KNOBS}, "resid_fp32_gemm_out_fp32": {"gemm_in": True, "kv": True, "probs": True}}
-        res = {name: stats(model.forward(ids, kn), exact) for name, kn in runs.items()}
+        lps = {name: model.forward(ids, kn) for name, kn in runs.items()}
+        res = {name: stats(lp, exact) for name, lp in lps.items()}
         for name in ("all", "all_but_resid", "resid_fp32_gemm_out_fp32"):
-            res[f"impl_{name}"] = stats(model.forward(ids, runs[name], split_k=True), model.forward(ids, runs[name]))
+            res[f"impl_{name}"] = stats(model.forward(ids, runs[name], split_k=True), lps[name])
     out = {"config": args.config, "init": args.init, "layers": len(model.layers), "batch": args.batch, "seq": args.seq,
            "device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "seconds": time.time() - t0, "results": res}
     for name, r in res.items():
