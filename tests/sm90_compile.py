@@ -14,12 +14,15 @@ import os
 import sys
 import traceback
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from radixflow.kernels import argmax, decode_attention, gemv, kv_store, norm_act, rotary, sampling  # noqa: E402
+from radixflow.kernels import (  # noqa: E402
+    argmax, decode_attention, extend_attention, gemv, kv_store, matmul, norm_act, rotary, sampling,
+)
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
@@ -119,8 +122,8 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True}, {"DIRECT": False, "ROPE": True},
-                  {"DIRECT": False, "ROPE": False}):
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "SPLIT_P": True},
+                  {"DIRECT": False, "ROPE": True, "SPLIT_P": True}, {"DIRECT": False, "ROPE": False, "SPLIT_P": False}):
         ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
                        num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
@@ -132,12 +135,33 @@ def check_decode_attention(pdl: int) -> None:
     assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
 
 
+def check_extend_attention() -> None:
+    """Extend (prefill) attention at Llama-3-8B heads, bf16, p split into high + low parts."""
+    sig = {"Q": BF16, "K": BF16, "V": BF16, "Out": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64",
+           "PrefixLens": "*i64", "ExtendLens": "*i64", "QStart": "*i64",
+           **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
+                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D")}
+    block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
+    consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "SPLIT_P": True}
+    _compile(extend_attention._extend_kernel, sig, consts, num_warps=warps, num_stages=2)
+
+
+def check_matmul() -> None:
+    """The batch-invariant matmul's three tile configs, bf16 out and (the output head) float32 out."""
+    for config in (matmul.TINY, matmul.SMALL, matmul.LARGE):
+        bm, bn, bk, warps, stages = config
+        for out in (BF16, "*fp32"):
+            sig = {"X": BF16, "W": BF16, "Bias": BF16, "Out": out, **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+            consts = {"HAS_BIAS": out == BF16, "IEEE": False, "BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk, "GROUP_M": 8}
+            ptx = _compile(matmul._matmul_kernel, sig, consts, num_warps=warps, num_stages=stages)
+            assert "mma" in ptx, "no tensor-core MMA in the matmul"
+
+
 def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]
-    checks.append((check_argmax, ()))
-    checks.append((check_sampling, ()))
+    checks += [(fn, ()) for fn in (check_argmax, check_sampling, check_extend_attention, check_matmul)]
     failed = 0
     for fn, args in checks:
         try:

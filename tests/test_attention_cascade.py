@@ -73,3 +73,27 @@ def test_shared_prefix_len():
     assert shared_prefix_len(rows[:1], 42) == 0  # one request: nothing to share
     assert shared_prefix_len(torch.stack([rows[0], rows[0] + 1]), 42) == 0
 
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND])
+def test_deterministic_mode_attends_each_request_alone(mode):
+    """With deterministic=True a request's output is the same bits alone or in a batch (no shared-prefix
+    merge, no batch-wide padding), and still the plain path's attention."""
+    g, pool, table, shared = _setup()
+    new = [1, 1, 1] if mode == ForwardMode.DECODE else [5, 3, 7]
+    fb = _batch(mode, table, shared, own_lens=[3, 0, 11], new_lens=new, g=g)
+    q, k, v = (torch.randn(fb.num_tokens, h, D, generator=g) for h in (HQ, HKV, HKV))
+    det = TorchNativeBackend(pool, table, HQ, HKV, D, deterministic=True)
+    batched, used = _run(det, fb, q, k, v)
+    assert used is None
+    torch.testing.assert_close(batched, _run(TorchNativeBackend(pool, table, HQ, HKV, D), fb, q, k, v)[0],
+                               atol=1e-5, rtol=1e-5)
+    last = fb.num_tokens - new[-1]  # the third request alone: its table row and slots, no other request
+    alone = ForwardBatch(
+        mode=mode, input_ids=fb.input_ids[last:], positions=fb.positions[last:], out_cache_loc=fb.out_cache_loc[last:],
+        req_pool_indices=fb.req_pool_indices[2:], seq_lens=fb.seq_lens[2:], prefix_lens=fb.prefix_lens[2:],
+        extend_lens=fb.extend_lens[2:], logits_indices=torch.arange(new[-1]), seq_lens_list=fb.seq_lens_list[2:],
+        prefix_lens_list=fb.prefix_lens_list[2:], extend_lens_list=fb.extend_lens_list[2:],
+    )  # fmt: skip
+    out, _ = _run(det, alone, q[last:], k[last:], v[last:])
+    assert torch.equal(out, batched[last:])

@@ -69,6 +69,16 @@ def test_bad_model_path():
         Engine("/tmp")
 
 
+def test_deterministic_inference_says_what_it_needs():
+    from radixflow.runtime.server_args import ServerArgs
+
+    for bad in (dict(tp_size=2), dict(attention_backend="flashinfer")):
+        with pytest.raises(RadixflowError, match="tp_size 1 and the triton or torch_native"):
+            ServerArgs(enable_deterministic_inference=True, **bad)
+    with pytest.raises(RadixflowError, match="needs a CUDA device"):
+        Engine(device="cpu", enable_deterministic_inference=True)
+
+
 def test_stop_strings_trimmed_unless_no_stop_trim(engine):
     free = engine.generate("List three colors:", GREEDY)["text"]
     stop = free.strip().split()[1]

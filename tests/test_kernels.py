@@ -28,6 +28,7 @@ from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
 from radixflow.kernels.gemv import GEMV_CONFIGS, choose_gemv, gemv  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
+from radixflow.kernels.matmul import SMALL_M, TINY_M, matmul_batch_invariant  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv  # noqa: E402
 from radixflow.kernels.sampling import sample_rows  # noqa: E402
@@ -306,6 +307,50 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     assert calls == [3, 3]
 
 
+@pytest.mark.parametrize("m", [1, TINY_M + 5, SMALL_M + 6])  # each tile config
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.float32, None), (torch.float16, None), (torch.float16, torch.float32)])
+def test_matmul_batch_invariant_matches_reference(m, bias, dtype, out_dtype):
+    x = torch.randn(m, 100, device=DEV).to(dtype)  # K: one full and one masked tile
+    w = torch.randn(40, 100, device=DEV).to(dtype)
+    b = torch.randn(40, device=DEV).to(dtype) if bias else None
+    got = matmul_batch_invariant(x, w, b, out_dtype=out_dtype)
+    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    _close(got, want.to(out_dtype or dtype), 1e-4 if got.dtype == torch.float32 else 2e-2)
+
+
+def _rows_do_not_depend_on_the_batch(x: torch.Tensor, w: torch.Tensor, ms: tuple, **kw) -> None:
+    full = matmul_batch_invariant(x, w, **kw)
+    for m in ms:
+        assert torch.equal(matmul_batch_invariant(x[:m], w, **kw), full[:m]), m
+
+
+def test_matmul_rows_do_not_depend_on_the_batch():
+    """Within each tile config (the interpreter's numpy dot sums a 128-wide K tile in another order
+    than two 64-wide ones, so across configs only the GPU test below can check)."""
+    w = torch.randn(24, 300, device=DEV).to(torch.float16)
+    for ms in ((1, 3, TINY_M), (TINY_M + 1, SMALL_M - 3, SMALL_M), (SMALL_M + 1, SMALL_M + 9)):
+        x = torch.randn(ms[-1], 300, device=DEV).to(torch.float16)
+        _rows_do_not_depend_on_the_batch(x, w, ms[:-1])
+
+
+def test_linear_layers_and_head_route_to_the_batch_invariant_matmul(monkeypatch):
+    import radixflow.kernels.matmul as matmul_module
+    from radixflow.runtime.layers.parallel_linear import ParallelLMHead, row_parallel_linear
+
+    calls = []
+    monkeypatch.setattr(matmul_module, "matmul_batch_invariant",
+                        lambda x, *a, **kw: calls.append(kw.get("out_dtype")) or torch.zeros(1))
+    layer, head = row_parallel_linear(48, 32, bias=False), ParallelLMHead(100, 32)
+    x = torch.randn(3, 48)
+    layer.batch_invariant = head.batch_invariant = True
+    layer(x), head.logits(x[:, :32])  # CPU tensors: torch, whatever the flag (deterministic mode needs CUDA)
+    assert calls == []
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    layer(x), head.logits(x[:, :32])
+    assert calls == [None, torch.float32]  # the head keeps float32 logits
+
+
 @pytest.mark.parametrize("rows,vocab", [(1, 300), (3, 257), (2, 40)])
 def test_argmax_rows_matches_torch(rows, vocab):
     """Two passes over blocks of 64: ties across blocks and within one go to the lowest index, an
@@ -423,6 +468,40 @@ def test_extend_attention_prefix_plus_causal():
     _close(got, want, 1e-5)
 
 
+@pytest.mark.parametrize("kernel", ["decode", "extend"])
+def test_split_p_brings_16bit_attention_to_float32(kernel):
+    """p split into high + low 16-bit parts: fp16 attention within float32 rounding of the float32
+    reference on the same inputs; rounding p once is ~100x farther off."""
+    from radixflow.kernels.attention_common import set_split_p
+
+    seq_lens, hq, hkv, d = [70, 9], 4, 2, 16
+    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, d, torch.float16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    q = torch.randn(len(seq_lens) if kernel == "decode" else sum(seq_lens), hq, d, device=DEV).to(torch.float16)
+
+    def run() -> torch.Tensor:
+        out = torch.empty_like(q, dtype=torch.float32)  # unrounded: the error of the attention itself
+        if kernel == "decode":
+            return decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, 1, out=out)
+        zero = torch.zeros_like(lens)
+        return extend_attention(q, k_buf, v_buf, table, req_idx, zero, lens, torch.tensor([0, 70], device=DEV),
+                                max(seq_lens), 0.25, out=out)
+
+    inputs = (q.float(), k_buf.float(), v_buf.float(), table, req_idx)
+    if kernel == "decode":
+        want = ref.decode_attention_ref(*inputs, lens, 0.25)
+    else:
+        want = ref.extend_attention_ref(*inputs, torch.zeros_like(lens), lens, 0.25)
+    before = set_split_p(False)
+    try:
+        once = (run() - want).abs().max().item()
+        set_split_p(True)
+        split = (run() - want).abs().max().item()
+    finally:
+        set_split_p(before)
+    assert split < 2e-5 and split * 20 < once, (split, once)
+
+
 MAX_16 = {"max_splits": 16}  # an explicit config: DECODE_CONFIG's `small` does not apply
 
 
@@ -432,6 +511,14 @@ def test_num_kv_splits_fills_the_gpu_and_is_capped():
     assert num_kv_splits(64, 8, 132, waves=4, config=MAX_16) == 2
     assert all(num_kv_splits(b, 8) & (num_kv_splits(b, 8) - 1) == 0 for b in range(1, 300))
     assert num_kv_splits(1, 8, 132, config={"max_splits": 64}) == 64
+
+
+def test_deterministic_decode_config_is_the_same_at_every_batch_size():
+    from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, resolve_config
+
+    configs = {str(resolve_config(b, DETERMINISTIC_CONFIG)) for b in (1, 2, 8, 64, 1024)}
+    splits = {num_kv_splits(b, 8, 132, config=DETERMINISTIC_CONFIG) for b in (1, 2, 8, 64, 1024)}
+    assert len(configs) == 1 and splits == {DETERMINISTIC_CONFIG["fixed_splits"]}
 
 
 def test_decode_config_small_batch_overrides(monkeypatch):
@@ -750,3 +837,45 @@ def test_gpu_cuda_graph_decode_equals_eager():
         engine.shutdown()
     for a, b in zip(*outs):
         assert max(abs(x - y) for x, y in zip(a, b)) < 1e-4
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("n,k,out_dtype", [(4096, 4096, None), (6144, 4096, None), (32000, 4096, torch.float32)])
+def test_gpu_matmul_batch_invariant_llama_shapes(n, k, out_dtype):
+    """Rows are the same bits at every M, across the switches between the three tile configs."""
+    x = torch.randn(2048, k, device=DEV, dtype=torch.bfloat16)
+    w = (torch.randn(n, k, device=DEV) * 0.02).to(torch.bfloat16)
+    ms = (1, 7, TINY_M, TINY_M + 1, SMALL_M, SMALL_M + 1, 300)
+    _rows_do_not_depend_on_the_batch(x, w, ms, out_dtype=out_dtype)
+    want = F.linear(x.float(), w.float())
+    _close(matmul_batch_invariant(x, w, out_dtype=out_dtype), want.to(out_dtype or x.dtype), 0.07)
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("backend", ["triton", "torch_native"])
+def test_gpu_deterministic_inference_is_batch_invariant(backend):
+    """--enable-deterministic-inference: a request's greedy tokens and every logprob are the same bits
+    alone, in a batch of 5 (a CUDA graph) and in a batch of 12 (eager, chunked prefill of the long
+    prompt cut elsewhere)."""
+    import radixflow
+
+    cfg = os.path.join(ROOT, "benchmarks", "configs", "smollm2-135m.json")
+    rng = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 49000, (int(n),), generator=rng).tolist() for n in torch.randint(5, 300, (12,), generator=rng)]
+    params = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+    engine = radixflow.Engine(
+        cfg, load_format="dummy", dtype="bfloat16", tokenizer_path=_tokenizer_dir(), max_total_tokens=16384,
+        cuda_graph_max_bs=8, chunked_prefill_size=256, attention_backend=backend, enable_deterministic_inference=True,
+    )
+    try:
+        seen = []
+        for batch in (prompts[3:4], prompts[:5], prompts):
+            engine.flush_cache()
+            res = engine.generate(input_ids=batch, sampling_params=params, return_logprob=True, logprob_start_len=0)
+            mine = res[batch.index(prompts[3])]["meta_info"]
+            seen.append((mine["input_token_logprobs"], mine["output_token_logprobs"]))
+    finally:
+        engine.shutdown()
+    assert seen[0] == seen[1] == seen[2]

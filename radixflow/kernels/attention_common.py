@@ -1,9 +1,34 @@
-"""Triton helpers shared by the decode and extend attention kernels."""
+"""Triton helpers shared by the decode and extend attention kernels.
+
+With 16-bit K/V the softmax weights p (float32) must be rounded to 16 bits for the tensor-core
+p @ v. Rounded once, p carries an error of up to 2^-9 of itself into every attention output,
+and two kernels that tile the softmax differently round different values: at the Llama-3-8B
+shape that alone moved logprobs by ~0.05 (benchmarks/bf16_error_sources.py). So p is split into
+a 16-bit high part and the 16-bit remainder, and both are multiplied: ~2^-17 relative error for
+a second MMA over the same v tile (`split_p`; `set_split_p(False)` restores the single rounding).
+"""
 
 from __future__ import annotations
 
 import triton
 import triton.language as tl
+
+_split_p = True
+
+
+def set_split_p(on: bool) -> bool:
+    """Kernels launched from now on multiply p as high + low 16-bit parts (True) or rounded once;
+    returns the previous setting. Captured CUDA graphs keep theirs."""
+    global _split_p
+    before, _split_p = _split_p, on
+    return before
+
+
+def split_p(dtype) -> bool:
+    """The SPLIT_P launch flag for attention over K/V of `dtype` (float32 needs no split)."""
+    import torch
+
+    return _split_p and dtype in (torch.bfloat16, torch.float16)
 
 
 @triton.jit
@@ -15,14 +40,18 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, SPLIT_P: tl.constexpr):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
     running max m_i, denominator l_i and unnormalised output acc."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
     alpha = tl.exp(m_i - m_new)
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + dot(p.to(v.dtype), v, IEEE)
+    acc = acc * alpha[:, None]
+    p_hi = p.to(v.dtype)
+    acc += dot(p_hi, v, IEEE)
+    if SPLIT_P:
+        acc += dot((p - p_hi.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
 
 

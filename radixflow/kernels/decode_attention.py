@@ -13,7 +13,11 @@ stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, s
 the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
 multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph).
+graph); `fixed_splits`: when set, every batch size uses this many splits.
+
+DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
+and the order its splits merge in, depend on its own length alone: a request's output is the
+same bits in any batch (--enable-deterministic-inference).
 
 With `rope` (small decode batches, runtime/attention/triton_backend.py), stage 1 also does what
 the rotary + KV-store kernel would: each program rotates its q heads, and the program whose split
@@ -32,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step
+from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, split_p
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
 # Launch parameters, from benchmarks/gpu_attn_bench.py on an H200 (2026-11-30, Llama-3-8B heads, KV
@@ -46,8 +50,9 @@ from radixflow.kernels.pdl import pdl_launch, pdl_wait
 # benchmarks/results/h200-2026-11-30-s3) and were removed.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
-    "small": {"max_batch": 1, "max_splits": 32, "split_align": 16},
+    "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0,
 }
+DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
 
 @triton.jit
@@ -69,7 +74,7 @@ def _decode_stage1(
     stride_cos, stride_knb, stride_knh, stride_vnb, stride_vnh,
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, SPLIT_P: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -111,7 +116,8 @@ def _decode_stage1(
         k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
                              offs_d, mask_d)
         qk = dot(q, k.to(q.dtype), IEEE) * scale
-        m_i, l_i, acc = online_softmax_step(tl.where(mask_n[None, :], qk, float("-inf")), v, m_i, l_i, acc, IEEE)
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, SPLIT_P)
 
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -195,6 +201,8 @@ def num_kv_splits(batch: int, kv_heads: int, num_sms: int = 132, waves: int | No
     """Enough (request, KV head, split) programs to cover the SMs `waves` times, a power of two
     capped at max_splits. Depends on the batch size and head count only (CUDA graphs)."""
     cfg = resolve_config(batch, config)
+    if cfg["fixed_splits"]:
+        return cfg["fixed_splits"]
     waves = cfg["waves"] if waves is None else waves
     programs = max(batch * kv_heads, 1)
     return min(cfg["max_splits"], triton.next_power_of_2(max(-(-waves * num_sms // programs), 1)))
@@ -249,7 +257,7 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32,
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, SPLIT_P=split_p(v_buf.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )
     if not direct:

@@ -40,12 +40,16 @@ class ModelRunner:
             self.model_dir = files.path
             self.config = load_config(files.path)
         self._check_arch()
+        if args.enable_deterministic_inference and self.device != "cuda":
+            raise RadixflowError("enable_deterministic_inference needs a CUDA device (its batch-invariant matmul is Triton)")
         self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
         self.model = self._load_model()
         self.vocab_size = self.model.shape.vocab_size
         self._init_memory()
         self.model.enable_fused_kernels(getattr(self.backend, "fused_kernels", False))
-        if self.device == "cuda" and getattr(self.backend, "fused_kernels", False):
+        if args.enable_deterministic_inference:
+            self.model.use_batch_invariant_kernels()
+        elif self.device == "cuda" and getattr(self.backend, "fused_kernels", False):
             self.model.choose_small_batch_matmuls()  # before graph capture: the graphs bake in the choice
         self.graph_runner = self._init_cuda_graphs()
 
@@ -99,6 +103,7 @@ class ModelRunner:
             num_q_heads=q_heads,
             num_kv_heads=kv_heads,
             head_dim=s.head_dim,
+            deterministic=self.args.enable_deterministic_inference,
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
 

@@ -32,6 +32,8 @@ _HELP = {
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
+    "enable_deterministic_inference": "batch-invariant kernels: a request's outputs and logprobs are the same bits "
+    "whatever it is batched with (CUDA, tp_size 1, triton or torch_native attention; slower)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -63,6 +65,7 @@ class ServerArgs:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: Optional[int] = None
+    enable_deterministic_inference: bool = False
 
     # constrained decoding
     disable_jump_forward: bool = False
@@ -102,6 +105,10 @@ class ServerArgs:
             raise RadixflowError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
             raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
+        if self.enable_deterministic_inference and (self.tp_size > 1 or self.attention_backend == "flashinfer"):
+            raise RadixflowError(
+                "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
+            )
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:

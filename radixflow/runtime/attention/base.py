@@ -15,7 +15,13 @@ from radixflow.runtime.layers.rotary import RotaryEmbedding
 
 
 class AttentionBackend:
-    def __init__(self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_q_heads: int, num_kv_heads: int, head_dim: int):
+    deterministic = False  # batch-invariant: a request's result may not depend on its batch
+
+    def __init__(
+        self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_q_heads: int, num_kv_heads: int, head_dim: int,
+        deterministic: bool = False,
+    ):
+        self.deterministic = deterministic
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.num_q_heads = num_q_heads

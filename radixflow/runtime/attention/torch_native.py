@@ -42,6 +42,10 @@ def shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
 class TorchNativeBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         table = self.req_to_token.table
+        if fb.mode == ForwardMode.DECODE and self.deterministic:  # each request alone: no batch-wide shapes
+            rows = fb.req_pool_indices.tolist()
+            fb.attn_metadata = NativeMetadata(None, [table[r, :s].to(torch.int64) for r, s in zip(rows, fb.seq_lens_list)])
+            return
         if fb.mode == ForwardMode.DECODE:
             max_len = max(fb.seq_lens_list)
             slots = table[fb.req_pool_indices, :max_len].to(torch.int64)
@@ -51,14 +55,19 @@ class TorchNativeBackend(AttentionBackend):
             shared = slots[0, :p] if p else None
             fb.attn_metadata = NativeMetadata(shared, slots[:, p:], valid.view(fb.batch_size, 1, 1, -1))
         else:
-            min_pre = min(fb.prefix_lens_list)
+            min_pre = 0 if self.deterministic else min(fb.prefix_lens_list)
             p = shared_prefix_len(table[fb.req_pool_indices, :min_pre], min_pre) if min_pre else 0
             rows = fb.req_pool_indices.tolist()
             rest = [table[r, p:s].to(torch.int64) for r, s in zip(rows, fb.seq_lens_list)]
             fb.attn_metadata = NativeMetadata(table[rows[0], :p].to(torch.int64) if p else None, rest)
 
     def forward(self, q, k, v, layer, fb):
+        """Attention in float32 whatever the model's dtype (16-bit q and K/V widen exactly), rounded
+        once at the end: the reference the Triton kernels are held to (kernels/attention_common.py)."""
         self.kv_pool.store(layer, fb.out_cache_loc, k, v)
+        return self._attend(q.float(), layer, fb).to(q.dtype)
+
+    def _attend(self, q, layer, fb):
         meta: NativeMetadata = fb.attn_metadata
         if meta.shared is None:
             return self._decode(q, layer, meta) if fb.mode == ForwardMode.DECODE else self._extend(q, layer, fb, 0)
@@ -67,7 +76,7 @@ class TorchNativeBackend(AttentionBackend):
             rest_out, rest_lse = self._decode(q, layer, meta, with_lse=True)
         else:
             rest_out, rest_lse = self._extend(q, layer, fb, meta.shared.numel(), with_lse=True)
-        return merge_partials(shared_out, shared_lse, rest_out, rest_lse).to(q.dtype)
+        return merge_partials(shared_out, shared_lse, rest_out, rest_lse)
 
     def _kv(self, layer: int, slots: torch.Tensor, dtype) -> tuple:
         return gather_rows(self.kv_pool.k[layer], slots, dtype), gather_rows(self.kv_pool.v[layer], slots, dtype)
@@ -83,6 +92,8 @@ class TorchNativeBackend(AttentionBackend):
         return to_tokens(out), to_tokens(lse)
 
     def _decode(self, q, layer, meta: NativeMetadata, with_lse: bool = False):
+        if self.deterministic:
+            return self._decode_each(q, layer, meta)
         k, v = self._kv(layer, meta.rest, q.dtype)  # [B, L, Hkv, D]
         kc, vc = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
         b, hq, d = q.shape
@@ -93,6 +104,16 @@ class TorchNativeBackend(AttentionBackend):
             return out.reshape(b, hq, d)
         out, lse = attend_with_lse(qg, kc, vc, meta.valid.view(b, 1, 1, -1), self.scale)
         return out.reshape(b, hq, d), lse.reshape(b, hq, 1)
+
+    def _decode_each(self, q, layer, meta: NativeMetadata):
+        """Decode one request at a time, over exactly its own KV (deterministic mode)."""
+        outs = []
+        for i, slots in enumerate(meta.rest):
+            k, v = self._kv(layer, slots, q.dtype)  # [L, Hkv, D]
+            o = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
+                                               v.transpose(0, 1).unsqueeze(0), scale=self.scale, enable_gqa=True)
+            outs.append(o[0].transpose(0, 1))
+        return torch.cat(outs, dim=0)
 
     def _extend(self, q, layer, fb, shared_len: int, with_lse: bool = False):
         """Each request's new tokens over its KV after the shared prefix (a loop over requests)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from radixflow.host_copy import to_device_async
-from radixflow.kernels.decode_attention import DecodeRope, decode_attention, num_kv_splits
+from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.kv_store import store_kv
 from radixflow.kernels.rotary import apply_rotary_store_kv
@@ -31,10 +31,11 @@ class TritonBackend(AttentionBackend):
         device = self.kv_pool.k[0].device
         cuda = device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
+        self.decode_config = DETERMINISTIC_CONFIG if self.deterministic else None  # None: tuned per batch size
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
-            fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms)
+            fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config)
             return
         starts, acc = [], 0
         for n in fb.extend_lens_list:
@@ -49,7 +50,8 @@ class TritonBackend(AttentionBackend):
 
     def rotary_in_attention(self, fb: ForwardBatch) -> bool:
         """Whether this pass's rotary and KV store run inside the decode-attention kernel."""
-        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.rotary_in_decode_attention_max_batch
+        small = fb.batch_size <= self.rotary_in_decode_attention_max_batch
+        return fb.mode == ForwardMode.DECODE and small and not self.deterministic  # one rotary for all batches
 
     def forward_rotary(self, positions, q, k, v, rotary, layer, fb):
         if not (rotary.fused and q.is_cuda):
@@ -73,4 +75,5 @@ class TritonBackend(AttentionBackend):
     def _decode(self, q, layer, fb, rope: DecodeRope | None = None):
         """Decode attention over the pool; with `rope` the kernel first rotates q and stores the new K/V."""
         return decode_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
-                                fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata, rope=rope)
+                                fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata,
+                                config=self.decode_config, rope=rope)

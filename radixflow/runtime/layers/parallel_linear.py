@@ -18,7 +18,8 @@ nn.Embedding and compute exactly what they did.
 
 On CUDA, `choose_small_batch_matmuls` may route a layer's local matmul with few rows
 (decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS;
-collectives stay where they are.
+collectives stay where they are. With `batch_invariant` set (deterministic inference) every
+matmul, the output head's included, goes through kernels/matmul.py instead.
 """
 
 from __future__ import annotations
@@ -110,9 +111,14 @@ class SmallBatchMatmul:
 
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
+    batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
     weight: torch.Tensor
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.batch_invariant and x.is_cuda:
+            from radixflow.kernels.matmul import matmul_batch_invariant
+
+            return matmul_batch_invariant(x, self.weight, bias)
         if x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 
@@ -237,6 +243,8 @@ def row_parallel_linear(full_in: int, out_features: int, bias: bool, start: Opti
 class VocabParallelEmbedding(nn.Embedding):
     """Rows `[start, start + per_rank)` of the vocabulary; rows past the vocabulary are zero."""
 
+    batch_invariant = False  # as the head: logits through kernels/matmul.py (CUDA)
+
     def __init__(self, vocab_size: int, dim: int):
         tp = get_tp()
         per = -(-vocab_size // tp.size)
@@ -265,6 +273,10 @@ class VocabParallelEmbedding(nn.Embedding):
         Half-precision inputs still give float32 logits (accumulated in float32 and not
         rounded): bf16 logits are ~0.125 apart near 20, so greedy decoding would meet exact
         ties that any last-bit difference upstream breaks either way."""
+        if self.batch_invariant and hidden.is_cuda:
+            from radixflow.kernels.matmul import matmul_batch_invariant
+
+            return self.gather_logits(matmul_batch_invariant(hidden, self.weight, out_dtype=torch.float32))
         if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
             return self.gather_logits(_mm_float32(hidden, self.weight))
         return self.gather_logits(F.linear(hidden, self.weight).float())

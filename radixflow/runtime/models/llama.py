@@ -153,6 +153,17 @@ class LlamaForCausalLM(nn.Module):
             if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
                 m.fused = on
 
+    def use_batch_invariant_kernels(self) -> None:
+        """Deterministic inference: every linear layer and the output head through kernels/matmul.py,
+        and RMSNorm through its Triton kernel (one program a row) with any attention backend: torch's
+        mean picks its reduction order by the tensor's shape, so a decode row's norm changed with the
+        batch size (tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant)."""
+        for m in self.modules():
+            if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
+                m.batch_invariant = True
+            if isinstance(m, RMSNorm):
+                m.fused = True
+
     def choose_small_batch_matmuls(self) -> dict[str, int]:
         """CUDA: per linear shape, use the Triton GEMV for decode-sized batches where it times
         faster than cuBLAS (the output head has its own float32 path). Call before capturing CUDA graphs."""
