@@ -12,10 +12,12 @@ Sections (each isolated: a failure is logged and the next one runs):
   pytest       tests/test_kernels.py on the GPU (including the `gpu` tests)
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
-               also torch-native vs itself (as candidate; each request alone vs batched)
+               also torch-native vs itself (as candidate; each request alone vs batched);
+               --corr-dtypes bfloat16-det (deterministic inference), bfloat16-split-p-off
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
   decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
-               recaptured without PDL and with rotary outside decode attention; profiles
+               recaptured without PDL, with rotary outside decode attention, with a bf16 residual
+               stream and with attention's p rounded once; profiles
                of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
   sampled_bs1  batch-1 decode with top-p sampling (Triton kernel, torch's path) against greedy
   gemv_configs batch-1 decode with the chooser's GEMV config per shape against one config for all
@@ -24,9 +26,11 @@ Sections (each isolated: a failure is logged and the next one runs):
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
                generate()'s own compiled decode step, else a compiled decode loop (--hf-compile)
   offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos
+  offline_pdl_ab / offline_residual_ab / offline_split_p_ab   offline under each of two settings
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
-  prefill      8 x 2048-token prompts vs the measured matmul rate
+  prefill      8 x 2048-token prompts vs the measured matmul rate (and with p rounded once in attention)
+  deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, alone vs batched
 A section named twice runs twice (results under name, name#1, ...). Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 """
@@ -273,18 +277,23 @@ def _solo_reference(eng, warm: list, cand, starts: list):
     return RunLogprobs(cand.prompts, [r.input_lps[0] for r in runs], cand.output_ids, [r.output_lps[0] for r in runs])
 
 
-def _check_bf16(config: str, shared: int, long: int, chunk: int) -> dict:
+def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: bool = False) -> dict:
     """bf16 Triton and bf16 torch-native, each against a float32 torch-native run of the
     same (bf16-rounded) weights: how far each bf16 path is from exact arithmetic. Two
     torch-native-only baselines show what bf16 itself allows: the whole check with native as
-    the candidate too, and teacher-forced scoring of each request alone vs the batch."""
+    the candidate too, and teacher-forced scoring of each request alone vs the batch.
+    `deterministic`: both bf16 engines with --enable-deterministic-inference (the float32 one without)."""
     from logprob_check import make_prompts, run_candidate, run_reference
 
     kw = dict(max_total_tokens=32768, chunked_prefill_size=chunk, cuda_graph_max_bs=8, max_running_requests=16)
+    det = dict(kw, enable_deterministic_inference=deterministic)
     warm, batch, starts = make_prompts(TOKENIZER_VOCAB, shared, long, seed=1)
-    tri = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", dtype="bfloat16", **kw)
+    tri = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", dtype="bfloat16", **det)
     cand = run_candidate(tri, warm, batch, starts, new_tokens=16)
-    nat16 = make_engine(config, attention_backend="torch_native", dtype="bfloat16", **kw)
+    if deterministic:  # the Triton engine against itself: teacher-forced alone vs the generating batch
+        res_det = {"triton_solo_vs_batched_bf16": _compare(_solo_reference(tri, warm, cand, starts),
+                                                           run_reference(tri, warm, cand, starts))}
+    nat16 = make_engine(config, attention_backend="torch_native", dtype="bfloat16", **det)
     ref16 = run_reference(nat16, warm, cand, starts)
     nat_cand = run_candidate(nat16, warm, batch, starts, new_tokens=16)
     res = {"native_vs_native_bf16": _compare(nat_cand, run_reference(nat16, warm, nat_cand, starts)),
@@ -300,14 +309,30 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int) -> dict:
     res.update(triton_vs_native_bf16=_compare(cand, ref16), triton_bf16_vs_fp32=_compare(cand, ref32),
                native_bf16_vs_fp32=_compare(ref16, ref32))
     res["ok"] = max(res["triton_vs_native_bf16"]["prefill_max_abs"], res["triton_vs_native_bf16"]["decode_max_abs"]) <= 2e-2
+    if deterministic:
+        res.update(res_det)
     return res
+
+
+def _check_bf16_split_p_off(config: str, shared: int, long: int, chunk: int) -> dict:
+    """_check_bf16 with the Triton kernels rounding p to bf16 once (kernels/attention_common.py)."""
+    from radixflow.kernels.attention_common import set_split_p
+
+    before = set_split_p(False)
+    try:
+        return _check_bf16(config, shared, long, chunk)
+    finally:
+        set_split_p(before)
 
 
 def sec_correctness() -> dict:
     out = {}
-    checks = {"float32": lambda c: _check_backends(c, "float32", 1e-3, SZ["corr_shared"], SZ["corr_long"], SZ["corr_chunk"]),
-              "bfloat16": lambda c: _check_bf16(c, SZ["corr_shared"], SZ["corr_long"], SZ["corr_chunk"])}
-    for config in ("smollm2-135m", "llama3-8b"):
+    sizes = (SZ["corr_shared"], SZ["corr_long"], SZ["corr_chunk"])
+    checks = {"float32": lambda c: _check_backends(c, "float32", 1e-3, *sizes),
+              "bfloat16": lambda c: _check_bf16(c, *sizes),
+              "bfloat16-det": lambda c: _check_bf16(c, *sizes, deterministic=True),
+              "bfloat16-split-p-off": lambda c: _check_bf16_split_p_off(c, *sizes)}
+    for config in OPTS.corr_configs.split(","):
         for dtype in OPTS.corr_dtypes.split(","):
             key = f"{config}/{dtype}"
             try:
@@ -541,6 +566,13 @@ def _set_residual_dtype(dtype):
     return before
 
 
+def _split_p_off_rates(eng, prompt: list) -> dict:
+    """A batch-1 graph whose attention rounds p to bf16 once, not split into high + low parts."""
+    from radixflow.kernels.attention_common import set_split_p
+
+    return _recaptured_rates(eng, prompt, "split_p_off", set_split_p)
+
+
 def _residual_bf16_rates(eng, prompt: list) -> dict:
     """A batch-1 graph with the residual stream in bf16 (the model's dtype), not float32."""
     return _recaptured_rates(eng, prompt, "residual_bf16", _set_residual_dtype)
@@ -671,6 +703,7 @@ def sec_decode_bs1() -> dict:
         out.update(_pdl_late_rates(eng, prompt))
         out.update(_rotary_apart_rates(eng, prompt))
         out.update(_residual_bf16_rates(eng, prompt))
+        out.update(_split_p_off_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
@@ -971,19 +1004,34 @@ def sec_offline_pdl_ab() -> dict:
     return out
 
 
-def sec_offline_residual_ab() -> dict:
-    """`offline` with the residual stream in float32 (the default), in bf16, then float32 again,
-    in one process (graphs recaptured for each): what the float32 stream costs at large batches."""
+def _offline_settings_ab(setter, settings: tuple) -> dict:
+    """`offline` once per (label, value) in `settings`, with setter(value) holding for the whole run
+    (eager passes and recaptured graphs), in one process; the setting before is restored after."""
     runner, out = OPTS.bench_engine.runner, {}
+    before = setter(settings[0][1])
     try:
-        for label, dtype in (("float32", torch.float32), ("bf16", False), ("float32_again", torch.float32)):
-            _set_residual_dtype(dtype)
+        for label, value in settings:
+            setter(value)
             runner.recapture_cuda_graphs()
             out[label] = sec_offline()
     finally:
-        _set_residual_dtype(torch.float32)
+        setter(before)
         runner.recapture_cuda_graphs()
     return out
+
+
+def sec_offline_residual_ab() -> dict:
+    """`offline` with the residual stream in float32 (the default), in bf16, then float32 again:
+    what the float32 stream costs at large batches."""
+    return _offline_settings_ab(_set_residual_dtype,
+                                (("float32", torch.float32), ("bf16", False), ("float32_again", torch.float32)))
+
+
+def sec_offline_split_p_ab() -> dict:
+    """`offline` with attention's p split into high + low bf16 parts (the default), then rounded once."""
+    from radixflow.kernels.attention_common import set_split_p
+
+    return _offline_settings_ab(set_split_p, (("split_p", True), ("split_p_off", False)))
 
 
 def sec_shared() -> dict:
@@ -1074,6 +1122,49 @@ def sec_prefill() -> dict:
     out = {"s": t, "tok_s": n * length / t, "tflops": n * length * flops_tok / t / 1e12}
     if "_mm" in RESULTS:
         out["pct_of_matmul_rate"] = 100 * out["tflops"] * 1e12 / RESULTS["_mm"]
+    out.update(_prefill_split_p_ab(eng, n, length))
+    return out
+
+
+def _prefill_split_p_ab(eng, n: int, length: int) -> dict:
+    """Prefill seconds with p rounded once (split off), then split again, in the same engine."""
+    from radixflow.kernels.attention_common import set_split_p
+
+    rng, out = random.Random(17), {}
+    for label, on in (("split_p_off", False), ("split_p_on_again", True)):
+        before = set_split_p(on)
+        try:
+            _run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)  # compiles the variant
+            t = min(_run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)["s"] for _ in range(3))
+        finally:
+            set_split_p(before)
+        out[f"tok_s_{label}"] = n * length / t
+    return out
+
+
+def sec_deterministic() -> dict:
+    """--enable-deterministic-inference against the default, Llama-3-8B shape, one engine at a time:
+    batch-1 decode (128 in, 256 out) and a batch of 64 (in 512, out 128); plus whether a request's
+    outputs and logprobs are the same bits alone and inside that batch."""
+    rng = random.Random(21)
+    prompt, batch = rand_ids(rng, 128), [rand_ids(rng, 512) for _ in range(64)]
+    out = {}
+    for label, det in (("default", False), ("deterministic", True)):
+        eng = make_engine("llama3-8b", **dict(OPTS.bench_kw, cuda_graph_max_bs=64, max_running_requests=64,
+                                              enable_deterministic_inference=det))
+        res = {"bs1_tok_s": _decode_rate(eng, prompt, SZ["bs1_out"])}
+        _run_batch(eng, batch, [greedy(SZ["shared_out"])] * 64)  # warm-up
+        res["bs64_out_tok_s"] = 64 * SZ["shared_out"] / _run_batch(eng, batch, [greedy(SZ["shared_out"])] * 64)["s"]
+        lp = dict(sampling_params=greedy(32), return_logprob=True)
+        eng.flush_cache()
+        alone = eng.generate(input_ids=batch[5], **lp)
+        eng.flush_cache()
+        together = eng.generate(input_ids=batch[:24], **lp)[5]
+        res["alone_equals_batched"] = alone["meta_info"]["output_token_logprobs"] == together["meta_info"]["output_token_logprobs"]
+        free(eng)
+        out[label] = res
+    out["bs1_ratio"] = out["deterministic"]["bs1_tok_s"] / out["default"]["bs1_tok_s"]
+    out["bs64_ratio"] = out["deterministic"]["bs64_out_tok_s"] / out["default"]["bs64_out_tok_s"]
     return out
 
 
@@ -1084,9 +1175,10 @@ SECTIONS = {
     "gemv_configs": sec_gemv_configs,
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
-    "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill,
+    "offline_split_p_ab": sec_offline_split_p_ab,
+    "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
 }
-NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "offline_split_p_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search"}
 
 
@@ -1098,7 +1190,9 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=1024)
     p.add_argument("--graph-max-bs", type=int, default=256)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
-    p.add_argument("--corr-dtypes", default="float32,bfloat16")
+    p.add_argument("--corr-dtypes", default="float32,bfloat16",
+                   help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-split-p-off")
+    p.add_argument("--corr-configs", default="smollm2-135m,llama3-8b")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})

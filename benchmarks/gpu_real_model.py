@@ -154,7 +154,8 @@ def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace):
     import radixflow
 
     kw = dict(device=a.device, dtype=dtype, attention_backend=backend, max_total_tokens=a.max_total_tokens,
-              cuda_graph_max_bs=32, max_running_requests=64, random_seed=0)
+              cuda_graph_max_bs=32, max_running_requests=64, random_seed=0,
+              enable_deterministic_inference=a.deterministic)
     t = time.perf_counter()
     eng = radixflow.Engine(folder, **kw)
     log(f"engine {backend}/{dtype} ready in {time.perf_counter() - t:.1f}s")
@@ -374,6 +375,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--ignore-eos", action="store_true", help="always generate --max-new-tokens tokens")
     ap.add_argument("--cache", default="/tmp/radixflow-real-cache", help="RADIXFLOW_CACHE: converted model, joined GGUF")
     ap.add_argument("--max-total-tokens", type=int, default=None)
+    ap.add_argument("--deterministic", action="store_true", help="both engines with --enable-deterministic-inference")
     a = ap.parse_args()
     if not (a.out or a.analyze):
         ap.error("--out is required (or --analyze a saved result)")
