@@ -156,8 +156,9 @@ class LlamaForCausalLM(nn.Module):
     def use_batch_invariant_kernels(self) -> None:
         """Deterministic inference: every linear layer and the output head through kernels/matmul.py,
         and RMSNorm through its Triton kernel (one program a row) with any attention backend: torch's
-        mean picks its reduction order by the tensor's shape, so a decode row's norm changed with the
-        batch size (tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant)."""
+        mean picks its reduction order by the tensor's shape (on an H200 a 4,096-wide row's mean
+        changed with the row count), and the torch-native engine failed
+        tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant until this."""
         for m in self.modules():
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
                 m.batch_invariant = True
