@@ -750,6 +750,31 @@ def test_gpu_sampling_kernel_llama_vocab():
     _check_draws(row, 4096, (1.0, 50, 1.0, 0.01), block=4096, tv_max=0.05)
 
 
+def test_batch_invariant_sampler_draws_each_row_alone(monkeypatch):
+    """Deterministic inference: torch's sampling path runs on one row at a time, and a seeded row
+    draws what it draws alone."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime import sampler
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    def reqs(n: int) -> list:
+        return [SimpleNamespace(sampling=SamplingParams(temperature=0.8, top_p=0.9),
+                                generator=torch.Generator(device=DEV).manual_seed(5)) for _ in range(n)]
+
+    logits = torch.randn(3, 500, device=DEV)
+    rows = []
+    real = sampler._sample_torch
+    monkeypatch.setattr(sampler, "_sample_torch", lambda lg, *a: rows.append(lg.shape[0]) or real(lg, *a))
+    together = sampler.sample_from(logits.clone(), reqs(3), batch_invariant=True)
+    assert rows == [1, 1, 1]
+    alone = sampler.sample_from(logits[2:].clone(), reqs(1), batch_invariant=True)
+    assert together[2] == alone[0]
+    rows.clear()
+    sampler.sample_from(logits.clone(), reqs(3))
+    assert rows == [3]  # the default: the whole batch at once
+
+
 @gpu
 @needs_cuda
 def test_gpu_sampler_routes_sampled_batches_to_the_kernel(monkeypatch):
@@ -856,26 +881,29 @@ def test_gpu_matmul_batch_invariant_llama_shapes(n, k, out_dtype):
 @needs_cuda
 @pytest.mark.parametrize("backend", ["triton", "torch_native"])
 def test_gpu_deterministic_inference_is_batch_invariant(backend):
-    """--enable-deterministic-inference: a request's greedy tokens and every logprob are the same bits
-    alone, in a batch of 5 (a CUDA graph) and in a batch of 12 (eager, chunked prefill of the long
-    prompt cut elsewhere)."""
+    """--enable-deterministic-inference: a request's tokens and every logprob are the same bits alone,
+    in a batch of 5 (a CUDA graph) and in a batch of 12 (eager, chunked prefill of the long prompt cut
+    elsewhere); greedy, and sampled with its own seed beside unseeded sampled requests."""
     import radixflow
 
     cfg = os.path.join(ROOT, "benchmarks", "configs", "smollm2-135m.json")
     rng = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 49000, (int(n),), generator=rng).tolist() for n in torch.randint(5, 300, (12,), generator=rng)]
-    params = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+    greedy = {"max_new_tokens": 24, "temperature": 0.0, "ignore_eos": True}
+    sampled = dict(greedy, temperature=0.9, top_p=0.9)
     engine = radixflow.Engine(
         cfg, load_format="dummy", dtype="bfloat16", tokenizer_path=_tokenizer_dir(), max_total_tokens=16384,
         cuda_graph_max_bs=8, chunked_prefill_size=256, attention_backend=backend, enable_deterministic_inference=True,
     )
     try:
-        seen = []
-        for batch in (prompts[3:4], prompts[:5], prompts):
-            engine.flush_cache()
-            res = engine.generate(input_ids=batch, sampling_params=params, return_logprob=True, logprob_start_len=0)
-            mine = res[batch.index(prompts[3])]["meta_info"]
-            seen.append((mine["input_token_logprobs"], mine["output_token_logprobs"]))
+        for mine, others in ((greedy, greedy), (dict(sampled, sampling_seed=7), sampled)):
+            seen = []
+            for batch in (prompts[3:4], prompts[:5], prompts):
+                engine.flush_cache()
+                params = [mine if p is prompts[3] else others for p in batch]
+                res = engine.generate(input_ids=batch, sampling_params=params, return_logprob=True, logprob_start_len=0)
+                meta = res[batch.index(prompts[3])]["meta_info"]
+                seen.append((meta["input_token_logprobs"], meta["output_token_logprobs"]))
+            assert seen[0] == seen[1] == seen[2], mine
     finally:
         engine.shutdown()
-    assert seen[0] == seen[1] == seen[2]

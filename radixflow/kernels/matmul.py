@@ -75,7 +75,7 @@ def matmul_batch_invariant(
     config: tuple | None = None,
 ) -> torch.Tensor:
     """x [..., K] @ weight[N, K].T (+ bias) -> [..., N] in out_dtype (default x's); each row's
-    result is the same bits whatever the other rows are. `config` overrides SMALL / LARGE (benchmarks)."""
+    result is the same bits whatever the other rows are. `config` overrides tile_config(M) (benchmarks)."""
     assert x.shape[-1] == weight.shape[1] and weight.stride(1) == 1 and x.dtype == weight.dtype
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])

@@ -121,8 +121,11 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
-    """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax."""
+def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax.
+    `batch_invariant` (deterministic inference): torch's path works on one row at a time, so a
+    seeded request draws from the same bits in any batch: on an H200 torch's sum and cumsum over a
+    vocabulary row gave other bits at other row counts (BENCHMARKS.md, session 10)."""
     greedy = [r.sampling.is_greedy for r in reqs]
     if all(greedy):
         return greedy_ids(logits)
@@ -136,6 +139,10 @@ def sample_from(logits: torch.Tensor, reqs: list) -> torch.Tensor:
         from radixflow.kernels.sampling import sample_rows
 
         sampled = sample_rows(logits, temps, top_k, top_p, min_p)
+    elif batch_invariant:
+        rows = [_sample_torch(logits[i : i + 1], temps[i : i + 1], top_k[i : i + 1], top_p[i : i + 1],
+                              min_p[i : i + 1], reqs[i : i + 1]) for i in range(len(reqs))]
+        sampled = torch.cat(rows)
     else:
         sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
     if not any(greedy):
@@ -176,14 +183,14 @@ def _draw(probs: torch.Tensor, reqs: list) -> torch.Tensor:
     return out
 
 
-def sample(logits: torch.Tensor, reqs: list, eos_ids: set) -> SampleResult:
-    """logits: [B, V] float32, modified in place."""
+def sample(logits: torch.Tensor, reqs: list, eos_ids: set, batch_invariant: bool = False) -> SampleResult:
+    """logits: [B, V] float32, modified in place. `batch_invariant`: see `sample_from`."""
     want_lp = any(r.logprob.return_logprob for r in reqs)
     raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
     apply_penalties(logits, reqs)
     mask_stop_tokens(logits, reqs, eos_ids)
     apply_grammar_masks(logits, reqs)
     apply_logit_bias(logits, reqs)
-    next_ids = sample_from(logits, reqs)
+    next_ids = sample_from(logits, reqs, batch_invariant)
     chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
     return SampleResult(next_ids=next_ids, logprobs=raw_lp, chosen_logprobs=chosen)

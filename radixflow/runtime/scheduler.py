@@ -375,7 +375,7 @@ class Scheduler:
         logits = self.runner.forward(fb)
         for r in reqs:
             r.kv_len += 1
-        result = sample(logits, reqs, self.eos_ids)
+        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
         host_ids = result.next_ids.to("cpu", non_blocking=True)
         ready = None
         if result.next_ids.is_cuda:
@@ -470,7 +470,7 @@ class Scheduler:
 
     # -- sampling, finishing -----------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        result = sample(logits, reqs, self.eos_ids)
+        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
         self._advance(reqs, result.next_ids.tolist(), result)
 
     def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult) -> list[Req]:
