@@ -1107,13 +1107,17 @@ def sec_idle() -> dict:
     return out
 
 
+def _prefill_seconds(eng, rng: random.Random, n: int, length: int) -> float:
+    """The fastest of 3 batches of n fresh random prompts of `length` tokens, 1 output token each,
+    after one batch that compiles what the shapes need."""
+    _run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)
+    return min(_run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)["s"] for _ in range(3))
+
+
 def sec_prefill() -> dict:
     eng = OPTS.bench_engine
-    rng = random.Random(13)
     n, length = SZ["prefill_n"], SZ["prefill_len"]
-    params = [greedy(1)] * n
-    _run_batch(eng, [rand_ids(rng, length) for _ in range(n)], params)
-    t = min(_run_batch(eng, [rand_ids(rng, length) for _ in range(n)], params)["s"] for _ in range(3))
+    t = _prefill_seconds(eng, random.Random(13), n, length)
     model = eng.runner.model
     s = model.shape
     _, read = weight_bytes(model)
@@ -1134,8 +1138,7 @@ def _prefill_split_p_ab(eng, n: int, length: int) -> dict:
     for label, on in (("split_p_off", False), ("split_p_on_again", True)):
         before = set_split_p(on)
         try:
-            _run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)  # compiles the variant
-            t = min(_run_batch(eng, [rand_ids(rng, length) for _ in range(n)], [greedy(1)] * n)["s"] for _ in range(3))
+            t = _prefill_seconds(eng, rng, n, length)
         finally:
             set_split_p(before)
         out[f"tok_s_{label}"] = n * length / t

@@ -315,7 +315,7 @@ def test_matmul_batch_invariant_matches_reference(m, bias, dtype, out_dtype):
     w = torch.randn(40, 100, device=DEV).to(dtype)
     b = torch.randn(40, device=DEV).to(dtype) if bias else None
     got = matmul_batch_invariant(x, w, b, out_dtype=out_dtype)
-    want = F.linear(x.float(), w.float(), None if b is None else b.float())
+    want = ref.gemv_ref(x.float(), w.float(), None if b is None else b.float())  # the contract, unrounded
     _close(got, want.to(out_dtype or dtype), 1e-4 if got.dtype == torch.float32 else 2e-2)
 
 
@@ -514,11 +514,21 @@ def test_num_kv_splits_fills_the_gpu_and_is_capped():
 
 
 def test_deterministic_decode_config_is_the_same_at_every_batch_size():
+    from types import SimpleNamespace
+
     from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, resolve_config
+    from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.forward_batch import ForwardMode
 
     configs = {str(resolve_config(b, DETERMINISTIC_CONFIG)) for b in (1, 2, 8, 64, 1024)}
     splits = {num_kv_splits(b, 8, 132, config=DETERMINISTIC_CONFIG) for b in (1, 2, 8, 64, 1024)}
     assert len(configs) == 1 and splits == {DETERMINISTIC_CONFIG["fixed_splits"]}
+    kw = dict(kv_pool=KVPool(64, 1, 1, 2, 16, torch.float32, DEV), req_to_token=ReqToTokenPool(2, 32, DEV),
+              num_q_heads=4, num_kv_heads=2, head_dim=16)
+    bs1 = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=1)
+    assert TritonBackend(**kw).rotary_in_attention(bs1)  # the default fuses rotary into small decode batches
+    assert not TritonBackend(**kw, deterministic=True).rotary_in_attention(bs1)  # one rotary kernel for all
 
 
 def test_decode_config_small_batch_overrides(monkeypatch):

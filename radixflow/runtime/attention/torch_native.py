@@ -40,13 +40,14 @@ def shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
 
 
 class TorchNativeBackend(AttentionBackend):
+    def _batched_decode(self, fb: ForwardBatch) -> bool:
+        """Decode as one padded batch. Deterministic mode decodes each request alone instead, as a
+        one-token extend: no shape of the product depends on the other requests."""
+        return fb.mode == ForwardMode.DECODE and not self.deterministic
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         table = self.req_to_token.table
-        if fb.mode == ForwardMode.DECODE and self.deterministic:  # each request alone: no batch-wide shapes
-            rows = fb.req_pool_indices.tolist()
-            fb.attn_metadata = NativeMetadata(None, [table[r, :s].to(torch.int64) for r, s in zip(rows, fb.seq_lens_list)])
-            return
-        if fb.mode == ForwardMode.DECODE:
+        if self._batched_decode(fb):
             max_len = max(fb.seq_lens_list)
             slots = table[fb.req_pool_indices, :max_len].to(torch.int64)
             p = shared_prefix_len(slots, min(fb.seq_lens_list) - 1)
@@ -70,9 +71,9 @@ class TorchNativeBackend(AttentionBackend):
     def _attend(self, q, layer, fb):
         meta: NativeMetadata = fb.attn_metadata
         if meta.shared is None:
-            return self._decode(q, layer, meta) if fb.mode == ForwardMode.DECODE else self._extend(q, layer, fb, 0)
+            return self._decode(q, layer, meta) if self._batched_decode(fb) else self._extend(q, layer, fb, 0)
         shared_out, shared_lse = self._attend_shared(q, layer, meta.shared)
-        if fb.mode == ForwardMode.DECODE:
+        if self._batched_decode(fb):
             rest_out, rest_lse = self._decode(q, layer, meta, with_lse=True)
         else:
             rest_out, rest_lse = self._extend(q, layer, fb, meta.shared.numel(), with_lse=True)
@@ -92,8 +93,6 @@ class TorchNativeBackend(AttentionBackend):
         return to_tokens(out), to_tokens(lse)
 
     def _decode(self, q, layer, meta: NativeMetadata, with_lse: bool = False):
-        if self.deterministic:
-            return self._decode_each(q, layer, meta)
         k, v = self._kv(layer, meta.rest, q.dtype)  # [B, L, Hkv, D]
         kc, vc = k.transpose(1, 2), v.transpose(1, 2)  # [B, Hkv, L, D]
         b, hq, d = q.shape
@@ -104,16 +103,6 @@ class TorchNativeBackend(AttentionBackend):
             return out.reshape(b, hq, d)
         out, lse = attend_with_lse(qg, kc, vc, meta.valid.view(b, 1, 1, -1), self.scale)
         return out.reshape(b, hq, d), lse.reshape(b, hq, 1)
-
-    def _decode_each(self, q, layer, meta: NativeMetadata):
-        """Decode one request at a time, over exactly its own KV (deterministic mode)."""
-        outs = []
-        for i, slots in enumerate(meta.rest):
-            k, v = self._kv(layer, slots, q.dtype)  # [L, Hkv, D]
-            o = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1).unsqueeze(0), k.transpose(0, 1).unsqueeze(0),
-                                               v.transpose(0, 1).unsqueeze(0), scale=self.scale, enable_gqa=True)
-            outs.append(o[0].transpose(0, 1))
-        return torch.cat(outs, dim=0)
 
     def _extend(self, q, layer, fb, shared_len: int, with_lse: bool = False):
         """Each request's new tokens over its KV after the shared prefix (a loop over requests)."""

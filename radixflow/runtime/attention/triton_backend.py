@@ -32,6 +32,8 @@ class TritonBackend(AttentionBackend):
         cuda = device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
         self.decode_config = DETERMINISTIC_CONFIG if self.deterministic else None  # None: tuned per batch size
+        if self.deterministic:  # the separate rotary kernel at every batch size: one rounding of q and k for all
+            self.rotary_in_decode_attention_max_batch = 0
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
@@ -50,8 +52,7 @@ class TritonBackend(AttentionBackend):
 
     def rotary_in_attention(self, fb: ForwardBatch) -> bool:
         """Whether this pass's rotary and KV store run inside the decode-attention kernel."""
-        small = fb.batch_size <= self.rotary_in_decode_attention_max_batch
-        return fb.mode == ForwardMode.DECODE and small and not self.deterministic  # one rotary for all batches
+        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.rotary_in_decode_attention_max_batch
 
     def forward_rotary(self, positions, q, k, v, rotary, layer, fb):
         if not (rotary.fused and q.is_cuda):
