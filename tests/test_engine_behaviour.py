@@ -62,6 +62,19 @@ def test_bad_input_is_rejected_and_engine_keeps_working(engine, kwargs, fragment
     assert engine.generate("The capital of France is", {"max_new_tokens": 2, "temperature": 0})["output_ids"]
 
 
+def test_each_forward_pass_starts_a_new_rotary_pass(engine, monkeypatch):
+    """LlamaForCausalLM.forward clears the rotary layer's per-pass cos/sin rows first
+    (tests/test_kernels.py::test_rotary_layer_regathers_after_new_pass shows why)."""
+    from radixflow.runtime.layers.rotary import RotaryEmbedding
+
+    model, calls = engine.runner.model, []
+    new_pass, forward = RotaryEmbedding.new_pass, model.forward
+    monkeypatch.setattr(RotaryEmbedding, "new_pass", lambda self: calls.append("new_pass") or new_pass(self))
+    monkeypatch.setattr(model, "forward", lambda *a, **kw: calls.append("forward") or forward(*a, **kw))
+    engine.generate(PROMPTS[0], {"max_new_tokens": 3, "temperature": 0.0})
+    assert calls.count("forward") >= 3 and calls == ["forward", "new_pass"] * calls.count("forward")
+
+
 def test_bad_model_path():
     with pytest.raises(ModelPathError, match="does not exist"):
         Engine("/nonexistent/model")

@@ -159,6 +159,27 @@ def test_rotary_reference_is_the_layer():
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
+def test_rotary_layer_regathers_after_new_pass():
+    """The layer keeps one pass's cos/sin rows for all its layers, keyed by the positions tensor.
+    A buffer refilled in place (a CUDA graph's, between its warm-up and its capture) keeps the
+    key, so each pass must start with new_pass(), which the model's forward calls."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.layers.rotary import RotaryEmbedding
+
+    layer = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
+    pos = torch.tensor([0, 7, 63])
+    q, k = torch.randn(3, 4, 16), torch.randn(3, 2, 16)
+    layer(pos, q, k)
+    pos.copy_(torch.tensor([5, 6, 9]))
+    want = ref.rotary_ref(pos, q, k, layer.cos, layer.sin)
+    stale = layer(pos, q, k)
+    assert not torch.equal(stale[0], want[0])  # the hazard new_pass exists for
+    layer.new_pass()
+    got = layer(pos, q, k)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+
+
 def test_store_kv_writes_exactly_the_slots():
     k_buf = torch.randn(20, 2, 16, device=DEV)
     v_buf = torch.randn(20, 2, 16, device=DEV)

@@ -39,6 +39,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("sin", emb.sin() * self.attention_scaling, persistent=False)
         self._cached_for, self._cached = None, None
 
+    def new_pass(self) -> None:
+        """Forget the cos/sin rows gathered for the last pass. A position buffer can be refilled in
+        place between passes (a CUDA graph's: captured right after a warm-up pass on the same
+        tensor, the graph would otherwise bake in the warm-up's rows instead of gathering)."""
+        self._cached_for, self._cached = None, None
+
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]. When fused, q and k are rotated in place."""
         if self.fused and q.is_cuda:

@@ -184,6 +184,7 @@ class LlamaForCausalLM(nn.Module):
         """Returns the final hidden states of the rows in `fb.logits_indices`."""
         x = self.embed_tokens(fb.input_ids)
         residual = None
+        self.rotary.new_pass()
         for layer in self.layers:
             x, residual = layer(fb.positions, x, residual, fb, backend)
         if fb.mode != ForwardMode.DECODE:  # decode keeps every row: no gather (two kernels in each graph)
