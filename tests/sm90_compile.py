@@ -122,8 +122,8 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "SPLIT_P": True},
-                  {"DIRECT": False, "ROPE": True, "SPLIT_P": True}, {"DIRECT": False, "ROPE": False, "SPLIT_P": False}):
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3}, {"DIRECT": False, "ROPE": False, "P_PARTS": 1}):
         ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
                        num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
@@ -136,14 +136,15 @@ def check_decode_attention(pdl: int) -> None:
 
 
 def check_extend_attention() -> None:
-    """Extend (prefill) attention at Llama-3-8B heads, bf16, p split into high + low parts."""
+    """Extend (prefill) attention at Llama-3-8B heads, bf16, p in 2 and in 3 parts."""
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Out": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64",
            "PrefixLens": "*i64", "ExtendLens": "*i64", "QStart": "*i64",
            **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
                    "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D")}
     block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
-    consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "SPLIT_P": True}
-    _compile(extend_attention._extend_kernel, sig, consts, num_warps=warps, num_stages=2)
+    for parts in (2, 3):
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts}
+        _compile(extend_attention._extend_kernel, sig, consts, num_warps=warps, num_stages=2)
 
 
 def check_matmul() -> None:

@@ -489,16 +489,20 @@ def test_extend_attention_prefix_plus_causal():
     _close(got, want, 1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[gpu, needs_cuda])])
 @pytest.mark.parametrize("kernel", ["decode", "extend"])
-def test_split_p_brings_16bit_attention_to_float32(kernel):
-    """p split into high + low 16-bit parts: fp16 attention within float32 rounding of the float32
-    reference on the same inputs; rounding p once is ~100x farther off."""
-    from radixflow.kernels.attention_common import set_split_p
+def test_split_p_brings_16bit_attention_to_float32(kernel, dtype):
+    """p split into 16-bit parts against the float32 reference on the same inputs: rounded once,
+    p is ~100x farther off than in 2 parts. fp16's 2 parts (22 bits) already reach float32's
+    rounding; bf16 needs 3 (its 2 parts hold 16 bits). The interpreter's bf16 dot is unusable, so
+    bf16 runs on the GPU only."""
+    from radixflow.kernels.attention_common import set_p_parts
 
+    torch.manual_seed(0)
     seq_lens, hq, hkv, d = [70, 9], 4, 2, 16
-    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, d, torch.float16)
+    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, d, dtype)
     lens = torch.tensor(seq_lens, device=DEV)
-    q = torch.randn(len(seq_lens) if kernel == "decode" else sum(seq_lens), hq, d, device=DEV).to(torch.float16)
+    q = torch.randn(len(seq_lens) if kernel == "decode" else sum(seq_lens), hq, d, device=DEV).to(dtype)
 
     def run() -> torch.Tensor:
         out = torch.empty_like(q, dtype=torch.float32)  # unrounded: the error of the attention itself
@@ -513,14 +517,18 @@ def test_split_p_brings_16bit_attention_to_float32(kernel):
         want = ref.decode_attention_ref(*inputs, lens, 0.25)
     else:
         want = ref.extend_attention_ref(*inputs, torch.zeros_like(lens), lens, 0.25)
-    before = set_split_p(False)
+    err = {}
+    before = set_p_parts(1)
     try:
-        once = (run() - want).abs().max().item()
-        set_split_p(True)
-        split = (run() - want).abs().max().item()
+        for parts in (1, 2, 3):
+            set_p_parts(parts)
+            err[parts] = (run() - want).abs().max().item()
     finally:
-        set_split_p(before)
-    assert split < 2e-5 and split * 20 < once, (split, once)
+        set_p_parts(before)
+    if dtype == torch.float16:
+        assert err[2] < 2e-6 and err[3] < 2e-6 and err[2] * 20 < err[1], err
+    else:
+        assert err[3] < 1e-6 and err[3] * 3 < err[2] and err[2] * 20 < err[1], err  # H200: 6.6e-7 / 4.0e-6 / 2.5e-3
 
 
 MAX_16 = {"max_splits": 16}  # an explicit config: DECODE_CONFIG's `small` does not apply

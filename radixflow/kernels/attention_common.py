@@ -5,9 +5,12 @@ p @ v. Rounded once, p carries an error of up to 2^-9 of itself into every atten
 and two kernels that tile the softmax differently round different values: at the Llama-3-8B
 shape that alone moved logprobs by ~0.05 (benchmarks/bf16_error_sources.py). So p is split into
 a 16-bit high part and the 16-bit remainder, and both are multiplied: ~2^-17 relative error for
-a second MMA over the same v tile (`split_p`; `set_split_p(False)` restores the single rounding).
-On an H200 it brought Triton vs torch-native bf16 logprobs at the Llama-3-8B shape from 0.186 to
-0.119 (max) for 0.4% of batch-1 decode time and 1.5-3% of prefill (BENCHMARKS.md, session 10).
+a second MMA over the same v tile. On an H200 it brought Triton vs torch-native bf16 logprobs at
+the Llama-3-8B shape from 0.186 to 0.119 (max) for 0.4% of batch-1 decode time and 1.5-3% of
+prefill (BENCHMARKS.md, session 10). A third part (the remainder's remainder, ~2^-26: below
+float32's own rounding) costs a third MMA and is off by default: on the H200 it brought the
+attention itself 6-20x closer to float32 but left the engine's logprobs and the real model's
+greedy outputs where two parts have them (session 11). `set_p_parts(n)` picks 1, 2 or 3 parts.
 """
 
 from __future__ import annotations
@@ -15,22 +18,23 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-_split_p = True
+_p_parts = 2
 
 
-def set_split_p(on: bool) -> bool:
-    """Kernels launched from now on multiply p as high + low 16-bit parts (True) or rounded once;
-    returns the previous setting. Captured CUDA graphs keep theirs."""
-    global _split_p
-    before, _split_p = _split_p, on
+def set_p_parts(n: int) -> int:
+    """Kernels launched from now on multiply p as n 16-bit parts (1: rounded once); returns the
+    previous setting. Captured CUDA graphs keep theirs."""
+    global _p_parts
+    assert n in (1, 2, 3), n
+    before, _p_parts = _p_parts, n
     return before
 
 
-def split_p(dtype) -> bool:
-    """The SPLIT_P launch flag for attention over K/V of `dtype` (float32 needs no split)."""
+def p_parts(dtype) -> int:
+    """The P_PARTS launch flag for attention over K/V of `dtype` (float32 p needs no split)."""
     import torch
 
-    return _split_p and dtype in (torch.bfloat16, torch.float16)
+    return _p_parts if dtype in (torch.bfloat16, torch.float16) else 1
 
 
 @triton.jit
@@ -42,7 +46,7 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, SPLIT_P: tl.constexpr):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
     running max m_i, denominator l_i and unnormalised output acc."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
@@ -50,10 +54,14 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, SPLIT_P: tl.co
     p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
-    p_hi = p.to(v.dtype)
-    acc += dot(p_hi, v, IEEE)
-    if SPLIT_P:
-        acc += dot((p - p_hi.to(tl.float32)).to(v.dtype), v, IEEE)
+    part = p.to(v.dtype)
+    acc += dot(part, v, IEEE)
+    if P_PARTS > 1:
+        rest = p - part.to(tl.float32)
+        part = rest.to(v.dtype)
+        acc += dot(part, v, IEEE)
+        if P_PARTS > 2:
+            acc += dot((rest - part.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
 
 

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, split_p
+from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
 # Launch parameters, from benchmarks/gpu_attn_bench.py on an H200 (2026-11-30, Llama-3-8B heads, KV
@@ -74,7 +74,7 @@ def _decode_stage1(
     stride_cos, stride_knb, stride_knh, stride_vnb, stride_vnh,
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, SPLIT_P: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -117,7 +117,7 @@ def _decode_stage1(
                              offs_d, mask_d)
         qk = dot(q, k.to(q.dtype), IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, SPLIT_P)
+        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, P_PARTS)
 
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -257,7 +257,7 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, SPLIT_P=split_p(v_buf.dtype),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(v_buf.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )
     if not direct:

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, split_p
+from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts
 
 
 @triton.jit
@@ -22,7 +22,7 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_r2t,
     scale, GROUP, D,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    SPLIT_P: tl.constexpr,
+    P_PARTS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -52,7 +52,7 @@ def _extend_kernel(
                                  V + kvh * stride_vh, stride_kt, stride_vt, offs_d, mask_d)
             allowed = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
             qk = tl.where(allowed, dot(q, k.to(q.dtype), IEEE) * scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, SPLIT_P)
+            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, P_PARTS)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         tl.store(Out + (q0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -93,7 +93,7 @@ def extend_attention(
         out.stride(0), out.stride(1), req_to_token.stride(0),
         scale, group, d,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),
-        IEEE=q.dtype == torch.float32, SPLIT_P=split_p(v_buf.dtype),
+        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(v_buf.dtype),
         num_warps=warps, num_stages=2,
     )
     return out
