@@ -13,11 +13,12 @@ Sections (each isolated: a failure is logged and the next one runs):
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched);
-               --corr-dtypes bfloat16-det (deterministic inference), bfloat16-split-p-off
+               --corr-dtypes bfloat16-det (deterministic inference), bfloat16-p1|p2|p3 (p in N parts),
+               bfloat16-unfused (Triton's rotary and SiLU-and-mul in torch)
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
   decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
                recaptured without PDL, with rotary outside decode attention, with a bf16 residual
-               stream and with attention's p rounded once; profiles
+               stream and with attention's p in each other number of parts; profiles
                of a bare graph replay and of ~30 engine steps (GPU work outside the graph, idle)
   sampled_bs1  batch-1 decode with top-p sampling (Triton kernel, torch's path) against greedy
   gemv_configs batch-1 decode with the chooser's GEMV config per shape against one config for all
@@ -26,10 +27,10 @@ Sections (each isolated: a failure is logged and the next one runs):
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
                generate()'s own compiled decode step, else a compiled decode loop (--hf-compile)
   offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos
-  offline_pdl_ab / offline_residual_ab / offline_split_p_ab   offline under each of two settings
+  offline_pdl_ab / offline_residual_ab / offline_p_parts_ab   offline under each of two or three settings
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
-  prefill      8 x 2048-token prompts vs the measured matmul rate (and with p rounded once in attention)
+  prefill      8 x 2048-token prompts vs the measured matmul rate (and with p in 1, 2, 3 parts in attention)
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, alone vs batched
 A section named twice runs twice (results under name, name#1, ...). Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
@@ -281,7 +282,9 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     """bf16 Triton and bf16 torch-native, each against a float32 torch-native run of the
     same (bf16-rounded) weights: how far each bf16 path is from exact arithmetic. Two
     torch-native-only baselines show what bf16 itself allows: the whole check with native as
-    the candidate too, and teacher-forced scoring of each request alone vs the batch.
+    the candidate too, and teacher-forced scoring of each request alone vs the batch; and one that
+    shows what float32 attention itself allows: the bf16 torch-native reference with its attention
+    computed in float64 (exact, then rounded once) against the same with float32 attention.
     `deterministic`: both bf16 engines with --enable-deterministic-inference (the float32 one without)."""
     from logprob_check import make_prompts, run_candidate, run_reference
 
@@ -298,6 +301,10 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     nat_cand = run_candidate(nat16, warm, batch, starts, new_tokens=16)
     res = {"native_vs_native_bf16": _compare(nat_cand, run_reference(nat16, warm, nat_cand, starts)),
            "native_solo_vs_batched_bf16": _compare(_solo_reference(nat16, warm, cand, starts), ref16)}
+    nat16.runner.backend.compute_dtype = torch.float64  # exact attention: where float32 attention itself leads
+    ref16_exact = run_reference(nat16, warm, cand, starts)
+    res.update(native_exact_attention_vs_native_bf16=_compare(ref16_exact, ref16),
+               triton_vs_native_exact_attention_bf16=_compare(cand, ref16_exact))
     free(nat16)
     nat32 = make_engine(config, attention_backend="torch_native", dtype="float32", **kw)
     with torch.no_grad():
@@ -314,15 +321,27 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     return res
 
 
-def _check_bf16_split_p_off(config: str, shared: int, long: int, chunk: int) -> dict:
-    """_check_bf16 with the Triton kernels rounding p to bf16 once (kernels/attention_common.py)."""
-    from radixflow.kernels.attention_common import set_split_p
+def _check_bf16_p_parts(config: str, parts: int, shared: int, long: int, chunk: int) -> dict:
+    """_check_bf16 with the Triton kernels multiplying p in `parts` bf16 parts (kernels/attention_common.py)."""
+    from radixflow.kernels.attention_common import set_p_parts
 
-    before = set_split_p(False)
+    before = set_p_parts(parts)
     try:
         return _check_bf16(config, shared, long, chunk)
     finally:
-        set_split_p(before)
+        set_p_parts(before)
+
+
+def _check_bf16_unfused(config: str, shared: int, long: int, chunk: int) -> dict:
+    """_check_bf16 with the Triton engine's rotary and SiLU-and-mul in torch (as torch-native's are),
+    so the two backends differ only in attention."""
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    before, TritonBackend.fused_kernels = TritonBackend.fused_kernels, False
+    try:
+        return _check_bf16(config, shared, long, chunk)
+    finally:
+        TritonBackend.fused_kernels = before
 
 
 def sec_correctness() -> dict:
@@ -331,7 +350,8 @@ def sec_correctness() -> dict:
     checks = {"float32": lambda c: _check_backends(c, "float32", 1e-3, *sizes),
               "bfloat16": lambda c: _check_bf16(c, *sizes),
               "bfloat16-det": lambda c: _check_bf16(c, *sizes, deterministic=True),
-              "bfloat16-split-p-off": lambda c: _check_bf16_split_p_off(c, *sizes)}
+              "bfloat16-unfused": lambda c: _check_bf16_unfused(c, *sizes),
+              **{f"bfloat16-p{n}": (lambda c, n=n: _check_bf16_p_parts(c, n, *sizes)) for n in (1, 2, 3)}}
     for config in OPTS.corr_configs.split(","):
         for dtype in OPTS.corr_dtypes.split(","):
             key = f"{config}/{dtype}"
@@ -566,11 +586,14 @@ def _set_residual_dtype(dtype):
     return before
 
 
-def _split_p_off_rates(eng, prompt: list) -> dict:
-    """A batch-1 graph whose attention rounds p to bf16 once, not split into high + low parts."""
-    from radixflow.kernels.attention_common import set_split_p
+def _p_parts_rates(eng, prompt: list) -> dict:
+    """Batch-1 graphs whose attention multiplies p in each other number of bf16 parts (1 to 3)."""
+    from radixflow.kernels.attention_common import p_parts, set_p_parts
 
-    return _recaptured_rates(eng, prompt, "split_p_off", set_split_p)
+    out, default = {}, p_parts(torch.bfloat16)
+    for n in sorted({1, 2, 3} - {default}):
+        out.update(_recaptured_rates(eng, prompt, f"p{n}", lambda v, n=n: set_p_parts(n if v is False else v)))
+    return out
 
 
 def _residual_bf16_rates(eng, prompt: list) -> dict:
@@ -703,7 +726,7 @@ def sec_decode_bs1() -> dict:
         out.update(_pdl_late_rates(eng, prompt))
         out.update(_rotary_apart_rates(eng, prompt))
         out.update(_residual_bf16_rates(eng, prompt))
-        out.update(_split_p_off_rates(eng, prompt))
+        out.update(_p_parts_rates(eng, prompt))
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
@@ -1027,11 +1050,11 @@ def sec_offline_residual_ab() -> dict:
                                 (("float32", torch.float32), ("bf16", False), ("float32_again", torch.float32)))
 
 
-def sec_offline_split_p_ab() -> dict:
-    """`offline` with attention's p split into high + low bf16 parts (the default), then rounded once."""
-    from radixflow.kernels.attention_common import set_split_p
+def sec_offline_p_parts_ab() -> dict:
+    """`offline` with attention's p in 2, 3, then 2 bf16 parts again."""
+    from radixflow.kernels.attention_common import set_p_parts
 
-    return _offline_settings_ab(set_split_p, (("split_p", True), ("split_p_off", False)))
+    return _offline_settings_ab(set_p_parts, (("p2", 2), ("p3", 3), ("p2_again", 2)))
 
 
 def sec_shared() -> dict:
@@ -1126,21 +1149,21 @@ def sec_prefill() -> dict:
     out = {"s": t, "tok_s": n * length / t, "tflops": n * length * flops_tok / t / 1e12}
     if "_mm" in RESULTS:
         out["pct_of_matmul_rate"] = 100 * out["tflops"] * 1e12 / RESULTS["_mm"]
-    out.update(_prefill_split_p_ab(eng, n, length))
+    out.update(_prefill_p_parts_ab(eng, n, length))
     return out
 
 
-def _prefill_split_p_ab(eng, n: int, length: int) -> dict:
-    """Prefill seconds with p rounded once (split off), then split again, in the same engine."""
-    from radixflow.kernels.attention_common import set_split_p
+def _prefill_p_parts_ab(eng, n: int, length: int) -> dict:
+    """Prefill tok/s with p in 1, 2 and 3 bf16 parts, then the default again, in the same engine."""
+    from radixflow.kernels.attention_common import p_parts, set_p_parts
 
-    rng, out = random.Random(17), {}
-    for label, on in (("split_p_off", False), ("split_p_on_again", True)):
-        before = set_split_p(on)
+    rng, out, default = random.Random(17), {}, p_parts(torch.bfloat16)
+    for label, parts in (("p1", 1), ("p2", 2), ("p3", 3), ("default_again", default)):
+        before = set_p_parts(parts)
         try:
             t = _prefill_seconds(eng, rng, n, length)
         finally:
-            set_split_p(before)
+            set_p_parts(before)
         out[f"tok_s_{label}"] = n * length / t
     return out
 
@@ -1178,10 +1201,10 @@ SECTIONS = {
     "gemv_configs": sec_gemv_configs,
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
-    "offline_split_p_ab": sec_offline_split_p_ab,
+    "offline_p_parts_ab": sec_offline_p_parts_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
 }
-NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "offline_split_p_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search"}
 
 
@@ -1194,11 +1217,17 @@ def main() -> None:
     p.add_argument("--graph-max-bs", type=int, default=256)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
-                   help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-split-p-off")
+                   help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2, bfloat16-p3")
     p.add_argument("--corr-configs", default="smollm2-135m,llama3-8b")
+    p.add_argument("--p-parts", type=int, choices=(1, 2, 3),
+                   help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})
+    if OPTS.p_parts:
+        from radixflow.kernels.attention_common import set_p_parts
+
+        set_p_parts(OPTS.p_parts)
     os.makedirs(OPTS.out, exist_ok=True)
     OPTS.bench_engine = None
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,

@@ -21,6 +21,7 @@ Writes OUT/real_model.json and prints a table.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -150,12 +151,14 @@ def encode_prompts(folder: str, n: int) -> list[dict]:
 
 
 # -- engines ------------------------------------------------------------------------------------
-def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace):
+def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace, chunk: Optional[int] = None):
     import radixflow
 
     kw = dict(device=a.device, dtype=dtype, attention_backend=backend, max_total_tokens=a.max_total_tokens,
               cuda_graph_max_bs=32, max_running_requests=64, random_seed=0,
               enable_deterministic_inference=a.deterministic)
+    if chunk:
+        kw["chunked_prefill_size"] = chunk
     t = time.perf_counter()
     eng = radixflow.Engine(folder, **kw)
     log(f"engine {backend}/{dtype} ready in {time.perf_counter() - t:.1f}s")
@@ -244,16 +247,34 @@ def compare_prompt(p: dict, cand: dict, ref: dict, ref_eng, tok, tie: float, can
 
 
 # -- driver -------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def candidate_settings(a: argparse.Namespace):
+    """Class-level settings that apply to the candidate engine alone (it is freed before the reference
+    engine starts): torch-native attention in float64 (an exact-attention yardstick), or the Triton
+    backend with the model's rotary / SiLU-and-mul in torch instead of its Triton kernels."""
+    from radixflow.runtime.attention.torch_native import TorchNativeBackend
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels
+    TorchNativeBackend.compute_dtype = getattr(torch, a.candidate_attention_dtype)
+    TritonBackend.fused_kernels = not a.candidate_unfused
+    try:
+        yield
+    finally:
+        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels = before
+
+
 def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespace, tok) -> dict:
     cand_name, ref_name = a.backends
-    cand_eng, cand_start = make_engine(folder, cand_name, dtype, a)
-    cand, cand_s = run_prompts(cand_eng, prompts, a)
-    chained = cand_eng.scheduler.stats.chained_decode_steps
-    plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
-    overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
-               "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
-    free(cand_eng)
-    del cand_eng
+    with candidate_settings(a):
+        cand_eng, cand_start = make_engine(folder, cand_name, dtype, a, chunk=a.candidate_chunk)
+        cand, cand_s = run_prompts(cand_eng, prompts, a)
+        chained = cand_eng.scheduler.stats.chained_decode_steps
+        plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
+        overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
+                   "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
+        free(cand_eng)
+        del cand_eng
     ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
     ref, ref_s = run_prompts(ref_eng, prompts, a)
     solo, solo_s = run_prompts(ref_eng, prompts, a, solo=True)  # same backend and dtype: what batching alone changes
@@ -376,6 +397,15 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cache", default="/tmp/radixflow-real-cache", help="RADIXFLOW_CACHE: converted model, joined GGUF")
     ap.add_argument("--max-total-tokens", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true", help="both engines with --enable-deterministic-inference")
+    ap.add_argument("--p-parts", type=int, choices=(1, 2, 3),
+                    help="Triton attention multiplies p in this many 16-bit parts (default: the kernels' own)")
+    ap.add_argument("--candidate-attention-dtype", default="float32", choices=("float32", "float64"),
+                    help="torch-native candidate: attention computed in this dtype (float64: exact attention)")
+    ap.add_argument("--candidate-unfused", action="store_true",
+                    help="triton candidate: the model's rotary and SiLU-and-mul through torch, not Triton kernels")
+    ap.add_argument("--candidate-chunk", type=int,
+                    help="the candidate engine's chunked_prefill_size (torch_native,torch_native with a small chunk "
+                         "differs from the reference only in float32 rounding inside attention, in deterministic mode)")
     a = ap.parse_args()
     if not (a.out or a.analyze):
         ap.error("--out is required (or --analyze a saved result)")
@@ -394,6 +424,10 @@ def main() -> None:
         print_truth(truth, a.backends[0])
         return
     os.makedirs(a.out, exist_ok=True)
+    if a.p_parts:
+        from radixflow.kernels.attention_common import set_p_parts
+
+        set_p_parts(a.p_parts)
     t0 = time.perf_counter()
     folder, gguf = prepare_model(a)
     prompts = encode_prompts(folder, a.prompts)
@@ -402,6 +436,8 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(folder)
     res = {"env": env_info(a), "gguf": {"path": gguf, "sha256": sha256_file(gguf)}, "model_dir": folder,
            "settings": {"max_new_tokens": a.max_new_tokens, "ignore_eos": a.ignore_eos, "prompts": len(prompts),
+                        "deterministic": a.deterministic, "p_parts": a.p_parts, "candidate_chunk": a.candidate_chunk,
+                        "candidate_attention_dtype": a.candidate_attention_dtype, "candidate_unfused": a.candidate_unfused,
                         "prompt_tokens": [len(p["ids"]) for p in prompts]},
            "dtypes": {}}
     path = os.path.join(a.out, "real_model.json")

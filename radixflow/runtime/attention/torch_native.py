@@ -40,6 +40,10 @@ def shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
 
 
 class TorchNativeBackend(AttentionBackend):
+    # What attention computes in, whatever the model's dtype (16-bit q and K/V widen exactly).
+    # float64 makes an exact-attention yardstick for benchmarks/gpu_real_model.py.
+    compute_dtype = torch.float32
+
     def _batched_decode(self, fb: ForwardBatch) -> bool:
         """Decode as one padded batch. Deterministic mode decodes each request alone instead, as a
         one-token extend: no shape of the product depends on the other requests."""
@@ -63,10 +67,10 @@ class TorchNativeBackend(AttentionBackend):
             fb.attn_metadata = NativeMetadata(table[rows[0], :p].to(torch.int64) if p else None, rest)
 
     def forward(self, q, k, v, layer, fb):
-        """Attention in float32 whatever the model's dtype (16-bit q and K/V widen exactly), rounded
-        once at the end: the reference the Triton kernels are held to (kernels/attention_common.py)."""
+        """Attention in `compute_dtype` (float32), rounded once at the end: the reference the Triton
+        kernels are held to (kernels/attention_common.py)."""
         self.kv_pool.store(layer, fb.out_cache_loc, k, v)
-        return self._attend(q.float(), layer, fb).to(q.dtype)
+        return self._attend(q.to(self.compute_dtype), layer, fb).to(q.dtype)
 
     def _attend(self, q, layer, fb):
         meta: NativeMetadata = fb.attn_metadata
@@ -142,12 +146,14 @@ def gather_rows(pool: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
 
 def attend_with_lse(q, k, v, mask, scale: float) -> tuple:
     """Softmax attention that also returns each query's log-sum-exp (float32), for merging.
-    q [..., M, D], k/v [..., S, D], mask broadcastable to [..., M, S] (True = attend)."""
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
+    q [..., M, D], k/v [..., S, D], mask broadcastable to [..., M, S] (True = attend); computed in
+    q's dtype, at least float32."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    s = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    return torch.matmul(torch.exp(s - lse), v.float()), lse
+    return torch.matmul(torch.exp(s - lse), v.to(dtype)), lse
 
 
 def merge_partials(o1, lse1, o2, lse2) -> torch.Tensor:
