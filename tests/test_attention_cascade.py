@@ -97,3 +97,24 @@ def test_deterministic_mode_attends_each_request_alone(mode):
     )  # fmt: skip
     out, _ = _run(det, alone, q[last:], k[last:], v[last:])
     assert torch.equal(out, batched[last:])
+
+
+@pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND])
+def test_float64_attention_is_exact_through_the_cascade(mode, monkeypatch):
+    """compute_dtype float64 (the exact-attention yardstick of benchmarks/gpu_bench.py): the cascade's
+    shared-prefix merge and the plain path give the same float32 result to the last bit or so,
+    where float32 attention leaves them ~3e-7 apart."""
+    g, pool, table, shared = _setup()
+    new = [1, 1, 1] if mode == ForwardMode.DECODE else [5, 3, 7]
+    fb = _batch(mode, table, shared, own_lens=[3, 0, 11], new_lens=new, g=g)
+    q, k, v = (torch.randn(fb.num_tokens, h, D, generator=g) for h in (HQ, HKV, HKV))
+    backend = TorchNativeBackend(pool, table, HQ, HKV, D)
+    results = {}
+    for dtype in (torch.float32, torch.float64):
+        backend.compute_dtype = dtype
+        monkeypatch.setattr(torch_native, "MIN_SHARED_PREFIX", 32)
+        cascade, used = _run(backend, fb, q, k, v)
+        assert used is not None
+        monkeypatch.setattr(torch_native, "MIN_SHARED_PREFIX", 10**9)
+        results[dtype] = (cascade - _run(backend, fb, q, k, v)[0]).abs().max().item()
+    assert results[torch.float64] <= 1.2e-7 < results[torch.float32], results
