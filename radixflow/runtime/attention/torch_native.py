@@ -41,7 +41,7 @@ def shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
 
 class TorchNativeBackend(AttentionBackend):
     # What attention computes in, whatever the model's dtype (16-bit q and K/V widen exactly).
-    # float64 makes an exact-attention yardstick for benchmarks/gpu_real_model.py.
+    # float64 is exact attention: the yardstick of benchmarks/gpu_bench.py and gpu_real_model.py.
     compute_dtype = torch.float32
 
     def _batched_decode(self, fb: ForwardBatch) -> bool:
@@ -145,7 +145,7 @@ def gather_rows(pool: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
 
 
 def attend_with_lse(q, k, v, mask, scale: float) -> tuple:
-    """Softmax attention that also returns each query's log-sum-exp (float32), for merging.
+    """Softmax attention that also returns each query's log-sum-exp, for merging.
     q [..., M, D], k/v [..., S, D], mask broadcastable to [..., M, S] (True = attend); computed in
     q's dtype, at least float32."""
     dtype = torch.promote_types(q.dtype, torch.float32)
