@@ -31,7 +31,7 @@ Sections (each isolated: a failure is logged and the next one runs):
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate (and with p in 1, 2, 3 parts in attention)
-  deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, alone vs batched
+  deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
 A section named twice runs twice (results under name, name#1, ...). Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 """
@@ -1170,8 +1170,8 @@ def _prefill_p_parts_ab(eng, n: int, length: int) -> dict:
 
 def sec_deterministic() -> dict:
     """--enable-deterministic-inference against the default, Llama-3-8B shape, one engine at a time:
-    batch-1 decode (128 in, 256 out) and a batch of 64 (in 512, out 128); plus whether a request's
-    outputs and logprobs are the same bits alone and inside that batch."""
+    batch-1 decode (128 in, 256 out), a batch of 64 (in 512, out 128) and `prefill`'s 8 x 2,048 prompts;
+    plus whether a request's outputs and logprobs are the same bits alone and inside that batch."""
     rng = random.Random(21)
     prompt, batch = rand_ids(rng, 128), [rand_ids(rng, 512) for _ in range(64)]
     out = {}
@@ -1181,6 +1181,8 @@ def sec_deterministic() -> dict:
         res = {"bs1_tok_s": _decode_rate(eng, prompt, SZ["bs1_out"])}
         _run_batch(eng, batch, [greedy(SZ["shared_out"])] * 64)  # warm-up
         res["bs64_out_tok_s"] = 64 * SZ["shared_out"] / _run_batch(eng, batch, [greedy(SZ["shared_out"])] * 64)["s"]
+        n, length = SZ["prefill_n"], SZ["prefill_len"]
+        res["prefill_tok_s"] = n * length / _prefill_seconds(eng, random.Random(13), n, length)
         lp = dict(sampling_params=greedy(32), return_logprob=True)
         eng.flush_cache()
         alone = eng.generate(input_ids=batch[5], **lp)
@@ -1191,6 +1193,7 @@ def sec_deterministic() -> dict:
         out[label] = res
     out["bs1_ratio"] = out["deterministic"]["bs1_tok_s"] / out["default"]["bs1_tok_s"]
     out["bs64_ratio"] = out["deterministic"]["bs64_out_tok_s"] / out["default"]["bs64_out_tok_s"]
+    out["prefill_ratio"] = out["deterministic"]["prefill_tok_s"] / out["default"]["prefill_tok_s"]
     return out
 
 
