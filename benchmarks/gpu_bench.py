@@ -39,6 +39,7 @@ OUT/results.json and OUT/bench.log; a table is printed last.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import os
@@ -321,27 +322,38 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     return res
 
 
+@contextlib.contextmanager
+def _setting(setter, value):
+    """setter(value) for the block; setter returns the setting before, which is put back after."""
+    before = setter(value)
+    try:
+        yield
+    finally:
+        setter(before)
+
+
+def _set_triton_fused_kernels(on: bool) -> bool:
+    """Whether Triton engines created from now on run the model's norm / rotary / SiLU-and-mul as
+    Triton kernels (off: in torch, as torch-native's are); returns the setting before."""
+    from radixflow.runtime.attention.triton_backend import TritonBackend
+
+    before, TritonBackend.fused_kernels = TritonBackend.fused_kernels, on
+    return before
+
+
 def _check_bf16_p_parts(config: str, parts: int, shared: int, long: int, chunk: int) -> dict:
     """_check_bf16 with the Triton kernels multiplying p in `parts` bf16 parts (kernels/attention_common.py)."""
     from radixflow.kernels.attention_common import set_p_parts
 
-    before = set_p_parts(parts)
-    try:
+    with _setting(set_p_parts, parts):
         return _check_bf16(config, shared, long, chunk)
-    finally:
-        set_p_parts(before)
 
 
 def _check_bf16_unfused(config: str, shared: int, long: int, chunk: int) -> dict:
-    """_check_bf16 with the Triton engine's rotary and SiLU-and-mul in torch (as torch-native's are),
-    so the two backends differ only in attention."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
-
-    before, TritonBackend.fused_kernels = TritonBackend.fused_kernels, False
-    try:
+    """_check_bf16 with the Triton engine's rotary and SiLU-and-mul in torch, so the two backends
+    differ only in attention."""
+    with _setting(_set_triton_fused_kernels, False):
         return _check_bf16(config, shared, long, chunk)
-    finally:
-        TritonBackend.fused_kernels = before
 
 
 def sec_correctness() -> dict:
@@ -1159,12 +1171,8 @@ def _prefill_p_parts_ab(eng, n: int, length: int) -> dict:
 
     rng, out, default = random.Random(17), {}, p_parts(torch.bfloat16)
     for label, parts in (("p1", 1), ("p2", 2), ("p3", 3), ("default_again", default)):
-        before = set_p_parts(parts)
-        try:
-            t = _prefill_seconds(eng, rng, n, length)
-        finally:
-            set_p_parts(before)
-        out[f"tok_s_{label}"] = n * length / t
+        with _setting(set_p_parts, parts):
+            out[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, rng, n, length)
     return out
 
 
