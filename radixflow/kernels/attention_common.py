@@ -15,6 +15,7 @@ greedy outputs where two parts have them (session 11). `set_p_parts(n)` picks 1,
 
 from __future__ import annotations
 
+import torch
 import triton
 import triton.language as tl
 
@@ -32,8 +33,6 @@ def set_p_parts(n: int) -> int:
 
 def p_parts(dtype) -> int:
     """The P_PARTS launch flag for attention over K/V of `dtype` (float32 p needs no split)."""
-    import torch
-
     return _p_parts if dtype in (torch.bfloat16, torch.float16) else 1
 
 

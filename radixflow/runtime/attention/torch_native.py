@@ -146,14 +146,13 @@ def gather_rows(pool: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
 
 def attend_with_lse(q, k, v, mask, scale: float) -> tuple:
     """Softmax attention that also returns each query's log-sum-exp, for merging.
-    q [..., M, D], k/v [..., S, D], mask broadcastable to [..., M, S] (True = attend); computed in
-    q's dtype, at least float32."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    s = torch.matmul(q.to(dtype), k.to(dtype).transpose(-1, -2)) * scale
+    q [..., M, D], k/v [..., S, D] in one dtype (the backend's compute_dtype), mask broadcastable
+    to [..., M, S] (True = attend)."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
     if mask is not None:
         s = s.masked_fill(~mask, float("-inf"))
     lse = torch.logsumexp(s, dim=-1, keepdim=True)
-    return torch.matmul(torch.exp(s - lse), v.to(dtype)), lse
+    return torch.matmul(torch.exp(s - lse), v), lse
 
 
 def merge_partials(o1, lse1, o2, lse2) -> torch.Tensor:
