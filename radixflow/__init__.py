@@ -1,5 +1,14 @@
 """radixflow: a serving system for LLM programs."""
 
+import os as _os
+import sys as _sys
+
+# OpenMP workers that spin between torch's parallel regions steal the cores from the thread
+# running the engine whenever other processes load the machine (README: "CPU threads").
+# libgomp reads this once, when torch loads; an explicit setting wins.
+if "torch" not in _sys.modules:
+    _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 from radixflow.errors import ModelPathError, RadixflowError
 from radixflow.runtime.server_args import ServerArgs
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `import radixflow` does; torch is imported first here
+import torch  # noqa: E402
 
 torch.set_num_threads(2)
 # Without CUDA the Triton kernels run in Triton's interpreter, which must be chosen before the

@@ -7,9 +7,11 @@ one submission inside the runtime; otherwise it runs eagerly, one call per gen.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import inspect
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional, Union
 
@@ -84,6 +86,13 @@ class Function:
         if program is not None:
             return _replayed(program[0], _run_graphs(b, [program[1]], program[0].name)[0], b, defaults)
         return self._run_eager(b, arguments, defaults, stream)
+
+    async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
+        """`await f.run_async(...)`: run() on a worker thread, so one event loop can drive many
+        programs at once. On an Engine their requests share scheduler steps; on a server they
+        are concurrent HTTP requests."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(_program_threads(), functools.partial(self.run, *args, **kwargs))
 
     def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
         if mode == "eager" or not b.supports_graphs:
@@ -170,6 +179,18 @@ def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     state = replay(graph, out, b.chat_template(), defaults)
     state.program_meta = out.get("meta_info", {})
     return state
+
+
+_POOL: list = []  # the worker threads of run_async, made on first use
+_POOL_LOCK = threading.Lock()
+ASYNC_THREADS = 256
+
+
+def _program_threads() -> ThreadPoolExecutor:
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(ASYNC_THREADS, thread_name_prefix="rf-program"))
+        return _POOL[0]
 
 
 def _threads(num_threads: Union[int, str], n: int) -> int:

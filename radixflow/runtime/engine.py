@@ -11,6 +11,7 @@ import logging
 from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime.engine_stepper import EngineStepper
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.req import Req
@@ -37,6 +38,7 @@ class Engine:
         self.eos_ids = eos_token_ids(tok_path, self.runner.config, self.tokenizer)
         self.scheduler = Scheduler(self.server_args, self.runner, self.tokenizer, self.eos_ids)
         self.scheduler.emit_outputs = False
+        self.stepper = EngineStepper(self.scheduler)
         self.builder = RequestBuilder(
             self.tokenizer,
             self.runner.vocab_size,
@@ -81,17 +83,20 @@ class Engine:
 
     def _submit(self, reqs: list[Req]) -> None:
         self._check_open()
-        for r in reqs:
-            self.scheduler.add_request(r)
+        add = self.scheduler.add_request
+        self.stepper.call(lambda: [add(r) for r in reqs])
+
+    def _abort(self, reqs: list[Req]) -> None:
+        abort = self.scheduler.abort
+        self.stepper.exclusive(lambda: [abort(r.rid) for r in reqs if not r.finished])
 
     def _run(self, reqs: list[Req]) -> None:
+        """Wait for reqs; requests other threads are waiting for share the same steps."""
         self._submit(reqs)
         try:
-            while not all(r.finished for r in reqs):
-                self.scheduler.step()
+            self.stepper.run_until(lambda: all(r.finished for r in reqs))
         except BaseException as e:
-            for r in reqs:
-                self.scheduler.abort(r.rid)
+            self._abort(reqs)
             self._raise_if_tp_failed(e)
             raise
         rejected = [r for r in reqs if (r.finish_reason or {}).get("status_code") == 400]
@@ -101,10 +106,10 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
+        all_done = lambda: all(r.finished for r in reqs)  # noqa: E731
         try:
             while True:
-                if self.scheduler.has_work():
-                    self.scheduler.step()
+                self.stepper.advance(all_done)
                 for i, r in enumerate(reqs):
                     if len(r.output_ids) != sent[i] or (r.finished and sent[i] >= 0 and sent[i] != -2):
                         sent[i] = -2 if r.finished else len(r.output_ids)
@@ -115,16 +120,16 @@ class Engine:
                 if all(s == -2 for s in sent):
                     return
         finally:
-            for r in reqs:
-                if not r.finished:
-                    self.scheduler.abort(r.rid)
+            if not all_done():
+                self._abort(reqs)
 
     def _result(self, req: Req, finished: bool = True) -> dict:
         return build_result(req, self.tokenizer, self.scheduler.logprobs.with_text, finished)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
-        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler."""
+        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler,
+        batched with whatever other threads are running on this Engine."""
         from radixflow.runtime.program_executor import run_programs
 
         self._check_open()
@@ -132,9 +137,12 @@ class Engine:
         return outs if isinstance(program, list) else outs[0]
 
     def flush_cache(self) -> bool:
-        return self.scheduler.flush_cache()
+        return self.stepper.exclusive(self.scheduler.flush_cache)
 
     def get_server_info(self) -> dict:
+        return self.stepper.exclusive(self._server_info)
+
+    def _server_info(self) -> dict:
         s = self.scheduler
         return {
             "max_total_num_tokens": self.runner.kv_pool.allocator.capacity_slots,

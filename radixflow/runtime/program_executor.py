@@ -351,20 +351,31 @@ def executor_for(engine) -> ProgramExecutor:
 
 
 def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
-    """Run programs to completion on an in-process Engine's scheduler, together."""
-    ex = executor_for(engine)
-    runs = []
-    for i, p in enumerate(programs):
-        done = None if on_result is None else (lambda out, i=i: on_result(i, out))
-        runs.append(ex.submit(p, done))
+    """Run programs to completion on an in-process Engine's scheduler, in the same steps as
+    whatever other threads run on it (engine.stepper)."""
+
+    def submit() -> list[ProgramRun]:
+        ex = executor_for(engine)
+        runs = []
+        try:
+            for i, p in enumerate(programs):
+                done = None if on_result is None else (lambda out, i=i: on_result(i, out))
+                runs.append(ex.submit(p, done))
+        except BaseException:
+            _interrupt(ex, runs)
+            raise
+        return runs
+
+    runs = engine.stepper.exclusive(submit)
     try:
-        while not all(r.finished for r in runs):
-            ex.on_step()
-            if not all(r.finished for r in runs):
-                engine.scheduler.step()
+        engine.stepper.run_until(lambda: all(r.finished for r in runs))
     except BaseException:
-        for r in runs:
-            r.fail("interrupted")
-        ex.on_step()
+        engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), runs))
         raise
     return [r.output for r in runs]
+
+
+def _interrupt(ex: ProgramExecutor, runs: list) -> None:
+    for r in runs:
+        r.fail("interrupted")
+    ex.on_step()

@@ -1,9 +1,9 @@
-"""Programs on an in-process Engine. Calls are serialized by a lock (the Engine is
-single-threaded); request graphs of a whole batch run together in its scheduler."""
+"""Programs on an in-process Engine. The Engine is safe to call from many threads: the
+requests of concurrent eager programs share its scheduler steps (runtime/engine_stepper.py),
+and request graphs of a whole batch run together in its scheduler."""
 
 from __future__ import annotations
 
-import threading
 from typing import Callable, Iterator, Optional
 
 from radixflow.lang.backends.base import NativeBackend
@@ -13,7 +13,6 @@ class EngineBackend(NativeBackend):
     def __init__(self, engine):
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.lock = threading.RLock()
 
     @classmethod
     def for_engine(cls, engine) -> "EngineBackend":
@@ -31,25 +30,20 @@ class EngineBackend(NativeBackend):
         return args
 
     def _call(self, payload: dict):
-        with self.lock:
-            return self.engine.generate(**self._args(payload))
+        return self.engine.generate(**self._args(payload))
 
     def _call_stream(self, payload: dict) -> Iterator[dict]:
-        with self.lock:
-            yield from self.engine.generate(stream=True, **self._args(payload))
+        yield from self.engine.generate(stream=True, **self._args(payload))
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
-        with self.lock:
-            outs = self.engine.run_program(list(programs))
+        outs = self.engine.run_program(list(programs))
         if on_result is not None:
             for i, out in enumerate(outs):
                 on_result(i, out)
         return outs
 
     def flush_cache(self) -> bool:
-        with self.lock:
-            return self.engine.flush_cache()
+        return self.engine.flush_cache()
 
     def get_server_info(self) -> dict:
-        with self.lock:
-            return self.engine.get_server_info()
+        return self.engine.get_server_info()

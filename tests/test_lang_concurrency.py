@@ -1,0 +1,71 @@
+"""Concurrent programs on one in-process Engine share its scheduler steps: eager programs
+driven from threads (run_batch) or from asyncio (run_async) batch like graph programs."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import radixflow as rf
+
+from lang_programs import FEW_SHOT
+
+GREEDY = {"temperature": 0}
+COUNTRIES = ["France", "Italy", "Japan", "Egypt", "Peru", "Kenya"]
+
+
+@rf.function
+def checked_answer(s, country):
+    """Data-dependent (cannot be traced): reads its first gen in Python."""
+    s += FEW_SHOT + f"Q: What is the capital of {country}?\nA:" + rf.gen("answer", max_tokens=6, ignore_eos=True)
+    s += f"\nThe answer has {len(s['answer'].split())} words. Next:" + rf.gen("more", max_tokens=6, ignore_eos=True)
+
+
+def sequential(engine):
+    return [checked_answer.run(country=c, backend=engine, **GREEDY) for c in COUNTRIES]
+
+
+def steps_of(engine, fn):
+    before = engine.stepper.steps
+    out = fn()
+    return out, engine.stepper.steps - before
+
+
+def test_eager_run_batch_shares_scheduler_steps(engine):
+    one, one_steps = steps_of(engine, lambda: [checked_answer.run(country="France", backend=engine, **GREEDY)])
+    ref = sequential(engine)
+    states, steps = steps_of(engine, lambda: checked_answer.run_batch([{"country": c} for c in COUNTRIES], backend=engine, progress_bar=False, **GREEDY))
+    assert [s.mode for s in states] == ["eager"] * len(COUNTRIES)
+    assert [s.text() for s in states] == [s.text() for s in ref]  # same greedy tokens, batched or not
+    # alone, each program needs one_steps driver turns; 6 of them one after another 6x that
+    print(f"batched: {steps} driver turns; one program alone: {one_steps}")
+    assert steps < 3 * one_steps, (steps, one_steps)
+
+
+def test_run_async_drives_many_programs_from_one_event_loop(engine):
+    ref = sequential(engine)
+
+    async def main():
+        return await asyncio.gather(*(checked_answer.run_async(country=c, backend=engine, **GREEDY) for c in COUNTRIES))
+
+    (states, steps) = steps_of(engine, lambda: asyncio.run(main()))
+    assert [s.text() for s in states] == [s.text() for s in ref]
+    _, one_steps = steps_of(engine, lambda: checked_answer.run(country="Peru", backend=engine, **GREEDY))
+    print(f"batched: {steps} driver turns; one program alone: {one_steps}")
+    assert steps < 3 * one_steps, (steps, one_steps)
+
+
+def test_engine_generate_from_threads_batches_and_stays_consistent(engine):
+    prompts = [f"Count to {i}:" for i in range(2, 8)]
+    params = {"max_new_tokens": 8, "ignore_eos": True, **GREEDY}
+    want = engine.generate(prompts, params)
+    got: dict = {}
+
+    def one(i: int) -> None:
+        got[i] = engine.generate(prompts[i], params)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
+    _, steps = steps_of(engine, lambda: [t.start() for t in threads] + [t.join() for t in threads])
+    assert [got[i]["text"] for i in range(len(prompts))] == [w["text"] for w in want]
+    assert steps < 3 * 8, steps  # sequential would take at least 6 x 8 decode steps
+    assert not engine.scheduler.has_work()
