@@ -57,3 +57,38 @@ def test_batch_and_cache_helpers(backend):
     assert all(s["answer"] for s in states)
     info = backend.get_server_info()
     assert info["max_total_num_tokens"] > 0
+
+
+@sgl.function
+def encode_in_parallel(s, facts):
+    s += "Please memorize these statements.\n"
+    forks = s.fork(len(facts))
+    forks += lambda i: f"Statement {i}: {facts[i]}\n"
+    forks.join(mode="concate_and_append")  # SGLang's client calls /concate_and_append_request here
+    s += "Question: Who is the father of Julian?\nAnswer:" + sgl.gen("answer", max_tokens=6, temperature=0)
+
+
+def test_concatenate_and_append_join(backend):
+    facts = ["Ethan is the father of Liam.", "Noah is the father of Julian."]
+    state = encode_in_parallel.run(facts=facts, backend=backend)
+    assert "Statement 0: Ethan is the father of Liam.\nStatement 1: Noah is the father of Julian.\n" in state.text()
+    assert state["answer"]
+
+
+def test_concate_and_append_route_validates_its_body(server):
+    import httpx
+
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    ok = httpx.post(f"{server.url}/concate_and_append_request", json={"src_rids": ["a", "b"], "dst_rid": "c"}, headers=headers)
+    assert ok.status_code == 200 and ok.json() == {"success": True}
+    bad = httpx.post(f"{server.url}/concate_and_append_request", json={"src_rids": "a"}, headers=headers)
+    assert bad.status_code == 400 and "src_rids" in bad.json()["error"]["message"]
+
+
+def test_logprobs_carry_their_length(server):
+    import httpx
+
+    body = {"text": "The capital of France is", "sampling_params": {"max_new_tokens": 4, "temperature": 0}, "return_logprob": True}
+    out = httpx.post(f"{server.url}/generate", json=body, headers={"Authorization": f"Bearer {API_KEY}"}).json()
+    meta = out["meta_info"]
+    assert meta["output_token_logprobs_length"] == len(meta["output_token_logprobs"]) == meta["completion_tokens"] == 4

@@ -19,7 +19,7 @@ eager give identical greedy tokens. OpenAIEndpoint sends text, which the server
 re-tokenizes as a whole. See radixflow/runtime/segment_tokens.py.
 """
 
-from radixflow.lang.backends import flush_cache, get_server_info, set_default_backend
+from radixflow.lang.backends import flush_cache, get_server_info, global_config, set_default_backend
 from radixflow.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
@@ -28,7 +28,24 @@ from radixflow.lang.choices import (
 from radixflow.lang.errors import NotTraceable, ProgramError
 from radixflow.lang.function import Function, function
 from radixflow.lang.ir import Graph
-from radixflow.lang.primitives import assistant, gen, gen_int, gen_string, select, system, user
+from radixflow.lang.primitives import (
+    assistant,
+    assistant_begin,
+    assistant_end,
+    gen,
+    gen_int,
+    gen_string,
+    image,
+    select,
+    separate_reasoning,
+    system,
+    system_begin,
+    system_end,
+    user,
+    user_begin,
+    user_end,
+    video,
+)
 from radixflow.lang.state import ProgramState
 
 __all__ = [
@@ -41,6 +58,16 @@ __all__ = [
     "system",
     "user",
     "assistant",
+    "system_begin",
+    "system_end",
+    "user_begin",
+    "user_end",
+    "assistant_begin",
+    "assistant_end",
+    "image",
+    "video",
+    "separate_reasoning",
+    "global_config",
     "set_default_backend",
     "flush_cache",
     "get_server_info",

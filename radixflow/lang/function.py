@@ -205,8 +205,9 @@ def _progress(total: int, enabled: bool, name: str):
     return tqdm(total=total, disable=not enabled, desc=name, leave=False)
 
 
-def function(func: Optional[Callable] = None, **options: Any):
-    """Decorator: `@rf.function` or `@rf.function()`."""
+def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
+    """Decorator: `@rf.function` or `@rf.function()`. num_api_spec_tokens (SGLang's API
+    speculative execution for OpenAI backends) is accepted and has no effect."""
     if func is None:
         return lambda f: Function(f)
     return Function(func)

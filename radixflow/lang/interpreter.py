@@ -16,7 +16,7 @@ from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, Text, VarRef
 from radixflow.lang.primitives import sampling_params
-from radixflow.lang.stream_log import StreamLog
+from radixflow.lang.stream_log import ChunkMeta, StreamLog
 from radixflow.runtime.segment_tokens import encode_piece
 
 STOP_HOLDBACK = 32  # streamed characters held back while a stop string may still cut them
@@ -105,10 +105,10 @@ class Interpreter:
     def _gen(self, node: Gen) -> None:
         params = sampling_params(self.defaults, node.params)
         prompt = self._prompt()
-        shown = 0
+        shown, chunk_meta = 0, ChunkMeta()
         try:
             if self.streaming and params.get("n", 1) == 1:
-                res, shown = self._gen_stream(prompt, params, node)
+                res, shown = self._gen_stream(prompt, params, node, chunk_meta)
             else:
                 res = self.backend.generate(prompt, params, node)
         except ProgramError:
@@ -120,26 +120,25 @@ class Interpreter:
             res = res[0]
         else:
             self.set(node.name, res.text, res.meta)
-        self._append_generated(res, node.name, shown)
+        self._append_generated(res, node.name, shown, chunk_meta(res.meta))
 
-    def _gen_stream(self, prompt: Prompt, params: dict, node: Gen) -> tuple:
+    def _gen_stream(self, prompt: Prompt, params: dict, node: Gen, chunk_meta: ChunkMeta) -> tuple:
         shown = 0
         for item in self.backend.generate_stream(prompt, params, node):
             if isinstance(item, GenResult):
                 return item, shown
-            safe = max(shown, len(item) - STOP_HOLDBACK)
-            self._stream_out(item[shown:safe], node.name)
+            text, meta = item
+            safe = max(shown, len(text) - STOP_HOLDBACK)
+            if safe > shown:
+                self.log.put(node.name, text[shown:safe], chunk_meta(meta))
             shown = safe
         raise ProgramError(f"gen {node.name!r}: the stream ended without a result")
 
-    def _stream_out(self, delta: str, var: Optional[str]) -> None:
-        self.log.put(var, delta)
-
-    def _append_generated(self, res: GenResult, var: Optional[str], shown: int) -> None:
+    def _append_generated(self, res: GenResult, var: Optional[str], shown: int, meta: Optional[dict] = None) -> None:
         self.text += res.text
         if self.ids is not None:
             self.ids.extend(res.ids if res.ids is not None else encode_piece(self.backend.tokenizer, res.text, False))
-        self.log.put(var, res.text[shown:])
+        self.log.put(var, res.text[shown:], meta)
 
     def _select(self, node: Select) -> None:
         prompt = self._prompt()

@@ -21,7 +21,7 @@ from radixflow.lang.ir import (
     Text,
     VarRef,
 )
-from radixflow.lang.primitives import sampling_params
+from radixflow.lang.primitives import logprob_options, sampling_params
 
 
 @dataclass
@@ -53,6 +53,8 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
         elif isinstance(n, ArgRef):
             raise NotTraceable(f"argument {n.name!r} has no value")
         elif isinstance(n, Gen):
+            if logprob_options(n.params):
+                raise NotTraceable(f"gen {n.name!r} asks for logprobs, which request graphs do not return")
             ops.append({"op": "gen", "id": n.nid, "name": n.name, "sampling_params": sampling_params(ctx.defaults, n.params)})
             _produced(ctx, n.name)
         elif isinstance(n, Select):

@@ -28,6 +28,7 @@ _GEN_TO_SAMPLING = {
     "regex": "regex",
     "json_schema": "json_schema",
 }
+LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")  # per request, not sampling
 _DTYPES = {int: "int", float: "float", str: "str", bool: "bool", "int": "int", "float": "float", "str": "str", "bool": "bool"}
 
 
@@ -38,25 +39,33 @@ def gen(
     n: Optional[int] = None,
     stop: Optional[Union[str, list]] = None,
     stop_token_ids: Optional[list] = None,
+    stop_regex: Optional[Union[str, list]] = None,
     temperature: Optional[float] = None,
     top_p: Optional[float] = None,
     top_k: Optional[int] = None,
     min_p: Optional[float] = None,
     frequency_penalty: Optional[float] = None,
     presence_penalty: Optional[float] = None,
-    repetition_penalty: Optional[float] = None,
     ignore_eos: Optional[bool] = None,
-    regex: Optional[str] = None,
-    json_schema: Optional[Union[str, dict]] = None,
+    return_logprob: Optional[bool] = None,
+    logprob_start_len: Optional[int] = None,
+    top_logprobs_num: Optional[int] = None,
+    return_text_in_logprobs: Optional[bool] = None,
+    dtype: Any = None,
     choices: Optional[list] = None,
     choices_method: Optional[ChoicesMethod] = None,
-    dtype: Any = None,
+    regex: Optional[str] = None,
+    json_schema: Optional[Union[str, dict]] = None,
+    repetition_penalty: Optional[float] = None,
 ) -> Union[Gen, Select]:
     """Generate text into variable `name`. Unset (None) fields inherit the run()'s defaults."""
     if choices is not None:
         return select(name, choices, choices_method=choices_method)
     given = dict(locals())
+    if stop_regex is not None:
+        raise RadixflowError(f"gen {name!r}: stop_regex is not supported; use stop strings, or regex= to constrain the output")
     params = {_GEN_TO_SAMPLING[k]: v for k, v in given.items() if k in _GEN_TO_SAMPLING and v is not None}
+    params.update({k: given[k] for k in LOGPROB_KEYS if given[k] is not None})
     if regex is not None:
         try:
             re.compile(regex)
@@ -110,7 +119,7 @@ def assistant(expr: Any = None) -> ExprList:
 
 def sampling_params(defaults: dict, params: dict) -> dict:
     """A gen's sampling params: the run's defaults, overridden by what the gen set."""
-    out = {**defaults, **{k: v for k, v in params.items() if k != "dtype"}}
+    out = {**defaults, **{k: v for k, v in params.items() if k != "dtype" and k not in LOGPROB_KEYS}}
     dtype = params.get("dtype")
     if dtype is not None:
         out["regex"] = _dtype_regex(dtype)
@@ -119,6 +128,47 @@ def sampling_params(defaults: dict, params: dict) -> dict:
             stops = out.get("stop") or []
             out["stop"] = ([stops] if isinstance(stops, str) else list(stops)) + [" ", "\n"]
     return out
+
+
+def logprob_options(params: dict) -> dict:
+    """A gen's logprob request fields (return_logprob, ...), as the generate API takes them."""
+    return {k: params[k] for k in LOGPROB_KEYS if k in params}
+
+
+def system_begin() -> RoleBegin:
+    return RoleBegin(role="system")
+
+
+def system_end() -> RoleEnd:
+    return RoleEnd(role="system")
+
+
+def user_begin() -> RoleBegin:
+    return RoleBegin(role="user")
+
+
+def user_end() -> RoleEnd:
+    return RoleEnd(role="user")
+
+
+def assistant_begin() -> RoleBegin:
+    return RoleBegin(role="assistant")
+
+
+def assistant_end() -> RoleEnd:
+    return RoleEnd(role="assistant")
+
+
+def image(expr: Any) -> None:
+    raise RadixflowError("image() is not supported: radixflow serves text-only models")
+
+
+def video(path: str, num_frames: int) -> None:
+    raise RadixflowError("video() is not supported: radixflow serves text-only models")
+
+
+def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> None:
+    raise RadixflowError("separate_reasoning() is not supported yet; parse the reasoning out of the gen's text")
 
 
 def _dtype_regex(dtype: str) -> str:

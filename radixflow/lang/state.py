@@ -3,9 +3,10 @@ behind it), while tracing (a Recorder) and when holding a request graph's result
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
 from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ExprList, Node, ScopeBegin, ScopeEnd
@@ -125,6 +126,20 @@ class ProgramState:
             yield self._ex.vars.get(var, "") if var is not None else self._ex.text
             return
         yield from self._ex.log.iter(var)
+
+    async def text_async_iter(self, var: Optional[str] = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """text_iter for asyncio; with return_meta_data, (delta, meta_info) pairs, where a
+        gen's meta_info carries that chunk's own output logprobs (as SGLang's)."""
+        if self._thread is None:
+            self.sync()
+            text = self._ex.vars.get(var, "") if var is not None else self._ex.text
+            yield (text, self._ex.metas.get(var)) if return_meta_data else text
+            return
+        loop = asyncio.get_running_loop()
+        chunks = self._ex.log.iter(var, with_meta=return_meta_data)
+        end = object()
+        while (item := await loop.run_in_executor(None, next, chunks, end)) is not end:
+            yield item
 
     # -- fork ------------------------------------------------------------------------------------
     def fork(self, n: int) -> "ForkGroup":

@@ -184,6 +184,7 @@ def build_result(req: Req, tokenizer, logprob_text, finished: bool = True) -> di
         want_text = req.logprob.return_text_in_logprobs
         meta["input_token_logprobs"] = logprob_text(req.input_token_logprobs, want_text)
         meta["output_token_logprobs"] = logprob_text(req.output_token_logprobs, want_text)
+        meta["output_token_logprobs_length"] = len(req.output_token_logprobs)
         if req.logprob.top_logprobs_num:
             meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want_text) for t in req.input_top_logprobs]
             meta["output_top_logprobs"] = [logprob_text(t, want_text) for t in req.output_top_logprobs]

@@ -192,6 +192,16 @@ def _register_native(app: FastAPI) -> None:
         request.app.state.tm.abort(rid, abort_all)
         return Response(status_code=200)
 
+    @app.post("/concate_and_append_request")
+    async def concate_and_append_request(request: Request):
+        """SGLang's frontend calls this at join("concate_and_append") and then sends the joined
+        text. The radix cache already reuses KV by tokens, so there is nothing to move here."""
+        body = await read_json(request)
+        src, dst = (body.get("src_rids"), body.get("dst_rid")) if isinstance(body, dict) else (None, None)
+        if not isinstance(src, list) or not all(isinstance(r, str) for r in src) or not isinstance(dst, str):
+            raise RadixflowError("the body must be {src_rids: [string, ...], dst_rid: string}")
+        return {"success": True}
+
     @app.get("/metrics")
     async def metrics(request: Request):
         from prometheus_client import CONTENT_TYPE_LATEST

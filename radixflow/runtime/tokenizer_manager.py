@@ -225,6 +225,7 @@ class TokenizerManager:
         want, conv = opts.return_text_in_logprobs, self.logprobs.with_text
         meta["input_token_logprobs"] = conv(out.input_token_logprobs or [], want)
         meta["output_token_logprobs"] = conv(out.new_output_token_logprobs, want)
+        meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
         if opts.top_logprobs_num:
             tops = out.input_top_logprobs or []
             meta["input_top_logprobs"] = [None if t is None else conv(t, want) for t in tops]

@@ -35,6 +35,17 @@ def resolve_backend(backend=None):
     raise RadixflowError(f"not a backend: {type(b).__name__}; use an Engine, Runtime, RuntimeEndpoint or OpenAIEndpoint")
 
 
+class GlobalConfig:
+    """SGLang's `sgl.global_config`, as far as programs read it: the default backend."""
+
+    @property
+    def default_backend(self):
+        return _default
+
+
+global_config = GlobalConfig()
+
+
 def flush_cache(backend=None) -> bool:
     return resolve_backend(backend).flush_cache()
 

@@ -8,6 +8,7 @@ from typing import Callable, Iterator, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
+from radixflow.lang.primitives import logprob_options
 from radixflow.runtime.choice_scoring import choose, logprob_values, select_meta
 from radixflow.runtime.segment_tokens import encode_piece, gen_piece
 
@@ -23,7 +24,8 @@ class Backend:
     def generate(self, prompt: Prompt, params: dict, node=None) -> Union[GenResult, list]:
         raise NotImplementedError
 
-    def generate_stream(self, prompt: Prompt, params: dict, node=None) -> Iterator[Union[str, GenResult]]:
+    def generate_stream(self, prompt: Prompt, params: dict, node=None) -> Iterator[Union[tuple, GenResult]]:
+        """(text so far, meta_info so far) while generating, then the GenResult."""
         yield self.generate(prompt, params, node)
 
     def select(self, prompt: Prompt, choices: list, method: str, node=None) -> SelectResult:
@@ -51,23 +53,24 @@ class NativeBackend(Backend):
     def _call_stream(self, payload: dict) -> Iterator[dict]:
         raise NotImplementedError
 
-    def _payload(self, prompt: Prompt, params: dict) -> dict:
+    def _payload(self, prompt: Prompt, params: dict, node=None) -> dict:
+        extra = {} if node is None else logprob_options(node.params)
         if prompt.ids is not None:
-            return {"input_ids": prompt.ids, "sampling_params": params}
-        return {"text": prompt.text, "sampling_params": params}
+            return {"input_ids": prompt.ids, "sampling_params": params, **extra}
+        return {"text": prompt.text, "sampling_params": params, **extra}
 
     def generate(self, prompt: Prompt, params: dict, node=None):
-        out = self._call(self._payload(prompt, params))
+        out = self._call(self._payload(prompt, params, node))
         if isinstance(out, list):
             return [self._gen_result(o, params) for o in out]
         return self._gen_result(out, params)
 
     def generate_stream(self, prompt: Prompt, params: dict, node=None):
         last = None
-        for chunk in self._call_stream(self._payload(prompt, params)):
+        for chunk in self._call_stream(self._payload(prompt, params, node)):
             last = chunk
             if chunk["meta_info"].get("finish_reason") is None:
-                yield chunk["text"]
+                yield chunk["text"], chunk["meta_info"]
         if last is None:
             raise RadixflowError("the stream ended with no output")
         yield self._gen_result(last, params)

@@ -20,6 +20,9 @@ class RuntimeEndpoint(NativeBackend):
         self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
 
+    def get_model_name(self) -> str:
+        return self.model_info["model_path"]
+
     def _call(self, payload: dict):
         return check(self.client.post("/generate", json=payload), "POST /generate").json()
 
