@@ -1,6 +1,6 @@
 """SGLang's own frontend test programs, unchanged but for `import radixflow as sgl`, on the
 in-process Engine. The cheap ones run here; `python tests/sglang_programs.py` runs the
-whole file (README, "SGLang compatibility", gives the count and why the rest fail)."""
+whole file (docs/programs.md, "SGLang programs", gives the count and why the rest fail)."""
 
 from __future__ import annotations
 
