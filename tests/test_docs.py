@@ -122,7 +122,6 @@ def test_python_examples_run(page: Path, tmp_path, request):
             assert "docs-test" not in b.code, f"{rel(page)}:{b.line}: a skip marker must sit on the line before the block"
     runnable = [(f"{rel(page)}:{b.line}", b.code) for b in found if b.skip_reason is None]
     env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.setdefault("TRITON_INTERPRET", "1")
     if any("RADIXFLOW_URL" in code for _, code in runnable):
         server = request.getfixturevalue("server")
         env["RADIXFLOW_URL"] = server.url
