@@ -33,7 +33,7 @@ SCRIPT = re.compile(r"\b((?:benchmarks|examples)/[\w/]+\.py)\b")
 OTHER_TOOL = re.compile(r"^\s*(?:\$\s*)?(?:pip|python3? -m pip|pytest|python3? -m pytest|make|git|curl)\b")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
-PAGE_TIMEOUT_S = 300
+PAGE_TIMEOUT_S = 900  # generous: CI shares 2 cores; a page takes well under a minute alone
 
 
 @dataclass
