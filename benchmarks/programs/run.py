@@ -134,6 +134,7 @@ def run_all(engine, names: list, n: int, size: float, sampling: dict, seed: int 
         t = time.perf_counter()
         results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed)
         print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+        print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
     return results
 
 
@@ -168,12 +169,15 @@ def main(argv=None) -> str:
     ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
     kw = {"device": args.device, "load_format": args.load_format}
     if args.tokenizer:
         kw["tokenizer_path"] = args.tokenizer
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed)
