@@ -11,6 +11,7 @@ import logging
 from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime import sglang_fields
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.req import Req
@@ -20,6 +21,8 @@ from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
 from radixflow.runtime.tp_launch import TPRankFailed, start_tp
 
 log = logging.getLogger(__name__)
+_GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                  "stream", "rid", "return_text_in_logprobs"}  # fmt: skip
 
 
 class Engine:
@@ -58,9 +61,12 @@ class Engine:
         stream: bool = False,
         rid: Union[str, list, None] = None,
         return_text_in_logprobs: bool = True,
+        **sglang_extras: Any,
     ) -> Union[dict, list, Iterator]:
         """A dict for one prompt, a list of dicts for a batch (prompt-major when n > 1);
-        with stream=True an iterator of growing results."""
+        with stream=True an iterator of growing results. `sglang_extras`: SGLang's other
+        generate fields, accepted at values that change nothing (runtime/sglang_fields.py)."""
+        sglang_fields.check_fields(sglang_extras, _GENERATE_ARGS, sglang_fields.GENERATE, "Engine.generate")
         g = GenerateInput(
             text=prompt,
             input_ids=input_ids,

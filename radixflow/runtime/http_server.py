@@ -29,6 +29,7 @@ from radixflow.runtime.http_common import (
     read_json,
     sse,
 )
+from radixflow.runtime import sglang_fields
 from radixflow.runtime.openai_api import register_openai_routes
 from radixflow.runtime.program_service import register_program_routes
 from radixflow.runtime.tokenizer_manager import Event, ServerDeadError, TokenizerManager
@@ -46,7 +47,6 @@ _GENERATE_FIELDS = {
     "return_text_in_logprobs": False,
     "stream": False,
 }
-_UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "session_params")
 
 
 # -- auth and size limit (plain ASGI, so streaming and disconnects pass through untouched) ----------------
@@ -110,12 +110,10 @@ def _register_errors(app: FastAPI) -> None:
 def parse_generate(body: Any) -> GenerateInput:
     if not isinstance(body, dict):
         raise RadixflowError(f"the request body must be a JSON object, got {type(body).__name__}")
-    for name in _UNSUPPORTED_FIELDS:
-        if body.get(name) is not None:
-            raise RadixflowError(f"{name} is not supported by radixflow; remove it")
     if "prompt" in body and "text" not in body and "input_ids" not in body:
         raise RadixflowError("/generate takes 'text' (or 'input_ids'), not 'prompt'")
-    args = {k: body.get(k, default) for k, default in _GENERATE_FIELDS.items()}
+    sglang_fields.check_fields(body, set(_GENERATE_FIELDS), sglang_fields.GENERATE, "/generate")
+    args = {k: default if body.get(k) is None else body[k] for k, default in _GENERATE_FIELDS.items()}
     for name in ("stream", "return_text_in_logprobs"):
         if not isinstance(args[name], bool):
             raise RadixflowError(f"{name} must be true or false")
