@@ -130,11 +130,19 @@ class Engine:
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
-        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler."""
+        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler.
+        Raises RadixflowError for what /program answers with a 400."""
         from radixflow.runtime.program_executor import run_programs
+        from radixflow.runtime.program_ops import check_programs
 
         self._check_open()
-        outs = run_programs(self, program if isinstance(program, list) else [program])
+        programs = program if isinstance(program, list) else [program]
+        check_programs(programs, self.builder.sampling, self.server_args.max_batch_size)
+        outs = run_programs(self, programs)
+        statuses = [out.pop("status_code", 200) for out in outs]
+        rejected = next((out for out, code in zip(outs, statuses) if code == 400), None)
+        if rejected is not None:
+            raise RadixflowError(rejected["error"])
         return outs if isinstance(program, list) else outs[0]
 
     def flush_cache(self) -> bool:
