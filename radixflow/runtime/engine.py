@@ -137,7 +137,7 @@ class Engine:
 
         self._check_open()
         programs = program if isinstance(program, list) else [program]
-        check_programs(programs, self.builder.sampling, self.server_args.max_batch_size)
+        check_programs(programs, self.builder.sampling, max_requests=None)  # like generate: no per-call limit
         outs = run_programs(self, programs)
         statuses = [out.pop("status_code", 200) for out in outs]
         rejected = next((out for out, code in zip(outs, statuses) if code == 400), None)

@@ -164,10 +164,11 @@ def _int(r: dict, key: str) -> int:
     return v
 
 
-def check_programs(programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: int) -> None:
+def check_programs(programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]) -> None:
     """Everything known before running, as for /generate: each program's shape, each gen's
     sampling params against the model (`check_sampling`), and the requests the whole call
-    may run at once against the server's per-call limit. Raises RadixflowError."""
+    may run at once against the server's per-call limit (None: no limit, as in Engine).
+    Raises RadixflowError."""
     total = 0
     for program in programs:
         ops = parse_program(program)
@@ -177,7 +178,7 @@ def check_programs(programs: list, check_sampling: Callable[[SamplingParams], An
             except RadixflowError as e:
                 raise RadixflowError(f"gen {op.name!r}: {e}") from None
         total += program_width(ops)
-    if total > max_requests:
+    if max_requests is not None and total > max_requests:
         raise RadixflowError(
             f"the call may run {total} requests at once (programs x fork branches x select choices); "
             f"this server accepts at most {max_requests} per call (--max-batch-size)"
