@@ -26,6 +26,7 @@ from radixflow.runtime.http_common import (
     error_response,
     first_error,
     json_response,
+    open_stream,
     read_json,
     sse,
 )
@@ -128,7 +129,10 @@ def _register_native(app: FastAPI) -> None:
         single = not g.is_batch
         events = tm.generate(g)
         if g.stream:
-            return StreamingResponse(_native_stream(events, single), media_type="text/event-stream")
+            opened = await open_stream(request, events)
+            if isinstance(opened, Response):
+                return opened
+            return StreamingResponse(_native_stream(opened, single), media_type="text/event-stream")
         results = await final_results(request, events)
         if isinstance(results, Response):
             return results

@@ -24,6 +24,7 @@ from radixflow.runtime.http_common import (
     SSE_DONE,
     final_results,
     json_response,
+    open_stream,
     read_json,
     sse,
 )
@@ -258,7 +259,10 @@ async def _serve(request: Request, call: Call):
     tm: TokenizerManager = request.app.state.tm
     events = tm.generate(call.g)
     if call.g.stream:
-        return StreamingResponse(_stream(tm, call, events), media_type="text/event-stream")
+        opened = await open_stream(request, events)
+        if isinstance(opened, Response):
+            return opened
+        return StreamingResponse(_stream(tm, call, opened), media_type="text/event-stream")
     results = await final_results(request, events)
     if isinstance(results, Response):
         return results
@@ -273,23 +277,27 @@ def _id(call: Call) -> str:
     return ("cmpl-" if call.kind == "completion" else "chatcmpl-") + call.id
 
 
-def _finish(meta: dict) -> tuple[Optional[str], Any]:
+def _finish_fields(meta: dict) -> dict:
+    """A choice's finish_reason and matched_stop, plus grammar_closed: true when a grammar
+    was closed early to fit max_tokens (finish_reason "length")."""
     reason = meta.get("finish_reason")
     if not reason:
-        return None, None
-    return _FINISH.get(reason["type"], reason["type"]), reason.get("matched")
+        return {"finish_reason": None, "matched_stop": None}
+    fields = {"finish_reason": _FINISH.get(reason["type"], reason["type"]), "matched_stop": reason.get("matched")}
+    if reason.get("grammar_closed"):
+        fields["grammar_closed"] = True
+    return fields
 
 
 def _choice(call: Call, i: int, r: dict) -> dict:
     meta = r["meta_info"]
-    finish, matched = _finish(meta)
     if call.kind == "completion":
         text = (call.prompts[i // call.n] if call.echo else "") + r["text"]
         lp = _completion_logprobs(meta, call.echo) if call.logprobs else None
-        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "matched_stop": matched}
+        return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
     lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
     msg = {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None}
-    return {"index": i, "message": msg, "logprobs": lp, "finish_reason": finish, "matched_stop": matched}
+    return {"index": i, "message": msg, "logprobs": lp, **_finish_fields(meta)}
 
 
 def usage(results: list, n: int) -> dict:
@@ -377,8 +385,7 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     first, start = not sent.started, sent.tokens
     delta = r["text"][sent.text :]
     sent.started, sent.text, sent.tokens = True, len(r["text"]), len(r["output_ids"])
-    finish, matched = _finish(meta) if ev.finished else (None, None)
-    choice: dict = {"index": i, "finish_reason": finish, "matched_stop": matched}
+    choice: dict = {"index": i, **_finish_fields(meta if ev.finished else {})}
     if call.kind == "completion":
         choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
         choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None
