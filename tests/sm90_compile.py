@@ -21,7 +21,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radixflow.kernels import (  # noqa: E402
-    argmax, decode_attention, extend_attention, gemv, kv_store, matmul, norm_act, rotary, sampling,
+    argmax, decode_attention, extend_attention, fp8, gemv, kv_store, matmul, norm_act, rotary, sampling,
 )
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -41,16 +41,26 @@ def _ints(*names: str) -> dict:
     return {n: "i32" for n in names}
 
 
-def check_gemv(pdl: int, block_m: int) -> None:
-    sig = {"X": BF16, "W": BF16, "Bias": BF16, "Out": BF16, **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
-    for cfg in gemv.GEMV_CONFIGS:
-        consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
-                  "BLOCK_K": cfg["block_k"] // block_m, "STAGES": cfg["stages"]}
+def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
+    """The GEMV with each of its configs; weight "*fp8e4nv": the FP8 GEMV (per-row scales) with its own."""
+    fp8_w = weight != BF16
+    sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16,
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    for cfg in gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS:
+        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": block_m,
+                  "BLOCK_N": cfg["block_n"], "BLOCK_K": cfg["block_k"] // block_m, "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl)
         assert "cp.async" in ptx, "the K loop is no longer pipelined through shared memory"
         if pdl:  # the first weight tile is requested before the wait
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+def check_fp8_quantize(pdl: int) -> None:
+    """Per-token FP8 quantization of bf16 activations (kernels/fp8.py) at a 14,336-wide row."""
+    sig = {"X": BF16, "Q": "*fp8e4nv", "S": "*fp32", **_ints("K", "stride_x", "stride_q")}
+    ptx = _compile(fp8._quantize_rows_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, num_warps=4, launch_pdl=pdl > 0)
+    assert _pdl_order_ok(ptx, pdl) and "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
 def check_norm_and_activation(pdl: int) -> None:
@@ -160,6 +170,8 @@ def check_matmul() -> None:
 
 def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
+    checks += [(check_gemv, (pdl, m, "*fp8e4nv")) for pdl in (0, 2) for m in (1, 4)]
+    checks += [(check_fp8_quantize, (pdl,)) for pdl in (0, 2)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]
     checks += [(fn, ()) for fn in (check_argmax, check_sampling, check_extend_attention, check_matmul)]

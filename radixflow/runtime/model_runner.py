@@ -12,6 +12,7 @@ from radixflow.radix_cache.memory_pool import KVPool
 from radixflow.runtime.attention import create_attention_backend
 from radixflow.runtime.distributed import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.layers.fp8_linear import read_checkpoint_quantization
 from radixflow.runtime.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
 from radixflow.runtime.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from radixflow.runtime.server_args import ServerArgs
@@ -71,10 +72,15 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(prev)
         model.rotary.float()  # cos/sin tables stay float32
+        ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
+        if ckpt_fp8 is not None:
+            log.info("FP8 checkpoint (%s): %d linear layers in FP8", ckpt_fp8.method, model.prepare_fp8(ckpt_fp8))
         if self.args.load_format == "dummy":
             init_dummy_weights(model, self.args.random_seed)
         else:
             model.load_weights(iter_safetensors(self.model_dir))
+        if self.args.quantization == "fp8" and ckpt_fp8 is None:
+            log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
         return model.eval()
 
     def _init_memory(self) -> None:

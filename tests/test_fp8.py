@@ -1,0 +1,208 @@
+"""FP8 (e4m3) weights: the kernels against their torch references, quantize-at-load against the
+unquantized model, and pre-quantized checkpoints in the two config formats (fp8, compressed-tensors).
+
+Without CUDA the Triton kernels run in the interpreter at tiny shapes and the engine takes the CPU
+path, which dequantizes; the engine tests compare with transformers running the dequantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from radixflow import Engine  # noqa: E402
+from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.fp8 import FP8, dequantize, quantize_rows, quantize_rows_torch  # noqa: E402
+from radixflow.kernels.gemv import gemv  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GEMV_TINY = {"block_n": 16, "block_k": 32, "num_warps": 4, "stages": 3}
+
+
+# -- kernels -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,k", [(3, 40), (2, 2500)])  # one K block; several
+def test_quantize_rows_matches_torch(rows, k):
+    x = (torch.randn(rows, k, device=DEV) * torch.tensor([0.01, 3.0, 200.0][:rows] + [1.0] * max(0, rows - 3),
+                                                          device=DEV)[:, None]).to(torch.bfloat16)
+    x[0, 5] = 0.0
+    q, s = quantize_rows(x)
+    q_ref, s_ref = quantize_rows_torch(x)
+    assert q.dtype == FP8 and s.shape == (rows,)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+    assert torch.equal(q.float(), q_ref.float())  # the same rounding (half to even) as torch
+    assert (q.float().abs().amax(dim=1) == 448).all()  # each row's largest value maps to e4m3's largest
+    err = (dequantize(q, s, torch.float32) - x.float()).abs() / x.float().abs().amax(dim=1, keepdim=True)
+    assert err.max().item() <= 2**-4  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp8_gemv_matches_dequantized_reference(m, bias):
+    n, k = 40, 72
+    x = torch.randn(m, k, device=DEV).to(torch.float16)
+    wq, ws = quantize_rows_torch(torch.randn(n, k, device=DEV))
+    b = torch.randn(n, device=DEV).to(torch.float16) if bias else None
+    want = ref.gemv_ref(x, dequantize(wq, ws, torch.float32), b)
+    torch.testing.assert_close(gemv(x, wq, b, config=GEMV_TINY, w_scale=ws), want, rtol=2e-3, atol=2e-2)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_fp8_gemm_matches_reference(m):
+    from radixflow.kernels.fp8 import fp8_gemm
+
+    x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
+    b = torch.randn(256, device=DEV).to(torch.bfloat16)
+    want = ref.fp8_linear_ref(x, wq, ws, b)
+    torch.testing.assert_close(fp8_gemm(x, wq, b, ws), want, rtol=2e-2, atol=5e-2)
+
+
+# -- checkpoints and the engine ---------------------------------------------------------------
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+PROMPTS = ["Hello there, how are", "The capital of France is Paris and the capital of Spain"]
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _tiny_llama(vocab: int):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY, vocab_size=vocab), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def _save(model, path, tokenizer_dir: str, tensors: dict | None = None, quantization_config: dict | None = None) -> str:
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path)
+    if tensors is not None:
+        for f in os.listdir(path):
+            if f.endswith(".safetensors"):
+                os.remove(os.path.join(path, f))
+        save_file(tensors, os.path.join(path, "model.safetensors"))
+    if quantization_config is not None:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["quantization_config"] = quantization_config
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.exists(os.path.join(tokenizer_dir, f)):
+            shutil.copy(os.path.join(tokenizer_dir, f), os.path.join(path, f))
+    return str(path)
+
+
+def _quantized_tensors(model, per_tensor: bool) -> tuple[dict, dict]:
+    """(checkpoint tensors with FP8 linears, the same state dict with those weights dequantized)."""
+    tensors, dequantized = {}, {}
+    for name, w in model.state_dict().items():
+        if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
+            if per_tensor:  # one scale for the whole matrix, as quant_method "fp8" checkpoints store it
+                scale = (w.abs().max() / 448.0).reshape(())
+                q = (w / scale).clamp(-448, 448).to(FP8)
+                scale_full = scale.expand(w.shape[0])
+            else:  # compressed-tensors "channel": [N, 1]
+                q, scale_full = quantize_rows_torch(w)
+                scale = scale_full[:, None]
+            tensors[name] = q
+            tensors[name.replace(".weight", ".weight_scale")] = scale.clone()
+            tensors[name.replace(".weight", ".input_scale")] = torch.tensor(0.01)  # static: ignored (dynamic per token)
+            dequantized[name] = dequantize(q, scale_full, torch.float32)
+        else:
+            tensors[name] = w.contiguous()
+            dequantized[name] = w
+    return tensors, dequantized
+
+
+def _engine_logprobs(path: str, **kw) -> list:
+    with Engine(path, max_total_tokens=2048, **kw) as e:
+        outs = e.generate(PROMPTS, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+                          return_logprob=True, logprob_start_len=0)
+    return outs
+
+
+def _hf_logprobs(model, tokenizer, outs) -> list[torch.Tensor]:
+    """Teacher-forced logprobs of each prompt + the engine's output under `model`, at the same positions."""
+    got, want = [], []
+    for prompt, out in zip(PROMPTS, outs):
+        ids = tokenizer.encode(prompt) + out["output_ids"]
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        n = len(tokenizer.encode(prompt))
+        got += [t[0] for t in out["meta_info"]["input_token_logprobs"][1:]] + [t[0] for t in out["meta_info"]["output_token_logprobs"]]
+        want += [lp[i - 1, ids[i]].item() for i in range(1, len(ids))]
+        assert len(got) == len(want), (n, len(ids))
+    return torch.tensor(got), torch.tensor(want)
+
+
+def test_quantize_at_load_matches_dequantized_model_and_stays_near_the_original(tmp_path, model_dir, tokenizer):
+    model = _tiny_llama(len(tokenizer))
+    path = _save(model, tmp_path / "bf16", model_dir)
+    fp8_outs = _engine_logprobs(path, quantization="fp8")
+    _, dequantized = _quantized_tensors(model, per_tensor=False)  # the per-channel rows --quantization fp8 makes
+    deq_model = _tiny_llama(len(tokenizer))
+    deq_model.load_state_dict(dequantized)
+    got, want = _hf_logprobs(deq_model, tokenizer, fp8_outs)
+    assert (got - want).abs().max().item() < 1e-3  # exactly the dequantized model (CPU path, float32 activations)
+    got, original = _hf_logprobs(model, tokenizer, fp8_outs)
+    drift = (got - original).abs()
+    # quantized: not identical, yet near (this random model has large weights, so every error is amplified)
+    assert 0 < drift.max().item() and drift.mean().item() < 0.5
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "compressed-tensors"])
+def test_prequantized_checkpoint_loads(tmp_path, model_dir, tokenizer, fmt):
+    model = _tiny_llama(len(tokenizer))
+    per_tensor = fmt == "fp8"
+    tensors, dequantized = _quantized_tensors(model, per_tensor)
+    if fmt == "fp8":
+        qc = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+    else:
+        scheme = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(scheme, strategy="channel"),
+                                            "input_activations": dict(scheme, strategy="tensor")}}}
+    path = _save(model, tmp_path / fmt, model_dir, tensors, qc)
+    outs = _engine_logprobs(path)  # detected from config.json, no flag needed
+    deq_model = _tiny_llama(len(tokenizer))
+    deq_model.load_state_dict(dequantized)
+    got, want = _hf_logprobs(deq_model, tokenizer, outs)
+    assert (got - want).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("qc,msg", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
+    ({"quant_method": "gptq", "bits": 4}, "not supported"),
+])
+def test_unsupported_quantization_configs_say_what_to_do(tmp_path, model_dir, tokenizer, qc, msg):
+    from radixflow.runtime.layers.fp8_linear import QuantizationError
+
+    path = _save(_tiny_llama(len(tokenizer)), tmp_path / "bad", model_dir, quantization_config=qc)
+    with pytest.raises(QuantizationError, match=msg):
+        Engine(path, max_total_tokens=1024)
+
+
+def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, model_dir, tokenizer):
+    from radixflow.runtime.layers.fp8_linear import QuantizationError
+
+    model = _tiny_llama(len(tokenizer))
+    tensors, _ = _quantized_tensors(model, per_tensor=False)
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("_scale")}
+    path = _save(model, tmp_path / "noconfig", model_dir, tensors)
+    with pytest.raises(QuantizationError, match="quantization_config"):
+        Engine(path, max_total_tokens=1024)
