@@ -56,6 +56,17 @@ def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 
+def check_gemv_fp8_words(pdl: int, block_m: int) -> None:
+    """The FP8 GEMV that reads int32 words: pipelined, and no flush-to-zero (e4m3 subnormals arrive as float32 ones)."""
+    sig = {"X": BF16, "W": "*i32", "Scale": "*fp32", "Bias": BF16, "Out": BF16,
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    for cfg in (c for c in gemv.GEMV_CONFIGS_FP8 if c.get("words")):
+        consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
+                  "BLOCK_W": cfg["block_k"] // 4 // block_m, "STAGES": cfg["stages"]}
+        ptx = _compile(gemv._gemv_fp8_words_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl) and "cp.async" in ptx and ".ftz" not in ptx
+
+
 def check_fp8_quantize(pdl: int) -> None:
     """Per-token FP8 quantization of bf16 activations (kernels/fp8.py) at a 14,336-wide row."""
     sig = {"X": BF16, "Q": "*fp8e4nv", "S": "*fp32", **_ints("K", "stride_x", "stride_q")}
@@ -171,6 +182,7 @@ def check_matmul() -> None:
 def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
     checks += [(check_gemv, (pdl, m, "*fp8e4nv")) for pdl in (0, 2) for m in (1, 4)]
+    checks += [(check_gemv_fp8_words, (pdl, m)) for pdl in (0, 2) for m in (1, 4)]
     checks += [(check_fp8_quantize, (pdl,)) for pdl in (0, 2)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]

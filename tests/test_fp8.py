@@ -46,13 +46,25 @@ def test_quantize_rows_matches_torch(rows, k):
 
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("bias", [False, True])
-def test_fp8_gemv_matches_dequantized_reference(m, bias):
+@pytest.mark.parametrize("words", [False, True])  # e4m3 converted by Triton; by bit moves on int32 words
+def test_fp8_gemv_matches_dequantized_reference(m, bias, words):
     n, k = 40, 72
     x = torch.randn(m, k, device=DEV).to(torch.float16)
-    wq, ws = quantize_rows_torch(torch.randn(n, k, device=DEV))
+    w = torch.randn(n, k, device=DEV)
+    w[:, :8] *= 1e-4  # subnormal e4m3 values: exact through the bit moves too
+    wq, ws = quantize_rows_torch(w)
+    assert (wq.float().abs() < 2**-6).any() and (wq.float() != 0).any()
     b = torch.randn(n, device=DEV).to(torch.float16) if bias else None
     want = ref.gemv_ref(x, dequantize(wq, ws, torch.float32), b)
-    torch.testing.assert_close(gemv(x, wq, b, config=GEMV_TINY, w_scale=ws), want, rtol=2e-3, atol=2e-2)
+    config = dict(GEMV_TINY, words=words)
+    torch.testing.assert_close(gemv(x, wq, b, config=config, w_scale=ws), want, rtol=2e-3, atol=2e-2)
+    if m == 1 and not bias:  # float32 x: the sum is exact enough to see a lost subnormal
+        got = gemv(x.float(), wq, config=config, w_scale=ws)
+        torch.testing.assert_close(got, ref.gemv_ref(x.float(), dequantize(wq, ws, torch.float32)), rtol=1e-5, atol=1e-5)
+        cols = torch.zeros_like(x.float())
+        cols[:, :8] = 1.0  # only the subnormal-heavy columns: a flushed subnormal shows
+        torch.testing.assert_close(gemv(cols, wq, config=config, w_scale=ws),
+                                   ref.gemv_ref(cols, dequantize(wq, ws, torch.float32)), rtol=1e-5, atol=1e-9)
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
