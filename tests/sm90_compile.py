@@ -26,6 +26,7 @@ from radixflow.kernels import (  # noqa: E402
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
+FP8 = "*fp8e4nv"
 
 
 def _compile(fn, signature: dict, constexprs: dict, **options) -> str:
@@ -90,9 +91,11 @@ def check_rotary_and_kv_store(pdl: int) -> None:
     for store in (True, False):
         consts = {"BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 64, "STORE_KV": store, "USE_PDL": pdl}
         _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
-    sig = {"K": BF16, "V": BF16, "KBuf": BF16, "VBuf": BF16, "Loc": "*i64",
-           **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
-    _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl > 0)
+    for pool in (BF16, FP8):  # an FP8 pool stores k / k_scale per head
+        sig = {"K": BF16, "V": BF16, "KBuf": pool, "VBuf": pool, "Loc": "*i64", "KScale": "*fp32", "VScale": "*fp32",
+               **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
+        consts = {"BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": pool == FP8, "USE_PDL": pdl}
+        _compile(kv_store._store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
 
 
 def check_argmax() -> None:
@@ -138,15 +141,20 @@ def check_decode_attention(pdl: int) -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64", "SeqLens": "*i64",
            "MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "KNew": BF16, "VNew": BF16, "Loc": "*i64",
+           "KScale": "*fp32", "VScale": "*fp32",
            **_ints("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
                    "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3}, {"DIRECT": False, "ROPE": False, "P_PARTS": 1}):
-        ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+    fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": False},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, "KV_FP8": False},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, "KV_FP8": False},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True}):
+        ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig, {**extra, **consts},
+                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
@@ -161,11 +169,13 @@ def check_extend_attention() -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Out": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64",
            "PrefixLens": "*i64", "ExtendLens": "*i64", "QStart": "*i64",
            **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
-                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D")}
+                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D"), "KScale": "*fp32", "VScale": "*fp32"}
     block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
-    for parts in (2, 3):
-        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts}
-        _compile(extend_attention._extend_kernel, sig, consts, num_warps=warps, num_stages=2)
+    for parts, kv_fp8 in ((2, False), (3, False), (2, True)):
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts,
+                  "KV_FP8": kv_fp8}
+        _compile(extend_attention._extend_kernel, dict(sig, K=FP8, V=FP8) if kv_fp8 else sig, consts,
+                 num_warps=warps, num_stages=2)
 
 
 def check_matmul() -> None:

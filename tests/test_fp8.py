@@ -218,3 +218,89 @@ def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, model_d
     path = _save(model, tmp_path / "noconfig", model_dir, tensors)
     with pytest.raises(QuantizationError, match="quantization_config"):
         Engine(path, max_total_tokens=1024)
+
+
+# -- FP8 KV cache --------------------------------------------------------------------------------
+def _fp8_pool(seq_lens: list, hkv: int, d: int):
+    """A scattered FP8 pool with per-head scales, and the same values dequantized (float32)."""
+    total = sum(seq_lens) + 16
+    k_scale = torch.tensor([0.5, 2.0][:hkv], device=DEV)
+    v_scale = torch.tensor([0.25, 1.5][:hkv], device=DEV)
+    k8 = (torch.randn(total, hkv, d, device=DEV) / k_scale[:, None]).to(FP8)
+    v8 = (torch.randn(total, hkv, d, device=DEV) / v_scale[:, None]).to(FP8)
+    table = torch.zeros(8, max(seq_lens) + 4, dtype=torch.int32, device=DEV)
+    perm = (torch.randperm(total - 1) + 1).to(DEV)
+    start = 0
+    for b, n in enumerate(seq_lens):
+        table[b + 1, :n] = perm[start : start + n].int()
+        start += n
+    req_idx = torch.arange(1, len(seq_lens) + 1, device=DEV)
+    deq = (k8.float() * k_scale[:, None], v8.float() * v_scale[:, None])
+    return (k8, v8), (k_scale, v_scale), deq, table, req_idx
+
+
+def test_fp8_kv_store_matches_the_pool_store():
+    """The Triton KV store and KVPool.store (torch-native's) write the same e4m3 bytes: x / scale per head."""
+    from radixflow.kernels.kv_store import store_kv
+    from radixflow.radix_cache.memory_pool import KVPool
+
+    pool = KVPool(32, 1, 1, 2, 16, FP8, DEV)
+    pool.set_scales(0, torch.tensor([0.5, 2.0]), torch.tensor([0.25, 1.5]))
+    k, v = torch.randn(5, 2, 16, device=DEV) * 3, torch.randn(5, 2, 16, device=DEV)
+    loc = torch.tensor([3, 9, 4, 17, 30], device=DEV)
+    pool.store(0, loc, k, v)
+    k_buf, v_buf = torch.zeros_like(pool.k[0]), torch.zeros_like(pool.v[0])
+    store_kv(k_buf, v_buf, loc, k, v, (pool.k_scale[0], pool.v_scale[0]))
+    assert torch.equal(k_buf.view(torch.uint8), pool.k[0].view(torch.uint8))
+    assert torch.equal(v_buf.view(torch.uint8), pool.v[0].view(torch.uint8))
+    back = pool.k[0][loc].float() * pool.k_scale[0][:, None]
+    assert ((back - k).abs() <= k.abs() * 2**-4 + 2**-9).all()  # e4m3's rounding, relative to the scaled value
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fp8_kv_decode_and_extend_attention_match_dequantized_reference(splits):
+    from radixflow.kernels.decode_attention import decode_attention
+    from radixflow.kernels.extend_attention import extend_attention
+
+    seq_lens, hq, hkv, d = [70, 7, 1], 6, 2, 16
+    bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
+    q = torch.randn(len(seq_lens), hq, d, device=DEV)
+    lens = torch.tensor(seq_lens, device=DEV)
+    got = decode_attention(q, *bufs, table, req_idx, lens, 0.25, splits, scales=scales)
+    torch.testing.assert_close(got, ref.decode_attention_ref(q, *deq, table, req_idx, lens, 0.25), rtol=1e-4, atol=1e-4)
+    if splits == 1:
+        prefix, extend = [10, 0, 1], [60, 7, 0]
+        qe = torch.randn(sum(extend), hq, d, device=DEV)
+        pre, ext = torch.tensor(prefix, device=DEV), torch.tensor(extend, device=DEV)
+        starts = torch.tensor([0, 60, 67], device=DEV)
+        got = extend_attention(qe, *bufs, table, req_idx, pre, ext, starts, max(extend), 0.25, scales=scales)
+        want = ref.extend_attention_ref(qe, *deq, table, req_idx, pre, ext, 0.25)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_kv_cache_engine_stays_near_the_full_precision_cache(tmp_path, model_dir, tokenizer):
+    """--kv-cache-dtype fp8_e4m3 (torch-native on CPU), with the checkpoint's calibrated per-layer scales:
+    teacher-forced logprobs near those of the float32 cache, not equal to them."""
+    from safetensors.torch import load_file, save_file
+
+    model = _tiny_llama(len(tokenizer))
+    path = _save(model, tmp_path / "kv", model_dir)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    for i in range(TINY["num_hidden_layers"]):  # K/V of this model reach ~+-8: scales keep them in e4m3's fine range
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.05)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.02)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    full = _engine_logprobs(path)
+    got = []
+    with Engine(path, max_total_tokens=2048, kv_cache_dtype="fp8_e4m3") as e:
+        pool = e.runner.kv_pool
+        assert pool.k[0].dtype == FP8 and pool.k_scale[1].tolist() == pytest.approx([0.05, 0.05])
+        assert pool.v_scale[0].tolist() == pytest.approx([0.02, 0.02])
+        for prompt, o in zip(PROMPTS, full):  # the float32 cache's tokens, teacher-forced through the FP8 cache
+            ids = tokenizer.encode(prompt) + o["output_ids"]
+            r = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                           return_logprob=True, logprob_start_len=0)
+            got += [t[0] for t in r["meta_info"]["input_token_logprobs"][1:]]
+    want = [t[0] for o in full for t in o["meta_info"]["input_token_logprobs"][1:] + o["meta_info"]["output_token_logprobs"]]
+    diff = torch.tensor(got) - torch.tensor(want)
+    assert 0 < diff.abs().max().item() and diff.abs().mean().item() < 0.1

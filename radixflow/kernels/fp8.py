@@ -29,7 +29,7 @@ def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _round_to_e4m3(v):
+def round_to_e4m3(v):
     """v (float32, |v| <= 448) rounded half-to-even onto the e4m3 grid, still as float32, so that the
     cast to e4m3 afterwards is exact. The GPU's own conversion rounds the same way; Triton's CPU
     interpreter does not (3.9: 124.0 became 64.0), and this keeps the two identical."""
@@ -55,7 +55,7 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, U
     scale = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
     for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
         x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        q = _round_to_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
+        q = round_to_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
         tl.store(Q + row * stride_q + k0 + offs, q.to(Q.dtype.element_ty), mask=k0 + offs < K)
     tl.store(S + row, scale)
 

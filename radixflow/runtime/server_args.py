@@ -122,6 +122,8 @@ class ServerArgs:
         if self.enable_deterministic_inference and (self.quantization or self.kv_cache_dtype != "auto"):
             raise RadixflowError("enable_deterministic_inference runs bf16/fp32 weights and KV cache only; "
                                  "drop --quantization / --kv-cache-dtype")
+        if self.kv_cache_dtype != "auto" and self.attention_backend == "flashinfer":
+            raise RadixflowError("kv_cache_dtype fp8_e4m3 runs with the triton or torch_native attention backend")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:

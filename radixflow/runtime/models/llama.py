@@ -47,6 +47,10 @@ _FUSED = {
 }
 
 
+# checkpoint names of calibrated FP8 KV-cache scales, under a layer's self_attn (vLLM / llm-compressor styles)
+_KV_SCALE_NAMES = {"k_scale": "k", "v_scale": "v", "k_proj.output_scale": "k", "v_proj.output_scale": "v"}
+
+
 def _checkpoint_module(name: str) -> str:
     """A checkpoint module name behind one of our modules (a fused layer: its first part's)."""
     for frag, (fused, _) in _FUSED.items():
@@ -218,10 +222,15 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        self.kv_cache_scales: dict[int, dict[str, torch.Tensor]] = {}  # layer -> {"k"|"v": calibrated FP8 KV scale}
         for name, tensor in weights:
             name = name.removeprefix("model.")
             if "rotary_emb" in name or name.endswith(".input_scale"):
                 continue  # activations are quantized per token at run time, whatever static scale was calibrated
+            kv = _KV_SCALE_NAMES.get(name.split(".self_attn.")[-1]) if ".self_attn." in name else None
+            if kv:
+                self.kv_cache_scales.setdefault(int(name.split(".")[1]), {})[kv] = tensor.float()
+                continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
             target, shard = name, None
