@@ -264,14 +264,16 @@ def candidate_settings(a: argparse.Namespace):
     backend with the model's rotary / SiLU-and-mul in torch instead of its Triton kernels."""
     from radixflow.runtime.attention.torch_native import TorchNativeBackend
     from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
 
-    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels
+    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations
     TorchNativeBackend.compute_dtype = getattr(torch, a.candidate_attention_dtype)
     TritonBackend.fused_kernels = not a.candidate_unfused
+    SmallBatchMatmul.fp8_activations = not a.candidate_fp8_weight_only
     try:
         yield
     finally:
-        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels = before
+        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations = before
 
 
 def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespace, tok) -> dict:
@@ -439,6 +441,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--candidate-dtype", help="the candidate engine's dtype (default: --dtype), e.g. --dtype float32 "
                     "--candidate-dtype bfloat16 --backends triton,triton: bf16 against float32")
     ap.add_argument("--candidate-quantization", help="the candidate engine's --quantization (fp8)")
+    ap.add_argument("--candidate-fp8-weight-only", action="store_true",
+                    help="FP8 candidate: activations stay 16-bit (the weights dequantized for the GEMM): the weights' error alone")
     ap.add_argument("--candidate-kv-cache-dtype", help="the candidate engine's --kv-cache-dtype (fp8_e4m3)")
     ap.add_argument("--dlogprob", action="store_true",
                     help="also teacher-force the reference's greedy tokens through both engines: mean |dlogprob|")
@@ -476,6 +480,7 @@ def main() -> None:
                         "candidate_attention_dtype": a.candidate_attention_dtype, "candidate_unfused": a.candidate_unfused,
                         "candidate_dtype": a.candidate_dtype, "candidate_quantization": a.candidate_quantization,
                         "candidate_kv_cache_dtype": a.candidate_kv_cache_dtype, "backends": a.backends,
+                        "candidate_fp8_weight_only": a.candidate_fp8_weight_only,
                         "prompt_tokens": [len(p["ids"]) for p in prompts]},
            "dtypes": {}}
     path = os.path.join(a.out, "real_model.json")

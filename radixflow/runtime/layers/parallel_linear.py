@@ -112,6 +112,9 @@ class SmallBatchMatmul:
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
+    # FP8 weights: quantize activations per token for the GEMM (False: dequantize the weight instead, for
+    # benchmarks that separate the two errors; slow)
+    fp8_activations = True
     weight: torch.Tensor
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -137,7 +140,7 @@ class SmallBatchMatmul:
             from radixflow.kernels.gemv import gemv
 
             return gemv(x, w, bias, config=self.gemv_config, w_scale=scale)
-        if x.is_cuda and x.dim() == 2 and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape):
+        if x.is_cuda and x.dim() == 2 and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.fp8_activations:
             return fp8.fp8_gemm(x, w, bias, scale)
         if x.is_cuda:
             return F.linear(x, fp8.dequantize(w, scale, x.dtype), bias)
