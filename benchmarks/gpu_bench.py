@@ -828,6 +828,10 @@ def sec_bs1() -> dict:
     if g is not None:
         step = cuda_time(lambda: g.graphs[1].replay(), 50)
         out["replay_step_ms"], out["replay_only_tok_s"] = step * 1e3, 1 / step
+        try:
+            out["top_kernels_us_per_step"] = _profile_replay(eng.runner)
+        except Exception as e:  # noqa: BLE001 - the profile is extra evidence, not the figure
+            out["profile_error"] = repr(e)[:300]
     out.update(_bs1_roofline(eng.runner, out["tok_s"]))
     if "replay_only_tok_s" in out and "roofline_tok_s" in out:
         out["replay_pct_of_roofline"] = 100 * out["replay_only_tok_s"] / out["roofline_tok_s"]
