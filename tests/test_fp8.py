@@ -304,3 +304,28 @@ def test_fp8_kv_cache_engine_stays_near_the_full_precision_cache(tmp_path, model
     want = [t[0] for o in full for t in o["meta_info"]["input_token_logprobs"][1:] + o["meta_info"]["output_token_logprobs"]]
     diff = torch.tensor(got) - torch.tensor(want)
     assert 0 < diff.abs().max().item() and diff.abs().mean().item() < 0.1
+
+
+def test_readme_fp8_example_runs(tmp_path, model_dir, tokenizer, monkeypatch, capsys):
+    """README's FP8 example, run as written except that the Engine it builds loads a tiny checkpoint
+    instead of the default model (whose FP8 conversion on CPU would cost this test minutes): the flags
+    and calls are the README's, and the engine has FP8 linears and an FP8 KV pool."""
+    import re
+
+    import radixflow
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    code = re.search(r"<!-- fp8-example[^>]*-->\n```python\n(.*?)```", readme, re.S).group(1)
+    path = _save(_tiny_llama(len(tokenizer)), tmp_path / "tiny", model_dir)
+    built = []
+
+    class TinyEngine(radixflow.Engine):
+        def __init__(self, model_path=None, **kwargs):
+            assert model_path is None  # the README's example uses the default model
+            super().__init__(path, max_total_tokens=1024, **kwargs)
+            built.append((self.runner.kv_pool.k[0].dtype, self.runner.model.layers[0].mlp.down_proj.weight.dtype))
+
+    monkeypatch.setattr(radixflow, "Engine", TinyEngine)
+    exec(code, {})
+    assert built == [(FP8, FP8)]
+    assert capsys.readouterr().out.strip()
