@@ -222,19 +222,13 @@ def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, model_d
 
 # -- FP8 KV cache --------------------------------------------------------------------------------
 def _fp8_pool(seq_lens: list, hkv: int, d: int):
-    """A scattered FP8 pool with per-head scales, and the same values dequantized (float32)."""
-    total = sum(seq_lens) + 16
+    """test_kernels' scattered pool in FP8 with per-head scales, and the same values dequantized (float32)."""
+    from test_kernels import _paged_pool
+
+    k, v, table, req_idx = _paged_pool(seq_lens, hkv, d, torch.float32)
     k_scale = torch.tensor([0.5, 2.0][:hkv], device=DEV)
     v_scale = torch.tensor([0.25, 1.5][:hkv], device=DEV)
-    k8 = (torch.randn(total, hkv, d, device=DEV) / k_scale[:, None]).to(FP8)
-    v8 = (torch.randn(total, hkv, d, device=DEV) / v_scale[:, None]).to(FP8)
-    table = torch.zeros(8, max(seq_lens) + 4, dtype=torch.int32, device=DEV)
-    perm = (torch.randperm(total - 1) + 1).to(DEV)
-    start = 0
-    for b, n in enumerate(seq_lens):
-        table[b + 1, :n] = perm[start : start + n].int()
-        start += n
-    req_idx = torch.arange(1, len(seq_lens) + 1, device=DEV)
+    k8, v8 = (k / k_scale[:, None]).to(FP8), (v / v_scale[:, None]).to(FP8)
     deq = (k8.float() * k_scale[:, None], v8.float() * v_scale[:, None])
     return (k8, v8), (k_scale, v_scale), deq, table, req_idx
 
