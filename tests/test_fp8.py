@@ -323,3 +323,15 @@ def test_readme_fp8_example_runs(tmp_path, model_dir, tokenizer, monkeypatch, ca
     exec(code, {})
     assert built == [(FP8, FP8)]
     assert capsys.readouterr().out.strip()
+
+
+def test_fp8_flags_refuse_what_they_cannot_serve():
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.server_args import ServerArgs
+
+    with pytest.raises(RadixflowError, match="only quantization is fp8"):
+        ServerArgs(quantization="int4")
+    with pytest.raises(RadixflowError, match="triton or torch_native"):
+        ServerArgs(kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer")
+    with pytest.raises(RadixflowError, match="drop --quantization"):
+        ServerArgs(quantization="fp8", enable_deterministic_inference=True)
