@@ -40,8 +40,9 @@ GEMV_CONFIGS = (
 )
 # FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
-# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions, which bound the plain kernel on an H200
-# (batch-1 decode at 67% of the FP8 read roofline).
+# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On an H200 the chooser kept the plain
+# kernel for every Llama-3-8B shape (BENCHMARKS.md, 2026-12-01), so conversion is not what limits the FP8
+# GEMV there; the words configs stay candidates for GPUs where it is.
 GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
