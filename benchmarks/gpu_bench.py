@@ -26,13 +26,19 @@ Sections (each isolated: a failure is logged and the next one runs):
   hf           transformers generate: batch 1 eager + batch 64 (the offline workload's first 64)
   hf_compile   transformers batch 1 with static cache + torch.compile(mode="reduce-overhead"), 128 out:
                generate()'s own compiled decode step, else a compiled decode loop (--hf-compile)
-  offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos
+  offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos: a cold pass, then one warm pass on
+               each workload seed of --offline-seeds (three by default)
+  offline_1k   1000 requests of 1000 prompt tokens and 1000 output tokens
+  bs1          batch-1 decode against the bytes a step must read (weights used, KV), nothing else
   offline_pdl_ab / offline_residual_ab / offline_p_parts_ab   offline under each of two or three settings
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
-  prefill      8 x 2048-token prompts vs the measured matmul rate (and with p in 1, 2, 3 parts in attention)
+  prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
+               head for last tokens only); --prefill-p-parts-ab also times p in 1, 2, 3 parts
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
-A section named twice runs twice (results under name, name#1, ...). Results go to
+A section named twice runs twice (results under name, name#1, ...). A bench-engine section
+runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
+(FP8 KV cache), fp8kv8 (both), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 """
 
@@ -64,10 +70,10 @@ OPTS = argparse.Namespace()
 # workload sizes; --smoke (CPU, tiny model) shrinks them to check the script's plumbing
 SIZES = dict(offline=1000, in_max=1024, out_max=512, shared_n=256, shared_len=4096, shared_out=128, idle_bs=64,
              idle_out=256, prefill_n=8, prefill_len=2048, bs1_out=256, corr_shared=300, corr_long=1500, corr_chunk=512,
-             hf_bs1_out=64, tiny_new=32, hf_compile_out=128)
+             hf_bs1_out=64, tiny_new=32, hf_compile_out=128, k1_n=1000, k1_len=1000)
 SMOKE = dict(offline=12, in_max=64, out_max=16, shared_n=6, shared_len=96, shared_out=8, idle_bs=4, idle_out=12,
              prefill_n=2, prefill_len=64, bs1_out=16, corr_shared=24, corr_long=80, corr_chunk=32, hf_bs1_out=8, tiny_new=8,
-             hf_compile_out=12)
+             hf_compile_out=12, k1_n=6, k1_len=24)
 TINY_CONFIG = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=TOKENIZER_VOCAB, max_position_embeddings=4096,
@@ -175,11 +181,33 @@ def wall(fn) -> float:
 
 
 def weight_bytes(model) -> tuple[int, int]:
-    """(all parameter bytes, bytes a decode step reads: all but an untied embedding)."""
+    """(all parameter bytes, bytes a decode step reads: all but an untied embedding, of which a step
+    reads one row per token). Quantized weights count at their stored size, their scales included."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     emb = model.embed_tokens.weight
     tied = model.lm_head is None
     return total, total - (0 if tied else emb.numel() * emb.element_size())
+
+
+def kv_bytes_per_token(runner) -> int:
+    """KV-cache bytes one cached token costs a decode step to read (every layer's K and V)."""
+    pool = runner.kv_pool
+    return sum(t[0].numel() * t.element_size() for t in pool.k + pool.v)
+
+
+def decode_step_read_bytes(runner, mean_context: float) -> float:
+    """Bytes one batch-1 decode step must read: the weights it uses and the KV of `mean_context` tokens."""
+    return weight_bytes(runner.model)[1] + mean_context * kv_bytes_per_token(runner)
+
+
+def prefill_flops(model, n: int, length: int) -> float:
+    """FLOPs of n fresh prompts of `length` tokens as computed: every token through every layer's
+    linears and causal attention, the output head for each prompt's last token only."""
+    s = model.shape
+    layer_params = sum(p.numel() for name, p in model.layers.named_parameters() if p.dim() == 2)
+    head = s.vocab_size * s.hidden
+    attention = 4 * s.num_layers * s.num_heads * s.head_dim * length * (length + 1) / 2  # QK^T and PV, per prompt
+    return n * (2 * length * layer_params + 2 * head + attention)
 
 
 # -- sections ----------------------------------------------------------------------------------
@@ -222,12 +250,29 @@ def _read_bandwidth() -> dict:
     return {name: bps / 1e12 for name, bps in read_bandwidths().items()}
 
 
+def _fp8_matmul_rate() -> float:
+    """e4m3 FLOP/s of an 8192^3 torch._scaled_mm with row-wise scales and bf16 output (the FP8 linear's GEMM)."""
+    a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+    sa, sb = torch.ones(8192, 1, device="cuda"), torch.ones(1, 8192, device="cuda")
+    mm = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+    for _ in range(3):
+        mm()
+    return 2 * 8192**3 / cuda_time(mm, 10)
+
+
 def sec_ceilings() -> dict:
     copy, read = _copy_bandwidth(), _read_bandwidth()
     RESULTS["_bw"], RESULTS["_mm"] = max(copy, max(read.values()) * 1e12), _matmul_rate()
+    out = {"copy_bw_TBps": copy / 1e12, "read_bw_TBps": read, "hbm_bw_TBps": RESULTS["_bw"] / 1e12,
+           "bf16_matmul_TFLOPs": RESULTS["_mm"] / 1e12}
+    try:
+        RESULTS["_mm8"] = _fp8_matmul_rate()
+        out["fp8_rowwise_matmul_TFLOPs"] = RESULTS["_mm8"] / 1e12
+    except Exception as e:  # noqa: BLE001 - recorded: an older torch without row-wise scales
+        out["fp8_matmul_error"] = repr(e)[:300]
     free()
-    return {"copy_bw_TBps": copy / 1e12, "read_bw_TBps": read, "hbm_bw_TBps": RESULTS["_bw"] / 1e12,
-            "bf16_matmul_TFLOPs": RESULTS["_mm"] / 1e12}
+    return out
 
 
 def sec_pytest() -> dict:
@@ -742,14 +787,7 @@ def sec_decode_bs1() -> dict:
     runner.graph_runner = None
     out["eager_tok_s"] = _decode_rate(eng, prompt, 64, reps=1)
     runner.graph_runner = g
-    if "_bw" in RESULTS:  # the highest of the run's readings and those taken now: the stricter roofline
-        out["copy_bw_TBps_now"] = _copy_bandwidth() / 1e12
-        out["read_bw_TBps_now"] = _read_bandwidth()
-        bw = max(RESULTS["_bw"], out["copy_bw_TBps_now"] * 1e12, max(out["read_bw_TBps_now"].values()) * 1e12)
-        out["roofline_bw_TBps"] = bw / 1e12
-        out["roofline_tok_s"] = bw / total
-        out["roofline_read_tok_s"] = bw / read
-        out["pct_of_roofline"] = 100 * out["graph_tok_s"] / out["roofline_tok_s"]
+    out.update(_bs1_roofline(runner, out["graph_tok_s"]))
     try:
         if g is not None:
             out["top_kernels_us_per_step"] = _profile_replay(runner)
@@ -760,6 +798,43 @@ def sec_decode_bs1() -> dict:
             out["outside_graph"] = _profile_outside_graph(eng, prompt)
     except Exception as e:
         out["outside_graph_error"] = repr(e)[:500]
+    return out
+
+
+def _bs1_roofline(runner, tok_s: float) -> dict:
+    """Batch-1 decode against the bytes a step must read (weights used, KV of the mean context of
+    `_decode_rate`'s request: 128 prompt tokens, 256 out) at the highest bandwidth read in this run."""
+    if "_bw" not in RESULTS:
+        return {}
+    out = {"copy_bw_TBps_now": _copy_bandwidth() / 1e12, "read_bw_TBps_now": _read_bandwidth()}
+    bw = max(RESULTS["_bw"], out["copy_bw_TBps_now"] * 1e12, max(out["read_bw_TBps_now"].values()) * 1e12)
+    mean_context = 128 + SZ["bs1_out"] / 2
+    step = decode_step_read_bytes(runner, mean_context)
+    total, read = weight_bytes(runner.model)
+    out.update({"roofline_bw_TBps": bw / 1e12, "step_read_GB": step / 1e9, "weights_read_GB": read / 1e9,
+                "kv_read_GB": (step - read) / 1e9, "all_params_GB": total / 1e9,
+                "roofline_tok_s": bw / step, "pct_of_roofline": 100 * tok_s * step / bw,
+                "pct_of_old_roofline_all_params": 100 * tok_s * total / bw})
+    return out
+
+
+def sec_bs1() -> dict:
+    """Batch-1 decode (128 in, 256 out, CUDA graphs) against the honest roofline, without decode_bs1's A/B
+    settings and profiles; in the bench engine of the section's variant (bs1@fp8: FP8 weights)."""
+    eng = OPTS.bench_engine
+    g = eng.runner.graph_runner
+    out = {"tok_s": _decode_rate(eng, rand_ids(random.Random(7), 128), SZ["bs1_out"], reps=3),
+           "gemv_configs": _gemv_configs_in_use(eng.runner.model)}
+    if g is not None:
+        step = cuda_time(lambda: g.graphs[1].replay(), 50)
+        out["replay_step_ms"], out["replay_only_tok_s"] = step * 1e3, 1 / step
+        try:
+            out["top_kernels_us_per_step"] = _profile_replay(eng.runner)
+        except Exception as e:  # noqa: BLE001 - the profile is extra evidence, not the figure
+            out["profile_error"] = repr(e)[:300]
+    out.update(_bs1_roofline(eng.runner, out["tok_s"]))
+    if "replay_only_tok_s" in out and "roofline_tok_s" in out:
+        out["replay_pct_of_roofline"] = 100 * out["replay_only_tok_s"] / out["roofline_tok_s"]
     return out
 
 
@@ -944,8 +1019,8 @@ def sec_hf_compile() -> dict:
     return out
 
 
-def _offline_requests() -> list:
-    rng = random.Random(2024)
+def _offline_requests(seed: int = 2024) -> list:
+    rng = random.Random(seed)
     return [(rand_ids(rng, rng.randint(32, SZ["in_max"])), rng.randint(32 if not OPTS.smoke else 2, SZ["out_max"]))
             for _ in range(SZ["offline"])]
 
@@ -1015,10 +1090,26 @@ def sec_offline() -> dict:
     Triton kernels for shapes it has not seen (s6 run 4: 9,318 out tok/s first, then 10,385 and
     10,428), which a server pays once at start-up, not per workload; it is kept as "cold"."""
     eng = OPTS.bench_engine
-    reqs = _offline_requests()
-    cold = _offline_pass(eng, reqs)
+    seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
+    cold = _offline_pass(eng, _offline_requests(seeds[0]))
+    res = {"cold": {k: cold[k] for k in ("s", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}}
+    for seed in seeds:
+        res[f"seed{seed}"] = _offline_pass(eng, _offline_requests(seed))
+    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds]
+    res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
+    return res
+
+
+def sec_offline_1k() -> dict:
+    """1,000 requests of 1,000 random prompt tokens and 1,000 output tokens (ignore_eos), one pass after a
+    warm-up of 64 requests of the same shape that compiles what the shapes need."""
+    eng = OPTS.bench_engine
+    rng = random.Random(1000)
+    n, length, out_len = SZ["k1_n"], SZ["k1_len"], SZ["k1_len"]
+    _run_batch(eng, [rand_ids(rng, length) for _ in range(min(n, 64))], [greedy(32)] * min(n, 64))
+    reqs = [(rand_ids(rng, length), out_len) for _ in range(n)]
     res = _offline_pass(eng, reqs)
-    res["cold"] = {k: cold[k] for k in ("s", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}
+    res["kv_pool_tokens"] = eng.runner.kv_pool.allocator.capacity_slots
     return res
 
 
@@ -1155,13 +1246,15 @@ def sec_prefill() -> dict:
     t = _prefill_seconds(eng, random.Random(13), n, length)
     model = eng.runner.model
     s = model.shape
-    _, read = weight_bytes(model)
-    params = read // 2  # bf16
-    flops_tok = 2 * params + 4 * s.num_layers * (length // 2) * s.num_heads * s.head_dim  # matmuls + causal attention
-    out = {"s": t, "tok_s": n * length / t, "tflops": n * length * flops_tok / t / 1e12}
-    if "_mm" in RESULTS:
-        out["pct_of_matmul_rate"] = 100 * out["tflops"] * 1e12 / RESULTS["_mm"]
-    out.update(_prefill_p_parts_ab(eng, n, length))
+    flops = prefill_flops(model, n, length)
+    old_count = n * length * (2 * weight_bytes(model)[1] // 2 + 4 * s.num_layers * (length // 2) * s.num_heads * s.head_dim)
+    out = {"s": t, "tok_s": n * length / t, "tflops": flops / t / 1e12, "tflops_old_count": old_count / t / 1e12}
+    rate = RESULTS.get("_mm8") if OPTS.variant_kw.get("quantization") == "fp8" else RESULTS.get("_mm")
+    if rate:
+        out["pct_of_matmul_rate"] = 100 * out["tflops"] * 1e12 / rate
+        out["pct_of_matmul_rate_old_count"] = 100 * out["tflops_old_count"] * 1e12 / rate
+    if OPTS.prefill_p_parts_ab:
+        out.update(_prefill_p_parts_ab(eng, n, length))
     return out
 
 
@@ -1214,8 +1307,12 @@ SECTIONS = {
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
     "offline_p_parts_ab": sec_offline_p_parts_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
+    "bs1": sec_bs1, "offline_1k": sec_offline_1k,
 }
-NEEDS_BENCH_ENGINE = {"offline", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+# "section@variant" runs the section in a bench engine built with these settings (default: bf16)
+VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
+            "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
+NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search"}
 
 
@@ -1232,6 +1329,8 @@ def main() -> None:
     p.add_argument("--corr-configs", default="smollm2-135m,llama3-8b")
     p.add_argument("--p-parts", type=int, choices=(1, 2, 3),
                    help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
+    p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
+    p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1, 2, 3 parts")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})
@@ -1243,16 +1342,21 @@ def main() -> None:
     OPTS.bench_engine = None
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
-    for name in OPTS.sections.split(","):
+    OPTS.bench_variant = None
+    for label in OPTS.sections.split(","):
+        name, _, variant = label.partition("@")
+        variant = variant or "bf16"
         uses_bench = name in NEEDS_BENCH_ENGINE
-        if not uses_bench and OPTS.bench_engine is not None:
+        if OPTS.bench_engine is not None and (not uses_bench or variant != OPTS.bench_variant):
             free(OPTS.bench_engine)  # its KV pool holds most of the GPU memory
             OPTS.bench_engine = None
+        OPTS.variant_kw = VARIANTS[variant]
         if uses_bench and OPTS.bench_engine is None:
             free()  # earlier sections' memory back to the driver before the KV pool is sized
-            OPTS.bench_engine = make_engine("llama3-8b", **OPTS.bench_kw)
-        runs = sum(k.split("#")[0] == name and not k.endswith("_wall_s") for k in RESULTS)
-        key = f"{name}#{runs}" if runs else name
+            OPTS.bench_engine = make_engine("llama3-8b", **OPTS.bench_kw, **OPTS.variant_kw)
+            OPTS.bench_variant = variant
+        runs = sum(k.split("#")[0] == label and not k.endswith("_wall_s") for k in RESULTS)
+        key = f"{label}#{runs}" if runs else label
         t = time.perf_counter()
         try:
             RESULTS[key] = SECTIONS[name]()

@@ -151,12 +151,12 @@ def encode_prompts(folder: str, n: int) -> list[dict]:
 
 
 # -- engines ------------------------------------------------------------------------------------
-def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace, chunk: Optional[int] = None):
+def make_engine(folder: str, backend: str, dtype: str, a: argparse.Namespace, chunk: Optional[int] = None, **extra):
     import radixflow
 
     kw = dict(device=a.device, dtype=dtype, attention_backend=backend, max_total_tokens=a.max_total_tokens,
               cuda_graph_max_bs=32, max_running_requests=64, random_seed=0,
-              enable_deterministic_inference=a.deterministic)
+              enable_deterministic_inference=a.deterministic, **extra)
     if chunk:
         kw["chunked_prefill_size"] = chunk
     t = time.perf_counter()
@@ -195,6 +195,16 @@ def run_prompts(eng, prompts: list[dict], a: argparse.Namespace, logprobs: bool 
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     return [results[p["i"]] for p in prompts], time.perf_counter() - t
+
+
+def teacher_forced_logprobs(eng, prompts: list[dict], outs: list[dict]) -> list[list[float]]:
+    """Each prompt's logprobs of the given output tokens, by one fresh prefill of prompt + output."""
+    eng.flush_cache()
+    res = eng.generate(input_ids=[p["ids"] + o["ids"] for p, o in zip(prompts, outs)],
+                       sampling_params={"max_new_tokens": 1, "temperature": 0.0}, return_logprob=True,
+                       logprob_start_len=0, return_text_in_logprobs=False)
+    return [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"][len(r["meta_info"]["input_token_logprobs"]) - len(o["ids"]):]]
+            for r, o in zip(res, outs)]
 
 
 def teacher_forced_top(eng, ids: list) -> list[tuple[float, int]]:
@@ -254,27 +264,33 @@ def candidate_settings(a: argparse.Namespace):
     backend with the model's rotary / SiLU-and-mul in torch instead of its Triton kernels."""
     from radixflow.runtime.attention.torch_native import TorchNativeBackend
     from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
 
-    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels
+    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations
     TorchNativeBackend.compute_dtype = getattr(torch, a.candidate_attention_dtype)
     TritonBackend.fused_kernels = not a.candidate_unfused
+    SmallBatchMatmul.fp8_activations = not a.candidate_fp8_weight_only
     try:
         yield
     finally:
-        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels = before
+        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations = before
 
 
 def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespace, tok) -> dict:
     cand_name, ref_name = a.backends
+    cand_kw = {k: v for k, v in (("quantization", a.candidate_quantization), ("kv_cache_dtype", a.candidate_kv_cache_dtype))
+               if v}
     with candidate_settings(a):
-        cand_eng, cand_start = make_engine(folder, cand_name, dtype, a, chunk=a.candidate_chunk)
+        cand_eng, cand_start = make_engine(folder, cand_name, a.candidate_dtype or dtype, a, chunk=a.candidate_chunk,
+                                           **cand_kw)
         cand, cand_s = run_prompts(cand_eng, prompts, a)
         chained = cand_eng.scheduler.stats.chained_decode_steps
         plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
         overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
                    "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
-        free(cand_eng)
-        del cand_eng
+        if not a.dlogprob:
+            free(cand_eng)
+            del cand_eng
     ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
     ref, ref_s = run_prompts(ref_eng, prompts, a)
     solo, solo_s = run_prompts(ref_eng, prompts, a, solo=True)  # same backend and dtype: what batching alone changes
@@ -282,6 +298,15 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
                 "differ": [p["i"] for p, x, y in zip(prompts, solo, ref) if x["ids"] != y["ids"]], "seconds": solo_s}
     tie = a.tie_nats if a.tie_nats is not None else TIE_NATS[dtype]
     rows = [compare_prompt(p, c, r, ref_eng, tok, tie, cand_name) for p, c, r in zip(prompts, cand, ref)]
+    dlogprob = None
+    if a.dlogprob:  # the reference's greedy tokens, teacher-forced through both engines
+        with candidate_settings(a):
+            lp_cand = teacher_forced_logprobs(cand_eng, prompts, ref)
+        lp_ref = teacher_forced_logprobs(ref_eng, prompts, ref)
+        diffs = [abs(x - y) for c, r in zip(lp_cand, lp_ref) for x, y in zip(c, r)]
+        dlogprob = {"tokens": len(diffs), "mean_abs": sum(diffs) / len(diffs), "max_abs": max(diffs),
+                    "p99_abs": sorted(diffs)[int(0.99 * (len(diffs) - 1))]}
+        free(cand_eng)
     free(ref_eng)
     divs = [dict(i=r["i"], **r["divergence"]) for r in rows if "divergence" in r]
     matches = sum(r["match"] for r in rows)
@@ -294,6 +319,8 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
                "closest_call_matched": min((r["min_margin_ref_before_diff"] for r in rows
                                             if r["match"] and r["min_margin_ref_before_diff"] is not None), default=None),
                "divergences": divs,
+               "near_tie_divergences": sum(d["explained"] for d in divs),
+               "reference_tokens_dlogprob": dlogprob,
                "candidate_overlap_vs_logprob_run": overlap,
                "reference_solo_vs_batched": solo_row,
                "seconds": {"candidate_start": cand_start, "candidate_gen": cand_s,
@@ -364,6 +391,11 @@ def print_table(res: dict, cand_name: str) -> None:
         print(f"\n== {dtype}: {s['matches']}/{s['of']} identical (need {s['need']}), "
               f"{s['tokens_compared']} tokens compared, {s['cached_tokens']} prompt tokens from the radix cache, "
               f"closest call among matches {s['closest_call_matched']} nats -> {'PASS' if s['pass'] else 'FAIL'}")
+        if s.get("reference_tokens_dlogprob"):
+            d = s["reference_tokens_dlogprob"]
+            print(f"  reference's greedy tokens teacher-forced: mean |dlogprob| {d['mean_abs']:.4f}, p99 {d['p99_abs']:.4f}, "
+                  f"max {d['max_abs']:.4f} over {d['tokens']} tokens; near-tie divergences "
+                  f"{s['near_tie_divergences']}/{len(s['divergences'])}")
         ov = s["candidate_overlap_vs_logprob_run"]
         print(f"  {cand_name} without logprobs (overlapped decode, {ov['chained_decode_steps']} chained passes): "
               f"{ov['identical']}/{ov['of']} identical to its logprob run")
@@ -406,6 +438,14 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--candidate-chunk", type=int,
                     help="the candidate engine's chunked_prefill_size (torch_native,torch_native with a small chunk "
                          "differs from the reference only in float32 rounding inside attention, in deterministic mode)")
+    ap.add_argument("--candidate-dtype", help="the candidate engine's dtype (default: --dtype), e.g. --dtype float32 "
+                    "--candidate-dtype bfloat16 --backends triton,triton: bf16 against float32")
+    ap.add_argument("--candidate-quantization", help="the candidate engine's --quantization (fp8)")
+    ap.add_argument("--candidate-fp8-weight-only", action="store_true",
+                    help="FP8 candidate: activations stay 16-bit (the weights dequantized for the GEMM): the weights' error alone")
+    ap.add_argument("--candidate-kv-cache-dtype", help="the candidate engine's --kv-cache-dtype (fp8_e4m3)")
+    ap.add_argument("--dlogprob", action="store_true",
+                    help="also teacher-force the reference's greedy tokens through both engines: mean |dlogprob|")
     a = ap.parse_args()
     if not (a.out or a.analyze):
         ap.error("--out is required (or --analyze a saved result)")
@@ -438,6 +478,9 @@ def main() -> None:
            "settings": {"max_new_tokens": a.max_new_tokens, "ignore_eos": a.ignore_eos, "prompts": len(prompts),
                         "deterministic": a.deterministic, "p_parts": a.p_parts, "candidate_chunk": a.candidate_chunk,
                         "candidate_attention_dtype": a.candidate_attention_dtype, "candidate_unfused": a.candidate_unfused,
+                        "candidate_dtype": a.candidate_dtype, "candidate_quantization": a.candidate_quantization,
+                        "candidate_kv_cache_dtype": a.candidate_kv_cache_dtype, "backends": a.backends,
+                        "candidate_fp8_weight_only": a.candidate_fp8_weight_only,
                         "prompt_tokens": [len(p["ids"]) for p in prompts]},
            "dtypes": {}}
     path = os.path.join(a.out, "real_model.json")

@@ -21,11 +21,12 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radixflow.kernels import (  # noqa: E402
-    argmax, decode_attention, extend_attention, gemv, kv_store, matmul, norm_act, rotary, sampling,
+    argmax, decode_attention, extend_attention, fp8, gemv, kv_store, matmul, norm_act, rotary, sampling,
 )
 
 SM90 = GPUTarget("cuda", 90, 32)
 BF16 = "*bf16"
+FP8 = "*fp8e4nv"
 
 
 def _compile(fn, signature: dict, constexprs: dict, **options) -> str:
@@ -41,16 +42,37 @@ def _ints(*names: str) -> dict:
     return {n: "i32" for n in names}
 
 
-def check_gemv(pdl: int, block_m: int) -> None:
-    sig = {"X": BF16, "W": BF16, "Bias": BF16, "Out": BF16, **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
-    for cfg in gemv.GEMV_CONFIGS:
-        consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
-                  "BLOCK_K": cfg["block_k"] // block_m, "STAGES": cfg["stages"]}
+def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
+    """The GEMV with each of its configs; weight "*fp8e4nv": the FP8 GEMV (per-row scales) with its own."""
+    fp8_w = weight != BF16
+    sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16,
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    for cfg in gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS:
+        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": block_m,
+                  "BLOCK_N": cfg["block_n"], "BLOCK_K": cfg["block_k"] // block_m, "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl)
         assert "cp.async" in ptx, "the K loop is no longer pipelined through shared memory"
         if pdl:  # the first weight tile is requested before the wait
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
+
+
+def check_gemv_fp8_words(pdl: int, block_m: int) -> None:
+    """The FP8 GEMV that reads int32 words: pipelined, and no flush-to-zero (e4m3 subnormals arrive as float32 ones)."""
+    sig = {"X": BF16, "W": "*i32", "Scale": "*fp32", "Bias": BF16, "Out": BF16,
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    for cfg in (c for c in gemv.GEMV_CONFIGS_FP8 if c.get("words")):
+        consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
+                  "BLOCK_W": cfg["block_k"] // 4 // block_m, "STAGES": cfg["stages"]}
+        ptx = _compile(gemv._gemv_fp8_words_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl) and "cp.async" in ptx and ".ftz" not in ptx
+
+
+def check_fp8_quantize(pdl: int) -> None:
+    """Per-token FP8 quantization of bf16 activations (kernels/fp8.py) at a 14,336-wide row."""
+    sig = {"X": BF16, "Q": "*fp8e4nv", "S": "*fp32", **_ints("K", "stride_x", "stride_q")}
+    ptx = _compile(fp8._quantize_rows_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, num_warps=4, launch_pdl=pdl > 0)
+    assert _pdl_order_ok(ptx, pdl) and "cvt.rn.satfinite.e4m3x2.f32" in ptx
 
 
 def check_norm_and_activation(pdl: int) -> None:
@@ -69,9 +91,11 @@ def check_rotary_and_kv_store(pdl: int) -> None:
     for store in (True, False):
         consts = {"BLOCK_HQ": 32, "BLOCK_HK": 8, "BLOCK_D": 64, "STORE_KV": store, "USE_PDL": pdl}
         _compile(rotary._rotary_store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
-    sig = {"K": BF16, "V": BF16, "KBuf": BF16, "VBuf": BF16, "Loc": "*i64",
-           **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
-    _compile(kv_store._store_kv_kernel, sig, {"BLOCK_H": 8, "BLOCK_D": 128, "USE_PDL": pdl}, launch_pdl=pdl > 0)
+    for pool in (BF16, FP8):  # an FP8 pool stores k / k_scale per head
+        sig = {"K": BF16, "V": BF16, "KBuf": pool, "VBuf": pool, "Loc": "*i64", "KScale": "*fp32", "VScale": "*fp32",
+               **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
+        consts = {"BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": pool == FP8, "USE_PDL": pdl}
+        _compile(kv_store._store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
 
 
 def check_argmax() -> None:
@@ -117,15 +141,20 @@ def check_decode_attention(pdl: int) -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64", "SeqLens": "*i64",
            "MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            "Pos": "*i64", "Cos": "*fp32", "Sin": "*fp32", "KNew": BF16, "VNew": BF16, "Loc": "*i64",
+           "KScale": "*fp32", "VScale": "*fp32",
            **_ints("stride_qb", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_r2t",
                    "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3}, {"DIRECT": False, "ROPE": False, "P_PARTS": 1}):
-        ptx = _compile(decode_attention._decode_stage1, sig, {**extra, **consts}, num_warps=cfg["num_warps"],
-                       num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+    fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": False},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, "KV_FP8": False},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, "KV_FP8": False},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True}):
+        ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig, {**extra, **consts},
+                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
@@ -140,11 +169,13 @@ def check_extend_attention() -> None:
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Out": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64",
            "PrefixLens": "*i64", "ExtendLens": "*i64", "QStart": "*i64",
            **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
-                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D")}
+                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D"), "KScale": "*fp32", "VScale": "*fp32"}
     block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
-    for parts in (2, 3):
-        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts}
-        _compile(extend_attention._extend_kernel, sig, consts, num_warps=warps, num_stages=2)
+    for parts, kv_fp8 in ((2, False), (3, False), (2, True)):
+        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts,
+                  "KV_FP8": kv_fp8}
+        _compile(extend_attention._extend_kernel, dict(sig, K=FP8, V=FP8) if kv_fp8 else sig, consts,
+                 num_warps=warps, num_stages=2)
 
 
 def check_matmul() -> None:
@@ -160,6 +191,9 @@ def check_matmul() -> None:
 
 def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
+    checks += [(check_gemv, (pdl, m, "*fp8e4nv")) for pdl in (0, 2) for m in (1, 4)]
+    checks += [(check_gemv_fp8_words, (pdl, m)) for pdl in (0, 2) for m in (1, 4)]
+    checks += [(check_fp8_quantize, (pdl,)) for pdl in (0, 2)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]
     checks += [(fn, ()) for fn in (check_argmax, check_sampling, check_extend_attention, check_matmul)]

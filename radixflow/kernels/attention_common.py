@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow.kernels.fp8 import round_to_e4m3
+
 _p_parts = 2
 
 
@@ -32,7 +34,8 @@ def set_p_parts(n: int) -> int:
 
 
 def p_parts(dtype) -> int:
-    """The P_PARTS launch flag for attention over K/V of `dtype` (float32 p needs no split)."""
+    """The P_PARTS launch flag for attention computed in `dtype` (float32 p needs no split). An FP8 KV pool's
+    V is widened to q's dtype before p @ v, so pass q's dtype for it."""
     return _p_parts if dtype in (torch.bfloat16, torch.float16) else 1
 
 
@@ -62,6 +65,16 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.co
         if P_PARTS > 2:
             acc += dot((rest - part.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def to_kv_dtype(x, Scale, head, KV_FP8: tl.constexpr, dtype: tl.constexpr):
+    """x as stored in the KV pool: itself in the pool's dtype, or for an FP8 pool x / Scale[head] rounded
+    onto e4m3 (as torch rounds it: kernels/fp8.py)."""
+    if KV_FP8:
+        q = tl.minimum(tl.maximum(x.to(tl.float32) / tl.load(Scale + head), -448.0), 448.0)
+        return round_to_e4m3(q).to(dtype)
+    return x.to(dtype)
 
 
 @triton.jit

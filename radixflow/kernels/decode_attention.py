@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts
+from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts, to_kv_dtype
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 
 # Launch parameters, from benchmarks/gpu_attn_bench.py on an H200 (2026-11-30, Llama-3-8B heads, KV
@@ -68,18 +68,21 @@ def _rotate_half(X, offs_d, mask, c, s, D):
 @triton.jit
 def _decode_stage1(
     Q, K, V, ReqToToken, ReqIdx, SeqLens, MidO, MidLse, Out,
-    Pos, Cos, Sin, KNew, VNew, Loc,
+    Pos, Cos, Sin, KNew, VNew, Loc, KScale, VScale,
     stride_qb, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_r2t,
     stride_mb, stride_mh, stride_ms, stride_lb, stride_lh, stride_ob, stride_oh,
     stride_cos, stride_knb, stride_knh, stride_vnb, stride_vnh,
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, USE_PDL: tl.constexpr,
+    DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
     split = tl.program_id(2)
     pdl_wait(USE_PDL)
+    if KV_FP8:  # the pool holds K / k_scale: fold the head's scale into the softmax scale (V's: into the output)
+        scale = scale * tl.load(KScale + kvh)
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     row = tl.load(ReqIdx + b).to(tl.int64)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), split_align) * split_align
@@ -100,9 +103,11 @@ def _decode_stage1(
         if (seq_len - 1 >= start) & (seq_len - 1 < end):  # this program attends to the new token
             slot = tl.load(Loc + b).to(tl.int64)
             k_new = _rotate_half(KNew + b * stride_knb + kvh * stride_knh, offs_d, mask_d, c, s, D)
-            tl.store(K + slot * stride_kt + kvh * stride_kh + offs_d, k_new.to(K.dtype.element_ty), mask=mask_d)
+            tl.store(K + slot * stride_kt + kvh * stride_kh + offs_d,
+                     to_kv_dtype(k_new, KScale, kvh, KV_FP8, K.dtype.element_ty), mask=mask_d)
             v_new = tl.load(VNew + b * stride_vnb + kvh * stride_vnh + offs_d, mask=mask_d)
-            tl.store(V + slot * stride_vt + kvh * stride_vh + offs_d, v_new.to(V.dtype.element_ty), mask=mask_d)
+            tl.store(V + slot * stride_vt + kvh * stride_vh + offs_d,
+                     to_kv_dtype(v_new, VScale, kvh, KV_FP8, V.dtype.element_ty), mask=mask_d)
             tl.debug_barrier()  # the stores are visible to the whole program before the loop reads them
     else:
         q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None] & mask_d[None, :], other=0.0)
@@ -117,10 +122,12 @@ def _decode_stage1(
                              offs_d, mask_d)
         qk = dot(q, k.to(q.dtype), IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, P_PARTS)
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS)
 
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    if KV_FP8:
+        out *= tl.load(VScale + kvh)
     mask_o = mask_h[:, None] & mask_d[None, :]
     if DIRECT:
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -231,10 +238,12 @@ def decode_attention(
     out: torch.Tensor | None = None,
     config: dict | None = None,
     rope: DecodeRope | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; k_buf/v_buf: [S, Hkv, D]; returns [B, Hq, D] in q's dtype. With `rope`, q and
     the new tokens' k arrive unrotated and their k / v are not in the pool yet: the kernel rotates
-    them and stores k / v (what `rotary.apply_rotary_store_kv` does), saving a launch per layer."""
+    them and stores k / v (what `rotary.apply_rotary_store_kv` does), saving a launch per layer.
+    An FP8 pool needs `scales` (k_scale, v_scale: float32 [Hkv]; kv_store.py)."""
     bsz, hq, d = q.shape
     cfg = resolve_config(bsz, config)
     hkv = k_buf.shape[1]
@@ -246,18 +255,21 @@ def decode_attention(
     block_d = triton.next_power_of_2(d)
     mid_o, mid_lse, mid_strides = _partials(out, num_splits, direct)
     r = rope or DecodeRope(seq_lens, q, q, q, q, seq_lens)  # unused without ROPE
+    fp8 = k_buf.dtype == torch.float8_e4m3fn
+    assert scales is not None or not fp8
+    k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
     if rope is not None:
         assert q.stride(2) == r.k.stride(2) == r.v.stride(2) == r.cos.stride(1) == 1 and r.cos.dtype == torch.float32
         assert d % 2 == 0 and r.cos.shape[1] == d
     _decode_stage1[(bsz, hkv, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
-        r.positions, r.cos, r.sin, r.k, r.v, r.loc,
+        r.positions, r.cos, r.sin, r.k, r.v, r.loc, k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         req_to_token.stride(0), *mid_strides, out.stride(0), out.stride(1),
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(v_buf.dtype),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype), KV_FP8=fp8,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
     )
     if not direct:

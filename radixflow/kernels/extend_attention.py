@@ -20,9 +20,9 @@ from radixflow.kernels.attention_common import dot, load_kv_block, online_softma
 def _extend_kernel(
     Q, K, V, Out, ReqToToken, ReqIdx, PrefixLens, ExtendLens, QStart,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_r2t,
-    scale, GROUP, D,
+    scale, GROUP, D, KScale, VScale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    P_PARTS: tl.constexpr,
+    P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -33,6 +33,8 @@ def _extend_kernel(
         q0 = tl.load(QStart + b).to(tl.int64)
         row = tl.load(ReqIdx + b).to(tl.int64)
         kvh = h // GROUP
+        if KV_FP8:  # the pool holds K / k_scale, V / v_scale (decode_attention.py does the same)
+            scale = scale * tl.load(KScale + kvh)
         offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
         mask_m = offs_m < ext
         offs_d = tl.arange(0, BLOCK_D)
@@ -52,8 +54,10 @@ def _extend_kernel(
                                  V + kvh * stride_vh, stride_kt, stride_vt, offs_d, mask_d)
             allowed = mask_n[None, :] & (offs_n[None, :] <= q_pos[:, None])
             qk = tl.where(allowed, dot(q, k.to(q.dtype), IEEE) * scale, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(qk, v, m_i, l_i, acc, IEEE, P_PARTS)
+            m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS)
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        if KV_FP8:
+            out *= tl.load(VScale + kvh)
         tl.store(Out + (q0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -77,23 +81,28 @@ def extend_attention(
     max_extend: int,
     scale: float,
     out: torch.Tensor | None = None,
+    scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """q: [T, Hq, D] request-major; q_start: [B] first row of each request in q."""
+    """q: [T, Hq, D] request-major; q_start: [B] first row of each request in q. An FP8 pool needs `scales`
+    (k_scale, v_scale: float32 [Hkv])."""
     t, hq, d = q.shape
     group = hq // k_buf.shape[1]
     out = torch.empty_like(q) if out is None else out
     bsz = extend_lens.shape[0]
     if t == 0 or bsz == 0:
         return out
+    fp8 = k_buf.dtype == torch.float8_e4m3fn
+    assert scales is not None or not fp8
+    k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
     block_m, block_n, warps = _blocks(q.dtype, d)
     grid = (bsz, hq, triton.cdiv(max_extend, block_m))
     _extend_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, q_start,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
         out.stride(0), out.stride(1), req_to_token.stride(0),
-        scale, group, d,
+        scale, group, d, k_scale, v_scale,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),
-        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(v_buf.dtype),
+        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype), KV_FP8=fp8,
         num_warps=warps, num_stages=2,
     )
     return out

@@ -38,6 +38,19 @@ GEMV_CONFIGS = (
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
 )
+# FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
+# "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
+# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On an H200 the chooser kept the plain
+# kernel for every Llama-3-8B shape (BENCHMARKS.md, 2026-12-01), so conversion is not what limits the FP8
+# GEMV there; the words configs stay candidates for GPUs where it is.
+GEMV_CONFIGS_FP8 = (
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
+    {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
+    {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "words": True},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
+)
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
@@ -61,9 +74,9 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _gemv_kernel(
-    X, W, Bias, Out,
+    X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -87,26 +100,92 @@ def _gemv_kernel(
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
+    if HAS_SCALE:  # FP8 weights: one scale per output row
+        out *= tl.load(Scale + offs_n, mask=mask_n, other=0.0)[None, :]
     if HAS_BIAS:
         out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
              mask=(offs_m[:, None] < M) & mask_n[None, :])
 
 
-def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None) -> torch.Tensor:
-    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype."""
+@triton.jit
+def _e4m3_byte_as_f32(words, J: tl.constexpr):
+    """Byte J of each int32 word, an e4m3 value, as float32 times 2^-120, by bit moves alone: its exponent and
+    mantissa bits go to the low end of float32's exponent and the top of its mantissa, its sign to the sign.
+    e4m3's subnormals land on float32 subnormals, so every value is exact."""
+    if J == 3:
+        mag = (words >> 4) & 0x07F00000
+    else:
+        mag = (words << (20 - 8 * J)) & 0x07F00000
+    sign = (words << (24 - 8 * J)) & -2147483648
+    return (mag | sign).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _gemv_fp8_words_kernel(
+    X, W, Scale, Bias, Out,
+    M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr, STAGES: tl.constexpr,
+):
+    """`_gemv_kernel` for FP8 weights read as int32 words (W, stride_wn in words; K % 4 == 0): word w of a
+    row holds columns 4w..4w+3, so the tile's x is read as four strided slices."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_w = tl.arange(0, BLOCK_W)
+    mask_n = offs_n < N
+    kw = K // 4
+    w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_w[None, :]
+    words = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_w < kw)[None, :], other=0)
+    pdl_wait(USE_PDL)
+    if BLOCK_M == 1:
+        acc = tl.zeros([BLOCK_N, BLOCK_W], tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_W], tl.float32)
+    for j in tl.static_range(4):
+        acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 0, M, K, stride_xm), _e4m3_byte_as_f32(words, j), BLOCK_M)
+    for w0 in tl.range(BLOCK_W, kw, BLOCK_W, num_stages=STAGES):
+        words = tl.load(w_ptrs + w0, mask=mask_n[:, None] & (w0 + offs_w < kw)[None, :], other=0)
+        for j in tl.static_range(4):
+            acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 4 * w0, M, K, stride_xm), _e4m3_byte_as_f32(words, j),
+                       BLOCK_M)
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
+    out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * 1.329227995784916e36)[None, :]  # 2^120
+    if HAS_BIAS:
+        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & mask_n[None, :])
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
+         w_scale: torch.Tensor | None = None) -> torch.Tensor:
+    """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
+    With w_scale ([N] float32) the weight is FP8 e4m3 and row n of it stands for weight[n] * w_scale[n]."""
     cfg = GEMV_CONFIG if config is None else config
     m, k = x.shape
     n = weight.shape[0]
-    assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and weight.dtype == x.dtype
+    assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1
+    assert weight.dtype == x.dtype if w_scale is None else (weight.element_size() == 1 and w_scale.numel() == n)
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
     block_m = triton.next_power_of_2(m)
+    if w_scale is not None and cfg.get("words") and k % 4 == 0 and weight.stride(0) % 4 == 0:
+        _gemv_fp8_words_kernel[(triton.cdiv(n, cfg["block_n"]),)](
+            x, weight.view(torch.int32), w_scale, out if bias is None else bias, out,
+            m, n, k, x.stride(0), weight.stride(0) // 4, out.stride(0),
+            HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+            BLOCK_W=max(16, cfg["block_k"] // 4 // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+            **pdl_launch(x),
+        )
+        return out
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
-        x, weight, out if bias is None else bias, out,
+        x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
-        HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
         BLOCK_K=max(16, cfg["block_k"] // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl_launch(x),
     )
@@ -147,21 +226,32 @@ def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmu
     return replay_us(capture_graph(fn, calls), calls, reps, warmup)
 
 
+def _fp8_gemv(x, weight, bias, w_scale, config=None):
+    return gemv(x, weight, bias, config=config, w_scale=w_scale)
+
+
 @torch.inference_mode()
 def choose_gemv(
-    layers: Sequence[tuple[torch.Tensor, torch.Tensor | None]], ms: Sequence[int] = (1, 2, 4, 8)
+    layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8)
 ) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
     projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
     counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept. Each
     candidate is the best of three interleaved timings. Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
-    and {M: (cublas_us, gemv_us)}, both including the RMSNorm."""
+    and {M: (cublas_us, gemv_us)}, both including the RMSNorm.
+    FP8 layers are (weight, bias, w_scale): their GEMM is kernels/fp8.py's (torch._scaled_mm) and their GEMV
+    candidates GEMV_CONFIGS_FP8."""
     from radixflow.kernels.norm_act import rmsnorm
 
     w0 = layers[0][0]
+    fp8 = len(layers[0]) == 3
+    if fp8:
+        from radixflow.kernels.fp8 import fp8_gemm
+    gemm, gemv_fn, all_configs = (fp8_gemm, _fp8_gemv, GEMV_CONFIGS_FP8) if fp8 else (F.linear, gemv, GEMV_CONFIGS)
+    act_dtype = torch.bfloat16 if fp8 else w0.dtype
     calls = max(len(layers), 8)
-    norm_w = torch.ones(w0.shape[1], dtype=w0.dtype, device=w0.device)
+    norm_w = torch.ones(w0.shape[1], dtype=act_dtype, device=w0.device)
 
     def fastest(candidates: dict, x: torch.Tensor, rounds: int = 3) -> dict:
         """{name: us} for {name: (mm, kwargs)}: the best of `rounds` interleaved timings of each, so a
@@ -174,11 +264,11 @@ def choose_gemv(
                 best[name] = min(best[name], replay_us(graph, calls))
         return best
 
-    timings, max_m, winning, config = {}, 0, True, GEMV_CONFIG
+    timings, max_m, winning, config = {}, 0, True, all_configs[0]
     for m in ms:
-        x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
-        configs = GEMV_CONFIGS if m == ms[0] else (config,)
-        us = fastest({"cublas": (F.linear, {}), **{i: (gemv, {"config": c}) for i, c in enumerate(configs)}}, x)
+        x = torch.randn(m, w0.shape[1], dtype=act_dtype, device=w0.device)
+        configs = all_configs if m == ms[0] else (config,)
+        us = fastest({"cublas": (gemm, {}), **{i: (gemv_fn, {"config": c}) for i, c in enumerate(configs)}}, x)
         blas = us.pop("cublas")
         best = min(us, key=us.get)
         if m == ms[0]:

@@ -63,6 +63,16 @@ def gemv_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = 
     return F.linear(x.float(), weight.float(), b).to(x.dtype)
 
 
+def fp8_linear_ref(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """kernels/fp8.py's GEMM: x quantized to e4m3 per row (scale max|x|/448), times the e4m3 weight [N, K],
+    both scales applied to the float32 product, + bias, rounded once to x's dtype."""
+    xf = x.float()
+    xs = (xf.abs().amax(dim=-1, keepdim=True) / 448.0).clamp(min=1e-12)
+    xq = (xf / xs).clamp(-448, 448).to(torch.float8_e4m3fn).float()
+    out = (xq @ wq.float().t()) * xs * w_scale.float().view(1, -1)
+    return (out if bias is None else out + bias.float()).to(x.dtype)
+
+
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q: [M, Hq, D], k/v: [N, Hkv, D], mask: [M, N] bool -> [M, Hq, D], in float32."""
     group = q.shape[1] // k.shape[1]

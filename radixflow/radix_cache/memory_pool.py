@@ -62,7 +62,11 @@ class PageAllocator:
 
 
 class KVPool:
-    """K and V buffers `[num_slots, kv_heads, head_dim]` per layer, plus the allocator."""
+    """K and V buffers `[num_slots, kv_heads, head_dim]` per layer, plus the allocator.
+
+    An FP8 pool (dtype float8_e4m3fn) stores K / k_scale and V / v_scale per layer and KV head
+    (`k_scale[layer]`: float32 [kv_heads], 1.0 unless the checkpoint calibrated them): readers
+    multiply back. Other pools keep the scales at 1.0 and never read them."""
 
     def __init__(
         self,
@@ -79,6 +83,9 @@ class KVPool:
         total = num_pages * page_size
         self.k = [torch.zeros(total, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(total, kv_heads, head_dim, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_scale = [torch.ones(kv_heads, dtype=torch.float32, device=device) for _ in range(num_layers)]
+        self.v_scale = [torch.ones(kv_heads, dtype=torch.float32, device=device) for _ in range(num_layers)]
+        self.fp8 = dtype == torch.float8_e4m3fn
         self.page_size = page_size
         self.dtype = dtype
         self.device = device
@@ -88,8 +95,18 @@ class KVPool:
         return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()
 
     def store(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        if self.fp8:  # index_copy_ has no FP8 kernel: the bytes go in as uint8
+            for buf, x, scale in ((self.k[layer], k, self.k_scale[layer]), (self.v[layer], v, self.v_scale[layer])):
+                q = (x.float() / scale[:, None]).clamp(-448.0, 448.0).to(self.dtype)
+                buf.view(torch.uint8).index_copy_(0, slots, q.view(torch.uint8))
+            return
         self.k[layer].index_copy_(0, slots, k.to(self.dtype))
         self.v[layer].index_copy_(0, slots, v.to(self.dtype))
+
+    def set_scales(self, layer: int, k_scale: torch.Tensor, v_scale: torch.Tensor) -> None:
+        """A checkpoint's calibrated scales for one layer: a scalar or one per KV head of this rank."""
+        self.k_scale[layer].copy_(k_scale.float().reshape(-1).expand(self.k_scale[layer].numel()))
+        self.v_scale[layer].copy_(v_scale.float().reshape(-1).expand(self.v_scale[layer].numel()))
 
 
 class ReqToTokenPool:

@@ -12,6 +12,7 @@ from radixflow.radix_cache.memory_pool import KVPool
 from radixflow.runtime.attention import create_attention_backend
 from radixflow.runtime.distributed import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.forward_batch import ForwardBatch
+from radixflow.runtime.layers.fp8_linear import read_checkpoint_quantization
 from radixflow.runtime.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
 from radixflow.runtime.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from radixflow.runtime.server_args import ServerArgs
@@ -71,16 +72,22 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(prev)
         model.rotary.float()  # cos/sin tables stay float32
+        ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
+        if ckpt_fp8 is not None:
+            log.info("FP8 checkpoint (%s): %d linear layers in FP8", ckpt_fp8.method, model.prepare_fp8(ckpt_fp8))
         if self.args.load_format == "dummy":
             init_dummy_weights(model, self.args.random_seed)
         else:
             model.load_weights(iter_safetensors(self.model_dir))
+        if self.args.quantization == "fp8" and ckpt_fp8 is None:
+            log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
         return model.eval()
 
     def _init_memory(self) -> None:
         s = self.model.shape
         q_heads, kv_heads = self.model.local_heads()  # this rank's share under tensor parallelism
-        per_token = KVPool.bytes_per_token(s.num_layers, kv_heads, s.head_dim, self.dtype)
+        kv_dtype = torch.float8_e4m3fn if self.args.kv_cache_dtype == "fp8_e4m3" else self.dtype
+        per_token = KVPool.bytes_per_token(s.num_layers, kv_heads, s.head_dim, kv_dtype)
         if self.args.max_total_tokens:
             num_slots = self.args.max_total_tokens
         elif self.device == "cuda":
@@ -91,7 +98,9 @@ class ModelRunner:
             num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
         ps = self.args.page_size
         num_slots = min_over_ranks(max(num_slots - num_slots % ps, 2 * ps), self.tp)  # same slots on every rank
-        self.kv_pool = KVPool(num_slots, ps, s.num_layers, kv_heads, s.head_dim, self.dtype, self.device)
+        self.kv_pool = KVPool(num_slots, ps, s.num_layers, kv_heads, s.head_dim, kv_dtype, self.device)
+        if self.kv_pool.fp8:
+            self._load_kv_scales()
         rows = self.args.max_running_requests + 1
         self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.size, self.tp.rank)
         self.tp_leader = self.tp.size > 1 and self.tp.is_leader  # broadcasts each pass to the other ranks
@@ -106,6 +115,17 @@ class ModelRunner:
             deterministic=self.args.enable_deterministic_inference,
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
+
+    def _load_kv_scales(self) -> None:
+        """The checkpoint's calibrated FP8 KV scales (per layer: a scalar, or one per KV head), else 1.0."""
+        scales = getattr(self.model, "kv_cache_scales", {})
+        heads = self.model.layers[0].self_attn.qkv_proj.heads  # this rank's KV heads (tensor parallelism)
+        for layer, kv in scales.items():
+            k, v = (kv.get(n, torch.ones(1)) for n in ("k", "v"))
+            k, v = (t.reshape(-1) if t.numel() == 1 else t.reshape(-1)[heads.kv_start : heads.kv_start + heads.kv_heads]
+                    for t in (k, v))
+            self.kv_pool.set_scales(layer, k, v)
+        log.info("FP8 KV cache: %s", f"checkpoint scales for {len(scales)} layers" if scales else "scales 1.0 (none in the checkpoint)")
 
     def _init_cuda_graphs(self):
         if self.device != "cuda" or self.args.disable_cuda_graph or not getattr(self.backend, "supports_cuda_graph", False):

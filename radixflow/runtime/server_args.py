@@ -16,6 +16,7 @@ _CHOICES = {
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
     "overlap_schedule": ("auto", "on", "off"),
+    "kv_cache_dtype": ("auto", "fp8_e4m3"),
 }
 
 _HELP = {
@@ -34,6 +35,11 @@ _HELP = {
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
     "enable_deterministic_inference": "batch-invariant kernels: a request's outputs and logprobs are the same bits "
     "whatever it is batched with (CUDA, tp_size 1, triton or torch_native attention; slower)",
+    "quantization": "fp8: quantize a bf16 checkpoint's linear layers to FP8 e4m3 at load (per-channel weight scales, "
+    "per-token activation scales); pre-quantized FP8 checkpoints (quant_method fp8 or compressed-tensors) "
+    "are detected from their config.json without it",
+    "kv_cache_dtype": "auto = the model's dtype; fp8_e4m3 stores K and V in FP8 with a scale per layer and KV head "
+    "(twice the tokens in the same memory)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -66,6 +72,8 @@ class ServerArgs:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: Optional[int] = None
     enable_deterministic_inference: bool = False
+    quantization: Optional[str] = None
+    kv_cache_dtype: str = "auto"
 
     # constrained decoding
     disable_jump_forward: bool = False
@@ -109,6 +117,13 @@ class ServerArgs:
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
             )
+        if self.quantization not in (None, "fp8"):
+            raise RadixflowError(f"quantization={self.quantization!r}: the only quantization is fp8 (or leave it unset)")
+        if self.enable_deterministic_inference and (self.quantization or self.kv_cache_dtype != "auto"):
+            raise RadixflowError("enable_deterministic_inference runs bf16/fp32 weights and KV cache only; "
+                                 "drop --quantization / --kv-cache-dtype")
+        if self.kv_cache_dtype != "auto" and self.attention_backend == "flashinfer":
+            raise RadixflowError("kv_cache_dtype fp8_e4m3 runs with the triton or torch_native attention backend")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:

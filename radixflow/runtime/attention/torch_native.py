@@ -84,7 +84,11 @@ class TorchNativeBackend(AttentionBackend):
         return merge_partials(shared_out, shared_lse, rest_out, rest_lse)
 
     def _kv(self, layer: int, slots: torch.Tensor, dtype) -> tuple:
-        return gather_rows(self.kv_pool.k[layer], slots, dtype), gather_rows(self.kv_pool.v[layer], slots, dtype)
+        pool = self.kv_pool
+        if pool.fp8:  # gathered as bytes, then dequantized with the per-head scales
+            return (gather_fp8_rows(pool.k[layer], slots, pool.k_scale[layer], dtype),
+                    gather_fp8_rows(pool.v[layer], slots, pool.v_scale[layer], dtype))
+        return gather_rows(pool.k[layer], slots, dtype), gather_rows(pool.v[layer], slots, dtype)
 
     def _attend_shared(self, q, layer, shared):
         """Every query of the batch over the shared prefix (no mask: all of them come after it)."""
@@ -142,6 +146,12 @@ def gather_rows(pool: torch.Tensor, slots: torch.Tensor, dtype) -> torch.Tensor:
     n = pool.shape[0]
     rows = F.embedding(slots, pool.view(n, -1))
     return rows.view(*slots.shape, *pool.shape[1:]).to(dtype)
+
+
+def gather_fp8_rows(pool: torch.Tensor, slots: torch.Tensor, scale: torch.Tensor, dtype) -> torch.Tensor:
+    """An FP8 pool's rows at `slots`, times each KV head's scale, in `dtype`."""
+    rows = gather_rows(pool.view(torch.uint8), slots, torch.uint8).view(pool.dtype)
+    return (rows.to(torch.float32) * scale[:, None]).to(dtype)
 
 
 def attend_with_lse(q, k, v, mask, scale: float) -> tuple:

@@ -13,7 +13,7 @@ from radixflow.host_copy import to_device_async
 from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.kv_store import store_kv
-from radixflow.kernels.rotary import apply_rotary_store_kv
+from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv
 from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
 
@@ -46,8 +46,13 @@ class TritonBackend(AttentionBackend):
         q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), fb.input_ids.device)
         fb.attn_metadata = (q_start, max(fb.extend_lens_list))
 
+    def _scales(self, layer: int):
+        """An FP8 pool's per-head scales for the kernels (None otherwise)."""
+        pool = self.kv_pool
+        return (pool.k_scale[layer], pool.v_scale[layer]) if pool.fp8 else None
+
     def forward(self, q, k, v, layer, fb):
-        store_kv(self.kv_pool.k[layer], self.kv_pool.v[layer], fb.out_cache_loc, k, v)
+        store_kv(self.kv_pool.k[layer], self.kv_pool.v[layer], fb.out_cache_loc, k, v, self._scales(layer))
         return self._attend(q, layer, fb)
 
     def rotary_in_attention(self, fb: ForwardBatch) -> bool:
@@ -59,6 +64,9 @@ class TritonBackend(AttentionBackend):
             return super().forward_rotary(positions, q, k, v, rotary, layer, fb)
         if self.rotary_in_attention(fb):
             return self._decode(q, layer, fb, DecodeRope(positions, rotary.cos, rotary.sin, k, v, fb.out_cache_loc))
+        if self.kv_pool.fp8:  # the fused rotary + store writes the pool's dtype unscaled: rotate, then store
+            q, k = apply_rotary(positions, q, k, rotary.cos, rotary.sin)
+            return self.forward(q, k, v, layer, fb)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
         apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc)
         return self._attend(q, layer, fb)
@@ -70,11 +78,11 @@ class TritonBackend(AttentionBackend):
         q_start, max_extend = fb.attn_metadata
         return extend_attention(
             q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table, fb.req_pool_indices,
-            fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale,
+            fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale, scales=self._scales(layer),
         )
 
     def _decode(self, q, layer, fb, rope: DecodeRope | None = None):
         """Decode attention over the pool; with `rope` the kernel first rotates q and stores the new K/V."""
         return decode_attention(q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table,
                                 fb.req_pool_indices, fb.seq_lens, self.scale, fb.attn_metadata,
-                                config=self.decode_config, rope=rope)
+                                config=self.decode_config, rope=rope, scales=self._scales(layer))

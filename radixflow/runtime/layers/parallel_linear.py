@@ -112,9 +112,14 @@ class SmallBatchMatmul:
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
+    # FP8 weights: quantize activations per token for the GEMM (False: dequantize the weight instead, for
+    # benchmarks that separate the two errors; slow)
+    fp8_activations = True
     weight: torch.Tensor
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if self.weight.dtype == torch.float8_e4m3fn:
+            return self._fp8_matmul(x, bias)
         if self.batch_invariant and x.is_cuda:
             from radixflow.kernels.matmul import matmul_batch_invariant
 
@@ -124,6 +129,27 @@ class SmallBatchMatmul:
 
             return gemv(x, self.weight, bias, config=self.gemv_config)
         return F.linear(x, self.weight, bias)
+
+    def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
+        per-token activation scales for more; on CPU (or shapes _scaled_mm refuses) they are dequantized."""
+        from radixflow.kernels import fp8
+
+        w, scale = self.weight, self.weight_scale
+        if x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
+            from radixflow.kernels.gemv import gemv
+
+            return gemv(x, w, bias, config=self.gemv_config, w_scale=scale)
+        if x.is_cuda and x.dim() == 2 and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.fp8_activations:
+            return fp8.fp8_gemm(x, w, bias, scale)
+        if x.is_cuda:
+            return F.linear(x, fp8.dequantize(w, scale, x.dtype), bias)
+        # CPU: torch converts FP8 element by element (~25 ms per million), so the dequantized
+        # weight is kept; it holds exactly the values the FP8 weight stands for
+        cached = getattr(self, "_dequantized", None)
+        if cached is None or cached.dtype != x.dtype:
+            cached = self._dequantized = fp8.dequantize(w, scale, x.dtype)
+        return F.linear(x, cached, bias)
 
 
 _MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)
@@ -151,7 +177,9 @@ def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, 
         groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None), []).append(layer)
     chosen = {}
     for (n, k, dtype, has_bias), group in groups.items():
-        max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None)) for g in group])
+        scaled = dtype == torch.float8_e4m3fn  # (weight, bias, scale): the FP8 GEMM against the FP8 GEMV
+        max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else []))
+                                              for g in group])
         for g in group:
             g.gemv_max_m, g.gemv_config = max_m, config
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"

@@ -15,6 +15,7 @@ from torch import nn
 
 from radixflow.runtime.attention.base import AttentionBackend
 from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.layers.fp8_linear import Fp8Checkpoint, QuantizationError, prepare_fp8_linears, quantize_linears
 from radixflow.runtime.layers.norm import RMSNorm
 from radixflow.runtime.layers.parallel_linear import (
     ColumnParallelLinear,
@@ -44,6 +45,18 @@ _FUSED = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+
+
+# checkpoint names of calibrated FP8 KV-cache scales, under a layer's self_attn (vLLM / llm-compressor styles)
+_KV_SCALE_NAMES = {"k_scale": "k", "v_scale": "v", "k_proj.output_scale": "k", "v_proj.output_scale": "v"}
+
+
+def _checkpoint_module(name: str) -> str:
+    """A checkpoint module name behind one of our modules (a fused layer: its first part's)."""
+    for frag, (fused, _) in _FUSED.items():
+        if name.endswith(fused):
+            return "model." + name[: -len(fused)] + frag
+    return "model." + name
 
 
 class ModelShape:
@@ -198,12 +211,25 @@ class LlamaForCausalLM(nn.Module):
         return head.logits(hidden)  # float32, all of the vocabulary
 
     # -- weights -----------------------------------------------------------------------
+    def quantize_fp8(self) -> int:
+        """--quantization fp8 on loaded weights: every linear layer to e4m3 with per-row scales."""
+        return quantize_linears(self)
+
+    def prepare_fp8(self, ckpt: Fp8Checkpoint) -> int:
+        """FP8 parameters for a pre-quantized checkpoint to load into (layers/fp8_linear.py)."""
+        return prepare_fp8_linears(self, ckpt, _checkpoint_module)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         params = dict(self.named_parameters())
         loaded: set[str] = set()
+        self.kv_cache_scales: dict[int, dict[str, torch.Tensor]] = {}  # layer -> {"k"|"v": calibrated FP8 KV scale}
         for name, tensor in weights:
             name = name.removeprefix("model.")
-            if "rotary_emb" in name:
+            if "rotary_emb" in name or name.endswith(".input_scale"):
+                continue  # activations are quantized per token at run time, whatever static scale was calibrated
+            kv = _KV_SCALE_NAMES.get(name.split(".self_attn.")[-1]) if ".self_attn." in name else None
+            if kv:
+                self.kv_cache_scales.setdefault(int(name.split(".")[1]), {})[kv] = tensor.float()
                 continue
             if name == "lm_head.weight" and self.lm_head is None:
                 continue  # tied: the embedding is the head
@@ -214,6 +240,9 @@ class LlamaForCausalLM(nn.Module):
                     break
             if target not in params:
                 raise ValueError(f"checkpoint tensor {name!r} has no place in {type(self).__name__}")
+            if tensor.dtype == torch.float8_e4m3fn and params[target].dtype != tensor.dtype:
+                raise QuantizationError(f"checkpoint tensor {name!r} is FP8 but its config.json declares no FP8 "
+                                        "quantization_config for it (quant_method fp8 or compressed-tensors)")
             load_param(params[target], tensor, shard)  # this rank's slice (parallel_linear.py)
             loaded.add(target if shard is None else f"{target}:{shard}")
         missing = [n for n in params if n not in loaded and not any(k.startswith(n + ":") for k in loaded)]

@@ -1,0 +1,90 @@
+"""FP8 (e4m3) quantization: per-row scales for weights and activations, and the FP8 GEMM.
+
+A row r of a matrix is stored as q[r] = round(x[r] / s[r]) in float8_e4m3fn with
+s[r] = max|x[r]| / 448 (448: e4m3's largest finite value), so x ~ q * s. Weights get one scale
+per output channel (computed once, at load), activations one per token (computed per call:
+"dynamic"). A GEMM of two such matrices is (xq @ wq.T) * sx[:, None] * sw[None, :], which
+torch._scaled_mm computes on Hopper with row-wise scales. Reference: `reference.fp8_linear_ref`.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from radixflow.kernels.pdl import pdl_launch, pdl_wait
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (and quantizes to zeros)
+
+
+def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] -> (q [R, K] float8_e4m3fn, s [R] float32) with x ~ q * s[:, None]."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale
+
+
+@triton.jit
+def round_to_e4m3(v):
+    """v (float32, |v| <= 448) rounded half-to-even onto the e4m3 grid, still as float32, so that the
+    cast to e4m3 afterwards is exact. The GPU's own conversion rounds the same way; Triton's CPU
+    interpreter does not (3.9: 124.0 became 64.0), and this keeps the two identical."""
+    a = tl.abs(v)
+    exponent = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # below 2^-6: subnormal steps
+    step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits: 2^(e - 3)
+    r = a / step  # exact: a power of two
+    f = tl.floor(r)
+    d = r - f
+    up = (d > 0.5) | ((d == 0.5) & ((f.to(tl.int32) & 1) == 1))
+    return tl.where(v < 0, -1.0, 1.0) * (f + up.to(tl.float32)) * step
+
+
+@triton.jit
+def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_wait(USE_PDL)
+    row = tl.program_id(0).to(tl.int64)
+    offs = tl.arange(0, BLOCK)
+    amax = tl.zeros([BLOCK], tl.float32)
+    for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
+        x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        amax = tl.maximum(amax, tl.abs(x))
+    scale = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
+    for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
+        x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+        q = round_to_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
+        tl.store(Q + row * stride_q + k0 + offs, q.to(Q.dtype.element_ty), mask=k0 + offs < K)
+    tl.store(S + row, scale)
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (per-token) dynamic quantization in one Triton launch; see `quantize_rows_torch`."""
+    r, k = x.shape
+    assert x.stride(1) == 1
+    q = torch.empty((r, k), dtype=FP8, device=x.device)
+    s = torch.empty((r,), dtype=torch.float32, device=x.device)
+    if r:
+        block = min(triton.next_power_of_2(k), 2048)
+        _quantize_rows_kernel[(r,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, num_warps=4, **pdl_launch(x))
+    return q, s
+
+
+def scaled_mm_ok(n: int, k: int) -> bool:
+    """torch._scaled_mm needs both GEMM dimensions of the weight divisible by 16."""
+    return n % 16 == 0 and k % 16 == 0
+
+
+def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor) -> torch.Tensor:
+    """CUDA: x [M, K] (bf16/fp16) @ dequant(weight [N, K] e4m3, w_scale [N]).T (+ bias) -> [M, N] in x's dtype,
+    x quantized per token first, the product by torch._scaled_mm with row-wise scales."""
+    xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous())
+    out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=x.dtype)
+    return out if bias is None else out + bias
+
+
+def dequantize(weight: torch.Tensor, w_scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """weight [N, K] e4m3 with per-row scales [N] -> [N, K] in `dtype` (the CPU path, and tests)."""
+    return (weight.float() * w_scale.float().view(-1, 1)).to(dtype)

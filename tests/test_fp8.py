@@ -1,0 +1,337 @@
+"""FP8 (e4m3) weights: the kernels against their torch references, quantize-at-load against the
+unquantized model, and pre-quantized checkpoints in the two config formats (fp8, compressed-tensors).
+
+Without CUDA the Triton kernels run in the interpreter at tiny shapes and the engine takes the CPU
+path, which dequantizes; the engine tests compare with transformers running the dequantized weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+pytest.importorskip("triton")
+
+from radixflow import Engine  # noqa: E402
+from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.fp8 import FP8, dequantize, quantize_rows, quantize_rows_torch  # noqa: E402
+from radixflow.kernels.gemv import gemv  # noqa: E402
+
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+GEMV_TINY = {"block_n": 16, "block_k": 32, "num_warps": 4, "stages": 3}
+
+
+# -- kernels -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("rows,k", [(3, 40), (2, 2500)])  # one K block; several
+def test_quantize_rows_matches_torch(rows, k):
+    x = (torch.randn(rows, k, device=DEV) * torch.tensor([0.01, 3.0, 200.0][:rows] + [1.0] * max(0, rows - 3),
+                                                          device=DEV)[:, None]).to(torch.bfloat16)
+    x[0, 5] = 0.0
+    q, s = quantize_rows(x)
+    q_ref, s_ref = quantize_rows_torch(x)
+    assert q.dtype == FP8 and s.shape == (rows,)
+    torch.testing.assert_close(s, s_ref, rtol=1e-6, atol=0)
+    assert torch.equal(q.float(), q_ref.float())  # the same rounding (half to even) as torch
+    assert (q.float().abs().amax(dim=1) == 448).all()  # each row's largest value maps to e4m3's largest
+    err = (dequantize(q, s, torch.float32) - x.float()).abs() / x.float().abs().amax(dim=1, keepdim=True)
+    assert err.max().item() <= 2**-4  # e4m3 keeps 3 mantissa bits
+
+
+@pytest.mark.parametrize("m", [1, 3])
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("words", [False, True])  # e4m3 converted by Triton; by bit moves on int32 words
+def test_fp8_gemv_matches_dequantized_reference(m, bias, words):
+    n, k = 40, 72
+    x = torch.randn(m, k, device=DEV).to(torch.float16)
+    w = torch.randn(n, k, device=DEV)
+    w[:, :8] *= 1e-4  # subnormal e4m3 values: exact through the bit moves too
+    wq, ws = quantize_rows_torch(w)
+    assert (wq.float().abs() < 2**-6).any() and (wq.float() != 0).any()
+    b = torch.randn(n, device=DEV).to(torch.float16) if bias else None
+    want = ref.gemv_ref(x, dequantize(wq, ws, torch.float32), b)
+    config = dict(GEMV_TINY, words=words)
+    torch.testing.assert_close(gemv(x, wq, b, config=config, w_scale=ws), want, rtol=2e-3, atol=2e-2)
+    if m == 1 and not bias:  # float32 x: the sum is exact enough to see a lost subnormal
+        got = gemv(x.float(), wq, config=config, w_scale=ws)
+        torch.testing.assert_close(got, ref.gemv_ref(x.float(), dequantize(wq, ws, torch.float32)), rtol=1e-5, atol=1e-5)
+        cols = torch.zeros_like(x.float())
+        cols[:, :8] = 1.0  # only the subnormal-heavy columns: a flushed subnormal shows
+        torch.testing.assert_close(gemv(cols, wq, config=config, w_scale=ws),
+                                   ref.gemv_ref(cols, dequantize(wq, ws, torch.float32)), rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
+@pytest.mark.parametrize("m", [1, 64, 300])
+def test_fp8_gemm_matches_reference(m):
+    from radixflow.kernels.fp8 import fp8_gemm
+
+    x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
+    b = torch.randn(256, device=DEV).to(torch.bfloat16)
+    want = ref.fp8_linear_ref(x, wq, ws, b)
+    torch.testing.assert_close(fp8_gemm(x, wq, b, ws), want, rtol=2e-2, atol=5e-2)
+
+
+# -- checkpoints and the engine ---------------------------------------------------------------
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)
+PROMPTS = ["Hello there, how are", "The capital of France is Paris and the capital of Spain"]
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def _tiny_llama(vocab: int):
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**TINY, vocab_size=vocab), dtype=torch.float32)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0, 0.2)
+    return model.eval()
+
+
+def _save(model, path, tokenizer_dir: str, tensors: dict | None = None, quantization_config: dict | None = None) -> str:
+    from safetensors.torch import save_file
+
+    model.save_pretrained(path)
+    if tensors is not None:
+        for f in os.listdir(path):
+            if f.endswith(".safetensors"):
+                os.remove(os.path.join(path, f))
+        save_file(tensors, os.path.join(path, "model.safetensors"))
+    if quantization_config is not None:
+        with open(os.path.join(path, "config.json")) as f:
+            config = json.load(f)
+        config["quantization_config"] = quantization_config
+        with open(os.path.join(path, "config.json"), "w") as f:
+            json.dump(config, f)
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if os.path.exists(os.path.join(tokenizer_dir, f)):
+            shutil.copy(os.path.join(tokenizer_dir, f), os.path.join(path, f))
+    return str(path)
+
+
+def _quantized_tensors(model, per_tensor: bool) -> tuple[dict, dict]:
+    """(checkpoint tensors with FP8 linears, the same state dict with those weights dequantized)."""
+    tensors, dequantized = {}, {}
+    for name, w in model.state_dict().items():
+        if name.endswith(".weight") and name.split(".")[-2] in LINEARS:
+            if per_tensor:  # one scale for the whole matrix, as quant_method "fp8" checkpoints store it
+                scale = (w.abs().max() / 448.0).reshape(())
+                q = (w / scale).clamp(-448, 448).to(FP8)
+                scale_full = scale.expand(w.shape[0])
+            else:  # compressed-tensors "channel": [N, 1]
+                q, scale_full = quantize_rows_torch(w)
+                scale = scale_full[:, None]
+            tensors[name] = q
+            tensors[name.replace(".weight", ".weight_scale")] = scale.clone()
+            tensors[name.replace(".weight", ".input_scale")] = torch.tensor(0.01)  # static: ignored (dynamic per token)
+            dequantized[name] = dequantize(q, scale_full, torch.float32)
+        else:
+            tensors[name] = w.contiguous()
+            dequantized[name] = w
+    return tensors, dequantized
+
+
+def _engine_logprobs(path: str, **kw) -> list:
+    with Engine(path, max_total_tokens=2048, **kw) as e:
+        outs = e.generate(PROMPTS, {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+                          return_logprob=True, logprob_start_len=0)
+    return outs
+
+
+def _hf_logprobs(model, tokenizer, outs) -> list[torch.Tensor]:
+    """Teacher-forced logprobs of each prompt + the engine's output under `model`, at the same positions."""
+    got, want = [], []
+    for prompt, out in zip(PROMPTS, outs):
+        ids = tokenizer.encode(prompt) + out["output_ids"]
+        with torch.no_grad():
+            lp = torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+        n = len(tokenizer.encode(prompt))
+        got += [t[0] for t in out["meta_info"]["input_token_logprobs"][1:]] + [t[0] for t in out["meta_info"]["output_token_logprobs"]]
+        want += [lp[i - 1, ids[i]].item() for i in range(1, len(ids))]
+        assert len(got) == len(want), (n, len(ids))
+    return torch.tensor(got), torch.tensor(want)
+
+
+def test_quantize_at_load_matches_dequantized_model_and_stays_near_the_original(tmp_path, model_dir, tokenizer):
+    model = _tiny_llama(len(tokenizer))
+    path = _save(model, tmp_path / "bf16", model_dir)
+    fp8_outs = _engine_logprobs(path, quantization="fp8")
+    _, dequantized = _quantized_tensors(model, per_tensor=False)  # the per-channel rows --quantization fp8 makes
+    deq_model = _tiny_llama(len(tokenizer))
+    deq_model.load_state_dict(dequantized)
+    got, want = _hf_logprobs(deq_model, tokenizer, fp8_outs)
+    assert (got - want).abs().max().item() < 1e-3  # exactly the dequantized model (CPU path, float32 activations)
+    got, original = _hf_logprobs(model, tokenizer, fp8_outs)
+    drift = (got - original).abs()
+    # quantized: not identical, yet near (this random model has large weights, so every error is amplified)
+    assert 0 < drift.max().item() and drift.mean().item() < 0.5
+
+
+@pytest.mark.parametrize("fmt", ["fp8", "compressed-tensors"])
+def test_prequantized_checkpoint_loads(tmp_path, model_dir, tokenizer, fmt):
+    model = _tiny_llama(len(tokenizer))
+    per_tensor = fmt == "fp8"
+    tensors, dequantized = _quantized_tensors(model, per_tensor)
+    if fmt == "fp8":
+        qc = {"quant_method": "fp8", "activation_scheme": "static", "ignored_layers": ["lm_head"]}
+    else:
+        scheme = {"num_bits": 8, "type": "float", "symmetric": True, "dynamic": False}
+        qc = {"quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head"],
+              "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(scheme, strategy="channel"),
+                                            "input_activations": dict(scheme, strategy="tensor")}}}
+    path = _save(model, tmp_path / fmt, model_dir, tensors, qc)
+    outs = _engine_logprobs(path)  # detected from config.json, no flag needed
+    deq_model = _tiny_llama(len(tokenizer))
+    deq_model.load_state_dict(dequantized)
+    got, want = _hf_logprobs(deq_model, tokenizer, outs)
+    assert (got - want).abs().max().item() < 1e-3
+
+
+@pytest.mark.parametrize("qc,msg", [
+    ({"quant_method": "fp8", "weight_block_size": [128, 128]}, "block-wise"),
+    ({"quant_method": "gptq", "bits": 4}, "not supported"),
+])
+def test_unsupported_quantization_configs_say_what_to_do(tmp_path, model_dir, tokenizer, qc, msg):
+    from radixflow.runtime.layers.fp8_linear import QuantizationError
+
+    path = _save(_tiny_llama(len(tokenizer)), tmp_path / "bad", model_dir, quantization_config=qc)
+    with pytest.raises(QuantizationError, match=msg):
+        Engine(path, max_total_tokens=1024)
+
+
+def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, model_dir, tokenizer):
+    from radixflow.runtime.layers.fp8_linear import QuantizationError
+
+    model = _tiny_llama(len(tokenizer))
+    tensors, _ = _quantized_tensors(model, per_tensor=False)
+    tensors = {k: v for k, v in tensors.items() if not k.endswith("_scale")}
+    path = _save(model, tmp_path / "noconfig", model_dir, tensors)
+    with pytest.raises(QuantizationError, match="quantization_config"):
+        Engine(path, max_total_tokens=1024)
+
+
+# -- FP8 KV cache --------------------------------------------------------------------------------
+def _fp8_pool(seq_lens: list, hkv: int, d: int):
+    """test_kernels' scattered pool in FP8 with per-head scales, and the same values dequantized (float32)."""
+    from test_kernels import _paged_pool
+
+    k, v, table, req_idx = _paged_pool(seq_lens, hkv, d, torch.float32)
+    k_scale = torch.tensor([0.5, 2.0][:hkv], device=DEV)
+    v_scale = torch.tensor([0.25, 1.5][:hkv], device=DEV)
+    k8, v8 = (k / k_scale[:, None]).to(FP8), (v / v_scale[:, None]).to(FP8)
+    deq = (k8.float() * k_scale[:, None], v8.float() * v_scale[:, None])
+    return (k8, v8), (k_scale, v_scale), deq, table, req_idx
+
+
+def test_fp8_kv_store_matches_the_pool_store():
+    """The Triton KV store and KVPool.store (torch-native's) write the same e4m3 bytes: x / scale per head."""
+    from radixflow.kernels.kv_store import store_kv
+    from radixflow.radix_cache.memory_pool import KVPool
+
+    pool = KVPool(32, 1, 1, 2, 16, FP8, DEV)
+    pool.set_scales(0, torch.tensor([0.5, 2.0]), torch.tensor([0.25, 1.5]))
+    k, v = torch.randn(5, 2, 16, device=DEV) * 3, torch.randn(5, 2, 16, device=DEV)
+    loc = torch.tensor([3, 9, 4, 17, 30], device=DEV)
+    pool.store(0, loc, k, v)
+    k_buf, v_buf = torch.zeros_like(pool.k[0]), torch.zeros_like(pool.v[0])
+    store_kv(k_buf, v_buf, loc, k, v, (pool.k_scale[0], pool.v_scale[0]))
+    assert torch.equal(k_buf.view(torch.uint8), pool.k[0].view(torch.uint8))
+    assert torch.equal(v_buf.view(torch.uint8), pool.v[0].view(torch.uint8))
+    back = pool.k[0][loc].float() * pool.k_scale[0][:, None]
+    assert ((back - k).abs() <= k.abs() * 2**-4 + 2**-9).all()  # e4m3's rounding, relative to the scaled value
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_fp8_kv_decode_and_extend_attention_match_dequantized_reference(splits):
+    from radixflow.kernels.decode_attention import decode_attention
+    from radixflow.kernels.extend_attention import extend_attention
+
+    seq_lens, hq, hkv, d = [70, 7, 1], 6, 2, 16
+    bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
+    q = torch.randn(len(seq_lens), hq, d, device=DEV)
+    lens = torch.tensor(seq_lens, device=DEV)
+    got = decode_attention(q, *bufs, table, req_idx, lens, 0.25, splits, scales=scales)
+    torch.testing.assert_close(got, ref.decode_attention_ref(q, *deq, table, req_idx, lens, 0.25), rtol=1e-4, atol=1e-4)
+    if splits == 1:
+        prefix, extend = [10, 0, 1], [60, 7, 0]
+        qe = torch.randn(sum(extend), hq, d, device=DEV)
+        pre, ext = torch.tensor(prefix, device=DEV), torch.tensor(extend, device=DEV)
+        starts = torch.tensor([0, 60, 67], device=DEV)
+        got = extend_attention(qe, *bufs, table, req_idx, pre, ext, starts, max(extend), 0.25, scales=scales)
+        want = ref.extend_attention_ref(qe, *deq, table, req_idx, pre, ext, 0.25)
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_fp8_kv_cache_engine_stays_near_the_full_precision_cache(tmp_path, model_dir, tokenizer):
+    """--kv-cache-dtype fp8_e4m3 (torch-native on CPU), with the checkpoint's calibrated per-layer scales:
+    teacher-forced logprobs near those of the float32 cache, not equal to them."""
+    from safetensors.torch import load_file, save_file
+
+    model = _tiny_llama(len(tokenizer))
+    path = _save(model, tmp_path / "kv", model_dir)
+    tensors = load_file(os.path.join(path, "model.safetensors"))
+    for i in range(TINY["num_hidden_layers"]):  # K/V of this model reach ~+-8: scales keep them in e4m3's fine range
+        tensors[f"model.layers.{i}.self_attn.k_scale"] = torch.tensor(0.05)
+        tensors[f"model.layers.{i}.self_attn.v_scale"] = torch.tensor(0.02)
+    save_file(tensors, os.path.join(path, "model.safetensors"))
+    full = _engine_logprobs(path)
+    got = []
+    with Engine(path, max_total_tokens=2048, kv_cache_dtype="fp8_e4m3") as e:
+        pool = e.runner.kv_pool
+        assert pool.k[0].dtype == FP8 and pool.k_scale[1].tolist() == pytest.approx([0.05, 0.05])
+        assert pool.v_scale[0].tolist() == pytest.approx([0.02, 0.02])
+        for prompt, o in zip(PROMPTS, full):  # the float32 cache's tokens, teacher-forced through the FP8 cache
+            ids = tokenizer.encode(prompt) + o["output_ids"]
+            r = e.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                           return_logprob=True, logprob_start_len=0)
+            got += [t[0] for t in r["meta_info"]["input_token_logprobs"][1:]]
+    want = [t[0] for o in full for t in o["meta_info"]["input_token_logprobs"][1:] + o["meta_info"]["output_token_logprobs"]]
+    diff = torch.tensor(got) - torch.tensor(want)
+    assert 0 < diff.abs().max().item() and diff.abs().mean().item() < 0.1
+
+
+def test_docs_fp8_example_runs(tmp_path, model_dir, tokenizer, monkeypatch, capsys):
+    """docs/gpu.md's FP8 example, run as written except that the Engine it builds loads a tiny checkpoint
+    instead of the default model (whose FP8 conversion on CPU would cost this test minutes): the flags
+    and calls are the README's, and the engine has FP8 linears and an FP8 KV pool."""
+    import re
+
+    import radixflow
+
+    page = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "gpu.md")).read()
+    code = re.search(r"<!-- docs-test: skip: tests/test_fp8.py[^>]*-->\n```python\n(.*?)```", page, re.S).group(1)
+    path = _save(_tiny_llama(len(tokenizer)), tmp_path / "tiny", model_dir)
+    built = []
+
+    class TinyEngine(radixflow.Engine):
+        def __init__(self, model_path=None, **kwargs):
+            assert model_path is None  # the docs' example uses the default model
+            super().__init__(path, max_total_tokens=1024, **kwargs)
+            built.append((self.runner.kv_pool.k[0].dtype, self.runner.model.layers[0].mlp.down_proj.weight.dtype))
+
+    monkeypatch.setattr(radixflow, "Engine", TinyEngine)
+    exec(code, {})
+    assert built == [(FP8, FP8)]
+    assert capsys.readouterr().out.strip()
+
+
+def test_fp8_flags_refuse_what_they_cannot_serve():
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.server_args import ServerArgs
+
+    with pytest.raises(RadixflowError, match="only quantization is fp8"):
+        ServerArgs(quantization="int4")
+    with pytest.raises(RadixflowError, match="triton or torch_native"):
+        ServerArgs(kv_cache_dtype="fp8_e4m3", attention_backend="flashinfer")
+    with pytest.raises(RadixflowError, match="drop --quantization"):
+        ServerArgs(quantization="fp8", enable_deterministic_inference=True)
