@@ -16,6 +16,7 @@ _CHOICES = {
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
     "overlap_schedule": ("auto", "on", "off"),
+    "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
 }
 
 _HELP = {
@@ -34,6 +35,11 @@ _HELP = {
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
     "enable_deterministic_inference": "batch-invariant kernels: a request's outputs and logprobs are the same bits "
     "whatever it is batched with (CUDA, tp_size 1, triton or torch_native attention; slower)",
+    "dp_size": "serve N replicas of the engine behind sglang-router at --host/--port (one per GPU group of "
+    "tp_size GPUs, or N CPU processes); a replica that dies is restarted",
+    "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
+    "prefix was sent before",
+    "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -91,6 +97,11 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
 
+    # data parallelism: replicas behind sglang-router (runtime/data_parallel.py)
+    dp_size: int = 1
+    router_policy: str = "cache_aware"
+    router_args: Optional[str] = None
+
     extra: dict = field(default_factory=dict, metadata={"cli": False})
 
     def __post_init__(self) -> None:
@@ -109,6 +120,11 @@ class ServerArgs:
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
             )
+        if self.dp_size < 1:
+            raise RadixflowError("dp_size must be >= 1")
+        if self.dp_size > 1 and self.nnodes > 1:
+            raise RadixflowError("dp_size > 1 runs replicas on this host only; for several hosts start one server per "
+                                 "host and put sglang-router in front (docs/scale_out.md)")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
@@ -171,6 +187,18 @@ class ServerArgs:
             if str(f.type) == "Optional[int]":
                 kind = int
             parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+
+    def to_cli(self, **overrides: Any) -> list[str]:
+        """The `radixflow serve` flags that reproduce these arguments (with `overrides`), for the
+        processes a supervisor starts."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = overrides.get(f.name, getattr(self, f.name))
+            if f.metadata.get("cli") is False or value is None or value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            argv += [flag] if value is True else [flag, str(value)]
+        return argv
 
     @classmethod
     def from_cli(cls, namespace: argparse.Namespace) -> "ServerArgs":

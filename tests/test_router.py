@@ -1,0 +1,114 @@
+"""`radixflow serve --dp-size 2`: two CPU replicas behind sglang-router, one setup for the module.
+
+Covers what a client sends through the router (native generate, streaming, batched ids, the
+OpenAI routes), what the router reads from the replicas (/get_load, server and model info,
+/flush_cache), cache-aware routing landing a repeated prefix on the replica that has it, and a
+replica killed under load: no request fails, and the supervisor starts it again.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("sglang_router")
+
+from serving_helpers import start_server  # noqa: E402
+
+RESTART_TIMEOUT_S = 240
+
+
+@pytest.fixture(scope="module")
+def dp():
+    s = start_server("--dp-size", "2", "--router-policy", "cache_aware", "--max-total-tokens", "4096", "--log-interval-s", "60")
+    yield s
+    assert s.stop() == 0, s.log()[-3000:]
+
+
+def replicas(log: str) -> dict[int, tuple[int, str]]:
+    """index -> (pid, url) of each replica's latest start, from the supervisor's lines."""
+    found = {}
+    for m in re.finditer(r"^replica (\d+) \(pid (\d+)\) ready at (\S+)$", log, re.M):
+        found[int(m.group(1))] = (int(m.group(2)), m.group(3))
+    return found
+
+
+def gen(client: httpx.Client, text: str, **extra) -> dict:
+    r = client.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_native_routes_through_the_router(dp):
+    with dp.client() as c:
+        out = gen(c, "The capital of France is")
+        assert out["meta_info"]["completion_tokens"] == 4 and out["text"]
+        r = c.post("/generate", json={"input_ids": [[1, 2, 3], [4, 5]], "sampling_params": {"max_new_tokens": 2}})
+        assert r.status_code == 200 and len(r.json()) == 2
+        events = []
+        with c.stream("POST", "/generate", json={"text": "List three colors:", "stream": True,
+                                                 "sampling_params": {"max_new_tokens": 3, "temperature": 0}}) as s:  # fmt: skip
+            for line in s.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line[6:])
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["meta_info"]["completion_tokens"] == 3
+        assert c.get("/get_model_info").json()["is_generation"] is True
+        assert c.post("/flush_cache").status_code == 200  # the router flushes every replica
+
+
+def test_openai_routes_through_the_router(dp):
+    with dp.client() as c:
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 2})
+        if r.status_code == 400 and "return_hidden_states" in r.text:
+            pytest.skip("the OpenAI routes refuse the fields the router adds until issue 27's field acceptance lands")
+        assert r.status_code == 200, r.text
+
+
+def test_cache_aware_routing_reuses_the_prefix(dp):
+    """The second request with a long shared prefix goes where the first one left its KV."""
+    prefix = "Background for the questions below: " + " ".join(f"fact {i} is about topic {i % 7};" for i in range(60))
+    with dp.client() as c:
+        first = gen(c, prefix + " Question one?")
+        second = gen(c, prefix + " Question two?")
+    assert first["meta_info"]["prompt_tokens"] > 300
+    assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 8
+
+
+def test_replicas_report_load(dp):
+    for _, url in replicas(dp.log()).values():
+        with httpx.Client(base_url=url, headers=dp.headers, timeout=30) as c:
+            load = c.get("/get_load").json()
+            assert load == [{"dp_rank": 0, "num_reqs": 0, "num_waiting_reqs": 0, "num_tokens": 0}]
+            info = c.get("/get_server_info").json()
+            assert info["served_model_name"] == "default" and info["dp_size"] == 1
+
+
+def test_a_killed_replica_loses_no_request_and_restarts(dp):
+    before = replicas(dp.log())
+    assert sorted(before) == [0, 1]
+    pid0, url0 = before[0]
+    prompts = [f"Request {i}: say something about the number {i}." for i in range(16)]
+    with dp.client() as c, cf.ThreadPoolExecutor(4) as pool:
+        futures = [pool.submit(gen, c, p) for p in prompts[:4]]
+        time.sleep(0.5)
+        os.kill(pid0, signal.SIGKILL)  # some of those are running on it now
+        futures += [pool.submit(gen, c, p) for p in prompts[4:]]
+        outs = [f.result() for f in futures]  # gen asserts each one is a 200
+    short = [o for o in outs if o["meta_info"]["completion_tokens"] != 4]
+    assert not short, short
+    deadline = time.time() + RESTART_TIMEOUT_S
+    while replicas(dp.log())[0][0] == pid0:
+        assert time.time() < deadline, dp.log()[-3000:]
+        time.sleep(0.5)
+    assert "replica 0 exited (killed by SIGKILL); restarting it" in dp.log()
+    pid, url = replicas(dp.log())[0]
+    assert url == url0 and pid != pid0
+    with httpx.Client(base_url=url, headers=dp.headers, timeout=60) as c:
+        assert gen(c, "The restarted replica serves too:")["meta_info"]["completion_tokens"] == 4
