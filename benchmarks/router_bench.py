@@ -225,7 +225,7 @@ def main() -> None:
     p.add_argument("--families", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--prefix-words", type=int, default=400, help="about 1.5 tokens a word")
-    p.add_argument("--max-total-tokens", type=int, default=3200, help="KV pool of each replica")
+    p.add_argument("--max-total-tokens", type=int, default=2800, help="KV pool of each replica")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--requests", type=int, default=200)

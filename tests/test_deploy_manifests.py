@@ -68,7 +68,8 @@ def test_router_discovers_the_worker_pods():
     assert rargs.service_discovery_port in [p["containerPort"] for p in container(worker)["ports"]]
     role = by_name("Role", "radixflow-router")
     assert {"list", "watch"} <= set(role["rules"][0]["verbs"]) and role["rules"][0]["resources"] == ["pods"]
-    assert by_name("Deployment", "radixflow-router")["spec"]["template"]["spec"]["serviceAccountName"] == "radixflow-router"
+    router_pod = by_name("Deployment", "radixflow-router")["spec"]["template"]
+    assert router_pod["spec"]["serviceAccountName"] == "radixflow-router"
     service = by_name("Service", "radixflow")
-    router_labels = by_name("Deployment", "radixflow-router")["spec"]["template"]["metadata"]["labels"]
+    router_labels = router_pod["metadata"]["labels"]
     assert all(router_labels.get(k) == v for k, v in service["spec"]["selector"].items())

@@ -18,16 +18,35 @@ import time
 import httpx
 import pytest
 
-pytest.importorskip("sglang_router")
+from serving_helpers import start_server
 
-from serving_helpers import start_server  # noqa: E402
+from radixflow.errors import RadixflowError
+from radixflow.runtime.server_args import ServerArgs
 
 RESTART_TIMEOUT_S = 240
 
 
+def test_replica_flags_reproduce_the_server_args():
+    """The supervisor starts each replica with ServerArgs.to_cli; parsed back, they are the same args."""
+    import argparse
+
+    args = ServerArgs(dp_size=2, router_policy="round_robin", max_total_tokens=4096, disable_radix_cache=True,
+                      api_key="k", log_interval_s=2.5)  # fmt: skip
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = args.to_cli(host="127.0.0.1", port=1234, dp_size=1, router_policy=None, router_args=None)
+    back = ServerArgs.from_cli(parser.parse_args(argv))
+    assert back == ServerArgs(max_total_tokens=4096, disable_radix_cache=True, api_key="k", log_interval_s=2.5, port=1234)
+    with pytest.raises(RadixflowError, match="dp_size"):
+        ServerArgs(dp_size=0)
+
+
 @pytest.fixture(scope="module")
 def dp():
-    s = start_server("--dp-size", "2", "--router-policy", "cache_aware", "--max-total-tokens", "4096", "--log-interval-s", "60")
+    pytest.importorskip("sglang_router")
+    s = start_server(
+        "--dp-size", "2", "--router-policy", "cache_aware", "--max-total-tokens", "4096", "--log-interval-s", "60"
+    )  # fmt: skip
     yield s
     assert s.stop() == 0, s.log()[-3000:]
 
@@ -41,7 +60,8 @@ def replicas(log: str) -> dict[int, tuple[int, str]]:
 
 
 def gen(client: httpx.Client, text: str, **extra) -> dict:
-    r = client.post("/generate", json={"text": text, "sampling_params": {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}, **extra})
+    params = {"max_new_tokens": 4, "temperature": 0, "ignore_eos": True}
+    r = client.post("/generate", json={"text": text, "sampling_params": params, **extra})
     assert r.status_code == 200, r.text
     return r.json()
 

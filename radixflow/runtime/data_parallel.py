@@ -195,7 +195,9 @@ def replica_envs(args: ServerArgs) -> list[dict]:
         gpus = visible.split(",") if visible else [str(i) for i in range(torch.cuda.device_count())]
         need = args.dp_size * args.tp_size
         if len(gpus) < need:
-            raise SupervisorError(f"dp_size {args.dp_size} x tp_size {args.tp_size} needs {need} GPUs; {len(gpus)} visible")
+            raise SupervisorError(
+                f"dp_size {args.dp_size} x tp_size {args.tp_size} needs {need} GPUs; {len(gpus)} are visible"
+            )
         tp = args.tp_size
         return [{**base, "CUDA_VISIBLE_DEVICES": ",".join(gpus[i * tp : (i + 1) * tp])} for i in range(args.dp_size)]
     threads = str(max(1, (os.cpu_count() or 1) // args.dp_size))

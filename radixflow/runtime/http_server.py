@@ -179,7 +179,8 @@ def _register_native(app: FastAPI) -> None:
         sched = await request.app.state.tm.control("server_info")
         running, waiting = sched["num_running_reqs"], sched["num_waiting_reqs"]
         held = sched["request_slots"] + sched["locked_cached_slots"]  # KV of running requests, not idle cache
-        return json_response([{"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": held}])
+        load = {"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": held}
+        return json_response([load])
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request):
