@@ -35,11 +35,13 @@ STOP_TIMEOUT_S = 15
 # A dead replica must leave the rotation within a request's retries, not after the router's
 # default 10 failures or 60 s health period: cache_aware keeps choosing the replica that holds a
 # prompt's prefix, so every retry would go to the dead one. Three failed sends open its circuit
-# (the retries then go elsewhere); health checks every 2 s bring it back once restarted.
-# The user's --router-args come later on the command line and win.
+# (the retries then go elsewhere); health checks every 2 s bring it back once restarted. A dead
+# replica refuses connections at once, so the check's timeout can be long: a busy replica on a
+# loaded machine may take seconds to answer and is not dead. The user's --router-args come later
+# on the command line and win.
 ROUTER_DEFAULT_FLAGS = (
-    "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5",
-    "--health-check-interval-secs", "2", "--health-failure-threshold", "2", "--log-level", "warn",
+    "--cb-failure-threshold", "3", "--cb-timeout-duration-secs", "5", "--health-check-interval-secs", "2",
+    "--health-failure-threshold", "2", "--health-check-timeout-secs", "15", "--log-level", "warn",
 )  # fmt: skip
 
 
