@@ -3,11 +3,11 @@
 policies: 8 prompt families, each a long shared prefix, asked in rounds (every round asks each
   family once, in a shuffled order), through the router with --router-policy cache_aware and then
   round_robin, each on fresh replicas. Reports the aggregate cache hit rate (the replicas'
-  /metrics: cached / prompt tokens) and the throughput. The KV pool of a replica is set to hold
-  about five of the eight prefixes, so which replica a family lands on decides whether it hits.
+  /metrics: cached / prompt tokens) and the throughput. The KV pool of a replica holds about five
+  of the eight prefixes (default sizes), so which replica a family lands on decides whether it hits.
 failover: 200 requests mixing native /generate (plain and streaming), OpenAI chat streaming and
-  DSL programs (RuntimeEndpoint on the router), with replica 0 killed (SIGKILL) once half have
-  been sent. Counts failures, split into those the router could have retried (nothing had reached
+  DSL programs (RuntimeEndpoint on the router), 4 at a time, with replica 0 killed (SIGKILL) when
+  about half have finished and the next ones are running. Counts failures, split into those the router could have retried (nothing had reached
   the client yet) and those it could not (a stream cut mid-way), and whether the supervisor
   brought the replica back.
 
@@ -188,18 +188,20 @@ def failover(a) -> dict:
     try:
         backend = RuntimeEndpoint(server.url)
         pid0 = server.replicas()[0][0]
-        results, killed_at = [], None
+        half = a.requests // 2
+
+        def timed(kind, i):
+            start = time.time()
+            return (kind.__name__, *kind(backend if kind is program else c, i), start, time.time())
+
         with httpx.Client(base_url=server.url, timeout=600) as c, cf.ThreadPoolExecutor(a.concurrency) as pool:
-            futures = []
             t0 = time.time()
-            for i in range(a.requests):
-                kind = kinds[i % len(kinds)]
-                futures.append((kind.__name__, pool.submit(kind, backend if kind is program else c, i)))
-                if i == a.requests // 2:
-                    cf.wait([f for _, f in futures[: i // 2]])  # the run is well under way
-                    os.kill(pid0, signal.SIGKILL)
-                    killed_at = time.time() - t0
-            results = [(name, *f.result()) for name, f in futures]
+            futures = [pool.submit(timed, kinds[i % len(kinds)], i) for i in range(half)]
+            cf.wait(futures[: half - a.concurrency])  # half done, the last few of that half running
+            os.kill(pid0, signal.SIGKILL)
+            killed = time.time()
+            futures += [pool.submit(timed, kinds[i % len(kinds)], i) for i in range(half, a.requests)]
+            results = [f.result() for f in futures]
             wall = time.time() - t0
         deadline = time.time() + 600
         while server.replicas()[0][0] == pid0 and time.time() < deadline:
@@ -209,9 +211,11 @@ def failover(a) -> dict:
         backend.close()
     finally:
         server.stop()
-    failed = [r for r in results if not r[1]]
+    failed = [r[:4] for r in results if not r[1]]
     by_kind = {k.__name__: sum(1 for r in results if r[0] == k.__name__) for k in kinds}
-    out = {"requests": len(results), "by_kind": by_kind, "wall_s": wall, "killed_at_s": killed_at,
+    in_flight = sum(1 for r in results if r[4] < killed < r[5])
+    out = {"requests": len(results), "by_kind": by_kind, "wall_s": wall, "killed_at_s": killed - t0,
+           "in_flight_at_kill": in_flight,
            "failed": len(failed), "failed_retryable": sum(1 for r in failed if not r[2]),
            "failed_mid_stream": sum(1 for r in failed if r[2]), "failures": failed[:10],
            "replica_restarted": restarted, "served_after_restart": after.status_code == 200}  # fmt: skip
@@ -225,7 +229,7 @@ def main() -> None:
     p.add_argument("--families", type=int, default=8)
     p.add_argument("--rounds", type=int, default=10)
     p.add_argument("--prefix-words", type=int, default=400, help="about 1.5 tokens a word")
-    p.add_argument("--max-total-tokens", type=int, default=2800, help="KV pool of each replica")
+    p.add_argument("--max-total-tokens", type=int, default=2200, help="KV pool of each replica")
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--requests", type=int, default=200)
