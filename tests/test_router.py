@@ -91,6 +91,25 @@ def test_openai_routes_through_the_router(dp):
         assert r.status_code == 200, r.text
 
 
+def test_programs_run_eagerly_through_the_router(dp):
+    """The router has no /program route: RuntimeEndpoint notices and runs programs through /generate."""
+    import radixflow.lang as rl
+    from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
+
+    @rl.function
+    def two_steps(s):
+        s += "Name a fruit:" + rl.gen("fruit", max_tokens=3, temperature=0)
+        s += " and a color:" + rl.gen("color", max_tokens=3, temperature=0)
+
+    backend = RuntimeEndpoint(dp.url, api_key=dp.api_key)
+    try:
+        assert backend.supports_graphs is False
+        state = two_steps.run(backend=backend)
+        assert state.mode == "eager" and state["fruit"] is not None and state["color"] is not None
+    finally:
+        backend.close()
+
+
 def test_cache_aware_routing_reuses_the_prefix(dp):
     """The second request with a long shared prefix goes where the first one left its KV."""
     prefix = "Background for the questions below: " + " ".join(f"fact {i} is about topic {i % 7};" for i in range(60))
