@@ -57,6 +57,7 @@ class Replica:
     proc: Optional[subprocess.Popen] = None
     ready: bool = False
     restarts: int = 0
+    failures: int = 0  # exits since it last became ready: picks the back-off
     restart_at: Optional[float] = None  # set while waiting to start again
 
     @property
@@ -92,7 +93,7 @@ class Supervisor:
 
     def check_ready(self, r: Replica) -> None:
         if not r.ready and _healthy(r.url):
-            r.ready = True
+            r.ready, r.failures = True, 0
             _say(f"replica {r.index} (pid {r.proc.pid}) ready at {r.url}")
 
     def start_router(self) -> None:
@@ -139,7 +140,8 @@ class Supervisor:
         if r.proc.poll() is None:
             self.check_ready(r)
             return
-        delay = RESTART_BACKOFF_S[min(r.restarts, len(RESTART_BACKOFF_S) - 1)]
+        delay = RESTART_BACKOFF_S[min(r.failures, len(RESTART_BACKOFF_S) - 1)]
+        r.failures += 1
         _say(f"replica {r.index} exited ({exit_text(r.proc.returncode)}); restarting it in {delay} s", err=True)
         r.ready, r.restart_at = False, now + delay
 
