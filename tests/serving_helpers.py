@@ -54,7 +54,9 @@ class ServerProc:
         return self.proc.returncode
 
 
-def start_server(*extra: str, api_key: Optional[str] = API_KEY, env: Optional[dict] = None) -> ServerProc:
+def start_server(
+    *extra: str, api_key: Optional[str] = API_KEY, env: Optional[dict] = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
+) -> ServerProc:
     port = free_port()
     log_fd, log_path = tempfile.mkstemp(prefix="radixflow-server-", suffix=".log")
     cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(port), *extra]
@@ -63,7 +65,7 @@ def start_server(*extra: str, api_key: Optional[str] = API_KEY, env: Optional[di
     proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     os.close(log_fd)
     server = ServerProc(proc, f"http://127.0.0.1:{port}", log_path, api_key)
-    deadline = time.time() + STARTUP_TIMEOUT_S
+    deadline = time.time() + startup_timeout_s
     while not _ready(server.log()):
         if proc.poll() is not None or time.time() > deadline:
             server.stop()

@@ -45,7 +45,8 @@ def test_replica_flags_reproduce_the_server_args():
 def dp():
     pytest.importorskip("sglang_router")
     s = start_server(
-        "--dp-size", "2", "--router-policy", "cache_aware", "--max-total-tokens", "4096", "--log-interval-s", "60"
+        "--dp-size", "2", "--router-policy", "cache_aware", "--max-total-tokens", "4096", "--log-interval-s", "60",
+        startup_timeout_s=600,  # two model loads at once on 2 shared cores
     )  # fmt: skip
     yield s
     assert s.stop() == 0, s.log()[-3000:]

@@ -12,6 +12,7 @@ SIGINT / SIGTERM, everything is stopped. Replica and router output is echoed wit
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import shlex
@@ -97,10 +98,8 @@ class Supervisor:
             _say(f"replica {r.index} (pid {r.proc.pid}) ready at {r.url}")
 
     def start_router(self) -> None:
-        try:
-            import sglang_router  # noqa: F401  (only to give a clear error)
-        except ImportError:
-            raise SupervisorError("--dp-size needs the router: pip install sglang-router") from None
+        if importlib.util.find_spec("sglang_router") is None:
+            raise SupervisorError("--dp-size needs the router: pip install sglang-router")
         a = self.args
         cmd = [sys.executable, "-m", "sglang_router.launch_router", "--worker-urls", *(r.url for r in self.replicas)]
         cmd += ["--policy", a.router_policy, "--host", a.host, "--port", str(a.port)]
