@@ -84,7 +84,8 @@ def wait_idle(server: ServerProc, timeout: float = 60) -> dict:
     deadline = time.time() + timeout
     while True:
         info = server.info()
-        if info["num_inflight_reqs"] == 0 and info["num_running_reqs"] == 0 and info["num_waiting_reqs"] == 0:
+        busy = info["num_inflight_reqs"] + info["num_running_reqs"] + info["num_waiting_reqs"] + info["num_running_programs"]
+        if busy == 0:
             return info
         if time.time() > deadline:
             return info

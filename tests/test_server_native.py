@@ -170,7 +170,7 @@ BAD_BODIES = [
     (json.dumps({"text": "hi", "stream": "yes"}).encode(), "stream must be"),
     (json.dumps({"input_ids": [1, -5]}).encode(), "input_ids must be integers"),
     (json.dumps({"input_ids": [1] * 9000}).encode(), "context length"),
-    (json.dumps({"text": ["a"] * 17}).encode(), "at most 16"),
+    (json.dumps({"text": ["a"] * 25}).encode(), "at most 24"),
     (json.dumps({"text": "hi", "sampling_params": {"regex": "(?=a)b"}}).encode(), "unsupported regex"),
     (json.dumps({"text": "hi", "image_data": "x"}).encode(), "image_data"),
     (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"abc": 1}}}).encode(), "logit_bias key"),

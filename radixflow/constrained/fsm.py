@@ -96,6 +96,14 @@ class CompiledGrammar:
             self._tight[key] = mask
         return mask
 
+    def budget_narrows(self, state: int, within: int) -> bool:
+        """Whether the budget mask leaves out a token the grammar allows here (one after
+        which acceptance is reachable, just not within `within` more tokens)."""
+        i = self.dense(state)
+        lo, hi = self.offsets[i], self.offsets[i + 1]
+        reachable = int(np.searchsorted(self.next_dist[lo:hi], INF - 1, side="right"))
+        return reachable > 0 and int(self.next_dist[lo + reachable - 1]) > within
+
     # -- jump-forward -------------------------------------------------------------------------
     def forced_bytes(self, state: int) -> bytes:
         """The bytes every accepted continuation from `state` starts with (cached)."""

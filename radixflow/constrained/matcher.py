@@ -4,6 +4,7 @@ The scheduler calls `fill_bitmask` before sampling, `accept_token` after, and
 `is_terminated` in the stop checker. The matcher reads the request's remaining token
 budget (`max_new_tokens - segment_len`) itself, so when the budget comes down to the
 distance to an accepting state, only tokens that keep acceptance within reach are allowed.
+`budget_closed` records that this happened: the output was closed early to fit the budget.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ class GrammarMatcher:
         self.guide = grammar.new_guide()
         self.ended = False  # EOS accepted, or a token the FSM did not allow
         self.rejected_token = None
+        self.budget_closed = False  # the budget left out tokens the grammar allowed
 
     # -- the scheduler's interface ----------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -67,6 +69,7 @@ class GrammarMatcher:
         g = self.grammar
         within = self.budget() - 1  # tokens left after this one
         if within < g.max_next[g.dense(self.state)]:
+            self.budget_closed = self.budget_closed or g.budget_narrows(self.state, within)
             return g.budget_mask(self.state, within)
         return g.full_mask(self.guide)
 

@@ -11,6 +11,7 @@ import logging
 from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime import sglang_fields
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.model_runner import ModelRunner
 from radixflow.runtime.req import Req
@@ -20,6 +21,8 @@ from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
 from radixflow.runtime.tp_launch import TPRankFailed, start_tp
 
 log = logging.getLogger(__name__)
+_GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
+                  "stream", "rid", "return_text_in_logprobs"}  # fmt: skip
 
 
 class Engine:
@@ -62,9 +65,12 @@ class Engine:
         stream: bool = False,
         rid: Union[str, list, None] = None,
         return_text_in_logprobs: bool = True,
+        **sglang_extras: Any,
     ) -> Union[dict, list, Iterator]:
         """A dict for one prompt, a list of dicts for a batch (prompt-major when n > 1);
-        with stream=True an iterator of growing results."""
+        with stream=True an iterator of growing results. `sglang_extras`: SGLang's other
+        generate fields, accepted at values that change nothing (runtime/sglang_fields.py)."""
+        sglang_fields.check_fields(sglang_extras, _GENERATE_ARGS, sglang_fields.GENERATE, "Engine.generate")
         g = GenerateInput(
             text=prompt,
             input_ids=input_ids,
@@ -128,11 +134,19 @@ class Engine:
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
-        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler."""
+        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler.
+        Raises RadixflowError for what /program answers with a 400."""
         from radixflow.runtime.program_executor import run_programs
+        from radixflow.runtime.program_ops import check_programs
 
         self._check_open()
-        outs = run_programs(self, program if isinstance(program, list) else [program])
+        programs = program if isinstance(program, list) else [program]
+        check_programs(programs, self.builder.sampling, max_requests=None)  # like generate: no per-call limit
+        outs = run_programs(self, programs)
+        statuses = [out.pop("status_code", 200) for out in outs]
+        rejected = next((out for out, code in zip(outs, statuses) if code == 400), None)
+        if rejected is not None:
+            raise RadixflowError(rejected["error"])
         return outs if isinstance(program, list) else outs[0]
 
     def flush_cache(self) -> bool:

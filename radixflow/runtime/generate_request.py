@@ -56,20 +56,28 @@ class RequestBuilder:
         topk = _per_item(g.top_logprobs_num, count, "top_logprobs_num")
         reqs = []
         for i, ids in enumerate(prompts):
-            sp = SamplingParams.from_dict(params[i])
-            if sp.grammar is not None:
-                from radixflow.constrained import validate  # outlines-core only when grammars are used
-
-                validate(*sp.grammar)
-            _check_logit_bias(sp.logit_bias, self.vocab_size)
-            if sp.max_new_tokens > self.max_new_tokens_limit:
-                raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
+            sp = self.sampling(params[i])
             lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.copy(n=1, sampling_seed=None if sp.sampling_seed is None else sp.sampling_seed + j)
                 rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
                 reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp))
         return reqs
+
+    def sampling(self, params: Any) -> SamplingParams:
+        """Sampling params checked against this model and server (also for request graphs' gens)."""
+        sp = SamplingParams.from_dict(params)
+        if sp.grammar is not None:
+            from radixflow.constrained import validate  # outlines-core only when grammars are used
+
+            validate(*sp.grammar)
+        _check_logit_bias(sp.logit_bias, self.vocab_size)
+        bad = [t for t in sp.stop_token_ids or [] if not 0 <= t < self.vocab_size]
+        if bad:
+            raise RadixflowError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
+        if sp.max_new_tokens > self.max_new_tokens_limit:
+            raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
+        return sp
 
     def _prompts(self, g: GenerateInput) -> list[list[int]]:
         if (g.text is None) == (g.input_ids is None):
@@ -152,7 +160,7 @@ def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no
     """A whole output's text, with a matched stop token or stop string cut off
     (shared with the server's detokenizer, so both give the same text)."""
     text_ids = ids
-    if reason and reason.get("type") == "stop" and isinstance(reason.get("matched"), int) and not no_stop_trim:
+    if reason and isinstance(reason.get("matched"), int) and ids and ids[-1] == reason["matched"] and not no_stop_trim:
         text_ids = ids[:-1]
     text = tokenizer.decode(text_ids, skip_special_tokens=skip_special_tokens)
     if reason and isinstance(reason.get("matched"), str) and not no_stop_trim:

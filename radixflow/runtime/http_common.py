@@ -74,17 +74,24 @@ async def collect(request: Request, events: AsyncIterator[Event]) -> Optional[di
 
     task = asyncio.ensure_future(drain())
     try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
-            if done:
-                task.result()
-                return finals
-            if await request.is_disconnected():
-                return None
+        if not await until_done_or_disconnected(request, task):
+            return None
+        task.result()
+        return finals
     finally:
         if not task.done():
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+
+
+async def until_done_or_disconnected(request: Request, fut: asyncio.Future) -> bool:
+    """Wait for `fut`; False as soon as the client is seen gone (checked every half second)."""
+    while True:
+        done, _ = await asyncio.wait({fut}, timeout=DISCONNECT_POLL_S)
+        if done:
+            return True
+        if await request.is_disconnected():
+            return False
 
 
 async def final_results(request: Request, events: AsyncIterator[Event]) -> "list[dict] | Response":
@@ -100,3 +107,28 @@ async def final_results(request: Request, events: AsyncIterator[Event]) -> "list
 
 def first_error(finals: dict) -> Optional[Event]:
     return next((ev for ev in finals.values() if ev.error), None)
+
+
+async def open_stream(request: Request, events: AsyncIterator[Event]) -> "AsyncIterator[Event] | Response":
+    """Wait for a stream's first event before answering: a request rejected before it ran
+    (e.g. a grammar that cannot fit max_new_tokens) gets its 400 as the HTTP status."""
+    task = asyncio.ensure_future(events.__anext__())
+    if not await until_done_or_disconnected(request, task):
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        await events.aclose()
+        return error_response(499, "client disconnected")
+    first = task.result()
+    if first.error is not None and first.status_code == 400:
+        await events.aclose()
+        return error_response(400, first.error)
+    return _prepend(first, events)
+
+
+async def _prepend(first: Event, events: AsyncIterator[Event]) -> AsyncIterator[Event]:
+    try:
+        yield first
+        async for ev in events:
+            yield ev
+    finally:
+        await events.aclose()

@@ -26,9 +26,11 @@ from radixflow.runtime.http_common import (
     error_response,
     first_error,
     json_response,
+    open_stream,
     read_json,
     sse,
 )
+from radixflow.runtime import sglang_fields
 from radixflow.runtime.openai_api import register_openai_routes
 from radixflow.runtime.program_service import register_program_routes
 from radixflow.runtime.tokenizer_manager import Event, ServerDeadError, TokenizerManager
@@ -46,7 +48,6 @@ _GENERATE_FIELDS = {
     "return_text_in_logprobs": False,
     "stream": False,
 }
-_UNSUPPORTED_FIELDS = ("input_embeds", "image_data", "video_data", "audio_data", "lora_path", "session_params")
 
 
 # -- auth and size limit (plain ASGI, so streaming and disconnects pass through untouched) ----------------
@@ -110,12 +111,10 @@ def _register_errors(app: FastAPI) -> None:
 def parse_generate(body: Any) -> GenerateInput:
     if not isinstance(body, dict):
         raise RadixflowError(f"the request body must be a JSON object, got {type(body).__name__}")
-    for name in _UNSUPPORTED_FIELDS:
-        if body.get(name) is not None:
-            raise RadixflowError(f"{name} is not supported by radixflow; remove it")
     if "prompt" in body and "text" not in body and "input_ids" not in body:
         raise RadixflowError("/generate takes 'text' (or 'input_ids'), not 'prompt'")
-    args = {k: body.get(k, default) for k, default in _GENERATE_FIELDS.items()}
+    sglang_fields.check_fields(body, set(_GENERATE_FIELDS), sglang_fields.GENERATE, "/generate")
+    args = {k: default if body.get(k) is None else body[k] for k, default in _GENERATE_FIELDS.items()}
     for name in ("stream", "return_text_in_logprobs"):
         if not isinstance(args[name], bool):
             raise RadixflowError(f"{name} must be true or false")
@@ -130,7 +129,10 @@ def _register_native(app: FastAPI) -> None:
         single = not g.is_batch
         events = tm.generate(g)
         if g.stream:
-            return StreamingResponse(_native_stream(events, single), media_type="text/event-stream")
+            opened = await open_stream(request, events)
+            if isinstance(opened, Response):
+                return opened
+            return StreamingResponse(_native_stream(opened, single), media_type="text/event-stream")
         results = await final_results(request, events)
         if isinstance(results, Response):
             return results

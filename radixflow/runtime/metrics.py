@@ -58,8 +58,10 @@ class ServerMetrics:
         for _ in range(min(new_tokens, 64)):
             self.itl.observe(since_last / max(new_tokens, 1))
 
-    def on_finish(self, prompt_tokens: int, cached_tokens: int, e2e: float) -> None:
+    def on_finish(self, prompt_tokens: int, cached_tokens: int, e2e: float, generated: int = 0) -> None:
+        """`generated`: output tokens not already counted by on_tokens (a request graph's)."""
         self.requests.inc()
+        self.generation_tokens.inc(generated)
         self.prompt_tokens.inc(prompt_tokens)
         self.cached_tokens.inc(cached_tokens)
         self.e2e.observe(e2e)

@@ -18,11 +18,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime import sglang_fields
 from radixflow.runtime.generate_request import GenerateInput
 from radixflow.runtime.http_common import (
     SSE_DONE,
     final_results,
     json_response,
+    open_stream,
     read_json,
     sse,
 )
@@ -39,6 +41,7 @@ _SAMPLING_FIELDS = {
     "repetition_penalty": "repetition_penalty",
     "stop": "stop",
     "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
     "ignore_eos": "ignore_eos",
     "no_stop_trim": "no_stop_trim",
     "skip_special_tokens": "skip_special_tokens",
@@ -52,11 +55,12 @@ _SAMPLING_FIELDS = {
     "seed": "sampling_seed",
 }
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
-_IGNORED = {"user", "best_of", "service_tier", "store", "metadata", "parallel_tool_calls", "separate_reasoning",
-            "stream_reasoning", "chat_template_kwargs", "reasoning_effort"}  # fmt: skip
-_COMPLETION_FIELDS = _COMMON | _IGNORED | {"prompt", "logprobs", "echo", "suffix"}
-_CHAT_FIELDS = _COMMON | _IGNORED | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice"}
+_COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
+_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+                          "continue_final_message", "chat_template_kwargs"}  # fmt: skip
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+_TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
+                  "return_dict", "return_tensors"}  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -85,21 +89,19 @@ def register_openai_routes(app: FastAPI) -> None:
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        body = _object(await read_json(request), _COMPLETION_FIELDS)
+        body = _object(await read_json(request), _COMPLETION_FIELDS, sglang_fields.COMPLETION, "/v1/completions")
         return await _serve(request, completion_call(request.app.state.tm, body))
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = _object(await read_json(request), _CHAT_FIELDS)
+        body = _object(await read_json(request), _CHAT_FIELDS, sglang_fields.CHAT, "/v1/chat/completions")
         return await _serve(request, chat_call(request.app.state.tm, body))
 
 
-def _object(body: Any, allowed: set) -> dict:
+def _object(body: Any, allowed: set, sglang_extras: dict, route: str) -> dict:
     if not isinstance(body, dict):
         raise RadixflowError(f"the request body must be a JSON object, got {type(body).__name__}")
-    unknown = sorted(set(body) - allowed)
-    if unknown:
-        raise RadixflowError(f"unknown field(s): {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}")
+    sglang_fields.check_fields(body, allowed, sglang_extras, route)
     if body.get("model") is not None and not isinstance(body["model"], str):
         raise RadixflowError("model must be a string")
     return body
@@ -192,12 +194,10 @@ def _int_list(p: list) -> bool:
 
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
-    from radixflow.runtime.tokenizer import apply_chat_template
-
     if body.get("tools") or body.get("tool_choice") not in (None, "none", "auto"):
         raise RadixflowError("tools / tool calls are not supported yet; remove 'tools' and 'tool_choice'")
     stream, usage = _stream_flags(body)
-    text = apply_chat_template(tm.tokenizer, _messages(body.get("messages")))
+    text = _chat_prompt(tm, body)
     ids = tm.tokenizer.encode(text, add_special_tokens=False)
     want_lp = body.get("logprobs", False)
     top = body.get("top_logprobs")
@@ -212,6 +212,23 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
                       return_logprob=want_lp, top_logprobs_num=top or 0, return_text_in_logprobs=True,
                       stream=stream)  # fmt: skip
     return Call("chat", g, _n(body), [text], False, want_lp, usage)
+
+
+def _chat_prompt(tm: TokenizerManager, body: dict) -> str:
+    """The chat template applied to the messages; with continue_final_message a last
+    assistant message is continued rather than followed by a new turn (as in SGLang)."""
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    messages = _messages(body.get("messages"))
+    kwargs = body.get("chat_template_kwargs") or {}
+    cont = body.get("continue_final_message") or False
+    if not isinstance(kwargs, dict) or not isinstance(cont, bool):
+        raise RadixflowError("chat_template_kwargs must be an object and continue_final_message true or false")
+    clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+    if clash:
+        raise RadixflowError(f"chat_template_kwargs may not set {', '.join(clash)}")
+    cont = cont and messages[-1]["role"] == "assistant"
+    return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **kwargs)
 
 
 def _messages(messages: Any) -> list:
@@ -242,7 +259,10 @@ async def _serve(request: Request, call: Call):
     tm: TokenizerManager = request.app.state.tm
     events = tm.generate(call.g)
     if call.g.stream:
-        return StreamingResponse(_stream(tm, call, events), media_type="text/event-stream")
+        opened = await open_stream(request, events)
+        if isinstance(opened, Response):
+            return opened
+        return StreamingResponse(_stream(tm, call, opened), media_type="text/event-stream")
     results = await final_results(request, events)
     if isinstance(results, Response):
         return results
@@ -257,23 +277,27 @@ def _id(call: Call) -> str:
     return ("cmpl-" if call.kind == "completion" else "chatcmpl-") + call.id
 
 
-def _finish(meta: dict) -> tuple[Optional[str], Any]:
+def _finish_fields(meta: dict) -> dict:
+    """A choice's finish_reason and matched_stop, plus grammar_closed: true when a grammar
+    was closed early to fit max_tokens (finish_reason "length")."""
     reason = meta.get("finish_reason")
     if not reason:
-        return None, None
-    return _FINISH.get(reason["type"], reason["type"]), reason.get("matched")
+        return {"finish_reason": None, "matched_stop": None}
+    fields = {"finish_reason": _FINISH.get(reason["type"], reason["type"]), "matched_stop": reason.get("matched")}
+    if reason.get("grammar_closed"):
+        fields["grammar_closed"] = True
+    return fields
 
 
 def _choice(call: Call, i: int, r: dict) -> dict:
     meta = r["meta_info"]
-    finish, matched = _finish(meta)
     if call.kind == "completion":
         text = (call.prompts[i // call.n] if call.echo else "") + r["text"]
         lp = _completion_logprobs(meta, call.echo) if call.logprobs else None
-        return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish, "matched_stop": matched}
+        return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
     lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
     msg = {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None}
-    return {"index": i, "message": msg, "logprobs": lp, "finish_reason": finish, "matched_stop": matched}
+    return {"index": i, "message": msg, "logprobs": lp, **_finish_fields(meta)}
 
 
 def usage(results: list, n: int) -> dict:
@@ -361,8 +385,7 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     first, start = not sent.started, sent.tokens
     delta = r["text"][sent.text :]
     sent.started, sent.text, sent.tokens = True, len(r["text"]), len(r["output_ids"])
-    finish, matched = _finish(meta) if ev.finished else (None, None)
-    choice: dict = {"index": i, "finish_reason": finish, "matched_stop": matched}
+    choice: dict = {"index": i, **_finish_fields(meta if ev.finished else {})}
     if call.kind == "completion":
         choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
         choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None

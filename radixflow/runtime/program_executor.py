@@ -40,6 +40,7 @@ class ProgramRun:
     reqs: list = field(default_factory=list)  # every scheduler request it issued
     segments: int = 0  # gen segments run by continuing a request
     error: Optional[str] = None
+    status_code: int = 200  # of the error: 400 bad input, 500 internal; 200 for an abort
     created: float = field(default_factory=time.time)
     output: Optional[dict] = None
 
@@ -47,9 +48,9 @@ class ProgramRun:
     def finished(self) -> bool:
         return self.output is not None
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status_code: int = 400) -> None:
         if self.error is None:
-            self.error = message
+            self.error, self.status_code = message, status_code
 
 
 @dataclass(eq=False)
@@ -101,10 +102,14 @@ class ProgramExecutor:
             if run.error is not None or all(st.state == DONE for st in run.strands):
                 self._finish_run(run)
 
-    def abort(self, rid: str) -> None:
-        for run in self.runs:
-            if run.rid == rid:
-                run.fail("aborted by request")
+    def abort(self, rid: Optional[str]) -> bool:
+        """Stop the program `rid` (None: every program) and free its requests' KV now."""
+        hit = [run for run in self.runs if rid is None or run.rid == rid]
+        for run in hit:
+            run.fail("aborted by request", status_code=200)
+        if hit:
+            self.on_step()
+        return bool(hit)
 
     # -- the scheduler hook ------------------------------------------------------------------------
     def continue_request(self, req: Req) -> bool:
@@ -114,13 +119,13 @@ class ProgramExecutor:
         try:
             return self._continue(st, req)
         except Exception as e:  # never break the scheduler loop
-            st.run.fail(f"{type(e).__name__}: {e}")
+            st.run.fail(f"{type(e).__name__}: {e}", status_code=500)
             return False
 
     def _continue(self, st: Strand, req: Req) -> bool:
         op = st.ops[st.pc]
         if req.finish_reason.get("type") == "abort":
-            st.run.fail(f"gen {op.name!r}: {req.finish_reason.get('message', 'aborted')}")
+            _fail_from(st.run, f"gen {op.name!r}", req.finish_reason)
             return False
         self._finish_gen(st, req, op)
         self._take_text(st)
@@ -172,8 +177,7 @@ class ProgramExecutor:
         if st.state == RUNNABLE:
             self._advance(st)
         elif st.state == GEN and st.req.finished:  # finished without the hook: aborted or rejected
-            reason = st.req.finish_reason or {}
-            st.run.fail(f"gen {st.ops[st.pc].name!r}: {reason.get('message', reason.get('type'))}")
+            _fail_from(st.run, f"gen {st.ops[st.pc].name!r}", st.req.finish_reason or {})
         elif st.state == SELECT and all(r.finished for r in st.choice[0] + st.choice[1]):
             self._finish_select(st)
             self._advance(st)
@@ -251,7 +255,7 @@ class ProgramExecutor:
         op = st.ops[st.pc]
         bad = [r for r in cond_reqs + uncond_reqs if (r.finish_reason or {}).get("type") == "abort"]
         if bad:
-            st.run.fail(f"select {op.name!r}: {bad[0].finish_reason.get('message', 'aborted')}")
+            _fail_from(st.run, f"select {op.name!r}", bad[0].finish_reason)
             return
         cond = [logprob_values(r.input_token_logprobs) for r in cond_reqs]
         uncond = [logprob_values(r.input_token_logprobs) for r in uncond_reqs] or None
@@ -294,9 +298,15 @@ class ProgramExecutor:
             if not req.finished:
                 self.scheduler.abort(req.rid)
         self.runs.remove(run)
-        run.output = {"results": run.results, "meta_info": _run_meta(run), "error": run.error}
+        run.output = {"results": run.results, "meta_info": _run_meta(run), "error": run.error,
+                      "status_code": run.status_code}  # fmt: skip
         if run.on_done is not None:
             run.on_done(run.output)
+
+
+def _fail_from(run: ProgramRun, what: str, reason: dict) -> None:
+    """Fail a run because one of its requests was aborted or rejected (keeping its status)."""
+    run.fail(f"{what}: {reason.get('message', reason.get('type'))}", reason.get("status_code", 200))
 
 
 def _continuable(sp: SamplingParams) -> bool:
@@ -338,6 +348,7 @@ def _run_meta(run: ProgramRun) -> dict:
         "continued_segments": run.segments,
         "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
         "cached_tokens": sum(r.cached_tokens for r in run.reqs),
+        "completion_tokens": sum(r["meta_info"].get("completion_tokens", 0) for r in run.results.values()),
         "e2e_latency": time.time() - run.created,
     }
 
@@ -364,7 +375,7 @@ def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict
                 engine.scheduler.step()
     except BaseException:
         for r in runs:
-            r.fail("interrupted")
+            r.fail("interrupted", status_code=500)
         ex.on_step()
         raise
     return [r.output for r in runs]

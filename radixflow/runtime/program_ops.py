@@ -14,13 +14,22 @@ The reply: {"results": {"<id>": {"text", "meta_info"}}, "meta_info": {...}, "err
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.choice_scoring import METHODS
 from radixflow.runtime.sampling_params import SamplingParams
 
 JOIN_MODES = ("gather", "concat")
+PROGRAM_FIELDS = {"ops", "rid"}
+OP_FIELDS = {
+    "text": {"op", "text"},
+    "var": {"op", "name"},
+    "gen": {"op", "id", "name", "sampling_params"},
+    "select": {"op", "id", "name", "choices", "method"},
+    "fork": {"op", "id", "branches"},
+    "join": {"op", "fork", "mode"},
+}
 
 
 @dataclass
@@ -41,10 +50,31 @@ def parse_program(program: Any) -> list[Op]:
     """Validate a program dict and return its top-level ops. Raises RadixflowError."""
     if not isinstance(program, dict) or not isinstance(program.get("ops"), list):
         raise RadixflowError('a program must be an object with an "ops" list')
+    _check_keys(program, PROGRAM_FIELDS, "a program")
+    if program.get("rid") is not None and not isinstance(program["rid"], str):
+        raise RadixflowError("a program's rid must be a string")
     ops = _parse_ops(program["ops"], set())
     if not any(o.kind in ("gen", "select", "fork") for o in _walk(ops)):
         raise RadixflowError("the program has no gen, select or fork; use /generate for plain text")
     return ops
+
+
+def program_width(ops: list[Op]) -> int:
+    """The most scheduler requests the program can have at once: one per strand (the
+    main one and every fork branch), a select's scoring requests counted in full."""
+    scoring = [len(o.choices) * (2 if o.method == "unconditional_likelihood_normalized" else 1) for o in ops if o.kind == "select"]
+    own = max([1, *scoring])
+    return own + sum(program_width(b) for o in ops if o.kind == "fork" for b in o.branches)
+
+
+def gen_ops(ops: list[Op]) -> list[Op]:
+    return [o for o in _walk(ops) if o.kind == "gen"]
+
+
+def _check_keys(r: dict, allowed: set, what: str) -> None:
+    unknown = sorted(set(r) - allowed)
+    if unknown:
+        raise RadixflowError(f"unknown field(s) in {what}: {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}")
 
 
 def _walk(ops: list[Op]):
@@ -71,6 +101,8 @@ def _parse_ops(raw: list, ids: set) -> list[Op]:
 
 def _parse_op(r: dict, ids: set) -> Op:
     kind = r.get("op")
+    if kind in OP_FIELDS:
+        _check_keys(r, OP_FIELDS[kind], f"a {kind} op")
     if kind == "text":
         return Op("text", text=_str(r, "text"))
     if kind == "var":
@@ -130,3 +162,24 @@ def _int(r: dict, key: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise RadixflowError(f"{r.get('op')} op: {key} must be an integer")
     return v
+
+
+def check_programs(programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]) -> None:
+    """Everything known before running, as for /generate: each program's shape, each gen's
+    sampling params against the model (`check_sampling`), and the requests the whole call
+    may run at once against the server's per-call limit (None: no limit, as in Engine).
+    Raises RadixflowError."""
+    total = 0
+    for program in programs:
+        ops = parse_program(program)
+        for op in gen_ops(ops):
+            try:
+                check_sampling(op.sampling)
+            except RadixflowError as e:
+                raise RadixflowError(f"gen {op.name!r}: {e}") from None
+        total += program_width(ops)
+    if max_requests is not None and total > max_requests:
+        raise RadixflowError(
+            f"the call may run {total} requests at once (programs x fork branches x select choices); "
+            f"this server accepts at most {max_requests} per call (--max-batch-size)"
+        )

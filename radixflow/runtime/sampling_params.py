@@ -139,4 +139,6 @@ def _normalize_stop(stop: Any) -> list:
         raise RadixflowError("stop must be a string or a list of strings")
     if len(stop) > 32:
         raise RadixflowError("at most 32 stop strings are allowed")
-    return [s for s in stop if s]
+    if "" in stop:
+        raise RadixflowError("stop strings must not be empty (an empty one would match at once); remove \"\"")
+    return stop

@@ -151,6 +151,7 @@ class SchedulerLoop:
             if req is not None:
                 outs.append(self.scheduler._output(req))
         self._emit(outs)
+        self.programs.abort(None if msg.abort_all else msg.rid)
 
     def _control(self, kind: str):
         if kind == "flush_cache":
@@ -174,6 +175,7 @@ class SchedulerLoop:
             "num_running_reqs": s.num_running,
             "num_waiting_reqs": len(s.waiting),
             "num_inflight_reqs": len(self.inflight),
+            "num_running_programs": len(self.programs.executor.runs),
             "token_usage": s.token_usage(),
             "cache_hit_rate": s.stats.cache_hit_rate,
             "num_retractions": s.stats.retractions,

@@ -15,7 +15,13 @@ class StopChecker:
             return
         p = req.sampling
         last = req.output_ids[-1]
-        if (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids):
+        stop_token = (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids)
+        if req.grammar is not None and req.grammar.budget_closed and (stop_token or req.grammar.is_terminated()):
+            # complete for the grammar, but cut short to fit max_new_tokens: a length finish
+            req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True,
+                        "matched": last if stop_token else None})  # fmt: skip
+            return
+        if stop_token:
             req.finish({"type": "stop", "matched": last})
             return
         if req.grammar is not None and req.grammar.is_terminated():
@@ -29,7 +35,8 @@ class StopChecker:
                 return
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
-            req.finish({"type": "length", "length": p.max_new_tokens})
+            closed = {"grammar_closed": True} if req.grammar is not None and req.grammar.budget_closed else {}
+            req.finish({"type": "length", "length": p.max_new_tokens, **closed})
         elif req.seq_len >= context_len:
             req.finish({"type": "length", "length": len(req.output_ids)})
 

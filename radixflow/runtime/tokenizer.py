@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 
@@ -34,9 +34,12 @@ def eos_token_ids(path: str, config, tokenizer) -> set[int]:
     return ids
 
 
-def apply_chat_template(tokenizer, messages: list, add_generation_prompt: bool = True, tools: Optional[list] = None) -> str:
+def apply_chat_template(
+    tokenizer, messages: list, add_generation_prompt: bool = True, tools: Optional[list] = None, **kwargs: Any
+) -> str:
+    """`kwargs`: continue_final_message and the template's own variables (chat_template_kwargs)."""
     if not tokenizer.chat_template:
         raise RadixflowError("this model has no chat template; use the completion API with a plain prompt")
     return tokenizer.apply_chat_template(
-        messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt, tools=tools, **kwargs
     )

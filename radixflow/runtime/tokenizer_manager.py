@@ -127,7 +127,7 @@ class TokenizerManager:
         reqs = self.builder.build(g)
         if len(reqs) > self.args.max_batch_size:
             raise RadixflowError(
-                f"the call makes {len(reqs)} requests (prompts x n); this server accepts at most {self.args.max_batch_size}"
+                f"the call makes {len(reqs)} requests (prompts x n); this server accepts at most {self.args.max_batch_size} (--max-batch-size)"
             )
         seen = set()
         for r in reqs:
@@ -188,13 +188,17 @@ class TokenizerManager:
             p = self.pending.get(out.rid)
             if p is None or p.done:
                 continue
-            finished = out.finished or out.error is not None
+            reason = out.finish_reason or {}
+            error = out.error
+            if error is None and reason.get("status_code", 200) >= 400:  # rejected before it ran
+                error = reason.get("message", "request rejected")
+            finished = out.finished or error is not None
             self._record(p, out, now, finished)
             p.done = finished
-            if out.error is not None:
+            if error is not None:
                 self._send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
-            status = (out.finish_reason or {}).get("status_code", 500) if out.error else 200
-            p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, out.error, status))
+            status = reason.get("status_code", 500) if error else 200
+            p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, error, status))
 
     def _record(self, p: Pending, out: ReqOutput, now: float, finished: bool) -> None:
         n = len(out.output_ids)

@@ -1,0 +1,164 @@
+"""One validation for every route (issue 27): the same bad input gets the same 400 from
+native /generate, the OpenAI routes, /program, Engine and the DSL; SGLang's own fields
+are accepted at values that change nothing (sglang-router adds them); budget-closed
+grammar outputs say so in their finish reason."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import radixflow as rf
+from radixflow.errors import RadixflowError
+
+NAME_SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "role": {"type": "string"}, "city": {"type": "string"}},
+    "required": ["name", "role", "city"],
+}
+PERSON_PROMPT = 'Farid Novak is an engineer who lives in Lisbon. As JSON with name, role and city: '
+
+
+def program_with(sampling: dict) -> dict:
+    return {"ops": [{"op": "text", "text": "Say hi:"}, {"op": "gen", "id": 1, "name": "x", "sampling_params": sampling}]}
+
+
+def http_answers(server, sampling: dict, openai: dict) -> dict:
+    """Status and error message of each HTTP route for the same (bad) input."""
+    bodies = {
+        "/generate": {"text": "Say hi:", "sampling_params": sampling},
+        "/generate stream": {"text": "Say hi:", "sampling_params": sampling, "stream": True},
+        "/v1/completions": {"prompt": "Say hi:", **openai},
+        "/v1/chat/completions": {"messages": [{"role": "user", "content": "Say hi"}], **openai},
+        "/program": {"program": program_with(sampling)},
+    }
+    out = {}
+    with server.client() as c:
+        for name, body in bodies.items():
+            r = c.post(name.split()[0], json=body)
+            out[name] = (r.status_code, r.json()["error"]["message"] if r.status_code != 200 else "")
+    return out
+
+
+def engine_errors(engine, sampling: dict) -> dict:
+    out = {}
+    for name, call in (("Engine.generate", lambda: engine.generate("Say hi:", sampling)),
+                       ("Engine.run_program", lambda: engine.run_program(program_with(sampling)))):  # fmt: skip
+        with pytest.raises(RadixflowError) as e:
+            call()
+        out[name] = str(e.value)
+    return out
+
+
+BAD_SAMPLING = [
+    ({"stop": [""], "max_new_tokens": 2}, {"stop": [""], "max_tokens": 2}, "stop strings must not be empty"),
+    ({"stop_token_ids": [10**7], "max_new_tokens": 2}, {"stop_token_ids": [10**7], "max_tokens": 2}, "stop_token_ids"),
+]
+
+
+@pytest.mark.parametrize("sampling,openai,needle", BAD_SAMPLING, ids=["empty-stop", "stop-id-out-of-vocab"])
+def test_bad_sampling_is_a_400_on_every_route(server, engine, sampling, openai, needle):
+    for route, (status, msg) in http_answers(server, sampling, openai).items():
+        assert status == 400 and needle in msg, (route, status, msg)
+    for route, msg in engine_errors(engine, sampling).items():
+        assert needle in msg, (route, msg)
+
+
+def test_grammar_minimum_is_a_400_on_every_route(server, engine):
+    sampling = {"json_schema": json.dumps(NAME_SCHEMA), "max_new_tokens": 2}
+    rf_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": NAME_SCHEMA}}
+    openai = {"json_schema": json.dumps(NAME_SCHEMA), "max_tokens": 2}
+    answers = http_answers(server, sampling, openai)
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                 "response_format": rf_schema})  # fmt: skip
+        answers["/v1/chat/completions response_format"] = (r.status_code, r.json().get("error", {}).get("message", ""))
+    for route, (status, msg) in answers.items():
+        assert status == 400 and "too small for this grammar" in msg, (route, status, msg)
+    for route, msg in engine_errors(engine, sampling).items():
+        assert "too small for this grammar" in msg, (route, msg)
+
+    @rf.function
+    def tiny(s):
+        s += "Name someone: " + rf.gen("person", max_tokens=2, json_schema=NAME_SCHEMA)
+
+    for backend in (engine, rf.RuntimeEndpoint(server.url, api_key=server.api_key)):
+        for mode in ("graph", "eager"):
+            with pytest.raises(rf.ProgramError, match="too small for this grammar"):
+                tiny.run(backend=backend, mode=mode)
+
+
+def test_unknown_top_level_fields_are_refused_everywhere(server, engine):
+    with server.client() as c:
+        answers = {
+            "/generate": c.post("/generate", json={"text": "hi", "return_logprobs": True}),
+            "/v1/completions": c.post("/v1/completions", json={"prompt": "hi", "return_logprobs": True}),
+            "/v1/chat/completions": c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}],
+                                                                         "return_logprobs": True}),  # fmt: skip
+            "/program": c.post("/program", json={"program": program_with({"max_new_tokens": 1}), "return_logprobs": True}),
+            "/program op": c.post("/program", json={"program": {"ops": [{"op": "text", "txt": "a"}]}}),
+        }
+    for route, r in answers.items():
+        assert r.status_code == 400, (route, r.text)
+        assert "unknown field" in r.json()["error"]["message"], (route, r.text)
+    with pytest.raises(RadixflowError, match="return_logprobs"):
+        engine.generate("hi", {"max_new_tokens": 1}, return_logprobs=True)
+    with pytest.raises(RadixflowError, match="unknown field"):
+        engine.run_program({**program_with({"max_new_tokens": 1}), "id": 3})
+
+
+def test_sglang_fields_are_accepted_when_they_change_nothing(server, engine):
+    router_extras = {"return_hidden_states": False, "data_parallel_rank": 0, "bootstrap_room": None, "priority": 3,
+                     "lora_path": [None], "log_metrics": True}  # fmt: skip
+    chat_extras = {"continue_final_message": False, "return_hidden_states": False, "separate_reasoning": True,
+                   "bootstrap_host": None, "routed_dp_rank": 1}  # fmt: skip
+    want = engine.generate("The capital of France is", {"max_new_tokens": 3, "temperature": 0})
+    with server.client() as c:
+        native = c.post("/generate", json={"text": "The capital of France is", "sampling_params": {"max_new_tokens": 3, "temperature": 0},
+                                           **router_extras})  # fmt: skip
+        chat = c.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
+                                                    **chat_extras})  # fmt: skip
+        hidden = c.post("/generate", json={"text": "hi", "return_hidden_states": True})
+        lora = c.post("/v1/completions", json={"prompt": "hi", "lora_path": "my-adapter"})
+    assert native.status_code == 200 and native.json()["output_ids"] == want["output_ids"]
+    assert chat.status_code == 200, chat.text
+    assert engine.generate("The capital of France is", {"max_new_tokens": 3, "temperature": 0},
+                           return_hidden_states=False)["output_ids"] == want["output_ids"]  # fmt: skip
+    for r, field in ((hidden, "return_hidden_states"), (lora, "lora_path")):
+        assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
+    with pytest.raises(RadixflowError, match="return_hidden_states"):
+        engine.generate("hi", return_hidden_states="last")
+
+
+def test_continue_final_message_continues_the_assistant_turn(server, engine):
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    messages = [{"role": "user", "content": "What is the capital of France?"},
+                {"role": "assistant", "content": "The capital of France is"}]  # fmt: skip
+    prompt = apply_chat_template(engine.tokenizer, messages, add_generation_prompt=False, continue_final_message=True)
+    assert prompt.rstrip().endswith("The capital of France is")
+    want = engine.generate(input_ids=engine.tokenizer.encode(prompt, add_special_tokens=False),
+                           sampling_params={"max_new_tokens": 4, "temperature": 0})  # fmt: skip
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4, "temperature": 0,
+                                                 "continue_final_message": True})  # fmt: skip
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == want["text"]
+
+
+def test_budget_closed_output_reports_a_length_finish(server, engine):
+    tight = {"json_schema": json.dumps(PERSON_SCHEMA), "max_new_tokens": 16, "temperature": 0}
+    roomy = {**tight, "max_new_tokens": 200}
+    short, full = engine.generate([PERSON_PROMPT, PERSON_PROMPT], [tight, roomy])
+    assert json.loads(short["text"]).keys() == {"name", "role", "city"}  # still valid ...
+    assert short["meta_info"]["finish_reason"] == {"type": "length", "length": 16, "grammar_closed": True, "matched": None}
+    assert full["meta_info"]["finish_reason"]["type"] == "stop"  # ... a finished one says stop
+    assert "grammar_closed" not in full["meta_info"]["finish_reason"]
+    with server.client() as c:
+        native = c.post("/generate", json={"text": PERSON_PROMPT, "sampling_params": tight}).json()
+        chat = c.post("/v1/completions", json={"prompt": PERSON_PROMPT, "max_tokens": 16, "temperature": 0,
+                                               "json_schema": json.dumps(PERSON_SCHEMA)}).json()  # fmt: skip
+    assert native["meta_info"]["finish_reason"] == short["meta_info"]["finish_reason"]
+    assert chat["choices"][0]["finish_reason"] == "length" and chat["choices"][0]["grammar_closed"] is True
+    assert chat["choices"][0]["text"] == short["text"]
