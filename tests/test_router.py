@@ -85,11 +85,24 @@ def test_native_routes_through_the_router(dp):
 
 
 def test_openai_routes_through_the_router(dp):
+    """The router adds SGLang's fields (continue_final_message, return_hidden_states, ...) to what it forwards."""
+    messages = [{"role": "user", "content": "Name a color."}]
     with dp.client() as c:
-        r = c.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 2})
-        if r.status_code == 400 and "return_hidden_states" in r.text:
-            pytest.skip("the OpenAI routes refuse the fields the router adds until issue 27's field acceptance lands")
+        r = c.post("/v1/completions", json={"model": "default", "prompt": "Hello", "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200, r.text
+        assert r.json()["usage"]["completion_tokens"] >= 1
+        r = c.post("/v1/chat/completions", json={"model": "default", "messages": messages, "max_tokens": 4, "n": 2})
+        assert r.status_code == 200, r.text
+        assert len(r.json()["choices"]) == 2
+        body = {"model": "default", "messages": messages, "max_tokens": 4, "stream": True,
+                "stream_options": {"include_usage": True}}  # fmt: skip
+        with c.stream("POST", "/v1/chat/completions", json=body) as s:
+            assert s.status_code == 200, s.read()
+            events = [line[6:] for line in s.iter_lines() if line.startswith("data: ")]
+        assert events[-1] == "[DONE]"
+        chunks = [json.loads(e) for e in events[:-1]]
+        text = "".join(ch["choices"][0]["delta"].get("content") or "" for ch in chunks if ch["choices"])
+        assert text and chunks[-1]["usage"]["completion_tokens"] >= 1
 
 
 def test_programs_run_eagerly_through_the_router(dp):
