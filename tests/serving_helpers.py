@@ -54,7 +54,9 @@ class ServerProc:
         return self.proc.returncode
 
 
-def start_server(*extra: str, api_key: Optional[str] = API_KEY, env: Optional[dict] = None) -> ServerProc:
+def start_server(
+    *extra: str, api_key: Optional[str] = API_KEY, env: Optional[dict] = None, startup_timeout_s: float = STARTUP_TIMEOUT_S
+) -> ServerProc:
     port = free_port()
     log_fd, log_path = tempfile.mkstemp(prefix="radixflow-server-", suffix=".log")
     cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(port), *extra]
@@ -63,13 +65,18 @@ def start_server(*extra: str, api_key: Optional[str] = API_KEY, env: Optional[di
     proc = subprocess.Popen(cmd, stdout=log_fd, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     os.close(log_fd)
     server = ServerProc(proc, f"http://127.0.0.1:{port}", log_path, api_key)
-    deadline = time.time() + STARTUP_TIMEOUT_S
-    while READY_LINE not in server.log():
+    deadline = time.time() + startup_timeout_s
+    while not _ready(server.log()):
         if proc.poll() is not None or time.time() > deadline:
             server.stop()
             raise RuntimeError(f"server did not start (exit {proc.returncode}):\n{server.log()[-4000:]}")
         time.sleep(0.2)
     return server
+
+
+def _ready(log: str) -> bool:
+    # at a line's start: under --dp-size the replicas' own ready lines come prefixed with "[replica i]"
+    return log.startswith(READY_LINE) or ("\n" + READY_LINE) in log
 
 
 def wait_idle(server: ServerProc, timeout: float = 60) -> dict:

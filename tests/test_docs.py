@@ -29,7 +29,8 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SKIP = re.compile(r"<!--\s*docs-test:\s*skip:\s*(\S.*?)\s*-->")
 FENCE = re.compile(r"^(\s*)```(\w*)\s*$")
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9]*(?:-[a-z0-9]+)*)")
-SCRIPT = re.compile(r"\b((?:benchmarks|examples)/[\w/]+\.py)\b")
+SCRIPT = re.compile(r"\b((?:benchmarks|examples)/[\w/]+\.py|sglang_router\.launch_router)\b")
+MODULES = {"sglang_router.launch_router"}  # other programs whose flags the docs show (python -m NAME --help)
 OTHER_TOOL = re.compile(r"^\s*(?:\$\s*)?(?:pip|python3? -m pip|pytest|python3? -m pytest|make|git|curl)\b")
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)\)|!\[[^\]]*\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -186,6 +187,9 @@ def test_documented_flags_exist():
     for owner, found in sorted(uses.items()):
         if owner == "serve":
             cmd = [sys.executable, "-m", "radixflow", "serve", "--help"]
+        elif owner in MODULES:
+            pytest.importorskip(owner.split(".")[0])
+            cmd = [sys.executable, "-m", owner, "--help"]
         else:
             assert (ROOT / owner).is_file(), f"the docs run {owner}, which does not exist"
             cmd = [sys.executable, str(ROOT / owner), "--help"]

@@ -29,6 +29,10 @@ _GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "l
 class Engine:
     def __init__(self, model_path: Optional[str] = None, **server_args: Any):
         self.server_args = ServerArgs.from_kwargs(model_path=model_path, **server_args)
+        if self.server_args.dp_size > 1:
+            raise RadixflowError(
+                "dp_size > 1 is for `radixflow serve` (replicas behind a router); an Engine is one replica"
+            )
         self.tp = start_tp(self.server_args)  # tp_size > 1: this process is rank 0, the others spawned
         try:
             self.runner = ModelRunner(self.server_args)

@@ -171,8 +171,18 @@ def _register_native(app: FastAPI) -> None:
         from radixflow import __version__
 
         pids = {f"{name}_pid": pid for name, pid in tm.child_pids.items()}
-        body = {**args, **sched, **pids, "internal_states": [sched], "version": __version__}
+        names = {"served_model_name": tm.model_name, "model_path": tm.info.model_path or tm.info.model_dir}
+        body = {**args, **names, **sched, **pids, "internal_states": [sched], "version": __version__}
         return json_response(body)
+
+    @app.get("/get_load")
+    async def get_load(request: Request):
+        """SGLang's load report, one entry per data-parallel rank (here one); sglang-router reads it."""
+        sched = await request.app.state.tm.control("server_info")
+        running, waiting = sched["num_running_reqs"], sched["num_waiting_reqs"]
+        held = sched["request_slots"] + sched["locked_cached_slots"]  # KV of running requests, not idle cache
+        load = {"dp_rank": 0, "num_reqs": running + waiting, "num_waiting_reqs": waiting, "num_tokens": held}
+        return json_response([load])
 
     @app.api_route("/flush_cache", methods=["GET", "POST"])
     async def flush_cache(request: Request):

@@ -34,6 +34,10 @@ class StartupError(RuntimeError):
 def launch_server(args: ServerArgs) -> int:
     """Runs until shut down; returns the process exit status."""
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s server] %(message)s")
+    if args.dp_size > 1:  # replicas behind sglang-router, supervised by this process
+        from radixflow.runtime.data_parallel import run_data_parallel
+
+        return run_data_parallel(args)
     if args.node_rank > 0:  # only node 0 serves HTTP; the others run their tensor-parallel ranks
         from radixflow.runtime.tp_launch import run_worker_node
 

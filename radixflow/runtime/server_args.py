@@ -17,6 +17,7 @@ _CHOICES = {
     "device": ("auto", "cpu", "cuda"),
     "overlap_schedule": ("auto", "on", "off"),
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
+    "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
 }
 
 _HELP = {
@@ -40,6 +41,11 @@ _HELP = {
     "are detected from their config.json without it",
     "kv_cache_dtype": "auto = the model's dtype; fp8_e4m3 stores K and V in FP8 with a scale per layer and KV head "
     "(twice the tokens in the same memory)",
+    "dp_size": "serve N replicas of the engine behind sglang-router at --host/--port (one per GPU group of "
+    "tp_size GPUs, or N CPU processes); a replica that dies is restarted",
+    "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
+    "prefix was sent before",
+    "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -99,6 +105,11 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
 
+    # data parallelism: replicas behind sglang-router (runtime/data_parallel.py)
+    dp_size: int = 1
+    router_policy: str = "cache_aware"
+    router_args: Optional[str] = None
+
     extra: dict = field(default_factory=dict, metadata={"cli": False})
 
     def __post_init__(self) -> None:
@@ -124,6 +135,11 @@ class ServerArgs:
                                  "drop --quantization / --kv-cache-dtype")
         if self.kv_cache_dtype != "auto" and self.attention_backend == "flashinfer":
             raise RadixflowError("kv_cache_dtype fp8_e4m3 runs with the triton or torch_native attention backend")
+        if self.dp_size < 1:
+            raise RadixflowError("dp_size must be >= 1")
+        if self.dp_size > 1 and self.nnodes > 1:
+            raise RadixflowError("dp_size > 1 runs replicas on this host only; for several hosts start one server per "
+                                 "host and put sglang-router in front (docs/scale_out.md)")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
@@ -186,6 +202,18 @@ class ServerArgs:
             if str(f.type) == "Optional[int]":
                 kind = int
             parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+
+    def to_cli(self, **overrides: Any) -> list[str]:
+        """The `radixflow serve` flags that reproduce these arguments (with `overrides`), for the
+        processes a supervisor starts."""
+        argv: list[str] = []
+        for f in dataclasses.fields(self):
+            value = overrides.get(f.name, getattr(self, f.name))
+            if f.metadata.get("cli") is False or value is None or value == f.default:
+                continue
+            flag = "--" + f.name.replace("_", "-")
+            argv += [flag] if value is True else [flag, str(value)]
+        return argv
 
     @classmethod
     def from_cli(cls, namespace: argparse.Namespace) -> "ServerArgs":

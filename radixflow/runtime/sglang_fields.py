@@ -39,6 +39,7 @@ GENERATE = {
     **_SHARED,
     **dict.fromkeys(("log_metrics", "routing_key", "conversation_id", "http_worker_ipc", "no_logs",
                      "external_trace_header", "received_time", "modalities"), ANY),
+    "model": ANY,  # sglang-router forwards its routing key ("model": null) with every /generate
     **dict.fromkeys(("input_embeds", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
                      "video_config", "token_ids_logprob", "sampling_logprobs_mode", "lora_id",
                      "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size", "max_thinking_tokens",

@@ -19,6 +19,9 @@ class RuntimeEndpoint(NativeBackend):
         self.client = client(self.base_url, api_key, timeout)
         self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
+        # A router in front (sglang-router) forwards /generate but has no /program route: then
+        # programs run eagerly, one /generate call at a time, instead of as request graphs.
+        self.supports_graphs = self.client.get("/program").status_code != 404
 
     def get_model_name(self) -> str:
         return self.model_info["model_path"]
