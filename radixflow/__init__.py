@@ -1,6 +1,6 @@
 """radixflow: a serving system for LLM programs."""
 
-from radixflow.errors import ModelPathError, RadixflowError
+from radixflow.errors import GrammarError, ModelPathError, RadixflowError
 from radixflow.runtime.server_args import ServerArgs
 
 __version__ = "0.1.0"
@@ -28,4 +28,4 @@ def __getattr__(name):  # heavy imports (torch, transformers) only when used
     raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "ServerArgs", "RadixflowError", "ModelPathError", *_LANG]
+__all__ = ["Engine", "ServerArgs", "RadixflowError", "ModelPathError", "GrammarError", *_LANG]

@@ -16,6 +16,7 @@ _CHOICES = {
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
     "overlap_schedule": ("auto", "on", "off"),
+    "grammar_backend": ("outlines", "llguidance"),
 }
 
 _HELP = {
@@ -34,6 +35,10 @@ _HELP = {
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
     "enable_deterministic_inference": "batch-invariant kernels: a request's outputs and logprobs are the same bits "
     "whatever it is batched with (CUDA, tp_size 1, triton or torch_native attention; slower)",
+    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (more JSON-schema keywords, "
+    "millisecond compiles) or outlines (outlines-core; adds budget-aware completion); ebnf always runs on "
+    "llguidance; see docs/grammars.md",
+    "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -68,8 +73,10 @@ class ServerArgs:
     enable_deterministic_inference: bool = False
 
     # constrained decoding
+    grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     grammar_compile_workers: int = 2
+    grammar_compile_timeout_s: float = 10.0
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
 
@@ -109,6 +116,8 @@ class ServerArgs:
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
             )
+        if self.grammar_compile_timeout_s <= 0:
+            raise RadixflowError("grammar_compile_timeout_s must be positive")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
