@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tarfile
 import time
 from types import SimpleNamespace
@@ -215,3 +216,17 @@ def test_catastrophic_regex_and_unknown_keywords_over_http(server):
         r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 16, "temperature": 0, "json_schema": json.dumps(schema)}})
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["text"])["k"], bool)
+
+
+def test_docs_examples_run():
+    """The Grammar examples in README.md and docs/grammars.md run as written."""
+    root = os.path.join(os.path.dirname(__file__), "..")
+    ran = 0
+    for doc in ("README.md", os.path.join("docs", "grammars.md")):
+        with open(os.path.join(root, doc)) as f:
+            blocks = re.findall(r"```python\n(.*?)```", f.read(), re.S)
+        for block in blocks:
+            if "from radixflow.constrained import Grammar" in block:
+                exec(compile(block, doc, "exec"), {})  # noqa: S102 - our own documentation
+                ran += 1
+    assert ran == 2
