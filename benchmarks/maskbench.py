@@ -128,7 +128,8 @@ class Runner:
         self.jobs, self.results = self.ctx.Queue(), self.ctx.Queue()
         self.proc = self.ctx.Process(target=_worker, args=(self.backend, self.whitespace, self.jobs, self.results), daemon=True)
         self.proc.start()
-        assert self.results.get(timeout=300)[0] == "ready"
+        msg = self.results.get(timeout=1800)  # loading the tokenizer and the vocabulary, not timed
+        assert msg[0] == "ready", msg
 
     def stop(self) -> None:
         if self.proc is not None:

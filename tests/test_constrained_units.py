@@ -364,6 +364,8 @@ def test_small_batch_bias_rows_equal_the_bitmask_path():
     rng = np.random.default_rng(0)
 
     class Fake:
+        masks_cached = True
+
         def __init__(self):
             self.mask = rng.integers(-(2**31), 2**31 - 1, size=4, dtype=np.int64).astype(np.int32)
 

@@ -39,6 +39,8 @@ class LLGuidanceGrammar:
 class LLGuidanceMatcher:
     """Per-request state (what `req.grammar` is), with GrammarMatcher's interface."""
 
+    masks_cached = False  # each mask is computed afresh, straight into the bitmask row
+
     def __init__(self, grammar: LLGuidanceGrammar, eos_ids: tuple, req=None):
         self.grammar = grammar
         self.req = req
@@ -48,6 +50,7 @@ class LLGuidanceMatcher:
         self.rejected_token = None
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        assert bitmask.shape[1] == self.grammar.words, "the bitmask is sized for another vocabulary"
         if bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32:
             self.m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self.grammar.words * 4)
         else:
