@@ -137,17 +137,47 @@ def _backend(engine, **args) -> GrammarBackend:
 class FakeReq:
     def __init__(self, kind: str, spec, max_new_tokens: int = 64):
         self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
-        self.output_ids, self.segment_start, self.segment_len = [], 0, 0
+        self.output_ids, self.segment_start = [], 0
         self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
+
+    @property
+    def segment_len(self) -> int:
+        return len(self.output_ids) - self.segment_start
 
     def finish(self, reason: dict) -> None:
         self.finish_reason = reason
 
 
+def _poll(backend: GrammarBackend, req: FakeReq) -> bool:
+    deadline = time.monotonic() + 120
+    while (ready := backend.poll(req)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ready
+
+
+def test_jump_forward_on_llguidance(engine):
+    """The default backend appends the tokens the grammar forces (before the first sample
+    and after sampled ones) without sampling them."""
+    backend = _backend(engine)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    req = FakeReq("json_schema", json.dumps(schema))
+    backend.submit(req)
+    assert _poll(backend, req) is True
+    decode = engine.tokenizer.decode
+    assert decode(req.output_ids).startswith('{"n') and req.jump_forward_tokens == len(req.output_ids)
+    for t in engine.tokenizer.encode(decode(req.output_ids) + '":"Bo",', add_special_tokens=False)[len(req.output_ids) :]:
+        req.output_ids.append(t)
+        req.grammar.accept_token(t)
+    forced = backend.jump_forward(req)
+    assert forced and decode(req.output_ids + forced).startswith('{"name":"Bo","a')
+    backend.cache.pool.shutdown(wait=False)
+
+
 def test_compile_time_limit_fails_only_that_request(engine):
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=0.05)
     try:
-        slow = FakeReq("regex", "(a|b)*a(a|b){14}[0-9]{1,40}")  # an exponential DFA: seconds to compile
+        slow = FakeReq("regex", "(a|b)*a(a|b){8}[0-9]{1,40}")  # an exponential DFA: about a second to compile
         backend.submit(slow)
         time.sleep(0.2)
         assert backend.poll(slow) is False
