@@ -26,6 +26,9 @@ from radixflow.constrained.spec import strip_anchors
 from radixflow.errors import GrammarError
 
 
+MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
+
+
 @dataclass(eq=False)
 class LLGuidanceGrammar:
     kind: str
@@ -173,6 +176,8 @@ def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOpti
 
     check_spec(kind, spec)
     text = LLGuidanceGrammars._grammar_text(kind, spec, options)
+    if len(text) > MAX_UPFRONT_CHARS:  # large grammars are checked by their compile, on the worker pool
+        return
     error = LLMatcher.validate_grammar(text)
     if error:
         raise _error(kind, spec, error)
