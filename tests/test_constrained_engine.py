@@ -1,4 +1,5 @@
-"""Constrained decoding end to end with the default model: every output of the schema and
+"""Constrained decoding end to end with the default model, on the outlines grammar backend
+(the one with budget-aware completion; the llguidance default is in test_grammar_backends.py): every output of the schema and
 regex corpus validates, greedy and at temperature 1.0; unconstrained neighbours are
 unaffected; jump-forward saves forward passes; tight budgets still give valid JSON;
 bad grammars fail up front and the engine keeps working."""
@@ -6,6 +7,7 @@ bad grammars fail up front and the engine keeps working."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import re
 
@@ -14,6 +16,7 @@ from jsonschema import Draft202012Validator
 
 from constrained_corpus import REGEXES, SCHEMAS
 from radixflow.constrained import regex_for_choices, regex_for_dtype
+from radixflow.constrained.backend import GrammarBackend
 from radixflow.errors import RadixflowError
 
 SCHEMA_TOKENS = 72  # the corpus needs at most 35 (budget-aware completion closes in time)
@@ -23,6 +26,20 @@ UNBOUNDED = [
     {"type": "object", "properties": {"title": {"type": "string"}, "tags": {"type": "array", "items": {"type": "string"}}}, "required": ["title", "tags"]},
     {"type": "object", "properties": {"notes": {"type": "array", "items": {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}}}, "required": ["notes"]},
 ]
+
+
+@pytest.fixture(scope="module")
+def engine(engine):
+    """The session's engine with its grammars on the outlines backend for this module."""
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    args = dataclasses.replace(sched.args, grammar_backend="outlines")
+    sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    sched.jump_forward = None if args.disable_jump_forward else sched.grammar_backend.jump_forward
+    engine.builder.grammar_backend = "outlines"
+    yield engine
+    sched.grammar_backend.cache.pool.shutdown(wait=False)
+    sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
 
 
 def schema_prompt(schema: dict) -> str:
@@ -165,7 +182,7 @@ def test_choices_and_dtypes_through_the_engine(engine):
         ({"regex": "(?<=a)b"}, "unsupported regex"),
         ({"json_schema": {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2}}}}, "multipleOf"),
         ({"json_schema": "{oops"}, "not valid JSON"),
-        ({"ebnf": "root ::= 'a'"}, "not supported"),
+        ({"ebnf": "root ::= ("}, "invalid ebnf grammar"),
         ({"regex": "a", "json_schema": {"type": "string"}}, "at most one"),
         ({"regex": "[0-9]{40}", "max_new_tokens": 5}, "too small for this grammar"),
     ],

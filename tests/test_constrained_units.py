@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from constrained_corpus import REGEXES, SCHEMAS
 from radixflow.constrained import regex_for_choices, regex_for_dtype, regex_for_schema, validate
+from radixflow.constrained.options import GrammarOptions
+from radixflow.constrained.backend import GrammarBackend
 from radixflow.constrained.jump_forward import plan_jump, utf8_prefix
 from radixflow.constrained.matcher import GrammarMatcher
 from radixflow.constrained.regex_helpers import int_range_regex, number_range_regex
@@ -27,7 +29,11 @@ UNBOUNDED = {"type": "object", "properties": {"name": {"type": "string"}, "bio":
 
 @pytest.fixture(scope="module")
 def backend(engine):
-    return engine.scheduler._grammars()
+    """The outlines backend (FSM distances, budget masks, jump planning are its own)."""
+    args = SimpleNamespace(grammar_backend="outlines")
+    b = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    yield b
+    b.cache.pool.shutdown(wait=False)
 
 
 class Req:
@@ -122,13 +128,13 @@ def test_formats_are_real_values():
         ("json_schema", {"type": "string", "format": "hostname"}, "hostname"),
         ("json_schema", {"allOf": [{"type": "object"}, {"type": "object"}]}, "allOf"),
         ("json_schema", {"$ref": "#/$defs/missing"}, "unsupported JSON schema"),
-        ("ebnf", "root ::= 'a'", "not supported"),
+        ("ebnf", "root ::= (", "invalid ebnf grammar"),
         ("grammar", "x", "unknown grammar kind"),
     ],
 )
 def test_validate_names_the_problem(kind, spec, needle):
     with pytest.raises(RadixflowError, match=re.escape(needle)):
-        validate(kind, spec)
+        validate(kind, spec, backend="outlines")
 
 
 def test_anchors_are_stripped():
@@ -147,7 +153,7 @@ def test_token_bytes_for_both_tokenizer_kinds():
 
 
 def test_vocabulary_matches_the_tokenizer(backend, tokenizer):
-    vocab = backend.vocab
+    vocab = backend.impl.vocab
     assert vocab.kind == "byte_level" and vocab.eos_ids == (2,)
     assert all(vocab.token_bytes[i] is None for i in (0, 1, 2))  # special tokens excluded
     for i in range(17, vocab.vocab_size, 97):
@@ -168,14 +174,14 @@ def test_min_tokens_and_terminal_states(backend, tokenizer):
     m2 = GrammarMatcher(g2)
     m2.accept_token(tokenizer.encode("7", add_special_tokens=False)[0])
     assert m2.is_accepting and not m2.is_terminated()
-    assert 2 in allowed_ids(m2, backend.vocab.vocab_size)  # EOS only once accepting
-    assert 2 not in allowed_ids(GrammarMatcher(g2), backend.vocab.vocab_size)
+    assert 2 in allowed_ids(m2, backend.impl.vocab.vocab_size)  # EOS only once accepting
+    assert 2 not in allowed_ids(GrammarMatcher(g2), backend.impl.vocab.vocab_size)
 
 
 def test_mask_allows_exactly_the_index_tokens(backend):
     g = backend.compile("json_schema", json.dumps(UNBOUNDED))
     m = GrammarMatcher(g)
-    ids = allowed_ids(m, backend.vocab.vocab_size)
+    ids = allowed_ids(m, backend.impl.vocab.vocab_size)
     assert set(ids.tolist()) == set(m.guide.get_tokens())
 
 
@@ -190,7 +196,7 @@ def test_random_walks_under_a_budget_always_accept(backend, tokenizer, budget_ex
         req = Req(budget)
         m = GrammarMatcher(g, req)
         while not m.is_terminated() and req.segment_len < budget:
-            tok = int(rng.choice(allowed_ids(m, backend.vocab.vocab_size)))
+            tok = int(rng.choice(allowed_ids(m, backend.impl.vocab.vocab_size)))
             if tok == 2:
                 break
             req.output_ids.append(tok)
@@ -204,13 +210,13 @@ def test_jump_forward_at_start_and_after_a_sampled_token(backend, tokenizer):
     g = backend.compile("json_schema", json.dumps(SCHEMAS[0]))
     req = Req(64)
     m = GrammarMatcher(g, req)
-    first = plan_jump(m, req, backend._encode, first=True)
+    first = plan_jump(m, req, backend.impl._encode, first=True)
     assert tokenizer.decode(first) == '{"name":"'
     req.output_ids += first
     for tok in tokenizer.encode('Bob"', add_special_tokens=False):
         req.output_ids.append(tok)
         m.accept_token(tok)
-    planned = plan_jump(m, req, backend._encode)
+    planned = plan_jump(m, req, backend.impl._encode)
     keep, tokens = planned if isinstance(planned, tuple) else (len(req.output_ids), planned)
     ids = req.output_ids[:keep] + tokens
     assert tokenizer.decode(ids) == '{"name":"Bob","age":'
@@ -223,7 +229,7 @@ def test_jump_forward_respects_the_budget(backend):
     g = backend.compile("regex", "abcdefghijklmnop[0-9]")
     req = Req(3)  # the forced text alone takes more tokens than the budget allows
     m = GrammarMatcher(g, req)
-    assert plan_jump(m, req, backend._encode, first=True) == []
+    assert plan_jump(m, req, backend.impl._encode, first=True) == []
     assert m.state == g.initial_state
 
 
@@ -234,18 +240,18 @@ def test_jump_does_not_end_on_a_token_the_model_could_extend(backend, tokenizer)
     schema = {"type": "object", "properties": {"langs": {"type": "array", "items": {"enum": ["English", "French"]}}}, "required": ["langs"]}
     g = backend.compile("json_schema", json.dumps(schema))
     bracket, quoted = (tokenizer.convert_tokens_to_ids(t) for t in ("[", '["'))
-    longer = backend.vocab.extensions(bracket).tolist()
+    longer = backend.impl.vocab.extensions(bracket).tolist()
     assert quoted in longer and bracket not in longer
     req = Req(64)
     m = GrammarMatcher(g, req)
-    first = plan_jump(m, req, backend._encode, first=True)
+    first = plan_jump(m, req, backend.impl._encode, first=True)
     assert tokenizer.decode(first) == '{"langs":'
-    assert quoted in allowed_ids(m, backend.vocab.vocab_size)
+    assert quoted in allowed_ids(m, backend.impl.vocab.vocab_size)
     assert g.extendable(m.state, bracket) and not g.extendable(m.state, quoted)
     req.output_ids += first
     req.output_ids.append(quoted)
     m.accept_token(quoted)
-    assert plan_jump(m, req, backend._encode) == []  # English or French: nothing forced yet
+    assert plan_jump(m, req, backend.impl._encode) == []  # English or French: nothing forced yet
 
 
 def test_utf8_prefix():
@@ -307,11 +313,11 @@ def test_free_form_object_compiles_in_about_a_second(backend):
     from radixflow.constrained.fsm import compile_regex
 
     start = time.perf_counter()
-    g = compile_regex(regex_for_schema(JSON_OBJECT), backend.vocab)
+    g = compile_regex(regex_for_schema(JSON_OBJECT), backend.impl.vocab)
     elapsed = time.perf_counter() - start
     print(f"\n{{'type': 'object'}} compiled in {elapsed:.2f} s ({len(g.states)} states)")
     assert elapsed < 10
-    assert g.walk(g.initial_state, backend._encode('{"name":"Ann","tags":["a","b"],"age":30}')) is not None
+    assert g.walk(g.initial_state, backend.impl._encode('{"name":"Ann","tags":["a","b"],"age":30}')) is not None
 
 
 # -- whitespace pattern (--constrained-json-whitespace-pattern) ---------------------------------------------
@@ -326,21 +332,22 @@ def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer
 
     parser = __import__("argparse").ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    args = ServerArgs.from_cli(parser.parse_args(["--constrained-json-whitespace-pattern", "[ ]?"]))
+    args = ServerArgs.from_cli(parser.parse_args(["--constrained-json-whitespace-pattern", "[ ]?", "--grammar-backend", "outlines"]))
     assert args.constrained_json_whitespace_pattern == "[ ]?"
     assert ServerArgs().constrained_json_whitespace_pattern is None
     with pytest.raises(RadixflowError, match="whitespace_pattern"):
         ServerArgs(constrained_json_whitespace_pattern="(?=a)")
 
-    spaced = GrammarBackend(tokenizer, backend.vocab.vocab_size, set(backend.vocab.eos_ids), args)
-    spaced._vocab = backend._vocab  # the same tokenizer: reuse its vocabulary
-    assert backend.whitespace == "" and spaced.whitespace == "[ ]?"
+    spaced = GrammarBackend(tokenizer, backend.impl.vocab.vocab_size, set(backend.impl.vocab.eos_ids), args)
+    assert spaced.impl.vocab is backend.impl.vocab  # the same tokenizer: one vocabulary
+    assert backend.options.whitespace is None and spaced.options.whitespace == "[ ]?"
     text = json.dumps(schema)
     g_spaced, g_compact = spaced.compile("json_schema", text), backend.compile("json_schema", text)
-    ids = backend._encode('{"a": 1}')
+    ids = backend.impl._encode('{"a": 1}')
     assert g_spaced.walk(g_spaced.initial_state, ids) is not None
     assert g_compact.walk(g_compact.initial_state, ids) is None
-    assert (("json_schema", text, "[ ]?", 2) in spaced.cache.entries) and (("json_schema", text, "", 2) in backend.cache.entries)
+    assert ("outlines", "json_schema", text, GrammarOptions("[ ]?", 2)) in spaced.cache.entries
+    assert ("outlines", "json_schema", text, GrammarOptions(None, 2)) in backend.cache.entries
     spaced.cache.pool.shutdown(wait=False)
 
 
@@ -357,6 +364,8 @@ def test_small_batch_bias_rows_equal_the_bitmask_path():
     rng = np.random.default_rng(0)
 
     class Fake:
+        masks_cached = True
+
         def __init__(self):
             self.mask = rng.integers(-(2**31), 2**31 - 1, size=4, dtype=np.int64).astype(np.int32)
 

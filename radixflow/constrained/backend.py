@@ -2,15 +2,20 @@
 compiled (or failed), and jump forward after sampled tokens.
 
     backend = GrammarBackend(tokenizer, vocab_size, eos_ids, server_args)
-    backend.submit(req)          # starts compiling (or finds it in the cache)
+    backend.submit(req)          # starts compiling on the worker pool (or finds it in the cache)
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
     backend.jump_forward(req)    # [] / [tokens] / (keep, [tokens])
+
+The grammar backend (`--grammar-backend`: outlines or llguidance) compiles through
+`grammar.compile_grammar`, the path the public `Grammar` API takes too. A compile that
+runs past `--grammar-compile-timeout-s` fails only its own request; the worker finishes
+it in the background (outlines-core cannot be interrupted), and a later request for the
+same grammar uses the result if it ever completes.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import functools
 import logging
 import time
 import weakref
@@ -18,80 +23,86 @@ from concurrent.futures import Future
 from typing import Optional, Union
 
 from radixflow.constrained.cache import GrammarCache
-from radixflow.constrained.fsm import CompiledGrammar, compile_regex
+from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.json_any import DEFAULT_DEPTH
-from radixflow.constrained.json_schema import COMPACT_WHITESPACE
-from radixflow.constrained.jump_forward import plan_jump
-from radixflow.constrained.matcher import GrammarMatcher
-from radixflow.constrained.spec import regex_error, to_regex
-from radixflow.constrained.vocabulary import TokenVocab, build_token_vocab
+from radixflow.constrained.options import DEFAULT_BACKEND, GrammarOptions, TokenizerInfo
 from radixflow.errors import RadixflowError
 
 log = logging.getLogger(__name__)
+DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 
 class GrammarBackend:
     def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None):
         """`whitespace`: the JSON whitespace pattern; None takes the server's
         constrained_json_whitespace_pattern (itself None = compact JSON)."""
-        self.tokenizer = tokenizer
         if whitespace is None:
             whitespace = getattr(server_args, "constrained_json_whitespace_pattern", None)
-        self.whitespace = whitespace or COMPACT_WHITESPACE
-        self.any_depth = getattr(server_args, "constrained_json_any_depth", DEFAULT_DEPTH)
+        self.options = GrammarOptions(whitespace or None, getattr(server_args, "constrained_json_any_depth", DEFAULT_DEPTH))
+        self.name = getattr(server_args, "grammar_backend", DEFAULT_BACKEND)
+        self.timeout_s = getattr(server_args, "grammar_compile_timeout_s", DEFAULT_COMPILE_TIMEOUT_S)
         self.jump_enabled = not getattr(server_args, "disable_jump_forward", False)
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
-        # the vocabulary is built by the pool too, ahead of any compile job (FIFO)
-        self._vocab: Future = self.cache.pool.submit(build_token_vocab, tokenizer, vocab_size, set(eos_ids))
+        self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(eos_ids)))
+        # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
+        self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property
-    def vocab(self) -> TokenVocab:
-        return self._vocab.result()
+    def impl(self):
+        """The configured backend (ebnf grammars always run on llguidance: `impl_for`)."""
+        return self.impl_for("regex")
+
+    def impl_for(self, kind: str):
+        name = "llguidance" if kind == "ebnf" else self.name
+        if name != self.name:  # built where first needed (in a compile job: not waiting on the pool)
+            return grammar_backend(name, self.info)
+        return self._impls[name].result()
 
     # -- compile ---------------------------------------------------------------------------------
     def submit(self, req) -> None:
         kind, spec = req.sampling.grammar
-        self._jobs[req] = self.compile_async(kind, spec)
+        self._jobs[req] = (self.compile_async(kind, spec), time.monotonic())
 
     def compile_async(self, kind: str, spec) -> Future:
-        key = (kind, spec, self.whitespace, self.any_depth)
-        return self.cache.get(key, lambda: self._compile(kind, spec))
+        key = (self.name, kind, spec, self.options)
+        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options))
 
-    def compile(self, kind: str, spec) -> CompiledGrammar:
-        """Blocking; raises RadixflowError."""
-        return self.compile_async(kind, spec).result()
-
-    def _compile(self, kind: str, spec) -> CompiledGrammar:
-        start = time.perf_counter()
-        regex = to_regex(kind, spec, self.whitespace, self.any_depth)
-        try:
-            grammar = compile_regex(regex, self.vocab)
-        except ValueError as e:
-            raise RadixflowError(regex_error(regex, str(e))) from None
-        grammar.compile_s = time.perf_counter() - start
-        return grammar
+    def compile(self, kind: str, spec):
+        """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""
+        return self.compile_async(kind, spec).result(timeout=self.timeout_s)
 
     # -- the scheduler's calls -------------------------------------------------------------------------
     def poll(self, req) -> Optional[bool]:
-        fut = self._jobs.get(req)
-        if fut is None or not fut.done():
+        job = self._jobs.get(req)
+        if job is None:
             return None
+        fut, started = job
+        if not fut.done():
+            if time.monotonic() - started <= self.timeout_s:
+                return None
+            del self._jobs[req]
+            return self._reject(
+                req,
+                f"compiling this grammar took longer than the {self.timeout_s:g} s limit "
+                "(--grammar-compile-timeout-s); simplify it (fewer/shorter patterns, smaller enums, bounds)",
+            )
         del self._jobs[req]
         error = fut.exception()
         if error is not None:
             return self._reject(req, _message(error))
-        grammar: CompiledGrammar = fut.result()
+        grammar = fut.result()
         budget = req.sampling.max_new_tokens - req.segment_len
-        if grammar.min_tokens > budget:
+        if grammar.min_tokens is not None and grammar.min_tokens > budget:
             return self._reject(
                 req,
                 f"max_new_tokens={req.sampling.max_new_tokens} is too small for this grammar: its shortest "
                 f"output takes {grammar.min_tokens} tokens; raise max_new_tokens to at least {grammar.min_tokens}",
             )
-        req.grammar = GrammarMatcher(grammar, req)
+        impl = self.impl_for(req.sampling.grammar[0])
+        req.grammar = impl.matcher(grammar, req)
         if self.jump_enabled:
-            forced = plan_jump(req.grammar, req, self._encode, first=True)
+            forced = impl.jump(req.grammar, req, first=True)
             if forced:
                 req.output_ids.extend(forced)
                 req.jump_forward_tokens += len(forced)
@@ -100,22 +111,14 @@ class GrammarBackend:
     def wait(self, reqs: list, timeout: float) -> None:
         """Block until one of `reqs`' grammars is compiled, or `timeout` seconds (for an
         idle scheduler, instead of spinning while the compile threads need the CPU)."""
-        jobs = [self._jobs[r] for r in reqs if r in self._jobs]
+        jobs = [self._jobs[r][0] for r in reqs if r in self._jobs]
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def jump_forward(self, req) -> Union[list, tuple]:
         if req.grammar is None or req.grammar.is_terminated():
             return []
-        return plan_jump(req.grammar, req, self._encode)
-
-    def _encode(self, text: str) -> list:
-        return list(self._encode_cached(text))
-
-    @functools.lru_cache(maxsize=8192)  # noqa: B019 - one backend per scheduler, kept for its life
-    def _encode_cached(self, text: str) -> tuple:
-        """A jump's text (last token + forced bytes) recurs across requests of a grammar."""
-        return tuple(self.tokenizer.encode(text, add_special_tokens=False))
+        return self.impl_for(req.sampling.grammar[0]).jump(req.grammar, req)
 
     @staticmethod
     def _reject(req, message: str) -> bool:

@@ -28,8 +28,8 @@ from typing import Any, Optional
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.constrained.json_any import DEFAULT_DEPTH, any_array_regex, any_object_regex, any_value_regex, check_depth
-from radixflow.constrained.regex_helpers import int_range_regex, integer_bounds, number_range_regex
-from radixflow.errors import RadixflowError
+from radixflow.constrained.regex_helpers import ecma_regex, int_range_regex, integer_bounds, number_range_regex
+from radixflow.errors import GrammarError
 
 COMPACT_WHITESPACE = ""  # no whitespace between tokens: the shortest valid JSON
 _PLACEHOLDER = "rfph7q{}z"
@@ -43,6 +43,14 @@ _SUPPORTED = _ANNOTATIONS | {
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "format", "pattern", "minLength", "maxLength",
     "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+}
+# keywords that constrain values (JSON Schema 2020-12 and earlier drafts); any other
+# keyword is an annotation or unknown, and is ignored as the specification says
+_VALIDATION = _SUPPORTED - _ANNOTATIONS | {
+    "multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "minProperties", "maxProperties",
+    "dependentRequired", "dependentSchemas", "dependencies", "propertyNames", "patternProperties",
+    "unevaluatedItems", "unevaluatedProperties", "additionalItems", "if", "then", "else", "not",
+    "$dynamicRef", "$recursiveRef",
 }
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
@@ -82,7 +90,7 @@ def regex_for_schema(
     try:
         check_depth(any_depth)
     except ValueError as e:
-        raise RadixflowError(str(e)) from None
+        raise GrammarError(str(e)) from None
     return _regex_for_text(text, whitespace or COMPACT_WHITESPACE, any_depth)
 
 
@@ -110,11 +118,11 @@ def _regex_for_text(text: str, whitespace: str, any_depth: int) -> str:
         regex = build_regex_from_schema(json.dumps(schema), whitespace)
     except (ValueError, TypeError) as e:
         first = str(e).strip().splitlines()[0]
-        raise RadixflowError(f"unsupported JSON schema: {first}") from None
+        raise GrammarError(f"unsupported JSON schema: {first}") from None
     for name, sub in swaps.items():
         rendered = f'"{name}"'
         if rendered not in regex:
-            raise RadixflowError(f"unsupported JSON schema: could not place the rule for {name}")
+            raise GrammarError(f"unsupported JSON schema: could not place the rule for {name}")
         regex = regex.replace(rendered, f"(?:{sub})")
     return regex
 
@@ -123,9 +131,9 @@ def _parse(text: str) -> dict:
     try:
         schema = json.loads(text)
     except json.JSONDecodeError as e:
-        raise RadixflowError(f"json_schema is not valid JSON: {e}") from None
+        raise GrammarError(f"json_schema is not valid JSON: {e}") from None
     if not isinstance(schema, dict):
-        raise RadixflowError("json_schema must be a JSON object (a schema), e.g. {\"type\": \"object\", ...}")
+        raise GrammarError("json_schema must be a JSON object (a schema), e.g. {\"type\": \"object\", ...}")
     _check_schema(schema)
     return schema
 
@@ -140,7 +148,7 @@ def _check_schema(schema: dict) -> None:
         Draft202012Validator.check_schema(schema)
     except SchemaError as e:
         path = "/".join(str(p) for p in e.path) or "(root)"
-        raise RadixflowError(f"invalid JSON schema at {path}: {e.message}") from None
+        raise GrammarError(f"invalid JSON schema at {path}: {e.message}") from None
 
 
 def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
@@ -149,14 +157,22 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
         return rules.swap(any_value_regex(rules.any_depth, rules.whitespace))
     if not isinstance(node, dict):
         return node
-    unknown = sorted(set(node) - _SUPPORTED)
-    if unknown:
-        raise RadixflowError(
-            f"unsupported JSON schema keyword(s) {', '.join(unknown)} at {path}; remove them "
-            "(they would not be enforced)"
+    unenforced = sorted(set(node) & _VALIDATION - _SUPPORTED)
+    if unenforced:
+        keyword = unenforced[0]
+        raise GrammarError(
+            f"unsupported JSON schema: keyword '{keyword}' at {path[1:]}/{keyword} cannot be enforced by the outlines "
+            "grammar backend; remove it or use --grammar-backend llguidance",
+            keyword=keyword,
+            pointer=f"{path[1:]}/{keyword}",
         )
+    node = {k: v for k, v in node.items() if k in _SUPPORTED}  # unknown keywords are annotations
+    if isinstance(node.get("pattern"), str):
+        node["pattern"] = ecma_regex(node["pattern"])
     if len(node.get("allOf", [])) > 1:
-        raise RadixflowError(f"allOf with several subschemas at {path} is not supported; merge them into one")
+        raise GrammarError(f"allOf with several subschemas at {path} is not supported; merge them into one")
+    if "enum" in node or "const" in node:
+        node = _typed_enum(node, path)
     node = _complete_items(_complete_required(_split_typed_bounds(node), path))
     own = _own_regex(node, path) or _free_form_regex(node, rules)
     if own is not None:
@@ -174,6 +190,42 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
         if key in out and (isinstance(node[key], dict) or node[key] is True):
             out[key] = _rewrite(node[key], rules, f"{path}/{key}")
     return out
+
+
+_JSON_TYPES = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and v.is_integer(),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "null": lambda v: v is None,
+    "object": lambda v: isinstance(v, dict),
+    "array": lambda v: isinstance(v, list),
+}
+
+
+def _typed_enum(node: dict, path: str) -> dict:
+    """enum / const beside other keywords: outlines-core renders the values alone, so the
+    values are filtered by `type` here, and any other validation keyword beside them
+    refuses the schema (it would not be checked)."""
+    others = sorted(set(node) & _VALIDATION - {"enum", "const", "type"})
+    if others:
+        raise GrammarError(
+            f"unsupported JSON schema: keyword '{others[0]}' beside enum/const at {path[1:]} cannot be enforced by "
+            "the outlines grammar backend; use --grammar-backend llguidance",
+            keyword=others[0],
+            pointer=f"{path[1:]}/{others[0]}",
+        )
+    values = list(node["enum"]) if isinstance(node.get("enum"), list) else []
+    if "const" in node:
+        values = [v for v in values if v == node["const"]] if "enum" in node else [node["const"]]
+    types = node.get("type")
+    if types is not None:
+        types = types if isinstance(types, list) else [types]
+        values = [v for v in values if any(_JSON_TYPES.get(t, lambda _: False)(v) for t in types)]
+    if not values:
+        raise GrammarError(f"unsatisfiable JSON schema: no value of enum/const at {path[1:] or '(root)'} has its type")
+    rest = {k: v for k, v in node.items() if k not in ("enum", "const", "type")}
+    return {**rest, "enum": values}
 
 
 def _split_typed_bounds(node: dict) -> dict:
@@ -204,7 +256,7 @@ def _complete_required(node: dict, path: str) -> dict:
         return node
     extra = node.get("additionalProperties", True)
     if extra is False:
-        raise RadixflowError(
+        raise GrammarError(
             f"required key(s) {', '.join(missing)} at {path} are not in properties and additionalProperties "
             "is false: no object satisfies this schema"
         )
@@ -246,10 +298,10 @@ def _own_regex(node: dict, path: str) -> Optional[str]:
     fmt = node.get("format")
     if kind == "string" and fmt is not None and fmt not in _FORMATS and fmt not in _OUTLINES_FORMATS:
         known = ", ".join(sorted(set(_FORMATS) | set(_OUTLINES_FORMATS)))
-        raise RadixflowError(f"string format {fmt!r} at {path} is not supported; use one of {known} or a pattern")
+        raise GrammarError(f"string format {fmt!r} at {path} is not supported; use one of {known} or a pattern")
     if kind == "string" and fmt in _FORMATS:
         if any(k in node for k in ("pattern", "minLength", "maxLength")):
-            raise RadixflowError(f"format {node['format']} with pattern/minLength/maxLength at {path} is not supported")
+            raise GrammarError(f"format {node['format']} with pattern/minLength/maxLength at {path} is not supported")
         return _FORMATS[node["format"]]
     return None
 
@@ -257,7 +309,7 @@ def _own_regex(node: dict, path: str) -> Optional[str]:
 def _bounded_number(node: dict, integer: bool, path: str) -> str:
     vals = [node.get(k) for k in _BOUNDS]
     if any(isinstance(v, bool) for v in vals):
-        raise RadixflowError(f"boolean exclusiveMinimum/exclusiveMaximum (draft 4) at {path}: use numbers")
+        raise GrammarError(f"boolean exclusiveMinimum/exclusiveMaximum (draft 4) at {path}: use numbers")
     lo, hi, elo, ehi = vals
     if integer:
         return int_range_regex(*integer_bounds(lo, hi, elo, ehi))

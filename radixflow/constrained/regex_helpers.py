@@ -142,3 +142,35 @@ def number_range_regex(lo, hi, excl_lo=None, excl_hi=None) -> str:
     if not parts:
         raise RadixflowError(f"the number range [{lo}, {hi}] is too narrow to express; widen it to span an integer")
     return "(?:" + "|".join(parts) + ")"
+
+
+_ECMA_CLASSES = {"d": "0-9", "w": "A-Za-z0-9_"}
+
+
+def ecma_regex(regex: str) -> str:
+    """ECMA-262 (JSON Schema's dialect) shorthands in the ASCII sense the standard gives
+    them: `\\d` is [0-9] and `\\w` [A-Za-z0-9_] (the Rust regex engine reads them as
+    Unicode classes, which would let e.g. U+0BE9 through as a digit)."""
+    out, i, in_class = [], 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\" and i + 1 < len(regex):
+            e = regex[i + 1]
+            body = _ECMA_CLASSES.get(e.lower())
+            if body is None:
+                out.append(regex[i : i + 2])
+            elif e.islower():
+                out.append(body if in_class else f"[{body}]")
+            elif in_class:  # \D / \W inside a class has no ASCII-only spelling here: keep it
+                out.append(regex[i : i + 2])
+            else:
+                out.append(f"[^{body}]")
+            i += 2
+            continue
+        if c == "[" and not in_class:
+            in_class = True
+        elif c == "]" and in_class and out and out[-1] not in ("[", "[^"):
+            in_class = False
+        out.append(c)
+        i += 1
+    return "".join(out)

@@ -15,9 +15,10 @@ from outlines_core import Index, Vocabulary
 
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.json_schema import COMPACT_WHITESPACE, regex_for_schema
-from radixflow.errors import RadixflowError
+from radixflow.constrained.options import DEFAULT_BACKEND
+from radixflow.constrained.regex_helpers import ecma_regex
+from radixflow.errors import GrammarError
 
-KINDS = ("regex", "json_schema", "ebnf")
 _BYTE_EOS = 256
 
 
@@ -41,23 +42,25 @@ def _escaped(text: str, pos: int) -> bool:
 def to_regex(
     kind: str, spec: Any, whitespace: Optional[str] = COMPACT_WHITESPACE, any_depth: int = DEFAULT_DEPTH
 ) -> str:
-    """The regex a grammar compiles to (`whitespace`, `any_depth`: JSON schemas only).
-    Raises RadixflowError."""
+    """The regex a grammar compiles to on the outlines backend (`whitespace`, `any_depth`:
+    JSON schemas only). Raises GrammarError."""
+    from radixflow.constrained.grammar import check_spec
+
+    check_spec(kind, spec)
     if kind == "regex":
-        if not isinstance(spec, str) or not spec:
-            raise RadixflowError("regex must be a non-empty string")
-        return strip_anchors(spec)
+        return ecma_regex(strip_anchors(spec))
     if kind == "json_schema":
-        if not isinstance(spec, (str, dict)):
-            raise RadixflowError("json_schema must be a JSON schema object or its JSON text")
         return regex_for_schema(spec, whitespace, any_depth)
-    if kind == "ebnf":
-        raise RadixflowError("ebnf grammars are not supported; express the grammar as a regex or a json_schema")
-    raise RadixflowError(f"unknown grammar kind {kind!r}; use one of {', '.join(KINDS)}")
+    raise GrammarError("ebnf grammars need the llguidance grammar backend (--grammar-backend llguidance)")
 
 
-def validate(kind: str, spec: Any) -> None:
-    """Raises RadixflowError when the grammar is invalid or unsupported."""
+def validate(kind: str, spec: Any, backend: str = DEFAULT_BACKEND) -> None:
+    """Cheap up-front check for `backend`; raises GrammarError when the grammar is invalid
+    or unsupported (the compile itself may still refuse it later, also as a 400)."""
+    if backend == "llguidance" or kind == "ebnf":
+        from radixflow.constrained.llguidance_grammars import validate_grammar
+
+        return validate_grammar(kind, spec)
     regex = to_regex(kind, spec)
     if kind == "regex":
         check_regex(regex)
@@ -73,7 +76,7 @@ def check_regex(regex: str) -> None:
     try:
         Index(regex, _byte_vocabulary())
     except ValueError as e:
-        raise RadixflowError(regex_error(regex, str(e))) from None
+        raise GrammarError(regex_error(regex, str(e))) from None
 
 
 def regex_error(regex: str, detail: str) -> str:

@@ -52,6 +52,7 @@ class Engine:
             self.runner.context_len,
             self.runner.kv_pool.allocator.capacity_slots,
             self.server_args.max_new_tokens_limit,
+            self.server_args.grammar_backend,
         )
         self._closed = False
 

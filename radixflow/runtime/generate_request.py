@@ -38,12 +38,13 @@ class GenerateInput:
 class RequestBuilder:
     """Validates and tokenizes generate calls for one model."""
 
-    def __init__(self, tokenizer, vocab_size: int, context_len: int, max_pool_tokens: int, max_new_tokens_limit: int = 1 << 20):
+    def __init__(self, tokenizer, vocab_size: int, context_len: int, max_pool_tokens: int, max_new_tokens_limit: int = 1 << 20, grammar_backend: str = "outlines"):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_len = context_len
         self.max_pool_tokens = max_pool_tokens
         self.max_new_tokens_limit = max_new_tokens_limit
+        self.grammar_backend = grammar_backend
 
     def build(self, g: GenerateInput) -> list[Req]:
         """Requests in output order (prompt-major when n > 1). Raises RadixflowError."""
@@ -68,9 +69,9 @@ class RequestBuilder:
         """Sampling params checked against this model and server (also for request graphs' gens)."""
         sp = SamplingParams.from_dict(params)
         if sp.grammar is not None:
-            from radixflow.constrained import validate  # outlines-core only when grammars are used
+            from radixflow.constrained import validate  # grammar backends only when grammars are used
 
-            validate(*sp.grammar)
+            validate(*sp.grammar, backend=self.grammar_backend)
         _check_logit_bias(sp.logit_bias, self.vocab_size)
         bad = [t for t in sp.stop_token_ids or [] if not 0 <= t < self.vocab_size]
         if bad:

@@ -18,6 +18,7 @@ _CHOICES = {
     "overlap_schedule": ("auto", "on", "off"),
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
+    "grammar_backend": ("outlines", "llguidance"),
 }
 
 _HELP = {
@@ -46,6 +47,10 @@ _HELP = {
     "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
+    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (more JSON-schema keywords, "
+    "millisecond compiles) or outlines (outlines-core; adds budget-aware completion); ebnf always runs on "
+    "llguidance; see docs/grammars.md",
+    "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -82,8 +87,10 @@ class ServerArgs:
     kv_cache_dtype: str = "auto"
 
     # constrained decoding
+    grammar_backend: str = "outlines"
     disable_jump_forward: bool = False
     grammar_compile_workers: int = 2
+    grammar_compile_timeout_s: float = 10.0
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
 
@@ -140,6 +147,8 @@ class ServerArgs:
         if self.dp_size > 1 and self.nnodes > 1:
             raise RadixflowError("dp_size > 1 runs replicas on this host only; for several hosts start one server per "
                                  "host and put sglang-router in front (docs/scale_out.md)")
+        if self.grammar_compile_timeout_s <= 0:
+            raise RadixflowError("grammar_compile_timeout_s must be positive")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:

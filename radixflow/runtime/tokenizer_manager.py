@@ -86,6 +86,7 @@ class TokenizerManager:
             self.info.context_len,
             self.info.max_total_num_tokens,
             self.args.max_new_tokens_limit,
+            self.args.grammar_backend,
         )
         self.logprobs = LogprobCollector(self.tokenizer)
         self.model_name = self.args.served_model_name or self.info.model_path or "default"

@@ -1,0 +1,302 @@
+"""MaskBench conformance and speed of the grammar backends (JSON schemas, real-world corpus).
+
+    python benchmarks/maskbench.py                                   # every backend, whole dev corpus
+    python benchmarks/maskbench.py --sample 500 --backends outlines,llguidance --plot benchmarks/results/maskbench.png
+
+Scored as the corpus' authors score it (../shared/data/README.md): an instance is
+`json.dumps(data, ensure_ascii=False)`, tokenized with the default model's tokenizer (no
+special tokens) and fed token by token through the grammar's mask; it is accepted when
+every token is allowed and the grammar may end there. A schema passes when it compiles
+and every valid instance is accepted and every invalid one rejected.
+
+Each backend runs in its own worker process, one thread, schemas one after another;
+a compile past `--timeout` kills the worker (counted as a compile timeout) and a fresh
+one takes the next schema. JSON whitespace is `[ ]?` between tokens (the instances use
+json.dumps' ", " and ": ").
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import sys
+import tarfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_CORPUS = os.path.join(HERE, "..", "..", "shared", "data", "maskbench-dev.tar.gz")
+
+
+# -- the corpus -----------------------------------------------------------------------------------
+def split_of(name: str) -> str:
+    base = os.path.basename(name)[: -len(".json")]
+    return base.split("---")[0] if "---" in base else base.rsplit("_", 1)[0]
+
+
+def load_corpus(path: str) -> list:
+    """[(name, split, doc)] sorted by name."""
+    out = []
+    with tarfile.open(path) as tar:
+        for member in tar:
+            if member.isfile() and member.name.endswith(".json"):
+                doc = json.load(tar.extractfile(member))
+                out.append((os.path.basename(member.name), split_of(member.name), doc))
+    return sorted(out, key=lambda t: t[0])
+
+
+def sample(corpus: list, n: int, seed: int, only: str = "") -> list:
+    if only:
+        corpus = [c for c in corpus if re.search(only, c[0])]
+    if not n or n >= len(corpus):
+        return corpus
+    return sorted(random.Random(seed).sample(corpus, n), key=lambda t: t[0])
+
+
+# -- the worker: one backend, one thread ----------------------------------------------------------
+def _worker(backend: str, whitespace: str, jobs, results) -> None:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+    from radixflow.constrained.grammar import compile_grammar, grammar_backend, tokenizer_info
+    from radixflow.constrained.options import GrammarOptions
+    from radixflow.errors import GrammarError
+
+    info = tokenizer_info()
+    impl = grammar_backend(backend, info)
+    options = GrammarOptions(whitespace)
+    mask = torch.zeros(1, (info.vocab_size + 31) // 32, dtype=torch.int32)
+    words = mask[0].numpy()
+    results.put(("ready",))
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        schema_text, tests = job
+        start = time.perf_counter()
+        try:
+            compiled = compile_grammar(impl, "json_schema", schema_text, options)
+            m = impl.matcher(compiled)
+            m.fill_bitmask(mask, 0)  # compile time is time to the first mask
+        except GrammarError as e:
+            results.put(("refused", time.perf_counter() - start, _reason(e)))
+            continue
+        except Exception as e:  # noqa: BLE001 - a backend's own crash is a result too
+            results.put(("refused", time.perf_counter() - start, f"internal {type(e).__name__}"))
+            continue
+        results.put(("compiled", time.perf_counter() - start))
+        outcomes, times = [], []
+        for data in tests:
+            ids = info.tokenizer.encode(json.dumps(data, ensure_ascii=False), add_special_tokens=False)
+            m = impl.matcher(compiled)
+            ok = True
+            for t in ids:
+                t0 = time.perf_counter()
+                m.fill_bitmask(mask, 0)
+                times.append(time.perf_counter() - t0)
+                if not (int(words[t >> 5]) >> (t & 31)) & 1:
+                    ok = False
+                    break
+                m.accept_token(t)
+            outcomes.append(ok and m.is_accepting)
+        results.put(("tested", outcomes, times))
+
+
+def _reason(e) -> str:
+    if e.keyword:
+        return f"keyword {e.keyword}"
+    text = str(e).split(":", 1)[-1]
+    return re.sub(r"[0-9]+|'[^']*'|\"[^\"]*\"", "#", text).strip()[:60]
+
+
+# -- the parent: one worker per backend, a time limit per compile -----------------------------------
+class Runner:
+    def __init__(self, backend: str, whitespace: str, timeout: float):
+        self.backend, self.whitespace, self.timeout = backend, whitespace, timeout
+        self.ctx = mp.get_context("spawn")
+        self.proc = None
+
+    def start(self) -> None:
+        self.jobs, self.results = self.ctx.Queue(), self.ctx.Queue()
+        self.proc = self.ctx.Process(target=_worker, args=(self.backend, self.whitespace, self.jobs, self.results), daemon=True)
+        self.proc.start()
+        msg = self.results.get(timeout=1800)  # loading the tokenizer and the vocabulary, not timed
+        assert msg[0] == "ready", msg
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join()
+            self.proc = None
+
+    def run(self, doc: dict) -> dict:
+        if self.proc is None:
+            self.start()
+        tests = doc.get("tests") or []
+        self.jobs.put((json.dumps(doc["schema"]), [t["data"] for t in tests]))
+        try:
+            msg = self.results.get(timeout=self.timeout)
+        except Exception:  # queue.Empty: the compile ran past the limit
+            self.stop()
+            return {"status": "timeout", "compile_s": self.timeout}
+        if msg[0] == "refused":
+            return {"status": "refused", "compile_s": msg[1], "reason": msg[2]}
+        try:
+            _, outcomes, times = self.results.get(timeout=max(120.0, self.timeout))
+        except Exception:
+            self.stop()
+            return {"status": "test_timeout", "compile_s": msg[1]}
+        valid = [t["valid"] for t in tests]
+        return {
+            "status": "compiled",
+            "compile_s": msg[1],
+            "invalid_accepted": sum(a and not v for a, v in zip(outcomes, valid)),
+            "valid_rejected": sum(v and not a for a, v in zip(outcomes, valid)),
+            "mask_s": times,
+        }
+
+
+@dataclass
+class Tally:
+    schemas: int = 0
+    passing: int = 0
+    invalid_accepted: int = 0
+    valid_rejected: int = 0
+    refused: int = 0
+    timeouts: int = 0
+    compile_s: list = field(default_factory=list)
+    mask_s: list = field(default_factory=list)
+    reasons: collections.Counter = field(default_factory=collections.Counter)
+    leaky: list = field(default_factory=list)  # schemas with an invalid instance accepted
+
+    def add(self, name: str, r: dict) -> None:
+        self.schemas += 1
+        self.compile_s.append(r["compile_s"])
+        if r["status"] == "compiled":
+            self.passing += r["invalid_accepted"] == 0 and r["valid_rejected"] == 0
+            self.invalid_accepted += r["invalid_accepted"]
+            if r["invalid_accepted"]:
+                self.leaky.append(name)
+            self.valid_rejected += r["valid_rejected"]
+            self.mask_s.extend(r["mask_s"])
+        elif r["status"] == "refused":
+            self.refused += 1
+            self.reasons[r["reason"]] += 1
+        else:
+            self.timeouts += 1
+            self.reasons[r["status"]] += 1
+
+    def summary(self) -> dict:
+        pct = lambda xs, q: float(np.percentile(xs, q)) if xs else float("nan")  # noqa: E731
+        return {
+            "schemas": self.schemas,
+            "passing": self.passing,
+            "passing_pct": round(100.0 * self.passing / max(self.schemas, 1), 1),
+            "invalid_accepted": self.invalid_accepted,
+            "valid_rejected": self.valid_rejected,
+            "refused": self.refused,
+            "compile_timeouts": self.timeouts,
+            "compile_ms_p50": round(1e3 * pct(self.compile_s, 50), 2),
+            "compile_ms_p99": round(1e3 * pct(self.compile_s, 99), 1),
+            "mask_us_p50": round(1e6 * pct(self.mask_s, 50), 1),
+            "mask_us_p99": round(1e6 * pct(self.mask_s, 99), 1),
+            "masks": len(self.mask_s),
+        }
+
+
+def bench(corpus: list, backends: list, whitespace: str, timeout: float, log_every: int = 200) -> dict:
+    """{backend: {split or "total": Tally}}; the backends take turns per schema (same load)."""
+    runners = {b: Runner(b, whitespace, timeout) for b in backends}
+    tallies = {b: collections.defaultdict(Tally) for b in backends}
+    try:
+        for i, (name, split, doc) in enumerate(corpus):
+            for b, runner in runners.items():
+                r = runner.run(doc)
+                tallies[b][split].add(name, r)
+                tallies[b]["total"].add(name, r)
+            if log_every and (i + 1) % log_every == 0:
+                line = "  ".join(f"{b} {tallies[b]['total'].passing}" for b in backends)
+                print(f"[{i + 1}/{len(corpus)}] passing: {line}", file=sys.stderr, flush=True)
+    finally:
+        for runner in runners.values():
+            runner.stop()
+    return tallies
+
+
+def report(tallies: dict) -> dict:
+    out = {}
+    for b, splits in tallies.items():
+        out[b] = {s: t.summary() for s, t in sorted(splits.items())}
+        out[b]["total"]["refusal_reasons"] = dict(splits["total"].reasons.most_common(25))
+        out[b]["total"]["invalid_accepted_schemas"] = splits["total"].leaky
+    return out
+
+
+def print_table(summary: dict) -> None:
+    cols = ("schemas", "passing", "passing_pct", "invalid_accepted", "valid_rejected", "refused", "compile_timeouts",
+            "compile_ms_p50", "compile_ms_p99", "mask_us_p50", "mask_us_p99")
+    print("| backend | split | " + " | ".join(cols) + " |")
+    print("|" + " --- |" * (len(cols) + 2))
+    for b, splits in summary.items():
+        for s, row in splits.items():
+            print(f"| {b} | {s} | " + " | ".join(str(row[c]) for c in cols) + " |")
+    for b, splits in summary.items():
+        print(f"\n{b} refusal reasons: {json.dumps(splits['total'].get('refusal_reasons', {}))}")
+        print(f"{b} schemas with an invalid instance accepted: {splits['total'].get('invalid_accepted_schemas')}")
+
+
+def plot(summary: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    splits = sorted({s for rows in summary.values() for s in rows if s != "total"}) + ["total"]
+    fig, ax = plt.subplots(figsize=(max(8, 0.7 * len(splits) * len(summary)), 4.5))
+    width = 0.8 / len(summary)
+    for k, (b, rows) in enumerate(summary.items()):
+        vals = [rows.get(s, {}).get("passing_pct", 0) for s in splits]
+        ax.bar(np.arange(len(splits)) + k * width, vals, width, label=b)
+    ax.set_xticks(np.arange(len(splits)) + 0.4 - width / 2, splits, rotation=45, ha="right")
+    ax.set_ylabel("schemas passing (%)")
+    ax.set_ylim(0, 100)
+    ax.set_title("MaskBench dev corpus: passing share per split and grammar backend")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus", default=DEFAULT_CORPUS)
+    p.add_argument("--backends", default="outlines,llguidance")
+    p.add_argument("--sample", type=int, default=0, help="schemas drawn with --seed (0 = all)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--only", default="", help="regex on file names (e.g. a split)")
+    p.add_argument("--timeout", type=float, default=10.0, help="compile time limit per schema (s)")
+    p.add_argument("--whitespace", default="[ ]?")
+    p.add_argument("--json", default=None, help="write the summary here")
+    p.add_argument("--plot", default=None, help="write a PNG of the passing share here")
+    args = p.parse_args()
+    corpus = sample(load_corpus(args.corpus), args.sample, args.seed, args.only)
+    start = time.time()
+    summary = report(bench(corpus, args.backends.split(","), args.whitespace, args.timeout))
+    print(f"{len(corpus)} schemas, {time.time() - start:.0f} s", file=sys.stderr)
+    print_table(summary)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(summary, f, indent=1)
+    if args.plot:
+        plot(summary, args.plot)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,31 @@
+"""What a grammar compile depends on besides its spec: the options (part of the cache
+key) and the tokenizer it is compiled for."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from radixflow.constrained.json_any import DEFAULT_DEPTH
+
+BACKENDS = ("outlines", "llguidance")
+# outlines is the default: only it gives budget-aware completion (the distance to an accepting state), which
+# the max_new_tokens check and `grammar_closed` outputs rely on; llguidance covers more JSON Schema.
+DEFAULT_BACKEND = "outlines"
+
+
+@dataclass(frozen=True)
+class GrammarOptions:
+    """`whitespace`: regex of the whitespace allowed between JSON tokens (None or "" =
+    compact JSON, e.g. '[ ]?' also accepts json.dumps' ", " and ": "); `any_depth`: how
+    deep free-form JSON may nest (outlines backend only)."""
+
+    whitespace: Optional[str] = None
+    any_depth: int = DEFAULT_DEPTH
+
+
+@dataclass(frozen=True, eq=False)
+class TokenizerInfo:
+    tokenizer: Any  # a Hugging Face (fast) tokenizer
+    vocab_size: int  # the model's logits width (may exceed the tokenizer's)
+    eos_ids: tuple

@@ -1,0 +1,57 @@
+"""The outlines-core grammar backend: every grammar becomes one regex (JSON schemas
+through `json_schema.regex_for_schema`), compiled into a token FSM with per-state
+distances, so it supports jump-forward and budget-aware completion (fsm.py)."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Union
+
+from radixflow.constrained.fsm import CompiledGrammar, compile_regex
+from radixflow.constrained.jump_forward import plan_jump
+from radixflow.constrained.matcher import GrammarMatcher
+from radixflow.constrained.options import GrammarOptions, TokenizerInfo
+from radixflow.constrained.spec import regex_error, to_regex
+from radixflow.constrained.vocabulary import TokenVocab, build_token_vocab
+from radixflow.errors import GrammarError
+
+
+class OutlinesGrammars:
+    name = "outlines"
+
+    def __init__(self, info: TokenizerInfo):
+        self.info = info
+        self.vocab: TokenVocab = _token_vocab(info)
+
+    def compile(self, kind: str, spec: Any, options: GrammarOptions) -> CompiledGrammar:
+        regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
+        try:
+            return compile_regex(regex, self.vocab)
+        except ValueError as e:
+            raise GrammarError(regex_error(regex, str(e))) from None
+
+    def matcher(self, grammar: CompiledGrammar, req=None) -> GrammarMatcher:
+        return GrammarMatcher(grammar, req)
+
+    def jump(self, matcher: GrammarMatcher, req, first: bool = False) -> Union[list, tuple]:
+        return plan_jump(matcher, req, self._encode, first=first)
+
+    def _encode(self, text: str) -> list:
+        return list(self._encode_cached(text))
+
+    @functools.lru_cache(maxsize=8192)  # noqa: B019 - one per tokenizer, kept for its life
+    def _encode_cached(self, text: str) -> tuple:
+        """A jump's text (last token + forced bytes) recurs across requests of a grammar."""
+        return tuple(self.info.tokenizer.encode(text, add_special_tokens=False))
+
+
+_VOCABS: dict = {}
+
+
+def _token_vocab(info: TokenizerInfo) -> TokenVocab:
+    key = (id(info.tokenizer), info.vocab_size, info.eos_ids)
+    hit = _VOCABS.get(key)
+    if hit is None:
+        hit = (info.tokenizer, build_token_vocab(info.tokenizer, info.vocab_size, set(info.eos_ids)))
+        _VOCABS[key] = hit
+    return hit[1]

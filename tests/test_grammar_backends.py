@@ -1,0 +1,252 @@
+"""The grammar backends behind one interface (outlines-core, the default, and llguidance):
+MaskBench schemas per split with their instances, refusals that name the keyword and its
+JSON pointer, annotations and unknown keywords ignored, ECMA-262 `\\d`, EBNF, the compile
+time limit, the compile cache, and bad grammars as 400s with the server still serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tarfile
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from radixflow import GrammarError, RadixflowError
+from radixflow.constrained import Grammar, GrammarOptions
+from radixflow.constrained.backend import GrammarBackend
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "maskbench-dev.tar.gz")
+# two small schemas with valid and invalid instances per split (llguidance passes them all)
+CORPUS_SAMPLES = [
+    "Glaiveai2K---calculate_area_7853676d.json", "Glaiveai2K---calculate_area_826daac4.json",  # outlines passes these two
+    "Github_easy---o14461.json", "Github_easy---o70019.json", "Github_trivial---o42156.json", "Github_trivial---o17608.json",
+    "Kubernetes---kb_768_Normalized.json", "Kubernetes---kb_440_Normalized.json",
+    "MCPspec---CompleteResult.json", "MCPspec---JSONRPCRequest.json",
+]  # fmt: skip
+WS = "[ ]?"  # the corpus' instances use json.dumps' ", " and ": "
+
+
+@pytest.fixture(scope="module")
+def corpus() -> dict:
+    if not os.path.isfile(CORPUS):
+        pytest.skip("../shared/data/maskbench-dev.tar.gz is not here")
+    wanted = set(CORPUS_SAMPLES)
+    docs = {}
+    with tarfile.open(CORPUS) as tar:
+        for member in tar:
+            name = os.path.basename(member.name)
+            if name in wanted:
+                docs[name] = json.load(tar.extractfile(member))
+    assert set(docs) == wanted, f"missing from the corpus: {wanted - set(docs)}"
+    return docs
+
+
+def check_instances(g: Grammar, doc: dict) -> None:
+    for test in doc["tests"]:
+        text = json.dumps(test["data"], ensure_ascii=False)
+        assert g.accepts(text) == test["valid"], (test["description"], text[:200])
+
+
+def test_corpus_schemas_per_split_llguidance(corpus, engine):
+    for name in CORPUS_SAMPLES:
+        doc = corpus[name]
+        assert any(not t["valid"] for t in doc["tests"]) and any(t["valid"] for t in doc["tests"]), name
+        check_instances(Grammar.from_json_schema(doc["schema"], engine.tokenizer, backend="llguidance", whitespace=WS), doc)
+
+
+def test_corpus_schemas_outlines(corpus, engine):
+    for name in CORPUS_SAMPLES[:2]:
+        doc = corpus[name]
+        check_instances(Grammar.from_json_schema(doc["schema"], engine.tokenizer, backend="outlines", whitespace=WS), doc)
+
+
+def test_default_tokenizer_and_public_errors():
+    """tokenizer=None is the default model's; the error is radixflow.GrammarError."""
+    g = Grammar.from_regex(r"(yes|no)")
+    assert g.accepts("yes") and not g.accepts("maybe") and not g.accepts("ye")
+    with pytest.raises(GrammarError, match="unknown grammar option"):
+        Grammar.from_regex("a", whitespce="x")
+    assert issubclass(GrammarError, RadixflowError)
+
+
+@pytest.mark.parametrize(
+    "backend,schema,keyword,pointer",
+    [
+        ("llguidance", {"type": "object", "properties": {"a": {"not": {"type": "string"}}}}, "not", "/properties/a/not"),
+        ("outlines", {"type": "object", "properties": {"t": {"type": "array", "uniqueItems": True}}}, "uniqueItems", "/properties/t/uniqueItems"),
+        ("llguidance", {"$defs": {"x": {"type": "string", "format": "no-such-format"}}, "$ref": "#/$defs/x"}, "format", "/$defs/x/format"),
+    ],
+)
+def test_refusals_name_the_keyword_and_its_pointer(engine, backend, schema, keyword, pointer):
+    with pytest.raises(GrammarError) as info:
+        Grammar.from_json_schema(schema, engine.tokenizer, backend=backend)
+    assert (info.value.keyword, info.value.pointer) == (keyword, pointer)
+    assert keyword in str(info.value) and pointer in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_annotations_and_unknown_keywords_are_ignored_and_digits_are_ascii(engine, backend):
+    schema = {
+        "type": "object", "id": "thing", "readonly": True, "x-vendor": {"a": 1}, "preferredOrder": ["n"],
+        "properties": {"n": {"type": "string", "pattern": r"^\d{2}$", "name": "n", "self": {}}},
+        "required": ["n"], "additionalProperties": False,
+    }  # fmt: skip
+    g = Grammar.from_json_schema(schema, engine.tokenizer, backend=backend, whitespace=WS)
+    assert g.accepts('{"n": "42"}')
+    assert not g.accepts('{"n": "4\u0be9"}')  # TAMIL DIGIT THREE is no ECMA-262 \d
+    assert not g.accepts('{"n": "421"}') and not g.accepts('{"n": 42}')
+
+
+def test_huge_enums_and_deep_nesting_are_refused_clearly(engine):
+    with pytest.raises(GrammarError, match="too large"):
+        Grammar.from_json_schema({"enum": list(range(200_000))}, engine.tokenizer)
+    deep = {"type": "integer"}
+    for _ in range(400):
+        deep = {"type": "array", "items": deep}
+    for backend in ("llguidance", "outlines"):
+        with pytest.raises(GrammarError, match="nested too deeply"):
+            Grammar.from_json_schema(deep, engine.tokenizer, backend=backend)
+
+
+def test_ebnf_lark_and_gbnf(engine):
+    lark = Grammar.from_ebnf('start: "yes" | "no" | NUM\nNUM: /[0-9]{2}/', engine.tokenizer)
+    assert lark.accepts("yes") and lark.accepts("42") and not lark.accepts("4") and not lark.accepts("maybe")
+    gbnf = Grammar.from_ebnf('root ::= "id-" [0-9]+', engine.tokenizer)
+    assert gbnf.accepts("id-7") and not gbnf.accepts("id-") and not gbnf.accepts("x")
+    with pytest.raises(GrammarError, match="ebnf"):
+        Grammar.from_ebnf("start: (", engine.tokenizer)
+
+
+def test_ebnf_sampling_parameter_through_the_engine(engine):
+    outs = engine.generate(
+        ["Is the sky blue? Answer:", "Pick a number:"],
+        [{"ebnf": 'start: "yes" | "no"', "max_new_tokens": 4, "temperature": 1.0, "sampling_seed": 1},
+         {"ebnf": 'root ::= [1-9] [0-9]', "max_new_tokens": 4, "temperature": 0}],
+    )  # fmt: skip
+    assert outs[0]["text"] in ("yes", "no")
+    assert len(outs[1]["text"]) == 2 and outs[1]["text"].isdigit()
+
+
+def _backend(engine, **args) -> GrammarBackend:
+    args = {"grammar_backend": "llguidance", **args}
+    return GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, SimpleNamespace(**args))
+
+
+class FakeReq:
+    def __init__(self, kind: str, spec, max_new_tokens: int = 64):
+        self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
+        self.output_ids, self.segment_start = [], 0
+        self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
+
+    @property
+    def segment_len(self) -> int:
+        return len(self.output_ids) - self.segment_start
+
+    def finish(self, reason: dict) -> None:
+        self.finish_reason = reason
+
+
+def _poll(backend: GrammarBackend, req: FakeReq) -> bool:
+    deadline = time.monotonic() + 120
+    while (ready := backend.poll(req)) is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return ready
+
+
+def test_jump_forward_on_llguidance(engine):
+    """llguidance appends the tokens the grammar forces (before the first sample
+    and after sampled ones) without sampling them."""
+    backend = _backend(engine)
+    schema = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+              "required": ["name", "age"], "additionalProperties": False}  # fmt: skip
+    req = FakeReq("json_schema", json.dumps(schema))
+    backend.submit(req)
+    assert _poll(backend, req) is True
+    decode = engine.tokenizer.decode
+    assert decode(req.output_ids).startswith('{"n') and req.jump_forward_tokens == len(req.output_ids)
+    for t in engine.tokenizer.encode(decode(req.output_ids) + '":"Bo",', add_special_tokens=False)[len(req.output_ids) :]:
+        req.output_ids.append(t)
+        req.grammar.accept_token(t)
+    forced = backend.jump_forward(req)
+    assert forced and decode(req.output_ids + forced).startswith('{"name":"Bo","a')
+    backend.cache.pool.shutdown(wait=False)
+
+
+def test_compile_time_limit_fails_only_that_request(engine):
+    backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=0.05)
+    try:
+        slow = FakeReq("regex", "(a|b)*a(a|b){8}[0-9]{1,40}")  # an exponential DFA: about a second to compile
+        backend.submit(slow)
+        time.sleep(0.2)
+        assert backend.poll(slow) is False
+        assert slow.finish_reason["status_code"] == 400
+        assert "grammar-compile-timeout-s" in slow.finish_reason["message"]
+        quick = FakeReq("regex", "yes|no")
+        backend.compile_async("regex", "yes|no").result(timeout=60)  # compiled before its clock starts
+        backend.submit(quick)
+        assert backend.poll(quick) is True and quick.grammar is not None
+    finally:
+        backend.cache.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_cache_is_keyed_by_kind_spec_and_options(engine):
+    backend = _backend(engine)
+    spec = json.dumps({"type": "string", "maxLength": 5})
+    first = backend.compile_async("json_schema", spec)
+    assert backend.compile_async("json_schema", spec) is first
+    assert ("llguidance", "json_schema", spec, GrammarOptions()) in backend.cache.entries
+    spaced = _backend(engine, constrained_json_whitespace_pattern=WS)
+    assert spaced.options == GrammarOptions(WS) and spaced.options != backend.options
+    bad = backend.compile_async("json_schema", json.dumps({"type": "integer", "minimum": 3, "maximum": 1}))
+    assert isinstance(bad.exception(timeout=60), GrammarError) and "minimum" in str(bad.exception())
+    assert backend.compile_async("json_schema", json.dumps({"type": "integer", "minimum": 3, "maximum": 1})) is bad
+    assert (backend.cache.hits, backend.cache.misses) == (2, 2)
+    for b in (backend, spaced):
+        b.cache.pool.shutdown(wait=False)
+
+
+def _deep_schema(levels: int) -> dict:
+    schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+BAD_GRAMMARS = [
+    ({"json_schema": "{not json"}, "json"),
+    ({"json_schema": {"type": 12}}, "type"),
+    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "unsatisfiable"),
+    ({"json_schema": {"type": "object", "properties": {"a": {"not": {}}}}}, "'not'"),
+    ({"json_schema": _deep_schema(300)}, "nested too deeply"),
+    ({"regex": "(?=a)b"}, "unsupported regex"),
+    ({"ebnf": "start: ("}, "ebnf"),
+]
+
+
+@pytest.mark.parametrize("params,needle", BAD_GRAMMARS, ids=[n for _, n in BAD_GRAMMARS])
+def test_bad_grammars_are_400s_and_the_server_keeps_serving(server, params, needle):
+    with server.client() as c:
+        r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4, **params}})
+        assert r.status_code == 400, r.text
+        assert needle.lower() in r.json()["error"]["message"].lower()
+        ok = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "regex": "(ab)+"}})
+    assert ok.status_code == 200 and ok.json()["text"].startswith("ab")
+
+
+def test_catastrophic_regex_compiles_lazily_on_llguidance(engine):
+    """A regex whose DFA is exponential: llguidance builds its lexer lazily (no hang)."""
+    g = Grammar.from_regex("(a|b)*a(a|b){24}", engine.tokenizer, backend="llguidance")
+    assert g.accepts("b" + "a" * 25) and not g.accepts("b" * 26)
+
+
+def test_unknown_keywords_over_http(server):
+    """Unknown keywords are annotations (200) on the server's backend."""
+    with server.client() as c:
+        schema = {"type": "object", "properties": {"k": {"type": "boolean", "x-note": "v"}}, "required": ["k"], "id": "x",
+                  "additionalProperties": False}  # fmt: skip
+        r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 16, "temperature": 0, "json_schema": json.dumps(schema)}})
+    assert r.status_code == 200, r.text
+    assert isinstance(json.loads(r.json()["text"])["k"], bool)
