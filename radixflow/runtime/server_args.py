@@ -16,6 +16,7 @@ _CHOICES = {
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
     "overlap_schedule": ("auto", "on", "off"),
+    "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/tool_formats.py
 }
 
 _HELP = {
@@ -34,6 +35,8 @@ _HELP = {
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",
     "enable_deterministic_inference": "batch-invariant kernels: a request's outputs and logprobs are the same bits "
     "whatever it is batched with (CUDA, tp_size 1, triton or torch_native attention; slower)",
+    "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
+    "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -72,6 +75,7 @@ class ServerArgs:
     grammar_compile_workers: int = 2
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
+    tool_call_parser: str = "auto"
 
     # serving
     host: str = "127.0.0.1"
