@@ -10,6 +10,7 @@ _LANG = {  # the frontend DSL, imported on first use
     **{n: "radixflow.lang" for n in ("assistant", "set_default_backend", "flush_cache", "get_server_info")},
     **{n: "radixflow.lang" for n in ("token_length_normalized", "greedy_token_selection", "ProgramState")},
     **{n: "radixflow.lang" for n in ("unconditional_likelihood_normalized", "ProgramError")},
+    **{n: "radixflow.lang" for n in ("tool_call", "tools_prompt", "tool_result", "parse_tool_calls", "ToolCall")},
     "Runtime": "radixflow.lang.backends.runtime",
     "RuntimeEndpoint": "radixflow.lang.backends.runtime_endpoint",
     "OpenAIEndpoint": "radixflow.lang.backends.openai_endpoint",

@@ -30,6 +30,7 @@ from radixflow.lang.function import Function, function
 from radixflow.lang.ir import Graph
 from radixflow.lang.primitives import assistant, gen, gen_int, gen_string, select, system, user
 from radixflow.lang.state import ProgramState
+from radixflow.lang.tools import ToolCall, parse_tool_calls, tool_call, tool_result, tools_prompt
 
 __all__ = [
     "function",
@@ -51,4 +52,9 @@ __all__ = [
     "ProgramError",
     "NotTraceable",
     "Graph",
+    "tool_call",
+    "tools_prompt",
+    "tool_result",
+    "parse_tool_calls",
+    "ToolCall",
 ]

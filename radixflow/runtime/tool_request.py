@@ -213,8 +213,13 @@ def _generic_message(m: dict, fmt: ToolFormat) -> dict:
         calls = [{"name": c["function"]["name"], fmt.args_key: c["function"]["arguments"]} for c in m["tool_calls"]]
         return {"role": m["role"], "content": (m["content"] + "\n" if m["content"] else "") + format_calls(fmt, calls)}
     if m["role"] == "tool":
-        return {"role": "user", "content": f"<tool_response>\n{m['content']}\n</tool_response>"}
+        return {"role": "user", "content": tool_response(m["content"])}
     return {"role": m["role"], "content": m["content"]}
+
+
+def tool_response(content: str) -> str:
+    """A tool's result as the generic format hands it back (in a user message)."""
+    return f"<tool_response>\n{content}\n</tool_response>"
 
 
 def format_calls(fmt: ToolFormat, calls: list) -> str:
