@@ -122,7 +122,7 @@ def start_server() -> tuple:
 
     port = free_port()
     log = tempfile.NamedTemporaryFile("w+", prefix="tool-bench-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "radixflow", "serve", "--port", str(port)], stdout=log,
+    proc = subprocess.Popen([sys.executable, "-m", "radixflow", "serve", "--port", str(port), "--max-total-tokens", "16384"], stdout=log,
                             stderr=subprocess.STDOUT)  # fmt: skip
     while proc.poll() is None:
         time.sleep(1)
@@ -138,26 +138,27 @@ def main() -> None:
     ap.add_argument("--sample", type=int, default=40, help="tasks drawn at random (0 = all 1,043)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=160)
-    ap.add_argument("--concurrency", type=int, default=8)
+    ap.add_argument("--concurrency", type=int, default=4)
     args = ap.parse_args()
     tasks = load_tasks(args.corpus, args.sample, args.seed)
     proc, url = start_server() if args.base_url is None else (None, args.base_url)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
         print(f"{len(tasks)} BFCL tasks, max_tokens {args.max_tokens}, concurrency {args.concurrency}")
-        print("| temperature | requests | refused (400) | calls | parse | validate | answers without a call "
-              "| tools: s, out tok/s | no tools: s, out tok/s | throughput ratio (out tok/s) |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| temperature | tools | requests | refused (400) | calls | parse | validate | answers without a call "
+              "| seconds | output tokens | out tok/s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for temperature in (0.0, 1.0):
-            with_tools = run(client, tasks, True, temperature, args.max_tokens, args.concurrency)
-            plain = run(client, tasks, False, temperature, args.max_tokens, args.concurrency)
-            rate = with_tools.out_tokens / with_tools.seconds
-            base = plain.out_tokens / plain.seconds
-            print(f"| {temperature} | {with_tools.requests} | {len(with_tools.refused)} | {with_tools.calls} | "
-                  f"{with_tools.parsed} | {with_tools.valid} | {with_tools.without_calls} | "
-                  f"{with_tools.seconds:.1f}, {rate:.1f} | {plain.seconds:.1f}, {base:.1f} | {rate / base:.2f}x |")  # fmt: skip
-            for name, message in with_tools.refused:
-                print(f"  refused {name}: {message}")
+            rates = []
+            for tools in (True, False):
+                t = run(client, tasks, tools, temperature, args.max_tokens, args.concurrency)
+                rates.append(t.out_tokens / t.seconds)
+                counts = f"{t.calls} | {t.parsed} | {t.valid} | {t.without_calls}" if tools else "- | - | - | -"
+                print(f"| {temperature} | {'required' if tools else 'no tools'} | {t.requests} | {len(t.refused)} | "
+                      f"{counts} | {t.seconds:.1f} | {t.out_tokens} | {rates[-1]:.2f} |", flush=True)  # fmt: skip
+                for name, message in t.refused:
+                    print(f"  refused {name}: {message}")
+            print(f"  temperature {temperature}: out tok/s with tools / without = {rates[0] / rates[1]:.2f}x", flush=True)
     finally:
         if proc is not None:
             proc.terminate()
