@@ -143,3 +143,12 @@ def test_detect_format_and_generic_history():
     assert out[0]["role"] == "system" and '"name": "get_weather"' in out[0]["content"]
     assert out[2] == {"role": "assistant", "content": format_calls(fmt, [{"name": "get_weather", "arguments": {"city": "Paris"}}])}
     assert out[3] == {"role": "user", "content": "<tool_response>\n21 C\n</tool_response>"}
+
+
+def test_arguments_keep_the_schemas_property_order():
+    params = {"type": "object", "properties": {"zone": {"type": "string"}, "amount": {"type": "integer"}},
+              "required": ["zone", "amount"]}  # fmt: skip
+    tools = parse_tools([{"type": "function", "function": {"name": "pay", "parameters": params}}])
+    rx = grammar(tools, FORMATS["generic"], "required", None, False)
+    call = {"name": "pay", "arguments": {"zone": "eu", "amount": 3}}  # as the prompt lists them
+    assert re.fullmatch(rx, format_calls(FORMATS["generic"], [call]))
