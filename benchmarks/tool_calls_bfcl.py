@@ -9,6 +9,10 @@ function's parameters. The same messages are then sent without tools, for the th
 
     python benchmarks/tool_calls_bfcl.py --sample 40                 # starts a server on the default model
     python benchmarks/tool_calls_bfcl.py --base-url http://127.0.0.1:30000 --sample 0   # all 1,043
+    python benchmarks/tool_calls_bfcl.py --grammar-only --sample 0   # no model: grammars vs ground truth
+
+--grammar-only builds each task's call grammar (the server's code path) and checks that every
+ground-truth call, written in the generic format, matches it (Python's re, not the token FSM).
 """
 
 from __future__ import annotations
@@ -52,7 +56,7 @@ class Tally:
     seconds: float = 0.0
 
 
-def load_tasks(corpus: str, sample: int, seed: int) -> list:
+def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
     with tempfile.TemporaryDirectory() as tmp:
         with tarfile.open(corpus) as tar:
             members = [m for m in tar.getmembers() if os.path.basename(m.name).startswith("BFCL_")]
@@ -60,7 +64,13 @@ def load_tasks(corpus: str, sample: int, seed: int) -> list:
         files = sorted(glob.glob(os.path.join(tmp, "**", "BFCL_*.json"), recursive=True))
         if sample:
             files = sorted(random.Random(seed).sample(files, min(sample, len(files))))
-        return [_task(os.path.basename(f)[:-5], json.load(open(f))) for f in files]
+        tasks = []
+        for f in files:
+            doc = json.load(open(f))
+            tasks.append(_task(os.path.basename(f)[:-5], doc))
+            if docs is not None:
+                docs[tasks[-1].name] = doc
+        return tasks
 
 
 def _task(name: str, doc: dict) -> Task:
@@ -117,6 +127,34 @@ def _count(tally: Tally, task: Task, r) -> None:
             print(f"INVALID {task.name}: {c.function.name} {c.function.arguments}", file=sys.stderr)
 
 
+def grammar_only(tasks: list, docs: dict) -> None:
+    import re
+
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.tool_formats import FORMATS
+    from radixflow.runtime.tool_request import format_calls, grammar, parse_tools
+
+    fmt, refused, truths, matched = FORMATS["generic"], [], 0, 0
+    for task in tasks:
+        try:
+            regex = re.compile(grammar(parse_tools(task.tools), fmt, "required", None, True))
+        except RadixflowError as e:
+            refused.append((task.name, str(e)))
+            continue
+        for t in docs[task.name].get("tests", []):
+            if t["valid"]:
+                truths += 1
+                calls = [{"name": k, "arguments": v} for k, v in t["data"].items()]
+                if regex.fullmatch(format_calls(fmt, calls)):
+                    matched += 1
+                else:
+                    print(f"no match {task.name}: {format_calls(fmt, calls)[:200]!r}")
+    print(f"{len(tasks)} tasks: {len(tasks) - len(refused)} grammars built, {len(refused)} refused; "
+          f"{matched} of {truths} ground-truth calls match their grammar")
+    for name, message in refused:
+        print(f"  refused {name}: {message}")
+
+
 def start_server() -> tuple:
     from radixflow.runtime.child_processes import free_port
 
@@ -139,8 +177,12 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
     args = ap.parse_args()
-    tasks = load_tasks(args.corpus, args.sample, args.seed)
+    docs: dict = {}
+    tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
+    if args.grammar_only:
+        return grammar_only(tasks, docs)
     proc, url = start_server() if args.base_url is None else (None, args.base_url)
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
