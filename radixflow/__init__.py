@@ -21,6 +21,8 @@ _LANG = {  # the frontend DSL, imported on first use
     **{n: "radixflow.lang" for n in ("unconditional_likelihood_normalized", "ProgramError", "global_config")},
     **{n: "radixflow.lang" for n in ("system_begin", "system_end", "user_begin", "user_end", "assistant_begin")},
     **{n: "radixflow.lang" for n in ("assistant_end", "image", "video", "separate_reasoning")},
+    **{n: "radixflow.lang" for n in ("unconditional_likelihood_normalized", "ProgramError")},
+    **{n: "radixflow.lang" for n in ("tool_call", "tools_prompt", "tool_result", "parse_tool_calls", "ToolCall")},
     "Runtime": "radixflow.lang.backends.runtime",
     "RuntimeEndpoint": "radixflow.lang.backends.runtime_endpoint",
     "OpenAIEndpoint": "radixflow.lang.backends.openai_endpoint",

@@ -47,6 +47,7 @@ from radixflow.lang.primitives import (
     video,
 )
 from radixflow.lang.state import ProgramState
+from radixflow.lang.tools import ToolCall, parse_tool_calls, tool_call, tool_result, tools_prompt
 
 __all__ = [
     "function",
@@ -78,4 +79,9 @@ __all__ = [
     "ProgramError",
     "NotTraceable",
     "Graph",
+    "tool_call",
+    "tools_prompt",
+    "tool_result",
+    "parse_tool_calls",
+    "ToolCall",
 ]

@@ -82,6 +82,12 @@ class ProgramState:
     def set_var(self, name: str, value: Any) -> None:
         self[name] = value
 
+    def tool_calls(self, name: str) -> list:
+        """The calls (ToolCall(name, arguments)) that rf.tool_call(name, ...) generated."""
+        from radixflow.lang.tools import parse_tool_calls
+
+        return parse_tool_calls(self[name])
+
     def get_meta_info(self, name: str) -> Optional[dict]:
         self._readable("get_meta_info()")
         return self._ex.metas.get(name)

@@ -3,7 +3,8 @@
 Requests map onto the same GenerateInput as the native /generate (one validation
 path); SGLang's extra sampling fields (top_k, min_p, repetition_penalty, regex,
 ignore_eos, ...) pass through. `usage.prompt_tokens_details.cached_tokens` is always
-reported. Unknown request fields get a 400 that lists the accepted ones.
+reported. Unknown request fields get a 400 that lists the accepted ones. Tools (prompt,
+grammar, parsing) live in tool_request.py and tool_response.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from radixflow.runtime.http_common import (
     sse,
 )
 from radixflow.runtime.tokenizer_manager import Event, TokenizerManager
+from radixflow.runtime.tool_request import ToolPlan, plan_tools
+from radixflow.runtime.tool_response import ToolStream, tool_message
 
 # OpenAI / SGLang request field -> sampling_params key
 _SAMPLING_FIELDS = {
@@ -56,7 +59,7 @@ _SAMPLING_FIELDS = {
 }
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
 _COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
-_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice",
+_CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                           "continue_final_message", "chat_template_kwargs"}  # fmt: skip
 _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 _TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
@@ -75,6 +78,7 @@ class Call:
     echo: bool = False
     logprobs: bool = False
     include_usage: bool = False
+    tools: Optional[ToolPlan] = None  # set when the output is decoded and parsed as tool calls
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -194,10 +198,10 @@ def _int_list(p: list) -> bool:
 
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
-    if body.get("tools") or body.get("tool_choice") not in (None, "none", "auto"):
-        raise RadixflowError("tools / tool calls are not supported yet; remove 'tools' and 'tool_choice'")
     stream, usage = _stream_flags(body)
-    text = _chat_prompt(tm, body)
+    messages = _messages(body.get("messages"))
+    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
+    text = tools.prompt if tools else _chat_prompt(tm, body, messages)
     ids = tm.tokenizer.encode(text, add_special_tokens=False)
     want_lp = body.get("logprobs", False)
     top = body.get("top_logprobs")
@@ -208,18 +212,19 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:  # like OpenAI: up to the context length
         max_tokens = max(min(tm.info.context_len - len(ids), tm.args.max_new_tokens_limit), 0)
-    g = GenerateInput(input_ids=ids, sampling_params=_sampling(body, max_tokens), rid=body.get("rid"),
-                      return_logprob=want_lp, top_logprobs_num=top or 0, return_text_in_logprobs=True,
-                      stream=stream)  # fmt: skip
-    return Call("chat", g, _n(body), [text], False, want_lp, usage)
+    sp = _sampling(body, max_tokens)
+    if tools and tools.regex:
+        sp["regex"] = tools.regex
+    g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
+                      top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
+    return Call("chat", g, _n(body), [text], False, want_lp, usage, tools if tools and tools.regex else None)
 
 
-def _chat_prompt(tm: TokenizerManager, body: dict) -> str:
+def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
     """The chat template applied to the messages; with continue_final_message a last
     assistant message is continued rather than followed by a new turn (as in SGLang)."""
     from radixflow.runtime.tokenizer import apply_chat_template
 
-    messages = _messages(body.get("messages"))
     kwargs = body.get("chat_template_kwargs") or {}
     cont = body.get("continue_final_message") or False
     if not isinstance(kwargs, dict) or not isinstance(cont, bool):
@@ -297,7 +302,10 @@ def _choice(call: Call, i: int, r: dict) -> dict:
         return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
     lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
     msg = {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None}
-    return {"index": i, "message": msg, "logprobs": lp, **_finish_fields(meta)}
+    fields = _finish_fields(meta)
+    if call.tools:
+        msg, fields["finish_reason"] = tool_message(call.tools.fmt, r["text"], fields["finish_reason"])
+    return {"index": i, "message": msg, "logprobs": lp, **fields}
 
 
 def usage(results: list, n: int) -> dict:
@@ -366,6 +374,7 @@ class _Sent:
     started: bool = False
     text: int = 0
     tokens: int = 0
+    tools: Optional[ToolStream] = None
 
 
 def _num_choices(call: Call) -> int:
@@ -389,6 +398,9 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     if call.kind == "completion":
         choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
         choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None
+    elif call.tools:
+        sent.tools = sent.tools or ToolStream(call.tools.fmt)
+        choice["delta"], choice["finish_reason"] = sent.tools.delta(r["text"], first, ev.finished, choice["finish_reason"])
     else:
         choice["delta"] = {"role": "assistant", "content": delta} if first else {"content": delta}
         choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None

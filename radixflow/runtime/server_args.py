@@ -19,6 +19,7 @@ _CHOICES = {
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
     "grammar_backend": ("outlines", "llguidance"),
+    "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/tool_formats.py
 }
 
 _HELP = {
@@ -51,6 +52,8 @@ _HELP = {
     "millisecond compiles) or outlines (outlines-core; adds budget-aware completion); ebnf always runs on "
     "llguidance; see docs/grammars.md",
     "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
+    "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
+    "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -93,6 +96,7 @@ class ServerArgs:
     grammar_compile_timeout_s: float = 10.0
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
+    tool_call_parser: str = "auto"
 
     # serving
     host: str = "127.0.0.1"

@@ -1,0 +1,211 @@
+"""Tool calls on the BFCL function schemas of MaskBench: do the returned calls parse and validate?
+
+Each BFCL_* file of ../shared/data/maskbench-dev.tar.gz holds one task's functions (a schema
+`{"properties": {NAME: PARAMETERS}}`, or an anyOf of several) and a ground-truth call. Each task
+becomes a chat request with those functions as `tools` and `tool_choice: "required"`; the user
+message asks for the ground-truth call in words (the corpus keeps no BFCL question). Every
+returned call is checked: its arguments parse as JSON and validate (jsonschema) against its
+function's parameters. The same messages are then sent without tools, for the throughput ratio.
+
+    python benchmarks/tool_calls_bfcl.py --sample 40                 # starts a server on the default model
+    python benchmarks/tool_calls_bfcl.py --base-url http://127.0.0.1:30000 --sample 0   # all 1,043
+    python benchmarks/tool_calls_bfcl.py --grammar-only --sample 0   # no model: grammars vs ground truth
+
+--grammar-only builds each task's call grammar (the server's code path) and checks that every
+ground-truth call, written in the generic format, matches it (Python's re, not the token FSM).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import glob
+import json
+import os
+import random
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import jsonschema
+import openai
+
+CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "maskbench-dev.tar.gz")
+
+
+@dataclass
+class Task:
+    name: str
+    tools: list
+    messages: list
+    schemas: dict  # function name -> parameters
+
+
+@dataclass
+class Tally:
+    requests: int = 0
+    refused: list = field(default_factory=list)  # (task, 400 message)
+    calls: int = 0
+    parsed: int = 0
+    valid: int = 0
+    without_calls: int = 0  # answered without any call (cut by max_tokens)
+    out_tokens: int = 0
+    seconds: float = 0.0
+
+
+def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
+    with tempfile.TemporaryDirectory() as tmp:
+        with tarfile.open(corpus) as tar:
+            members = [m for m in tar.getmembers() if os.path.basename(m.name).startswith("BFCL_")]
+            tar.extractall(tmp, members=members, filter="data")
+        files = sorted(glob.glob(os.path.join(tmp, "**", "BFCL_*.json"), recursive=True))
+        if sample:
+            files = sorted(random.Random(seed).sample(files, min(sample, len(files))))
+        tasks = []
+        for f in files:
+            doc = json.load(open(f))
+            tasks.append(_task(os.path.basename(f)[:-5], doc))
+            if docs is not None:
+                docs[tasks[-1].name] = doc
+        return tasks
+
+
+def _task(name: str, doc: dict) -> Task:
+    alternatives = doc["schema"].get("anyOf", [doc["schema"]])
+    schemas = {k: v for alt in alternatives for k, v in alt["properties"].items()}
+    tools = [{"type": "function", "function": {"name": k, "parameters": v}} for k, v in schemas.items()]
+    truth = next((t["data"] for t in doc.get("tests", []) if t["valid"]), None)
+    if truth:
+        fn, args = next(iter(truth.items()))
+        ask = f"Please call {fn} with {json.dumps(args)}."
+    else:
+        ask = f"Please call {next(iter(schemas))}."
+    return Task(name, tools, [{"role": "user", "content": ask}], schemas)
+
+
+def run(client, tasks: list, tools: bool, temperature: float, max_tokens: int, concurrency: int) -> Tally:
+    tally = Tally()
+    start = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
+        for task, result in zip(tasks, pool.map(lambda t: _one(client, t, tools, temperature, max_tokens), tasks)):
+            _count(tally, task, result)
+    tally.seconds = time.perf_counter() - start
+    return tally
+
+
+def _one(client, task: Task, tools: bool, temperature: float, max_tokens: int):
+    extra = {"tools": task.tools, "tool_choice": "required"} if tools else {}
+    try:
+        return client.chat.completions.create(model="default", messages=task.messages, temperature=temperature,
+                                              max_tokens=max_tokens, seed=0, **extra)  # fmt: skip
+    except openai.BadRequestError as e:
+        return e
+
+
+def _count(tally: Tally, task: Task, r) -> None:
+    tally.requests += 1
+    if isinstance(r, openai.BadRequestError):
+        tally.refused.append((task.name, r.response.json()["error"]["message"]))
+        return
+    tally.out_tokens += r.usage.completion_tokens
+    calls = r.choices[0].message.tool_calls or []
+    tally.without_calls += not calls
+    for c in calls:
+        tally.calls += 1
+        try:
+            args = json.loads(c.function.arguments)
+        except json.JSONDecodeError:
+            continue
+        tally.parsed += 1
+        try:
+            jsonschema.validate(args, task.schemas[c.function.name])
+            tally.valid += 1
+        except (jsonschema.ValidationError, KeyError):
+            print(f"INVALID {task.name}: {c.function.name} {c.function.arguments}", file=sys.stderr)
+
+
+def grammar_only(tasks: list, docs: dict) -> None:
+    import re
+
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.tool_formats import FORMATS
+    from radixflow.runtime.tool_request import format_calls, grammar, parse_tools
+
+    fmt, refused, truths, matched = FORMATS["generic"], [], 0, 0
+    for task in tasks:
+        try:
+            regex = re.compile(grammar(parse_tools(task.tools), fmt, "required", None, True))
+        except RadixflowError as e:
+            refused.append((task.name, str(e)))
+            continue
+        for t in docs[task.name].get("tests", []):
+            if t["valid"]:
+                truths += 1
+                calls = [{"name": k, "arguments": v} for k, v in t["data"].items()]
+                if regex.fullmatch(format_calls(fmt, calls)):
+                    matched += 1
+                else:
+                    print(f"no match {task.name}: {format_calls(fmt, calls)[:200]!r}")
+    print(f"{len(tasks)} tasks: {len(tasks) - len(refused)} grammars built, {len(refused)} refused; "
+          f"{matched} of {truths} ground-truth calls match their grammar")
+    for name, message in refused:
+        print(f"  refused {name}: {message}")
+
+
+def start_server() -> tuple:
+    from radixflow.runtime.child_processes import free_port
+
+    port = free_port()
+    log = tempfile.NamedTemporaryFile("w+", prefix="tool-bench-server-", suffix=".log", delete=False)
+    proc = subprocess.Popen([sys.executable, "-m", "radixflow", "serve", "--port", str(port), "--max-total-tokens", "16384"], stdout=log,
+                            stderr=subprocess.STDOUT)  # fmt: skip
+    while proc.poll() is None:
+        time.sleep(1)
+        if "radixflow server ready at" in open(log.name).read():
+            return proc, f"http://127.0.0.1:{port}"
+    raise SystemExit(f"the server did not start; see {log.name}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base-url", default=None, help="a running server; default: start one on the default model")
+    ap.add_argument("--corpus", default=CORPUS)
+    ap.add_argument("--sample", type=int, default=40, help="tasks drawn at random (0 = all 1,043)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--max-tokens", type=int, default=160)
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
+    args = ap.parse_args()
+    docs: dict = {}
+    tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
+    if args.grammar_only:
+        return grammar_only(tasks, docs)
+    proc, url = start_server() if args.base_url is None else (None, args.base_url)
+    try:
+        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
+        print(f"{len(tasks)} BFCL tasks, max_tokens {args.max_tokens}, concurrency {args.concurrency}")
+        print("| temperature | tools | requests | refused (400) | calls | parse | validate | answers without a call "
+              "| seconds | output tokens | out tok/s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for temperature in (0.0, 1.0):
+            rates = []
+            for tools in (True, False):
+                t = run(client, tasks, tools, temperature, args.max_tokens, args.concurrency)
+                rates.append(t.out_tokens / t.seconds)
+                counts = f"{t.calls} | {t.parsed} | {t.valid} | {t.without_calls}" if tools else "- | - | - | -"
+                print(f"| {temperature} | {'required' if tools else 'no tools'} | {t.requests} | {len(t.refused)} | "
+                      f"{counts} | {t.seconds:.1f} | {t.out_tokens} | {rates[-1]:.2f} |", flush=True)  # fmt: skip
+                for name, message in t.refused:
+                    print(f"  refused {name}: {message}")
+            print(f"  temperature {temperature}: out tok/s with tools / without = {rates[0] / rates[1]:.2f}x", flush=True)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
