@@ -102,7 +102,7 @@ def test_annotations_and_unknown_keywords_are_ignored_and_digits_are_ascii(engin
 
 def test_huge_enums_and_deep_nesting_are_refused_clearly(engine):
     with pytest.raises(GrammarError, match="too large"):
-        Grammar.from_json_schema({"enum": list(range(200_000))}, engine.tokenizer)
+        Grammar.from_json_schema({"enum": list(range(200_000))}, engine.tokenizer, backend="llguidance")
     deep = {"type": "integer"}
     for _ in range(400):
         deep = {"type": "array", "items": deep}
@@ -178,7 +178,7 @@ def test_jump_forward_on_llguidance(engine):
 def test_compile_time_limit_fails_only_that_request(engine):
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=0.05)
     try:
-        slow = FakeReq("regex", "(a|b)*a(a|b){8}[0-9]{1,40}")  # an exponential DFA: about a second to compile
+        slow = FakeReq("regex", "(a|b)*a(a|b){11}[0-9]{1,40}")  # an exponential DFA: ~0.9 s to compile on an idle 2-core machine
         backend.submit(slow)
         time.sleep(0.2)
         assert backend.poll(slow) is False
@@ -218,7 +218,7 @@ def _deep_schema(levels: int) -> dict:
 BAD_GRAMMARS = [
     ({"json_schema": "{not json"}, "json"),
     ({"json_schema": {"type": 12}}, "type"),
-    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "unsatisfiable"),
+    ({"json_schema": {"type": "integer", "minimum": 5, "maximum": 1}}, "minimum"),
     ({"json_schema": {"type": "object", "properties": {"a": {"not": {}}}}}, "'not'"),
     ({"json_schema": _deep_schema(300)}, "nested too deeply"),
     ({"regex": "(?=a)b"}, "unsupported regex"),

@@ -122,7 +122,7 @@ def test_failing_request_gets_500_and_server_goes_on(server):
         with c.stream("POST", "/generate", json=body) as s:
             lines = [x for x in s.iter_lines() if x]
         assert "injected fault" in json.loads(lines[-2][6:])["error"]["message"] and lines[-1] == "data: [DONE]"
-        ok = c.post("/generate", json={"text": "still alive?", "sampling_params": {"max_new_tokens": 2}})
+        ok = c.post("/generate", json={"text": "still alive?", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
         assert ok.status_code == 200 and ok.json()["meta_info"]["completion_tokens"] == 2
     assert_no_leak(wait_idle(server))
 

@@ -43,6 +43,7 @@ class LLGuidanceMatcher:
     """Per-request state (what `req.grammar` is), with GrammarMatcher's interface."""
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
+    budget_closed = False  # llguidance has no distance to an accepting state: it never closes early
 
     def __init__(self, grammar: LLGuidanceGrammar, eos_ids: tuple, req=None):
         self.grammar = grammar

@@ -14,18 +14,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
-
-FP8 = torch.float8_e4m3fn
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (and quantizes to zeros)
-
-
-def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [R, K] -> (q [R, K] float8_e4m3fn, s [R] float32) with x ~ q * s[:, None]."""
-    xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
-    q = (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
-    return q, scale
+from radixflow.kernels.reference import FP8, FP8_MAX, MIN_SCALE, quantize_rows_torch  # noqa: F401 (re-exported)
 
 
 @triton.jit

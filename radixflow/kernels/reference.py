@@ -106,3 +106,17 @@ def extend_attention_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix
         outs.append(_attend(q[start : start + ext], k_buf[slots], v_buf[slots], kpos <= qpos, scale))
         start += ext
     return torch.cat(outs).to(q.dtype)
+
+
+# -- FP8 (e4m3): torch-only, so loading an FP8 model needs no Triton -------------------------------
+FP8 = torch.float8_e4m3fn
+FP8_MAX = 448.0
+MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (and quantizes to zeros)
+
+
+def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [R, K] -> (q [R, K] float8_e4m3fn, s [R] float32) with x ~ q * s[:, None]."""
+    xf = x.float()
+    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    q = (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
+    return q, scale

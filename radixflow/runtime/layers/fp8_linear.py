@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from radixflow.errors import RadixflowError
-from radixflow.kernels.fp8 import FP8, quantize_rows_torch
+from radixflow.kernels.reference import FP8, quantize_rows_torch
 from radixflow.runtime.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
 
 QUANTIZATIONS = ("fp8",)
