@@ -22,8 +22,6 @@ import json
 import math
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
 
@@ -31,30 +29,11 @@ import httpx
 from jsonschema import Draft202012Validator, validators
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from maskbench import DEFAULT_CORPUS, load_corpus, sample  # noqa: E402
+from serving_helpers import start_server  # noqa: E402
 
 SHORTEST = re.compile(r"shortest output takes (\d+) tokens")
-
-
-def launch(backend: str, extra: list) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(port), "--grammar-backend", backend, *extra]
-    log = open(os.environ.get("MASKBENCH_E2E_LOG", os.devnull), "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(600):
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None:
-            raise SystemExit(f"the server exited ({proc.returncode}): {' '.join(cmd)}")
-        time.sleep(1)
-    proc.kill()
-    raise SystemExit("the server did not come up in 10 minutes")
 
 
 def prompt_for(doc: dict) -> str:
@@ -113,14 +92,15 @@ def main() -> None:
     if args.budget and args.grammar_backend != "outlines":
         raise SystemExit("--budget needs --grammar-backend outlines (the backend with budget-aware completion)")
     docs = sample(load_corpus(args.corpus), args.schemas, args.seed)
-    proc, url = (None, args.url) if args.url else launch(args.grammar_backend, ["--max-new-tokens-limit", "4096"])
+    server = None if args.url else start_server("--grammar-backend", args.grammar_backend, "--max-new-tokens-limit", "4096",
+                                                api_key=None, startup_timeout_s=600)  # fmt: skip
+    url = args.url or server.url
     start = time.time()
     try:
         results = asyncio.run(run(url, docs, args))
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+        if server is not None:
+            server.stop()
     tally = collections.Counter(r["status"] for r in results)
     finishes = collections.Counter((r["status"], r.get("finish")) for r in results if "finish" in r)
     finished = [r for r in results if r.get("finish") == "stop"]

@@ -23,7 +23,6 @@ import glob
 import json
 import os
 import random
-import subprocess
 import sys
 import tarfile
 import tempfile
@@ -32,6 +31,9 @@ from dataclasses import dataclass, field
 
 import jsonschema
 import openai
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from serving_helpers import start_server  # noqa: E402
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "maskbench-dev.tar.gz")
 
@@ -155,20 +157,6 @@ def grammar_only(tasks: list, docs: dict) -> None:
         print(f"  refused {name}: {message}")
 
 
-def start_server() -> tuple:
-    from radixflow.runtime.child_processes import free_port
-
-    port = free_port()
-    log = tempfile.NamedTemporaryFile("w+", prefix="tool-bench-server-", suffix=".log", delete=False)
-    proc = subprocess.Popen([sys.executable, "-m", "radixflow", "serve", "--port", str(port), "--max-total-tokens", "16384"], stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
-    while proc.poll() is None:
-        time.sleep(1)
-        if "radixflow server ready at" in open(log.name).read():
-            return proc, f"http://127.0.0.1:{port}"
-    raise SystemExit(f"the server did not start; see {log.name}")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default=None, help="a running server; default: start one on the default model")
@@ -183,7 +171,8 @@ def main() -> None:
     tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
     if args.grammar_only:
         return grammar_only(tasks, docs)
-    proc, url = start_server() if args.base_url is None else (None, args.base_url)
+    server = None if args.base_url else start_server("--max-total-tokens", "16384", api_key=None, startup_timeout_s=600)
+    url = args.base_url or server.url
     try:
         client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
         print(f"{len(tasks)} BFCL tasks, max_tokens {args.max_tokens}, concurrency {args.concurrency}")
@@ -202,9 +191,8 @@ def main() -> None:
                     print(f"  refused {name}: {message}")
             print(f"  temperature {temperature}: out tok/s with tools / without = {rates[0] / rates[1]:.2f}x", flush=True)
     finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(30)
+        if server is not None:
+            server.stop()
 
 
 if __name__ == "__main__":

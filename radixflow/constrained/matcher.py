@@ -17,6 +17,7 @@ from radixflow.constrained.fsm import CompiledGrammar
 
 class GrammarMatcher:
     masks_cached = True  # current_mask() returns arrays cached per FSM state (the sampler keys bias rows by them)
+
     def __init__(self, grammar: CompiledGrammar, req=None):
         self.grammar = grammar
         self.req = req  # for the token budget; None = unlimited
