@@ -114,3 +114,63 @@ def test_overlap_and_batch_defaults_follow_the_device():
     assert ServerArgs(cuda_graph_max_bs=64).graph_max_bs("cuda") == 64
     with pytest.raises(RadixflowError, match="cuda_graph_max_bs"):
         ServerArgs(cuda_graph_max_bs=-1)
+
+
+def _constrained_batch() -> tuple[list, list]:
+    """Greedy grammar rows (JSON schemas with forced keys for jump-forward, a regex, choices,
+    a dtype) beside free rows and rows that need the host's view (penalties, min_new_tokens)."""
+    from constrained_corpus import SCHEMAS
+    from radixflow.constrained import regex_for_choices, regex_for_dtype
+
+    g = {"temperature": 0}
+    params = [
+        dict(g, json_schema=SCHEMAS[1], max_new_tokens=48),
+        dict(g, json_schema=SCHEMAS[5], max_new_tokens=48),
+        dict(g, regex=r"[0-9]{3}-[0-9]{4} \((home|work)\)", max_new_tokens=20),
+        dict(g, regex=regex_for_choices(["red", "green", "blue"]), max_new_tokens=8),
+        dict(g, regex=regex_for_dtype(int), max_new_tokens=8),
+        dict(g, max_new_tokens=24, ignore_eos=True),
+        dict(g, max_new_tokens=20, repetition_penalty=1.3, frequency_penalty=0.5),
+        dict(g, max_new_tokens=16, min_new_tokens=6),
+    ]
+    prompts = ["Write a JSON movie record:\n", "Write a JSON record:\n", "Phone:", "A color:", "A number:"] + PROMPTS[:3]
+    return prompts, params
+
+
+def test_constrained_rows_overlap_with_the_same_outputs(engine):
+    """Grammar rows take part in overlap (masks filled while the next pass runs, forced
+    tokens fed one a pass): greedy outputs equal the non-overlapped path's, jump-forward included."""
+    prompts, params = _constrained_batch()
+    ref = engine.generate(prompts, params)
+    assert sum(o["meta_info"].get("jump_forward_tokens", 0) for o in ref) > 0, "the batch must exercise jump-forward"
+    with overlap_on(engine) as sched:
+        fed = sched.stats.fed_rows
+        got = engine.generate(prompts, params, return_logprob=[False] * 7 + [True])
+        _settle(sched)
+        assert sched.stats.fed_rows > fed, "forced tokens must have been fed in overlapped passes"
+    assert _outputs(got) == _outputs(ref)
+    assert [o["meta_info"].get("jump_forward_tokens", 0) for o in got] == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref]
+    assert len(got[7]["meta_info"]["output_token_logprobs"]) == got[7]["meta_info"]["completion_tokens"]
+
+
+def test_constrained_overlap_on_llguidance(engine):
+    """The llguidance backend fills its rows on its own threads; outputs match without overlap."""
+    import dataclasses
+
+    from radixflow.constrained.backend import GrammarBackend
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward)
+    args = dataclasses.replace(sched.args, grammar_backend="llguidance")
+    sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    sched.jump_forward = sched.grammar_backend.jump_forward
+    try:
+        prompts, params = _constrained_batch()
+        ref = engine.generate(prompts[:3], params[:3])
+        with overlap_on(engine):
+            got = engine.generate(prompts[:3], params[:3])
+            _settle(sched)
+    finally:
+        sched.grammar_backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward = saved
+    assert _outputs(got) == _outputs(ref)
