@@ -35,7 +35,10 @@ if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
 MAX_FED_TOKENS = 16
-IDLE_ROW = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=0.0))  # samples a row whose token is dropped
+# stand-ins that sample a row whose token is dropped: greedy, or sampled when the batch samples
+# (so a sampled batch does not also pay for greedy rows)
+IDLE_GREEDY = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=0.0))
+IDLE_SAMPLED = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=1.0))
 
 
 @dataclass
@@ -86,7 +89,9 @@ def launch_decode(sched: Scheduler, reqs: list[Req], ids=None) -> InflightDecode
 def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
     """Sample a launched pass and start copying its ids to the host. Rows that are not
     `real` (finished meanwhile, or only feeding a pending token) sample as idle greedy rows."""
-    rows = [r if ok else IDLE_ROW for r, ok in zip(flight.reqs, real)]
+    sampled = any(ok and not r.sampling.is_greedy for r, ok in zip(flight.reqs, real))
+    idle = IDLE_SAMPLED if sampled else IDLE_GREEDY
+    rows = [r if ok else idle for r, ok in zip(flight.reqs, real)]
     sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
     result = sample(flight.logits, rows, sched.eos_ids, sched.args.enable_deterministic_inference)
     flight.logits, flight.real, flight.result = None, real, result
