@@ -56,15 +56,20 @@ def test_overlap_gives_the_same_outputs(engine):
     assert got == ref
 
 
-def test_requests_that_cannot_overlap_fall_back_in_the_same_batch(engine):
+def test_penalty_and_logprob_rows_overlap_with_the_same_outputs(engine):
+    """Penalties need the host's view of every token (their pass is sampled after the read-back);
+    logprobs are read from each pass's own results: neither takes the batch out of overlap."""
     params = [dict(MIXED[4]) for _ in PROMPTS[:4]]
-    params[1]["repetition_penalty"] = 1.3  # penalties need the host's view of every token
-    params[1]["max_new_tokens"] = params[2]["max_new_tokens"] = 10  # then the other two overlap
+    params[1]["repetition_penalty"] = 1.3
+    params[1]["max_new_tokens"] = params[2]["max_new_tokens"] = 10
     ref = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
     with overlap_on(engine) as sched:
+        before = sched.stats.chained_decode_steps
         got = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
         _settle(sched)
+        chained = sched.stats.chained_decode_steps - before
     assert _outputs(got) == _outputs(ref)
+    assert chained >= 25, chained  # 30 tokens: nearly every decode pass chained, the penalty row's too
     lp = [x[0] for x in got[2]["meta_info"]["output_token_logprobs"]]
     lp_ref = [x[0] for x in ref[2]["meta_info"]["output_token_logprobs"]]
     assert len(lp) == len(lp_ref) == 10 and max(abs(a - b) for a, b in zip(lp, lp_ref)) < 1e-4
