@@ -7,7 +7,7 @@ against its fastest batch size in that run. With --runs N the two are measured N
 interleaved (radixflow, then each transformers batch size), and a table gives each run's
 ratio and the load average around it.
 
-    .venv/bin/python benchmarks/offline_throughput.py --runs 3 [--num 64] [--hf-batch 16,32,64]
+    .venv/bin/python benchmarks/offline_throughput.py --runs 3 [--num 64] [--hf-batch 16,32,64] [--ab-linear]
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import random
 import time
 
 import torch
+
+from radixflow.kernels import cpu_linear
 
 
 def make_workload(num: int, seed: int) -> list[tuple[list[int], int]]:
@@ -58,19 +60,32 @@ def run_transformers(model, reqs, batch: int, pad_id: int) -> float:
     return time.perf_counter() - t
 
 
-def one_run(engine, hf_model, reqs, batches: list[int]) -> dict:
+def one_run(engine, hf_model, reqs, batches: list[int], ab_linear: bool) -> dict:
+    """radixflow, then (--ab-linear) radixflow with torch's F.linear, then transformers at each batch size."""
     load_before = os.getloadavg()[0]
-    rf = run_radixflow(engine, reqs)
-    hf = {b: run_transformers(hf_model, reqs, b, pad_id=2) for b in batches}
-    return {"radixflow": rf, "hf": hf, "load": (load_before, os.getloadavg()[0])}
+    r = {"radixflow": run_radixflow(engine, reqs), "hf": {}}
+    print(f"  radixflow {r['radixflow']:.1f} s", flush=True)
+    if ab_linear:
+        cpu_linear.enabled = False
+        r["radixflow F.linear"] = run_radixflow(engine, reqs)
+        cpu_linear.enabled = True
+        print(f"  radixflow with F.linear {r['radixflow F.linear']:.1f} s", flush=True)
+    for b in batches:
+        r["hf"][b] = run_transformers(hf_model, reqs, b, pad_id=2)
+        print(f"  transformers batch {b} {r['hf'][b]:.1f} s", flush=True)
+    r["load"] = (load_before, os.getloadavg()[0])
+    return r
 
 
 def print_table(runs: list[dict], out_tokens: int, batches: list[int]) -> None:
-    head = ["run", "radixflow s", "out tok/s"] + [f"hf b{b} s" for b in batches] + ["hf best", "ratio", "load 1m"]
+    ab = "radixflow F.linear" in runs[0]
+    head = ["run", "radixflow s", "out tok/s"] + (["radixflow F.linear s"] if ab else [])
+    head += [f"hf b{b} s" for b in batches] + ["hf best", "ratio", "load 1m"]
     print(" | ".join(head))
     for i, r in enumerate(runs, 1):
         best = min(r["hf"], key=r["hf"].get)
         cells = [str(i), f"{r['radixflow']:.1f}", f"{out_tokens / r['radixflow']:.1f}"]
+        cells += [f"{r['radixflow F.linear']:.1f}"] if ab else []
         cells += [f"{r['hf'][b]:.1f}" for b in batches]
         cells += [f"b{best} {out_tokens / r['hf'][best]:.1f} tok/s", f"{r['hf'][best] / r['radixflow']:.2f}x",
                   f"{r['load'][0]:.1f}->{r['load'][1]:.1f}"]
@@ -86,6 +101,8 @@ def main() -> None:
     ap.add_argument("--hf-batch", default="16,32,64", help="transformers batch sizes, comma-separated")
     ap.add_argument("--runs", type=int, default=1, help="measure both this many times, interleaved")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ab-linear", action="store_true",
+                    help="also time radixflow with torch's F.linear instead of oneDNN (kernels/cpu_linear.py)")
     args = ap.parse_args()
     torch.set_num_threads(2)
     from transformers import AutoModelForCausalLM
@@ -103,10 +120,8 @@ def main() -> None:
           f"float32, torch threads {torch.get_num_threads()}, {os.cpu_count()} CPUs", flush=True)
     runs = []
     for i in range(args.runs):
-        runs.append(one_run(engine, hf_model, reqs, batches))
-        r = runs[-1]
-        print(f"run {i + 1}: radixflow {r['radixflow']:.1f} s, transformers "
-              + ", ".join(f"b{b} {s:.1f} s" for b, s in r["hf"].items()), flush=True)
+        print(f"run {i + 1}", flush=True)
+        runs.append(one_run(engine, hf_model, reqs, batches, args.ab_linear))
     print_table(runs, out_tokens, batches)
 
 
