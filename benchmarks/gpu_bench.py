@@ -13,7 +13,7 @@ Sections (each isolated: a failure is logged and the next one runs):
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched);
-               --corr-dtypes bfloat16-det (deterministic inference), bfloat16-p1|p2|p3 (p in N parts),
+               --corr-dtypes bfloat16-det (deterministic inference), bfloat16-p1|p2 (p in N parts),
                bfloat16-unfused (Triton's rotary and SiLU-and-mul in torch)
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
   decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
@@ -34,7 +34,7 @@ Sections (each isolated: a failure is logged and the next one runs):
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
-               head for last tokens only); --prefill-p-parts-ab also times p in 1, 2, 3 parts
+               head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
@@ -97,19 +97,15 @@ def main() -> None:
     p.add_argument("--graph-max-bs", type=int, default=256)
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
-                   help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2, bfloat16-p3")
+                   help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2")
     p.add_argument("--corr-configs", default="smollm2-135m,llama3-8b")
-    p.add_argument("--p-parts", type=int, choices=(1, 2, 3),
+    p.add_argument("--p-parts", type=int, choices=(1, 2),
                    help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
     p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
-    p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1, 2, 3 parts")
+    p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})
-    if OPTS.p_parts:
-        from radixflow.kernels.attention_common import set_p_parts
-
-        set_p_parts(OPTS.p_parts)
     os.makedirs(OPTS.out, exist_ok=True)
     OPTS.bench_engine = None
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -80,6 +81,8 @@ def make_engine(config: str, **kw):
         kw.update(device="cpu", dtype="float32")
         kw.pop("mem_fraction_static", None)
         kw.setdefault("max_total_tokens", 8192)
+    if OPTS.p_parts:
+        kw.setdefault("attention_p_parts", OPTS.p_parts)
     if not os.path.isdir(path):
         kw.setdefault("load_format", "dummy")
         kw.setdefault("tokenizer_path", OPTS.tokenizer)
@@ -159,16 +162,6 @@ def prefill_flops(model, n: int, length: int) -> float:
     return n * (2 * length * layer_params + 2 * head + attention)
 
 
-@contextlib.contextmanager
-def setting(setter, value):
-    """setter(value) for the block; setter returns the setting before, which is put back after."""
-    before = setter(value)
-    try:
-        yield
-    finally:
-        setter(before)
-
-
 def decode_rate(eng, prompt: list, n: int, reps: int = 2, **sampling) -> float:
     """Decode tokens/s of one request: (n - 1) / (time(n tokens) - time(1 token)); greedy unless
     `sampling` says otherwise."""
@@ -179,28 +172,31 @@ def decode_rate(eng, prompt: list, n: int, reps: int = 2, **sampling) -> float:
     return (n - 1) / (tn - t1)
 
 
-def recaptured_rates(eng, prompt: list, suffix: str, toggle) -> dict:
-    """The same engine with a batch-1 graph captured while `toggle(False)` holds (it returns the
-    setting to restore), in the same run: decode tok/s, replay ms, and the largest logit
-    difference from the engine's own graph on the same inputs (the last step's)."""
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
-
+def recaptured_rates(eng, prompt: list, suffix: str, layers=None, **changes) -> dict:
+    """The same engine with its kernel settings changed by `changes` (a batch-1 graph captured under
+    them, and inside the context manager `layers` when given), in the same run: decode tok/s, replay
+    ms, and the largest logit difference from the engine's own graph on the same inputs (the last
+    step's). The settings and graphs before are restored after."""
     runner, g = eng.runner, eng.runner.graph_runner
-    before = toggle(False)
+    before = runner.settings
     try:
-        runner.graph_runner = alt = CudaGraphRunner(runner.model, runner.backend, 1)
+        with layers or contextlib.nullcontext():
+            return _alt_graph_rates(eng, prompt, suffix, g, dataclasses.replace(before, **changes))
     finally:
-        toggle(before)
-    try:
-        out = {f"graph_tok_s_{suffix}": decode_rate(eng, prompt, SZ["bs1_out"]),
-               f"replay_step_ms_{suffix}": cuda_time(lambda: alt.graphs[1].replay(), 50) * 1e3}
-        logits = []
-        for r in (g, alt):
-            for buf in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens"):
-                getattr(r, buf)[:1].copy_(getattr(alt, buf)[:1])
-            r.graphs[1].replay()
-            logits.append(r.logits[1].clone())
-        out[f"logits_maxdiff_{suffix}"] = float((logits[0] - logits[1]).abs().max())
-    finally:
-        runner.graph_runner = g
+        runner.set_kernel_settings(before)
+
+
+def _alt_graph_rates(eng, prompt: list, suffix: str, g, settings) -> dict:
+    runner = eng.runner
+    runner.set_kernel_settings(settings, graph_max_bs=1)
+    alt = runner.graph_runner
+    out = {f"graph_tok_s_{suffix}": decode_rate(eng, prompt, SZ["bs1_out"]),
+           f"replay_step_ms_{suffix}": cuda_time(lambda: alt.graphs[1].replay(), 50) * 1e3}
+    logits = []
+    for r in (g, alt):
+        for buf in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens"):
+            getattr(r, buf)[:1].copy_(getattr(alt, buf)[:1])
+        r.graphs[1].replay()
+        logits.append(r.logits[1].clone())
+    out[f"logits_maxdiff_{suffix}"] = float((logits[0] - logits[1]).abs().max())
     return out

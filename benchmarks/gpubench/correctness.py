@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 import traceback
 
 import torch
 
-from gpubench.common import DEV, OPTS, SZ, TOKENIZER_FILES, TOKENIZER_VOCAB, free, log, make_engine, setting
+from gpubench.common import DEV, OPTS, SZ, TOKENIZER_FILES, TOKENIZER_VOCAB, free, log, make_engine
 
 
 def _compare(cand, ref, tol: float = 2e-2) -> dict:
@@ -51,20 +52,22 @@ def _solo_reference(eng, warm: list, cand, starts: list):
     return RunLogprobs(cand.prompts, [r.input_lps[0] for r in runs], cand.output_ids, [r.output_lps[0] for r in runs])
 
 
-def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: bool = False) -> dict:
+def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: bool = False, **triton_kw) -> dict:
     """bf16 Triton and bf16 torch-native, each against a float32 torch-native run of the
     same (bf16-rounded) weights: how far each bf16 path is from exact arithmetic. Two
     torch-native-only baselines show what bf16 itself allows: the whole check with native as
     the candidate too, and teacher-forced scoring of each request alone vs the batch; and one that
     shows what float32 attention itself allows: the bf16 torch-native reference with its attention
     computed in float64 (exact, then rounded once) against the same with float32 attention.
-    `deterministic`: both bf16 engines with --enable-deterministic-inference (the float32 one without)."""
+    `deterministic`: both bf16 engines with --enable-deterministic-inference (the float32 one without);
+    `triton_kw`: more server arguments for the Triton engine alone (kernel settings)."""
     from logprob_check import make_prompts, run_candidate, run_reference
 
     kw = dict(max_total_tokens=32768, chunked_prefill_size=chunk, cuda_graph_max_bs=8, max_running_requests=16)
     det = dict(kw, enable_deterministic_inference=deterministic)
     warm, batch, starts = make_prompts(TOKENIZER_VOCAB, shared, long, seed=1)
-    tri = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", dtype="bfloat16", **det)
+    tri = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", dtype="bfloat16", **det,
+                      **triton_kw)
     cand = run_candidate(tri, warm, batch, starts, new_tokens=16)
     if deterministic:  # the Triton engine against itself: teacher-forced alone vs the generating batch
         res_det = {"triton_solo_vs_batched_bf16": _compare(_solo_reference(tri, warm, cand, starts),
@@ -74,7 +77,8 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     nat_cand = run_candidate(nat16, warm, batch, starts, new_tokens=16)
     res = {"native_vs_native_bf16": _compare(nat_cand, run_reference(nat16, warm, nat_cand, starts)),
            "native_solo_vs_batched_bf16": _compare(_solo_reference(nat16, warm, cand, starts), ref16)}
-    nat16.runner.backend.compute_dtype = torch.float64  # exact attention: where float32 attention itself leads
+    exact = dataclasses.replace(nat16.runner.settings, native_attention_dtype="float64")
+    nat16.runner.set_kernel_settings(exact)  # exact attention: where float32 attention itself leads
     ref16_exact = run_reference(nat16, warm, cand, starts)
     res.update(native_exact_attention_vs_native_bf16=_compare(ref16_exact, ref16),
                triton_vs_native_exact_attention_bf16=_compare(cand, ref16_exact))
@@ -94,28 +98,15 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     return res
 
 
-def _set_triton_fused_kernels(on: bool) -> bool:
-    """Whether Triton engines created from now on run the model's norm / rotary / SiLU-and-mul as
-    Triton kernels (off: in torch, as torch-native's are); returns the setting before."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
-
-    before, TritonBackend.fused_kernels = TritonBackend.fused_kernels, on
-    return before
-
-
 def _check_bf16_p_parts(config: str, parts: int, shared: int, long: int, chunk: int) -> dict:
     """_check_bf16 with the Triton kernels multiplying p in `parts` bf16 parts (kernels/attention_common.py)."""
-    from radixflow.kernels.attention_common import set_p_parts
-
-    with setting(set_p_parts, parts):
-        return _check_bf16(config, shared, long, chunk)
+    return _check_bf16(config, shared, long, chunk, attention_p_parts=parts)
 
 
 def _check_bf16_unfused(config: str, shared: int, long: int, chunk: int) -> dict:
     """_check_bf16 with the Triton engine's rotary and SiLU-and-mul in torch, so the two backends
     differ only in attention."""
-    with setting(_set_triton_fused_kernels, False):
-        return _check_bf16(config, shared, long, chunk)
+    return _check_bf16(config, shared, long, chunk, disable_fused_kernels=True)
 
 
 def sec_correctness() -> dict:
@@ -125,7 +116,7 @@ def sec_correctness() -> dict:
               "bfloat16": lambda c: _check_bf16(c, *sizes),
               "bfloat16-det": lambda c: _check_bf16(c, *sizes, deterministic=True),
               "bfloat16-unfused": lambda c: _check_bf16_unfused(c, *sizes),
-              **{f"bfloat16-p{n}": (lambda c, n=n: _check_bf16_p_parts(c, n, *sizes)) for n in (1, 2, 3)}}
+              **{f"bfloat16-p{n}": (lambda c, n=n: _check_bf16_p_parts(c, n, *sizes)) for n in (1, 2)}}
     for config in OPTS.corr_configs.split(","):
         for dtype in OPTS.corr_dtypes.split(","):
             key = f"{config}/{dtype}"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
-
-import torch
 
 from gpubench.common import OPTS, RESULTS, SZ, cuda_time, decode_rate, decode_step_read_bytes, free, make_engine, rand_ids, recaptured_rates, weight_bytes
 from gpubench.decode_profile import profile_outside_graph, profile_replay
@@ -14,53 +13,28 @@ from gpubench.machine import copy_bandwidth, read_bandwidth
 
 def _pdl_off_rates(eng, prompt: list) -> dict:
     """A batch-1 graph captured without PDL (kernels/pdl.py)."""
-    from radixflow.kernels import pdl
-
-    return recaptured_rates(eng, prompt, "pdl_off", pdl.set_enabled)
+    return recaptured_rates(eng, prompt, "pdl_off", pdl=False)
 
 
 def _rotary_apart_rates(eng, prompt: list) -> dict:
     """A batch-1 graph with rotary + KV store as their own kernel, not inside decode attention."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
-
-    def toggle(max_batch):  # False: 0, the separate kernel at every batch size; then the old setting back
-        before = TritonBackend.rotary_in_decode_attention_max_batch
-        TritonBackend.rotary_in_decode_attention_max_batch = int(max_batch)
-        return before
-
-    return recaptured_rates(eng, prompt, "rotary_apart", toggle)
+    return recaptured_rates(eng, prompt, "rotary_apart", fused_rotary_max_batch=0)
 
 
 def _pdl_late_rates(eng, prompt: list) -> dict:
     """A batch-1 graph whose kernels trigger the next one after their PDL wait, not before it."""
-    from radixflow.kernels import pdl
-
-    return recaptured_rates(eng, prompt, "pdl_late", pdl.set_early_trigger)
-
-
-def set_residual_dtype(dtype):
-    """The residual stream's dtype (DecoderLayer.residual_dtype); False: the model's own (bf16).
-    Returns the setting before, so it fits recaptured_rates' toggle protocol."""
-    from radixflow.runtime.models.llama import DecoderLayer
-
-    before = DecoderLayer.residual_dtype
-    DecoderLayer.residual_dtype = None if dtype is False else dtype
-    return before
+    return recaptured_rates(eng, prompt, "pdl_late", pdl_early_trigger=False)
 
 
 def _p_parts_rates(eng, prompt: list) -> dict:
-    """Batch-1 graphs whose attention multiplies p in each other number of bf16 parts (1 to 3)."""
-    from radixflow.kernels.attention_common import p_parts, set_p_parts
-
-    out, default = {}, p_parts(torch.bfloat16)
-    for n in sorted({1, 2, 3} - {default}):
-        out.update(recaptured_rates(eng, prompt, f"p{n}", lambda v, n=n: set_p_parts(n if v is False else v)))
-    return out
+    """A batch-1 graph whose attention multiplies p in the other number of bf16 parts (1 or 2)."""
+    other = 3 - eng.runner.settings.attention_p_parts
+    return recaptured_rates(eng, prompt, f"p{other}", attention_p_parts=other)
 
 
 def _residual_bf16_rates(eng, prompt: list) -> dict:
     """A batch-1 graph with the residual stream in bf16 (the model's dtype), not float32."""
-    return recaptured_rates(eng, prompt, "residual_bf16", set_residual_dtype)
+    return recaptured_rates(eng, prompt, "residual_bf16", fp32_residual=False)
 
 
 def sec_decode_bs1() -> dict:
@@ -142,19 +116,18 @@ def sec_bs1() -> dict:
 def sec_sampled_bs1() -> dict:
     """Batch-1 decode with temperature 0.8 and top-p 0.9 (the Triton sampling kernel, then torch's
     sort-based path) against greedy, in one engine: what sampling costs a decode step."""
-    from radixflow.runtime import sampler
-
     eng, out = OPTS.bench_engine, {}
+    kernel, torch_path = eng.runner.settings, dataclasses.replace(eng.runner.settings, triton_sampling=False)
     prompt = rand_ids(random.Random(7), 128)
     top_p = dict(temperature=0.8, top_p=0.9)
     for rep in range(2):  # interleaved: a slow spell of the machine hits all three
         out[f"greedy_tok_s#{rep}"] = decode_rate(eng, prompt, SZ["bs1_out"])
         out[f"top_p_kernel_tok_s#{rep}"] = decode_rate(eng, prompt, SZ["bs1_out"], **top_p)
-        before, sampler.triton_sampling = sampler.triton_sampling, False
+        eng.runner.set_kernel_settings(torch_path)
         try:
             out[f"top_p_torch_tok_s#{rep}"] = decode_rate(eng, prompt, SZ["bs1_out"], **top_p)
         finally:
-            sampler.triton_sampling = before
+            eng.runner.set_kernel_settings(kernel)
     return out
 
 

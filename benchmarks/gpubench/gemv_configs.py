@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import random
 import statistics
@@ -11,7 +12,7 @@ from gpubench.common import OPTS, SZ, cuda_time, decode_rate, rand_ids, recaptur
 
 def _gemv_layers(model) -> list:
     """The model's linear layers that run small batches through the Triton GEMV."""
-    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+    from radixflow.runtime.execution.layers.parallel_linear import SmallBatchMatmul
 
     return [m for m in model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
 
@@ -21,24 +22,24 @@ def gemv_configs_in_use(model) -> list:
     return sorted({f"{tuple(m.weight.shape)}: {m.gemv_config}" for m in _gemv_layers(model)})
 
 
+@contextlib.contextmanager
+def _forced_config(layers: list, config: dict):
+    """Every GEMV layer in `layers` on `config` inside the block; each its own config after."""
+    saved = [m.gemv_config for m in layers]
+    for m in layers:
+        m.gemv_config = config
+    try:
+        yield
+    finally:
+        for m, c in zip(layers, saved):
+            m.gemv_config = c
+
+
 def _forced_config_rates(eng, prompt: list, index: int) -> dict:
     """A batch-1 graph with every GEMV on GEMV_CONFIGS[index], not the chooser's config for its shape."""
     from radixflow.kernels.gemv import GEMV_CONFIGS
 
-    mms = _gemv_layers(eng.runner.model)
-    saved = {}
-
-    def toggle(on):  # recaptured_rates' protocol: toggle(False) sets the config, toggle(its result) restores
-        if on is False:
-            saved.update({id(m): m.gemv_config for m in mms})
-            for m in mms:
-                m.gemv_config = GEMV_CONFIGS[index]
-            return "restore"
-        for m in mms:
-            m.gemv_config = saved[id(m)]
-        return None
-
-    out = recaptured_rates(eng, prompt, f"cfg{index}", toggle)
+    out = recaptured_rates(eng, prompt, f"cfg{index}", _forced_config(_gemv_layers(eng.runner.model), GEMV_CONFIGS[index]))
     out["chosen_configs"] = gemv_configs_in_use(eng.runner.model)
     return out
 
@@ -70,7 +71,7 @@ def sec_gemv_config_search() -> dict:
     scored by the replay time of a freshly captured batch-1 graph; then the best mix against the
     chooser's, interleaved. Says whether tuning on whole steps would beat the per-shape chooser."""
     from radixflow.kernels.gemv import GEMV_CONFIGS
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+    from radixflow.runtime.execution.cuda_graph_runner import CudaGraphRunner
 
     eng = OPTS.bench_engine
     runner, g = eng.runner, eng.runner.graph_runner

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import random
 import statistics
 import time
 
-import torch
-
 from gpubench.common import Event, OPTS, SZ, free, greedy, log, make_engine, rand_ids, sync
-from gpubench.decode import set_residual_dtype
 
 
 def offline_requests(seed: int = 2024) -> list:
@@ -111,47 +109,33 @@ def sec_offline_pdl_ab() -> dict:
     """`offline` (warm passes) with every CUDA graph captured with the PDL trigger before the wait
     (early, the default), then after it (late), then early again, in one process, so the
     machine's bandwidth is the same for both settings."""
-    from radixflow.kernels import pdl
+    return _offline_settings_ab("pdl_early_trigger", (("early", True), ("late", False), ("early_again", True)))
 
+
+def _offline_settings_ab(field: str, values: tuple) -> dict:
+    """`offline` once per (label, value) in `values`, with the bench engine's kernel setting `field`
+    at that value for the whole run (eager passes and recaptured graphs), in one process; the
+    settings before are restored after."""
     runner, out = OPTS.bench_engine.runner, {}
-    for label, early in (("early", True), ("late", False), ("early_again", True)):
-        before = pdl.set_early_trigger(early)
-        try:
-            runner.recapture_cuda_graphs()
-        finally:
-            pdl.set_early_trigger(before)
-        out[label] = sec_offline()
-    return out
-
-
-def _offline_settings_ab(setter, settings: tuple) -> dict:
-    """`offline` once per (label, value) in `settings`, with setter(value) holding for the whole run
-    (eager passes and recaptured graphs), in one process; the setting before is restored after."""
-    runner, out = OPTS.bench_engine.runner, {}
-    before = setter(settings[0][1])
+    before = runner.settings
     try:
-        for label, value in settings:
-            setter(value)
-            runner.recapture_cuda_graphs()
+        for label, value in values:
+            runner.set_kernel_settings(dataclasses.replace(before, **{field: value}))
             out[label] = sec_offline()
     finally:
-        setter(before)
-        runner.recapture_cuda_graphs()
+        runner.set_kernel_settings(before)
     return out
 
 
 def sec_offline_residual_ab() -> dict:
     """`offline` with the residual stream in float32 (the default), in bf16, then float32 again:
     what the float32 stream costs at large batches."""
-    return _offline_settings_ab(set_residual_dtype,
-                                (("float32", torch.float32), ("bf16", False), ("float32_again", torch.float32)))
+    return _offline_settings_ab("fp32_residual", (("float32", True), ("bf16", False), ("float32_again", True)))
 
 
 def sec_offline_p_parts_ab() -> dict:
-    """`offline` with attention's p in 2, 3, then 2 bf16 parts again."""
-    from radixflow.kernels.attention_common import set_p_parts
-
-    return _offline_settings_ab(set_p_parts, (("p2", 2), ("p3", 3), ("p2_again", 2)))
+    """`offline` with attention's p in 2, 1, then 2 bf16 parts again."""
+    return _offline_settings_ab("attention_p_parts", (("p2", 2), ("p1", 1), ("p2_again", 2)))
 
 
 def sec_shared() -> dict:

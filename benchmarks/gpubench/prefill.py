@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
-import torch
-
-from gpubench.common import OPTS, RESULTS, SZ, decode_rate, free, greedy, make_engine, prefill_flops, rand_ids, setting, weight_bytes
+from gpubench.common import OPTS, RESULTS, SZ, decode_rate, free, greedy, make_engine, prefill_flops, rand_ids, weight_bytes
 from gpubench.offline import run_batch
 
 
@@ -36,13 +35,14 @@ def sec_prefill() -> dict:
 
 
 def _prefill_p_parts_ab(eng, n: int, length: int) -> dict:
-    """Prefill tok/s with p in 1, 2 and 3 bf16 parts, then the default again, in the same engine."""
-    from radixflow.kernels.attention_common import p_parts, set_p_parts
-
-    rng, out, default = random.Random(17), {}, p_parts(torch.bfloat16)
-    for label, parts in (("p1", 1), ("p2", 2), ("p3", 3), ("default_again", default)):
-        with setting(set_p_parts, parts):
+    """Prefill tok/s with p in 1 and 2 bf16 parts, then the engine's setting again, in the same engine."""
+    rng, out, before = random.Random(17), {}, eng.runner.settings
+    try:
+        for label, parts in (("p1", 1), ("p2", 2), ("default_again", before.attention_p_parts)):
+            eng.runner.set_kernel_settings(dataclasses.replace(before, attention_p_parts=parts))
             out[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, rng, n, length)
+    finally:
+        eng.runner.set_kernel_settings(before)
     return out
 
 
