@@ -16,6 +16,7 @@ from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
 class AttentionBackend:
     deterministic = False  # batch-invariant: a request's result may not depend on its batch
+    settings: KernelSettings = DEFAULT_KERNEL_SETTINGS  # each backend gets the runner's at construction
 
     def __init__(
         self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_q_heads: int, num_kv_heads: int, head_dim: int,
