@@ -86,7 +86,7 @@ def make_engine(a):
         kw = dict(device="cpu", dtype="float32", max_total_tokens=16384, overlap_schedule="on")
     tok = a.tokenizer
     if tok is None:
-        from radixflow.runtime.execution.model_loader import resolve_model
+        from radixflow.model_files import resolve_model
 
         tok = resolve_model(None).path
     kw["grammar_backend"] = a.grammar_backend

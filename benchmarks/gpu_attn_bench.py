@@ -32,8 +32,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from radixflow.kernels import pdl  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.settings import KernelSettings  # noqa: E402
 from radixflow.kernels.decode_attention import DECODE_CONFIG, decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
@@ -117,9 +117,9 @@ def _compile_worker(tasks: list) -> None:
     puts its kernels in Triton's disk cache. Errors are left for the main process to report."""
     x = make_inputs([40, 5])
     for cfg, splits, on in tasks:
-        pdl.set_enabled(on)
         try:
-            decode_attention(x["q"], x["k"], x["v"], x["table"], x["idx"][0], x["lens"], SCALE, splits, config=cfg)
+            decode_attention(x["q"], x["k"], x["v"], x["table"], x["idx"][0], x["lens"], SCALE, splits, config=cfg,
+                             settings=KernelSettings(pdl=on))
         except Exception:
             pass
     try:
@@ -152,10 +152,10 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
     res = {"batch": bs, "mean_len": sum(lens) / bs, "kv_mb": kv_bytes(lens) / 1e6, "copies": x["copies"], "runs": {}}
     for label, cfg, on in variants(bs, pattern):
         splits = _splits(bs, cfg, sms)
-        pdl.set_enabled(on)
 
-        def run(i: int, cfg=cfg, splits=splits):
-            return decode_attention(*args, x["idx"][i % x["copies"]], x["lens"], SCALE, splits, config=cfg)
+        def run(i: int, cfg=cfg, splits=splits, settings=KernelSettings(pdl=on)):
+            return decode_attention(*args, x["idx"][i % x["copies"]], x["lens"], SCALE, splits, config=cfg,
+                                    settings=settings)
 
         r = res["runs"][label] = {"splits": splits, "pdl": on}
         try:
@@ -167,7 +167,6 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
             r["tbs"] = kv_bytes(lens) / r["us"] / 1e6
         except Exception as e:  # a config the compiler or the GPU rejects: report it, keep sweeping
             r["failed"] = repr(e)[:300]
-    pdl.set_enabled(True)
     return res
 
 

@@ -137,8 +137,8 @@ def bench_layer_chain(chosen: dict, swept: dict | None = None) -> dict:
     past L2). Variants: every matmul by the GEMV with PDL on / off (kernels/pdl.py), the same with
     each shape's config as chosen by `choose_gemv` (`chosen`: shape name -> config), and every
     matmul by cuBLAS. us per step, and TB/s of weight bytes."""
-    from radixflow.kernels import pdl
     from radixflow.kernels.norm_act import rmsnorm, silu_and_mul
+    from radixflow.kernels.settings import KernelSettings
 
     copies = 8
     mk = lambda n, k: (torch.randn(n, k, device=DEV) * k**-0.5).to(DTYPE)  # noqa: E731
@@ -151,35 +151,31 @@ def bench_layer_chain(chosen: dict, swept: dict | None = None) -> dict:
     x0, r0 = (torch.randn(1, HIDDEN, device=DEV, dtype=DTYPE) for _ in range(2))
     step_bytes = sum(w.numel() * DTYPE.itemsize for w in layers[0].values()) * LAYERS
 
-    def step(mm):
+    def step(mm, s: KernelSettings):
         x, r = x0, r0
         for i in range(LAYERS):
             w = layers[i % copies]
-            h, r = rmsnorm(x, norm_w, 1e-5, r)
-            q, k, v = _split(mm(h, w, "qkv"))
-            apply_rotary_store_kv(pos, q, k, v, cos, sin, k_buf, v_buf, loc)
-            h, r = rmsnorm(mm(q.reshape(1, -1), w, "o"), norm_w, 1e-5, r)
-            x = mm(silu_and_mul(mm(h, w, "gate_up")), w, "down")
+            h, r = rmsnorm(x, norm_w, 1e-5, r, settings=s)
+            q, k, v = _split(mm(h, w, "qkv", s))
+            apply_rotary_store_kv(pos, q, k, v, cos, sin, k_buf, v_buf, loc, settings=s)
+            h, r = rmsnorm(mm(q.reshape(1, -1), w, "o", s), norm_w, 1e-5, r, settings=s)
+            x = mm(silu_and_mul(mm(h, w, "gate_up", s), s), w, "down", s)
         return x
 
     res, outs = {}, {}
-    blas = lambda x, w, name: F.linear(x, w[name])  # noqa: E731
-    default = lambda x, w, name: gemv(x, w[name])  # noqa: E731
-    best = lambda x, w, name: gemv(x, w[name], config=chosen.get(name))  # noqa: E731  (--shapes: others default)
-    swept_best = lambda x, w, name: gemv(x, w[name], config=(swept or {}).get(name))  # noqa: E731
+    blas = lambda x, w, name, s: F.linear(x, w[name])  # noqa: E731
+    default = lambda x, w, name, s: gemv(x, w[name], settings=s)  # noqa: E731
+    best = lambda x, w, name, s: gemv(x, w[name], config=chosen.get(name), settings=s)  # noqa: E731  (--shapes: others default)
+    swept_best = lambda x, w, name, s: gemv(x, w[name], config=(swept or {}).get(name), settings=s)  # noqa: E731
     variants = {"cublas": (blas, False, False), "gemv_pdl_off": (default, False, False),
                 "gemv_pdl_late": (default, True, False), "gemv_pdl_on": (default, True, True),
                 "gemv_chosen_pdl_late": (best, True, False), "gemv_chosen_pdl_on": (best, True, True),
                 "gemv_sweep_best_pdl_on": (swept_best, True, True)}
     for name, (mm, on, early) in variants.items():
-        before, before_early = pdl.set_enabled(on), pdl.set_early_trigger(early)
-        try:
-            outs[name] = step(mm)
-            us = time_graph_us(lambda i: step(mm), 1, reps=10)
-            res[name] = {"us": us, "weight_tbs": step_bytes / us / 1e6}
-        finally:
-            pdl.set_enabled(before)
-            pdl.set_early_trigger(before_early)
+        s = KernelSettings(pdl=on, pdl_early_trigger=early)
+        outs[name] = step(mm, s)
+        us = time_graph_us(lambda i, mm=mm, s=s: step(mm, s), 1, reps=10)
+        res[name] = {"us": us, "weight_tbs": step_bytes / us / 1e6}
     gemv_outs = [o for n, o in outs.items() if n.startswith("gemv_pdl")]  # the default config: PDL off / late / early
     res["gemv_variants_equal"] = all(torch.equal(gemv_outs[0], o) for o in gemv_outs[1:])
     res["max_err_vs_cublas"] = _max_err(gemv_outs[0], outs["cublas"])

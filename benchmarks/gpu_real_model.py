@@ -21,7 +21,6 @@ Writes OUT/real_model.json and prints a table.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -122,10 +121,10 @@ def prepare_model(a: argparse.Namespace) -> tuple[str, str]:
         gguf = join_parts(a.parts, os.path.join(a.cache, name))
         log(f"joined {gguf} from {a.parts} (sha256 verified)")
     if not gguf:
-        from radixflow.runtime.execution.model_loader import default_gguf_path
+        from radixflow.model_files import default_gguf_path
 
         gguf = default_gguf_path()
-    from radixflow.runtime.execution.model_loader import convert_gguf
+    from radixflow.model_files import convert_gguf
 
     t = time.perf_counter()
     folder = convert_gguf(gguf)
@@ -257,40 +256,31 @@ def compare_prompt(p: dict, cand: dict, ref: dict, ref_eng, tok, tie: float, can
 
 
 # -- driver -------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def candidate_settings(a: argparse.Namespace):
-    """Class-level settings that apply to the candidate engine alone (it is freed before the reference
-    engine starts): torch-native attention in float64 (an exact-attention yardstick), or the Triton
-    backend with the model's rotary / SiLU-and-mul in torch instead of its Triton kernels."""
-    from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend
-    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
-    from radixflow.runtime.execution.layers.parallel_linear import SmallBatchMatmul
-
-    before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations
-    TorchNativeBackend.compute_dtype = getattr(torch, a.candidate_attention_dtype)
-    TritonBackend.fused_kernels = not a.candidate_unfused
-    SmallBatchMatmul.fp8_activations = not a.candidate_fp8_weight_only
-    try:
-        yield
-    finally:
-        TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations = before
+def candidate_settings(a: argparse.Namespace) -> dict:
+    """Kernel settings (server arguments) of the candidate engine alone: torch-native attention in
+    float64 (an exact-attention yardstick), the Triton backend with the model's rotary / SiLU-and-mul
+    in torch instead of its Triton kernels, FP8 weights without FP8 activations, p in N parts."""
+    kw = dict(native_attention_dtype=a.candidate_attention_dtype, disable_fused_kernels=a.candidate_unfused,
+              fp8_weight_only=a.candidate_fp8_weight_only)
+    if a.p_parts:
+        kw["attention_p_parts"] = a.p_parts
+    return kw
 
 
 def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespace, tok) -> dict:
     cand_name, ref_name = a.backends
     cand_kw = {k: v for k, v in (("quantization", a.candidate_quantization), ("kv_cache_dtype", a.candidate_kv_cache_dtype))
                if v}
-    with candidate_settings(a):
-        cand_eng, cand_start = make_engine(folder, cand_name, a.candidate_dtype or dtype, a, chunk=a.candidate_chunk,
-                                           **cand_kw)
-        cand, cand_s = run_prompts(cand_eng, prompts, a)
-        chained = cand_eng.scheduler.stats.chained_decode_steps
-        plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
-        overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
-                   "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
-        if not a.dlogprob:
-            free(cand_eng)
-            del cand_eng
+    cand_eng, cand_start = make_engine(folder, cand_name, a.candidate_dtype or dtype, a, chunk=a.candidate_chunk,
+                                       **cand_kw, **candidate_settings(a))
+    cand, cand_s = run_prompts(cand_eng, prompts, a)
+    chained = cand_eng.scheduler.stats.chained_decode_steps
+    plain, _ = run_prompts(cand_eng, prompts, a, logprobs=False)  # same backend, overlapped decode
+    overlap = {"identical": sum(x["ids"] == y["ids"] for x, y in zip(plain, cand)), "of": len(cand),
+               "chained_decode_steps": cand_eng.scheduler.stats.chained_decode_steps - chained}
+    if not a.dlogprob:
+        free(cand_eng)
+        del cand_eng
     ref_eng, ref_start = make_engine(folder, ref_name, dtype, a)
     ref, ref_s = run_prompts(ref_eng, prompts, a)
     solo, solo_s = run_prompts(ref_eng, prompts, a, solo=True)  # same backend and dtype: what batching alone changes
@@ -429,7 +419,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--cache", default="/tmp/radixflow-real-cache", help="RADIXFLOW_CACHE: converted model, joined GGUF")
     ap.add_argument("--max-total-tokens", type=int, default=None)
     ap.add_argument("--deterministic", action="store_true", help="both engines with --enable-deterministic-inference")
-    ap.add_argument("--p-parts", type=int, choices=(1, 2, 3),
+    ap.add_argument("--p-parts", type=int, choices=(1, 2),
                     help="Triton attention multiplies p in this many 16-bit parts (default: the kernels' own)")
     ap.add_argument("--candidate-attention-dtype", default="float32", choices=("float32", "float64"),
                     help="torch-native candidate: attention computed in this dtype (float64: exact attention)")
@@ -464,10 +454,6 @@ def main() -> None:
         print_truth(truth, a.backends[0])
         return
     os.makedirs(a.out, exist_ok=True)
-    if a.p_parts:
-        from radixflow.kernels.attention_common import set_p_parts
-
-        set_p_parts(a.p_parts)
     t0 = time.perf_counter()
     folder, gguf = prepare_model(a)
     prompts = encode_prompts(folder, a.prompts)

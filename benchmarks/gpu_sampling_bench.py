@@ -5,7 +5,7 @@
 The issue asks for Triton sampling kernels "where torch is slow". This measures
 `runtime/scheduling/sampler.sample_from` per batch size (1, 64, 256) for greedy, temperature alone,
 top-k 50, top-p 0.9, both, and min-p 0.05, through the Triton kernel (kernels/sampling.py,
-the default on CUDA) and through torch's sort-based path (`sampler.triton_sampling = False`),
+the default on CUDA) and through torch's sort-based path (`sample_from(..., triton=False)`),
 with the kernel's mean number of draws per row; and, for torch's top-p path, each of its steps
 (softmax, sort, cumsum + mask, scatter back, draw). Logits are N(0, 4^2) rows, a peaked
 distribution like a trained model's. Times are medians of CUDA events around the call (host
@@ -92,12 +92,10 @@ def main() -> None:
         logits = torch.randn(b, VOCAB, device="cuda", generator=gen) * 4
         res["ms"][b], res["gpu_ms"][b] = {}, {}
         for path in ("triton", "torch"):
-            sampler.triton_sampling = path == "triton"
             for name, params in MODES.items():
-                call = lambda p=params: sampler.sample_from(logits.clone(), fake_reqs(b, p))  # noqa: E731
+                call = lambda p=params, t=path == "triton": sampler.sample_from(logits.clone(), fake_reqs(b, p), triton=t)  # noqa: E731
                 res["ms"][b][f"{name}/{path}"] = median_ms(call)
                 res["gpu_ms"][b][f"{name}/{path}"] = cuda_queued_s(call) * 1e3
-        sampler.triton_sampling = True
         res["ms"][b]["clone_only"] = median_ms(lambda: logits.clone())
         res["rounds"][b] = {name: mean_rounds(logits, params) for name, params in MODES.items() if params["temperature"] > 0}
         res["top_p_steps_ms"][b] = steps_of_top_p(logits)

@@ -11,8 +11,8 @@ if "torch" not in _sys.modules:
 
 from radixflow.errors import GrammarError, ModelPathError, RadixflowError
 from radixflow.runtime.server_args import ServerArgs
+from radixflow.version import __version__  # noqa: F401 (re-exported)
 
-__version__ = "0.1.0"
 
 _LANG = {  # the frontend DSL, imported on first use
     **{n: "radixflow.lang" for n in ("function", "gen", "gen_int", "gen_string", "select", "system", "user")},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixflow.kernels.settings import KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.execution.attention import torch_native
 from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend, shared_prefix_len
@@ -101,17 +102,18 @@ def test_deterministic_mode_attends_each_request_alone(mode):
 
 @pytest.mark.parametrize("mode", [ForwardMode.DECODE, ForwardMode.EXTEND])
 def test_float64_attention_is_exact_through_the_cascade(mode, monkeypatch):
-    """compute_dtype float64 (the exact-attention yardstick of benchmarks/gpu_bench.py): the cascade's
+    """native_attention_dtype float64 (the exact-attention yardstick of benchmarks/gpu_bench.py): the cascade's
     shared-prefix merge and the plain path give the same float32 result to the last bit or so,
     where float32 attention leaves them ~3e-7 apart."""
     g, pool, table, shared = _setup()
     new = [1, 1, 1] if mode == ForwardMode.DECODE else [5, 3, 7]
     fb = _batch(mode, table, shared, own_lens=[3, 0, 11], new_lens=new, g=g)
     q, k, v = (torch.randn(fb.num_tokens, h, D, generator=g) for h in (HQ, HKV, HKV))
-    backend = TorchNativeBackend(pool, table, HQ, HKV, D)
     results = {}
     for dtype in (torch.float32, torch.float64):
-        backend.compute_dtype = dtype
+        settings = KernelSettings(native_attention_dtype=str(dtype).removeprefix("torch."))
+        backend = TorchNativeBackend(pool, table, HQ, HKV, D, settings=settings)
+        assert backend.compute_dtype == dtype
         monkeypatch.setattr(torch_native, "MIN_SHARED_PREFIX", 32)
         cascade, used = _run(backend, fb, q, k, v)
         assert used is not None

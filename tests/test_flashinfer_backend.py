@@ -218,6 +218,7 @@ def test_gpu_decode_through_forward_rotary(bs):
     from types import SimpleNamespace
 
     from radixflow.kernels.reference import rotary_ref
+    from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS
     from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
     heads = LLAMA3
@@ -228,7 +229,7 @@ def test_gpu_decode_through_forward_rotary(bs):
     assert fb.mode == ForwardMode.DECODE
     fb.positions = fb.seq_lens - 1
     rotary = RotaryEmbedding(SimpleNamespace(rope_theta=500000.0), heads.d, 4096).to("cuda")
-    rotary.fused = True  # as the model sets it on CUDA
+    rotary.kernels = DEFAULT_KERNEL_SETTINGS  # as the model sets it on CUDA
     q, k, v = _qkv(bs, heads)
     rq, rk = rotary_ref(fb.positions, q, k, rotary.cos, rotary.sin)
     backend.init_forward_metadata(fb)

@@ -5,6 +5,7 @@ grammar outputs say so in their finish reason."""
 
 from __future__ import annotations
 
+import inspect
 import json
 
 import pytest
@@ -130,6 +131,39 @@ def test_sglang_fields_are_accepted_when_they_change_nothing(server, engine):
         assert r.status_code == 400 and field in r.json()["error"]["message"], r.text
     with pytest.raises(RadixflowError, match="return_hidden_states"):
         engine.generate("hi", return_hidden_states="last")
+
+
+def test_sglang_sampling_fields_are_inert_or_refused(server, engine):
+    """spaces_between_special_tokens and stream_interval (SGLang's frontend sends the first with every
+    gen) are accepted at values that change nothing, and refused otherwise, by the native API,
+    the Engine and the OpenAI routes alike."""
+    base = {"max_new_tokens": 3, "temperature": 0}
+    want = engine.generate("The capital of France is", base)["output_ids"]
+    inert = dict(base, spaces_between_special_tokens=True, stream_interval=4)
+    assert engine.generate("The capital of France is", inert)["output_ids"] == want
+    with pytest.raises(RadixflowError, match="spaces_between_special_tokens=False is not supported"):
+        engine.generate("hi", dict(base, spaces_between_special_tokens=False))
+    with server.client() as c:
+        ok = c.post("/generate", json={"text": "The capital of France is", "sampling_params": inert})
+        refused = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "spaces_between_special_tokens": False})
+        accepted = c.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "spaces_between_special_tokens": True})
+    assert ok.status_code == 200 and ok.json()["output_ids"] == want
+    assert refused.status_code == 400 and "spaces_between_special_tokens" in refused.json()["error"]["message"]
+    assert accepted.status_code == 200, accepted.text
+
+
+def test_every_api_takes_its_sampling_names_from_one_table():
+    from radixflow.lang import primitives
+    from radixflow.lang.function import RUN_SAMPLING_PARAMS
+    from radixflow.runtime.sampling_params import SAMPLING_DEFAULTS, SamplingParams, api_names
+    from radixflow.runtime.server import openai_request
+
+    assert SamplingParams() == SamplingParams(**SAMPLING_DEFAULTS)
+    openai, gen = api_names("openai"), api_names("gen")
+    assert openai_request._SAMPLING_FIELDS == openai and primitives._GEN_TO_SAMPLING == gen
+    assert openai["seed"] == "sampling_seed" and openai["min_tokens"] == "min_new_tokens" and "max_new_tokens" not in openai
+    assert gen["max_tokens"] == "max_new_tokens" and set(gen) <= set(inspect.signature(rf.gen).parameters)
+    assert set(openai.values()) | set(gen.values()) | set(RUN_SAMPLING_PARAMS) <= set(SAMPLING_DEFAULTS)
 
 
 def test_continue_final_message_continues_the_assistant_turn(server, engine):

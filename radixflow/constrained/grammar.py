@@ -14,7 +14,6 @@ pointer where one keyword is at fault).
 from __future__ import annotations
 
 import functools
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -22,11 +21,8 @@ from typing import Any, Optional
 import torch
 
 from radixflow.constrained.options import BACKENDS, DEFAULT_BACKEND, GrammarOptions, TokenizerInfo
+from radixflow.constrained.spec_checks import check_spec
 from radixflow.errors import GrammarError
-
-KINDS = ("regex", "json_schema", "ebnf")
-MAX_SCHEMA_DEPTH = 128
-
 
 def grammar_backend(name: str, info: TokenizerInfo):
     """The compiler of backend `name` for a tokenizer (built once per pair)."""
@@ -44,38 +40,6 @@ def _backend(name: str, info: TokenizerInfo):
     from radixflow.constrained.outlines_grammars import OutlinesGrammars
 
     return OutlinesGrammars(info)
-
-
-def check_spec(kind: str, spec: Any) -> None:
-    """The checks every backend shares: the kind, the spec's type, a JSON schema's nesting."""
-    if kind not in KINDS:
-        raise GrammarError(f"unknown grammar kind {kind!r}; use one of {', '.join(KINDS)}")
-    if kind == "json_schema":
-        if not isinstance(spec, (str, dict)):
-            raise GrammarError("json_schema must be a JSON schema object or its JSON text")
-        check_nesting(spec)
-    elif not isinstance(spec, str) or not spec:
-        raise GrammarError(f"{kind} must be a non-empty string")
-
-
-def check_nesting(schema: Any) -> None:
-    """Refuse schemas nested deeper than MAX_SCHEMA_DEPTH (iteratively: no recursion limit)."""
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except RecursionError:
-            schema = None
-        except ValueError as e:
-            raise GrammarError(f"json_schema is not valid JSON: {e}") from None
-    stack, depth = [(schema, 1)], 0
-    while stack and depth <= MAX_SCHEMA_DEPTH:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    if schema is None or depth > MAX_SCHEMA_DEPTH:
-        raise GrammarError(
-            f"json_schema is nested too deeply (over {MAX_SCHEMA_DEPTH} levels of objects/arrays); flatten it or use $ref"
-        )
 
 
 def compile_grammar(backend, kind: str, spec: Any, options: GrammarOptions):
@@ -164,8 +128,7 @@ def _info_for(tokenizer) -> TokenizerInfo:
 
 @functools.lru_cache(maxsize=1)
 def _default_tokenizer_info() -> TokenizerInfo:
-    from radixflow.runtime.execution.model_loader import load_config, resolve_model
-    from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
+    from radixflow.model_files import eos_token_ids, load_config, load_tokenizer, resolve_model
 
     path = resolve_model(None).path
     config = load_config(path)

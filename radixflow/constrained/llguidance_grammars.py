@@ -22,7 +22,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 
 from radixflow.constrained.grammar_errors import grammar_error
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
-from radixflow.constrained.spec import strip_anchors
+from radixflow.constrained.spec_checks import check_spec, strip_anchors
 from radixflow.errors import GrammarError
 
 
@@ -190,8 +190,6 @@ def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
 
 def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOptions()) -> None:
     """The up-front check (no tokenizer; milliseconds). Raises GrammarError."""
-    from radixflow.constrained.grammar import check_spec
-
     check_spec(kind, spec)
     text = LLGuidanceGrammars._grammar_text(kind, spec, options)
     if len(text) > MAX_UPFRONT_CHARS:  # large grammars are checked by their compile, on the worker pool

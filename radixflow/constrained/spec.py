@@ -17,26 +17,10 @@ from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.json_schema import COMPACT_WHITESPACE, regex_for_schema
 from radixflow.constrained.options import DEFAULT_BACKEND
 from radixflow.constrained.regex_helpers import ecma_regex
+from radixflow.constrained.spec_checks import check_spec, strip_anchors
 from radixflow.errors import GrammarError
 
 _BYTE_EOS = 256
-
-
-def strip_anchors(regex: str) -> str:
-    """`^...$` -> `...`: the whole output always has to match, so anchors add nothing
-    (and the DFA compiler rejects them)."""
-    if regex.startswith("^"):
-        regex = regex[1:]
-    if regex.endswith("$") and not _escaped(regex, len(regex) - 1):
-        regex = regex[:-1]
-    return regex
-
-
-def _escaped(text: str, pos: int) -> bool:
-    slashes = 0
-    while pos - slashes - 1 >= 0 and text[pos - slashes - 1] == "\\":
-        slashes += 1
-    return slashes % 2 == 1
 
 
 def to_regex(
@@ -44,8 +28,6 @@ def to_regex(
 ) -> str:
     """The regex a grammar compiles to on the outlines backend (`whitespace`, `any_depth`:
     JSON schemas only). Raises GrammarError."""
-    from radixflow.constrained.grammar import check_spec
-
     check_spec(kind, spec)
     if kind == "regex":
         return ecma_regex(strip_anchors(spec))

@@ -1,8 +1,8 @@
 """Row-wise argmax of logits [B, V] in two passes, for greedy sampling.
 
-torch.argmax reduces each row inside one thread block: over Llama-3's 128k vocabulary that
-took 37 us of a batch-1 decode step on an H200, more than all the other work outside the
-step's CUDA graph together. Stage 1 splits every row over many programs, each keeping its
+torch.argmax reduces each row inside one thread block: over a 128k vocabulary that leaves
+most of the GPU idle and took longer than all the other work outside a batch-1 decode step's
+CUDA graph together. Stage 1 splits every row over many programs, each keeping its
 block's maximum and the first index holding it; stage 2 takes, per row, the lowest such
 index among the blocks that hold the row's maximum. Ties go to the lowest index, as in
 torch.argmax; NaN counts as +inf (torch ranks NaN above everything, so a row holding both

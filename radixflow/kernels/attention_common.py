@@ -5,12 +5,10 @@ p @ v. Rounded once, p carries an error of up to 2^-9 of itself into every atten
 and two kernels that tile the softmax differently round different values: at the Llama-3-8B
 shape that alone moved logprobs by ~0.05 (benchmarks/bf16_error_sources.py). So p is split into
 a 16-bit high part and the 16-bit remainder, and both are multiplied: ~2^-17 relative error for
-a second MMA over the same v tile. On an H200 it brought Triton vs torch-native bf16 logprobs at
-the Llama-3-8B shape from 0.186 to 0.119 (max) for 0.4% of batch-1 decode time and 1.5-3% of
-prefill (BENCHMARKS.md, session 10). A third part (the remainder's remainder, ~2^-26: below
-float32's own rounding) costs a third MMA and is off by default: on the H200 it brought the
-attention itself 6-20x closer to float32 but left the engine's logprobs and the real model's
-greedy outputs where two parts have them (session 11). `set_p_parts(n)` picks 1, 2 or 3 parts.
+a second MMA over the same v tile, which costs little next to reading K and V. A third part
+(the remainder's remainder, ~2^-26) lies below float32's own rounding and was dropped: it brought
+the attention itself closer to float32 but no output of the engine. `KernelSettings.attention_p_parts`
+picks 1 or 2 parts.
 """
 
 from __future__ import annotations
@@ -20,23 +18,13 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.fp8 import round_to_e4m3
-
-_p_parts = 2
-
-
-def set_p_parts(n: int) -> int:
-    """Kernels launched from now on multiply p as n 16-bit parts (1: rounded once); returns the
-    previous setting. Captured CUDA graphs keep theirs."""
-    global _p_parts
-    assert n in (1, 2, 3), n
-    before, _p_parts = _p_parts, n
-    return before
+from radixflow.kernels.settings import KernelSettings
 
 
-def p_parts(dtype) -> int:
+def p_parts(dtype, settings: KernelSettings) -> int:
     """The P_PARTS launch flag for attention computed in `dtype` (float32 p needs no split). An FP8 KV pool's
     V is widened to q's dtype before p @ v, so pass q's dtype for it."""
-    return _p_parts if dtype in (torch.bfloat16, torch.float16) else 1
+    return settings.attention_p_parts if dtype in (torch.bfloat16, torch.float16) else 1
 
 
 @triton.jit
@@ -59,11 +47,7 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.co
     part = p.to(v.dtype)
     acc += dot(part, v, IEEE)
     if P_PARTS > 1:
-        rest = p - part.to(tl.float32)
-        part = rest.to(v.dtype)
-        acc += dot(part, v, IEEE)
-        if P_PARTS > 2:
-            acc += dot((rest - part.to(tl.float32)).to(v.dtype), v, IEEE)
+        acc += dot((p - part.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
 
 

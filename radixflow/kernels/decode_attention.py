@@ -38,16 +38,14 @@ import triton.language as tl
 
 from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts, to_kv_dtype
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
-# Launch parameters, from benchmarks/gpu_attn_bench.py on an H200 (2026-11-30, Llama-3-8B heads, KV
-# slots scattered; us per layer call in a CUDA graph, against the previous launch in the same run):
-# - large batches: 4 warps, no stage 2 with one split: 440 us (3.92 TB/s) vs 476 at 544 requests x
-#   U[32,1536] tokens, 156 vs 165 at 200 x 700, 39.5 vs 42.4 at 64 x 400;
-# - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them:
-#   5.9 / 6.4 / 11.1 us at 256 / 384 / 4096 tokens vs 6.9 / 7.0 / 14.3.
+# Launch parameters, chosen by benchmarks/gpu_attn_bench.py (Llama-3-8B heads, KV slots scattered,
+# each layer call timed in a CUDA graph against the previous parameters):
+# - large batches: 4 warps, and no stage 2 when there is one split (the partials never leave registers);
+# - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
-# split, head-major program order and a register cap lost in that sweep (run3_attn_bench.json in
-# benchmarks/results/h200-2026-11-30-s3) and were removed.
+# split, head-major program order and a register cap were each slower in that sweep and were removed.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0,
@@ -239,6 +237,7 @@ def decode_attention(
     config: dict | None = None,
     rope: DecodeRope | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
 ) -> torch.Tensor:
     """q: [B, Hq, D]; k_buf/v_buf: [S, Hkv, D]; returns [B, Hq, D] in q's dtype. With `rope`, q and
     the new tokens' k arrive unrotated and their k / v are not in the pool yet: the kernel rotates
@@ -269,12 +268,12 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype), KV_FP8=fp8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings), KV_FP8=fp8,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
             mid_o, mid_lse, out, *mid_strides, out.stride(0), out.stride(1), num_splits, d,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4, **pdl_launch(q),
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d, num_warps=4, **pdl_launch(q, settings),
         )
     return out

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
 @triton.jit
@@ -82,6 +83,7 @@ def extend_attention(
     scale: float,
     out: torch.Tensor | None = None,
     scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
 ) -> torch.Tensor:
     """q: [T, Hq, D] request-major; q_start: [B] first row of each request in q. An FP8 pool needs `scales`
     (k_scale, v_scale: float32 [Hkv])."""
@@ -102,7 +104,7 @@ def extend_attention(
         out.stride(0), out.stride(1), req_to_token.stride(0),
         scale, group, d, k_scale, v_scale,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),
-        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype), KV_FP8=fp8,
+        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings), KV_FP8=fp8,
         num_warps=warps, num_stages=2,
     )
     return out

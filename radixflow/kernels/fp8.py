@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.kernels.reference import FP8, FP8_MAX, MIN_SCALE, quantize_rows_torch  # noqa: F401 (re-exported)
 
 
@@ -49,7 +50,7 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, U
     tl.store(S + row, scale)
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row (per-token) dynamic quantization in one Triton launch; see `quantize_rows_torch`."""
     r, k = x.shape
     assert x.stride(1) == 1
@@ -57,7 +58,7 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     s = torch.empty((r,), dtype=torch.float32, device=x.device)
     if r:
         block = min(triton.next_power_of_2(k), 2048)
-        _quantize_rows_kernel[(r,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, num_warps=4, **pdl_launch(x))
+        _quantize_rows_kernel[(r,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, num_warps=4, **pdl_launch(x, settings))
     return q, s
 
 
@@ -66,10 +67,11 @@ def scaled_mm_ok(n: int, k: int) -> bool:
     return n % 16 == 0 and k % 16 == 0
 
 
-def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor) -> torch.Tensor:
+def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor,
+             settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """CUDA: x [M, K] (bf16/fp16) @ dequant(weight [N, K] e4m3, w_scale [N]).T (+ bias) -> [M, N] in x's dtype,
     x quantized per token first, the product by torch._scaled_mm with row-wise scales."""
-    xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous())
+    xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings)
     out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=x.dtype)
     return out if bias is None else out + bias
 

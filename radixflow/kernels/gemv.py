@@ -7,8 +7,8 @@ the accumulator's registers constant. Reference: `reference.gemv_ref`.
 
 The weight tiles stream through shared memory: Triton's software pipeliner turns the K loop's
 load into cp.async copies `stages - 1` tiles ahead, so a program keeps several tiles in flight
-without holding them in registers. (A double buffer in registers, two tiles in flight, took
-4.13 ms a step for batch-1 decode of Llama-3-8B on an H200, against 3.94 ms; BENCHMARKS.md.)
+without holding them in registers. (A double buffer in registers, two tiles in flight, was
+slower: it keeps fewer bytes in flight.)
 On Hopper the kernel is launched with PDL (kernels/pdl.py) and loads its first tile into
 registers before waiting for the kernel that produces x.
 
@@ -26,12 +26,12 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
-# Launch parameters the load-time chooser tries per weight shape: the fastest of each Llama-3-8B shape
-# on an H200 at M=1 among 8 (BENCHMARKS.md, session 8 run 2), timed after an RMSNorm in a CUDA graph:
-# block_n 4 / block_k 1024 with 3 stages for gate_up (54.6 us), with 4 for qkv (14.5 us), 8 / 1024 with 3
-# for o_proj and down (10.1 and 29.6 us), and 4 / 512 with 6 a close second for down (30.5 us). Which wins
-# moves by a few percent between machines, hence all four. The first is the default.
+# Launch parameters the load-time chooser tries per weight shape: among 8 configs timed at M=1 after an
+# RMSNorm in a CUDA graph, these won one or more of Llama-3-8B's shapes (block_n 4 / block_k 1024 with
+# 3 stages for gate_up, with 4 for qkv, 8 / 1024 with 3 for o_proj and down, and 4 / 512 with 6 a close
+# second for down). Which wins moves by a few percent between machines, hence all four. The first is the default.
 GEMV_CONFIGS = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
@@ -40,9 +40,9 @@ GEMV_CONFIGS = (
 )
 # FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
-# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On an H200 the chooser kept the plain
-# kernel for every Llama-3-8B shape (BENCHMARKS.md, 2026-12-01), so conversion is not what limits the FP8
-# GEMV there; the words configs stay candidates for GPUs where it is.
+# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper the chooser kept the plain
+# kernel for every Llama-3-8B shape, so conversion is not what limits the FP8 GEMV there; the words configs
+# stay candidates for GPUs where it is.
 GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
@@ -161,7 +161,7 @@ def _gemv_fp8_words_kernel(
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
-         w_scale: torch.Tensor | None = None) -> torch.Tensor:
+         w_scale: torch.Tensor | None = None, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
     With w_scale ([N] float32) the weight is FP8 e4m3 and row n of it stands for weight[n] * w_scale[n]."""
     cfg = GEMV_CONFIG if config is None else config
@@ -179,7 +179,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             m, n, k, x.stride(0), weight.stride(0) // 4, out.stride(0),
             HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
             BLOCK_W=max(16, cfg["block_k"] // 4 // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
-            **pdl_launch(x),
+            **pdl_launch(x, settings),
         )
         return out
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
@@ -187,7 +187,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
         BLOCK_K=max(16, cfg["block_k"] // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
-        **pdl_launch(x),
+        **pdl_launch(x, settings),
     )
     return out
 
@@ -226,18 +226,18 @@ def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmu
     return replay_us(capture_graph(fn, calls), calls, reps, warmup)
 
 
-def _fp8_gemv(x, weight, bias, w_scale, config=None):
-    return gemv(x, weight, bias, config=config, w_scale=w_scale)
+def _fp8_gemv(x, weight, bias, w_scale, config=None, settings=DEFAULT_KERNEL_SETTINGS):
+    return gemv(x, weight, bias, config=config, w_scale=w_scale, settings=settings)
 
 
 @torch.inference_mode()
 def choose_gemv(
-    layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8)
+    layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8), settings: KernelSettings = DEFAULT_KERNEL_SETTINGS
 ) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
     projection of a decode step follows a small Triton kernel, so the GEMV's early start under PDL
-    counts as it does there. At M=1 every config in GEMV_CONFIGS is timed and the fastest kept. Each
+    counts as it does there (launched as `settings` says). At M=1 every config in GEMV_CONFIGS is timed and the fastest kept. Each
     candidate is the best of three interleaved timings. Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm.
     FP8 layers are (weight, bias, w_scale): their GEMM is kernels/fp8.py's (torch._scaled_mm) and their GEMV
@@ -249,6 +249,7 @@ def choose_gemv(
     if fp8:
         from radixflow.kernels.fp8 import fp8_gemm
     gemm, gemv_fn, all_configs = (fp8_gemm, _fp8_gemv, GEMV_CONFIGS_FP8) if fp8 else (F.linear, gemv, GEMV_CONFIGS)
+    gemm_kw = {"settings": settings} if fp8 else {}
     act_dtype = torch.bfloat16 if fp8 else w0.dtype
     calls = max(len(layers), 8)
     norm_w = torch.ones(w0.shape[1], dtype=act_dtype, device=w0.device)
@@ -256,7 +257,7 @@ def choose_gemv(
     def fastest(candidates: dict, x: torch.Tensor, rounds: int = 3) -> dict:
         """{name: us} for {name: (mm, kwargs)}: the best of `rounds` interleaved timings of each, so a
         slow spell of the GPU does not decide between two close candidates."""
-        graphs = {name: capture_graph(lambda i: mm(rmsnorm(x, norm_w, 1e-6), *layers[i % len(layers)], **kw), calls)
+        graphs = {name: capture_graph(lambda i: mm(rmsnorm(x, norm_w, 1e-6, settings=settings), *layers[i % len(layers)], **kw), calls)
                   for name, (mm, kw) in candidates.items()}
         best = {name: float("inf") for name in graphs}
         for _ in range(rounds):
@@ -268,7 +269,7 @@ def choose_gemv(
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=act_dtype, device=w0.device)
         configs = all_configs if m == ms[0] else (config,)
-        us = fastest({"cublas": (gemm, {}), **{i: (gemv_fn, {"config": c}) for i, c in enumerate(configs)}}, x)
+        us = fastest({"cublas": (gemm, gemm_kw), **{i: (gemv_fn, {"config": c, "settings": settings}) for i, c in enumerate(configs)}}, x)
         blas = us.pop("cublas")
         best = min(us, key=us.get)
         if m == ms[0]:

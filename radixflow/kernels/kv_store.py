@@ -11,6 +11,7 @@ import triton.language as tl
 
 from radixflow.kernels.attention_common import to_kv_dtype
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
 @triton.jit
@@ -35,7 +36,8 @@ def _store_kv_kernel(
 
 
 def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-             scales: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+             scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+             settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> None:
     """k_buf/v_buf: [S, H, D] contiguous pool buffers; k/v: [T, H, D] views; loc: [T] slots.
     FP8 buffers need `scales` (k_scale, v_scale: float32 [H]): the pool holds k / k_scale, v / v_scale."""
     t, h, d = k.shape
@@ -49,5 +51,5 @@ def store_kv(k_buf: torch.Tensor, v_buf: torch.Tensor, loc: torch.Tensor, k: tor
             k.stride(0), k.stride(1), v.stride(0), v.stride(1), k_buf.stride(0), k_buf.stride(1),
             h, d,
             BLOCK_H=triton.next_power_of_2(h), BLOCK_D=triton.next_power_of_2(d), KV_FP8=fp8, num_warps=4,
-            **pdl_launch(k),
+            **pdl_launch(k, settings),
         )

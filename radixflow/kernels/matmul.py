@@ -9,8 +9,8 @@ every M. Bias is added in float32 and the result rounded once, to x's dtype or `
 (the output head keeps float32 logits). Reference: `reference.gemv_ref` (the same contract).
 
 Decode-sized batches use smaller tiles (more programs stream the weights). That keeps the order
-only if every tile shape's MMAs round as LARGE's do: on an H200 all eight shapes tried gave LARGE's
-bits, BLOCK_M 16 to 64 and BLOCK_K 64 or 128 (benchmarks/matmul_bi_bench.py, BENCHMARKS.md), and
+only if every tile shape's MMAs round as LARGE's do: every shape tried with BLOCK_M 16 to 64 and
+BLOCK_K 64 or 128 gave LARGE's bits (benchmarks/matmul_bi_bench.py), and
 `tests/test_kernels.py::test_gpu_matmul_batch_invariant_llama_shapes` checks across each switch.
 """
 
@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages). The fastest over Llama-3-8B's four weight
-# shapes in matmul_bi_bench.py: TINY at 1 and 8 rows (130 us a layer at 8, cuBLAS 113), SMALL at 64.
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the fastest over Llama-3-8B's four weight
+# shapes in matmul_bi_bench.py, TINY at 1 and 8 rows, SMALL at 64.
 TINY = (16, 32, 64, 4, 6)
 SMALL = (64, 32, 128, 4, 4)
 LARGE = (64, 128, 64, 4, 4)

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
 @triton.jit
@@ -39,7 +40,8 @@ def _rmsnorm_kernel(
     tl.store(Out + row * stride_o + offs, (y * w).to(Out.dtype.element_ty), mask=mask)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None):
+def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
+            settings: KernelSettings = DEFAULT_KERNEL_SETTINGS):
     """Same contract as `reference.rmsnorm_ref`; normalises over the last dim."""
     shape = x.shape
     n = shape[-1]
@@ -57,7 +59,7 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
             x2, r2, weight, out, res_out,
             x2.stride(0), r2.stride(0), out.stride(0), res_out.stride(0),
             n, eps,
-            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block), **pdl_launch(x2),
+            HAS_RES=residual is not None, BLOCK=block, num_warps=_warps(block), **pdl_launch(x2, settings),
         )
     if residual is None:
         return out.view(shape)
@@ -76,7 +78,7 @@ def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr, USE_PDL
     tl.store(Out + row * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """x: [T, 2I] -> silu(x[:, :I]) * x[:, I:]  ([T, I])."""
     assert x.dim() == 2 and x.shape[1] % 2 == 0 and x.stride(1) == 1
     n = x.shape[1] // 2
@@ -85,7 +87,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(triton.next_power_of_2(n), 2048)
         grid = (x.shape[0], triton.cdiv(n, block))
         _silu_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n, BLOCK=block, num_warps=_warps(block),
-                                  **pdl_launch(x))
+                                  **pdl_launch(x, settings))
     return out
 
 

@@ -13,6 +13,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
 @triton.jit
@@ -63,9 +64,10 @@ def _rotary_store_kv_kernel(
         tl.store(VBuf + dst + HALF, v2.to(VBuf.dtype.element_ty), mask=mask)
 
 
-def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+def apply_rotary(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                 settings: KernelSettings = DEFAULT_KERNEL_SETTINGS):
     """q: [T, Hq, D], k: [T, Hkv, D] (views with unit stride in D), modified in place and returned."""
-    return _launch(positions, q, k, cos, sin, None)
+    return _launch(positions, q, k, cos, sin, None, settings)
 
 
 def apply_rotary_store_kv(
@@ -78,13 +80,14 @@ def apply_rotary_store_kv(
     k_buf: torch.Tensor,
     v_buf: torch.Tensor,
     loc: torch.Tensor,
+    settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
 ):
     """`apply_rotary` on q/k, then the rotated k and v into k_buf/v_buf [S, Hkv, D] at slots `loc`."""
     assert v.stride(2) == 1 and k_buf.is_contiguous() and v_buf.is_contiguous()
-    return _launch(positions, q, k, cos, sin, (v, k_buf, v_buf, loc))
+    return _launch(positions, q, k, cos, sin, (v, k_buf, v_buf, loc), settings)
 
 
-def _launch(positions, q, k, cos, sin, store: tuple | None):
+def _launch(positions, q, k, cos, sin, store: tuple | None, settings: KernelSettings):
     """One program per token; `store`: (v, k_buf, v_buf, loc) to also write the KV pool."""
     t, hq, d = q.shape
     hk = k.shape[1]
@@ -97,6 +100,6 @@ def _launch(positions, q, k, cos, sin, store: tuple | None):
             k_buf.stride(0), k_buf.stride(1),
             hq, hk, d // 2,
             BLOCK_HQ=triton.next_power_of_2(hq), BLOCK_HK=triton.next_power_of_2(hk),
-            BLOCK_D=triton.next_power_of_2(d // 2), STORE_KV=store is not None, num_warps=4, **pdl_launch(q),
+            BLOCK_D=triton.next_power_of_2(d // 2), STORE_KV=store is not None, num_warps=4, **pdl_launch(q, settings),
         )
     return q, k

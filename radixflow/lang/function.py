@@ -23,21 +23,8 @@ from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
 from radixflow.lang.state import ProgramState
+from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
-SAMPLING_KEYS = (
-    "max_new_tokens",
-    "min_new_tokens",
-    "stop",
-    "stop_token_ids",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "frequency_penalty",
-    "presence_penalty",
-    "repetition_penalty",
-    "ignore_eos",
-)
 MODES = ("auto", "graph", "eager")
 
 
@@ -60,13 +47,13 @@ class Function:
     # -- arguments ---------------------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
         """(program arguments, sampling defaults)."""
-        sampling = {k: kwargs.pop(k) for k in SAMPLING_KEYS if k in kwargs and k not in self.arg_names}
+        sampling = {k: kwargs.pop(k) for k in RUN_SAMPLING_PARAMS if k in kwargs and k not in self.arg_names}
         sampling = {k: v for k, v in sampling.items() if v is not None}
         sig = inspect.signature(self.func)
         bound = sig.bind_partial(None, *args, **{**self.bound, **kwargs})
         arguments = dict(bound.arguments)
         arguments.pop("s")
-        return arguments, {"max_new_tokens": 128, **sampling}
+        return arguments, {"max_new_tokens": SAMPLING_DEFAULTS["max_new_tokens"], **sampling}
 
     # -- tracing -------------------------------------------------------------------------------
     def trace(self, *args: Any, **kwargs: Any) -> Graph:

@@ -9,25 +9,9 @@ from typing import Any, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.lang.choices import ChoicesMethod, method_name
 from radixflow.lang.ir import ExprList, Gen, RoleBegin, RoleEnd, Select
+from radixflow.runtime.sampling_params import api_names
 
-# gen() argument -> sampling param name (SGLang's frontend names)
-_GEN_TO_SAMPLING = {
-    "max_tokens": "max_new_tokens",
-    "min_tokens": "min_new_tokens",
-    "n": "n",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "frequency_penalty": "frequency_penalty",
-    "presence_penalty": "presence_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "ignore_eos": "ignore_eos",
-    "regex": "regex",
-    "json_schema": "json_schema",
-}
+_GEN_TO_SAMPLING = api_names("gen")  # gen() argument -> sampling param name (SGLang's frontend names)
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")  # per request, not sampling
 _DTYPES = {int: "int", float: "float", str: "str", bool: "bool", "int": "int", "float": "float", "str": "str", "bool": "bool"}
 

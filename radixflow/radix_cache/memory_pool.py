@@ -26,6 +26,11 @@ class PageAllocator:
         self._free = torch.arange(1, self.num_pages, dtype=torch.int64)
 
     @property
+    def free_pages(self) -> torch.Tensor:
+        """The free page ids (int64, on the host; do not modify)."""
+        return self._free
+
+    @property
     def num_free_pages(self) -> int:
         return int(self._free.numel())
 
@@ -122,10 +127,6 @@ class ReqToTokenPool:
         self.host = self.table if on_host else torch.zeros(size, max_context, dtype=torch.int32)
         self._free_rows = list(range(size))
         self.size = size
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free_rows)
 
     def alloc(self) -> int | None:
         return self._free_rows.pop() if self._free_rows else None

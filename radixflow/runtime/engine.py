@@ -8,18 +8,17 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
-from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
-from radixflow.runtime.execution.model_runner import ModelRunner
+from radixflow.runtime.build import build_runtime
+from radixflow.runtime.distributed.tp_launch import TPRankFailed
+from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.scheduling.req import Req
-from radixflow.runtime.scheduling.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
-from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
-from radixflow.runtime.distributed.tp_launch import TPRankFailed, start_tp
 
 log = logging.getLogger(__name__)
 _GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -33,19 +32,10 @@ class Engine:
             raise RadixflowError(
                 "dp_size > 1 is for `radixflow serve` (replicas behind a router); an Engine is one replica"
             )
-        self.tp = start_tp(self.server_args)  # tp_size > 1: this process is rank 0, the others spawned
-        try:
-            self.runner = ModelRunner(self.server_args)
-        except BaseException:
-            if self.tp is not None:
-                self.tp.kill()
-            raise
-        tok_path = self.server_args.tokenizer_path or self.runner.model_dir
-        self.tokenizer = load_tokenizer(tok_path)
-        self.eos_ids = eos_token_ids(tok_path, self.runner.config, self.tokenizer)
-        self.scheduler = Scheduler(self.server_args, self.runner, self.tokenizer, self.eos_ids)
-        self.scheduler.emit_outputs = False
-        self.stepper = EngineStepper(self.scheduler)
+        rt = build_runtime(self.server_args, emit_outputs=False)  # reads each Req directly instead
+        self.tp, self.runner, self.tokenizer, self.eos_ids = rt.tp, rt.runner, rt.tokenizer, rt.eos_ids
+        self.scheduler, self.programs = rt.scheduler, rt.programs
+        self.stepper = EngineStepper(self.scheduler, self.programs)
         self.builder = RequestBuilder(
             self.tokenizer,
             self.runner.vocab_size,
@@ -135,7 +125,10 @@ class Engine:
                 self._abort(reqs)
 
     def _result(self, req: Req, finished: bool = True) -> dict:
-        return build_result(req, self.tokenizer, self.scheduler.logprobs.with_text, finished)
+        sp = req.sampling
+        text = output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+        return build_result(req.to_output(), text, req.logprob, self.scheduler.logprobs.with_text, finished,
+                            time.time() - req.created)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list]) -> Union[dict, list]:

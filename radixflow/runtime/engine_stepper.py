@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 
 class EngineStepper:
-    def __init__(self, scheduler):
+    def __init__(self, scheduler, programs):
+        """`programs`: the program executor, advanced before and after each step."""
         self.scheduler = scheduler
+        self.programs = programs
         self._cond = threading.Condition()
         self._inbox: list[tuple[Callable[[], Any], Future]] = []
         self._driving = False
@@ -69,15 +71,9 @@ class EngineStepper:
                 fut.set_result(fn())
             except BaseException as e:  # handed to the caller that queued it
                 fut.set_exception(e)
-        programs = self._programs()
-        if programs is not None:
-            programs.on_step()
+        self.programs.on_step()
         if done():
             return
         if self.scheduler.has_work():
             self.scheduler.step()
-            if programs is not None:
-                programs.on_step()
-
-    def _programs(self) -> Optional[Any]:
-        return getattr(self.scheduler, "program_executor", None)
+            self.programs.on_step()

@@ -4,13 +4,12 @@ HTTP server, so both validate and answer alike."""
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.scheduling.req import LogprobOptions, Req
+from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput
 from radixflow.runtime.sampling_params import SamplingParams
 
 
@@ -171,31 +170,31 @@ def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no
     return text
 
 
-def build_result(req: Req, tokenizer, logprob_text, finished: bool = True) -> dict:
-    """SGLang's response shape: {text, output_ids, meta_info}."""
-    ids = req.output_ids
-    sp = req.sampling
-    reason = req.finish_reason
-    text = output_text(tokenizer, ids, reason, sp.skip_special_tokens, sp.no_stop_trim)
+def build_result(
+    out: ReqOutput, text: str, logprob: LogprobOptions, logprob_text, finished: bool, e2e_latency: float
+) -> dict:
+    """SGLang's response shape {text, output_ids, meta_info} for a request's output so far: the one
+    place the Engine and the server's tokenizer manager build results. `logprob_text`: turns
+    (logprob, id) pairs into SGLang's triples (LogprobCollector.with_text)."""
     meta = {
-        "id": req.rid,
-        "prompt_tokens": len(req.origin_input_ids),
-        "completion_tokens": len(ids),
-        "cached_tokens": req.cached_tokens,
-        "finish_reason": reason if finished else None,
-        "num_retractions": req.num_retractions,
+        "id": out.rid,
+        "prompt_tokens": out.prompt_tokens,
+        "completion_tokens": len(out.output_ids),
+        "cached_tokens": out.cached_tokens,
+        "finish_reason": out.finish_reason if finished else None,
+        "num_retractions": out.num_retractions,
     }
     if finished:
-        meta["e2e_latency"] = time.time() - req.created
-    if req.jump_forward_tokens:
-        meta["jump_forward_tokens"] = req.jump_forward_tokens
-    if req.logprob.return_logprob:
-        want_text = req.logprob.return_text_in_logprobs
-        meta["input_token_logprobs"] = logprob_text(req.input_token_logprobs, want_text)
-        meta["output_token_logprobs"] = logprob_text(req.output_token_logprobs, want_text)
-        meta["output_token_logprobs_length"] = len(req.output_token_logprobs)
-        if req.logprob.top_logprobs_num:
-            meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want_text) for t in req.input_top_logprobs]
-            meta["output_top_logprobs"] = [logprob_text(t, want_text) for t in req.output_top_logprobs]
-    return {"text": text, "output_ids": list(ids), "meta_info": meta}
-
+        meta["e2e_latency"] = e2e_latency
+    if out.jump_forward_tokens:
+        meta["jump_forward_tokens"] = out.jump_forward_tokens
+    if logprob.return_logprob:
+        want = logprob.return_text_in_logprobs
+        meta["input_token_logprobs"] = logprob_text(out.input_token_logprobs or [], want)
+        meta["output_token_logprobs"] = logprob_text(out.new_output_token_logprobs, want)
+        meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
+        if logprob.top_logprobs_num:
+            tops = out.input_top_logprobs or []
+            meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in tops]
+            meta["output_top_logprobs"] = [logprob_text(t, want) for t in out.new_output_top_logprobs]
+    return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}

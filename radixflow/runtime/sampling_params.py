@@ -1,4 +1,10 @@
-"""Sampling parameters with SGLang's names and defaults, validated once per request."""
+"""Sampling parameters with SGLang's names and defaults, validated once per request.
+
+`SamplingParams` is the one table of sampling parameters: each field is a name with its default,
+and says under which name the OpenAI API and the DSL's gen() take it (`api_names`), and whether
+a program's run() may set it for all its gen calls. The Engine and the native API take the field
+names themselves (`SamplingParams.from_dict`).
+"""
 
 from __future__ import annotations
 
@@ -8,36 +14,42 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime import sglang_fields
 
 TOP_K_ALL = 1 << 30
 GREEDY_EPS = 1e-6
 
 
+def _param(default: Any, openai: Optional[str] = "", gen: Optional[str] = None, run: bool = False) -> Any:
+    """A sampling parameter: its default; its name in the OpenAI API ("": the same, None: not there) and
+    as a gen() argument ("": the same, None: not one); `run`: a program's run() may set it for all gens."""
+    return field(default=default, metadata={"openai": openai, "gen": gen, "run": run})
+
+
 @dataclass
 class SamplingParams:
-    max_new_tokens: int = 128
-    min_new_tokens: int = 0
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    min_p: float = 0.0
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    repetition_penalty: float = 1.0
-    stop: Optional[Union[str, list]] = None
-    stop_token_ids: Optional[list] = None
-    stop_regex: Optional[Union[str, list]] = None  # accepted empty (SGLang's frontend always sends it)
-    ignore_eos: bool = False
-    no_stop_trim: bool = False
-    skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
-    n: int = 1
-    sampling_seed: Optional[int] = None
-    regex: Optional[str] = None
-    json_schema: Optional[Union[str, dict]] = None
-    ebnf: Optional[str] = None
-    logit_bias: Optional[dict] = None
-    stream_interval: Optional[int] = None
+    # OpenAI's max_tokens / max_completion_tokens are read by the OpenAI layer (they differ by route)
+    max_new_tokens: int = _param(128, openai=None, gen="max_tokens", run=True)
+    min_new_tokens: int = _param(0, openai="min_tokens", gen="min_tokens", run=True)
+    temperature: float = _param(1.0, gen="", run=True)
+    top_p: float = _param(1.0, gen="", run=True)
+    top_k: int = _param(-1, gen="", run=True)
+    min_p: float = _param(0.0, gen="", run=True)
+    frequency_penalty: float = _param(0.0, gen="", run=True)
+    presence_penalty: float = _param(0.0, gen="", run=True)
+    repetition_penalty: float = _param(1.0, gen="", run=True)
+    stop: Optional[Union[str, list]] = _param(None, gen="", run=True)
+    stop_token_ids: Optional[list] = _param(None, gen="", run=True)
+    stop_regex: Optional[Union[str, list]] = _param(None)  # accepted empty (SGLang's frontend always sends it)
+    ignore_eos: bool = _param(False, gen="", run=True)
+    no_stop_trim: bool = _param(False)
+    skip_special_tokens: bool = _param(True)
+    n: int = _param(1, gen="")
+    sampling_seed: Optional[int] = _param(None, openai="seed")
+    regex: Optional[str] = _param(None, gen="")
+    json_schema: Optional[Union[str, dict]] = _param(None, gen="")
+    ebnf: Optional[str] = _param(None)
+    logit_bias: Optional[dict] = _param(None)
     # filled by normalize()
     stop_strs: list = field(default_factory=list, repr=False)
 
@@ -49,13 +61,15 @@ class SamplingParams:
             return d
         if not isinstance(d, dict):
             raise RadixflowError(f"sampling_params must be an object (dict), got {type(d).__name__}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"stop_strs"}
-        unknown = sorted(set(d) - names)
+        names = set(SAMPLING_DEFAULTS)
+        unknown = sorted(set(d) - names - set(sglang_fields.SAMPLING))
         if unknown:
             raise RadixflowError(
                 f"unknown sampling param(s): {', '.join(unknown)}; accepted: {', '.join(sorted(names))}"
             )
-        p = cls(**d)
+        inert = {k: v for k, v in d.items() if k not in names}  # SGLang's, at values that change nothing
+        sglang_fields.check_fields(inert, set(), sglang_fields.SAMPLING, "sampling_params")
+        p = cls(**{k: v for k, v in d.items() if k in names})
         p.normalize()
         return p
 
@@ -67,7 +81,7 @@ class SamplingParams:
         for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty"):
             _check_type(name, getattr(self, name), (int, float))
             setattr(self, name, float(getattr(self, name)))
-        for name in ("ignore_eos", "no_stop_trim", "skip_special_tokens", "spaces_between_special_tokens"):
+        for name in ("ignore_eos", "no_stop_trim", "skip_special_tokens"):
             _check_type(name, getattr(self, name), bool)
         if self.max_new_tokens < 0:
             raise RadixflowError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
@@ -120,6 +134,23 @@ class SamplingParams:
 
     def copy(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
+
+
+_FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name != "stop_strs"]
+SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS}
+# what a program's run() may set for every gen call (SGLang's run(max_new_tokens=..., temperature=...))
+RUN_SAMPLING_PARAMS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.metadata["run"])
+
+
+def api_names(api: str) -> dict[str, str]:
+    """{the name an API takes: the SamplingParams field} for api "openai" (request fields) or "gen"
+    (the DSL's gen() arguments)."""
+    names = {}
+    for f in _FIELDS:
+        alias = f.metadata[api]
+        if alias is not None:
+            names[alias or f.name] = f.name
+    return names
 
 
 def _check_type(name: str, value: Any, kind: Any) -> None:

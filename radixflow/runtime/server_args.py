@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Optional
 
 from radixflow.errors import RadixflowError
+
+if TYPE_CHECKING:
+    from radixflow.kernels.settings import KernelSettings
 
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -20,6 +23,8 @@ _CHOICES = {
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
     "grammar_backend": ("outlines", "llguidance"),
     "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
+    "attention_p_parts": (1, 2),
+    "native_attention_dtype": ("float32", "float64"),
 }
 
 _HELP = {
@@ -54,6 +59,19 @@ _HELP = {
     "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
+    "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",
+    "pdl_late_trigger": "under PDL, let the next kernel be scheduled only after a kernel's wait (default: before it)",
+    "attention_p_parts": "Triton attention multiplies the softmax weights p as this many 16-bit parts: 2 keeps "
+    "bf16 attention close to float32, 1 rounds p once",
+    "disable_fused_kernels": "run RMSNorm, rotary and SiLU-and-mul in torch even with the triton attention backend",
+    "fused_rotary_max_batch": "decode batches up to this size rotate q/k and store K/V inside the Triton attention "
+    "kernel (one launch a layer fewer); 0 = a separate kernel always",
+    "bf16_residual": "keep the residual stream in the model's dtype instead of float32 (less exact)",
+    "disable_triton_sampling": "draw sampled tokens with torch's sort-based path instead of the Triton kernel",
+    "fp8_weight_only": "FP8 weights: dequantize them for the GEMM instead of quantizing activations per token "
+    "(slow; separates the two errors)",
+    "native_attention_dtype": "what the torch_native attention backend computes in (float64: exact attention, "
+    "a yardstick)",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -88,6 +106,16 @@ class ServerArgs:
     enable_deterministic_inference: bool = False
     quantization: Optional[str] = None
     kv_cache_dtype: str = "auto"
+    # kernel and precision choices (KernelSettings; the defaults are the fast and exact ones)
+    disable_pdl: bool = False
+    pdl_late_trigger: bool = False
+    attention_p_parts: int = 2
+    disable_fused_kernels: bool = False
+    fused_rotary_max_batch: int = 8
+    bf16_residual: bool = False
+    disable_triton_sampling: bool = False
+    fp8_weight_only: bool = False
+    native_attention_dtype: str = "float32"
 
     # constrained decoding
     grammar_backend: str = "outlines"
@@ -121,12 +149,10 @@ class ServerArgs:
     router_policy: str = "cache_aware"
     router_args: Optional[str] = None
 
-    extra: dict = field(default_factory=dict, metadata={"cli": False})
-
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
             if getattr(self, name) not in choices:
-                raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(choices)}")
+                raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(map(str, choices))}")
         if self.page_size < 1:
             raise RadixflowError("page_size must be >= 1")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
@@ -151,6 +177,8 @@ class ServerArgs:
         if self.dp_size > 1 and self.nnodes > 1:
             raise RadixflowError("dp_size > 1 runs replicas on this host only; for several hosts start one server per "
                                  "host and put sglang-router in front (docs/scale_out.md)")
+        if self.fused_rotary_max_batch < 0:
+            raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
         if self.grammar_compile_timeout_s <= 0:
             raise RadixflowError("grammar_compile_timeout_s must be positive")
         if not 0 <= self.constrained_json_any_depth <= 3:
@@ -178,8 +206,7 @@ class ServerArgs:
     def graph_max_bs(self, device: str) -> int:
         """Largest decode batch with a CUDA graph: cuda_graph_max_bs, by default every batch the
         scheduler can run. Under tensor parallelism an eager pass is host-bound (two all-reduce
-        launches a layer): tp=2 offline ran at 0.81x tp=1 with graphs up to 256 and at 1.21x with
-        graphs up to 1024 (BENCHMARKS.md, session 8)."""
+        launches a layer), so every batch size the scheduler may run gets a graph."""
         running = self.resolve_max_running(device)
         return running if self.cuda_graph_max_bs is None else min(self.cuda_graph_max_bs, running)
 
@@ -192,6 +219,25 @@ class ServerArgs:
         if self.dtype != "auto":
             return self.dtype
         return "bfloat16" if self.resolved_device() == "cuda" else "float32"
+
+    def kernel_settings(self) -> "KernelSettings":
+        """The kernel and precision choices these arguments make, for the model runner to pass down."""
+        from radixflow.kernels.settings import KernelSettings
+
+        det = self.enable_deterministic_inference
+        return KernelSettings(
+            pdl=not self.disable_pdl,
+            pdl_early_trigger=not self.pdl_late_trigger,
+            attention_p_parts=self.attention_p_parts,
+            fused_kernels=not self.disable_fused_kernels,
+            # deterministic: the separate rotary kernel at every batch size, one rounding of q and k for all
+            fused_rotary_max_batch=0 if det else self.fused_rotary_max_batch,
+            fp32_residual=not self.bf16_residual,
+            triton_sampling=not self.disable_triton_sampling,
+            fp8_activations=not self.fp8_weight_only,
+            batch_invariant=det,
+            native_attention_dtype=self.native_attention_dtype,
+        )
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> "ServerArgs":

@@ -24,6 +24,11 @@ ANY = "any value"
 _NULL = (None,)
 _FALSE = (None, False)
 
+# sampling_params entries SGLang knows that change nothing here: text is always decoded as the
+# tokenizer decodes it, and a stream sends every step (the server's --stream-interval).
+SAMPLING = {"spaces_between_special_tokens": (None, True), "stream_interval": ANY}
+
+
 # fields every route shares (routing, scheduling hints, metrics, unsupported features)
 _SHARED = {
     **dict.fromkeys(("routed_dp_rank", "data_parallel_rank", "disagg_prefill_dp_rank", "session_id",
@@ -55,6 +60,7 @@ GENERATE = {
 _OPENAI = {
     **_SHARED,
     "user": ANY,
+    "spaces_between_special_tokens": SAMPLING["spaces_between_special_tokens"],
     "custom_params": _NULL,
     **dict.fromkeys(("return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids"), _FALSE),
     # OpenAI fields that only concern OpenAI's own service

@@ -66,7 +66,7 @@ def _local_tokenizer(path: Optional[str]):
     if not path or not os.path.isdir(path):
         return None
     try:
-        from radixflow.runtime.tokenizer import load_tokenizer
+        from radixflow.model_files import load_tokenizer
 
         return load_tokenizer(path)
     except Exception:

@@ -28,10 +28,10 @@ differs stops with an error instead of computing attention over the wrong KV.
 from __future__ import annotations
 
 import logging
-import os
 
 import torch
 
+from radixflow import env
 from radixflow.host_copy import to_device_async
 from radixflow.radix_cache.memory_pool import ReqToTokenPool
 from radixflow.runtime.distributed.tp_group import TPContext
@@ -65,6 +65,7 @@ class RecordingReqToTokenPool(ReqToTokenPool):
         super().__init__(size, max_context, device)
         self.writes: list = []  # (row, start, int64 slots on the table's device)
         self.passes = 0
+        self.check_every = env.tp_check_every(64 if str(device).startswith("cuda") else 1)  # passes per digest
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         super().write(row, start, slots)
@@ -81,11 +82,6 @@ def make_req_to_token(size: int, max_context: int, device: str, tp_size: int, ra
     return cls(size, max_context, device)
 
 
-def _check_every(device) -> int:
-    default = "64" if str(device).startswith("cuda") else "1"
-    return max(int(os.environ.get("RADIXFLOW_TP_CHECK_EVERY", default)), 1)
-
-
 def _broadcast(t: torch.Tensor, tp: TPContext) -> torch.Tensor:
     torch.distributed.broadcast(t, src=0, group=tp.device_group if t.device.type == "cuda" else tp.cpu_group)
     return t
@@ -95,10 +91,9 @@ def _broadcast(t: torch.Tensor, tp: TPContext) -> torch.Tensor:
 def broadcast_step(pool: "RecordingReqToTokenPool", fb: ForwardBatch, tp: TPContext) -> None:
     """Rank 0, right before its own forward pass: ship the pass to the other ranks."""
     assert isinstance(pool, RecordingReqToTokenPool)
-    device = pool.table.device
     writes = pool.take_writes()
     pool.passes += 1
-    digest = table_digest(pool.table, fb) if pool.passes % _check_every(device) == 0 else None
+    digest = table_digest(pool.table, fb) if pool.passes % pool.check_every == 0 else None
     meta = [w[0] for w in writes] + [w[1] for w in writes] + [w[2].numel() for w in writes]
     lens = fb.seq_lens_list + fb.prefix_lens_list + fb.extend_lens_list
     payload = torch.cat(

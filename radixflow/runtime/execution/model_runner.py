@@ -8,12 +8,14 @@ import logging
 import torch
 
 from radixflow.errors import ModelPathError, RadixflowError
+from radixflow.kernels.settings import KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool
 from radixflow.runtime.execution.attention import create_attention_backend
 from radixflow.runtime.distributed.tp_group import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
-from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
+from radixflow.model_files import load_config, resolve_model
+from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors
 from radixflow.runtime.execution.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.distributed.tp_worker import broadcast_step, make_req_to_token
@@ -29,6 +31,7 @@ class ModelRunner:
         self.args = args
         self.device = args.resolved_device()
         self.dtype = _DTYPES[args.resolved_dtype()]
+        self.settings = args.kernel_settings()  # set_kernel_settings changes them
         args.resolve_max_running(self.device)  # the scheduler reads it after this
         self.tp = get_tp() if args.tp_size > 1 else TPContext()  # joined by tp_launch.start_tp
         if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
@@ -47,12 +50,14 @@ class ModelRunner:
         self.model = self._load_model()
         self.vocab_size = self.model.shape.vocab_size
         self._init_memory()
-        self.model.enable_fused_kernels(getattr(self.backend, "fused_kernels", False))
-        if args.enable_deterministic_inference:
-            self.model.use_batch_invariant_kernels()
-        elif self.device == "cuda" and getattr(self.backend, "fused_kernels", False):
-            self.model.choose_small_batch_matmuls()  # before graph capture: the graphs bake in the choice
+        self.model.set_kernel_settings(self.settings, self._fused())
+        if self.device == "cuda" and self._fused() and not self.settings.batch_invariant:
+            self.model.choose_small_batch_matmuls(self.settings)  # before graph capture: the graphs bake in the choice
         self.graph_runner = self._init_cuda_graphs()
+
+    def _fused(self) -> bool:
+        """Whether the model's norm / rotary / SiLU-and-mul run as Triton kernels."""
+        return getattr(self.backend, "fused_kernels", False) and self.settings.fused_kernels
 
     def _check_arch(self) -> None:
         archs = getattr(self.config, "architectures", None) or ["LlamaForCausalLM"]
@@ -113,6 +118,7 @@ class ModelRunner:
             num_kv_heads=kv_heads,
             head_dim=s.head_dim,
             deterministic=self.args.enable_deterministic_inference,
+            settings=self.settings,
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
 
@@ -127,18 +133,24 @@ class ModelRunner:
             self.kv_pool.set_scales(layer, k, v)
         log.info("FP8 KV cache: %s", f"checkpoint scales for {len(scales)} layers" if scales else "scales 1.0 (none in the checkpoint)")
 
-    def _init_cuda_graphs(self):
+    def _init_cuda_graphs(self, max_bs: int | None = None):
         if self.device != "cuda" or self.args.disable_cuda_graph or not getattr(self.backend, "supports_cuda_graph", False):
             return None
         from radixflow.runtime.execution.cuda_graph_runner import CudaGraphRunner
 
-        max_bs = self.args.graph_max_bs(self.device)
+        max_bs = self.args.graph_max_bs(self.device) if max_bs is None else max_bs
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
-    def recapture_cuda_graphs(self) -> None:
-        """Capture the decode graphs again (benchmarks: after a kernel launch setting changed)."""
+    def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:
+        """Switch kernel settings: the model's layers and the attention backend take them, and the CUDA
+        graphs, which baked in the old ones, are captured again (up to `graph_max_bs` rows; default:
+        the server arguments' size). Deterministic inference is fixed when the model loads."""
+        assert settings.batch_invariant == self.settings.batch_invariant, "batch_invariant is fixed at load"
         self.release_cuda_graphs()
-        self.graph_runner = self._init_cuda_graphs()
+        self.settings = settings
+        self.backend.settings = settings
+        self.model.set_kernel_settings(settings, self._fused())
+        self.graph_runner = self._init_cuda_graphs(graph_max_bs)
 
     def release_cuda_graphs(self) -> None:
         if self.graph_runner is not None:

@@ -3,7 +3,7 @@
 A program is a tree of *strands*: the main one and one per fork branch. A strand walks
 its ops; text is collected and tokenized as one piece just before the next model call
 (segment_tokens has the boundary rule). A gen runs as a request; when it finishes, the
-scheduler's `continue_hook` lets the same request go on: the next text piece's tokens
+scheduler's `continue_request` hook lets the same request go on: the next text piece's tokens
 are appended to it and the next gen's sampling params take over, keeping its KV (no
 re-tokenizing, no new admission). select, fork, join and the end of a strand let the
 request retire (its KV goes into the radix tree); the strand then goes on from
@@ -76,7 +76,6 @@ class ProgramExecutor:
         self.runs: list[ProgramRun] = []
         self.by_rid: dict[str, Strand] = {}
         self._ids = itertools.count()
-        scheduler.continue_hook = self.continue_request
 
     # -- public ------------------------------------------------------------------------------
     def submit(self, program: dict, on_done: Optional[Callable[[dict], None]] = None) -> ProgramRun:
@@ -353,20 +352,12 @@ def _run_meta(run: ProgramRun) -> dict:
     }
 
 
-def executor_for(engine) -> ProgramExecutor:
-    ex = getattr(engine.scheduler, "program_executor", None)
-    if ex is None:
-        ex = ProgramExecutor(engine.scheduler, engine.tokenizer)
-        engine.scheduler.program_executor = ex
-    return ex
-
-
 def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
     """Run programs to completion on an in-process Engine's scheduler, in the same steps as
     whatever other threads run on it (engine.stepper)."""
 
     def submit() -> list[ProgramRun]:
-        ex = executor_for(engine)
+        ex = engine.programs
         runs = []
         try:
             for i, p in enumerate(programs):
@@ -381,7 +372,7 @@ def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict
     try:
         engine.stepper.run_until(lambda: all(r.finished for r in runs))
     except BaseException:
-        engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), runs))
+        engine.stepper.exclusive(lambda: _interrupt(engine.programs, runs))
         raise
     return [r.output for r in runs]
 

@@ -20,7 +20,7 @@ def owned_pages(sched: Scheduler) -> torch.Tensor:
     """Free pages, tree pages and running requests' own pages (with repeats, if any)."""
     alloc = sched.runner.kv_pool.allocator
     ps = alloc.page_size
-    owners = [alloc._free, torch.unique(sched.tree.all_slots() // ps)]
+    owners = [alloc.free_pages, torch.unique(sched.tree.all_slots() // ps)]
     for req in sched.running + ([sched.chunked] if sched.chunked else []):
         own = sched.kv.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
         owners.append(torch.unique(own // ps))

@@ -56,7 +56,7 @@ class Req:
     jump_forward_tokens: int = 0
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
-    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
+    continuable: bool = False  # a request graph's: the scheduler's continue_request may extend it
 
     # logprobs, filled as they are computed
     input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
@@ -136,7 +136,4 @@ class ReqOutput:
     input_top_logprobs: Optional[list] = None
     num_retractions: int = 0
     jump_forward_tokens: int = 0
-    # request graphs run several gen segments in one request: limits count from here
-    segment_start: int = 0
-    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
     error: Optional[str] = None

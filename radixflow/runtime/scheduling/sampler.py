@@ -4,8 +4,8 @@ Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
 (seeded generators, grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton
 kernel that needs no sort (kernels/sampling.py), unless a request brings its own seeded
-generator: on an H200 its GPU time is 5-23x below that of torch's path in every mode, temperature
-alone included (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
+generator: its GPU time is several times below that of torch's path in every mode, temperature
+alone included. `KernelSettings.triton_sampling=False` keeps torch's path (benchmarks compare).
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import torch
 from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask
 from radixflow.host_copy import to_device_async
 from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.sampling_params import TOP_K_ALL
-
-triton_sampling = True
 
 
 @dataclass
@@ -121,11 +120,11 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     return logits.argmax(dim=-1)
 
 
-def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False) -> torch.Tensor:
+def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False, triton: bool = True) -> torch.Tensor:
     """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax.
     `batch_invariant` (deterministic inference): torch's path works on one row at a time, so a
-    seeded request draws from the same bits in any batch: on an H200 torch's sum and cumsum over a
-    vocabulary row gave other bits at other row counts (BENCHMARKS.md, session 10)."""
+    seeded request draws from the same bits in any batch: torch's sum and cumsum over a vocabulary
+    row gave other bits at other row counts. `triton`: the Triton kernel on CUDA (unseeded rows)."""
     greedy = [r.sampling.is_greedy for r in reqs]
     if all(greedy):
         return greedy_ids(logits)
@@ -135,7 +134,7 @@ def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False)
     top_p = [r.sampling.top_p for r in reqs]
     min_p = [r.sampling.min_p for r in reqs]
     seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
-    if logits.is_cuda and triton_sampling and not seeded:
+    if logits.is_cuda and triton and not seeded:
         from radixflow.kernels.sampling import sample_rows
 
         sampled = sample_rows(logits, temps, top_k, top_p, min_p)
@@ -183,14 +182,16 @@ def _draw(probs: torch.Tensor, reqs: list) -> torch.Tensor:
     return out
 
 
-def sample(logits: torch.Tensor, reqs: list, eos_ids: set, batch_invariant: bool = False) -> SampleResult:
-    """logits: [B, V] float32, modified in place. `batch_invariant`: see `sample_from`."""
+def sample(logits: torch.Tensor, reqs: list, eos_ids: set,
+           settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> SampleResult:
+    """logits: [B, V] float32, modified in place. `settings`: batch_invariant and triton_sampling (see
+    `sample_from`)."""
     want_lp = any(r.logprob.return_logprob for r in reqs)
     raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
     apply_penalties(logits, reqs)
     mask_stop_tokens(logits, reqs, eos_ids)
     apply_grammar_masks(logits, reqs)
     apply_logit_bias(logits, reqs)
-    next_ids = sample_from(logits, reqs, batch_invariant)
+    next_ids = sample_from(logits, reqs, settings.batch_invariant, settings.triton_sampling)
     chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
     return SampleResult(next_ids=next_ids, logprobs=raw_lp, chosen_logprobs=chosen)

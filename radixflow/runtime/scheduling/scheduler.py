@@ -42,7 +42,14 @@ NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.0
 
 
 class Scheduler:
-    def __init__(self, args: ServerArgs, runner: ModelRunner, tokenizer, eos_ids: set):
+    def __init__(
+        self, args: ServerArgs, runner: ModelRunner, tokenizer, eos_ids: set, emit_outputs: bool = True,
+        continue_request: Optional[Callable[[Req], bool]] = None,
+    ):
+        """`emit_outputs`: step() returns each touched request's ReqOutput (False: nothing; the
+        in-process Engine reads its requests directly). `continue_request` (request graphs): called
+        when a request finishes; returns True after appending the next segment's tokens to it (it
+        then stays running, its KV kept)."""
         self.args = args
         self.runner = runner
         self.tokenizer = tokenizer
@@ -59,11 +66,9 @@ class Scheduler:
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
-        self.emit_outputs = True  # the in-process Engine reads requests directly and turns this off
-        self.jump_forward: Optional[Callable[[Req], object]] = None
-        # request graphs: called when a request finishes; returns True after appending
-        # the next segment's tokens to it (it then stays running, its KV kept)
-        self.continue_hook: Optional[Callable[[Req], bool]] = None
+        self.emit_outputs = emit_outputs
+        self.jump_forward: Optional[Callable[[Req], object]] = None  # set with the grammar backend
+        self.continue_request = continue_request
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
         self.inflight: Optional[InflightDecode] = None
@@ -263,7 +268,7 @@ class Scheduler:
 
     # -- sampling, finishing -----------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
+        result = sample(logits, reqs, self.eos_ids, self.runner.settings)
         self._advance(reqs, result.next_ids.tolist(), result)
 
     def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult, real: Optional[list] = None) -> list[Req]:
@@ -286,7 +291,7 @@ class Scheduler:
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 self._apply_jump_forward(req)
-            if req.finished and self.continue_hook is not None and self.continue_hook(req):
+            if req.finished and self.continue_request is not None and self.continue_request(req):
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
                 self._retire(req)

@@ -84,7 +84,7 @@ def _partial_stop_len(text: str, stops: list) -> int:
 def run_detokenizer_process(tokenizer_path: str, ipc: IpcNames, parent_pid: int, log_level: str = "info") -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=log_level.upper(), format="[%(asctime)s detokenizer] %(message)s")
-    from radixflow.runtime.tokenizer import load_tokenizer
+    from radixflow.model_files import load_tokenizer
 
     detok = Detokenizer(load_tokenizer(tokenizer_path))
     ctx = zmq.Context()

@@ -168,7 +168,7 @@ def _register_native(app: FastAPI) -> None:
         tm: TokenizerManager = request.app.state.tm
         sched = await tm.control("server_info")
         args = {k: v for k, v in dataclasses.asdict(tm.args).items() if k != "api_key"}
-        from radixflow import __version__
+        from radixflow.version import __version__
 
         pids = {f"{name}_pid": pid for name, pid in tm.child_pids.items()}
         names = {"served_model_name": tm.model_name, "model_path": tm.info.model_path or tm.info.model_dir}

@@ -13,33 +13,11 @@ from typing import Any, Optional
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.generate_request import GenerateInput
+from radixflow.runtime.sampling_params import api_names
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 from radixflow.runtime.server.tool_request import ToolPlan, plan_tools
 
-# OpenAI / SGLang request field -> sampling_params key
-_SAMPLING_FIELDS = {
-    "temperature": "temperature",
-    "top_p": "top_p",
-    "top_k": "top_k",
-    "min_p": "min_p",
-    "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty",
-    "repetition_penalty": "repetition_penalty",
-    "stop": "stop",
-    "stop_token_ids": "stop_token_ids",
-    "stop_regex": "stop_regex",
-    "ignore_eos": "ignore_eos",
-    "no_stop_trim": "no_stop_trim",
-    "skip_special_tokens": "skip_special_tokens",
-    "spaces_between_special_tokens": "spaces_between_special_tokens",
-    "regex": "regex",
-    "ebnf": "ebnf",
-    "json_schema": "json_schema",
-    "logit_bias": "logit_bias",
-    "n": "n",
-    "min_tokens": "min_new_tokens",
-    "seed": "sampling_seed",
-}
+_SAMPLING_FIELDS = api_names("openai")  # OpenAI / SGLang request field -> sampling_params key
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",

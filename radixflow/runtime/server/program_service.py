@@ -16,10 +16,9 @@ and free its requests' KV at once.
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from fastapi import Request
 
@@ -41,9 +40,10 @@ class ProgramReq(ControlReq):
 class SchedulerPrograms:
     """Hooked into the scheduler loop: `handle` new programs, `on_step` after each step."""
 
-    def __init__(self, loop):
-        self.loop = loop
-        self.executor = ProgramExecutor(loop.scheduler, loop.scheduler.tokenizer)
+    def __init__(self, executor: ProgramExecutor, send: Callable[[Any], None]):
+        """`send`: hands a reply message to the tokenizer manager."""
+        self.executor = executor
+        self.send = send
 
     def handle(self, msg: ProgramReq) -> None:
         results: list = [None] * len(msg.programs)
@@ -53,7 +53,7 @@ class SchedulerPrograms:
             results[i] = out
             left[0] -= 1
             if left[0] == 0:
-                self.loop._send(ControlReply(msg.req_id, results))
+                self.send(ControlReply(msg.req_id, results))
 
         for i, program in enumerate(msg.programs):
             try:
@@ -97,11 +97,8 @@ def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, boo
 async def submit_programs(tm, request: Request, programs: list) -> Optional[list]:
     """Send programs to the scheduler process and wait for their results; None if the
     client went away first (then the programs are aborted, which frees their KV)."""
-    tm._check_alive()
-    req_id = next(tm._ids)
-    fut = asyncio.get_running_loop().create_future()
-    tm.controls[req_id] = fut
-    tm._send(ProgramReq(PROGRAM_KIND, req_id, programs))
+    req_id, fut = tm.new_control()
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, programs))
     try:
         if not await until_done_or_disconnected(request, fut):
             for p in programs:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import zmq
 
+from radixflow import env
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
@@ -30,13 +31,11 @@ from radixflow.runtime.server.server_messages import (
     StatsSnapshot,
     TokenizedBatch,
 )
-from radixflow.runtime.distributed.tp_launch import start_tp
 
 log = logging.getLogger("radixflow.scheduler")
 
 IDLE_POLL_MS = 200
 STATS_PERIOD_S = 1.0
-FAULT_ENV = "RADIXFLOW_TEST_FAULT_RID_PREFIX"  # tests only: a forward pass touching such a rid raises
 
 
 def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pid: int) -> None:
@@ -55,18 +54,15 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
 
 class SchedulerLoop:
     def __init__(self, args: ServerArgs, ipc: IpcNames, parent_pid: int):
-        from radixflow.runtime.execution.model_runner import ModelRunner
-        from radixflow.runtime.scheduling.scheduler import Scheduler
-        from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
+        from radixflow.runtime.build import build_runtime
+        from radixflow.runtime.server.program_service import SchedulerPrograms  # request graphs: POST /program
 
         self.args = args
         self.parent_pid = parent_pid
-        self.tp = start_tp(args, on_failure=_exit_on_rank_failure)  # tp_size > 1: spawns ranks 1..
-        self.runner = ModelRunner(args)
-        self.tokenizer_path = args.tokenizer_path or self.runner.model_dir
-        tokenizer = load_tokenizer(self.tokenizer_path)
-        self.eos_ids = eos_token_ids(self.tokenizer_path, self.runner.config, tokenizer)
-        self.scheduler = Scheduler(args, self.runner, tokenizer, self.eos_ids)
+        rt = build_runtime(args, emit_outputs=True, on_tp_failure=_exit_on_rank_failure)
+        self.tp, self.runner, self.scheduler = rt.tp, rt.runner, rt.scheduler
+        self.tokenizer_path, self.eos_ids = rt.tokenizer_path, rt.eos_ids
+        self.programs = SchedulerPrograms(rt.programs, self.send)
         self.inflight: dict[str, Req] = {}
         self.streaming: dict[str, int] = {}  # rid -> output length last sent
         ctx = zmq.Context()
@@ -80,9 +76,6 @@ class SchedulerLoop:
         self.last_log = time.time()
         self.decode_tokens_at_log = 0
         self._install_fault_injection()
-        from radixflow.runtime.server.program_service import SchedulerPrograms  # request graphs: POST /program
-
-        self.programs = SchedulerPrograms(self)
 
     def model_info(self) -> ModelInfo:
         r = self.runner
@@ -123,13 +116,13 @@ class SchedulerLoop:
         elif isinstance(msg, ControlReq) and msg.kind == "program":
             self.programs.handle(msg)
         elif isinstance(msg, ControlReq):
-            self._send(ControlReply(msg.req_id, self._control(msg.kind)))
+            self.send(ControlReply(msg.req_id, self._control(msg.kind)))
         else:
             raise AssertionError(f"unexpected message {type(msg).__name__}")
 
     # -- requests in ------------------------------------------------------------------------------
     def _add(self, batch: TokenizedBatch) -> None:
-        self._send(NewRequests({r.rid: _decode_params(r) for r in batch.reqs}))
+        self.send(NewRequests({r.rid: _decode_params(r) for r in batch.reqs}))
         failed = []
         for req in batch.reqs:
             self.inflight[req.rid] = req
@@ -226,9 +219,9 @@ class SchedulerLoop:
                 self.streaming[o.rid] = len(o.output_ids)
                 keep.append(o)
         if keep:
-            self._send(OutputBatch(keep, self._stats_if_due()))
+            self.send(OutputBatch(keep, self._stats_if_due()))
 
-    def _send(self, msg) -> None:
+    def send(self, msg) -> None:
         self.send_sock.send_pyobj(msg)
 
     # -- stats, logging, liveness ------------------------------------------------------------------
@@ -256,7 +249,7 @@ class SchedulerLoop:
     def _periodic(self) -> None:
         now = time.time()
         if now - self.last_stats >= STATS_PERIOD_S:
-            self._send(self._stats_if_due(force=True))
+            self.send(self._stats_if_due(force=True))
         if now - self.last_log >= self.args.log_interval_s:
             if self.scheduler.has_work() or self.scheduler.stats.decode_tokens != self.decode_tokens_at_log:
                 self._log_line(now)
@@ -278,7 +271,7 @@ class SchedulerLoop:
         )
 
     def _install_fault_injection(self) -> None:
-        prefix = os.environ.get(FAULT_ENV)
+        prefix = env.test_fault_rid_prefix()
         if not prefix:
             return
         forward = self.runner.forward
@@ -300,4 +293,4 @@ def _exit_on_rank_failure(reason: str) -> None:
 
 def _decode_params(req: Req) -> DecodeParams:
     sp = req.sampling
-    return DecodeParams(sp.skip_special_tokens, sp.spaces_between_special_tokens, list(sp.stop_strs), sp.no_stop_trim)
+    return DecodeParams(sp.skip_special_tokens, list(sp.stop_strs), sp.no_stop_trim)

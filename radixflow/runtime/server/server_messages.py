@@ -76,7 +76,6 @@ class ControlReply:
 @dataclass
 class DecodeParams:
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
     stop_strs: list = field(default_factory=list)
     no_stop_trim: bool = False
 

@@ -16,7 +16,7 @@ import zmq
 import zmq.asyncio
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
 from radixflow.runtime.server.metrics import ServerMetrics
 from radixflow.runtime.scheduling.req import ReqOutput
@@ -77,7 +77,7 @@ class TokenizerManager:
     child_pids: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from radixflow.runtime.tokenizer import load_tokenizer
+        from radixflow.model_files import load_tokenizer
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.info.tokenizer_path)
         self.builder = RequestBuilder(
@@ -113,7 +113,7 @@ class TokenizerManager:
         now = time.time()
         for i, r in enumerate(reqs):
             self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now)
-        self._send(TokenizedBatch(reqs, stream=stream))
+        self.send(TokenizedBatch(reqs, stream=stream))
         left = len(reqs)
         try:
             while left:
@@ -141,23 +141,29 @@ class TokenizerManager:
         for rid in rids:
             p = self.pending.pop(rid, None)
             if p is not None and not p.done:
-                self._send(AbortReq(rid))
+                self.send(AbortReq(rid))
 
     def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
-        self._send(AbortReq(rid, abort_all))
+        self.send(AbortReq(rid, abort_all))
 
-    async def control(self, kind: str, timeout: float = 20.0) -> Any:
+    def new_control(self) -> tuple[int, asyncio.Future]:
+        """A control request's id and the future its reply will resolve (remove it from
+        `controls` once done). Raises ServerDeadError when a child process died."""
         self._check_alive()
         req_id = next(self._ids)
         fut = asyncio.get_running_loop().create_future()
         self.controls[req_id] = fut
-        self._send(ControlReq(kind, req_id))
+        return req_id, fut
+
+    async def control(self, kind: str, timeout: float = 20.0) -> Any:
+        req_id, fut = self.new_control()
+        self.send(ControlReq(kind, req_id))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self.controls.pop(req_id, None)
 
-    def _send(self, msg) -> None:
+    def send(self, msg) -> None:
         self.send_sock.send_pyobj(msg)
 
     def _check_alive(self) -> None:
@@ -197,7 +203,7 @@ class TokenizerManager:
             self._record(p, out, now, finished)
             p.done = finished
             if error is not None:
-                self._send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
+                self.send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
             status = reason.get("status_code", 500) if error else 200
             p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, error, status))
 
@@ -209,32 +215,7 @@ class TokenizerManager:
             self.metrics.on_finish(out.prompt_tokens, out.cached_tokens, now - p.created)
 
     def result(self, p: Pending, out: ReqOutput, text: str, finished: bool, now: float) -> dict:
-        """SGLang's {text, output_ids, meta_info}, like generate_request.build_result."""
-        meta = {
-            "id": out.rid,
-            "prompt_tokens": out.prompt_tokens,
-            "completion_tokens": len(out.output_ids),
-            "cached_tokens": out.cached_tokens,
-            "finish_reason": out.finish_reason if finished else None,
-            "num_retractions": out.num_retractions,
-        }
-        if finished:
-            meta["e2e_latency"] = now - p.created
-        if out.jump_forward_tokens:
-            meta["jump_forward_tokens"] = out.jump_forward_tokens
-        if p.logprob.return_logprob:
-            self._add_logprobs(meta, p.logprob, out)
-        return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
-
-    def _add_logprobs(self, meta: dict, opts, out: ReqOutput) -> None:
-        want, conv = opts.return_text_in_logprobs, self.logprobs.with_text
-        meta["input_token_logprobs"] = conv(out.input_token_logprobs or [], want)
-        meta["output_token_logprobs"] = conv(out.new_output_token_logprobs, want)
-        meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
-        if opts.top_logprobs_num:
-            tops = out.input_top_logprobs or []
-            meta["input_top_logprobs"] = [None if t is None else conv(t, want) for t in tops]
-            meta["output_top_logprobs"] = [conv(t, want) for t in out.new_output_top_logprobs]
+        return build_result(out, text, p.logprob, self.logprobs.with_text, finished, now - p.created)
 
     def fail_all(self, reason: str) -> None:
         """A child process died: every waiting caller gets an error now."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from radixflow.errors import RadixflowError
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
@@ -16,12 +16,14 @@ from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
 class AttentionBackend:
     deterministic = False  # batch-invariant: a request's result may not depend on its batch
+    settings: KernelSettings = DEFAULT_KERNEL_SETTINGS  # each backend gets the runner's at construction
 
     def __init__(
         self, kv_pool: KVPool, req_to_token: ReqToTokenPool, num_q_heads: int, num_kv_heads: int, head_dim: int,
-        deterministic: bool = False,
+        deterministic: bool = False, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
     ):
         self.deterministic = deterministic
+        self.settings = settings  # ModelRunner.set_kernel_settings replaces it (and recaptures the graphs)
         self.kv_pool = kv_pool
         self.req_to_token = req_to_token
         self.num_q_heads = num_q_heads
@@ -51,22 +53,3 @@ class AttentionBackend:
         q, k = rotary(positions, q, k)
         return self.forward(q, k, v, layer, fb)
 
-
-def create_attention_backend(name: str, device: str, **kwargs) -> AttentionBackend:
-    if name == "auto":
-        name = "triton" if device == "cuda" else "torch_native"
-    if name == "torch_native":
-        from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend
-
-        return TorchNativeBackend(**kwargs)
-    if name == "triton":
-        if device != "cuda":
-            raise RadixflowError("attention_backend=triton needs a CUDA device; use torch_native on CPU")
-        from radixflow.runtime.execution.attention.triton_backend import TritonBackend
-
-        return TritonBackend(**kwargs)
-    if name == "flashinfer":
-        from radixflow.runtime.execution.attention.flashinfer_backend import FlashInferBackend
-
-        return FlashInferBackend(**kwargs)
-    raise RadixflowError(f"unknown attention backend {name!r}: choose triton, torch_native or flashinfer")

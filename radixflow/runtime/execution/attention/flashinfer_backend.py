@@ -121,7 +121,7 @@ class FlashInferBackend(TritonBackend):
 
     def _run(self, wrapper, q: torch.Tensor, layer: int) -> torch.Tensor:
         kv = (self.kv_pool.k[layer].unsqueeze(1), self.kv_pool.v[layer].unsqueeze(1))  # [slots, page 1, Hkv, D]
-        return wrapper.run(q, kv, enable_pdl=bool(pdl_launch(q)["USE_PDL"]))
+        return wrapper.run(q, kv, enable_pdl=bool(pdl_launch(q, self.settings)["USE_PDL"]))
 
     # -- CUDA graphs -----------------------------------------------------------------------------
     def init_cuda_graph_capture(self, fb: ForwardBatch) -> None:

@@ -40,9 +40,11 @@ def shared_prefix_len(slots: torch.Tensor, limit: int) -> int:
 
 
 class TorchNativeBackend(AttentionBackend):
-    # What attention computes in, whatever the model's dtype (16-bit q and K/V widen exactly).
-    # float64 is exact attention: the yardstick of benchmarks/gpu_bench.py and gpu_real_model.py.
-    compute_dtype = torch.float32
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """What attention computes in, whatever the model's dtype (16-bit q and K/V widen exactly):
+        float32, or float64 for exact attention (a yardstick for benchmarks)."""
+        return getattr(torch, self.settings.native_attention_dtype)
 
     def _batched_decode(self, fb: ForwardBatch) -> bool:
         """Decode as one padded batch. Deterministic mode decodes each request alone instead, as a
@@ -67,7 +69,7 @@ class TorchNativeBackend(AttentionBackend):
             fb.attn_metadata = NativeMetadata(table[rows[0], :p].to(torch.int64) if p else None, rest)
 
     def forward(self, q, k, v, layer, fb):
-        """Attention in `compute_dtype` (float32), rounded once at the end: the reference the Triton
+        """Attention in `compute_dtype`, rounded once at the end: the reference the Triton
         kernels are held to (kernels/attention_common.py)."""
         self.kv_pool.store(layer, fb.out_cache_loc, k, v)
         return self._attend(q.to(self.compute_dtype), layer, fb).to(q.dtype)

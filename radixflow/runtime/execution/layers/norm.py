@@ -6,22 +6,23 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixflow.kernels.settings import KernelSettings
+
 
 class RMSNorm(nn.Module):
-    fused = False  # use the Triton kernel on CUDA tensors (set by the model runner)
-
     def __init__(self, dim: int, eps: float):
         super().__init__()
+        self.kernels: KernelSettings | None = None  # the Triton kernel, so launched, on CUDA tensors (the model runner's)
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
         """With `residual`, returns (norm(x + residual), x + residual): the first in x's dtype,
         the second in the residual's (a bf16 model keeps its residual stream in float32)."""
-        if self.fused and x.is_cuda:
+        if self.kernels is not None and x.is_cuda:
             from radixflow.kernels.norm_act import rmsnorm
 
-            return rmsnorm(x, self.weight, self.eps, residual)
+            return rmsnorm(x, self.weight, self.eps, residual, self.kernels)
         dtype = x.dtype
         if residual is not None:
             x = (x.float() + residual.float()).to(residual.dtype)  # one rounding, to the stream's dtype

@@ -35,6 +35,7 @@ from torch import nn
 
 from radixflow.errors import RadixflowError
 from radixflow.kernels import cpu_linear
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.runtime.distributed.tp_group import all_gather_last_dim, all_reduce, get_tp
 
 log = logging.getLogger(__name__)
@@ -113,9 +114,7 @@ class SmallBatchMatmul:
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
-    # FP8 weights: quantize activations per token for the GEMM (False: dequantize the weight instead, for
-    # benchmarks that separate the two errors; slow)
-    fp8_activations = True
+    kernels: KernelSettings = DEFAULT_KERNEL_SETTINGS  # how its kernels launch (the model runner's settings)
     weight: torch.Tensor
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,7 +127,7 @@ class SmallBatchMatmul:
         if x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 
-            return gemv(x, self.weight, bias, config=self.gemv_config)
+            return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
         return cpu_linear.linear(x, self.weight, bias)
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -140,9 +139,10 @@ class SmallBatchMatmul:
         if x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 
-            return gemv(x, w, bias, config=self.gemv_config, w_scale=scale)
-        if x.is_cuda and x.dim() == 2 and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.fp8_activations:
-            return fp8.fp8_gemm(x, w, bias, scale)
+            return gemv(x, w, bias, config=self.gemv_config, w_scale=scale, settings=self.kernels)
+        fp8_gemm_ok = x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.kernels.fp8_activations
+        if x.is_cuda and x.dim() == 2 and fp8_gemm_ok:
+            return fp8.fp8_gemm(x, w, bias, scale, self.kernels)
         if x.is_cuda:
             return F.linear(x, fp8.dequantize(w, scale, x.dtype), bias)
         # CPU: torch converts FP8 element by element (~25 ms per million), so the dequantized
@@ -167,7 +167,7 @@ def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight).float()
 
 
-def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, int]:
+def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
     """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
     and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
     from radixflow.kernels.gemv import choose_gemv
@@ -180,7 +180,7 @@ def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul]) -> dict[str, 
     for (n, k, dtype, has_bias), group in groups.items():
         scaled = dtype == torch.float8_e4m3fn  # (weight, bias, scale): the FP8 GEMM against the FP8 GEMV
         max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else []))
-                                              for g in group])
+                                              for g in group], settings=settings)
         for g in group:
             g.gemv_max_m, g.gemv_config = max_m, config
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"

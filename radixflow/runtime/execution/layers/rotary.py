@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from radixflow.kernels.settings import KernelSettings
+
 
 def _rope_params(config) -> dict:
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
@@ -27,10 +29,9 @@ def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
 
 
 class RotaryEmbedding(nn.Module):
-    fused = False  # use the Triton kernel (in place) on CUDA tensors
-
     def __init__(self, config, head_dim: int, max_positions: int):
         super().__init__()
+        self.kernels: KernelSettings | None = None  # the Triton kernel (in place), so launched, on CUDA tensors
         inv_freq, self.attention_scaling = compute_inv_freq(config, head_dim)
         t = torch.arange(max_positions, dtype=torch.float32)
         freqs = torch.outer(t, inv_freq)
@@ -46,11 +47,11 @@ class RotaryEmbedding(nn.Module):
         self._cached_for, self._cached = None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]. When fused, q and k are rotated in place."""
-        if self.fused and q.is_cuda:
+        """q: [T, Hq, D], k: [T, Hkv, D]; positions: [T]. With Triton kernels, q and k are rotated in place."""
+        if self.kernels is not None and q.is_cuda:
             from radixflow.kernels.rotary import apply_rotary
 
-            return apply_rotary(positions, q, k, self.cos, self.sin)
+            return apply_rotary(positions, q, k, self.cos, self.sin, self.kernels)
         if self._cached_for is not positions:  # every layer of a pass rotates by the same positions
             self._cached = (self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1))
             self._cached_for = positions

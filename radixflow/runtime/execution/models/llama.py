@@ -29,6 +29,7 @@ from radixflow.runtime.execution.layers.parallel_linear import (
     row_parallel_linear,
 )
 from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
+from radixflow.kernels.settings import KernelSettings
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -106,32 +107,30 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    fused = False  # SiLU-and-mul through the Triton kernel on CUDA tensors
-
     def __init__(self, shape: ModelShape):
         super().__init__()
+        self.kernels: KernelSettings | None = None  # SiLU-and-mul through the Triton kernel, so launched, on CUDA
         inter = shape.intermediate
         self.gate_up_proj = merged_column_parallel_linear(shape.hidden, [inter, inter], shape.mlp_bias)
         self.down_proj = row_parallel_linear(inter, shape.hidden, shape.mlp_bias)
 
     def forward(self, x):
         gate_up = self.gate_up_proj(x)
-        if self.fused and gate_up.is_cuda:
+        if self.kernels is not None and gate_up.is_cuda:
             from radixflow.kernels.norm_act import silu_and_mul
 
-            return self.down_proj(silu_and_mul(gate_up))
+            return self.down_proj(silu_and_mul(gate_up, self.kernels))
         gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
-    # The residual stream's dtype (None: the model's). float32 because a bf16 stream rounds at
-    # each of the 2 adds per layer, which was the largest bf16 error source measured
-    # (benchmarks/bf16_error_sources.py); it costs 4 bytes per hidden value, not weight reads.
-    residual_dtype: torch.dtype | None = torch.float32
-
     def __init__(self, config, shape: ModelShape, layer_id: int, rotary: RotaryEmbedding):
         super().__init__()
+        # The residual stream's dtype (None: the model's). float32 by default because a bf16 stream
+        # rounds at each of the 2 adds per layer, which was the largest bf16 error source measured
+        # (benchmarks/bf16_error_sources.py); it costs 4 bytes per hidden value, not weight reads.
+        self.residual_dtype: torch.dtype | None = torch.float32
         self.self_attn = Attention(config, shape, layer_id, rotary)
         self.mlp = MLP(shape)
         self.input_layernorm = RMSNorm(shape.hidden, shape.eps)
@@ -160,29 +159,28 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = None if s.tie_embeddings else ParallelLMHead(s.vocab_size, s.hidden)
         self.rotary = rotary
 
-    def enable_fused_kernels(self, on: bool) -> None:
-        """Route RMSNorm, rotary and SiLU-and-mul through the Triton kernels (CUDA only)."""
-        for m in self.modules():
-            if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
-                m.fused = on
-
-    def use_batch_invariant_kernels(self) -> None:
-        """Deterministic inference: every linear layer and the output head through kernels/matmul.py,
-        and RMSNorm through its Triton kernel (one program a row) with any attention backend: torch's
-        mean picks its reduction order by the tensor's shape (on an H200 a 4,096-wide row's mean
+    def set_kernel_settings(self, settings: KernelSettings, fused: bool) -> None:
+        """Hand every layer its kernel choices (the model runner does, before capturing CUDA graphs,
+        which bake them in). `fused`: RMSNorm, rotary and SiLU-and-mul through the Triton kernels.
+        Deterministic inference (settings.batch_invariant) puts every linear layer and the output head
+        on kernels/matmul.py, and RMSNorm on its Triton kernel (one program a row) with any attention
+        backend: torch's mean picks its reduction order by the tensor's shape (a 4,096-wide row's mean
         changed with the row count), and the torch-native engine failed
         tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant until this."""
         for m in self.modules():
+            if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
+                m.kernels = settings if fused or (settings.batch_invariant and isinstance(m, RMSNorm)) else None
+            if isinstance(m, DecoderLayer):
+                m.residual_dtype = torch.float32 if settings.fp32_residual else None
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
-                m.batch_invariant = True
-            if isinstance(m, RMSNorm):
-                m.fused = True
+                m.kernels = settings
+                m.batch_invariant = settings.batch_invariant
 
-    def choose_small_batch_matmuls(self) -> dict[str, int]:
+    def choose_small_batch_matmuls(self, settings: KernelSettings) -> dict[str, int]:
         """CUDA: per linear shape, use the Triton GEMV for decode-sized batches where it times
         faster than cuBLAS (the output head has its own float32 path). Call before capturing CUDA graphs."""
         linears = [m for m in self.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
-        return choose_small_batch_matmuls(linears)
+        return choose_small_batch_matmuls(linears, settings)
 
     def local_heads(self) -> tuple[int, int]:
         """(query heads, KV heads) this tensor-parallel rank computes and caches."""

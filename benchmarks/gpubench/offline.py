@@ -1,0 +1,211 @@
+"""Sections offline, offline_1k, offline_*_ab, shared, idle: throughput of many requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import random
+import statistics
+import time
+
+from gpubench.common import Event, OPTS, SZ, free, greedy, log, make_engine, rand_ids, sync
+
+
+def offline_requests(seed: int = 2024) -> list:
+    rng = random.Random(seed)
+    return [(rand_ids(rng, rng.randint(32, SZ["in_max"])), rng.randint(32 if not OPTS.smoke else 2, SZ["out_max"]))
+            for _ in range(SZ["offline"])]
+
+
+def run_batch(eng, prompts: list, params: list) -> dict:
+    eng.flush_cache()
+    st = eng.scheduler.stats
+    before = (st.prompt_tokens, st.cached_tokens)
+    t = time.perf_counter()
+    res = eng.generate(input_ids=prompts, sampling_params=params)
+    dt = time.perf_counter() - t
+    out_tokens = sum(r["meta_info"]["completion_tokens"] for r in res)
+    prompt, cached = st.prompt_tokens - before[0], st.cached_tokens - before[1]
+    return {"s": dt, "out_tokens": out_tokens, "out_tok_s": out_tokens / dt,
+            "total_tok_s": (out_tokens + sum(map(len, prompts))) / dt, "cache_hit": cached / max(prompt, 1)}
+
+
+class ForwardRecorder:
+    """Wraps runner.forward: GPU time of every forward pass (events) and host timestamps."""
+
+    def __init__(self, runner):
+        self.runner, self.records = runner, []
+        orig = runner.forward
+
+        def timed(fb):
+            s, e = Event(), Event()
+            s.record()
+            logits = orig(fb)
+            e.record()
+            self.records.append((fb.mode.value, fb.batch_size, s, e, time.perf_counter()))
+            return logits
+
+        runner.forward = timed
+
+    def close(self) -> None:
+        del self.runner.forward
+        sync()
+
+    def summary(self) -> dict:
+        out = {}
+        for mode in ("extend", "decode"):
+            recs = [r for r in self.records if r[0] == mode]
+            if recs:
+                out[f"{mode}_steps"] = len(recs)
+                out[f"{mode}_gpu_s"] = sum(s.elapsed_time(e) for _, _, s, e, _ in recs) / 1e3
+        dec = [r for r in self.records if r[0] == "decode"]
+        if dec:
+            out["decode_mean_bs"] = sum(r[1] for r in dec) / len(dec)
+        if len(self.records) > 1:
+            first, last = self.records[0], self.records[-1]
+            out["gpu_window_s"] = first[2].elapsed_time(last[3]) / 1e3
+        return out
+
+
+def _offline_pass(eng, reqs: list) -> dict:
+    rec = ForwardRecorder(eng.runner)
+    try:
+        res = run_batch(eng, [p for p, _ in reqs], [greedy(o) for _, o in reqs])
+    finally:
+        rec.close()
+    res.update(rec.summary())
+    return res
+
+
+def sec_offline() -> dict:
+    """The workload twice; the second pass is the figure. The first pass of a process compiles
+    Triton kernels for shapes it has not seen (s6 run 4: 9,318 out tok/s first, then 10,385 and
+    10,428), which a server pays once at start-up, not per workload; it is kept as "cold"."""
+    eng = OPTS.bench_engine
+    seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
+    cold = _offline_pass(eng, offline_requests(seeds[0]))
+    res = {"cold": {k: cold[k] for k in ("s", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}}
+    for seed in seeds:
+        res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed))
+    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds]
+    res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
+    return res
+
+
+def sec_offline_1k() -> dict:
+    """1,000 requests of 1,000 random prompt tokens and 1,000 output tokens (ignore_eos), one pass after a
+    warm-up of 64 requests of the same shape that compiles what the shapes need."""
+    eng = OPTS.bench_engine
+    rng = random.Random(1000)
+    n, length, out_len = SZ["k1_n"], SZ["k1_len"], SZ["k1_len"]
+    run_batch(eng, [rand_ids(rng, length) for _ in range(min(n, 64))], [greedy(32)] * min(n, 64))
+    reqs = [(rand_ids(rng, length), out_len) for _ in range(n)]
+    res = _offline_pass(eng, reqs)
+    res["kv_pool_tokens"] = eng.runner.kv_pool.allocator.capacity_slots
+    return res
+
+
+def sec_offline_pdl_ab() -> dict:
+    """`offline` (warm passes) with every CUDA graph captured with the PDL trigger before the wait
+    (early, the default), then after it (late), then early again, in one process, so the
+    machine's bandwidth is the same for both settings."""
+    return _offline_settings_ab("pdl_early_trigger", (("early", True), ("late", False), ("early_again", True)))
+
+
+def _offline_settings_ab(field: str, values: tuple) -> dict:
+    """`offline` once per (label, value) in `values`, with the bench engine's kernel setting `field`
+    at that value for the whole run (eager passes and recaptured graphs), in one process; the
+    settings before are restored after."""
+    runner, out = OPTS.bench_engine.runner, {}
+    before = runner.settings
+    try:
+        for label, value in values:
+            runner.set_kernel_settings(dataclasses.replace(before, **{field: value}))
+            out[label] = sec_offline()
+    finally:
+        runner.set_kernel_settings(before)
+    return out
+
+
+def sec_offline_residual_ab() -> dict:
+    """`offline` with the residual stream in float32 (the default), in bf16, then float32 again:
+    what the float32 stream costs at large batches."""
+    return _offline_settings_ab("fp32_residual", (("float32", True), ("bf16", False), ("float32_again", True)))
+
+
+def sec_offline_p_parts_ab() -> dict:
+    """`offline` with attention's p in 2, 1, then 2 bf16 parts again."""
+    return _offline_settings_ab("attention_p_parts", (("p2", 2), ("p1", 1), ("p2_again", 2)))
+
+
+def sec_shared() -> dict:
+    """Radix cache on (twice: the first pass of a fresh engine compiles Triton kernels for the
+    long-prefix shapes, s9 run 5: 6.24 s, then 5.28 s warm in s9 run 6; kept as "radix_on_cold"),
+    then off in a fresh engine of the same process (the kernels compiled by then)."""
+    rng = random.Random(5)
+    common = rand_ids(rng, SZ["shared_len"])
+    prompts = [common + rand_ids(rng, 128) for _ in range(SZ["shared_n"])]
+    params = [greedy(SZ["shared_out"])] * len(prompts)
+    out = {"radix_on_cold": run_batch(OPTS.bench_engine, prompts, params)}
+    out["radix_on"] = run_batch(OPTS.bench_engine, prompts, params)
+    log(f"shared radix on: {out['radix_on']}")
+    free(OPTS.bench_engine)  # the radix-off engine sizes its KV pool from the free memory
+    OPTS.bench_engine = None
+    eng = make_engine("llama3-8b", disable_radix_cache=True, **OPTS.bench_kw)
+    try:
+        out["radix_off"] = run_batch(eng, prompts, params)
+    finally:
+        free(eng)
+    out["speedup"] = out["radix_off"]["s"] / out["radix_on"]["s"]
+    return out
+
+
+def _host_profile(eng, prompts: list, params: list) -> list:
+    """cProfile of the engine loop (host side), top functions by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    run_batch(eng, prompts, params)
+    prof.disable()
+    buf = io.StringIO()
+    pstats.Stats(prof, stream=buf).sort_stats("cumulative").print_stats(45)
+    with open(os.path.join(OPTS.out, "idle_host_profile.txt"), "w") as f:
+        f.write(buf.getvalue())
+    stats = pstats.Stats(prof).stats
+    rows = sorted(stats.items(), key=lambda kv: -kv[1][2])[:12]  # by own (total) time
+    return [(f"{os.path.basename(k[0])}:{k[2]}", round(v[2], 3), v[1]) for k, v in rows]
+
+
+def _idle_run(eng, prompts: list, params: list) -> dict:
+    bs = len(prompts)
+    rec = ForwardRecorder(eng.runner)
+    try:
+        res = run_batch(eng, prompts, params)
+    finally:
+        rec.close()
+    dec = [r for r in rec.records if r[0] == "decode" and r[1] == bs]
+    busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
+    gaps = [a[3].elapsed_time(b[2]) for a, b in zip(dec, dec[1:])]
+    host = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
+    return {"decode_steps": len(dec), "gpu_forward_ms": statistics.median(busy), "gap_ms": statistics.median(gaps),
+            "host_step_ms": 1e3 * statistics.median(host), "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])),
+            "out_tok_s": res["out_tok_s"]}
+
+
+def sec_idle() -> dict:
+    """GPU idle between decode steps at batch idle_bs: overlap scheduling on (the default
+    on CUDA) and off, in the same run."""
+    eng = OPTS.bench_engine
+    rng = random.Random(11)
+    bs = SZ["idle_bs"]
+    prompts, params = [rand_ids(rng, 128) for _ in range(bs)], [greedy(SZ["idle_out"])] * bs
+    sched = eng.scheduler
+    out = {}
+    for name, on in (("overlap_off", False), ("overlap_on", True)):
+        sched.overlap = on
+        out[name] = _idle_run(eng, prompts, params)
+    out["host_top_self_s"] = _host_profile(eng, prompts, params)
+    return out

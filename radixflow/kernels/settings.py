@@ -1,0 +1,46 @@
+"""Kernel and precision choices of one engine, fixed when it is built.
+
+`ServerArgs.kernel_settings()` derives them from the server arguments; the model runner passes
+them to the model's layers, the attention backend and the sampler, and changing them
+(`ModelRunner.set_kernel_settings`) rebuilds what captured the old ones, CUDA graphs included.
+Kernel functions take them as an argument (default: `DEFAULT_KERNEL_SETTINGS`); nothing reads
+them from a global.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KernelSettings:
+    # Programmatic dependent launch for the decode-path kernels on Hopper and newer (kernels/pdl.py),
+    # and whether a kernel lets the next one be scheduled before its own wait (early) or after it.
+    pdl: bool = True
+    pdl_early_trigger: bool = True
+    # 16-bit parts the Triton attention kernels multiply the softmax weights p in: 2 keeps bf16
+    # attention close to float32, 1 rounds p once (kernels/attention_common.py).
+    attention_p_parts: int = 2
+    # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
+    fused_kernels: bool = True
+    # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).
+    fused_rotary_max_batch: int = 8
+    # The residual stream in float32 (False: in the model's dtype).
+    fp32_residual: bool = True
+    # Sampled rows drawn by the Triton kernel on CUDA (False: torch's sort-based path).
+    triton_sampling: bool = True
+    # FP8 weights: quantize activations per token for the GEMM (False: dequantize the weight instead,
+    # which separates the two errors; slow).
+    fp8_activations: bool = True
+    # Deterministic inference: a request's results do not depend on what it is batched with.
+    batch_invariant: bool = False
+    # What the torch-native attention backend computes in ("float64": an exactness yardstick).
+    native_attention_dtype: str = "float32"
+
+    def __post_init__(self) -> None:
+        assert self.attention_p_parts in (1, 2), self.attention_p_parts
+        assert self.fused_rotary_max_batch >= 0, self.fused_rotary_max_batch
+        assert self.native_attention_dtype in ("float32", "float64"), self.native_attention_dtype
+
+
+DEFAULT_KERNEL_SETTINGS = KernelSettings()
