@@ -9,7 +9,7 @@ import pytest
 import radixflow as rf
 from radixflow.lang.backends.engine_backend import EngineBackend
 
-from lang_programs import concat_story, few_shot_qa, tips
+from lang_programs import concat_story, few_shot_qa, one_sentence, tips
 
 GREEDY = {"temperature": 0}
 
@@ -18,11 +18,6 @@ GREEDY = {"temperature": 0}
 def three_names(s, topic):
     s += f"Name a {topic}:" + rf.gen("name", n=3, max_tokens=4, stop="\n") + "\nAnother one:"
     s += rf.gen("another", max_tokens=4, stop="\n")
-
-
-@rf.function
-def long_answer(s, topic):
-    s += f"Write one sentence about {topic}.\n" + rf.gen("sentence", max_tokens=16) + "\nDone."
 
 
 @pytest.fixture(scope="module")
@@ -53,9 +48,9 @@ def _one_gen(sampling: dict) -> dict:
 
 
 def test_streaming_runs_inside_the_request_graph(backend):
-    state = long_answer.run(topic="the sea", stream=True, backend=backend, **GREEDY)
+    state = one_sentence.run(topic="the sea", stream=True, backend=backend, **GREEDY)
     deltas = list(state.text_iter("sentence"))
-    eager = long_answer.run(topic="the sea", backend=backend, mode="eager", **GREEDY)
+    eager = one_sentence.run(topic="the sea", backend=backend, mode="eager", **GREEDY)
     assert state.mode == "graph" and state.program_meta["num_requests"] == 1
     assert "".join(deltas) == state["sentence"] == eager["sentence"]
     assert len(deltas) > 1, "the gen's text should arrive in token deltas, not at the end"

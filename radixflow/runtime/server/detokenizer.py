@@ -26,6 +26,7 @@ from radixflow.runtime.server.server_messages import (
     IpcNames,
     NewRequests,
     OutputBatch,
+    ProgramDelta,
     StatsSnapshot,
 )
 
@@ -98,6 +99,6 @@ def _handle(detok: Detokenizer, msg):
                 out.finished, out.error = True, f"internal error while decoding: {type(e).__name__}: {e}"
                 texts.append("")
         return DetokBatch(msg.outputs, texts, msg.stats)
-    if isinstance(msg, (ControlReply, StatsSnapshot)):
+    if isinstance(msg, (ControlReply, StatsSnapshot, ProgramDelta)):
         return msg
     raise AssertionError(f"unexpected message {type(msg).__name__}")
