@@ -94,17 +94,18 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
     async def all_of():
         return await asyncio.gather(*(one(kw) for kw in inputs))
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         states = asyncio.run(all_of())
     finally:
         sched.tree.disable = engine.server_args.disable_radix_cache
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     prompt = sched.stats.prompt_tokens - before[0]
     cached = sched.stats.cached_tokens - before[1]
     return {
         "mode": states[0].mode,
         "throughput": len(inputs) / wall,
+        "cpu_per_program": cpu / len(inputs),
         "p50": statistics.median(lat),
         "hit": cached / prompt if prompt else 0.0,
     }
@@ -132,6 +133,7 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
             "mode": rs[0]["mode"],
             "throughput": statistics.median(r["throughput"] for r in rs),
             "p50": statistics.median(r["p50"] for r in rs),
+            "cpu_per_program": statistics.median(r["cpu_per_program"] for r in rs),
             "hit": statistics.median(r["hit"] for r in rs),
             "runs": rs,
         }
@@ -163,10 +165,12 @@ def run_all(
 
 
 def table(results: dict) -> str:
-    """Medians over the repeats; graph / eager also gives the range of the per-round ratios."""
+    """Medians over the repeats; graph / eager also gives the range of the per-round ratios.
+    CPU s / program: this process's CPU time (all threads) per program, which a shared
+    machine's load disturbs far less than wall time."""
     lines = [
-        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | hit rate graph / eager / optimal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | hit rate graph / eager / optimal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ratios = []
     for name, r in results.items():
@@ -178,10 +182,15 @@ def table(results: dict) -> str:
         lines.append(
             f"| {name}{tag} | {g['throughput']:.2f} | {e['throughput']:.2f} | {x['throughput']:.2f} | "
             f"{statistics.median(ge):.2f}x{spread} | {g['throughput'] / x['throughput']:.2f}x | "
-            f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
+            f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {_cpu(g)} / {_cpu(e)} / {_cpu(x)} | "
+            f"{g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
+
+
+def _cpu(r: dict) -> str:
+    return f"{r['cpu_per_program']:.3f}" if "cpu_per_program" in r else "-"
 
 
 def main(argv=None) -> str:
