@@ -1,9 +1,14 @@
 """Request graphs on the in-process Engine: submitted to its scheduler's ProgramExecutor
-and run in the same steps as whatever other threads run on it (engine.stepper)."""
+and run in the same steps as whatever other threads run on it (engine.stepper).
+
+Submitting is queued work, not a turn of its own: the driver that picks it up goes on to
+the scheduler step in the same turn, so programs submitted together start together (as
+eager requests do)."""
 
 from __future__ import annotations
 
 from collections import deque
+from concurrent.futures import Future
 from typing import Callable, Iterator, Optional
 
 from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
@@ -19,30 +24,32 @@ def executor_for(engine) -> ProgramExecutor:
 
 def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
     """Run programs to completion; their outputs in order."""
-    runs = _submit(engine, programs, on_result)
-    _wait(engine, runs, lambda: all(r.finished for r in runs))
-    return [r.output for r in runs]
+    fut = _submit(engine, programs, on_result)
+    _wait(engine, fut, lambda: all(r.finished for r in fut.result()))
+    return [r.output for r in fut.result()]
 
 
 def stream_program(engine, program: dict) -> Iterator[dict]:
     """{"var", "text"} deltas of the program's main strand as they come, then its output."""
-    deltas: deque = deque()  # filled by whichever thread drives the scheduler
-    (run,) = _submit(engine, [program], on_delta=lambda var, text: deltas.append({"var": var, "text": text}))
-    done = lambda: run.finished or bool(deltas)  # noqa: E731
+    deltas: deque = deque()  # filled by the thread that runs the scheduler steps
+    fut = _submit(engine, [program], on_delta=lambda var, text: deltas.append({"var": var, "text": text}))
+    finished = lambda: fut.result()[0].finished  # noqa: E731
     try:
         while True:
-            _wait(engine, [run], done)
+            _wait(engine, fut, lambda: finished() or bool(deltas))
             while deltas:
                 yield deltas.popleft()
-            if run.finished:
-                yield run.output
+            if finished():
+                yield fut.result()[0].output
                 return
     finally:
-        if not run.finished:  # the caller stopped reading: stop the program, free its KV
-            engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), [run]))
+        if fut.done() and fut.exception() is None and not finished():  # the caller stopped reading
+            engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), fut.result()))
 
 
-def _submit(engine, programs: list, on_result=None, on_delta=None) -> list[ProgramRun]:
+def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
+    """Queue the programs' submission; the Future holds their ProgramRuns (or the error)."""
+
     def submit() -> list[ProgramRun]:
         ex = executor_for(engine)
         runs = []
@@ -55,15 +62,18 @@ def _submit(engine, programs: list, on_result=None, on_delta=None) -> list[Progr
             raise
         return runs
 
-    return engine.stepper.exclusive(submit)
+    return engine.stepper.call(submit)
 
 
-def _wait(engine, runs: list, done: Callable[[], bool]) -> None:
+def _wait(engine, fut: Future, done: Callable[[], bool]) -> None:
+    """Wait until done() (checked once the submission is in); raises the submission's error."""
     try:
-        engine.stepper.run_until(done)
+        engine.stepper.run_until(lambda: fut.done() and (fut.exception() is not None or done()))
     except BaseException:
-        engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), runs))
+        if fut.done() and fut.exception() is None:
+            engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), fut.result()))
         raise
+    fut.result()
 
 
 def _interrupt(ex: ProgramExecutor, runs: list) -> None:
