@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels import cpu_linear  # noqa: E402
 from radixflow.kernels.argmax import argmax_rows  # noqa: E402
 from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_torch  # noqa: E402
 from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
@@ -323,9 +324,32 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
         layer.gemv_max_m = 8
     want = row(col(x))  # 9 rows: F.linear
     assert calls == []
-    assert torch.equal(want, F.linear(F.linear(x, col.weight, col.bias), row.weight))
+    assert torch.equal(want, cpu_linear.linear(cpu_linear.linear(x, col.weight, col.bias), row.weight))
     _close(row(col(x[:3])), want[:3], 1e-4)  # 3 rows: the GEMV
     assert calls == [3, 3]
+
+
+@pytest.mark.parametrize("m", [1, 7, 64])
+@pytest.mark.parametrize("bias", [False, True])
+def test_cpu_linear_matches_f_linear(m, bias):
+    x, w = torch.randn(m, 96), torch.randn(200, 96)
+    b = torch.randn(200) if bias else None
+    got = cpu_linear.linear(x, w, b)
+    assert got.dtype == torch.float32 and got.shape == (m, 200)
+    _close(got, F.linear(x.double(), w.double(), None if b is None else b.double()).float(), 5e-4)
+    x16, w16 = x.bfloat16(), w.bfloat16()
+    assert torch.equal(cpu_linear.linear(x16, w16), F.linear(x16, w16))  # not float32: torch's own path
+
+
+def test_cpu_linear_is_what_the_layers_and_head_call(monkeypatch):
+    from radixflow.runtime.execution.layers.parallel_linear import ParallelLMHead, merged_column_parallel_linear
+
+    calls = []
+    monkeypatch.setattr(cpu_linear, "linear", lambda x, w, b=None: calls.append(tuple(w.shape)) or F.linear(x, w, b))
+    layer, head = merged_column_parallel_linear(32, [24, 24], bias=True), ParallelLMHead(100, 32)
+    x = torch.randn(5, 32)
+    layer(x), head.logits(x)
+    assert calls == [(48, 32), (100, 32)]
 
 
 @pytest.mark.parametrize("m", [1, TINY_M + 5, SMALL_M + 6])  # each tile config

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixflow.errors import RadixflowError
+from radixflow.kernels import cpu_linear
 from radixflow.runtime.distributed.tp_group import all_gather_last_dim, all_reduce, get_tp
 
 log = logging.getLogger(__name__)
@@ -128,7 +129,7 @@ class SmallBatchMatmul:
             from radixflow.kernels.gemv import gemv
 
             return gemv(x, self.weight, bias, config=self.gemv_config)
-        return F.linear(x, self.weight, bias)
+        return cpu_linear.linear(x, self.weight, bias)
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
@@ -307,7 +308,7 @@ class VocabParallelEmbedding(nn.Embedding):
             return self.gather_logits(matmul_batch_invariant(hidden, self.weight, out_dtype=torch.float32))
         if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
             return self.gather_logits(_mm_float32(hidden, self.weight))
-        return self.gather_logits(F.linear(hidden, self.weight).float())
+        return self.gather_logits(cpu_linear.linear(hidden, self.weight).float())
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[N, vocab/tp] on each rank (this layer as the output head) -> [N, vocab] on every rank."""
