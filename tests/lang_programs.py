@@ -48,6 +48,11 @@ def concat_story(s, name):
 
 
 @rf.function
+def one_sentence(s, topic):
+    s += f"Write one sentence about {topic}.\n" + rf.gen("sentence", max_tokens=16) + "\nDone."
+
+
+@rf.function
 def template_fill(s, name):
     """The benchmark's 5-gen template-filling program (gen length from run(max_new_tokens=...))."""
     s += f"Fill in a profile card for {name}.\n"

@@ -9,7 +9,7 @@ import pytest
 
 import radixflow as rf
 
-from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, template_fill
+from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, one_sentence, template_fill
 
 GREEDY = {"temperature": 0}
 
@@ -59,6 +59,19 @@ def test_run_batch_reuses_the_shared_prefix_kv_on_server(runtime):
     info = runtime.get_server_info()
     print(f"server run_batch(8): cached {cached}/{prompt} prompt tokens, cache hit rate {info['cache_hit_rate']:.2f}")
     assert cached / prompt > 0.5 and info["cache_hit_rate"] > 0.5
+
+
+def test_streaming_runs_as_one_request_graph_on_the_server(runtime):
+    before = metric(runtime, "num_requests_total")
+    state = one_sentence.run(topic="the sea", stream=True, backend=runtime, **GREEDY)
+    deltas = list(state.text_iter("sentence"))
+    assert state.mode == "graph" and metric(runtime, "num_requests_total") - before == 1
+    eager = one_sentence.run(topic="the sea", backend=runtime, mode="eager", **GREEDY)
+    assert "".join(deltas) == state["sentence"] == eager["sentence"] and len(deltas) > 1
+    whole = "".join(concat_story.run(name="Ada", stream=True, backend=runtime, **GREEDY).text_iter())
+    assert whole == concat_story.run(name="Ada", backend=runtime, mode="eager", **GREEDY).text()
+    r = runtime.endpoint.client.post("/program", json={"programs": [{"ops": []}], "stream": True})
+    assert r.status_code == 400 and "streams one" in r.json()["error"]["message"]
 
 
 def test_program_route_rejects_bad_programs(runtime):

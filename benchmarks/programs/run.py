@@ -5,28 +5,31 @@ one in-process Engine, all programs of a workload in flight at once (run_async):
 - eager: one request per gen/select, with the radix cache;
 - eager-noradix: the same with prefix reuse turned off (the tree disabled while empty).
 
-Reports programs/s, p50 latency, the achieved cache hit rate (cached / prompt tokens of
-the scheduler's admissions; for graph mode the text appended to a continued request is
-not counted) and the optimal one: the share of the eager run's prompt tokens that an
-unbounded cache could have served from earlier prompts and outputs (each request
-computing at least one token).
+Reports programs/s, p50 latency, the achieved cache hit rate (cached / prompt tokens the
+scheduler saw: admissions, and in graph mode each continued request's new segment as the
+prompt a new request would have had) and the optimal one: the share of the eager run's
+prompt tokens that an unbounded cache could have served from earlier prompts and outputs
+(each request computing at least one token). With --repeats R each mode runs R times,
+interleaved, and the table gives medians (graph / eager with the range of the rounds).
 
     python benchmarks/programs/run.py                       # CPU, default model, small sizes
     python benchmarks/programs/run.py --smoke               # two programs of each, a few tokens
     python benchmarks/programs/run.py --device cuda --config benchmarks/configs/llama3-8b.json \\
-        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0
+        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import math
 import os
 import random
 import statistics
 import sys
 import time
+from typing import Callable, Optional
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
@@ -91,70 +94,103 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
     async def all_of():
         return await asyncio.gather(*(one(kw) for kw in inputs))
 
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     try:
         states = asyncio.run(all_of())
     finally:
         sched.tree.disable = engine.server_args.disable_radix_cache
-    wall = time.perf_counter() - start
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     prompt = sched.stats.prompt_tokens - before[0]
     cached = sched.stats.cached_tokens - before[1]
     return {
         "mode": states[0].mode,
         "throughput": len(inputs) / wall,
+        "cpu_per_program": cpu / len(inputs),
         "p50": statistics.median(lat),
         "hit": cached / prompt if prompt else 0.0,
     }
 
 
-def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: int) -> dict:
+def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1) -> dict:
+    """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
+    of a shared machine fall on every mode); the optimal hit rate from the first eager run."""
     inputs = workload.inputs(random.Random(seed), n, size)
-    workload.program.run(backend=engine, **inputs[0], **sampling)  # warm-up, untimed
-    out = {}
-    rec = None
-    for mode in MODES:
-        if mode == "eager":
-            rec = PromptRecorder(EngineBackend.for_engine(engine))
-        try:
-            out[mode] = run_mode(engine, workload, inputs, mode, sampling)
-        finally:
-            if rec is not None:
-                rec.close()
-        if mode == "eager":
-            out["optimal_hit"] = optimal_hit_rate(rec.calls)
-            rec = None
+    for mode in ("auto", "eager"):  # warm-up, untimed: first-use costs (kernel compiles) of this workload's shapes
+        workload.program.run_batch(inputs[:4], backend=engine, mode=mode, progress_bar=False, **sampling)
+    runs: dict = {m: [] for m in MODES}
+    out: dict = {}
+    for r in range(repeats):
+        for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+            rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
+            try:
+                runs[mode].append(run_mode(engine, workload, inputs, mode, sampling))
+            finally:
+                if rec is not None:
+                    rec.close()
+                    out["optimal_hit"] = optimal_hit_rate(rec.calls)
+    for mode, rs in runs.items():
+        out[mode] = {
+            "mode": rs[0]["mode"],
+            "throughput": statistics.median(r["throughput"] for r in rs),
+            "p50": statistics.median(r["p50"] for r in rs),
+            "cpu_per_program": statistics.median(r["cpu_per_program"] for r in rs),
+            "hit": statistics.median(r["hit"] for r in rs),
+            "runs": rs,
+        }
+    out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
     return out
 
 
-def run_all(engine, names: list, n: int, size: float, sampling: dict, seed: int = 0) -> dict:
+def run_all(
+    engine, names: list, n: int, size: float, sampling: dict, seed: int = 0, repeats: int = 1,
+    deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None,
+) -> dict:  # fmt: skip
+    """Each workload in turn; none is started after `deadline` (time.time()); on_workload
+    gets the results so far after each."""
+    unknown = [name for name in names if name not in BY_NAME]
+    if unknown:
+        raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
     results = {}
     for name in names:
-        if name not in BY_NAME:
-            raise SystemExit(f"unknown workload {name!r}; choose from {', '.join(BY_NAME)}")
+        if deadline is not None and time.time() > deadline:
+            print(f"{name}: skipped (past the deadline)", file=sys.stderr, flush=True)
+            continue
         t = time.perf_counter()
-        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed)
+        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats)
         print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
         print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
+        if on_workload is not None:
+            on_workload(results)
     return results
 
 
 def table(results: dict) -> str:
+    """Medians over the repeats; graph / eager also gives the range of the per-round ratios.
+    CPU s / program: this process's CPU time (all threads) per program, which a shared
+    machine's load disturbs far less than wall time."""
     lines = [
-        "| workload | graph programs/s | eager | eager, no radix | graph / eager | graph / no radix | p50 graph / eager / no radix (s) | hit rate graph / eager / optimal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | hit rate graph / eager / optimal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ratios = []
     for name, r in results.items():
         g, e, x = r["graph"], r["eager"], r["eager-noradix"]
         ratios.append(g["throughput"] / x["throughput"])
         tag = "" if g["mode"] == "graph" else " (eager: not traceable)"
+        ge = r.get("graph_vs_eager") or [g["throughput"] / e["throughput"]]
+        spread = f" ({min(ge):.2f}-{max(ge):.2f})" if len(ge) > 1 else ""
         lines.append(
             f"| {name}{tag} | {g['throughput']:.2f} | {e['throughput']:.2f} | {x['throughput']:.2f} | "
-            f"{g['throughput'] / e['throughput']:.2f}x | {g['throughput'] / x['throughput']:.2f}x | "
-            f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
+            f"{statistics.median(ge):.2f}x{spread} | {g['throughput'] / x['throughput']:.2f}x | "
+            f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {_cpu(g)} / {_cpu(e)} / {_cpu(x)} | "
+            f"{g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
+
+
+def _cpu(r: dict) -> str:
+    return f"{r['cpu_per_program']:.3f}" if "cpu_per_program" in r else "-"
 
 
 def main(argv=None) -> str:
@@ -165,6 +201,9 @@ def main(argv=None) -> str:
     ap.add_argument("--max-new-tokens", type=int, default=8, help="default cap of each gen")
     ap.add_argument("--smoke", action="store_true", help="2 programs per workload, tiny sizes")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
+    ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
+    ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
     ap.add_argument("--load-format", default="auto")
@@ -179,8 +218,15 @@ def main(argv=None) -> str:
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
+    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
+
+    def save(results: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f, indent=1)
+
     with rf.Engine(args.config, **kw) as engine:
-        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed)
+        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save)
     report = table(results)
     print(report)
     return report

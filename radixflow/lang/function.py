@@ -69,7 +69,11 @@ class Function:
             raise RadixflowError(f"mode must be one of {', '.join(MODES)}")
         b = resolve_backend(backend)
         arguments, defaults = self._split(args, kwargs)
-        program = None if stream else self._compile(b, arguments, defaults, mode)
+        if stream and not b.streams_graphs and mode == "graph":
+            raise RadixflowError(f"{type(b).__name__} cannot stream request graphs; use mode='auto' to stream eagerly")
+        program = None if stream and not b.streams_graphs else self._compile(b, arguments, defaults, mode)
+        if program is not None and stream:
+            return _streamed_graph(program[0], program[1], b, defaults)
         if program is not None:
             return _replayed(program[0], _run_graphs(b, [program[1]], program[0].name)[0], b, defaults)
         return self._run_eager(b, arguments, defaults, stream)
@@ -100,18 +104,7 @@ class Function:
         if not stream:
             self.func(state, **arguments)
             return state
-        import threading
-
-        def body() -> None:
-            try:
-                self.func(state, **arguments)
-            except BaseException as e:  # surfaces from text_iter / sync / text
-                ex.log.close(e)
-                return
-            ex.log.close()
-
-        state._thread = threading.Thread(target=body, daemon=True, name=f"rf-{self.func.__name__}")
-        state._thread.start()
+        _in_thread(state, lambda: self.func(state, **arguments), self.func.__name__)
         return state
 
     def run_batch(
@@ -158,6 +151,46 @@ def _run_graphs(b, programs: list, name: str, on_result=None) -> list:
         raise
     except RadixflowError as e:  # e.g. a gen's sampling params rejected before running
         raise ProgramError(f"program {name}: {e}") from e
+
+
+def _in_thread(state: ProgramState, body: Callable[[], None], name: str) -> None:
+    """Run a streaming program's body on its own thread; its error surfaces from
+    text_iter / sync / reading the state."""
+    log = state._ex.log
+
+    def run() -> None:
+        try:
+            body()
+        except BaseException as e:
+            log.close(e)
+            return
+        log.close()
+
+    state._thread = threading.Thread(target=run, daemon=True, name=f"rf-{name}")
+    state._thread.start()
+
+
+def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramState:
+    """A request graph whose main strand streams its text deltas (as an eager stream's
+    text_iter gives them); once it finishes, the state holds the replayed results."""
+    state = ProgramState(Interpreter(b, defaults, b.chat_template(), use_ids=False), "graph")
+    log = state._ex.log
+
+    def body() -> None:
+        out = None
+        for event in b.run_graph_stream(program):
+            if "results" in event:
+                out = event
+            else:
+                log.put(event["var"], event["text"])
+        if out is None:
+            raise ProgramError(f"program {graph.name}: the stream ended without a result")
+        done = _replayed(graph, out, b, defaults)
+        done._ex.log = log
+        state._ex, state.program_meta = done._ex, done.program_meta
+
+    _in_thread(state, body, graph.name)
+    return state
 
 
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:

@@ -48,8 +48,10 @@ class ReplayBackend(Backend):
     def _get(self, node) -> dict:
         return self.results[str(node.nid)]
 
-    def generate(self, prompt, params, node=None) -> GenResult:
+    def generate(self, prompt, params, node=None):
         r = self._get(node)
+        if isinstance(r["text"], list):  # n > 1: one result per sample
+            return [GenResult(t, None, m) for t, m in zip(r["text"], r["meta_info"])]
         return GenResult(r["text"], None, r.get("meta_info"))
 
     def select(self, prompt, choices, method, node=None) -> SelectResult:

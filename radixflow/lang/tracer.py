@@ -7,7 +7,7 @@ import dataclasses
 import itertools
 from typing import Any, Optional
 
-from radixflow.lang.errors import DataDependentError, NotTraceable
+from radixflow.lang.errors import DataDependentError
 from radixflow.lang.ir import Fork, Gen, Join, Node, ScopeEnd, Select, VarRef
 from radixflow.lang.placeholder import MARK, Placeholder
 
@@ -28,8 +28,6 @@ class Recorder:
             for n in split_text(str(self.known[node.name])):
                 self.execute(n)
             return
-        if isinstance(node, Gen) and node.params.get("n", 1) != 1:
-            raise NotTraceable(f"gen {node.name!r} has n > 1")
         _check_no_placeholders(node)
         node = dataclasses.replace(node, nid=next(self.counter))
         self.nodes.append(node)

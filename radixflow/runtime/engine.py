@@ -131,22 +131,28 @@ class Engine:
                             time.time() - req.created)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
-    def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
+    def run_program(self, program: Union[dict, list], stream: bool = False) -> Union[dict, list, Iterator[dict]]:
         """Run request graph(s) (format: runtime/programs/program_ops.py) inside the scheduler,
         batched with whatever other threads are running on this Engine. Raises
-        RadixflowError for what /program answers with a 400."""
-        from radixflow.runtime.programs.program_executor import run_programs
+        RadixflowError for what /program answers with a 400. With stream=True (one
+        program): an iterator of {"var", "text"} deltas of its main strand, then its result."""
+        from radixflow.runtime.programs.program_engine import run_programs, stream_program
         from radixflow.runtime.programs.program_ops import check_programs
 
         self._check_open()
         programs = program if isinstance(program, list) else [program]
+        if stream and len(programs) != 1:
+            raise RadixflowError("run_program(stream=True) takes one program")
         check_programs(programs, self.builder.sampling, max_requests=None)  # like generate: no per-call limit
-        outs = run_programs(self, programs)
-        statuses = [out.pop("status_code", 200) for out in outs]
-        rejected = next((out for out, code in zip(outs, statuses) if code == 400), None)
-        if rejected is not None:
-            raise RadixflowError(rejected["error"])
+        if stream:
+            return self._program_stream(stream_program(self, programs[0]))
+        outs = [_raise_if_rejected(out) for out in run_programs(self, programs)]
         return outs if isinstance(program, list) else outs[0]
+
+    @staticmethod
+    def _program_stream(events: Iterator[dict]) -> Iterator[dict]:
+        for event in events:
+            yield _raise_if_rejected(event) if "results" in event else event
 
     def flush_cache(self) -> bool:
         return self.stepper.exclusive(self.scheduler.flush_cache)
@@ -182,6 +188,7 @@ class Engine:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
         self._closed = True
+        self.stepper.close()
         self.scheduler = None  # type: ignore[assignment]
         self.runner = None  # type: ignore[assignment]
 
@@ -190,3 +197,10 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+def _raise_if_rejected(out: dict) -> dict:
+    """A program's output, or its 400 (bad input found while running) as RadixflowError."""
+    if out.pop("status_code", 200) == 400:
+        raise RadixflowError(out["error"])
+    return out

@@ -2,16 +2,21 @@
 
 The scheduler is single-threaded. Callers never touch it directly: they queue work
 (`call`: add requests, submit programs, abort) and then wait for their requests with
-`run_until`. Whichever waiting thread finds nobody stepping becomes the driver: it runs
-the queued work and one scheduler step, then lets the next waiter take over. So the
+`run_until`. Whichever waiting thread finds nobody stepping becomes the driver: it has
+the queued work and one scheduler step run, then lets the next waiter take over. So the
 requests of every thread that is waiting go into the same forward passes, as they
-would over HTTP, and no thread is dedicated to the engine.
+would over HTTP.
+
+The step itself always runs on the stepper's one worker thread, whoever drives: device
+libraries keep per-thread state (cuBLAS a handle and workspace per thread, OpenMP a
+thread team), so a hundred program threads taking turns would each create their own;
+on a GPU whose memory the KV pool has taken, those allocations fail.
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable
 
 
@@ -24,6 +29,7 @@ class EngineStepper:
         self._inbox: list[tuple[Callable[[], Any], Future]] = []
         self._driving = False
         self.steps = 0  # driver turns so far (a waiter sleeps until this moves)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="rf-engine")
 
     def call(self, fn: Callable[[], Any]) -> Future:
         """Queue fn to run on the driver's thread before its next step; the Future holds
@@ -51,7 +57,7 @@ class EngineStepper:
             self._driving = True
             inbox, self._inbox = self._inbox, []
         try:
-            self._drive(inbox, done)
+            self._worker.submit(self._drive, inbox, done).result()
         finally:
             with self._cond:
                 self._driving = False
@@ -77,3 +83,6 @@ class EngineStepper:
         if self.scheduler.has_work():
             self.scheduler.step()
             self.programs.on_step()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False)

@@ -17,6 +17,7 @@ class Backend:
     is_program_backend = True
     tokenizer = None  # the model's tokenizer, when this process can load it
     supports_graphs = False
+    streams_graphs = False
 
     def chat_template(self) -> ChatTemplate:
         return ChatTemplate.from_tokenizer(self.tokenizer)
@@ -33,6 +34,10 @@ class Backend:
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
         raise RadixflowError(f"{type(self).__name__} cannot run request graphs")
+
+    def run_graph_stream(self, program: dict) -> Iterator[dict]:
+        """{"var", "text"} deltas of the program's main strand, then its result."""
+        raise RadixflowError(f"{type(self).__name__} cannot stream request graphs")
 
     def flush_cache(self) -> bool:
         return False

@@ -10,6 +10,8 @@ from radixflow.lang.backends.base import NativeBackend
 
 
 class EngineBackend(NativeBackend):
+    streams_graphs = True
+
     def __init__(self, engine):
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -41,6 +43,9 @@ class EngineBackend(NativeBackend):
             for i, out in enumerate(outs):
                 on_result(i, out)
         return outs
+
+    def run_graph_stream(self, program: dict) -> Iterator[dict]:
+        yield from self.engine.run_program(program, stream=True)
 
     def flush_cache(self) -> bool:
         return self.engine.flush_cache()

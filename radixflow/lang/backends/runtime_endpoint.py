@@ -21,7 +21,7 @@ class RuntimeEndpoint(NativeBackend):
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
         # A router in front (sglang-router) forwards /generate but has no /program route: then
         # programs run eagerly, one /generate call at a time, instead of as request graphs.
-        self.supports_graphs = self.client.get("/program").status_code != 404
+        self.supports_graphs = self.streams_graphs = self.client.get("/program").status_code != 404
 
     def get_model_name(self) -> str:
         return self.model_info["model_path"]
@@ -47,6 +47,13 @@ class RuntimeEndpoint(NativeBackend):
             return [one(0)]
         with ThreadPoolExecutor(min(len(programs), MAX_PARALLEL_PROGRAMS)) as pool:
             return list(pool.map(one, range(len(programs))))
+
+    def run_graph_stream(self, program: dict) -> Iterator[dict]:
+        with self.client.stream("POST", "/program", json={"program": program, "stream": True}) as r:
+            if r.status_code >= 400:
+                r.read()
+                check(r, "POST /program")
+            yield from sse_events(r)
 
     def flush_cache(self) -> bool:
         return self.client.post("/flush_cache").status_code == 200

@@ -9,7 +9,9 @@ re-tokenizing, no new admission). select, fork, join and the end of a strand let
 request retire (its KV goes into the radix tree); the strand then goes on from
 `on_step`, called after each scheduler step, with new requests that hit that cache:
 select scores all options as one batch of prompt-only requests sharing the prefix, and
-fork branches start as child requests whose prompt begins with the parent's tokens.
+fork branches start as child requests whose prompt begins with the parent's tokens, and
+a gen with n > 1 runs as n such requests. A run given `on_delta` streams its main
+strand's text (program_stream.py).
 """
 
 from __future__ import annotations
@@ -23,11 +25,13 @@ from typing import Callable, Optional
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
+from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
+from radixflow.runtime.programs.request_segments import common_prefix, continuable, start_segment
 from radixflow.runtime.scheduling.req import LogprobOptions, Req
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
 
-RUNNABLE, GEN, SELECT, JOIN, DONE = "runnable", "gen", "select", "join", "done"
+RUNNABLE, GEN, SAMPLES, SELECT, JOIN, DONE = "runnable", "gen", "samples", "select", "join", "done"
 _PREFILL_ONLY = SamplingParams.from_dict({"max_new_tokens": 0})
 
 
@@ -64,6 +68,9 @@ class Strand:
     state: str = RUNNABLE
     req: Optional[Req] = None
     choice: list = field(default_factory=list)  # (cond reqs, uncond reqs, choice ids, prefix len)
+    samples: list = field(default_factory=list)  # the requests of a gen with n > 1
+    text: str = ""  # all text appended since the strand began (for a concatenating join)
+    stream: Optional[StrandStream] = None  # the main strand of a streamed run
     children: dict = field(default_factory=dict)
     fork_base: dict = field(default_factory=dict)
     produced: list = field(default_factory=list)
@@ -78,11 +85,14 @@ class ProgramExecutor:
         self._ids = itertools.count()
 
     # -- public ------------------------------------------------------------------------------
-    def submit(self, program: dict, on_done: Optional[Callable[[dict], None]] = None) -> ProgramRun:
+    def submit(
+        self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None
+    ) -> ProgramRun:
         ops = parse_program(program)  # raises RadixflowError before anything runs
         rid = program.get("rid") or uuid.uuid4().hex
         run = ProgramRun(rid=str(rid), on_done=on_done)
-        run.strands.append(Strand(run, ops, ids=[], vars={}))
+        stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
+        run.strands.append(Strand(run, ops, ids=[], vars={}, stream=stream))
         self.runs.append(run)
         return run
 
@@ -100,6 +110,8 @@ class ProgramExecutor:
                     run.fail(str(e))
             if run.error is not None or all(st.state == DONE for st in run.strands):
                 self._finish_run(run)
+            else:
+                _stream_progress(run.strands[0])
 
     def abort(self, rid: Optional[str]) -> bool:
         """Stop the program `rid` (None: every program) and free its requests' KV now."""
@@ -129,11 +141,11 @@ class ProgramExecutor:
         self._finish_gen(st, req, op)
         self._take_text(st)
         nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
-        if nxt is not None and nxt.kind == "gen" and _continuable(nxt.sampling):
+        if nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
             tokens = encode_piece(self.tokenizer, st.pending, first=False)
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
-                _start_segment(req, tokens, nxt.sampling)
+                start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
                 st.run.segments += 1
                 return True
         st.ids = list(req.fill_ids)
@@ -144,7 +156,7 @@ class ProgramExecutor:
         seg = req.output_ids[req.segment_start :]
         sp = req.sampling
         text, kept = gen_piece(self.tokenizer, seg, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
-        same = _common_prefix(seg, kept)
+        same = common_prefix(seg, kept)
         if same < len(seg):
             self.scheduler.rewind(req, req.segment_start + same)
         req.output_ids.extend(kept[same:])
@@ -155,6 +167,7 @@ class ProgramExecutor:
             "finish_reason": req.finish_reason,
         }
         self._record(st, op, text, meta)
+        self._appended(st, op.name, text, streamed=True)
         st.pc += 1
 
     def _record(self, st: Strand, op: Op, value: str, meta: dict) -> None:
@@ -162,6 +175,12 @@ class ProgramExecutor:
         if op.name is not None:
             st.vars[op.name] = value
             st.produced.append(op.name)
+
+    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False) -> None:
+        """Text that joined the strand (not constant text: _take_text sends that)."""
+        st.text += text
+        if st.stream is not None:
+            (st.stream.finished if streamed else st.stream.text)(var, text)
 
     def _release(self, st: Strand) -> None:
         if st.req is not None:
@@ -177,6 +196,9 @@ class ProgramExecutor:
             self._advance(st)
         elif st.state == GEN and st.req.finished:  # finished without the hook: aborted or rejected
             _fail_from(st.run, f"gen {st.ops[st.pc].name!r}", st.req.finish_reason or {})
+        elif st.state == SAMPLES and all(r.finished for r in st.samples):
+            self._finish_samples(st)
+            self._advance(st)
         elif st.state == SELECT and all(r.finished for r in st.choice[0] + st.choice[1]):
             self._finish_select(st)
             self._advance(st)
@@ -208,11 +230,13 @@ class ProgramExecutor:
         while st.pc < len(st.ops) and st.ops[st.pc].kind in ("text", "var"):
             op = st.ops[st.pc]
             if op.kind == "text":
-                st.pending += op.text
+                text = op.text
             elif op.name in st.vars:
-                st.pending += str(st.vars[op.name])
+                text = str(st.vars[op.name])
             else:
                 raise RadixflowError(f"variable {op.name!r} is used before any gen or select sets it")
+            st.pending += text
+            self._appended(st, None, text)
             st.pc += 1
 
     def _flush(self, st: Strand) -> list[int]:
@@ -234,9 +258,35 @@ class ProgramExecutor:
         return req
 
     def _start_gen(self, st: Strand, op: Op) -> None:
-        st.req = self._new_req(st, self._flush(st), op.sampling)
+        ids, sp = self._flush(st), op.sampling
+        if sp.n > 1:
+            seed = lambda j: None if sp.sampling_seed is None else sp.sampling_seed + j  # noqa: E731
+            st.samples = [self._new_req(st, ids, sp.copy(n=1, sampling_seed=seed(j))) for j in range(sp.n)]
+            st.state = SAMPLES
+            return
+        st.req = self._new_req(st, ids, sp)
         self.by_rid[st.req.rid] = st
         st.state = GEN
+
+    def _finish_samples(self, st: Strand) -> None:
+        """n > 1: the variable holds every sample, the sequence goes on with the first."""
+        op = st.ops[st.pc]
+        bad = [r for r in st.samples if (r.finish_reason or {}).get("type") == "abort"]
+        if bad:
+            _fail_from(st.run, f"gen {op.name!r}", bad[0].finish_reason)
+            return
+        pieces = [gen_piece(self.tokenizer, r.output_ids, r.finish_reason, r.sampling.skip_special_tokens,
+                            r.sampling.no_stop_trim) for r in st.samples]  # fmt: skip
+        texts = [text for text, _ in pieces]
+        metas = [_request_meta(r) for r in st.samples]
+        st.run.results[str(op.id)] = {"text": texts, "meta_info": metas}
+        if op.name is not None:
+            st.vars[op.name] = texts
+            st.produced.append(op.name)
+        st.ids.extend(pieces[0][1])
+        self._appended(st, op.name, texts[0])
+        st.samples = []
+        st.pc += 1
 
     # -- select ---------------------------------------------------------------------------------------
     def _start_select(self, st: Strand, op: Op) -> None:
@@ -261,6 +311,7 @@ class ProgramExecutor:
         best = choose(op.method, cond, uncond)
         st.ids.extend(cids[best])
         self._record(st, op, op.choices[best], select_meta(cond, uncond))
+        self._appended(st, op.name, op.choices[best])
         st.choice = []
         st.pc += 1
 
@@ -286,6 +337,7 @@ class ProgramExecutor:
             base = st.fork_base[op.fork]
             for k in kids:
                 st.ids.extend(k.ids[base:])
+                self._appended(st, None, k.text)
         return True
 
     # -- finishing ------------------------------------------------------------------------------------
@@ -308,36 +360,19 @@ def _fail_from(run: ProgramRun, what: str, reason: dict) -> None:
     run.fail(f"{what}: {reason.get('message', reason.get('type'))}", reason.get("status_code", 200))
 
 
-def _continuable(sp: SamplingParams) -> bool:
-    """Whether a gen can run as a new segment of the finished request: per-request
-    state (grammar matcher, seeded generator, penalty counts) needs a fresh request."""
-    return (
-        sp.grammar is None
-        and sp.sampling_seed is None
-        and not sp.frequency_penalty
-        and not sp.presence_penalty
-        and sp.repetition_penalty == 1.0
-        and not sp.logit_bias
-    )
+def _stream_progress(st: Strand) -> None:
+    if st.stream is not None and st.state == GEN and not st.req.finished:
+        st.stream.progress(st.req, st.ops[st.pc].name)
 
 
-def _start_segment(req: Req, tokens: list, sampling: SamplingParams) -> None:
-    req.output_ids.extend(tokens)
-    req.segment_start = len(req.output_ids)
-    req.sampling = sampling
-    req.grammar = None
-    req.generator = None
-    req.output_counts = None
-    req.finish_reason = None
+def _metas(result: dict) -> list:
+    meta = result["meta_info"]
+    return meta if isinstance(meta, list) else [meta]
 
 
-def _common_prefix(a: list, b: list) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
+def _request_meta(req: Req) -> dict:
+    return {"prompt_tokens": len(req.origin_input_ids), "completion_tokens": len(req.output_ids),
+            "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason}  # fmt: skip
 
 
 def _run_meta(run: ProgramRun) -> dict:
@@ -347,37 +382,6 @@ def _run_meta(run: ProgramRun) -> dict:
         "continued_segments": run.segments,
         "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
         "cached_tokens": sum(r.cached_tokens for r in run.reqs),
-        "completion_tokens": sum(r["meta_info"].get("completion_tokens", 0) for r in run.results.values()),
+        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in _metas(r)),
         "e2e_latency": time.time() - run.created,
     }
-
-
-def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
-    """Run programs to completion on an in-process Engine's scheduler, in the same steps as
-    whatever other threads run on it (engine.stepper)."""
-
-    def submit() -> list[ProgramRun]:
-        ex = engine.programs
-        runs = []
-        try:
-            for i, p in enumerate(programs):
-                done = None if on_result is None else (lambda out, i=i: on_result(i, out))
-                runs.append(ex.submit(p, done))
-        except BaseException:
-            _interrupt(ex, runs)
-            raise
-        return runs
-
-    runs = engine.stepper.exclusive(submit)
-    try:
-        engine.stepper.run_until(lambda: all(r.finished for r in runs))
-    except BaseException:
-        engine.stepper.exclusive(lambda: _interrupt(engine.programs, runs))
-        raise
-    return [r.output for r in runs]
-
-
-def _interrupt(ex: ProgramExecutor, runs: list) -> None:
-    for r in runs:
-        r.fail("interrupted", status_code=500)
-    ex.on_step()

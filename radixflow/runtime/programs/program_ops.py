@@ -3,7 +3,7 @@
     {"ops": [op, ...], "rid": optional str}
     {"op": "text", "text": str}                      constant text (roles already rendered)
     {"op": "var", "name": str}                       the value of an earlier gen/select
-    {"op": "gen", "id": int, "name": str|null, "sampling_params": {...}}
+    {"op": "gen", "id": int, "name": str|null, "sampling_params": {...}}   n > 1: text and meta_info are lists
     {"op": "select", "id": int, "name": str|null, "choices": [str, ...], "method": str}
     {"op": "fork", "id": int, "branches": [[op, ...], ...]}
     {"op": "join", "fork": int, "mode": "gather" | "concat"}
@@ -61,9 +61,10 @@ def parse_program(program: Any) -> list[Op]:
 
 def program_width(ops: list[Op]) -> int:
     """The most scheduler requests the program can have at once: one per strand (the
-    main one and every fork branch), a select's scoring requests counted in full."""
+    main one and every fork branch), a select's scoring requests and a gen's n samples
+    counted in full."""
     scoring = [len(o.choices) * (2 if o.method == "unconditional_likelihood_normalized" else 1) for o in ops if o.kind == "select"]
-    own = max([1, *scoring])
+    own = max([1, *scoring, *(o.sampling.n for o in ops if o.kind == "gen")])
     return own + sum(program_width(b) for o in ops if o.kind == "fork" for b in o.branches)
 
 
@@ -125,8 +126,6 @@ def _parse_op(r: dict, ids: set) -> Op:
             sp = SamplingParams.from_dict(dict(r.get("sampling_params") or {}))
         except RadixflowError as e:
             raise RadixflowError(f"gen {op.name!r}: {e}") from None
-        if sp.n != 1:
-            raise RadixflowError(f"gen {op.name!r}: n > 1 is not supported in request graphs")
         if sp.max_new_tokens < 1:
             raise RadixflowError(f"gen {op.name!r}: max_new_tokens must be >= 1 in a program")
         op.sampling = sp

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from radixflow.runtime.generate_request import output_text
+from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
 from radixflow.runtime.scheduling.req import ReqOutput
 from radixflow.runtime.server.server_messages import (
     ControlReply,
@@ -25,6 +26,7 @@ from radixflow.runtime.server.server_messages import (
     IpcNames,
     NewRequests,
     OutputBatch,
+    ProgramDelta,
     StatsSnapshot,
 )
 
@@ -35,9 +37,7 @@ POLL_MS = 500
 @dataclass
 class DecodeState:
     params: DecodeParams
-    text: str = ""  # confirmed text of ids[:read]
-    surr: int = 0  # decode window start (context so spaces/merges come out right)
-    read: int = 0  # ids up to here are in `text`
+    decoded: IncrementalText = field(default_factory=IncrementalText)
 
 
 @dataclass
@@ -59,26 +59,8 @@ class Detokenizer:
         return self._incremental(st, out.output_ids)
 
     def _incremental(self, st: DecodeState, ids: list) -> str:
-        p = st.params
-        kw = {"skip_special_tokens": p.skip_special_tokens}
-        if len(ids) > st.read:
-            prefix = self.tokenizer.decode(ids[st.surr : st.read], **kw)
-            full = self.tokenizer.decode(ids[st.surr :], **kw)
-            if not full.endswith("\ufffd"):
-                st.text += full[len(prefix) :]
-                st.surr, st.read = st.read, len(ids)
-        return st.text[: len(st.text) - _partial_stop_len(st.text, p.stop_strs)]
-
-
-def _partial_stop_len(text: str, stops: list) -> int:
-    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
+        text = st.decoded.update(self.tokenizer, ids, st.params.skip_special_tokens)
+        return text[: len(text) - partial_stop_len(text, st.params.stop_strs)]
 
 
 def run_detokenizer_process(tokenizer_path: str, ipc: IpcNames, parent_pid: int, log_level: str = "info") -> None:
@@ -117,6 +99,6 @@ def _handle(detok: Detokenizer, msg):
                 out.finished, out.error = True, f"internal error while decoding: {type(e).__name__}: {e}"
                 texts.append("")
         return DetokBatch(msg.outputs, texts, msg.stats)
-    if isinstance(msg, (ControlReply, StatsSnapshot)):
+    if isinstance(msg, (ControlReply, StatsSnapshot, ProgramDelta)):
         return msg
     raise AssertionError(f"unexpected message {type(msg).__name__}")

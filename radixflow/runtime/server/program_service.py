@@ -7,6 +7,10 @@ scheduler loop, and counts each program as one request in the server's metrics.
 
     POST /program {"program": {...}}          -> {"results", "meta_info", "error"}
     POST /program {"programs": [{...}, ...]}  -> a list of those, in order
+    POST /program {"program": {...}, "stream": true}
+        -> server-sent events: {"var", "text"} deltas of the program's main strand
+           (`ProgramDelta`s from the scheduler process), then {"results", "meta_info"}
+           (or {"error": {"message", "code"}}), then [DONE]
 
 Errors known before running (a bad program, a gen's sampling params, more requests at
 once than --max-batch-size, a grammar that cannot fit max_new_tokens) are 400s. A client
@@ -16,17 +20,26 @@ and free its requests' KV at once.
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from fastapi import Request
+from fastapi.responses import StreamingResponse
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.server.http_common import error_response, json_response, read_json, until_done_or_disconnected
+from radixflow.runtime.server.http_common import (
+    SSE_DONE,
+    error_response,
+    json_response,
+    read_json,
+    sse,
+    until_done_or_disconnected,
+)
 from radixflow.runtime.programs.program_executor import ProgramExecutor
 from radixflow.runtime.programs.program_ops import check_programs
-from radixflow.runtime.server.server_messages import ControlReply, ControlReq
+from radixflow.runtime.server.server_messages import ControlReply, ControlReq, ProgramDelta
 
 PROGRAM_KIND = "program"
 
@@ -34,6 +47,7 @@ PROGRAM_KIND = "program"
 @dataclass
 class ProgramReq(ControlReq):
     programs: list = field(default_factory=list)
+    stream: bool = False  # one program whose main strand's text comes back as ProgramDeltas
 
 
 # -- scheduler process ------------------------------------------------------------------------------
@@ -55,9 +69,12 @@ class SchedulerPrograms:
             if left[0] == 0:
                 self.send(ControlReply(msg.req_id, results))
 
+        on_delta = None
+        if msg.stream:
+            on_delta = lambda var, text: self.send(ProgramDelta(msg.req_id, var, text))  # noqa: E731
         for i, program in enumerate(msg.programs):
             try:
-                self.executor.submit(program, lambda out, i=i: done(i, out))
+                self.executor.submit(program, lambda out, i=i: done(i, out), on_delta)
             except RadixflowError as e:
                 done(i, {"results": {}, "meta_info": {}, "error": str(e), "status_code": 400})
         self.executor.on_step()
@@ -79,11 +96,13 @@ def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, boo
     RadixflowError for anything wrong before running (see program_ops.check_programs)."""
     if not isinstance(body, dict):
         raise RadixflowError('the body must be a JSON object: {"program": {...}} or {"programs": [...]}')
-    unknown = sorted(set(body) - {"program", "programs"})
+    unknown = sorted(set(body) - {"program", "programs", "stream"})
     if unknown:
-        raise RadixflowError(f"unknown field(s) for /program: {', '.join(unknown)}; accepted: program, programs")
-    if len(body) != 1:
+        raise RadixflowError(f"unknown field(s) for /program: {', '.join(unknown)}; accepted: program, programs, stream")
+    if len(set(body) - {"stream"}) != 1:
         raise RadixflowError('give exactly one of "program" (one request graph) or "programs" (a list)')
+    if not isinstance(body.get("stream", False), bool) or (body.get("stream") and "programs" in body):
+        raise RadixflowError('"stream" must be true or false, and streams one "program"')
     if "programs" in body:
         programs, single = body["programs"], False
         if not isinstance(programs, list) or not programs:
@@ -108,17 +127,61 @@ async def submit_programs(tm, request: Request, programs: list) -> Optional[list
     finally:
         tm.controls.pop(req_id, None)
     for out in outs:
-        meta = out.get("meta_info") or {}
-        tm.metrics.on_finish(meta.get("prompt_tokens", 0), meta.get("cached_tokens", 0), meta.get("e2e_latency", 0.0),
-                             generated=meta.get("completion_tokens", 0))  # fmt: skip
+        _count(tm, out)
     return outs
+
+
+def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed program; stopping early (the client went away)
+    aborts it, which frees its KV."""
+    tm._check_alive()
+    req_id = next(tm._ids)
+    queue: asyncio.Queue = asyncio.Queue()
+    tm.program_streams[req_id] = queue
+    tm._send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True))
+
+    async def events() -> AsyncIterator[bytes]:
+        finished = False
+        try:
+            while not finished:
+                msg = await queue.get()
+                if isinstance(msg, ProgramDelta):
+                    yield sse({"var": msg.var, "text": msg.text})
+                    continue
+                finished = True
+                yield sse(_final_event(tm, msg.result[0]))
+            yield SSE_DONE
+        finally:
+            tm.program_streams.pop(req_id, None)
+            if not finished:
+                tm.abort(program["rid"])
+
+    return events()
+
+
+def _final_event(tm, out: dict) -> dict:
+    status = out.pop("status_code", 200)
+    error = out.pop("error", None)
+    if error is not None and status >= 400:
+        return {"error": {"message": error, "code": status}}
+    _count(tm, out)
+    return out if error is None else {**out, "error": error}
+
+
+def _count(tm, out: dict) -> None:
+    meta = out.get("meta_info") or {}
+    tm.metrics.on_finish(meta.get("prompt_tokens", 0), meta.get("cached_tokens", 0), meta.get("e2e_latency", 0.0),
+                         generated=meta.get("completion_tokens", 0))  # fmt: skip
 
 
 def register_program_routes(app) -> None:
     @app.post("/program")
     async def program(request: Request):
         tm = request.app.state.tm
-        programs, single = parse_program_body(await read_json(request), tm.builder, tm.args.max_batch_size)
+        body = await read_json(request)
+        programs, single = parse_program_body(body, tm.builder, tm.args.max_batch_size)
+        if body.get("stream"):
+            return StreamingResponse(stream_program(tm, programs[0]), media_type="text/event-stream")
         outs = await submit_programs(tm, request, programs)
         if outs is None:
             return error_response(499, "client disconnected")

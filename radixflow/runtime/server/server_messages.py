@@ -74,6 +74,15 @@ class ControlReply:
 
 
 @dataclass
+class ProgramDelta:
+    """Text of a streamed program's main strand (`POST /program` with "stream": true)."""
+
+    req_id: int
+    var: Optional[str]
+    text: str
+
+
+@dataclass
 class DecodeParams:
     skip_special_tokens: bool = True
     stop_strs: list = field(default_factory=list)

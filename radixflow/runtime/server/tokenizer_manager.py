@@ -28,6 +28,7 @@ from radixflow.runtime.server.server_messages import (
     DetokBatch,
     IpcNames,
     ModelInfo,
+    ProgramDelta,
     StatsSnapshot,
     TokenizedBatch,
 )
@@ -72,6 +73,7 @@ class TokenizerManager:
     tokenizer: Any = None
     pending: dict = field(default_factory=dict)
     controls: dict = field(default_factory=dict)
+    program_streams: dict = field(default_factory=dict)  # req_id -> asyncio.Queue of ProgramDelta, then the ControlReply
     stats: StatsSnapshot = field(default_factory=StatsSnapshot)
     dead_reason: Optional[str] = None
     child_pids: dict = field(default_factory=dict)
@@ -176,10 +178,16 @@ class TokenizerManager:
             msg = await self.recv_sock.recv_pyobj()
             if isinstance(msg, DetokBatch):
                 self._dispatch(msg)
+            elif isinstance(msg, ControlReply) and msg.req_id in self.program_streams:
+                self.program_streams[msg.req_id].put_nowait(msg)
             elif isinstance(msg, ControlReply):
                 fut = self.controls.get(msg.req_id)
                 if fut is not None and not fut.done():
                     fut.set_result(msg.result)
+            elif isinstance(msg, ProgramDelta):
+                q = self.program_streams.get(msg.req_id)
+                if q is not None:
+                    q.put_nowait(msg)
             elif isinstance(msg, StatsSnapshot):
                 self._on_stats(msg)
 
@@ -228,3 +236,5 @@ class TokenizerManager:
         for fut in self.controls.values():
             if not fut.done():
                 fut.set_exception(ServerDeadError(reason))
+        for req_id, q in self.program_streams.items():
+            q.put_nowait(ControlReply(req_id, [{"results": {}, "meta_info": {}, "error": reason, "status_code": 503}]))

@@ -1,0 +1,75 @@
+"""Request graphs on the in-process Engine: submitted to its scheduler's ProgramExecutor
+and run in the same steps as whatever other threads run on it (engine.stepper).
+
+Submitting is queued work, not a turn of its own: the driver that picks it up goes on to
+the scheduler step in the same turn, so programs submitted together start together (as
+eager requests do)."""
+
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import Future
+from typing import Callable, Iterator, Optional
+
+from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
+
+
+def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
+    """Run programs to completion; their outputs in order."""
+    fut = _submit(engine, programs, on_result)
+    _wait(engine, fut, lambda: all(r.finished for r in fut.result()))
+    return [r.output for r in fut.result()]
+
+
+def stream_program(engine, program: dict) -> Iterator[dict]:
+    """{"var", "text"} deltas of the program's main strand as they come, then its output."""
+    deltas: deque = deque()  # filled by the thread that runs the scheduler steps
+    fut = _submit(engine, [program], on_delta=lambda var, text: deltas.append({"var": var, "text": text}))
+    finished = lambda: fut.result()[0].finished  # noqa: E731
+    try:
+        while True:
+            _wait(engine, fut, lambda: finished() or bool(deltas))
+            while deltas:
+                yield deltas.popleft()
+            if finished():
+                yield fut.result()[0].output
+                return
+    finally:
+        if fut.done() and fut.exception() is None and not finished():  # the caller stopped reading
+            engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
+
+
+def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
+    """Queue the programs' submission; the Future holds their ProgramRuns (or the error)."""
+
+    def submit() -> list[ProgramRun]:
+        ex = engine.programs
+        runs = []
+        try:
+            for i, p in enumerate(programs):
+                done = None if on_result is None else (lambda out, i=i: on_result(i, out))
+                runs.append(ex.submit(p, done, on_delta))
+        except BaseException:
+            _interrupt(ex, runs)
+            raise
+        return runs
+
+    return engine.stepper.call(submit)
+
+
+def _wait(engine, fut: Future, done: Callable[[], bool]) -> None:
+    """Wait until done() (checked once the submission is in); raises the submission's error."""
+    try:
+        engine.stepper.run_until(lambda: fut.done() and (fut.exception() is not None or done()))
+    except BaseException:
+        if fut.done() and fut.exception() is None:
+            engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
+        raise
+    fut.result()
+
+
+def _interrupt(ex: ProgramExecutor, runs: list) -> None:
+    for r in runs:
+        if not r.finished:
+            r.fail("interrupted", status_code=500)
+    ex.on_step()

@@ -1,0 +1,45 @@
+"""A request graph's gen that follows another runs as a new *segment* of the finished
+request (program_executor's continue hook): the text piece between them is appended to
+the request's tokens and the next gen's sampling params take over, so its KV is kept."""
+
+from __future__ import annotations
+
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.scheduling.req import Req
+
+
+def continuable(sp: SamplingParams) -> bool:
+    """Whether a gen can run as a new segment of the finished request: per-request
+    state (grammar matcher, seeded generator, penalty counts) needs a fresh request."""
+    return (
+        sp.grammar is None
+        and sp.sampling_seed is None
+        and not sp.frequency_penalty
+        and not sp.presence_penalty
+        and sp.repetition_penalty == 1.0
+        and not sp.logit_bias
+    )
+
+
+def start_segment(req: Req, tokens: list, sampling: SamplingParams, stats) -> None:
+    """Append the next text piece's tokens to the finished request and let it generate
+    again; the scheduler's stats count it as a new request's prompt that finds all the
+    request's KV already cached."""
+    stats.prompt_tokens += req.seq_len + len(tokens)
+    stats.cached_tokens += req.kv_len
+    req.output_ids.extend(tokens)
+    req.segment_start = len(req.output_ids)
+    req.sampling = sampling
+    req.grammar = None
+    req.generator = None
+    req.output_counts = None
+    req.finish_reason = None
+
+
+def common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

@@ -1,0 +1,90 @@
+"""Request graphs cover streaming, gen(n > 1) and concatenate-and-append: each runs inside
+the scheduler (state.mode == "graph", one program submission) and gives eager's greedy
+output."""
+
+from __future__ import annotations
+
+import pytest
+
+import radixflow as rf
+from radixflow.lang.backends.engine_backend import EngineBackend
+
+from lang_programs import concat_story, few_shot_qa, one_sentence, tips
+
+GREEDY = {"temperature": 0}
+
+
+@rf.function
+def three_names(s, topic):
+    s += f"Name a {topic}:" + rf.gen("name", n=3, max_tokens=4, stop="\n") + "\nAnother one:"
+    s += rf.gen("another", max_tokens=4, stop="\n")
+
+
+@pytest.fixture(scope="module")
+def backend(engine):
+    return EngineBackend.for_engine(engine)
+
+
+def graph_and_eager(program, backend, **kwargs):
+    graph = program.run(backend=backend, **kwargs, **GREEDY)
+    eager = program.run(backend=backend, mode="eager", **kwargs, **GREEDY)
+    assert graph.mode == "graph" and eager.mode == "eager"
+    return graph, eager
+
+
+def test_gen_n_samples_run_as_graph_nodes(backend):
+    graph, eager = graph_and_eager(three_names, backend, topic="fruit")
+    assert isinstance(graph["name"], list) and len(graph["name"]) == 3
+    assert graph["name"] == eager["name"] and len(set(graph["name"])) == 1  # greedy: three equal samples
+    assert graph["another"] == eager["another"] and graph.text() == eager.text()
+    assert graph.program_meta["num_requests"] == 4  # three samples, then the next gen
+    assert [m["completion_tokens"] > 0 for m in graph.get_meta_info("name")] == [True] * 3
+    with pytest.raises(rf.RadixflowError, match="n must be >= 1"):
+        rf.Engine.run_program(backend.engine, _one_gen({"n": 0}))
+
+
+def _one_gen(sampling: dict) -> dict:
+    return {"ops": [{"op": "text", "text": "Hi"}, {"op": "gen", "id": 0, "name": "x", "sampling_params": sampling}]}
+
+
+def test_streaming_runs_inside_the_request_graph(backend):
+    state = one_sentence.run(topic="the sea", stream=True, backend=backend, **GREEDY)
+    deltas = list(state.text_iter("sentence"))
+    eager = one_sentence.run(topic="the sea", backend=backend, mode="eager", **GREEDY)
+    assert state.mode == "graph" and state.program_meta["num_requests"] == 1
+    assert "".join(deltas) == state["sentence"] == eager["sentence"]
+    assert len(deltas) > 1, "the gen's text should arrive in token deltas, not at the end"
+    assert state.text() == eager.text()
+
+
+def test_streamed_graph_text_matches_eager_with_fork_and_concat(backend):
+    for program, kwargs in ((few_shot_qa, {"question": "What is the capital of Italy?"}), (tips, {"topic": "tea"}),
+                            (concat_story, {"name": "Ada"})):  # fmt: skip
+        graph = program.run(stream=True, backend=backend, **kwargs, **GREEDY)
+        whole = "".join(graph.text_iter())
+        eager = program.run(backend=backend, mode="eager", **kwargs, **GREEDY)
+        assert graph.mode == "graph" and whole == graph.text() == eager.text()
+    assert whole.startswith("A short story about Ada.\n")
+
+
+def test_streamed_graph_error_surfaces_from_text_iter(backend):
+    @rf.function
+    def too_long(s):
+        s += "x " * 10000 + rf.gen("y", max_tokens=2)
+
+    state = too_long.run(stream=True, backend=backend)
+    with pytest.raises(rf.RadixflowError):
+        list(state.text_iter())
+
+
+def test_concatenate_and_append_reuses_only_the_first_branch(backend, tokenizer):
+    """The joined sequence is parent + branch 0 + branch 1. Branch 0's KV sits at the same
+    positions after the same tokens, so the radix tree serves it; branch 1's KV was computed
+    at the positions right after the parent, without branch 0 before it, so it is recomputed
+    (docs/programs.md, "Concatenate-and-append")."""
+    graph, eager = graph_and_eager(concat_story, backend, name="Ada")
+    assert graph.text() == eager.text()
+    ending = graph.get_meta_info("ending")
+    branch1 = "Evening:" + graph["part"][1] + "\n"
+    recomputed = ending["prompt_tokens"] - ending["cached_tokens"]
+    assert 1 <= recomputed <= len(tokenizer.encode(branch1, add_special_tokens=False)) + 1
