@@ -27,7 +27,7 @@ from types import SimpleNamespace
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from radixflow.runtime.layers.rotary import RotaryEmbedding  # noqa: E402
+from radixflow.runtime.execution.layers.rotary import RotaryEmbedding  # noqa: E402
 
 KNOBS = ("resid", "gemm_in", "gemm_out", "kv", "probs")
 

@@ -159,7 +159,7 @@ def _advance_randomly(reqs, rng, vocab_size: int) -> None:
 
 
 def bench_masks(engine, batch: int, steps: int) -> dict:
-    from radixflow.runtime.sampler import apply_grammar_masks
+    from radixflow.runtime.scheduling.sampler import apply_grammar_masks
 
     backend = engine.scheduler._grammars()
     vocab = engine.runner.vocab_size

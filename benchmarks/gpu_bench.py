@@ -380,7 +380,7 @@ def _setting(setter, value):
 def _set_triton_fused_kernels(on: bool) -> bool:
     """Whether Triton engines created from now on run the model's norm / rotary / SiLU-and-mul as
     Triton kernels (off: in torch, as torch-native's are); returns the setting before."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
 
     before, TritonBackend.fused_kernels = TritonBackend.fused_kernels, on
     return before
@@ -584,7 +584,7 @@ def _recaptured_rates(eng, prompt: list, suffix: str, toggle) -> dict:
     """The same engine with a batch-1 graph captured while `toggle(False)` holds (it returns the
     setting to restore), in the same run: decode tok/s, replay ms, and the largest logit
     difference from the engine's own graph on the same inputs (the last step's)."""
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+    from radixflow.runtime.execution.cuda_graph_runner import CudaGraphRunner
 
     runner, g = eng.runner, eng.runner.graph_runner
     before = toggle(False)
@@ -616,7 +616,7 @@ def _pdl_off_rates(eng, prompt: list) -> dict:
 
 def _rotary_apart_rates(eng, prompt: list) -> dict:
     """A batch-1 graph with rotary + KV store as their own kernel, not inside decode attention."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
 
     def toggle(max_batch):  # False: 0, the separate kernel at every batch size; then the old setting back
         before = TritonBackend.rotary_in_decode_attention_max_batch
@@ -636,7 +636,7 @@ def _pdl_late_rates(eng, prompt: list) -> dict:
 def _set_residual_dtype(dtype):
     """The residual stream's dtype (DecoderLayer.residual_dtype); False: the model's own (bf16).
     Returns the setting before, so it fits _recaptured_rates' toggle protocol."""
-    from radixflow.runtime.models.llama import DecoderLayer
+    from radixflow.runtime.execution.models.llama import DecoderLayer
 
     before = DecoderLayer.residual_dtype
     DecoderLayer.residual_dtype = None if dtype is False else dtype
@@ -660,7 +660,7 @@ def _residual_bf16_rates(eng, prompt: list) -> dict:
 
 def _gemv_layers(model) -> list:
     """The model's linear layers that run small batches through the Triton GEMV."""
-    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+    from radixflow.runtime.execution.layers.parallel_linear import SmallBatchMatmul
 
     return [m for m in model.modules() if isinstance(m, SmallBatchMatmul) and m.gemv_max_m]
 
@@ -719,7 +719,7 @@ def sec_gemv_config_search() -> dict:
     scored by the replay time of a freshly captured batch-1 graph; then the best mix against the
     chooser's, interleaved. Says whether tuning on whole steps would beat the per-shape chooser."""
     from radixflow.kernels.gemv import GEMV_CONFIGS
-    from radixflow.runtime.cuda_graph_runner import CudaGraphRunner
+    from radixflow.runtime.execution.cuda_graph_runner import CudaGraphRunner
 
     eng = OPTS.bench_engine
     runner, g = eng.runner, eng.runner.graph_runner
@@ -841,7 +841,7 @@ def sec_bs1() -> dict:
 def sec_sampled_bs1() -> dict:
     """Batch-1 decode with temperature 0.8 and top-p 0.9 (the Triton sampling kernel, then torch's
     sort-based path) against greedy, in one engine: what sampling costs a decode step."""
-    from radixflow.runtime import sampler
+    from radixflow.runtime.scheduling import sampler
 
     eng, out = OPTS.bench_engine, {}
     prompt = rand_ids(random.Random(7), 128)

@@ -181,8 +181,8 @@ def make_pool(lens: list[int], layers: int = LAYERS):
 
 
 def make_backend(kw: dict, name: str = "flashinfer", **extra):
-    from radixflow.runtime.attention.flashinfer_backend import FlashInferBackend
-    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.attention.flashinfer_backend import FlashInferBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
 
     return TritonBackend(**kw) if name == "triton" else FlashInferBackend(**kw, **extra)
 

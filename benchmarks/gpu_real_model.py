@@ -122,10 +122,10 @@ def prepare_model(a: argparse.Namespace) -> tuple[str, str]:
         gguf = join_parts(a.parts, os.path.join(a.cache, name))
         log(f"joined {gguf} from {a.parts} (sha256 verified)")
     if not gguf:
-        from radixflow.runtime.model_loader import default_gguf_path
+        from radixflow.runtime.execution.model_loader import default_gguf_path
 
         gguf = default_gguf_path()
-    from radixflow.runtime.model_loader import convert_gguf
+    from radixflow.runtime.execution.model_loader import convert_gguf
 
     t = time.perf_counter()
     folder = convert_gguf(gguf)
@@ -262,9 +262,9 @@ def candidate_settings(a: argparse.Namespace):
     """Class-level settings that apply to the candidate engine alone (it is freed before the reference
     engine starts): torch-native attention in float64 (an exact-attention yardstick), or the Triton
     backend with the model's rotary / SiLU-and-mul in torch instead of its Triton kernels."""
-    from radixflow.runtime.attention.torch_native import TorchNativeBackend
-    from radixflow.runtime.attention.triton_backend import TritonBackend
-    from radixflow.runtime.layers.parallel_linear import SmallBatchMatmul
+    from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.layers.parallel_linear import SmallBatchMatmul
 
     before = TorchNativeBackend.compute_dtype, TritonBackend.fused_kernels, SmallBatchMatmul.fp8_activations
     TorchNativeBackend.compute_dtype = getattr(torch, a.candidate_attention_dtype)

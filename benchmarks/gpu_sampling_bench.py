@@ -3,7 +3,7 @@
     python3 benchmarks/gpu_sampling_bench.py --out $OUT/sampling
 
 The issue asks for Triton sampling kernels "where torch is slow". This measures
-`runtime/sampler.sample_from` per batch size (1, 64, 256) for greedy, temperature alone,
+`runtime/scheduling/sampler.sample_from` per batch size (1, 64, 256) for greedy, temperature alone,
 top-k 50, top-p 0.9, both, and min-p 0.05, through the Triton kernel (kernels/sampling.py,
 the default on CUDA) and through torch's sort-based path (`sampler.triton_sampling = False`),
 with the kernel's mean number of draws per row; and, for torch's top-p path, each of its steps
@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from cuda_timing import cuda_median_s, cuda_queued_s  # noqa: E402
-from radixflow.runtime import sampler  # noqa: E402
+from radixflow.runtime.scheduling import sampler  # noqa: E402
 from radixflow.runtime.sampling_params import SamplingParams  # noqa: E402
 
 VOCAB = 128256

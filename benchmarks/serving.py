@@ -211,7 +211,7 @@ def offline_transformers(args: argparse.Namespace, reqs: list[Request]) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from radixflow.runtime.model_loader import resolve_model
+    from radixflow.runtime.execution.model_loader import resolve_model
 
     path = resolve_model(args.hf_model).path
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")

@@ -150,8 +150,8 @@ def grammar_only(tasks: list, docs: dict) -> None:
     import re
 
     from radixflow.errors import RadixflowError
-    from radixflow.runtime.tool_formats import FORMATS
-    from radixflow.runtime.tool_request import format_calls, grammar, parse_tools
+    from radixflow.runtime.server.tool_formats import FORMATS
+    from radixflow.runtime.server.tool_request import format_calls, grammar, parse_tools
 
     fmt, refused, truths, matched = FORMATS["generic"], [], 0, 0
     for task in tasks:

@@ -29,7 +29,7 @@ def demo(argv: list[str]) -> int:
 
 def serve(argv: list[str]) -> int:
     from radixflow.errors import RadixflowError
-    from radixflow.runtime.launch_server import launch_server
+    from radixflow.runtime.server.launch_server import launch_server
     from radixflow.runtime.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="radixflow serve", description="Start the HTTP server (native + OpenAI API).")

@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.attention import torch_native
-from radixflow.runtime.attention.torch_native import TorchNativeBackend, shared_prefix_len
-from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.execution.attention import torch_native
+from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend, shared_prefix_len
+from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 
 HQ, HKV, D = 6, 2, 16
 SHARED = 40

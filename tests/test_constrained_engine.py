@@ -18,6 +18,7 @@ from constrained_corpus import REGEXES, SCHEMAS
 from radixflow.constrained import regex_for_choices, regex_for_dtype
 from radixflow.constrained.backend import GrammarBackend
 from radixflow.errors import RadixflowError
+from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
 
 SCHEMA_TOKENS = 72  # the corpus needs at most 35 (budget-aware completion closes in time)
 REGEX_TOKENS = 32
@@ -64,7 +65,7 @@ def assert_valid_json(out: dict, schema: dict, budget: int) -> None:
 @contextlib.contextmanager
 def jump_forward(engine, on: bool):
     sched = engine.scheduler
-    backend = sched._grammars()
+    backend = start_grammar_backend(sched)
     saved = (sched.jump_forward, backend.jump_enabled)
     sched.jump_forward, backend.jump_enabled = (backend.jump_forward if on else None), on
     try:
@@ -196,7 +197,7 @@ def test_bad_grammars_fail_clearly_and_the_engine_keeps_working(engine, params, 
 
 
 def test_compiled_grammars_and_failures_are_cached(engine):
-    backend = engine.scheduler._grammars()
+    backend = start_grammar_backend(engine.scheduler)
     hits, misses = backend.cache.hits, backend.cache.misses
     spec = json.dumps({"type": "string", "maxLength": 7})  # not used elsewhere: a miss, then a hit
     first = backend.compile_async("json_schema", spec)
@@ -216,7 +217,7 @@ def test_json_object_free_form_greedy(engine):
     )
     assert out["meta_info"]["completion_tokens"] <= 64
     assert isinstance(json.loads(out["text"]), dict), out["text"]
-    grammar = engine.scheduler._grammars().compile("json_schema", json.dumps({"type": "object"}))
+    grammar = start_grammar_backend(engine.scheduler).compile("json_schema", json.dumps({"type": "object"}))
     assert grammar.compile_s < 10, grammar.compile_s
 
 
@@ -230,7 +231,7 @@ def test_jumped_tokens_ride_in_the_same_pass_as_the_others(engine):
         {"json_schema": schema, "max_new_tokens": 24, "temperature": 0},
         {"max_new_tokens": 24, "min_new_tokens": 24, "temperature": 0},
     ]
-    engine.scheduler._grammars().compile("json_schema", json.dumps(schema))  # admitted with the others
+    start_grammar_backend(engine.scheduler).compile("json_schema", json.dumps(schema))  # admitted with the others
     passes = []
     inner = engine.runner.forward
 

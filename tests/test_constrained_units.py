@@ -358,7 +358,7 @@ def test_small_batch_bias_rows_equal_the_bitmask_path():
     import torch
 
     from radixflow.kernels.bitmask import apply_token_bitmask_torch
-    from radixflow.runtime import sampler
+    from radixflow.runtime.scheduling import sampler
 
     vocab = 100
     rng = np.random.default_rng(0)

@@ -65,7 +65,7 @@ def test_bad_input_is_rejected_and_engine_keeps_working(engine, kwargs, fragment
 def test_each_forward_pass_starts_a_new_rotary_pass(engine, monkeypatch):
     """LlamaForCausalLM.forward clears the rotary layer's per-pass cos/sin rows first
     (tests/test_kernels.py::test_rotary_layer_regathers_after_new_pass shows why)."""
-    from radixflow.runtime.layers.rotary import RotaryEmbedding
+    from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
     model, calls = engine.runner.model, []
     new_pass, forward = RotaryEmbedding.new_pass, model.forward

@@ -19,10 +19,10 @@ import torch
 
 from radixflow.errors import RadixflowError
 from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
-from radixflow.runtime.attention import create_attention_backend
-from radixflow.runtime.attention import flashinfer_backend as fib
-from radixflow.runtime.attention.torch_native import TorchNativeBackend
-from radixflow.runtime.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.execution.attention import create_attention_backend
+from radixflow.runtime.execution.attention import flashinfer_backend as fib
+from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend
+from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 
 gpu = pytest.mark.gpu
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
@@ -195,7 +195,7 @@ def test_decode_is_never_routed_to_the_triton_kernel():
     """The Triton backend runs small decode batches' rotary inside its own decode kernel; the
     FlashInfer subclass must not, or FlashInfer's decode would never run (and its plan would be
     passed where the Triton kernel expects a split count)."""
-    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
 
     decode = ForwardBatch(
         mode=ForwardMode.DECODE, input_ids=torch.zeros(1, dtype=torch.int64), positions=torch.zeros(1, dtype=torch.int64),
@@ -218,7 +218,7 @@ def test_gpu_decode_through_forward_rotary(bs):
     from types import SimpleNamespace
 
     from radixflow.kernels.reference import rotary_ref
-    from radixflow.runtime.layers.rotary import RotaryEmbedding
+    from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
     heads = LLAMA3
     prefix = [300 + 7 * i for i in range(bs)]

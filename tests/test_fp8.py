@@ -202,7 +202,7 @@ def test_prequantized_checkpoint_loads(tmp_path, model_dir, tokenizer, fmt):
     ({"quant_method": "gptq", "bits": 4}, "not supported"),
 ])
 def test_unsupported_quantization_configs_say_what_to_do(tmp_path, model_dir, tokenizer, qc, msg):
-    from radixflow.runtime.layers.fp8_linear import QuantizationError
+    from radixflow.runtime.execution.layers.fp8_linear import QuantizationError
 
     path = _save(_tiny_llama(len(tokenizer)), tmp_path / "bad", model_dir, quantization_config=qc)
     with pytest.raises(QuantizationError, match=msg):
@@ -210,7 +210,7 @@ def test_unsupported_quantization_configs_say_what_to_do(tmp_path, model_dir, to
 
 
 def test_fp8_tensors_without_a_quantization_config_are_refused(tmp_path, model_dir, tokenizer):
-    from radixflow.runtime.layers.fp8_linear import QuantizationError
+    from radixflow.runtime.execution.layers.fp8_linear import QuantizationError
 
     model = _tiny_llama(len(tokenizer))
     tensors, _ = _quantized_tensors(model, per_tensor=False)

@@ -51,7 +51,7 @@ def _tokenizer_dir() -> str:
     """The default model's tokenizer; RADIXFLOW_TOKENIZER where that model is not installed."""
     if os.environ.get("RADIXFLOW_TOKENIZER"):
         return os.environ["RADIXFLOW_TOKENIZER"]
-    from radixflow.runtime.model_loader import resolve_model
+    from radixflow.runtime.execution.model_loader import resolve_model
 
     return resolve_model(None).path
 
@@ -106,7 +106,7 @@ def test_rmsnorm_keeps_a_float32_residual_stream():
 
 
 def test_rmsnorm_reference_is_the_layer():
-    from radixflow.runtime.layers.norm import RMSNorm
+    from radixflow.runtime.execution.layers.norm import RMSNorm
 
     layer = RMSNorm(32, 1e-6)
     with torch.no_grad():
@@ -149,7 +149,7 @@ def test_rotary_in_place_on_fused_qkv_views():
 def test_rotary_reference_is_the_layer():
     from types import SimpleNamespace
 
-    from radixflow.runtime.layers.rotary import RotaryEmbedding
+    from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
     layer = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
     pos = torch.tensor([0, 7, 63])
@@ -165,7 +165,7 @@ def test_rotary_layer_regathers_after_new_pass():
     key, so each pass must start with new_pass(), which the model's forward calls."""
     from types import SimpleNamespace
 
-    from radixflow.runtime.layers.rotary import RotaryEmbedding
+    from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
     layer = RotaryEmbedding(SimpleNamespace(rope_theta=10000.0), 16, 64)
     pos = torch.tensor([0, 7, 63])
@@ -226,8 +226,8 @@ def test_rotary_store_kv_matches_reference(dtype):
 
 # -- sampling without a sort -----------------------------------------------------------------------
 def _allowed_distribution(row: torch.Tensor, temperature: float, top_k: int, top_p: float, min_p: float) -> torch.Tensor:
-    """What runtime/sampler.py's torch path draws from: softmax, top-k / top-p by sorting, min-p."""
-    from radixflow.runtime.sampler import _top_k_top_p
+    """What runtime/scheduling/sampler.py's torch path draws from: softmax, top-k / top-p by sorting, min-p."""
+    from radixflow.runtime.scheduling.sampler import _top_k_top_p
 
     probs = _top_k_top_p(torch.softmax(row.float() / temperature, dim=-1)[None], [top_k], [top_p])[0]
     probs = probs.masked_fill(probs < min_p * probs.max(), 0.0)
@@ -312,7 +312,7 @@ def test_gemv_matches_reference(m, bias, dtype, n, k):
 
 def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
     import radixflow.kernels.gemv as gemv_module
-    from radixflow.runtime.layers.parallel_linear import merged_column_parallel_linear, row_parallel_linear
+    from radixflow.runtime.execution.layers.parallel_linear import merged_column_parallel_linear, row_parallel_linear
 
     calls = []
     monkeypatch.setattr(gemv_module, "gemv", lambda *a, **kw: calls.append(a[0].shape[0]) or gemv(*a, **kw))
@@ -357,7 +357,7 @@ def test_matmul_rows_do_not_depend_on_the_batch():
 
 def test_linear_layers_and_head_route_to_the_batch_invariant_matmul(monkeypatch):
     import radixflow.kernels.matmul as matmul_module
-    from radixflow.runtime.layers.parallel_linear import ParallelLMHead, row_parallel_linear
+    from radixflow.runtime.execution.layers.parallel_linear import ParallelLMHead, row_parallel_linear
 
     calls = []
     monkeypatch.setattr(matmul_module, "matmul_batch_invariant",
@@ -547,8 +547,8 @@ def test_deterministic_decode_config_is_the_same_at_every_batch_size():
 
     from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, resolve_config
     from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
-    from radixflow.runtime.attention.triton_backend import TritonBackend
-    from radixflow.runtime.forward_batch import ForwardMode
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.forward_batch import ForwardMode
 
     configs = {str(resolve_config(b, DETERMINISTIC_CONFIG)) for b in (1, 2, 8, 64, 1024)}
     splits = {num_kv_splits(b, 8, 132, config=DETERMINISTIC_CONFIG) for b in (1, 2, 8, 64, 1024)}
@@ -581,8 +581,8 @@ def test_triton_backend_matches_torch_native_in_the_engine(tmp_path):
     from logprob_check import compare, make_prompts, run_candidate, run_reference
 
     import radixflow
-    from radixflow.runtime.attention.torch_native import TorchNativeBackend
-    from radixflow.runtime.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.attention.torch_native import TorchNativeBackend
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
 
     cfg = dict(
         architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=96, intermediate_size=128,
@@ -613,7 +613,7 @@ def test_engine_imports_without_server_and_grammar_packages():
         "for m in ('zmq', 'fastapi', 'uvicorn', 'outlines_core', 'triton'): sys.modules[m] = None\n"
         "import radixflow\n"
         "from radixflow.runtime.engine import Engine\n"
-        "from radixflow.runtime.model_runner import ModelRunner\n"
+        "from radixflow.runtime.execution.model_runner import ModelRunner\n"
         "print('ok')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -621,7 +621,7 @@ def test_engine_imports_without_server_and_grammar_packages():
 
 
 def test_graph_batch_sizes_cover_every_batch():
-    from radixflow.runtime.cuda_graph_runner import graph_batch_sizes
+    from radixflow.runtime.execution.cuda_graph_runner import graph_batch_sizes
 
     sizes = graph_batch_sizes(64)
     assert sizes[:4] == [1, 2, 4, 8] and sizes[-1] == 64 and sizes == sorted(set(sizes))
@@ -794,7 +794,7 @@ def test_batch_invariant_sampler_draws_each_row_alone(monkeypatch):
     draws what it draws alone."""
     from types import SimpleNamespace
 
-    from radixflow.runtime import sampler
+    from radixflow.runtime.scheduling import sampler
     from radixflow.runtime.sampling_params import SamplingParams
 
     def reqs(n: int) -> list:
@@ -820,7 +820,7 @@ def test_gpu_sampler_routes_sampled_batches_to_the_kernel(monkeypatch):
     from types import SimpleNamespace
 
     from radixflow.kernels import sampling
-    from radixflow.runtime import sampler
+    from radixflow.runtime.scheduling import sampler
     from radixflow.runtime.sampling_params import SamplingParams
 
     calls = []

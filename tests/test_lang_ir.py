@@ -15,8 +15,8 @@ from radixflow.lang.errors import DataDependentError, NotTraceable
 from radixflow.lang.interpreter import GenResult, SelectResult
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
-from radixflow.runtime import choice_scoring as cs
-from radixflow.runtime.program_ops import parse_program
+from radixflow.runtime.programs import choice_scoring as cs
+from radixflow.runtime.programs.program_ops import parse_program
 
 from lang_programs import chat_two_turns, concat_story, few_shot_qa, template_fill, tips
 

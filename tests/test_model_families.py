@@ -89,7 +89,7 @@ def test_dtypes_bf16_and_fp16_run(model_dir):
 
 def test_gguf_paths(tmp_path, model_dir):
     from radixflow.errors import ModelPathError
-    from radixflow.runtime.model_loader import default_gguf_path, resolve_model
+    from radixflow.runtime.execution.model_loader import default_gguf_path, resolve_model
 
     assert resolve_model(default_gguf_path()).path == model_dir  # converted once, then cached
     assert resolve_model(None).path == model_dir

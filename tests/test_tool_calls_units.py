@@ -14,9 +14,9 @@ import pytest
 from radixflow.constrained import Grammar
 from radixflow.errors import RadixflowError
 from radixflow.runtime.server_args import _CHOICES
-from radixflow.runtime.tool_formats import FORMATS, PARSER_CHOICES, avoiding, detect_format, parse
-from radixflow.runtime.tool_request import format_calls, generic_history, grammar, parse_tool_choice, parse_tools
-from radixflow.runtime.tool_response import ToolStream, tool_message
+from radixflow.runtime.server.tool_formats import FORMATS, PARSER_CHOICES, avoiding, detect_format, parse
+from radixflow.runtime.server.tool_request import format_calls, generic_history, grammar, parse_tool_choice, parse_tools
+from radixflow.runtime.server.tool_response import ToolStream, tool_message
 
 WEATHER_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer", "minimum": 1}},
                   "required": ["city"], "additionalProperties": False}  # fmt: skip

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.layers.parallel_linear import HeadSplit, split_heads, split_range
+from radixflow.runtime.execution.layers.parallel_linear import HeadSplit, split_heads, split_range
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "List three colors:", "Q: What is 12 plus 30?\nA:"]
 GREEDY = {"max_new_tokens": 10, "temperature": 0}
@@ -73,7 +73,7 @@ def test_tp2_engine_matches_tp1(tp2, reference):
 
 
 def test_dead_rank_fails_the_engine_within_seconds(tp2):
-    from radixflow.runtime.tp_launch import TPRankFailed
+    from radixflow.runtime.distributed.tp_launch import TPRankFailed
 
     (proc,) = tp2.tp.procs.values()
     os.kill(proc.pid, signal.SIGKILL)

@@ -164,7 +164,7 @@ def _info_for(tokenizer) -> TokenizerInfo:
 
 @functools.lru_cache(maxsize=1)
 def _default_tokenizer_info() -> TokenizerInfo:
-    from radixflow.runtime.model_loader import load_config, resolve_model
+    from radixflow.runtime.execution.model_loader import load_config, resolve_model
     from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
 
     path = resolve_model(None).path

@@ -19,7 +19,7 @@ DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a seq
 and the order its splits merge in, depend on its own length alone: a request's output is the
 same bits in any batch (--enable-deterministic-inference).
 
-With `rope` (small decode batches, runtime/attention/triton_backend.py), stage 1 also does what
+With `rope` (small decode batches, runtime/execution/attention/triton_backend.py), stage 1 also does what
 the rotary + KV-store kernel would: each program rotates its q heads, and the program whose split
 holds the new token rotates its k and stores k and v in the pool before reading the split.
 

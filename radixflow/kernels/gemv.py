@@ -13,7 +13,7 @@ On Hopper the kernel is launched with PDL (kernels/pdl.py) and loads its first t
 registers before waiting for the kernel that produces x.
 
 Whether it beats cuBLAS depends on the shape and the GPU, so `choose_gemv` times both on
-the model's own weights and the layers use the winner (runtime/layers/parallel_linear.py).
+the model's own weights and the layers use the winner (runtime/execution/layers/parallel_linear.py).
 """
 
 from __future__ import annotations

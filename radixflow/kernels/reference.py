@@ -1,7 +1,7 @@
 """Torch references for the Triton kernels: the semantics each kernel must reproduce.
 
 Plain torch, no Triton import, so they run anywhere. Rounding follows the model's
-torch path (runtime/layers): sums and normalisation in float32, results rounded to
+torch path (runtime/execution/layers): sums and normalisation in float32, results rounded to
 the input dtype at the same points.
 """
 

@@ -1,6 +1,6 @@
 """Temperature / top-k / top-p / min-p sampling without sorting the vocabulary (CUDA).
 
-torch's path (runtime/sampler.py) sorts every row of probabilities for top-k / top-p, which at
+torch's path (runtime/scheduling/sampler.py) sorts every row of probabilities for top-k / top-p, which at
 a 128k vocabulary costs more than the rest of sampling together: 5.5 ms for 256 rows on an
 H200 against 0.8 ms for greedy (BENCHMARKS.md). Here a row is cut into chunks of BLOCK tokens
 and sampled by rejection in two kernels:
@@ -25,7 +25,7 @@ equal logits aside). The top token always passes, so each row ends; after MAX_RO
 draws (vanishingly unlikely: each one removes the drawn token and all below it) the row takes
 its argmax. Random numbers: Philox (`tl.rand`) keyed by a seed drawn from torch's CPU
 generator per call, so `torch.manual_seed` makes runs repeatable and the host never waits for
-the GPU. Reference: runtime/sampler.py's torch path.
+the GPU. Reference: runtime/scheduling/sampler.py's torch path.
 """
 
 from __future__ import annotations

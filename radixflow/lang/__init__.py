@@ -16,7 +16,7 @@ EOS trimmed), each select's chosen option. So generated " Paris" followed by the
 "." gives [" Paris"] + ["."] even where reading "Paris." at once would merge them. Eager
 runs on Engine / RuntimeEndpoint send token ids built by the same rule, so graph and
 eager give identical greedy tokens. OpenAIEndpoint sends text, which the server
-re-tokenizes as a whole. See radixflow/runtime/segment_tokens.py.
+re-tokenizes as a whole. See radixflow/runtime/programs/segment_tokens.py.
 """
 
 from radixflow.lang.backends import flush_cache, get_server_info, global_config, set_default_backend

@@ -1,5 +1,5 @@
 """Choice-scoring methods for `select` (the scoring itself runs next to the model:
-runtime/choice_scoring.py), exposed as objects like SGLang's."""
+runtime/programs/choice_scoring.py), exposed as objects like SGLang's."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Optional, Union
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.choice_scoring import METHODS
+from radixflow.runtime.programs.choice_scoring import METHODS
 
 
 @dataclass(frozen=True)

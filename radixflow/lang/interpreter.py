@@ -1,7 +1,7 @@
 """Runs program nodes eagerly against a backend: one backend call per gen / select.
 
 With a backend that has the model's tokenizer, the interpreter keeps the program's token
-ids as well as its text, and sends ids: the same pieces (runtime/segment_tokens.py) as
+ids as well as its text, and sends ids: the same pieces (runtime/programs/segment_tokens.py) as
 the request-graph executor, so a static program gives the same tokens either way.
 The same class replays a request graph's results into a ProgramState.
 """
@@ -17,7 +17,7 @@ from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, Text, VarRef
 from radixflow.lang.primitives import sampling_params
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
-from radixflow.runtime.segment_tokens import encode_piece
+from radixflow.runtime.programs.segment_tokens import encode_piece
 
 STOP_HOLDBACK = 32  # streamed characters held back while a stop string may still cut them
 

@@ -1,4 +1,4 @@
-"""Traced graph -> the runtime's request-graph ops (runtime/program_ops.py): role
+"""Traced graph -> the runtime's request-graph ops (runtime/programs/program_ops.py): role
 blocks become their template text, gens get their final sampling params."""
 
 from __future__ import annotations

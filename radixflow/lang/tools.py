@@ -18,8 +18,8 @@ from typing import Any, Optional
 from radixflow.errors import RadixflowError
 from radixflow.lang.ir import Gen
 from radixflow.lang.primitives import gen
-from radixflow.runtime.tool_formats import FORMATS, parse
-from radixflow.runtime.tool_request import grammar, parse_tool_choice, parse_tools, tool_response, tools_instructions
+from radixflow.runtime.server.tool_formats import FORMATS, parse
+from radixflow.runtime.server.tool_request import grammar, parse_tool_choice, parse_tools, tool_response, tools_instructions
 
 FORMAT = FORMATS["generic"]
 

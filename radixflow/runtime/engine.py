@@ -14,12 +14,12 @@ from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
-from radixflow.runtime.model_runner import ModelRunner
-from radixflow.runtime.req import Req
-from radixflow.runtime.scheduler import Scheduler
+from radixflow.runtime.execution.model_runner import ModelRunner
+from radixflow.runtime.scheduling.req import Req
+from radixflow.runtime.scheduling.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.tokenizer import eos_token_ids, load_tokenizer
-from radixflow.runtime.tp_launch import TPRankFailed, start_tp
+from radixflow.runtime.distributed.tp_launch import TPRankFailed, start_tp
 
 log = logging.getLogger(__name__)
 _GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
@@ -139,11 +139,11 @@ class Engine:
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list]) -> Union[dict, list]:
-        """Run request graph(s) (format: runtime/program_ops.py) inside the scheduler,
+        """Run request graph(s) (format: runtime/programs/program_ops.py) inside the scheduler,
         batched with whatever other threads are running on this Engine. Raises
         RadixflowError for what /program answers with a 400."""
-        from radixflow.runtime.program_executor import run_programs
-        from radixflow.runtime.program_ops import check_programs
+        from radixflow.runtime.programs.program_executor import run_programs
+        from radixflow.runtime.programs.program_ops import check_programs
 
         self._check_open()
         programs = program if isinstance(program, list) else [program]

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.req import LogprobOptions, Req
+from radixflow.runtime.scheduling.req import LogprobOptions, Req
 from radixflow.runtime.sampling_params import SamplingParams
 
 

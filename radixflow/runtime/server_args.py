@@ -19,7 +19,7 @@ _CHOICES = {
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
     "grammar_backend": ("outlines", "llguidance"),
-    "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/tool_formats.py
+    "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
 }
 
 _HELP = {
@@ -116,7 +116,7 @@ class ServerArgs:
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
 
-    # data parallelism: replicas behind sglang-router (runtime/data_parallel.py)
+    # data parallelism: replicas behind sglang-router (runtime/server/data_parallel.py)
     dp_size: int = 1
     router_policy: str = "cache_aware"
     router_args: Optional[str] = None

@@ -9,8 +9,8 @@ from radixflow.errors import RadixflowError
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
 from radixflow.lang.primitives import logprob_options
-from radixflow.runtime.choice_scoring import choose, logprob_values, select_meta
-from radixflow.runtime.segment_tokens import encode_piece, gen_piece
+from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
+from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
 
 
 class Backend:

@@ -16,7 +16,7 @@ from radixflow.lang.backends.base import Backend
 from radixflow.lang.backends.http_util import check, client
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
-from radixflow.runtime.choice_scoring import choose, select_meta
+from radixflow.runtime.programs.choice_scoring import choose, select_meta
 
 _RENAME = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens"}
 

@@ -1,0 +1,1 @@
+"""Tensor parallelism: process groups, the per-pass protocol between ranks, and launching the ranks."""

@@ -1,0 +1,109 @@
+"""CUDA graphs for decode: capture one graph per padded batch size, replay per step.
+
+A decode step launches a few hundred small kernels; replaying a captured graph
+removes their launch cost. Each graph reads its inputs from static buffers, so a
+replay copies the batch's tensors in, pads the rest (padded rows write their KV to
+the scratch slot 0 and attend to one token), replays, and returns the first rows
+of the static logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+
+from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
+
+log = logging.getLogger(__name__)
+
+
+def graph_batch_sizes(max_bs: int) -> list[int]:
+    """1, 2, 4, 8, then every multiple of 8 (up to 64), then of 16, up to max_bs."""
+    sizes = [s for s in (1, 2, 4) if s < max_bs]
+    s = 8
+    while s < max_bs:
+        sizes.append(s)
+        s += 8 if s < 64 else 16
+    return sizes + [max_bs]
+
+
+class CudaGraphRunner:
+    def __init__(self, model, backend, max_bs: int, device: str = "cuda"):
+        self.model = model
+        self.backend = backend
+        self.sizes = graph_batch_sizes(max_bs)
+        self.max_bs = max_bs
+        n = max_bs
+        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
+        self.out_cache_loc = torch.zeros(n, dtype=torch.int64, device=device)  # slot 0: scratch page
+        self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=device)
+        self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
+        self.arange = torch.arange(n, dtype=torch.int64, device=device)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.logits: dict[int, torch.Tensor] = {}
+        self._capture_all()
+
+    def _static_batch(self, bs: int) -> ForwardBatch:
+        return ForwardBatch(
+            mode=ForwardMode.DECODE,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            prefix_lens=self.seq_lens[:bs] - 1,
+            extend_lens=torch.ones_like(self.seq_lens[:bs]),
+            logits_indices=self.arange[:bs],
+            seq_lens_list=[1] * bs,
+            prefix_lens_list=[0] * bs,
+            extend_lens_list=[1] * bs,
+        )
+
+    def _forward(self, fb: ForwardBatch) -> torch.Tensor:
+        self.backend.init_forward_metadata(fb)
+        return self.model.compute_logits(self.model(fb, self.backend))
+
+    @torch.inference_mode()
+    def _capture_all(self) -> None:
+        start = time.perf_counter()
+        pool = None
+        stream = torch.cuda.Stream()
+        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory
+            fb = self._static_batch(bs)
+            self.backend.init_cuda_graph_capture(fb)  # outside the capture: host-side planning
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # compile Triton kernels, settle cuBLAS workspaces
+                    self._forward(fb)
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool, stream=stream):
+                self.logits[bs] = self._forward(fb)
+            pool = graph.pool()
+            self.graphs[bs] = graph
+        torch.cuda.synchronize()
+        log.info("captured %d CUDA graphs (bs %s) in %.1fs", len(self.sizes), self.sizes, time.perf_counter() - start)
+
+    def can_run(self, fb: ForwardBatch) -> bool:
+        return fb.mode == ForwardMode.DECODE and fb.batch_size <= self.max_bs
+
+    def padded_size(self, bs: int) -> int:
+        return next(s for s in self.sizes if s >= bs)
+
+    def replay(self, fb: ForwardBatch) -> torch.Tensor:
+        bs = fb.batch_size
+        padded = self.padded_size(bs)
+        if padded > bs:
+            self.out_cache_loc[bs:padded].zero_()  # stale slots may belong to live requests now
+            self.seq_lens[bs:padded].fill_(1)
+        # one multi-tensor kernel instead of five copies: each op outside the graph costs the GPU a
+        # launch gap, and at batch 1 these gaps are most of the time between replays
+        statics = (self.input_ids, self.positions, self.out_cache_loc, self.req_pool_indices, self.seq_lens)
+        torch._foreach_copy_([t[:bs] for t in statics],
+                             [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens])
+        self.backend.init_cuda_graph_replay(fb, padded)
+        self.graphs[padded].replay()
+        return self.logits[padded][:bs]

@@ -1,0 +1,167 @@
+"""Loads the model onto its device, sizes the KV pool and runs forward passes."""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import torch
+
+from radixflow.errors import ModelPathError, RadixflowError
+from radixflow.radix_cache.memory_pool import KVPool
+from radixflow.runtime.execution.attention import create_attention_backend
+from radixflow.runtime.distributed.tp_group import TPContext, building_with, get_tp, min_over_ranks
+from radixflow.runtime.execution.forward_batch import ForwardBatch
+from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
+from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors, load_config, resolve_model
+from radixflow.runtime.execution.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
+from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.distributed.tp_worker import broadcast_step, make_req_to_token
+
+log = logging.getLogger(__name__)
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_CPU_KV_BUDGET_BYTES = 2 << 30
+
+
+class ModelRunner:
+    def __init__(self, args: ServerArgs):
+        self.args = args
+        self.device = args.resolved_device()
+        self.dtype = _DTYPES[args.resolved_dtype()]
+        args.resolve_max_running(self.device)  # the scheduler reads it after this
+        self.tp = get_tp() if args.tp_size > 1 else TPContext()  # joined by tp_launch.start_tp
+        if args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json"):
+            self.model_dir = None
+            self.config = _config_from_json(args.model_path)
+            if not args.tokenizer_path:  # random weights: any tokenizer covering the ids will do
+                args.tokenizer_path = resolve_model(None).path
+        else:
+            files = resolve_model(args.model_path)
+            self.model_dir = files.path
+            self.config = load_config(files.path)
+        self._check_arch()
+        if args.enable_deterministic_inference and self.device != "cuda":
+            raise RadixflowError("enable_deterministic_inference needs a CUDA device (its batch-invariant matmul is Triton)")
+        self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
+        self.model = self._load_model()
+        self.vocab_size = self.model.shape.vocab_size
+        self._init_memory()
+        self.model.enable_fused_kernels(getattr(self.backend, "fused_kernels", False))
+        if args.enable_deterministic_inference:
+            self.model.use_batch_invariant_kernels()
+        elif self.device == "cuda" and getattr(self.backend, "fused_kernels", False):
+            self.model.choose_small_batch_matmuls()  # before graph capture: the graphs bake in the choice
+        self.graph_runner = self._init_cuda_graphs()
+
+    def _check_arch(self) -> None:
+        archs = getattr(self.config, "architectures", None) or ["LlamaForCausalLM"]
+        if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+            raise ModelPathError(
+                f"architecture {archs} is not supported; radixflow runs {', '.join(SUPPORTED_ARCHITECTURES)}"
+            )
+
+    def _load_model(self) -> LlamaForCausalLM:
+        torch.manual_seed(self.args.random_seed)
+        with torch.device(self.device):
+            prev = torch.get_default_dtype()
+            torch.set_default_dtype(self.dtype)
+            try:
+                with building_with(self.tp):
+                    model = LlamaForCausalLM(self.config, self.context_len)
+            finally:
+                torch.set_default_dtype(prev)
+        model.rotary.float()  # cos/sin tables stay float32
+        ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
+        if ckpt_fp8 is not None:
+            log.info("FP8 checkpoint (%s): %d linear layers in FP8", ckpt_fp8.method, model.prepare_fp8(ckpt_fp8))
+        if self.args.load_format == "dummy":
+            init_dummy_weights(model, self.args.random_seed)
+        else:
+            model.load_weights(iter_safetensors(self.model_dir))
+        if self.args.quantization == "fp8" and ckpt_fp8 is None:
+            log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
+        return model.eval()
+
+    def _init_memory(self) -> None:
+        s = self.model.shape
+        q_heads, kv_heads = self.model.local_heads()  # this rank's share under tensor parallelism
+        kv_dtype = torch.float8_e4m3fn if self.args.kv_cache_dtype == "fp8_e4m3" else self.dtype
+        per_token = KVPool.bytes_per_token(s.num_layers, kv_heads, s.head_dim, kv_dtype)
+        if self.args.max_total_tokens:
+            num_slots = self.args.max_total_tokens
+        elif self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            budget = free - (1 - self.args.mem_fraction_static) * total
+            num_slots = max(int(budget // per_token), 1024)
+        else:
+            num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
+        ps = self.args.page_size
+        num_slots = min_over_ranks(max(num_slots - num_slots % ps, 2 * ps), self.tp)  # same slots on every rank
+        self.kv_pool = KVPool(num_slots, ps, s.num_layers, kv_heads, s.head_dim, kv_dtype, self.device)
+        if self.kv_pool.fp8:
+            self._load_kv_scales()
+        rows = self.args.max_running_requests + 1
+        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.size, self.tp.rank)
+        self.tp_leader = self.tp.size > 1 and self.tp.is_leader  # broadcasts each pass to the other ranks
+        self.backend = create_attention_backend(
+            self.args.attention_backend,
+            self.device,
+            kv_pool=self.kv_pool,
+            req_to_token=self.req_to_token,
+            num_q_heads=q_heads,
+            num_kv_heads=kv_heads,
+            head_dim=s.head_dim,
+            deterministic=self.args.enable_deterministic_inference,
+        )
+        log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
+
+    def _load_kv_scales(self) -> None:
+        """The checkpoint's calibrated FP8 KV scales (per layer: a scalar, or one per KV head), else 1.0."""
+        scales = getattr(self.model, "kv_cache_scales", {})
+        heads = self.model.layers[0].self_attn.qkv_proj.heads  # this rank's KV heads (tensor parallelism)
+        for layer, kv in scales.items():
+            k, v = (kv.get(n, torch.ones(1)) for n in ("k", "v"))
+            k, v = (t.reshape(-1) if t.numel() == 1 else t.reshape(-1)[heads.kv_start : heads.kv_start + heads.kv_heads]
+                    for t in (k, v))
+            self.kv_pool.set_scales(layer, k, v)
+        log.info("FP8 KV cache: %s", f"checkpoint scales for {len(scales)} layers" if scales else "scales 1.0 (none in the checkpoint)")
+
+    def _init_cuda_graphs(self):
+        if self.device != "cuda" or self.args.disable_cuda_graph or not getattr(self.backend, "supports_cuda_graph", False):
+            return None
+        from radixflow.runtime.execution.cuda_graph_runner import CudaGraphRunner
+
+        max_bs = self.args.graph_max_bs(self.device)
+        return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
+
+    def recapture_cuda_graphs(self) -> None:
+        """Capture the decode graphs again (benchmarks: after a kernel launch setting changed)."""
+        self.release_cuda_graphs()
+        self.graph_runner = self._init_cuda_graphs()
+
+    def release_cuda_graphs(self) -> None:
+        if self.graph_runner is not None:
+            torch.cuda.synchronize()
+            self.graph_runner = None
+            gc.collect()
+
+    @torch.inference_mode()
+    def forward(self, fb: ForwardBatch) -> torch.Tensor:
+        """Logits `[len(fb.logits_indices), vocab]` in float32."""
+        if self.tp_leader:
+            broadcast_step(self.req_to_token, fb, self.tp)
+        if self.graph_runner is not None and self.graph_runner.can_run(fb):
+            return self.graph_runner.replay(fb)
+        self.backend.init_forward_metadata(fb)
+        hidden = self.model(fb, self.backend)
+        return self.model.compute_logits(hidden)
+
+
+def _config_from_json(path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path)
+    except Exception as e:
+        raise RadixflowError(f"cannot read config {path!r}: {e}") from None

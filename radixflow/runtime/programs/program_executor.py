@@ -1,0 +1,392 @@
+"""Runs request graphs (see program_ops) inside the scheduler.
+
+A program is a tree of *strands*: the main one and one per fork branch. A strand walks
+its ops; text is collected and tokenized as one piece just before the next model call
+(segment_tokens has the boundary rule). A gen runs as a request; when it finishes, the
+scheduler's `continue_hook` lets the same request go on: the next text piece's tokens
+are appended to it and the next gen's sampling params take over, keeping its KV (no
+re-tokenizing, no new admission). select, fork, join and the end of a strand let the
+request retire (its KV goes into the radix tree); the strand then goes on from
+`on_step`, called after each scheduler step, with new requests that hit that cache:
+select scores all options as one batch of prompt-only requests sharing the prefix, and
+fork branches start as child requests whose prompt begins with the parent's tokens.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
+from radixflow.runtime.programs.program_ops import Op, parse_program
+from radixflow.runtime.scheduling.req import LogprobOptions, Req
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
+
+RUNNABLE, GEN, SELECT, JOIN, DONE = "runnable", "gen", "select", "join", "done"
+_PREFILL_ONLY = SamplingParams.from_dict({"max_new_tokens": 0})
+
+
+@dataclass(eq=False)
+class ProgramRun:
+    rid: str
+    on_done: Optional[Callable[[dict], None]] = None
+    strands: list = field(default_factory=list)
+    results: dict = field(default_factory=dict)
+    reqs: list = field(default_factory=list)  # every scheduler request it issued
+    segments: int = 0  # gen segments run by continuing a request
+    error: Optional[str] = None
+    status_code: int = 200  # of the error: 400 bad input, 500 internal; 200 for an abort
+    created: float = field(default_factory=time.time)
+    output: Optional[dict] = None
+
+    @property
+    def finished(self) -> bool:
+        return self.output is not None
+
+    def fail(self, message: str, status_code: int = 400) -> None:
+        if self.error is None:
+            self.error, self.status_code = message, status_code
+
+
+@dataclass(eq=False)
+class Strand:
+    run: ProgramRun
+    ops: list
+    ids: list
+    vars: dict
+    pc: int = 0
+    pending: str = ""
+    state: str = RUNNABLE
+    req: Optional[Req] = None
+    choice: list = field(default_factory=list)  # (cond reqs, uncond reqs, choice ids, prefix len)
+    children: dict = field(default_factory=dict)
+    fork_base: dict = field(default_factory=dict)
+    produced: list = field(default_factory=list)
+
+
+class ProgramExecutor:
+    def __init__(self, scheduler, tokenizer):
+        self.scheduler = scheduler
+        self.tokenizer = tokenizer
+        self.runs: list[ProgramRun] = []
+        self.by_rid: dict[str, Strand] = {}
+        self._ids = itertools.count()
+        scheduler.continue_hook = self.continue_request
+
+    # -- public ------------------------------------------------------------------------------
+    def submit(self, program: dict, on_done: Optional[Callable[[dict], None]] = None) -> ProgramRun:
+        ops = parse_program(program)  # raises RadixflowError before anything runs
+        rid = program.get("rid") or uuid.uuid4().hex
+        run = ProgramRun(rid=str(rid), on_done=on_done)
+        run.strands.append(Strand(run, ops, ids=[], vars={}))
+        self.runs.append(run)
+        return run
+
+    def has_work(self) -> bool:
+        return bool(self.runs)
+
+    def on_step(self) -> None:
+        """Advance strands whose requests finished; finish programs that are done."""
+        for run in list(self.runs):
+            changed = True
+            while changed and run.error is None:
+                try:
+                    changed = any([self._poll(st) for st in list(run.strands)])
+                except RadixflowError as e:
+                    run.fail(str(e))
+            if run.error is not None or all(st.state == DONE for st in run.strands):
+                self._finish_run(run)
+
+    def abort(self, rid: Optional[str]) -> bool:
+        """Stop the program `rid` (None: every program) and free its requests' KV now."""
+        hit = [run for run in self.runs if rid is None or run.rid == rid]
+        for run in hit:
+            run.fail("aborted by request", status_code=200)
+        if hit:
+            self.on_step()
+        return bool(hit)
+
+    # -- the scheduler hook ------------------------------------------------------------------------
+    def continue_request(self, req: Req) -> bool:
+        st = self.by_rid.get(req.rid)
+        if st is None or st.req is not req:
+            return False
+        try:
+            return self._continue(st, req)
+        except Exception as e:  # never break the scheduler loop
+            st.run.fail(f"{type(e).__name__}: {e}", status_code=500)
+            return False
+
+    def _continue(self, st: Strand, req: Req) -> bool:
+        op = st.ops[st.pc]
+        if req.finish_reason.get("type") == "abort":
+            _fail_from(st.run, f"gen {op.name!r}", req.finish_reason)
+            return False
+        self._finish_gen(st, req, op)
+        self._take_text(st)
+        nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
+        if nxt is not None and nxt.kind == "gen" and _continuable(nxt.sampling):
+            tokens = encode_piece(self.tokenizer, st.pending, first=False)
+            if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
+                st.pending = ""
+                _start_segment(req, tokens, nxt.sampling)
+                st.run.segments += 1
+                return True
+        st.ids = list(req.fill_ids)
+        self._release(st)
+        return False
+
+    def _finish_gen(self, st: Strand, req: Req, op: Op) -> None:
+        seg = req.output_ids[req.segment_start :]
+        sp = req.sampling
+        text, kept = gen_piece(self.tokenizer, seg, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+        same = _common_prefix(seg, kept)
+        if same < len(seg):
+            self.scheduler.rewind(req, req.segment_start + same)
+        req.output_ids.extend(kept[same:])
+        meta = {
+            "prompt_tokens": len(req.origin_input_ids) + req.segment_start,
+            "completion_tokens": len(seg),
+            "cached_tokens": req.cached_tokens if req.segment_start == 0 else req.seq_len - len(kept),
+            "finish_reason": req.finish_reason,
+        }
+        self._record(st, op, text, meta)
+        st.pc += 1
+
+    def _record(self, st: Strand, op: Op, value: str, meta: dict) -> None:
+        st.run.results[str(op.id)] = {"text": value, "meta_info": meta}
+        if op.name is not None:
+            st.vars[op.name] = value
+            st.produced.append(op.name)
+
+    def _release(self, st: Strand) -> None:
+        if st.req is not None:
+            self.by_rid.pop(st.req.rid, None)
+        st.req = None
+        st.state = RUNNABLE
+
+    # -- walking ops -------------------------------------------------------------------------------
+    def _poll(self, st: Strand) -> bool:
+        """One look at a strand; True if its state changed."""
+        before = (st.state, st.pc)
+        if st.state == RUNNABLE:
+            self._advance(st)
+        elif st.state == GEN and st.req.finished:  # finished without the hook: aborted or rejected
+            _fail_from(st.run, f"gen {st.ops[st.pc].name!r}", st.req.finish_reason or {})
+        elif st.state == SELECT and all(r.finished for r in st.choice[0] + st.choice[1]):
+            self._finish_select(st)
+            self._advance(st)
+        elif st.state == JOIN:
+            self._advance(st)
+        return (st.state, st.pc) != before
+
+    def _advance(self, st: Strand) -> None:
+        st.state = RUNNABLE
+        while st.run.error is None:
+            self._take_text(st)
+            if st.pc == len(st.ops):
+                self._flush(st)
+                st.state = DONE
+                return
+            op = st.ops[st.pc]
+            if op.kind == "gen":
+                return self._start_gen(st, op)
+            if op.kind == "select":
+                return self._start_select(st, op)
+            if op.kind == "fork":
+                self._fork(st, op)
+            elif not self._join(st, op):
+                st.state = JOIN
+                return
+            st.pc += 1
+
+    def _take_text(self, st: Strand) -> None:
+        while st.pc < len(st.ops) and st.ops[st.pc].kind in ("text", "var"):
+            op = st.ops[st.pc]
+            if op.kind == "text":
+                st.pending += op.text
+            elif op.name in st.vars:
+                st.pending += str(st.vars[op.name])
+            else:
+                raise RadixflowError(f"variable {op.name!r} is used before any gen or select sets it")
+            st.pc += 1
+
+    def _flush(self, st: Strand) -> list[int]:
+        if st.pending:
+            st.ids.extend(encode_piece(self.tokenizer, st.pending, first=not st.ids))
+            st.pending = ""
+        return st.ids
+
+    def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None) -> Req:
+        if not ids:
+            raise RadixflowError("a program must have some text before its first gen or select")
+        if len(ids) >= self.scheduler.runner.context_len:
+            raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
+        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=True)
+        if logprob is not None:
+            req.logprob = logprob
+        self.scheduler.add_request(req)
+        st.run.reqs.append(req)
+        return req
+
+    def _start_gen(self, st: Strand, op: Op) -> None:
+        st.req = self._new_req(st, self._flush(st), op.sampling)
+        self.by_rid[st.req.rid] = st
+        st.state = GEN
+
+    # -- select ---------------------------------------------------------------------------------------
+    def _start_select(self, st: Strand, op: Op) -> None:
+        prefix = self._flush(st)
+        cids = [encode_piece(self.tokenizer, c, first=False) for c in op.choices]
+        cond = [self._new_req(st, prefix + c, _PREFILL_ONLY, LogprobOptions(True, len(prefix))) for c in cids]
+        uncond = []
+        if op.method == "unconditional_likelihood_normalized":
+            uncond = [self._new_req(st, c, _PREFILL_ONLY, LogprobOptions(True, 0)) for c in cids]
+        st.choice = [cond, uncond, cids]
+        st.state = SELECT
+
+    def _finish_select(self, st: Strand) -> None:
+        cond_reqs, uncond_reqs, cids = st.choice
+        op = st.ops[st.pc]
+        bad = [r for r in cond_reqs + uncond_reqs if (r.finish_reason or {}).get("type") == "abort"]
+        if bad:
+            _fail_from(st.run, f"select {op.name!r}", bad[0].finish_reason)
+            return
+        cond = [logprob_values(r.input_token_logprobs) for r in cond_reqs]
+        uncond = [logprob_values(r.input_token_logprobs) for r in uncond_reqs] or None
+        best = choose(op.method, cond, uncond)
+        st.ids.extend(cids[best])
+        self._record(st, op, op.choices[best], select_meta(cond, uncond))
+        st.choice = []
+        st.pc += 1
+
+    # -- fork / join ----------------------------------------------------------------------------------
+    def _fork(self, st: Strand, op: Op) -> None:
+        base = list(self._flush(st))
+        kids = [Strand(st.run, branch, ids=list(base), vars=dict(st.vars)) for branch in op.branches]
+        st.children[op.id] = kids
+        st.fork_base[op.id] = len(base)
+        st.run.strands.extend(kids)
+        for kid in kids:
+            self._advance(kid)
+
+    def _join(self, st: Strand, op: Op) -> bool:
+        kids = st.children[op.fork]
+        if not all(k.state == DONE for k in kids):
+            return False
+        for name in dict.fromkeys(n for k in kids for n in k.produced):  # branch variables -> lists
+            st.vars[name] = [k.vars.get(name) for k in kids]
+            st.produced.append(name)
+        if op.mode == "concat":
+            self._flush(st)
+            base = st.fork_base[op.fork]
+            for k in kids:
+                st.ids.extend(k.ids[base:])
+        return True
+
+    # -- finishing ------------------------------------------------------------------------------------
+    def _finish_run(self, run: ProgramRun) -> None:
+        for st in run.strands:
+            if st.req is not None:
+                self.by_rid.pop(st.req.rid, None)
+        for req in run.reqs:
+            if not req.finished:
+                self.scheduler.abort(req.rid)
+        self.runs.remove(run)
+        run.output = {"results": run.results, "meta_info": _run_meta(run), "error": run.error,
+                      "status_code": run.status_code}  # fmt: skip
+        if run.on_done is not None:
+            run.on_done(run.output)
+
+
+def _fail_from(run: ProgramRun, what: str, reason: dict) -> None:
+    """Fail a run because one of its requests was aborted or rejected (keeping its status)."""
+    run.fail(f"{what}: {reason.get('message', reason.get('type'))}", reason.get("status_code", 200))
+
+
+def _continuable(sp: SamplingParams) -> bool:
+    """Whether a gen can run as a new segment of the finished request: per-request
+    state (grammar matcher, seeded generator, penalty counts) needs a fresh request."""
+    return (
+        sp.grammar is None
+        and sp.sampling_seed is None
+        and not sp.frequency_penalty
+        and not sp.presence_penalty
+        and sp.repetition_penalty == 1.0
+        and not sp.logit_bias
+    )
+
+
+def _start_segment(req: Req, tokens: list, sampling: SamplingParams) -> None:
+    req.output_ids.extend(tokens)
+    req.segment_start = len(req.output_ids)
+    req.sampling = sampling
+    req.grammar = None
+    req.generator = None
+    req.output_counts = None
+    req.finish_reason = None
+
+
+def _common_prefix(a: list, b: list) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _run_meta(run: ProgramRun) -> dict:
+    return {
+        "id": run.rid,
+        "num_requests": len(run.reqs),
+        "continued_segments": run.segments,
+        "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
+        "cached_tokens": sum(r.cached_tokens for r in run.reqs),
+        "completion_tokens": sum(r["meta_info"].get("completion_tokens", 0) for r in run.results.values()),
+        "e2e_latency": time.time() - run.created,
+    }
+
+
+def executor_for(engine) -> ProgramExecutor:
+    ex = getattr(engine.scheduler, "program_executor", None)
+    if ex is None:
+        ex = ProgramExecutor(engine.scheduler, engine.tokenizer)
+        engine.scheduler.program_executor = ex
+    return ex
+
+
+def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
+    """Run programs to completion on an in-process Engine's scheduler, in the same steps as
+    whatever other threads run on it (engine.stepper)."""
+
+    def submit() -> list[ProgramRun]:
+        ex = executor_for(engine)
+        runs = []
+        try:
+            for i, p in enumerate(programs):
+                done = None if on_result is None else (lambda out, i=i: on_result(i, out))
+                runs.append(ex.submit(p, done))
+        except BaseException:
+            _interrupt(ex, runs)
+            raise
+        return runs
+
+    runs = engine.stepper.exclusive(submit)
+    try:
+        engine.stepper.run_until(lambda: all(r.finished for r in runs))
+    except BaseException:
+        engine.stepper.exclusive(lambda: _interrupt(executor_for(engine), runs))
+        raise
+    return [r.output for r in runs]
+
+
+def _interrupt(ex: ProgramExecutor, runs: list) -> None:
+    for r in runs:
+        r.fail("interrupted", status_code=500)
+    ex.on_step()

@@ -1,0 +1,185 @@
+"""The request-graph wire format (`POST /program`, `Engine.run_program`), validated.
+
+    {"ops": [op, ...], "rid": optional str}
+    {"op": "text", "text": str}                      constant text (roles already rendered)
+    {"op": "var", "name": str}                       the value of an earlier gen/select
+    {"op": "gen", "id": int, "name": str|null, "sampling_params": {...}}
+    {"op": "select", "id": int, "name": str|null, "choices": [str, ...], "method": str}
+    {"op": "fork", "id": int, "branches": [[op, ...], ...]}
+    {"op": "join", "fork": int, "mode": "gather" | "concat"}
+
+The reply: {"results": {"<id>": {"text", "meta_info"}}, "meta_info": {...}, "error": str|null}.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.programs.choice_scoring import METHODS
+from radixflow.runtime.sampling_params import SamplingParams
+
+JOIN_MODES = ("gather", "concat")
+PROGRAM_FIELDS = {"ops", "rid"}
+OP_FIELDS = {
+    "text": {"op", "text"},
+    "var": {"op", "name"},
+    "gen": {"op", "id", "name", "sampling_params"},
+    "select": {"op", "id", "name", "choices", "method"},
+    "fork": {"op", "id", "branches"},
+    "join": {"op", "fork", "mode"},
+}
+
+
+@dataclass
+class Op:
+    kind: str
+    id: int = -1
+    name: Optional[str] = None
+    text: str = ""
+    sampling: Optional[SamplingParams] = None
+    choices: list = field(default_factory=list)
+    method: str = "token_length_normalized"
+    branches: list = field(default_factory=list)  # list[list[Op]]
+    fork: int = -1
+    mode: str = "gather"
+
+
+def parse_program(program: Any) -> list[Op]:
+    """Validate a program dict and return its top-level ops. Raises RadixflowError."""
+    if not isinstance(program, dict) or not isinstance(program.get("ops"), list):
+        raise RadixflowError('a program must be an object with an "ops" list')
+    _check_keys(program, PROGRAM_FIELDS, "a program")
+    if program.get("rid") is not None and not isinstance(program["rid"], str):
+        raise RadixflowError("a program's rid must be a string")
+    ops = _parse_ops(program["ops"], set())
+    if not any(o.kind in ("gen", "select", "fork") for o in _walk(ops)):
+        raise RadixflowError("the program has no gen, select or fork; use /generate for plain text")
+    return ops
+
+
+def program_width(ops: list[Op]) -> int:
+    """The most scheduler requests the program can have at once: one per strand (the
+    main one and every fork branch), a select's scoring requests counted in full."""
+    scoring = [len(o.choices) * (2 if o.method == "unconditional_likelihood_normalized" else 1) for o in ops if o.kind == "select"]
+    own = max([1, *scoring])
+    return own + sum(program_width(b) for o in ops if o.kind == "fork" for b in o.branches)
+
+
+def gen_ops(ops: list[Op]) -> list[Op]:
+    return [o for o in _walk(ops) if o.kind == "gen"]
+
+
+def _check_keys(r: dict, allowed: set, what: str) -> None:
+    unknown = sorted(set(r) - allowed)
+    if unknown:
+        raise RadixflowError(f"unknown field(s) in {what}: {', '.join(unknown)}; accepted: {', '.join(sorted(allowed))}")
+
+
+def _walk(ops: list[Op]):
+    for o in ops:
+        yield o
+        for b in o.branches:
+            yield from _walk(b)
+
+
+def _parse_ops(raw: list, ids: set) -> list[Op]:
+    out = []
+    forks = set()
+    for i, r in enumerate(raw):
+        if not isinstance(r, dict):
+            raise RadixflowError(f"op {i} must be an object")
+        op = _parse_op(r, ids)
+        if op.kind == "fork":
+            forks.add(op.id)
+        if op.kind == "join" and op.fork not in forks:
+            raise RadixflowError(f"join of fork {op.fork} comes before that fork (or in another branch)")
+        out.append(op)
+    return out
+
+
+def _parse_op(r: dict, ids: set) -> Op:
+    kind = r.get("op")
+    if kind in OP_FIELDS:
+        _check_keys(r, OP_FIELDS[kind], f"a {kind} op")
+    if kind == "text":
+        return Op("text", text=_str(r, "text"))
+    if kind == "var":
+        return Op("var", name=_str(r, "name"))
+    if kind == "join":
+        mode = r.get("mode", "gather")
+        if mode not in JOIN_MODES:
+            raise RadixflowError(f"join mode must be one of {', '.join(JOIN_MODES)}, got {mode!r}")
+        return Op("join", fork=_int(r, "fork"), mode=mode)
+    if kind not in ("gen", "select", "fork"):
+        raise RadixflowError(f"unknown op {kind!r}; use text, var, gen, select, fork or join")
+    op = Op(kind, id=_int(r, "id"), name=r.get("name"))
+    if op.id in ids:
+        raise RadixflowError(f"op id {op.id} is used twice")
+    ids.add(op.id)
+    if op.name is not None and not isinstance(op.name, str):
+        raise RadixflowError(f"op {op.id}: name must be a string")
+    if kind == "gen":
+        try:
+            sp = SamplingParams.from_dict(dict(r.get("sampling_params") or {}))
+        except RadixflowError as e:
+            raise RadixflowError(f"gen {op.name!r}: {e}") from None
+        if sp.n != 1:
+            raise RadixflowError(f"gen {op.name!r}: n > 1 is not supported in request graphs")
+        if sp.max_new_tokens < 1:
+            raise RadixflowError(f"gen {op.name!r}: max_new_tokens must be >= 1 in a program")
+        op.sampling = sp
+    elif kind == "select":
+        _select_fields(op, r)
+    else:
+        branches = r.get("branches")
+        if not isinstance(branches, list) or not branches or not all(isinstance(b, list) for b in branches):
+            raise RadixflowError(f"fork {op.id}: branches must be a non-empty list of op lists")
+        op.branches = [_parse_ops(b, ids) for b in branches]
+    return op
+
+
+def _select_fields(op: Op, r: dict) -> None:
+    choices = r.get("choices")
+    if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise RadixflowError(f"select {op.name!r}: choices must be a non-empty list of non-empty strings")
+    method = r.get("method", "token_length_normalized")
+    if method not in METHODS:
+        raise RadixflowError(f"select {op.name!r}: method must be one of {', '.join(METHODS)}")
+    op.choices, op.method = choices, method
+
+
+def _str(r: dict, key: str) -> str:
+    v = r.get(key)
+    if not isinstance(v, str):
+        raise RadixflowError(f"{r.get('op')} op: {key} must be a string")
+    return v
+
+
+def _int(r: dict, key: str) -> int:
+    v = r.get(key)
+    if not isinstance(v, int) or isinstance(v, bool):
+        raise RadixflowError(f"{r.get('op')} op: {key} must be an integer")
+    return v
+
+
+def check_programs(programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]) -> None:
+    """Everything known before running, as for /generate: each program's shape, each gen's
+    sampling params against the model (`check_sampling`), and the requests the whole call
+    may run at once against the server's per-call limit (None: no limit, as in Engine).
+    Raises RadixflowError."""
+    total = 0
+    for program in programs:
+        ops = parse_program(program)
+        for op in gen_ops(ops):
+            try:
+                check_sampling(op.sampling)
+            except RadixflowError as e:
+                raise RadixflowError(f"gen {op.name!r}: {e}") from None
+        total += program_width(ops)
+    if max_requests is not None and total > max_requests:
+        raise RadixflowError(
+            f"the call may run {total} requests at once (programs x fork branches x select choices); "
+            f"this server accepts at most {max_requests} per call (--max-batch-size)"
+        )

@@ -1,0 +1,111 @@
+"""Admission: which waiting requests the next extend pass prefills, and how much of each.
+
+Functions over the scheduler's queues (`waiting`, `running`, `chunked`) and KV manager;
+the scheduler calls `form_extend_batch` once per step."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixflow.radix_cache.radix_tree import RadixCache
+from radixflow.runtime.scheduling.req import Req, ReqState
+
+if TYPE_CHECKING:
+    from radixflow.runtime.scheduling.scheduler import Scheduler
+
+IN_BATCH_PREFIX_THRESHOLD = 32  # defer a request sharing this many uncached tokens with one being admitted
+LPM_MAX_WAITING = 128  # above this, lpm falls back to fcfs (matching every request costs)
+
+
+def match_limit(req: Req) -> int:
+    """Longest prefix we may reuse: at least one token must be computed (for logits),
+    and input logprobs need the logits of the positions they cover."""
+    limit = req.seq_len - 1
+    if req.needs_input_logprobs:
+        limit = min(limit, max(req.input_logprob_next - 1, 0))
+    return limit
+
+
+def ordered_waiting(sched: Scheduler) -> list[tuple[Req, object]]:
+    pairs = [(r, None) for r in sched.waiting]
+    if sched.args.schedule_policy == "lpm" and len(sched.waiting) <= LPM_MAX_WAITING and not sched.tree.disable:
+        pairs = [(r, sched.kv.match(r, match_limit(r))) for r in sched.waiting]
+        pairs.sort(key=lambda p: (-p[1].length, p[0].arrival_seq))
+    else:
+        pairs.sort(key=lambda p: p[0].arrival_seq)
+    return pairs
+
+
+def reserved_decode_slots(sched: Scheduler) -> int:
+    return int(
+        sum(min(r.sampling.max_new_tokens - len(r.output_ids), 4096) for r in sched.running) * sched.new_token_ratio
+    )
+
+
+def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
+    """Pick requests to prefill now; returns (req, tokens this pass) pairs, slots allocated."""
+    budget = sched.args.chunked_prefill_size if sched.args.chunked_prefill_size > 0 else sched.args.max_prefill_tokens
+    budget = min(budget, sched.args.max_prefill_tokens)
+    batch: list[tuple[Req, int]] = []
+    if sched.chunked is not None:
+        req = sched.chunked
+        n = min(req.seq_len - req.kv_len, budget)
+        if sched.kv.alloc(req, n) is None:
+            return []  # wait for decode to finish requests; nothing else can be admitted
+        batch.append((req, n))
+        budget -= n
+        if req.kv_len + n < req.seq_len:
+            return batch
+        sched.chunked = None
+    if not sched.waiting or budget <= 0:
+        return batch
+    in_batch = RadixCache(allocator=None, page_size=1)
+    reserved = reserved_decode_slots(sched)
+    admitted = set()
+    for req, match in ordered_waiting(sched):
+        if sched.num_running + len(admitted) >= sched.args.max_running_requests or budget <= 0:
+            break
+        match = match if match is not None else sched.kv.match(req, match_limit(req))
+        if not sched.tree.disable and not fresh_enough(req, match, in_batch):
+            continue
+        extend = req.seq_len - match.length
+        chunk = min(extend, budget)
+        if chunk < extend and sched.args.chunked_prefill_size <= 0 and batch:
+            break
+        if chunk < extend and sched.args.chunked_prefill_size <= 0:
+            chunk = extend
+        need = chunk + sched.args.page_size + int(min(req.sampling.max_new_tokens, 4096) * sched.new_token_ratio)
+        if sched.kv.available_slots() - reserved < need and (batch or sched.running):
+            break
+        if not sched.kv.admit(req, match):
+            break
+        if sched.kv.alloc(req, chunk) is None:
+            sched.kv.release(req, cache=False)
+            break
+        if req.num_retractions == 0:
+            req.cached_tokens = match.length
+        sched.stats.cached_tokens += match.length
+        sched.stats.prompt_tokens += req.seq_len
+        admitted.add(id(req))
+        req.state = ReqState.RUNNING
+        batch.append((req, chunk))
+        budget -= chunk
+        reserved += int(min(req.sampling.max_new_tokens, 4096) * sched.new_token_ratio)
+        if chunk < extend:
+            sched.chunked = req
+            break
+    sched.waiting = [r for r in sched.waiting if id(r) not in admitted]
+    return batch
+
+
+def fresh_enough(req: Req, match, in_batch: RadixCache) -> bool:
+    """In-batch prefix sharing: if this request shares a long uncached prefix with one
+    already admitted this round, wait a round and reuse its KV instead."""
+    key = req.fill_ids
+    shared = in_batch.match_prefix(key).length
+    if shared - match.length > IN_BATCH_PREFIX_THRESHOLD:
+        return False
+    in_batch.insert(key, torch.zeros(len(key), dtype=torch.int64))
+    return True

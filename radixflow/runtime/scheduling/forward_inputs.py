@@ -1,0 +1,52 @@
+"""The inputs of one forward pass, built from the requests in it: token ids, positions,
+KV slots and which rows need logits, packed into one host-to-device copy."""
+
+from __future__ import annotations
+
+import torch
+
+from radixflow.host_copy import to_device_async
+from radixflow.runtime.execution.forward_batch import ForwardBatch
+from radixflow.runtime.scheduling.kv_manager import KVManager
+from radixflow.runtime.scheduling.req import Req
+
+
+def logit_rows_for(req: Req, n: int, start: int) -> list:
+    """Rows of this chunk whose logits we need: all (input logprobs) or the last (sampling)."""
+    done = req.kv_len + n >= req.seq_len
+    if req.needs_input_logprobs:
+        return list(range(start, start + n))
+    return [start + n - 1] if done else []
+
+
+def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:
+    """`ids`: a list, or a tensor already on the device (overlapped decode); the rest host-side."""
+    seq = [p + e for p, e in zip(prefix, ext)]
+    flat_rows = [i for r in rows for i in r] or [0]
+    pool_rows = [r.req_pool_idx for r, _ in batch]
+    host_ids = ids if isinstance(ids, list) else []
+    # one asynchronous host-to-device copy for all of the pass's index tensors
+    packed = to_device_async(torch.cat([torch.tensor(host_ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
+                                        positions.to(torch.int64), locs.to(torch.int64)]), device)  # fmt: skip
+    b = len(batch)
+    sizes = [len(host_ids), b, b, b, b, len(flat_rows), positions.numel(), locs.numel()]
+    ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, loc_t = torch.split(packed, sizes)
+    ids_t = ids_t if isinstance(ids, list) else ids
+    return ForwardBatch(
+        mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t, req_pool_indices=rows_t,
+        seq_lens=seq_t, prefix_lens=pre_t, extend_lens=ext_t, logits_indices=logit_t,
+        seq_lens_list=seq, prefix_lens_list=prefix, extend_lens_list=ext,
+    )  # fmt: skip
+
+
+def pending_tokens(kv: KVManager, reqs: list[Req], ext: list[int]):
+    """Inputs of a continuation pass where some requests hold several pending tokens."""
+    locs, ids, pos = [], [], []
+    for req, n in zip(reqs, ext):
+        slots = kv.alloc(req, n)
+        assert slots is not None, "decode room was reserved"
+        locs.append(slots)
+        ids.extend(req.pending_ids())
+        pos.append(torch.arange(req.kv_len, req.kv_len + n))
+    ends = torch.tensor(ext).cumsum(0).tolist()
+    return ids, torch.cat(pos), torch.cat(locs), [[e - 1] for e in ends]

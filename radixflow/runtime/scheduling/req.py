@@ -1,0 +1,142 @@
+"""A request's state as it moves through the scheduler, and the outputs it reports."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Optional
+
+import torch
+
+from radixflow.runtime.sampling_params import SamplingParams
+
+
+class ReqState(Enum):
+    GRAMMAR_PENDING = "grammar_pending"
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class LogprobOptions:
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: output tokens only; 0: the whole prompt
+    top_logprobs_num: int = 0
+    return_text_in_logprobs: bool = False
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    origin_input_ids: list
+    sampling: SamplingParams
+    logprob: LogprobOptions = field(default_factory=LogprobOptions)
+    output_ids: list = field(default_factory=list)
+    state: ReqState = ReqState.WAITING
+    finish_reason: Optional[dict] = None
+    created: float = field(default_factory=time.time)
+    first_token_time: Optional[float] = None
+    arrival_seq: int = 0  # admission order, for fcfs and for retracting the newest
+
+    # KV bookkeeping (owned by the scheduler)
+    req_pool_idx: Optional[int] = None
+    kv_len: int = 0  # tokens whose KV slots are in req_to_token[req_pool_idx]
+    tree_len: int = 0  # leading tokens whose slots belong to the radix tree (locked path)
+    last_node: Any = None
+    cached_tokens: int = 0
+    num_retractions: int = 0
+
+    # sampling state
+    grammar: Any = None  # constrained-decoding matcher, if any
+    generator: Optional[torch.Generator] = None
+    output_counts: Optional[torch.Tensor] = None  # [V] counts of sampled tokens (penalties)
+    prompt_mask: Optional[torch.Tensor] = None  # [V] bool, tokens of the prompt (repetition penalty)
+    jump_forward_tokens: int = 0
+    # request graphs run several gen segments in one request: limits count from here
+    segment_start: int = 0
+    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
+
+    # logprobs, filled as they are computed
+    input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
+    input_top_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    input_logprob_next: int = -1  # next prompt position whose logprob is still to report
+
+    @property
+    def fill_ids(self) -> list:
+        """All tokens whose KV this request needs (prompt, then outputs so far)."""
+        return self.origin_input_ids + self.output_ids
+
+    def pending_ids(self) -> list:
+        """Tokens still without KV (usually just the last sampled one); O(pending)."""
+        n_prompt = len(self.origin_input_ids)
+        if self.kv_len >= n_prompt:
+            return self.output_ids[self.kv_len - n_prompt :]
+        return self.fill_ids[self.kv_len :]
+
+    @property
+    def seq_len(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def segment_len(self) -> int:
+        """Tokens generated in the current gen segment."""
+        return len(self.output_ids) - self.segment_start
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def needs_input_logprobs(self) -> bool:
+        return (
+            self.logprob.return_logprob
+            and self.logprob.logprob_start_len >= 0
+            and 0 <= self.input_logprob_next < len(self.origin_input_ids)
+        )
+
+    def finish(self, reason: dict) -> None:
+        if self.finish_reason is None:
+            self.finish_reason = reason
+
+    def to_output(self) -> ReqOutput:
+        """What the scheduler reports for this request after a step."""
+        return ReqOutput(
+            rid=self.rid,
+            output_ids=self.output_ids,  # by reference: copied only when sent
+            finished=self.finished,
+            finish_reason=self.finish_reason,
+            prompt_tokens=len(self.origin_input_ids),
+            cached_tokens=self.cached_tokens,
+            new_output_token_logprobs=self.output_token_logprobs,
+            new_output_top_logprobs=self.output_top_logprobs,
+            input_token_logprobs=self.input_token_logprobs,
+            input_top_logprobs=self.input_top_logprobs,
+            num_retractions=self.num_retractions,
+            jump_forward_tokens=self.jump_forward_tokens,
+        )
+
+
+@dataclass
+class ReqOutput:
+    """What the scheduler reports for a request after a step (new tokens and state)."""
+
+    rid: str
+    output_ids: list
+    finished: bool
+    finish_reason: Optional[dict]
+    prompt_tokens: int
+    cached_tokens: int
+    new_output_token_logprobs: list = field(default_factory=list)
+    new_output_top_logprobs: list = field(default_factory=list)
+    input_token_logprobs: Optional[list] = None
+    input_top_logprobs: Optional[list] = None
+    num_retractions: int = 0
+    jump_forward_tokens: int = 0
+    # request graphs run several gen segments in one request: limits count from here
+    segment_start: int = 0
+    continuable: bool = False  # a request graph's: the scheduler's continue_hook may extend it
+    error: Optional[str] = None

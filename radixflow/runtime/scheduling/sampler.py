@@ -1,0 +1,197 @@
+"""Batched sampling: penalties -> grammar mask -> logit bias -> temperature / top-k / top-p / min-p.
+
+Everything is done on `[B, V]` tensors; the only Python loops run over requests
+(never over the vocabulary), and only for requests that need per-row work
+(seeded generators, grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton
+kernel that needs no sort (kernels/sampling.py), unless a request brings its own seeded
+generator: on an H200 its GPU time is 5-23x below that of torch's path in every mode, temperature
+alone included (BENCHMARKS.md). `triton_sampling = False` keeps torch's path (benchmarks compare).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from radixflow.host_copy import to_device_async
+from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
+from radixflow.runtime.scheduling.req import Req
+from radixflow.runtime.sampling_params import TOP_K_ALL
+
+triton_sampling = True
+
+
+@dataclass
+class SampleResult:
+    next_ids: torch.Tensor  # [B] int64, on the logits' device
+    logprobs: Optional[torch.Tensor] = None  # [B, V] float32 raw log-softmax, when any req asked
+    chosen_logprobs: Optional[torch.Tensor] = None  # [B]
+
+
+def _row_tensor(values: list, dtype, device) -> torch.Tensor:
+    return to_device_async(torch.tensor(values, dtype=dtype), device)
+
+
+def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
+    rows = [
+        i
+        for i, r in enumerate(reqs)
+        if r.sampling.frequency_penalty or r.sampling.presence_penalty or r.sampling.repetition_penalty != 1.0
+    ]
+    if not rows:
+        return
+    dev = logits.device
+    sub = [reqs[i] for i in rows]
+    vocab = logits.shape[1]
+    counts = torch.stack([_counts(r, vocab, dev) for r in sub]).float()
+    idx = _row_tensor(rows, torch.int64, dev)
+    part = logits[idx]
+    freq = _row_tensor([r.sampling.frequency_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    pres = _row_tensor([r.sampling.presence_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    part = part - freq * counts - pres * (counts > 0).float()
+    rep = _row_tensor([r.sampling.repetition_penalty for r in sub], torch.float32, dev).unsqueeze(1)
+    seen = counts > 0
+    prompt = [r.prompt_mask for r in sub]
+    if all(p is not None for p in prompt):
+        seen = seen | torch.stack(prompt)
+    penalized = torch.where(part > 0, part / rep, part * rep)
+    part = torch.where(seen, penalized, part)
+    logits[idx] = part
+
+
+def _counts(r: Req, vocab: int, device) -> torch.Tensor:
+    if r.output_counts is None:
+        r.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
+        if r.output_ids:
+            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
+            r.output_counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    return r.output_counts
+
+
+def record_sampled(reqs: list, next_ids: list) -> None:
+    """Keep penalty counts current after a step."""
+    for r, t in zip(reqs, next_ids):
+        if r.output_counts is not None:
+            r.output_counts[t] += 1
+
+
+def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
+    """min_new_tokens: EOS and stop ids cannot be sampled before it is reached."""
+    for i, r in enumerate(reqs):
+        if r.segment_len < r.sampling.min_new_tokens:
+            banned = list(eos_ids | set(r.sampling.stop_token_ids or []))
+            logits[i, banned] = float("-inf")
+
+
+SMALL_MASK_BATCH = 2  # up to this many constrained rows on CPU: add cached bias rows
+_BIAS_ROWS = BiasRowCache()
+
+
+def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
+    if not rows:
+        return
+    cached = all(reqs[i].grammar.masks_cached for i in rows)  # masks that live as long as their grammar
+    if cached and not logits.is_cuda and len(rows) <= SMALL_MASK_BATCH and logits.dtype == torch.float32:
+        for i in rows:  # one add beats a table lookup over the whole vocabulary at this size
+            logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
+        return
+    words = (logits.shape[1] + 31) // 32
+    bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
+    for i in rows:
+        reqs[i].grammar.fill_bitmask(bitmask, i)
+    apply_token_bitmask(logits, to_device_async(bitmask, logits.device))
+
+
+def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:
+    for i, r in enumerate(reqs):
+        if r.sampling.logit_bias:
+            ids = [int(k) for k in r.sampling.logit_bias]
+            vals = [float(v) for v in r.sampling.logit_bias.values()]
+            logits[i, ids] += _row_tensor(vals, torch.float32, logits.device)
+
+
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """logits.argmax(dim=-1); on CUDA through a two-pass Triton kernel (torch's takes one block a row)."""
+    if logits.is_cuda:
+        from radixflow.kernels.argmax import argmax_rows
+
+        return argmax_rows(logits)
+    return logits.argmax(dim=-1)
+
+
+def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False) -> torch.Tensor:
+    """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax.
+    `batch_invariant` (deterministic inference): torch's path works on one row at a time, so a
+    seeded request draws from the same bits in any batch: on an H200 torch's sum and cumsum over a
+    vocabulary row gave other bits at other row counts (BENCHMARKS.md, session 10)."""
+    greedy = [r.sampling.is_greedy for r in reqs]
+    if all(greedy):
+        return greedy_ids(logits)
+    dev = logits.device
+    temps = [max(r.sampling.temperature, 1e-6) for r in reqs]
+    top_k = [r.sampling.top_k if r.sampling.top_k > 0 else TOP_K_ALL for r in reqs]
+    top_p = [r.sampling.top_p for r in reqs]
+    min_p = [r.sampling.min_p for r in reqs]
+    seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
+    if logits.is_cuda and triton_sampling and not seeded:
+        from radixflow.kernels.sampling import sample_rows
+
+        sampled = sample_rows(logits, temps, top_k, top_p, min_p)
+    elif batch_invariant:
+        rows = [_sample_torch(logits[i : i + 1], temps[i : i + 1], top_k[i : i + 1], top_p[i : i + 1],
+                              min_p[i : i + 1], reqs[i : i + 1]) for i in range(len(reqs))]
+        sampled = torch.cat(rows)
+    else:
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
+    if not any(greedy):
+        return sampled
+    return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
+
+
+def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, reqs: list) -> torch.Tensor:
+    """torch's path: softmax, top-k / top-p by sorting (when any row truncates), min-p, one draw."""
+    dev = logits.device
+    probs = torch.softmax(logits / _row_tensor(temps, torch.float32, dev).unsqueeze(1), dim=-1)
+    if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
+        probs = _top_k_top_p(probs, top_k, top_p)
+    if any(m > 0 for m in min_p):
+        mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
+        probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
+    return _draw(probs, reqs)
+
+
+def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
+    dev = probs.device
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    ranks = torch.arange(probs.shape[1], device=dev).unsqueeze(0)
+    k = _row_tensor(top_k, torch.int64, dev).clamp(max=probs.shape[1]).unsqueeze(1)
+    p = _row_tensor(top_p, torch.float32, dev).unsqueeze(1)
+    cum_before = sorted_p.cumsum(dim=-1) - sorted_p  # mass strictly above this token
+    drop = (ranks >= k) | (cum_before > p)
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(1, order, sorted_p)
+
+
+def _draw(probs: torch.Tensor, reqs: list) -> torch.Tensor:
+    probs = probs / probs.sum(dim=-1, keepdim=True)
+    seeded = [i for i, r in enumerate(reqs) if r.generator is not None and not r.sampling.is_greedy]
+    out = torch.multinomial(probs, 1).squeeze(1)
+    for i in seeded:
+        out[i] = torch.multinomial(probs[i], 1, generator=reqs[i].generator)[0]
+    return out
+
+
+def sample(logits: torch.Tensor, reqs: list, eos_ids: set, batch_invariant: bool = False) -> SampleResult:
+    """logits: [B, V] float32, modified in place. `batch_invariant`: see `sample_from`."""
+    want_lp = any(r.logprob.return_logprob for r in reqs)
+    raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
+    apply_penalties(logits, reqs)
+    mask_stop_tokens(logits, reqs, eos_ids)
+    apply_grammar_masks(logits, reqs)
+    apply_logit_bias(logits, reqs)
+    next_ids = sample_from(logits, reqs, batch_invariant)
+    chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
+    return SampleResult(next_ids=next_ids, logprobs=raw_lp, chosen_logprobs=chosen)

@@ -1,0 +1,381 @@
+"""Continuous batching over the radix cache.
+
+Each `step()` runs one forward pass: an extend batch (prefill of newly admitted
+requests, from their cached prefix, chunked to `chunked_prefill_size`) when there is
+something to admit, otherwise one decode step for every running request. When a
+decode step lacks KV slots, the newest requests are retracted to the waiting queue;
+their KV goes into the radix tree, so a resume often re-prefills nothing.
+
+Overlap (on by default on CUDA): a decode pass of plain requests is launched and its
+sampled ids stay on the GPU; the next step launches the following pass from those ids
+first and only then reads them back and does the per-request work (stop checks,
+outputs), so the GPU never waits for the host between decode steps. A request that
+finishes this way has had one extra token computed; it is dropped.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+
+from radixflow.host_copy import to_device_async
+from radixflow.radix_cache.radix_tree import RadixCache
+from radixflow.runtime.execution.forward_batch import ForwardMode
+from radixflow.runtime.scheduling.kv_manager import KVManager
+from radixflow.runtime.scheduling.logprobs import LogprobCollector
+from radixflow.runtime.execution.model_runner import ModelRunner
+from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
+from radixflow.runtime.scheduling.sampler import SampleResult, record_sampled, sample
+from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.scheduling import kv_audit
+from radixflow.runtime.scheduling.admission import form_extend_batch
+from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, logit_rows_for, pending_tokens
+from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
+from radixflow.runtime.scheduling.kv_audit import SchedulerStats
+from radixflow.runtime.scheduling.stop_checker import StopChecker
+
+log = logging.getLogger(__name__)
+
+NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
+
+
+@dataclass
+class InflightDecode:
+    """A decode pass launched but not yet read back."""
+
+    reqs: list
+    result: SampleResult  # next_ids on the device: the next pass's input
+    host_ids: torch.Tensor  # [B] their host copy, valid once `ready` has completed
+    ready: Optional[torch.cuda.Event]
+
+
+class Scheduler:
+    def __init__(self, args: ServerArgs, runner: ModelRunner, tokenizer, eos_ids: set):
+        self.args = args
+        self.runner = runner
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+        self.tree = RadixCache(runner.kv_pool.allocator, args.page_size, disable=args.disable_radix_cache)
+        self.kv = KVManager(runner.kv_pool, runner.req_to_token, self.tree)
+        self.stops = StopChecker(tokenizer, eos_ids)
+        self.logprobs = LogprobCollector(tokenizer)
+        self.waiting: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked: Optional[Req] = None  # a request in the middle of a chunked prefill
+        self.pending_grammar: list[Req] = []
+        self._seq = itertools.count()
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self.stats = SchedulerStats()
+        self.grammar_backend = None  # created on the first constrained request
+        self.emit_outputs = True  # the in-process Engine reads requests directly and turns this off
+        self.jump_forward: Optional[Callable[[Req], object]] = None
+        # request graphs: called when a request finishes; returns True after appending
+        # the next segment's tokens to it (it then stays running, its KV kept)
+        self.continue_hook: Optional[Callable[[Req], bool]] = None
+        self.device = runner.device
+        self.overlap = args.overlap_enabled(self.device)
+        self.inflight: Optional[InflightDecode] = None
+
+    # -- requests in and out --------------------------------------------------------------
+    def add_request(self, req: Req) -> None:
+        req.arrival_seq = next(self._seq)
+        if req.sampling.sampling_seed is not None:
+            req.generator = torch.Generator(device=self.device).manual_seed(req.sampling.sampling_seed)
+        if req.sampling.repetition_penalty != 1.0:
+            mask = torch.zeros(self.runner.vocab_size, dtype=torch.bool, device=self.device)
+            mask[torch.tensor(req.origin_input_ids, device=self.device)] = True
+            req.prompt_mask = mask
+        if req.logprob.return_logprob and req.logprob.logprob_start_len >= 0:
+            req.input_logprob_next = req.logprob.logprob_start_len
+        if req.sampling.grammar is not None:
+            start_grammar_backend(self).submit(req)  # compiles off this loop; the request waits
+            req.state = ReqState.GRAMMAR_PENDING
+            self.pending_grammar.append(req)
+        else:
+            req.state = ReqState.WAITING
+            self.waiting.append(req)
+
+    def abort(self, rid: str) -> Optional[Req]:
+        for queue in (self.waiting, self.pending_grammar, self.running):
+            for req in queue:
+                if req.rid == rid:
+                    queue.remove(req)
+                    return self._abort(req)
+        if self.chunked is not None and self.chunked.rid == rid:
+            req, self.chunked = self.chunked, None
+            return self._abort(req)
+        return None
+
+    def _abort(self, req: Req) -> Req:
+        self.kv.release(req, cache=False)
+        req.finish({"type": "abort", "message": "aborted by request"})
+        req.state = ReqState.FINISHED
+        return req
+
+    def has_work(self) -> bool:
+        # an in-flight pass's unfinished requests are all in `running`
+        return bool(self.waiting or self.running or self.chunked or self.pending_grammar)
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running) + (self.chunked is not None)
+
+    def flush_cache(self) -> bool:
+        """Drop every cached prefix; only when idle (like SGLang)."""
+        if self.has_work():
+            return False
+        self.inflight = None  # only finished requests' extra tokens were in flight
+        self.tree.reset()
+        self.runner.kv_pool.allocator.clear()
+        self.runner.req_to_token.clear()
+        return True
+
+    # -- one step ----------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self) -> list[ReqOutput]:
+        touched = poll_grammars(self)
+        batch = form_extend_batch(self)
+        if self.inflight is not None:
+            chained = None if batch else self._chain_decode()
+            if chained is not None:
+                return self._outputs(touched + chained)
+            touched += self._drain()
+        if batch:
+            touched += self._run_extend(batch)
+        elif self.running:
+            touched += self._decode()
+        return self._outputs(touched)
+
+    def _outputs(self, touched: list[Req]) -> list[ReqOutput]:
+        return [r.to_output() for r in touched] if self.emit_outputs else []
+
+    # -- extend ----------------------------------------------------------------------------------
+    def _run_extend(self, batch: list[tuple[Req, int]]) -> list[Req]:
+        ids, pos, locs, rows = [], [], [], []
+        start = 0
+        for req, n in batch:
+            fill = req.fill_ids
+            ids.extend(fill[req.kv_len : req.kv_len + n])
+            pos.append(torch.arange(req.kv_len, req.kv_len + n))
+            locs.append(self.kv.req_to_token.read(req.req_pool_idx, req.kv_len + n)[req.kv_len :])
+            rows.append(logit_rows_for(req, n, start))
+            start += n
+        prefix = [r.kv_len for r, _ in batch]
+        ext = [n for _, n in batch]
+        fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, torch.cat(pos), torch.cat(locs), batch, prefix, ext, rows)
+        logits = self.runner.forward(fb)
+        self.stats.extend_tokens += len(ids)
+
+        finishing, offset = [], 0
+        for (req, n), req_rows in zip(batch, rows):
+            req_logits = logits[offset : offset + len(req_rows)]
+            offset += len(req_rows)
+            if req.needs_input_logprobs:
+                self.logprobs.add_input(req, req_logits, req.kv_len, n)
+            req.kv_len += n
+            self.kv.cache_unfinished(req)  # share what is computed so far
+            if req.kv_len < req.seq_len:  # more chunks to come
+                continue
+            if req.sampling.max_new_tokens == 0:
+                req.finish({"type": "length", "length": 0})
+                self._retire(req)
+                continue
+            finishing.append((req, req_logits[-1:]))
+        touched = [r for r, _ in batch if r.finished]
+        if finishing:
+            reqs = [r for r, _ in finishing]
+            self._sample_and_advance(reqs, torch.cat([lg for _, lg in finishing]))
+            for r in reqs:
+                if not r.finished:
+                    self.running.append(r)
+            touched += reqs
+        return touched
+
+    # -- decode ----------------------------------------------------------------------------------
+    def _decode(self) -> list[Req]:
+        reqs = self.running
+        if self.overlap and all(r.seq_len - r.kv_len == 1 and self._overlappable(r) for r in reqs) and self._room_for(reqs):
+            self.inflight = self._launch_decode(list(reqs), None)
+            return []
+        return self._run_decode()
+
+    def _overlappable(self, req: Req) -> bool:
+        """Requests whose sampling needs nothing from the host's view of the last token."""
+        s = req.sampling
+        return (
+            req.grammar is None
+            and not req.logprob.return_logprob
+            and not req.continuable
+            and s.frequency_penalty == 0 and s.presence_penalty == 0 and s.repetition_penalty == 1.0
+            and req.segment_len > s.min_new_tokens  # the stop-token mask must not depend on the lag
+        )  # fmt: skip
+
+    def _room_for(self, reqs: list) -> bool:
+        """Free or evictable slots for every pending token of `reqs` and one more each, in any page layout."""
+        pending = sum(r.seq_len - r.kv_len for r in reqs)
+        return self.kv.available_slots() >= (pending + len(reqs)) * self.args.page_size
+
+    def _launch_decode(self, reqs: list[Req], ids: Optional[torch.Tensor]) -> InflightDecode:
+        """Launch one decode pass; `ids` (on the device) are its input tokens, else each
+        request's last output. Nothing here waits for the GPU."""
+        prefix = [r.kv_len for r in reqs]
+        locs = self.kv.alloc_decode(reqs)
+        assert locs is not None, "decode room was checked"
+        ids = [r.output_ids[-1] for r in reqs] if ids is None else ids
+        batch = [(r, 1) for r in reqs]
+        positions = torch.tensor(prefix, dtype=torch.int64)
+        fb = build_forward_batch(self.device, ForwardMode.DECODE, ids, positions, locs, batch, prefix, [1] * len(reqs), [[i] for i in range(len(reqs))])  # fmt: skip
+        logits = self.runner.forward(fb)
+        for r in reqs:
+            r.kv_len += 1
+        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
+        host_ids = result.next_ids.to("cpu", non_blocking=True)
+        ready = None
+        if result.next_ids.is_cuda:
+            ready = torch.cuda.Event()
+            ready.record()
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        return InflightDecode(reqs, result, host_ids, ready)
+
+    def _chain_decode(self) -> Optional[list[Req]]:
+        """Launch the next pass from the in-flight pass's ids, then read those back; None
+        (nothing launched) when the in-flight pass must be drained first."""
+        prev = self.inflight
+        keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
+        reqs = [prev.reqs[i] for i in keep]
+        if not reqs or self.chunked is not None or not self._room_for(reqs):
+            return None
+        ids = prev.result.next_ids
+        if len(keep) < len(prev.reqs):
+            ids = ids[to_device_async(torch.tensor(keep), ids.device)]
+        self.inflight = self._launch_decode(reqs, ids)
+        self.stats.chained_decode_steps += 1
+        return self._read_back(prev)
+
+    def _drain(self) -> list[Req]:
+        prev, self.inflight = self.inflight, None
+        return self._read_back(prev)
+
+    def _read_back(self, done: InflightDecode) -> list[Req]:
+        """Per-request work for a completed decode pass."""
+        if done.ready is not None:
+            done.ready.synchronize()
+        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result)
+        self.running = [r for r in self.running if not r.finished]
+        self.stats.decode_tokens += len(reqs)
+        return reqs
+
+    def _run_decode(self) -> list[Req]:
+        """One token per running request, read back at once; requests holding several
+        pending tokens (jump-forward, appended program text) make it an extend pass."""
+        self._make_room_for_decode()
+        if not self.running:
+            return []
+        reqs = list(self.running)
+        ext = [r.seq_len - r.kv_len for r in reqs]
+        assert min(ext) >= 1, "a running request has no pending token"
+        if max(ext) == 1:
+            return self._read_back(self._launch_decode(reqs, None))
+        prefix = [r.kv_len for r in reqs]
+        ids, positions, locs, rows = pending_tokens(self.kv, reqs, ext)
+        fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, positions, locs, list(zip(reqs, ext)), prefix, ext, rows)
+        logits = self.runner.forward(fb)
+        for r, n in zip(reqs, ext):
+            r.kv_len += n
+        self._sample_and_advance(reqs, logits)
+        self.running = [r for r in self.running if not r.finished]
+        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self.stats.decode_tokens += len(reqs)
+        return reqs
+
+    def _make_room_for_decode(self) -> None:
+        """Retract the newest requests until every running request has a slot for its next token."""
+        if self._room_for(self.running):
+            return  # enough for any page layout: skip the per-request count
+        while self.running:
+            need = sum(self.kv.pages_needed(r, r.seq_len - r.kv_len) for r in self.running) * self.args.page_size
+            if self.kv.available_slots() >= need:
+                return
+            victim = max(self.running, key=lambda r: r.arrival_seq)
+            self.running.remove(victim)
+            self._retract(victim)
+
+    def _retract(self, req: Req) -> None:
+        self.kv.release(req, cache=True)
+        req.state = ReqState.WAITING
+        req.num_retractions += 1
+        self.stats.retractions += 1
+        self.waiting.append(req)
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        log.info("retracted %s (%d tokens so far) for lack of KV slots", req.rid, len(req.output_ids))
+
+    # -- sampling, finishing -----------------------------------------------------------------------
+    def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
+        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
+        self._advance(reqs, result.next_ids.tolist(), result)
+
+    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult) -> list[Req]:
+        """Append each request's sampled token; check stops; retire finished requests.
+        A request finished before its token arrived (aborted, or done while an overlapped
+        pass computed one token more) drops it. Returns the requests advanced."""
+        live = [i for i, r in enumerate(reqs) if not r.finished]
+        record_sampled([reqs[i] for i in live], [next_ids[i] for i in live])
+        now = time.time()
+        for i in live:
+            req, tok = reqs[i], next_ids[i]
+            req.output_ids.append(tok)
+            if req.first_token_time is None:
+                req.first_token_time = now
+            if req.logprob.return_logprob:
+                self.logprobs.add_output(req, result, i, tok)
+            if req.grammar is not None:
+                req.grammar.accept_token(tok)
+            self.stops.check(req, self.runner.context_len)
+            if not req.finished and req.grammar is not None and self.jump_forward is not None:
+                self._apply_jump_forward(req)
+            if req.finished and self.continue_hook is not None and self.continue_hook(req):
+                assert not req.finished, "a continued request must be unfinished"
+            if req.finished:
+                self._retire(req)
+        return [reqs[i] for i in live]
+
+    def _apply_jump_forward(self, req: Req) -> None:
+        """Append tokens the grammar forces, without sampling them; their KV is computed
+        by the next pass (which becomes an extend). The hook returns the tokens to
+        append, or (keep, tokens) to first cut the output back to `keep` tokens
+        (re-tokenizing at the boundary)."""
+        forced = self.jump_forward(req)
+        if not forced:
+            return
+        keep, tokens = forced if isinstance(forced, tuple) else (len(req.output_ids), forced)
+        if keep < len(req.output_ids):
+            self.rewind(req, keep)
+        req.output_ids.extend(tokens)
+        req.jump_forward_tokens += len(tokens)
+        self.stops.check(req, self.runner.context_len)
+
+    def rewind(self, req: Req, keep_outputs: int) -> None:
+        """Drop outputs past `keep_outputs`, and the KV of dropped tokens."""
+        del req.output_ids[keep_outputs:]
+        new_kv = min(req.kv_len, req.seq_len - 1)
+        if new_kv < req.kv_len:
+            self.kv.truncate(req, new_kv)
+
+    def _retire(self, req: Req) -> None:
+        req.state = ReqState.FINISHED
+        self.kv.release(req, cache=True)
+
+    # -- introspection ---------------------------------------------------------------------------------
+    def token_usage(self) -> float:
+        return kv_audit.token_usage(self)
+
+    def check_invariants(self) -> None:
+        kv_audit.check_invariants(self)
+
+    def reclaim_unowned_pages(self) -> int:
+        return kv_audit.reclaim_unowned_pages(self)

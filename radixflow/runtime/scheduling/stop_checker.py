@@ -1,0 +1,51 @@
+"""Decides when a request is finished: length, EOS / stop ids, stop strings, grammar end."""
+
+from __future__ import annotations
+
+from radixflow.runtime.scheduling.req import Req
+
+
+class StopChecker:
+    def __init__(self, tokenizer, eos_ids: set):
+        self.tokenizer = tokenizer
+        self.eos_ids = eos_ids
+
+    def check(self, req: Req, context_len: int) -> None:
+        if req.finished:
+            return
+        p = req.sampling
+        last = req.output_ids[-1]
+        stop_token = (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids)
+        if req.grammar is not None and req.grammar.budget_closed and (stop_token or req.grammar.is_terminated()):
+            # complete for the grammar, but cut short to fit max_new_tokens: a length finish
+            req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True,
+                        "matched": last if stop_token else None})  # fmt: skip
+            return
+        if stop_token:
+            req.finish({"type": "stop", "matched": last})
+            return
+        if req.grammar is not None and req.grammar.is_terminated():
+            # the last token is part of the grammar's output (not a stop token): keep it
+            req.finish({"type": "stop", "matched": None})
+            return
+        if p.stop_strs:
+            matched = self._stop_str(req)
+            if matched is not None:
+                req.finish({"type": "stop", "matched": matched})
+                return
+        # after the stop checks: a stop matched by the last allowed token still counts as a stop
+        if req.segment_len >= p.max_new_tokens:
+            closed = {"grammar_closed": True} if req.grammar is not None and req.grammar.budget_closed else {}
+            req.finish({"type": "length", "length": p.max_new_tokens, **closed})
+        elif req.seq_len >= context_len:
+            req.finish({"type": "length", "length": len(req.output_ids)})
+
+    def _stop_str(self, req: Req):
+        longest = max(len(s) for s in req.sampling.stop_strs)
+        # every token decodes to >= 1 char, so this many tokens cover any new match
+        tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - longest - 2) :]
+        tail = self.tokenizer.decode(tail_ids, skip_special_tokens=req.sampling.skip_special_tokens)
+        for s in req.sampling.stop_strs:
+            if s in tail:
+                return s
+        return None

@@ -1,0 +1,122 @@
+"""The detokenizer process: turns output token ids into text.
+
+Streaming requests are decoded incrementally (only the tokens since the last
+confirmed boundary are decoded each time); text that may still change is held back:
+an incomplete UTF-8 character, or a tail that could be the start of a stop string.
+Finished requests get the full decode with stop trimming, exactly like the
+in-process Engine's results. Text is cumulative, like SGLang's default stream.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+
+import zmq
+
+from radixflow.runtime.generate_request import output_text
+from radixflow.runtime.scheduling.req import ReqOutput
+from radixflow.runtime.server.server_messages import (
+    ControlReply,
+    DecodeParams,
+    DetokBatch,
+    IpcNames,
+    NewRequests,
+    OutputBatch,
+    StatsSnapshot,
+)
+
+log = logging.getLogger("radixflow.detokenizer")
+POLL_MS = 500
+
+
+@dataclass
+class DecodeState:
+    params: DecodeParams
+    text: str = ""  # confirmed text of ids[:read]
+    surr: int = 0  # decode window start (context so spaces/merges come out right)
+    read: int = 0  # ids up to here are in `text`
+
+
+@dataclass
+class Detokenizer:
+    tokenizer: object
+    states: dict = field(default_factory=dict)
+
+    def register(self, params: dict) -> None:
+        for rid, p in params.items():
+            self.states[rid] = DecodeState(p)
+
+    def text_of(self, out: ReqOutput) -> str:
+        st = self.states.get(out.rid) or DecodeState(DecodeParams())
+        if out.finished:
+            self.states.pop(out.rid, None)
+            p = st.params
+            return output_text(self.tokenizer, out.output_ids, out.finish_reason, p.skip_special_tokens, p.no_stop_trim)
+        self.states[out.rid] = st
+        return self._incremental(st, out.output_ids)
+
+    def _incremental(self, st: DecodeState, ids: list) -> str:
+        p = st.params
+        kw = {"skip_special_tokens": p.skip_special_tokens}
+        if len(ids) > st.read:
+            prefix = self.tokenizer.decode(ids[st.surr : st.read], **kw)
+            full = self.tokenizer.decode(ids[st.surr :], **kw)
+            if not full.endswith("\ufffd"):
+                st.text += full[len(prefix) :]
+                st.surr, st.read = st.read, len(ids)
+        return st.text[: len(st.text) - _partial_stop_len(st.text, p.stop_strs)]
+
+
+def _partial_stop_len(text: str, stops: list) -> int:
+    """Length of the longest tail of `text` that is a proper prefix of a stop string."""
+    best = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:k]):
+                best = k
+                break
+    return best
+
+
+def run_detokenizer_process(tokenizer_path: str, ipc: IpcNames, parent_pid: int, log_level: str = "info") -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=log_level.upper(), format="[%(asctime)s detokenizer] %(message)s")
+    from radixflow.runtime.tokenizer import load_tokenizer
+
+    detok = Detokenizer(load_tokenizer(tokenizer_path))
+    ctx = zmq.Context()
+    pull = ctx.socket(zmq.PULL)
+    pull.bind(ipc.detokenizer)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(ipc.tokenizer)
+    while True:
+        if not pull.poll(POLL_MS):
+            if os.getppid() != parent_pid:
+                os._exit(1)
+            continue
+        msg = pull.recv_pyobj()
+        reply = _handle(detok, msg)
+        if reply is not None:
+            push.send_pyobj(reply)
+
+
+def _handle(detok: Detokenizer, msg):
+    if isinstance(msg, NewRequests):
+        detok.register(msg.params)
+        return None
+    if isinstance(msg, OutputBatch):
+        texts = []
+        for out in msg.outputs:
+            try:
+                texts.append(detok.text_of(out))
+            except Exception as e:  # fail this request, keep going
+                log.exception("decoding %s failed", out.rid)
+                out.finished, out.error = True, f"internal error while decoding: {type(e).__name__}: {e}"
+                texts.append("")
+        return DetokBatch(msg.outputs, texts, msg.stats)
+    if isinstance(msg, (ControlReply, StatsSnapshot)):
+        return msg
+    raise AssertionError(f"unexpected message {type(msg).__name__}")

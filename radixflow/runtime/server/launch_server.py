@@ -1,0 +1,170 @@
+"""Starts the server: the scheduler and detokenizer processes, then the HTTP server
+(FastAPI on uvicorn) with the TokenizerManager in this process.
+
+SIGINT / SIGTERM shut everything down. If a child process dies, every open request
+fails with the reason, and the server exits with status 1 within seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing as mp
+import os
+import shutil
+import signal
+import sys
+
+from radixflow.runtime.child_processes import exit_text as _exit_text
+from radixflow.runtime.child_processes import stop_processes
+from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.server.server_messages import IpcNames, ModelInfo
+
+log = logging.getLogger("radixflow.server")
+
+WATCH_PERIOD_S = 0.5
+GRACEFUL_SHUTDOWN_S = 3
+CHILD_JOIN_S = 5
+
+
+class StartupError(RuntimeError):
+    pass
+
+
+def launch_server(args: ServerArgs) -> int:
+    """Runs until shut down; returns the process exit status."""
+    logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s server] %(message)s")
+    if args.dp_size > 1:  # replicas behind sglang-router, supervised by this process
+        from radixflow.runtime.server.data_parallel import run_data_parallel
+
+        return run_data_parallel(args)
+    if args.node_rank > 0:  # only node 0 serves HTTP; the others run their tensor-parallel ranks
+        from radixflow.runtime.distributed.tp_launch import run_worker_node
+
+        return run_worker_node(args)
+    ipc = IpcNames.fresh()
+    procs: dict = {}
+    stop = _install_signal_handlers()
+    try:
+        info = _start_children(args, ipc, procs)
+        if stop["signal"]:
+            return 0
+        return asyncio.run(_serve(args, info, ipc, procs, stop))
+    except StartupError as e:
+        print(f"radixflow: server failed to start: {e}", file=sys.stderr, flush=True)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        stop_processes(procs, CHILD_JOIN_S, terminate=True)
+        shutil.rmtree(ipc.directory, ignore_errors=True)
+
+
+def _install_signal_handlers() -> dict:
+    """SIGINT/SIGTERM: stop starting (while loading) or stop serving (uvicorn takes over
+    while it runs and calls these again once it has shut down)."""
+    stop = {"signal": None}
+
+    def handler(signum, frame):
+        first = stop["signal"] is None
+        stop["signal"] = signum
+        if first and not stop.get("serving"):
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+    return stop
+
+
+def _start_children(args: ServerArgs, ipc: IpcNames, procs: dict) -> ModelInfo:
+    from radixflow.runtime.server.detokenizer import run_detokenizer_process
+    from radixflow.runtime.server.scheduler_process import run_scheduler_process
+
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    parent = os.getpid()
+    procs["scheduler"] = ctx.Process(
+        target=run_scheduler_process, args=(args, ipc, writer, parent), name="radixflow-scheduler"
+    )
+    procs["scheduler"].start()
+    writer.close()
+    info = _wait_ready(reader, procs["scheduler"])
+    procs["detokenizer"] = ctx.Process(
+        target=run_detokenizer_process, args=(info.tokenizer_path, ipc, parent, args.log_level), name="radixflow-detokenizer"
+    )
+    procs["detokenizer"].start()
+    return info
+
+
+def _wait_ready(reader, proc) -> ModelInfo:
+    while not reader.poll(0.2):
+        if not proc.is_alive():
+            raise StartupError(f"the scheduler process exited while loading the model ({_exit_text(proc.exitcode)})")
+    try:
+        status, payload = reader.recv()
+    except EOFError:
+        raise StartupError(f"the scheduler process exited while loading the model ({_exit_text(proc.exitcode)})") from None
+    if status != "ok":
+        raise StartupError(payload)
+    return payload
+
+
+async def _serve(args: ServerArgs, info: ModelInfo, ipc: IpcNames, procs: dict, stop: dict) -> int:
+    import uvicorn
+
+    from radixflow.runtime.server.http_server import create_app
+    from radixflow.runtime.server.tokenizer_manager import TokenizerManager
+
+    tm = TokenizerManager(args, info, ipc)
+    tm.child_pids = {name: p.pid for name, p in procs.items()}
+    tm.start()
+    config = uvicorn.Config(
+        create_app(tm),
+        host=args.host,
+        port=args.port,
+        log_level=_uvicorn_level(args.log_level),
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+    )
+    server = uvicorn.Server(config)
+    state = {"exit": 0}
+    tasks = [
+        asyncio.create_task(_watch_children(server, tm, procs, state)),
+        asyncio.create_task(_announce(server, args, tm.model_name)),
+    ]
+    stop["serving"] = True
+    try:
+        await server.serve()
+    except SystemExit as e:  # uvicorn exits like this when it cannot bind the port
+        state["exit"] = e.code if isinstance(e.code, int) and e.code else 1
+    finally:
+        for t in tasks:
+            t.cancel()
+    if not server.started and state["exit"] == 0:
+        state["exit"] = 1
+    return state["exit"]
+
+
+async def _announce(server, args: ServerArgs, model_name: str) -> None:
+    while not server.started:
+        await asyncio.sleep(0.05)
+    print(f"radixflow server ready at http://{args.host}:{args.port} (model: {model_name}, pid {os.getpid()})", flush=True)
+
+
+async def _watch_children(server, tm, procs: dict, state: dict) -> None:
+    while True:
+        await asyncio.sleep(WATCH_PERIOD_S)
+        for name, proc in procs.items():
+            if not proc.is_alive():
+                reason = f"the {name} process died ({_exit_text(proc.exitcode)}); the server is shutting down"
+                log.error(reason)
+                print(f"radixflow: {reason}", file=sys.stderr, flush=True)
+                tm.fail_all(reason)
+                state["exit"] = 1
+                server.should_exit = True
+                return
+
+
+def _uvicorn_level(level: str) -> str:
+    level = level.lower()
+    return level if level in ("critical", "error", "warning", "info", "debug", "trace") else "info"

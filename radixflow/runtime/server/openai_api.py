@@ -1,0 +1,200 @@
+"""OpenAI-compatible routes: /v1/models, /v1/completions, /v1/chat/completions.
+
+Requests map onto the same GenerateInput as the native /generate (one validation
+path); SGLang's extra sampling fields (top_k, min_p, repetition_penalty, regex,
+ignore_eos, ...) pass through. `usage.prompt_tokens_details.cached_tokens` is always
+reported. Request bodies are parsed in openai_request.py (unknown fields get a 400 that
+lists the accepted ones); tool calls in responses are shaped by tool_response.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import AsyncIterator, Optional
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response, StreamingResponse
+
+from radixflow.runtime import sglang_fields
+from radixflow.runtime.server.http_common import (
+    SSE_DONE,
+    final_results,
+    json_response,
+    open_stream,
+    read_json,
+    sse,
+)
+from radixflow.runtime.server.openai_request import CHAT_FIELDS, COMPLETION_FIELDS, Call, chat_call, completion_call, parse_body
+from radixflow.runtime.server.tokenizer_manager import Event, TokenizerManager
+from radixflow.runtime.server.tool_response import ToolStream, tool_message
+
+
+def register_openai_routes(app: FastAPI) -> None:
+    @app.get("/v1/models")
+    async def models(request: Request):
+        tm: TokenizerManager = request.app.state.tm
+        card = {"id": tm.model_name, "object": "model", "created": int(time.time()), "owned_by": "radixflow",
+                "root": tm.info.model_path or tm.info.model_dir, "max_model_len": tm.info.context_len}  # fmt: skip
+        return json_response({"object": "list", "data": [card]})
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        body = parse_body(await read_json(request), COMPLETION_FIELDS, sglang_fields.COMPLETION, "/v1/completions")
+        return await _serve(request, completion_call(request.app.state.tm, body))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        body = parse_body(await read_json(request), CHAT_FIELDS, sglang_fields.CHAT, "/v1/chat/completions")
+        return await _serve(request, chat_call(request.app.state.tm, body))
+
+
+_FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
+
+
+# -- serving -----------------------------------------------------------------------------------------------------------
+async def _serve(request: Request, call: Call):
+    tm: TokenizerManager = request.app.state.tm
+    events = tm.generate(call.g)
+    if call.g.stream:
+        opened = await open_stream(request, events)
+        if isinstance(opened, Response):
+            return opened
+        return StreamingResponse(_stream(tm, call, opened), media_type="text/event-stream")
+    results = await final_results(request, events)
+    if isinstance(results, Response):
+        return results
+    choices = [_choice(call, i, r) for i, r in enumerate(results)]
+    obj = "text_completion" if call.kind == "completion" else "chat.completion"
+    body = {"id": _id(call), "object": obj, "created": call.created, "model": tm.model_name, "choices": choices,
+            "usage": usage(results, call.n)}  # fmt: skip
+    return json_response(body)
+
+
+def _id(call: Call) -> str:
+    return ("cmpl-" if call.kind == "completion" else "chatcmpl-") + call.id
+
+
+def _finish_fields(meta: dict) -> dict:
+    """A choice's finish_reason and matched_stop, plus grammar_closed: true when a grammar
+    was closed early to fit max_tokens (finish_reason "length")."""
+    reason = meta.get("finish_reason")
+    if not reason:
+        return {"finish_reason": None, "matched_stop": None}
+    fields = {"finish_reason": _FINISH.get(reason["type"], reason["type"]), "matched_stop": reason.get("matched")}
+    if reason.get("grammar_closed"):
+        fields["grammar_closed"] = True
+    return fields
+
+
+def _choice(call: Call, i: int, r: dict) -> dict:
+    meta = r["meta_info"]
+    if call.kind == "completion":
+        text = (call.prompts[i // call.n] if call.echo else "") + r["text"]
+        lp = _completion_logprobs(meta, call.echo) if call.logprobs else None
+        return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
+    lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
+    msg = {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None}
+    fields = _finish_fields(meta)
+    if call.tools:
+        msg, fields["finish_reason"] = tool_message(call.tools.fmt, r["text"], fields["finish_reason"])
+    return {"index": i, "message": msg, "logprobs": lp, **fields}
+
+
+def usage(results: list, n: int) -> dict:
+    """Prompt tokens count once per prompt (not per sample); cached tokens are those the
+    first sample of each prompt found in the radix cache."""
+    firsts = [r["meta_info"] for r in results[::n]]
+    prompt = sum(m.get("prompt_tokens", 0) for m in firsts)
+    completion = sum(r["meta_info"].get("completion_tokens", 0) for r in results)
+    cached = sum(m.get("cached_tokens", 0) for m in firsts)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
+
+
+def _completion_logprobs(meta: dict, echo: bool, start: int = 0) -> dict:
+    entries = (meta.get("input_token_logprobs") or []) if echo else []
+    tops = (meta.get("input_top_logprobs") or []) if echo else []
+    entries = entries + (meta.get("output_token_logprobs") or [])[start:]
+    tops = tops + (meta.get("output_top_logprobs") or [])[start:]
+    tokens = [e[2] or "" for e in entries]
+    offsets, pos = [], 0
+    for t in tokens:
+        offsets.append(pos)
+        pos += len(t)
+    top = [None if t is None else {e[2] or "": e[0] for e in t} for t in tops] if tops else None
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries], "top_logprobs": top, "text_offset": offsets}
+
+
+def _chat_logprobs(meta: dict, start: int) -> list:
+    out = []
+    tops = meta.get("output_top_logprobs") or []
+    for k, e in enumerate((meta.get("output_token_logprobs") or [])[start:], start):
+        alts = [_lp_entry(a) for a in tops[k]] if k < len(tops) else []
+        out.append({**_lp_entry(e), "top_logprobs": alts})
+    return out
+
+
+def _lp_entry(e: list) -> dict:
+    tok = e[2] or ""
+    return {"token": tok, "logprob": e[0], "bytes": list(tok.encode("utf-8"))}
+
+
+# -- streaming -----------------------------------------------------------------------------------------------------------
+async def _stream(tm: TokenizerManager, call: Call, events: AsyncIterator[Event]) -> AsyncIterator[bytes]:
+    sent = [_Sent() for _ in range(_num_choices(call))]
+    finals: dict = {}
+    try:
+        async for ev in events:
+            if ev.error:
+                yield sse({"error": {"message": ev.error, "type": "server_error", "code": ev.status_code}})
+                continue
+            yield sse(_chunk(tm, call, ev, sent[ev.index]))
+            if ev.finished:
+                finals[ev.index] = ev.result
+        if call.include_usage and finals:
+            results = [finals[i] for i in sorted(finals)]
+            yield sse({**_chunk_head(tm, call), "choices": [], "usage": usage(results, call.n)})
+        yield SSE_DONE
+    finally:
+        await events.aclose()
+
+
+@dataclass
+class _Sent:
+    """How much of one choice's cumulative result was already streamed."""
+
+    started: bool = False
+    text: int = 0
+    tokens: int = 0
+    tools: Optional[ToolStream] = None
+
+
+def _num_choices(call: Call) -> int:
+    g = call.g
+    prompts = len(g.text) if isinstance(g.text, list) else (len(g.input_ids) if g.is_batch else 1)
+    return prompts * call.n
+
+
+def _chunk_head(tm: TokenizerManager, call: Call) -> dict:
+    obj = "text_completion" if call.kind == "completion" else "chat.completion.chunk"
+    return {"id": _id(call), "object": obj, "created": call.created, "model": tm.model_name}
+
+
+def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
+    i, r = ev.index, ev.result
+    meta = r["meta_info"]
+    first, start = not sent.started, sent.tokens
+    delta = r["text"][sent.text :]
+    sent.started, sent.text, sent.tokens = True, len(r["text"]), len(r["output_ids"])
+    choice: dict = {"index": i, **_finish_fields(meta if ev.finished else {})}
+    if call.kind == "completion":
+        choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
+        choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None
+    elif call.tools:
+        sent.tools = sent.tools or ToolStream(call.tools.fmt)
+        choice["delta"], choice["finish_reason"] = sent.tools.delta(r["text"], first, ev.finished, choice["finish_reason"])
+    else:
+        choice["delta"] = {"role": "assistant", "content": delta} if first else {"content": delta}
+        choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
+    return {**_chunk_head(tm, call), "choices": [choice]}

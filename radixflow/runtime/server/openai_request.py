@@ -1,0 +1,222 @@
+"""OpenAI request bodies mapped onto the native GenerateInput: the accepted fields,
+sampling names, prompts from `prompt` or `messages` (through the chat template), with a
+clear error for each bad field. Tools are planned by tool_request.py."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime import sglang_fields
+from radixflow.runtime.generate_request import GenerateInput
+from radixflow.runtime.server.tokenizer_manager import TokenizerManager
+from radixflow.runtime.server.tool_request import ToolPlan, plan_tools
+
+# OpenAI / SGLang request field -> sampling_params key
+_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "min_p": "min_p",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "stop": "stop",
+    "stop_token_ids": "stop_token_ids",
+    "stop_regex": "stop_regex",
+    "ignore_eos": "ignore_eos",
+    "no_stop_trim": "no_stop_trim",
+    "skip_special_tokens": "skip_special_tokens",
+    "spaces_between_special_tokens": "spaces_between_special_tokens",
+    "regex": "regex",
+    "ebnf": "ebnf",
+    "json_schema": "json_schema",
+    "logit_bias": "logit_bias",
+    "n": "n",
+    "min_tokens": "min_new_tokens",
+    "seed": "sampling_seed",
+}
+_COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
+COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
+CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
+                          "continue_final_message", "chat_template_kwargs"}  # fmt: skip
+_TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
+                  "return_dict", "return_tensors"}  # fmt: skip
+_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+@dataclass
+class Call:
+    """One OpenAI call mapped to a native generate call."""
+
+    kind: str  # "completion" | "chat"
+    g: GenerateInput
+    n: int
+    prompts: list  # prompt texts (for echo)
+    echo: bool = False
+    logprobs: bool = False
+    include_usage: bool = False
+    tools: Optional[ToolPlan] = None  # set when the output is decoded and parsed as tool calls
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+def parse_body(body: Any, allowed: set, sglang_extras: dict, route: str) -> dict:
+    if not isinstance(body, dict):
+        raise RadixflowError(f"the request body must be a JSON object, got {type(body).__name__}")
+    sglang_fields.check_fields(body, allowed, sglang_extras, route)
+    if body.get("model") is not None and not isinstance(body["model"], str):
+        raise RadixflowError("model must be a string")
+    return body
+
+
+# -- request mapping ---------------------------------------------------------------------------------------------
+def _sampling(body: dict, max_tokens: Any) -> dict:
+    sp = {dst: body[src] for src, dst in _SAMPLING_FIELDS.items() if body.get(src) is not None}
+    if max_tokens is not None:
+        sp["max_new_tokens"] = max_tokens
+    schema = _response_format(body.get("response_format"))
+    if schema is not None:
+        sp["json_schema"] = schema
+    return sp
+
+
+def _response_format(rf: Any) -> Optional[str]:
+    if rf is None:
+        return None
+    if not isinstance(rf, dict) or not isinstance(rf.get("type"), str):
+        raise RadixflowError("response_format must be an object with a 'type'")
+    kind = rf["type"]
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind == "json_schema":
+        spec = rf.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+            raise RadixflowError("response_format.json_schema must be an object with a 'schema' object")
+        return json.dumps(spec["schema"])
+    raise RadixflowError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
+
+
+def _stream_flags(body: dict) -> tuple[bool, bool]:
+    stream = body.get("stream", False)
+    opts = body.get("stream_options") or {}
+    if not isinstance(stream, bool):
+        raise RadixflowError("stream must be true or false")
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+        raise RadixflowError("stream_options must be an object like {\"include_usage\": true}")
+    return stream, bool(opts.get("include_usage", False))
+
+
+def _n(body: dict) -> int:
+    n = body.get("n", 1)
+    if n is None:
+        return 1
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise RadixflowError(f"n must be an integer >= 1, got {n!r}")
+    return n
+
+
+def completion_call(tm: TokenizerManager, body: dict) -> Call:
+    if body.get("suffix"):
+        raise RadixflowError("suffix is not supported; put the whole prompt in 'prompt'")
+    prompt = body.get("prompt")
+    stream, usage = _stream_flags(body)
+    text, ids, prompts = _completion_prompt(tm, prompt)
+    k = body.get("logprobs")
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20):
+        raise RadixflowError("logprobs must be an integer in [0, 20] (the number of top tokens to return)")
+    echo = body.get("echo", False)
+    if not isinstance(echo, bool):
+        raise RadixflowError("echo must be true or false")
+    max_tokens = body.get("max_tokens", 16)
+    g = GenerateInput(text=text, input_ids=ids, sampling_params=_sampling(body, 16 if max_tokens is None else max_tokens),
+                      rid=body.get("rid"), return_logprob=k is not None, top_logprobs_num=k or 0,
+                      logprob_start_len=0 if (echo and k is not None) else None,
+                      return_text_in_logprobs=True, stream=stream)  # fmt: skip
+    return Call("completion", g, _n(body), prompts, echo, k is not None, usage)
+
+
+def _completion_prompt(tm: TokenizerManager, prompt: Any) -> tuple:
+    """(text, input_ids, prompt texts) from a str, list of str, token ids or list of token ids."""
+    if isinstance(prompt, str):
+        return prompt, None, [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return prompt, None, prompt
+        if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
+            return None, prompt, [tm.tokenizer.decode(prompt)]
+        if all(isinstance(p, list) for p in prompt):
+            return None, prompt, [tm.tokenizer.decode(p) for p in prompt if _int_list(p)]
+    raise RadixflowError("prompt must be a non-empty string, a list of strings, a list of token ids or a list of those")
+
+
+def _int_list(p: list) -> bool:
+    return all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+
+
+def chat_call(tm: TokenizerManager, body: dict) -> Call:
+    stream, usage = _stream_flags(body)
+    messages = _messages(body.get("messages"))
+    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
+    text = tools.prompt if tools else _chat_prompt(tm, body, messages)
+    ids = tm.tokenizer.encode(text, add_special_tokens=False)
+    want_lp = body.get("logprobs", False)
+    top = body.get("top_logprobs")
+    if not isinstance(want_lp, bool):
+        raise RadixflowError("logprobs must be true or false (use top_logprobs for the number of alternatives)")
+    if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20 or not want_lp):
+        raise RadixflowError("top_logprobs must be an integer in [0, 20], and needs logprobs: true")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    if max_tokens is None:  # like OpenAI: up to the context length
+        max_tokens = max(min(tm.info.context_len - len(ids), tm.args.max_new_tokens_limit), 0)
+    sp = _sampling(body, max_tokens)
+    if tools and tools.regex:
+        sp["regex"] = tools.regex
+    g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
+                      top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
+    return Call("chat", g, _n(body), [text], False, want_lp, usage, tools if tools and tools.regex else None)
+
+
+def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
+    """The chat template applied to the messages; with continue_final_message a last
+    assistant message is continued rather than followed by a new turn (as in SGLang)."""
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    kwargs = body.get("chat_template_kwargs") or {}
+    cont = body.get("continue_final_message") or False
+    if not isinstance(kwargs, dict) or not isinstance(cont, bool):
+        raise RadixflowError("chat_template_kwargs must be an object and continue_final_message true or false")
+    clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
+    if clash:
+        raise RadixflowError(f"chat_template_kwargs may not set {', '.join(clash)}")
+    cont = cont and messages[-1]["role"] == "assistant"
+    return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **kwargs)
+
+
+def _messages(messages: Any) -> list:
+    if not isinstance(messages, list) or not messages:
+        raise RadixflowError("messages must be a non-empty list of {role, content} objects")
+    out = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or m.get("role") not in _ROLES:
+            raise RadixflowError(f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}")
+        out.append({"role": m["role"], "content": _content(m.get("content"), i)})
+    return out
+
+
+def _content(content: Any, i: int) -> str:
+    if isinstance(content, str):
+        return content
+    if content is None:
+        return ""
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
+            raise RadixflowError(f"messages[{i}].content: only text parts are supported")
+        return "".join(p["text"] for p in content)
+    raise RadixflowError(f"messages[{i}].content must be a string or a list of text parts")

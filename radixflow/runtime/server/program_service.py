@@ -1,0 +1,132 @@
+"""Request graphs on the server: `POST /program`.
+
+Main process: the route validates the program(s) (400 on a bad one), sends them to the
+scheduler process as one `ProgramReq`, and awaits the `ControlReply` with the results.
+Scheduler process: `SchedulerPrograms` runs them with a ProgramExecutor inside the
+scheduler loop, and counts each program as one request in the server's metrics.
+
+    POST /program {"program": {...}}          -> {"results", "meta_info", "error"}
+    POST /program {"programs": [{...}, ...]}  -> a list of those, in order
+
+Errors known before running (a bad program, a gen's sampling params, more requests at
+once than --max-batch-size, a grammar that cannot fit max_new_tokens) are 400s. A client
+that disconnects, `/abort_request {"rid": <program rid>}` and `abort_all` stop a program
+and free its requests' KV at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from fastapi import Request
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.server.http_common import error_response, json_response, read_json, until_done_or_disconnected
+from radixflow.runtime.programs.program_executor import ProgramExecutor
+from radixflow.runtime.programs.program_ops import check_programs
+from radixflow.runtime.server.server_messages import ControlReply, ControlReq
+
+PROGRAM_KIND = "program"
+
+
+@dataclass
+class ProgramReq(ControlReq):
+    programs: list = field(default_factory=list)
+
+
+# -- scheduler process ------------------------------------------------------------------------------
+class SchedulerPrograms:
+    """Hooked into the scheduler loop: `handle` new programs, `on_step` after each step."""
+
+    def __init__(self, loop):
+        self.loop = loop
+        self.executor = ProgramExecutor(loop.scheduler, loop.scheduler.tokenizer)
+
+    def handle(self, msg: ProgramReq) -> None:
+        results: list = [None] * len(msg.programs)
+        left = [len(msg.programs)]
+
+        def done(i: int, out: dict) -> None:
+            results[i] = out
+            left[0] -= 1
+            if left[0] == 0:
+                self.loop._send(ControlReply(msg.req_id, results))
+
+        for i, program in enumerate(msg.programs):
+            try:
+                self.executor.submit(program, lambda out, i=i: done(i, out))
+            except RadixflowError as e:
+                done(i, {"results": {}, "meta_info": {}, "error": str(e), "status_code": 400})
+        self.executor.on_step()
+
+    def abort(self, rid: Optional[str]) -> None:
+        """Abort the program `rid` (None: all); its requests' KV is freed at once."""
+        self.executor.abort(rid)
+
+    def has_work(self) -> bool:
+        return self.executor.has_work()
+
+    def on_step(self) -> None:
+        self.executor.on_step()
+
+
+# -- main process ---------------------------------------------------------------------------------------
+def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, bool]:
+    """(programs, single) from a /program body, each program with a rid; raises
+    RadixflowError for anything wrong before running (see program_ops.check_programs)."""
+    if not isinstance(body, dict):
+        raise RadixflowError('the body must be a JSON object: {"program": {...}} or {"programs": [...]}')
+    unknown = sorted(set(body) - {"program", "programs"})
+    if unknown:
+        raise RadixflowError(f"unknown field(s) for /program: {', '.join(unknown)}; accepted: program, programs")
+    if len(body) != 1:
+        raise RadixflowError('give exactly one of "program" (one request graph) or "programs" (a list)')
+    if "programs" in body:
+        programs, single = body["programs"], False
+        if not isinstance(programs, list) or not programs:
+            raise RadixflowError("programs must be a non-empty list")
+    else:
+        programs, single = [body["program"]], True
+    check_programs(programs, builder.sampling, max_requests)
+    return [{**p, "rid": p.get("rid") or uuid.uuid4().hex} for p in programs], single
+
+
+async def submit_programs(tm, request: Request, programs: list) -> Optional[list]:
+    """Send programs to the scheduler process and wait for their results; None if the
+    client went away first (then the programs are aborted, which frees their KV)."""
+    tm._check_alive()
+    req_id = next(tm._ids)
+    fut = asyncio.get_running_loop().create_future()
+    tm.controls[req_id] = fut
+    tm._send(ProgramReq(PROGRAM_KIND, req_id, programs))
+    try:
+        if not await until_done_or_disconnected(request, fut):
+            for p in programs:
+                tm.abort(p["rid"])
+            return None
+        outs = fut.result()
+    finally:
+        tm.controls.pop(req_id, None)
+    for out in outs:
+        meta = out.get("meta_info") or {}
+        tm.metrics.on_finish(meta.get("prompt_tokens", 0), meta.get("cached_tokens", 0), meta.get("e2e_latency", 0.0),
+                             generated=meta.get("completion_tokens", 0))  # fmt: skip
+    return outs
+
+
+def register_program_routes(app) -> None:
+    @app.post("/program")
+    async def program(request: Request):
+        tm = request.app.state.tm
+        programs, single = parse_program_body(await read_json(request), tm.builder, tm.args.max_batch_size)
+        outs = await submit_programs(tm, request, programs)
+        if outs is None:
+            return error_response(499, "client disconnected")
+        statuses = [out.pop("status_code", 200) for out in outs]
+        failed = next((i for i, code in enumerate(statuses) if code >= 400), None)
+        if failed is not None:  # as for /generate: the call fails with its first error
+            return error_response(statuses[failed], outs[failed]["error"])
+        return json_response(outs[0] if single else outs)

@@ -1,0 +1,249 @@
+"""The main process's side of the pipeline (asyncio): validates and tokenizes generate
+calls, sends them to the scheduler, and hands each caller the outputs that the
+detokenizer sends back. Leaving a generate iterator early (client gone) aborts what
+is still running, which frees its KV in the scheduler at once."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import zmq
+import zmq.asyncio
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+from radixflow.runtime.scheduling.logprobs import LogprobCollector
+from radixflow.runtime.server.metrics import ServerMetrics
+from radixflow.runtime.scheduling.req import ReqOutput
+from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.server.server_messages import (
+    AbortReq,
+    ControlReply,
+    ControlReq,
+    DetokBatch,
+    IpcNames,
+    ModelInfo,
+    StatsSnapshot,
+    TokenizedBatch,
+)
+
+log = logging.getLogger("radixflow.tokenizer_manager")
+
+
+@dataclass
+class Pending:
+    """One request in flight, as the main process tracks it."""
+
+    rid: str
+    index: int
+    queue: asyncio.Queue
+    created: float
+    logprob: Any
+    last_time: float = 0.0
+    last_len: int = 0
+    done: bool = False
+
+
+@dataclass
+class Event:
+    """An update for one request of a generate call: its index in the call and result."""
+
+    index: int
+    result: dict
+    finished: bool
+    error: Optional[str] = None
+    status_code: int = 200
+
+
+class ServerDeadError(RuntimeError):
+    pass
+
+
+@dataclass
+class TokenizerManager:
+    args: ServerArgs
+    info: ModelInfo
+    ipc: IpcNames
+    tokenizer: Any = None
+    pending: dict = field(default_factory=dict)
+    controls: dict = field(default_factory=dict)
+    stats: StatsSnapshot = field(default_factory=StatsSnapshot)
+    dead_reason: Optional[str] = None
+    child_pids: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        from radixflow.runtime.tokenizer import load_tokenizer
+
+        self.tokenizer = self.tokenizer or load_tokenizer(self.info.tokenizer_path)
+        self.builder = RequestBuilder(
+            self.tokenizer,
+            self.info.vocab_size,
+            self.info.context_len,
+            self.info.max_total_num_tokens,
+            self.args.max_new_tokens_limit,
+            self.args.grammar_backend,
+        )
+        self.logprobs = LogprobCollector(self.tokenizer)
+        self.model_name = self.args.served_model_name or self.info.model_path or "default"
+        self.metrics = ServerMetrics(self.model_name)
+        self.ctx = zmq.asyncio.Context()
+        self.send_sock = zmq.Context.instance().socket(zmq.PUSH)
+        self.send_sock.connect(self.ipc.scheduler)
+        self.recv_sock = self.ctx.socket(zmq.PULL)
+        self.recv_sock.bind(self.ipc.tokenizer)
+        self._ids = itertools.count()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._recv_loop())
+
+    # -- generate -------------------------------------------------------------------------------
+    def generate(self, g: GenerateInput) -> AsyncIterator[Event]:
+        """Events for every request of the call until all are finished. Raises
+        RadixflowError (bad input) at once, before anything is queued."""
+        return self._run(self.build(g), bool(g.stream))
+
+    async def _run(self, reqs: list, stream: bool) -> AsyncIterator[Event]:
+        queue: asyncio.Queue = asyncio.Queue()
+        now = time.time()
+        for i, r in enumerate(reqs):
+            self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now)
+        self._send(TokenizedBatch(reqs, stream=stream))
+        left = len(reqs)
+        try:
+            while left:
+                event = await queue.get()
+                left -= event.finished
+                yield event
+        finally:
+            self._abort_unfinished([r.rid for r in reqs])
+
+    def build(self, g: GenerateInput) -> list:
+        self._check_alive()
+        reqs = self.builder.build(g)
+        if len(reqs) > self.args.max_batch_size:
+            raise RadixflowError(
+                f"the call makes {len(reqs)} requests (prompts x n); this server accepts at most {self.args.max_batch_size} (--max-batch-size)"
+            )
+        seen = set()
+        for r in reqs:
+            if r.rid in self.pending or r.rid in seen:
+                raise RadixflowError(f"rid {r.rid!r} is already in use by a running request; choose another rid")
+            seen.add(r.rid)
+        return reqs
+
+    def _abort_unfinished(self, rids: list) -> None:
+        for rid in rids:
+            p = self.pending.pop(rid, None)
+            if p is not None and not p.done:
+                self._send(AbortReq(rid))
+
+    def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
+        self._send(AbortReq(rid, abort_all))
+
+    async def control(self, kind: str, timeout: float = 20.0) -> Any:
+        self._check_alive()
+        req_id = next(self._ids)
+        fut = asyncio.get_running_loop().create_future()
+        self.controls[req_id] = fut
+        self._send(ControlReq(kind, req_id))
+        try:
+            return await asyncio.wait_for(fut, timeout)
+        finally:
+            self.controls.pop(req_id, None)
+
+    def _send(self, msg) -> None:
+        self.send_sock.send_pyobj(msg)
+
+    def _check_alive(self) -> None:
+        if self.dead_reason:
+            raise ServerDeadError(self.dead_reason)
+
+    # -- outputs back ----------------------------------------------------------------------------
+    async def _recv_loop(self) -> None:
+        while True:
+            msg = await self.recv_sock.recv_pyobj()
+            if isinstance(msg, DetokBatch):
+                self._dispatch(msg)
+            elif isinstance(msg, ControlReply):
+                fut = self.controls.get(msg.req_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg.result)
+            elif isinstance(msg, StatsSnapshot):
+                self._on_stats(msg)
+
+    def _on_stats(self, s: StatsSnapshot) -> None:
+        self.stats = s
+        self.metrics.on_stats(s)
+
+    def _dispatch(self, batch: DetokBatch) -> None:
+        if batch.stats is not None:
+            self._on_stats(batch.stats)
+        now = time.time()
+        for out, text in zip(batch.outputs, batch.texts):
+            p = self.pending.get(out.rid)
+            if p is None or p.done:
+                continue
+            reason = out.finish_reason or {}
+            error = out.error
+            if error is None and reason.get("status_code", 200) >= 400:  # rejected before it ran
+                error = reason.get("message", "request rejected")
+            finished = out.finished or error is not None
+            self._record(p, out, now, finished)
+            p.done = finished
+            if error is not None:
+                self._send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
+            status = reason.get("status_code", 500) if error else 200
+            p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, error, status))
+
+    def _record(self, p: Pending, out: ReqOutput, now: float, finished: bool) -> None:
+        n = len(out.output_ids)
+        self.metrics.on_tokens(p.last_len == 0, now - p.last_time, n - p.last_len, now - p.created)
+        p.last_len, p.last_time = n, now
+        if finished:
+            self.metrics.on_finish(out.prompt_tokens, out.cached_tokens, now - p.created)
+
+    def result(self, p: Pending, out: ReqOutput, text: str, finished: bool, now: float) -> dict:
+        """SGLang's {text, output_ids, meta_info}, like generate_request.build_result."""
+        meta = {
+            "id": out.rid,
+            "prompt_tokens": out.prompt_tokens,
+            "completion_tokens": len(out.output_ids),
+            "cached_tokens": out.cached_tokens,
+            "finish_reason": out.finish_reason if finished else None,
+            "num_retractions": out.num_retractions,
+        }
+        if finished:
+            meta["e2e_latency"] = now - p.created
+        if out.jump_forward_tokens:
+            meta["jump_forward_tokens"] = out.jump_forward_tokens
+        if p.logprob.return_logprob:
+            self._add_logprobs(meta, p.logprob, out)
+        return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
+
+    def _add_logprobs(self, meta: dict, opts, out: ReqOutput) -> None:
+        want, conv = opts.return_text_in_logprobs, self.logprobs.with_text
+        meta["input_token_logprobs"] = conv(out.input_token_logprobs or [], want)
+        meta["output_token_logprobs"] = conv(out.new_output_token_logprobs, want)
+        meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
+        if opts.top_logprobs_num:
+            tops = out.input_top_logprobs or []
+            meta["input_top_logprobs"] = [None if t is None else conv(t, want) for t in tops]
+            meta["output_top_logprobs"] = [conv(t, want) for t in out.new_output_top_logprobs]
+
+    def fail_all(self, reason: str) -> None:
+        """A child process died: every waiting caller gets an error now."""
+        self.dead_reason = reason
+        for p in list(self.pending.values()):
+            if not p.done:
+                p.done = True
+                result = {"text": "", "output_ids": [], "meta_info": {"id": p.rid, "finish_reason": None}}
+                p.queue.put_nowait(Event(p.index, result, True, reason, 503))
+        for fut in self.controls.values():
+            if not fut.done():
+                fut.set_exception(ServerDeadError(reason))
