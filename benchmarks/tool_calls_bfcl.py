@@ -193,6 +193,10 @@ def run_chunks(client, tasks: list, args) -> tuple:
     return done, totals
 
 
+def _rate(count: int, t: Tally) -> float:
+    return count / t.seconds if t.seconds else 0.0
+
+
 def print_table(totals: dict) -> None:
     print("| temperature | tools | requests | refused (400) | calls | parse | validate | answers without a call "
           "| finish length | errors | seconds | output tokens | out tok/s | requests/s |")
@@ -200,12 +204,13 @@ def print_table(totals: dict) -> None:
     for (temperature, tools), t in totals.items():
         counts = f"{t.calls} | {t.parsed} | {t.valid} | {t.without_calls}" if tools else "- | - | - | -"
         print(f"| {temperature:g} | {'required' if tools else 'no tools'} | {t.requests} | {len(t.refused)} | {counts} | "
-              f"{t.closed_by_length} | {len(t.errors)} | {t.seconds:.1f} | {t.out_tokens} | {t.out_tokens / t.seconds:.2f} | "
-              f"{t.requests / t.seconds:.3f} |")  # fmt: skip
+              f"{t.closed_by_length} | {len(t.errors)} | {t.seconds:.1f} | {t.out_tokens} | {_rate(t.out_tokens, t):.2f} | "
+              f"{_rate(t.requests, t):.3f} |")  # fmt: skip
     for temperature in (0.0, 1.0):
         w, wo = totals[(temperature, True)], totals[(temperature, False)]
-        print(f"  temperature {temperature:g}, with tools / without: out tok/s {(w.out_tokens / w.seconds) / (wo.out_tokens / wo.seconds):.2f}x, "
-              f"requests/s {(w.requests / w.seconds) / (wo.requests / wo.seconds):.2f}x")  # fmt: skip
+        if w.out_tokens and wo.out_tokens:
+            print(f"  temperature {temperature:g}, with tools / without: out tok/s {_rate(w.out_tokens, w) / _rate(wo.out_tokens, wo):.2f}x, "
+                  f"requests/s {_rate(w.requests, w) / _rate(wo.requests, wo):.2f}x")  # fmt: skip
     for (temperature, tools), t in totals.items():
         for name, message in t.errors:
             print(f"  ERROR at temperature {temperature:g} ({'tools' if tools else 'no tools'}) {name}: {message}")
