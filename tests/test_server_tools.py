@@ -15,8 +15,9 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 TIME = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"], "additionalProperties": False}
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city", "parameters": WEATHER}},
-    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city", "parameters": TIME}},
-]
+    {"type": "function", "function": {"name": "get_time", "description": "Local time in a city", "parameters": TIME,
+                                      "strict": True}},  # accepted; every call is decoded under its schema anyway
+]  # fmt: skip
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
@@ -124,6 +125,10 @@ def test_auto_and_none_answer_in_text(client):
         ({"messages": ASK + [{"role": "tool", "tool_call_id": "call_9", "content": "x"}]}, "tool_call_id 'call_9' matches no tool call"),
         ({"tool_choice": "required", "response_format": {"type": "json_object"}}, "cannot be combined with tool calls"),
         ({"parallel_tool_calls": "yes"}, "parallel_tool_calls must be true or false"),
+        ({"messages": ASK + [{"role": "assistant", "content": None, "tool_calls": [CALL]}, {"role": "tool", "content": "x"}]},
+         "a tool message needs tool_call_id"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "strict": "yes"}}]}, "strict must be true or false"),
+        ({"tools": None, "functions": [{"name": "f", "parameters": TIME}]}, "deprecated names"),
     ],
 )  # fmt: skip
 def test_bad_tool_input_is_400(client, kwargs, needle):
