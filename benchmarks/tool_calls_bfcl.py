@@ -177,16 +177,24 @@ def grammar_only(tasks: list, docs: dict) -> None:
 PHASES = [(0.0, True), (0.0, False), (1.0, True), (1.0, False)]  # (temperature, tools)
 
 
-def run_chunks(client, tasks: list, args) -> tuple:
-    """All phases chunk by chunk until the tasks or the time run out: (tasks done, totals per phase)."""
+def run_chunks(tasks: list, args) -> tuple:
+    """All phases chunk by chunk until the tasks or the time run out: (tasks done, totals per phase).
+    Without --base-url each chunk gets a fresh server: compiled grammars stay cached for the
+    server's life, and a thousand outlines grammars outgrow a small machine's memory."""
     totals = {phase: Tally() for phase in PHASES}
     done = 0
     for begin in range(0, len(tasks), args.chunk):
         if args.stop_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_at:
             break
         chunk = tasks[begin : begin + args.chunk]
-        for temperature, tools in PHASES:
-            totals[(temperature, tools)].add(run(client, chunk, tools, temperature, args.max_tokens, args.concurrency))
+        server = None if args.base_url else start_server(*args.server_args, api_key=None, startup_timeout_s=600)
+        client = openai.OpenAI(base_url=(args.base_url or server.url) + "/v1", api_key="none", timeout=1800, max_retries=0)
+        try:
+            for temperature, tools in PHASES:
+                totals[(temperature, tools)].add(run(client, chunk, tools, temperature, args.max_tokens, args.concurrency))
+        finally:
+            if server is not None and server.stop() not in (0, None) and "died" in server.log():
+                print(server.log()[-2000:])
         done += len(chunk)
         print(f"after {done} of {len(tasks)} tasks ({time.strftime('%H:%M:%S', time.gmtime())} UTC):", flush=True)
         print_table(totals)
@@ -229,25 +237,19 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=4)
     ap.add_argument("--chunk", type=int, default=64, help="tasks per chunk (each through all four phases)")
     ap.add_argument("--stop-at", default=None, help="HH:MM UTC: start no chunk after this")
-    ap.add_argument("--max-total-tokens", default="16384", help="of the server this script starts")
+    ap.add_argument("--max-total-tokens", default="16384", help="of the servers this script starts")
+    ap.add_argument("--compile-timeout-s", default="600", help="of the servers this script starts (a loaded CPU compiles slowly)")
     ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
     args = ap.parse_args()
     docs: dict = {}
     tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
     if args.grammar_only:
         return grammar_only(tasks, docs)
-    server = None if args.base_url else start_server("--max-total-tokens", args.max_total_tokens, api_key=None, startup_timeout_s=600)
-    url = args.base_url or server.url
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
-        print(f"{len(tasks)} BFCL tasks (seed {args.seed}), max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
-              f"chunks of {args.chunk}", flush=True)  # fmt: skip
-        done, _ = run_chunks(client, tasks, args)
-        print(f"done: {done} of {len(tasks)} tasks" + ("" if done == len(tasks) else f" (stopped at {args.stop_at} UTC)"))
-    finally:
-        if server is not None:
-            server.stop()
-
+    args.server_args = ["--max-total-tokens", args.max_total_tokens, "--grammar-compile-timeout-s", args.compile_timeout_s]
+    print(f"{len(tasks)} BFCL tasks (seed {args.seed}), max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
+          f"chunks of {args.chunk}, server {' '.join(args.server_args) if not args.base_url else args.base_url}", flush=True)  # fmt: skip
+    done, _ = run_chunks(tasks, args)
+    print(f"done: {done} of {len(tasks)} tasks" + ("" if done == len(tasks) else f" (stopped at {args.stop_at} UTC)"))
 
 if __name__ == "__main__":
     main()
