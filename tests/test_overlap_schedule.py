@@ -56,15 +56,20 @@ def test_overlap_gives_the_same_outputs(engine):
     assert got == ref
 
 
-def test_requests_that_cannot_overlap_fall_back_in_the_same_batch(engine):
+def test_penalty_and_logprob_rows_overlap_with_the_same_outputs(engine):
+    """Penalties need the host's view of every token (their pass is sampled after the read-back);
+    logprobs are read from each pass's own results: neither takes the batch out of overlap."""
     params = [dict(MIXED[4]) for _ in PROMPTS[:4]]
-    params[1]["repetition_penalty"] = 1.3  # penalties need the host's view of every token
-    params[1]["max_new_tokens"] = params[2]["max_new_tokens"] = 10  # then the other two overlap
+    params[1]["repetition_penalty"] = 1.3
+    params[1]["max_new_tokens"] = params[2]["max_new_tokens"] = 10
     ref = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
     with overlap_on(engine) as sched:
+        before = sched.stats.chained_decode_steps
         got = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
         _settle(sched)
+        chained = sched.stats.chained_decode_steps - before
     assert _outputs(got) == _outputs(ref)
+    assert chained >= 25, chained  # 30 tokens: nearly every decode pass chained, the penalty row's too
     lp = [x[0] for x in got[2]["meta_info"]["output_token_logprobs"]]
     lp_ref = [x[0] for x in ref[2]["meta_info"]["output_token_logprobs"]]
     assert len(lp) == len(lp_ref) == 10 and max(abs(a - b) for a, b in zip(lp, lp_ref)) < 1e-4
@@ -114,3 +119,63 @@ def test_overlap_and_batch_defaults_follow_the_device():
     assert ServerArgs(cuda_graph_max_bs=64).graph_max_bs("cuda") == 64
     with pytest.raises(RadixflowError, match="cuda_graph_max_bs"):
         ServerArgs(cuda_graph_max_bs=-1)
+
+
+def _constrained_batch() -> tuple[list, list]:
+    """Greedy grammar rows (JSON schemas with forced keys for jump-forward, a regex, choices,
+    a dtype) beside free rows and rows that need the host's view (penalties, min_new_tokens)."""
+    from constrained_corpus import SCHEMAS
+    from radixflow.constrained import regex_for_choices, regex_for_dtype
+
+    g = {"temperature": 0}
+    params = [
+        dict(g, json_schema=SCHEMAS[1], max_new_tokens=48),
+        dict(g, json_schema=SCHEMAS[5], max_new_tokens=48),
+        dict(g, regex=r"[0-9]{3}-[0-9]{4} \((home|work)\)", max_new_tokens=20),
+        dict(g, regex=regex_for_choices(["red", "green", "blue"]), max_new_tokens=8),
+        dict(g, regex=regex_for_dtype(int), max_new_tokens=8),
+        dict(g, max_new_tokens=24, ignore_eos=True),
+        dict(g, max_new_tokens=20, repetition_penalty=1.3, frequency_penalty=0.5),
+        dict(g, max_new_tokens=16, min_new_tokens=6),
+    ]
+    prompts = ["Write a JSON movie record:\n", "Write a JSON record:\n", "Phone:", "A color:", "A number:"] + PROMPTS[:3]
+    return prompts, params
+
+
+def test_constrained_rows_overlap_with_the_same_outputs(engine):
+    """Grammar rows take part in overlap (masks filled while the next pass runs, forced
+    tokens fed one a pass): greedy outputs equal the non-overlapped path's, jump-forward included."""
+    prompts, params = _constrained_batch()
+    ref = engine.generate(prompts, params)
+    assert sum(o["meta_info"].get("jump_forward_tokens", 0) for o in ref) > 0, "the batch must exercise jump-forward"
+    with overlap_on(engine) as sched:
+        fed = sched.stats.fed_rows
+        got = engine.generate(prompts, params, return_logprob=[False] * 7 + [True])
+        _settle(sched)
+        assert sched.stats.fed_rows > fed, "forced tokens must have been fed in overlapped passes"
+    assert _outputs(got) == _outputs(ref)
+    assert [o["meta_info"].get("jump_forward_tokens", 0) for o in got] == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref]
+    assert len(got[7]["meta_info"]["output_token_logprobs"]) == got[7]["meta_info"]["completion_tokens"]
+
+
+def test_constrained_overlap_on_llguidance(engine):
+    """The llguidance backend fills its rows on its own threads; outputs match without overlap."""
+    import dataclasses
+
+    from radixflow.constrained.backend import GrammarBackend
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward)
+    args = dataclasses.replace(sched.args, grammar_backend="llguidance")
+    sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    sched.jump_forward = sched.grammar_backend.jump_forward
+    try:
+        prompts, params = _constrained_batch()
+        ref = engine.generate(prompts[:3], params[:3])
+        with overlap_on(engine):
+            got = engine.generate(prompts[:3], params[:3])
+            _settle(sched)
+    finally:
+        sched.grammar_backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward = saved
+    assert _outputs(got) == _outputs(ref)

@@ -17,7 +17,7 @@ from typing import Any, Optional
 
 import numpy as np
 import torch
-from llguidance import LLMatcher, LLParserLimits, LLTokenizer
+from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixflow.constrained.grammar_errors import grammar_error
@@ -59,6 +59,15 @@ class LLGuidanceMatcher:
             self.m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self.grammar.words * 4)
         else:
             bitmask[row].copy_(torch.from_numpy(self.current_mask()))
+
+    @staticmethod
+    def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
+        """(matcher, row) pairs into a contiguous CPU int32 bitmask, on llguidance's
+        threads (the GIL is released while they run)."""
+        assert bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32
+        words = bitmask.shape[1]
+        assert all(m.grammar.words == words for m, _ in pairs), "the bitmask is sized for another vocabulary"
+        _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
 
     def current_mask(self) -> np.ndarray:
         mask = np.zeros(self.grammar.words, dtype=np.int32)
@@ -153,6 +162,14 @@ def _error(kind: str, spec: Any, detail: str) -> GrammarError:
 
 
 _TOKENIZERS: dict = {}
+_EXECUTORS: list = []
+
+
+def _executor() -> LLExecutor:
+    """llguidance's thread pool for batched mask fills (one per process, built on first use)."""
+    if not _EXECUTORS:
+        _EXECUTORS.append(LLExecutor())
+    return _EXECUTORS[0]
 
 
 def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:

@@ -34,6 +34,12 @@ class GrammarMatcher:
         else:
             bitmask[row].copy_(torch.from_numpy(mask))
 
+    @staticmethod
+    def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
+        """(matcher, row) pairs into a CPU bitmask: one numpy gather of the cached masks."""
+        rows = [row for _, row in pairs]
+        bitmask.numpy()[rows] = np.stack([m.current_mask() for m, _ in pairs])
+
     def accept_token(self, token: int) -> None:
         if self.ended:
             return

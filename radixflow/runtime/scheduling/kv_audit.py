@@ -55,6 +55,7 @@ class SchedulerStats:
         self.decode_tokens = 0
         self.retractions = 0
         self.chained_decode_steps = 0  # decode passes launched before the previous one was read back
+        self.fed_rows = 0  # overlapped decode rows that fed a pending (jump-forward) token, their sample dropped
 
     @property
     def cache_hit_rate(self) -> float:

@@ -15,6 +15,7 @@ from typing import Optional
 
 import torch
 
+from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask
 from radixflow.host_copy import to_device_async
 from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
 from radixflow.runtime.scheduling.req import Req
@@ -98,11 +99,9 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
         for i in rows:  # one add beats a table lookup over the whole vocabulary at this size
             logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
         return
-    words = (logits.shape[1] + 31) // 32
-    bitmask = torch.full((len(reqs), words), -1, dtype=torch.int32)
-    for i in rows:
-        reqs[i].grammar.fill_bitmask(bitmask, i)
-    apply_token_bitmask(logits, to_device_async(bitmask, logits.device))
+    bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda)
+    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # free rows stay all ones
+    apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
 
 
 def apply_logit_bias(logits: torch.Tensor, reqs: list) -> None:

@@ -6,11 +6,9 @@ something to admit, otherwise one decode step for every running request. When a
 decode step lacks KV slots, the newest requests are retracted to the waiting queue;
 their KV goes into the radix tree, so a resume often re-prefills nothing.
 
-Overlap (on by default on CUDA): a decode pass of plain requests is launched and its
-sampled ids stay on the GPU; the next step launches the following pass from those ids
-first and only then reads them back and does the per-request work (stop checks,
-outputs), so the GPU never waits for the host between decode steps. A request that
-finishes this way has had one extra token computed; it is dropped.
+Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n
+is read back, constrained rows included (their masks are filled while the GPU runs the
+forward pass). A request that finishes this way has had one extra token computed; it is dropped.
 """
 
 from __future__ import annotations
@@ -18,12 +16,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
 
-from radixflow.host_copy import to_device_async
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
@@ -37,21 +33,12 @@ from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, logit_rows_for, pending_tokens
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
+from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 
 log = logging.getLogger(__name__)
 
 NEW_TOKEN_RATIO_INIT, NEW_TOKEN_RATIO_MIN, NEW_TOKEN_RATIO_DECAY = 0.7, 0.1, 0.001
-
-
-@dataclass
-class InflightDecode:
-    """A decode pass launched but not yet read back."""
-
-    reqs: list
-    result: SampleResult  # next_ids on the device: the next pass's input
-    host_ids: torch.Tensor  # [B] their host copy, valid once `ready` has completed
-    ready: Optional[torch.cuda.Event]
 
 
 class Scheduler:
@@ -196,76 +183,34 @@ class Scheduler:
             touched += reqs
         return touched
 
-    # -- decode ----------------------------------------------------------------------------------
+    # -- decode (overlapped passes: overlap.py) --------------------------------------------------
     def _decode(self) -> list[Req]:
-        reqs = self.running
-        if self.overlap and all(r.seq_len - r.kv_len == 1 and self._overlappable(r) for r in reqs) and self._room_for(reqs):
-            self.inflight = self._launch_decode(list(reqs), None)
-            return []
-        return self._run_decode()
+        flight = start_decode(self) if self.overlap else None
+        if flight is None:
+            return self._run_decode()
+        self.inflight = flight
+        return []
 
-    def _overlappable(self, req: Req) -> bool:
-        """Requests whose sampling needs nothing from the host's view of the last token."""
-        s = req.sampling
-        return (
-            req.grammar is None
-            and not req.logprob.return_logprob
-            and not req.continuable
-            and s.frequency_penalty == 0 and s.presence_penalty == 0 and s.repetition_penalty == 1.0
-            and req.segment_len > s.min_new_tokens  # the stop-token mask must not depend on the lag
-        )  # fmt: skip
+    def _chain_decode(self) -> Optional[list[Req]]:
+        return chain_decode(self)
 
-    def _room_for(self, reqs: list) -> bool:
+    def room_for(self, reqs: list) -> bool:
         """Free or evictable slots for every pending token of `reqs` and one more each, in any page layout."""
         pending = sum(r.seq_len - r.kv_len for r in reqs)
         return self.kv.available_slots() >= (pending + len(reqs)) * self.args.page_size
 
-    def _launch_decode(self, reqs: list[Req], ids: Optional[torch.Tensor]) -> InflightDecode:
-        """Launch one decode pass; `ids` (on the device) are its input tokens, else each
-        request's last output. Nothing here waits for the GPU."""
-        prefix = [r.kv_len for r in reqs]
-        locs = self.kv.alloc_decode(reqs)
-        assert locs is not None, "decode room was checked"
-        ids = [r.output_ids[-1] for r in reqs] if ids is None else ids
-        batch = [(r, 1) for r in reqs]
-        positions = torch.tensor(prefix, dtype=torch.int64)
-        fb = build_forward_batch(self.device, ForwardMode.DECODE, ids, positions, locs, batch, prefix, [1] * len(reqs), [[i] for i in range(len(reqs))])  # fmt: skip
-        logits = self.runner.forward(fb)
-        for r in reqs:
-            r.kv_len += 1
-        result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
-        host_ids = result.next_ids.to("cpu", non_blocking=True)
-        ready = None
-        if result.next_ids.is_cuda:
-            ready = torch.cuda.Event()
-            ready.record()
+    def decode_launched(self) -> None:
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
-        return InflightDecode(reqs, result, host_ids, ready)
-
-    def _chain_decode(self) -> Optional[list[Req]]:
-        """Launch the next pass from the in-flight pass's ids, then read those back; None
-        (nothing launched) when the in-flight pass must be drained first."""
-        prev = self.inflight
-        keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
-        reqs = [prev.reqs[i] for i in keep]
-        if not reqs or self.chunked is not None or not self._room_for(reqs):
-            return None
-        ids = prev.result.next_ids
-        if len(keep) < len(prev.reqs):
-            ids = ids[to_device_async(torch.tensor(keep), ids.device)]
-        self.inflight = self._launch_decode(reqs, ids)
-        self.stats.chained_decode_steps += 1
-        return self._read_back(prev)
 
     def _drain(self) -> list[Req]:
         prev, self.inflight = self.inflight, None
-        return self._read_back(prev)
+        return self.read_back(prev)
 
-    def _read_back(self, done: InflightDecode) -> list[Req]:
+    def read_back(self, done: InflightDecode) -> list[Req]:
         """Per-request work for a completed decode pass."""
         if done.ready is not None:
             done.ready.synchronize()
-        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result)
+        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result, done.real)
         self.running = [r for r in self.running if not r.finished]
         self.stats.decode_tokens += len(reqs)
         return reqs
@@ -280,7 +225,9 @@ class Scheduler:
         ext = [r.seq_len - r.kv_len for r in reqs]
         assert min(ext) >= 1, "a running request has no pending token"
         if max(ext) == 1:
-            return self._read_back(self._launch_decode(reqs, None))
+            flight = launch_decode(self, reqs)
+            sample_flight(self, flight, [True] * len(reqs))
+            return self.read_back(flight)
         prefix = [r.kv_len for r in reqs]
         ids, positions, locs, rows = pending_tokens(self.kv, reqs, ext)
         fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, positions, locs, list(zip(reqs, ext)), prefix, ext, rows)
@@ -289,13 +236,13 @@ class Scheduler:
             r.kv_len += n
         self._sample_and_advance(reqs, logits)
         self.running = [r for r in self.running if not r.finished]
-        self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
+        self.decode_launched()
         self.stats.decode_tokens += len(reqs)
         return reqs
 
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
-        if self._room_for(self.running):
+        if self.room_for(self.running):
             return  # enough for any page layout: skip the per-request count
         while self.running:
             need = sum(self.kv.pages_needed(r, r.seq_len - r.kv_len) for r in self.running) * self.args.page_size
@@ -319,11 +266,12 @@ class Scheduler:
         result = sample(logits, reqs, self.eos_ids, self.args.enable_deterministic_inference)
         self._advance(reqs, result.next_ids.tolist(), result)
 
-    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult) -> list[Req]:
+    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult, real: Optional[list] = None) -> list[Req]:
         """Append each request's sampled token; check stops; retire finished requests.
         A request finished before its token arrived (aborted, or done while an overlapped
-        pass computed one token more) drops it. Returns the requests advanced."""
-        live = [i for i, r in enumerate(reqs) if not r.finished]
+        pass computed one token more) drops it, as does a row that only fed a pending
+        token (`real` False). Returns the requests advanced."""
+        live = [i for i, r in enumerate(reqs) if not r.finished and (real is None or real[i])]
         record_sampled([reqs[i] for i in live], [next_ids[i] for i in live])
         now = time.time()
         for i in live:

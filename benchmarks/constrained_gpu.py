@@ -1,0 +1,287 @@
+"""Constrained decoding against free decoding of the same lengths, in one run, on the GPU.
+
+Llama-3-8B shape with dummy weights (bf16, Triton attention, CUDA graphs up to batch 256) and
+the default model's tokenizer (vocab 49,152), so grammar masks are real. For each batch size
+and temperature: a JSON schema, a regex, and free decoding with each row's output length copied
+from the constrained run (ignore_eos), plus a half-constrained batch (even rows JSON, odd rows
+free with the JSON run's lengths) against the all-free batch. Every constrained output is checked
+(jsonschema / re.fullmatch). At batch 64, GPU idle between full-batch decode passes is measured
+for all-constrained and free decoding (the gap between two forward passes counts the mask and
+sampling kernels as idle, so it overstates idleness). A correctness section first compares
+greedy outputs with overlap scheduling on and off for a mixed batch (JSON, regex, free).
+
+    python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
+    python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
+
+DIR (tokenizer): tokenizer.json, tokenizer_config.json (and chat_template.jinja) of the default
+model, e.g. its converted cache folder; default: that folder. Needs jsonschema.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from gpu_bench import TINY_CONFIG, ForwardRecorder  # noqa: E402
+
+SCHEMA = {"type": "object", "properties": {
+    "name": {"type": "string", "maxLength": 40},
+    "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    "email": {"type": "string", "maxLength": 60},
+    "role": {"enum": ["engineer", "manager", "sales", "other"]},
+    "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
+    "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+                                                   "zip": {"type": "string", "pattern": "[0-9]{5}"}},
+                "required": ["city", "zip"]}},
+    "required": ["name", "age", "email", "role", "skills", "address"]}  # fmt: skip
+REGEX = r"\d{3}-\d{3}-\d{4} \((home|work|cell)\), [A-Z][a-z]{2,12} [A-Z][a-z]{2,12}"
+MAX_NEW = 160
+CUDA = torch.cuda.is_available()
+RESULTS: dict = {}
+
+
+def log(out: str, *parts) -> None:
+    print(*parts, flush=True)
+    with open(os.path.join(out, "constrained_gpu.log"), "a") as f:
+        print(*parts, file=f)
+
+
+def sync() -> None:
+    if CUDA:
+        torch.cuda.synchronize()
+
+
+def model_config(smoke: bool) -> str:
+    """Llama-3-8B's shape with the default model's vocabulary and special ids (or a tiny model)."""
+    if smoke:
+        cfg = dict(TINY_CONFIG)
+    else:
+        with open(os.path.join(ROOT, "benchmarks", "configs", "llama3-8b.json")) as f:
+            cfg = json.load(f)
+    cfg.update(vocab_size=49152, bos_token_id=1, eos_token_id=2)
+    path = "/tmp/radixflow-constrained-gpu-config.json"
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return path
+
+
+def make_engine(a):
+    import radixflow
+
+    if CUDA:
+        kw = dict(dtype="bfloat16", attention_backend="triton", max_running_requests=1024, cuda_graph_max_bs=256,
+                  chunked_prefill_size=8192)  # fmt: skip
+    else:
+        kw = dict(device="cpu", dtype="float32", max_total_tokens=16384, overlap_schedule="on")
+    tok = a.tokenizer
+    if tok is None:
+        from radixflow.runtime.execution.model_loader import resolve_model
+
+        tok = resolve_model(None).path
+    kw["grammar_backend"] = a.grammar_backend
+    kw["grammar_compile_timeout_s"] = 120.0  # the first compile of SCHEMA, on a busy host
+    return radixflow.Engine(model_config(a.smoke), load_format="dummy", tokenizer_path=tok, **kw)
+
+
+def prompts(n: int) -> list:
+    return [f"Record {i}: extract the person as JSON.\n" for i in range(n)]
+
+
+def valid(kind: str, text: str) -> bool:
+    if kind == "json":
+        import jsonschema
+
+        try:
+            jsonschema.validate(json.loads(text), SCHEMA)
+            return True
+        except Exception:
+            return False
+    return re.fullmatch(REGEX, text) is not None
+
+
+def grammar_params(kind: str, temp: float) -> dict:
+    sp = {"temperature": temp, "max_new_tokens": MAX_NEW}
+    return dict(sp, json_schema=json.dumps(SCHEMA)) if kind == "json" else dict(sp, regex=REGEX)
+
+
+def free_params(temp: float, length: int) -> dict:
+    return {"temperature": temp, "max_new_tokens": max(1, length), "ignore_eos": True}
+
+
+def timed(eng, ps: list, params: list) -> tuple:
+    """(outputs, seconds, scheduler stats deltas)."""
+    st = eng.scheduler.stats
+    before = (st.chained_decode_steps, st.fed_rows, st.decode_tokens)
+    sync()
+    t = time.perf_counter()
+    outs = eng.generate(ps, params)
+    sync()
+    dt = time.perf_counter() - t
+    stats = {"chained": st.chained_decode_steps - before[0], "fed_rows": st.fed_rows - before[1],
+             "decode_tokens": st.decode_tokens - before[2]}  # fmt: skip
+    return outs, dt, stats
+
+
+def record(a, label: str, outs: list, dt: float, stats: dict, kind=None, check=None) -> dict:
+    """One run of `label`; the label's tok_s is the median over its runs, `valid` counts all of them."""
+    toks = sum(o["meta_info"]["completion_tokens"] for o in outs)
+    run = {"s": dt, "tokens": toks, "tok_s": toks / dt, **stats,
+           "jump_tokens": sum(o["meta_info"].get("jump_forward_tokens", 0) for o in outs)}  # fmt: skip
+    entry = RESULTS.setdefault(label, {"runs": [], "n": 0, "checked": 0, "valid": 0})
+    entry["runs"].append(run)
+    entry["tok_s"] = statistics.median(r["tok_s"] for r in entry["runs"])
+    if kind is not None:
+        checked = outs if check is None else outs[check]
+        entry["n"] += len(checked)
+        entry["checked"] += len(checked)
+        entry["valid"] += sum(valid(kind, o["text"]) for o in checked)
+        entry["sample"] = checked[0]["text"][:120]
+    log(a.out, label, json.dumps(run))
+    return entry
+
+
+def lengths(outs: list) -> list:
+    return [o["meta_info"]["completion_tokens"] for o in outs]
+
+
+def run_size(a, eng, n: int, temp: float) -> None:
+    """JSON, regex, the free runs of their lengths and the half batch, `a.repeats` times in turn."""
+    ps = prompts(n)
+    tag = f"bs{n}_T{temp:g}"
+    for kind in ("json", "regex"):
+        warm_params = [dict(grammar_params(kind, temp), max_new_tokens=48)] * n  # budget-aware: closes in time
+        eng.generate(ps, warm_params)  # compile the grammar, warm kernels at this batch's shapes
+        eng.generate(ps, [free_params(temp, 16)] * n)
+    for _ in range(a.repeats):
+        for kind in ("json", "regex"):
+            outs, dt, st = timed(eng, ps, [grammar_params(kind, temp)] * n)
+            record(a, f"{kind}_{tag}", outs, dt, st, kind)
+            lens = lengths(outs)
+            outs, dt, st = timed(eng, ps, [free_params(temp, L) for L in lens])
+            record(a, f"free_{kind}_{tag}", outs, dt, st)
+            if kind == "json" and n > 1:
+                params = [grammar_params("json", temp) if i % 2 == 0 else free_params(temp, L) for i, L in enumerate(lens)]
+                outs, dt, st = timed(eng, ps, params)
+                record(a, f"half_{tag}", outs, dt, st, "json", check=slice(0, None, 2))
+
+
+def idle(a, eng, n: int) -> None:
+    """GPU idle between full-batch decode passes, all rows constrained (JSON, greedy) vs free."""
+    ps = prompts(n)
+    outs = None
+    for label in ("json", "free"):
+        params = [grammar_params("json", 0.0)] * n if label == "json" else [free_params(0.0, L) for L in lengths(outs)]
+        rec = ForwardRecorder(eng.runner)
+        try:
+            outs_now, dt, _ = timed(eng, ps, params)
+        finally:
+            rec.close()
+        outs = outs if outs is not None else outs_now
+        dec = [r for r in rec.records if r[0] == "decode" and r[1] == n]
+        busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
+        gaps = [x[3].elapsed_time(y[2]) for x, y in zip(dec, dec[1:])]
+        RESULTS[f"idle_{label}_bs{n}"] = entry = {
+            "decode_passes": len(dec), "extend_passes": sum(r[0] == "extend" for r in rec.records),
+            "gpu_forward_ms": statistics.median(busy) if busy else None, "gap_ms": statistics.median(gaps) if gaps else None,
+            "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None,
+        }  # fmt: skip
+        log(a.out, f"idle_{label}_bs{n}", json.dumps(entry))
+
+
+def correctness(a, eng) -> None:
+    """Greedy outputs with overlap scheduling on and off, one request at a time (in a batch,
+    overlap changes which rows share a pass, and with random weights bf16 rounding of another
+    batch size flips near-tied argmaxes). Jump-forward off: both paths run the same decode
+    passes, bit-identical expected. On: the overlapped path feeds forced tokens one a decode
+    pass where the other runs one extend pass (other kernels, so rounding may differ)."""
+    from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
+
+    kinds = ["json", "json", "regex", "regex", "free", "free"]
+    ps = prompts(len(kinds))
+    params = [free_params(0.0, 40) if k == "free" else grammar_params(k, 0.0) for k in kinds]
+    sched = eng.scheduler
+    backend = start_grammar_backend(sched)
+    saved = (sched.jump_forward, backend.jump_enabled)
+    for jump in (False, True):
+        sched.jump_forward, backend.jump_enabled = saved if jump else (None, False)
+        got = {}
+        for on in (False, True):
+            sched.overlap = on
+            got[on] = [(o["output_ids"], o["meta_info"]["finish_reason"]["type"]) for o in (eng.generate(p, sp) for p, sp in zip(ps, params))]
+        sched.overlap = True
+        same = [x == y for x, y in zip(got[False], got[True])]
+        first_diff = [next((j for j, (p, q) in enumerate(zip(x[0], y[0])) if p != q), None) for x, y in zip(got[False], got[True])]
+        entry = {"rows": len(kinds), "identical": sum(same), "by_kind": {k: f"{sum(s for s, kk in zip(same, kinds) if kk == k)}/{kinds.count(k)}" for k in set(kinds)},
+                 "first_differing_token": [d for d, s in zip(first_diff, same) if not s]}  # fmt: skip
+        RESULTS[f"correctness_jump_{'on' if jump else 'off'}"] = entry
+        log(a.out, f"correctness_jump_{'on' if jump else 'off'}", json.dumps(entry))
+    sched.jump_forward, backend.jump_enabled = saved
+
+
+def table(a) -> None:
+    log(a.out, "\n| batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
+    log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for n in a.sizes:
+        for temp in (0.0, 1.0):
+            tag = f"bs{n}_T{temp:g}"
+            j, fj, r, fr = (RESULTS.get(f"{k}_{tag}") for k in ("json", "free_json", "regex", "free_regex"))
+            h = RESULTS.get(f"half_{tag}")
+            if not (j and fj and r and fr):
+                continue
+            half = f"{h['tok_s']:.0f} | {h['tok_s'] / fj['tok_s']:.2f}x | {h['valid']}/{h['checked']}" if h else "- | - | -"
+            log(a.out, f"| {n} | {temp:g} | {j['tok_s']:.0f} | {fj['tok_s']:.0f} | {j['tok_s'] / fj['tok_s']:.2f}x | "
+                f"{j['valid']}/{j['checked']} | {r['tok_s']:.0f} | {fr['tok_s']:.0f} | {r['tok_s'] / fr['tok_s']:.2f}x | "
+                f"{r['valid']}/{r['checked']} | {half} |")  # fmt: skip
+    for key in sorted(k for k in RESULTS if k.startswith("idle_")):
+        e = RESULTS[key]
+        if e["idle_fraction"] is not None:
+            log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes)")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script's plumbing only")
+    ap.add_argument("--sizes", default=None, help="batch sizes, comma-separated (default 1,64,256; smoke 1,4)")
+    ap.add_argument("--sections", default="correctness,throughput,idle")
+    ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
+    ap.add_argument("--grammar-backend", default="outlines", choices=("outlines", "llguidance"))
+    a = ap.parse_args()
+    a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
+    os.makedirs(a.out, exist_ok=True)
+    t = time.perf_counter()
+    eng = make_engine(a)
+    RESULTS["env"] = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
+                      "engine_s": time.perf_counter() - t, "grammar_backend": eng.scheduler.args.grammar_backend}  # fmt: skip
+    log(a.out, "env", json.dumps(RESULTS["env"]))
+    sections = a.sections.split(",")
+    try:
+        if "correctness" in sections:
+            correctness(a, eng)
+        if "throughput" in sections:
+            for n in a.sizes:
+                for temp in (0.0, 1.0):
+                    run_size(a, eng, n, temp)
+        if "idle" in sections:
+            idle(a, eng, 4 if a.smoke else 64)
+    finally:
+        with open(os.path.join(a.out, "constrained_gpu.json"), "w") as f:
+            json.dump(RESULTS, f, indent=1)
+        table(a)
+        eng.shutdown()
+
+
+if __name__ == "__main__":
+    main()

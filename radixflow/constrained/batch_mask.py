@@ -1,0 +1,28 @@
+"""One packed bitmask `[B, ceil(V/32)]` int32 for a batch's constrained rows.
+
+Rows are grouped by matcher class and each class fills its rows in one call
+(`fill_rows`): outlines-core masks are cached per FSM state, so its rows are one
+numpy gather; llguidance computes masks afresh, so its rows go to llguidance's
+executor, which fills them on native threads without the GIL. Free rows stay all ones.
+On CUDA the bitmask lives in pinned memory, so its copy to the GPU never waits.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def new_bitmask(batch: int, words: int, pinned: bool) -> torch.Tensor:
+    """All ones (every token allowed); pinned for an asynchronous host-to-GPU copy."""
+    out = torch.empty((batch, words), dtype=torch.int32, pin_memory=pinned)
+    out.fill_(-1)
+    return out
+
+
+def fill_bitmask_rows(bitmask: torch.Tensor, rows: list) -> None:
+    """`rows`: (row index, matcher) pairs; each matcher's class has `fill_rows(pairs, bitmask)`."""
+    groups: dict = {}
+    for row, matcher in rows:
+        groups.setdefault(type(matcher), []).append((matcher, row))
+    for cls, pairs in groups.items():
+        cls.fill_rows(pairs, bitmask)

@@ -1,0 +1,149 @@
+"""Overlapped decode: pass n+1 is launched before pass n is read back.
+
+A launched pass keeps its sampled ids on the GPU; the next step launches the following
+forward pass from them first, and only then reads them back and does the per-request work
+(stop checks, grammars, outputs), so the GPU does not wait for the host between steps.
+
+Rows whose sampling reads the host's view of the previous token (grammar masks, penalty
+counts, the min_new_tokens stop mask) still overlap: their pass's forward is launched
+first, and it is sampled once the previous pass has been read back. While the GPU runs the
+forward pass, each grammar advances by the previous token and the masks are filled into one
+pinned bitmask, copied asynchronously and applied right before sampling.
+
+Tokens a request holds on the host (a jump-forward's forced tokens) are fed one a pass, so
+every pass stays a decode pass (CUDA graphs): such a row's sample is dropped until its last
+pending token is fed. A row that jumps while its next pass is already launched drops that
+pass's sample too. Up to MAX_FED_TOKENS pending tokens ride this way; more, or a request
+graph's continuation, make the scheduler drain and run one extend pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from radixflow.host_copy import to_device_async
+from radixflow.runtime.execution.forward_batch import ForwardMode
+from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.scheduling.forward_inputs import build_forward_batch
+from radixflow.runtime.scheduling.req import Req
+from radixflow.runtime.scheduling.sampler import SampleResult, sample
+
+if TYPE_CHECKING:
+    from radixflow.runtime.scheduling.scheduler import Scheduler
+
+MAX_FED_TOKENS = 16
+# stand-ins that sample a row whose token is dropped: greedy, or sampled when the batch samples
+# (so a sampled batch does not also pay for greedy rows)
+IDLE_GREEDY = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=0.0))
+IDLE_SAMPLED = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=1.0))
+
+
+@dataclass
+class InflightDecode:
+    """A decode pass launched but not yet read back."""
+
+    reqs: list
+    logits: Optional[torch.Tensor]  # until sampled
+    real: Optional[list] = None  # per row: its sample is the request's next token (else it is dropped)
+    result: Optional[SampleResult] = None  # next_ids on the device: the next pass's input
+    host_ids: Optional[torch.Tensor] = None  # [B] their host copy, valid once `ready` has completed
+    ready: Optional[torch.cuda.Event] = None
+
+
+def overlappable(req: Req, pending: int) -> bool:
+    """Whether a pass for `req` may launch before the previous one is read back; `pending`:
+    its host-side tokens without KV (0: its next input is on the device)."""
+    return not req.continuable and pending <= MAX_FED_TOKENS
+
+
+def needs_host_view(req: Req) -> bool:
+    """Rows whose sampling reads the host's view of the previous token."""
+    s = req.sampling
+    return (
+        req.grammar is not None
+        or s.frequency_penalty != 0 or s.presence_penalty != 0 or s.repetition_penalty != 1.0
+        or req.segment_len <= s.min_new_tokens
+    )  # fmt: skip
+
+
+def launch_decode(sched: Scheduler, reqs: list[Req], ids=None) -> InflightDecode:
+    """Launch one decode pass, unsampled; `ids` (on the device) are its input tokens, else
+    each request's first pending token. Nothing here waits for the GPU."""
+    prefix = [r.kv_len for r in reqs]
+    locs = sched.kv.alloc_decode(reqs)
+    assert locs is not None, "decode room was checked"
+    ids = [r.pending_ids()[0] for r in reqs] if ids is None else ids
+    positions = torch.tensor(prefix, dtype=torch.int64)
+    fb = build_forward_batch(sched.device, ForwardMode.DECODE, ids, positions, locs, [(r, 1) for r in reqs], prefix,
+                             [1] * len(reqs), [[i] for i in range(len(reqs))])  # fmt: skip
+    logits = sched.runner.forward(fb)
+    for r in reqs:
+        r.kv_len += 1
+    sched.decode_launched()
+    return InflightDecode(reqs, logits)
+
+
+def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
+    """Sample a launched pass and start copying its ids to the host. Rows that are not
+    `real` (finished meanwhile, or only feeding a pending token) sample as idle greedy rows."""
+    sampled = any(ok and not r.sampling.is_greedy for r, ok in zip(flight.reqs, real))
+    idle = IDLE_SAMPLED if sampled else IDLE_GREEDY
+    rows = [r if ok else idle for r, ok in zip(flight.reqs, real)]
+    sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
+    result = sample(flight.logits, rows, sched.eos_ids, sched.args.enable_deterministic_inference)
+    flight.logits, flight.real, flight.result = None, real, result
+    flight.host_ids = result.next_ids.to("cpu", non_blocking=True)
+    if result.next_ids.is_cuda:
+        flight.ready = torch.cuda.Event()
+        flight.ready.record()
+
+
+def start_decode(sched: Scheduler) -> Optional[InflightDecode]:
+    """The first overlapped pass over the running requests (nothing in flight), or None
+    when one of them cannot overlap."""
+    reqs = list(sched.running)
+    if not all(overlappable(r, r.seq_len - r.kv_len) for r in reqs) or not sched.room_for(reqs):
+        return None
+    flight = launch_decode(sched, reqs)
+    sample_flight(sched, flight, [r.seq_len == r.kv_len for r in reqs])  # the host's view is current
+    return flight
+
+
+def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
+    """Launch the next pass from the in-flight pass's ids, then read those back (for a batch
+    with rows that need the host's view: read back, then sample). Returns the requests read
+    back; None (nothing launched) when the in-flight pass must be drained first."""
+    prev = sched.inflight
+    keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
+    reqs = [prev.reqs[i] for i in keep]
+    pending = [r.seq_len - r.kv_len for r in reqs]
+    if not reqs or sched.chunked is not None or not sched.room_for(reqs):
+        return None
+    if not all(overlappable(r, n) for r, n in zip(reqs, pending)):
+        return None
+    assert all((n == 0) == prev.real[i] for i, n in zip(keep, pending)), "a real row's next input is on the device"
+    flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
+    sched.stats.chained_decode_steps += 1
+    if any(needs_host_view(r) for r in reqs):
+        touched = sched.read_back(prev)
+        sample_flight(sched, flight, [not r.finished and r.seq_len == r.kv_len for r in reqs])
+    else:
+        sample_flight(sched, flight, [n == 0 or r.seq_len == r.kv_len for r, n in zip(reqs, pending)])
+        touched = sched.read_back(prev)
+    sched.inflight = flight
+    return touched
+
+
+def _chained_ids(prev: InflightDecode, keep: list, reqs: list, pending: list) -> torch.Tensor:
+    """The next pass's input ids on the device: the in-flight pass's sample, or the first
+    host-side pending token of a request that has some."""
+    ids = prev.result.next_ids
+    if len(keep) < len(prev.reqs):
+        ids = ids[to_device_async(torch.tensor(keep), ids.device)]
+    if not any(pending):
+        return ids
+    host = to_device_async(torch.tensor([r.pending_ids()[0] if n else -1 for r, n in zip(reqs, pending)]), ids.device)
+    return torch.where(host >= 0, host, ids)
