@@ -9,7 +9,13 @@ function's parameters. The same messages are then sent without tools, for the th
 
     python benchmarks/tool_calls_bfcl.py --sample 40                 # starts a server on the default model
     python benchmarks/tool_calls_bfcl.py --base-url http://127.0.0.1:30000 --sample 0   # all 1,043
+    python benchmarks/tool_calls_bfcl.py --sample 0 --chunk 32 --stop-at 20:15   # as many as fit, in order
     python benchmarks/tool_calls_bfcl.py --grammar-only --sample 0   # no model: grammars vs ground truth
+
+The tasks run in a fixed-seed order, `--chunk` at a time, each chunk through all four phases
+(temperature 0 and 1, with and without tools) before the next; the table is printed after
+every chunk. With `--stop-at HH:MM` (UTC) no chunk starts after that time, so a run that
+cannot finish reports a fixed-seed prefix of whole chunks, every task of it counted.
 
 --grammar-only builds each task's call grammar (the server's code path) and checks that every
 ground-truth call, written in the generic format, matches it (Python's re, not the token FSM).
@@ -50,12 +56,18 @@ class Task:
 class Tally:
     requests: int = 0
     refused: list = field(default_factory=list)  # (task, 400 message)
+    errors: list = field(default_factory=list)  # (task, any other failure)
     calls: int = 0
     parsed: int = 0
     valid: int = 0
     without_calls: int = 0  # answered without any call (cut by max_tokens)
+    closed_by_length: int = 0  # finish "length": max_tokens closed the calls early (grammar_closed)
     out_tokens: int = 0
     seconds: float = 0.0
+
+    def add(self, other: "Tally") -> None:
+        for name in self.__dataclass_fields__:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
 
 def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
@@ -64,8 +76,9 @@ def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
             members = [m for m in tar.getmembers() if os.path.basename(m.name).startswith("BFCL_")]
             tar.extractall(tmp, members=members, filter="data")
         files = sorted(glob.glob(os.path.join(tmp, "**", "BFCL_*.json"), recursive=True))
+        random.Random(seed).shuffle(files)  # a fixed order: a prefix of it is a fixed-seed sample
         if sample:
-            files = sorted(random.Random(seed).sample(files, min(sample, len(files))))
+            files = files[:sample]
         tasks = []
         for f in files:
             doc = json.load(open(f))
@@ -103,7 +116,7 @@ def _one(client, task: Task, tools: bool, temperature: float, max_tokens: int):
     try:
         return client.chat.completions.create(model="default", messages=task.messages, temperature=temperature,
                                               max_tokens=max_tokens, seed=0, **extra)  # fmt: skip
-    except openai.BadRequestError as e:
+    except openai.APIError as e:  # a 400 is counted as refused, anything else as an error
         return e
 
 
@@ -112,9 +125,13 @@ def _count(tally: Tally, task: Task, r) -> None:
     if isinstance(r, openai.BadRequestError):
         tally.refused.append((task.name, r.response.json()["error"]["message"]))
         return
+    if isinstance(r, openai.APIError):
+        tally.errors.append((task.name, f"{type(r).__name__}: {r}"))
+        return
     tally.out_tokens += r.usage.completion_tokens
     calls = r.choices[0].message.tool_calls or []
     tally.without_calls += not calls
+    tally.closed_by_length += r.choices[0].finish_reason == "length"
     for c in calls:
         tally.calls += 1
         try:
@@ -157,6 +174,59 @@ def grammar_only(tasks: list, docs: dict) -> None:
         print(f"  refused {name}: {message}")
 
 
+PHASES = [(0.0, True), (0.0, False), (1.0, True), (1.0, False)]  # (temperature, tools)
+
+
+def run_chunks(tasks: list, args) -> tuple:
+    """All phases chunk by chunk until the tasks or the time run out: (tasks done, totals per phase).
+    Without --base-url each chunk gets a fresh server: compiled grammars stay cached for the
+    server's life, and a thousand outlines grammars outgrow a small machine's memory."""
+    totals = {phase: Tally() for phase in PHASES}
+    done = 0
+    for begin in range(0, len(tasks), args.chunk):
+        if args.stop_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_at:
+            break
+        chunk = tasks[begin : begin + args.chunk]
+        server = None if args.base_url else start_server(*args.server_args, api_key=None, startup_timeout_s=600)
+        client = openai.OpenAI(base_url=(args.base_url or server.url) + "/v1", api_key="none", timeout=1800, max_retries=0)
+        try:
+            for temperature, tools in PHASES:
+                totals[(temperature, tools)].add(run(client, chunk, tools, temperature, args.max_tokens, args.concurrency))
+        finally:
+            if server is not None and server.stop() not in (0, None) and "died" in server.log():
+                print(server.log()[-2000:])
+        done += len(chunk)
+        print(f"after {done} of {len(tasks)} tasks ({time.strftime('%H:%M:%S', time.gmtime())} UTC):", flush=True)
+        print_table(totals)
+    return done, totals
+
+
+def _rate(count: int, t: Tally) -> float:
+    return count / t.seconds if t.seconds else 0.0
+
+
+def print_table(totals: dict) -> None:
+    print("| temperature | tools | requests | refused (400) | calls | parse | validate | answers without a call "
+          "| finish length | errors | seconds | output tokens | out tok/s | requests/s |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for (temperature, tools), t in totals.items():
+        counts = f"{t.calls} | {t.parsed} | {t.valid} | {t.without_calls}" if tools else "- | - | - | -"
+        print(f"| {temperature:g} | {'required' if tools else 'no tools'} | {t.requests} | {len(t.refused)} | {counts} | "
+              f"{t.closed_by_length} | {len(t.errors)} | {t.seconds:.1f} | {t.out_tokens} | {_rate(t.out_tokens, t):.2f} | "
+              f"{_rate(t.requests, t):.3f} |")  # fmt: skip
+    for temperature in (0.0, 1.0):
+        w, wo = totals[(temperature, True)], totals[(temperature, False)]
+        if w.out_tokens and wo.out_tokens:
+            print(f"  temperature {temperature:g}, with tools / without: out tok/s {_rate(w.out_tokens, w) / _rate(wo.out_tokens, wo):.2f}x, "
+                  f"requests/s {_rate(w.requests, w) / _rate(wo.requests, wo):.2f}x")  # fmt: skip
+    for (temperature, tools), t in totals.items():
+        for name, message in t.errors:
+            print(f"  ERROR at temperature {temperature:g} ({'tools' if tools else 'no tools'}) {name}: {message}")
+        for name, message in t.refused:
+            print(f"  refused at temperature {temperature:g} ({'tools' if tools else 'no tools'}) {name}: {message}")
+    sys.stdout.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--base-url", default=None, help="a running server; default: start one on the default model")
@@ -165,35 +235,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--max-tokens", type=int, default=160)
     ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--chunk", type=int, default=64, help="tasks per chunk (each through all four phases)")
+    ap.add_argument("--stop-at", default=None, help="HH:MM UTC: start no chunk after this")
+    ap.add_argument("--max-total-tokens", default="16384", help="of the servers this script starts")
+    ap.add_argument("--compile-timeout-s", default="600", help="of the servers this script starts (a loaded CPU compiles slowly)")
     ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
     args = ap.parse_args()
     docs: dict = {}
     tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
     if args.grammar_only:
         return grammar_only(tasks, docs)
-    server = None if args.base_url else start_server("--max-total-tokens", "16384", api_key=None, startup_timeout_s=600)
-    url = args.base_url or server.url
-    try:
-        client = openai.OpenAI(base_url=url + "/v1", api_key="none", timeout=1800, max_retries=0)
-        print(f"{len(tasks)} BFCL tasks, max_tokens {args.max_tokens}, concurrency {args.concurrency}")
-        print("| temperature | tools | requests | refused (400) | calls | parse | validate | answers without a call "
-              "| seconds | output tokens | out tok/s |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-        for temperature in (0.0, 1.0):
-            rates = []
-            for tools in (True, False):
-                t = run(client, tasks, tools, temperature, args.max_tokens, args.concurrency)
-                rates.append(t.out_tokens / t.seconds)
-                counts = f"{t.calls} | {t.parsed} | {t.valid} | {t.without_calls}" if tools else "- | - | - | -"
-                print(f"| {temperature} | {'required' if tools else 'no tools'} | {t.requests} | {len(t.refused)} | "
-                      f"{counts} | {t.seconds:.1f} | {t.out_tokens} | {rates[-1]:.2f} |", flush=True)  # fmt: skip
-                for name, message in t.refused:
-                    print(f"  refused {name}: {message}")
-            print(f"  temperature {temperature}: out tok/s with tools / without = {rates[0] / rates[1]:.2f}x", flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-
+    args.server_args = ["--max-total-tokens", args.max_total_tokens, "--grammar-compile-timeout-s", args.compile_timeout_s]
+    print(f"{len(tasks)} BFCL tasks (seed {args.seed}), max_tokens {args.max_tokens}, concurrency {args.concurrency}, "
+          f"chunks of {args.chunk}, server {' '.join(args.server_args) if not args.base_url else args.base_url}", flush=True)  # fmt: skip
+    done, _ = run_chunks(tasks, args)
+    print(f"done: {done} of {len(tasks)} tasks" + ("" if done == len(tasks) else f" (stopped at {args.stop_at} UTC)"))
 
 if __name__ == "__main__":
     main()

@@ -63,6 +63,24 @@ def test_corpus_schemas_outlines(corpus, engine):
         check_instances(Grammar.from_json_schema(doc["schema"], engine.tokenizer, backend="outlines", whitespace=WS), doc)
 
 
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_regex_goes_on_past_a_point_where_it_may_end(backend):
+    """outlines-core 0.2.14 itself drops a token whose last byte leaves such a point (after
+    `12`, `.`); fsm.py indexes each regex with an end marker instead."""
+    cases = [("a(;c)?", ["a", "a;c"], ["a;", "ac"]), (r"[0-9]+(\.[0-9]+)?", ["12", "12.5"], ["12.", ".5"]),
+             (r"x(\ny)*", ["x", "x\ny\ny"], ["x\n"])]  # fmt: skip
+    for regex, good, bad in cases:
+        g = Grammar.from_regex(regex, backend=backend)
+        assert all(g.accepts(t) for t in good) and not any(g.accepts(t) for t in bad), regex
+
+
+def test_outlines_refuses_a_regex_that_needs_nul():
+    """The end marker is NUL, so the outlines backend never emits it; a regex that needs it is a clear error."""
+    with pytest.raises(GrammarError, match="no token sequence completes it"):
+        Grammar.from_regex(r"a\x00", backend="outlines")
+    assert Grammar.from_regex(r"a[\x00-\x01]", backend="outlines").accepts("a\x01")
+
+
 def test_default_tokenizer_and_public_errors():
     """tokenizer=None is the default model's; the error is radixflow.GrammarError."""
     g = Grammar.from_regex(r"(yes|no)")

@@ -84,6 +84,16 @@ def test_chat_stream_with_usage(client, engine, chat_prompt):
     assert all(c.usage is None for c in no_usage)
 
 
+def test_stream_usage_is_null_until_the_last_chunk(server):
+    """OpenAI: with include_usage every chunk carries `usage`, null but on the last (choices [])."""
+    body = {"model": "default", "messages": MESSAGES, "max_tokens": 3, "stream": True, "stream_options": {"include_usage": True}}
+    with server.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        events = sse_events(r.iter_lines())
+    chunks = events[:-1]
+    assert events[-1] == "[DONE]" and all("usage" in e and e["usage"] is None for e in chunks[:-1])
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
+
+
 def test_chat_n_stop_seed_logprobs(client):
     r = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4, n=3, temperature=0.9, seed=7)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]

@@ -11,6 +11,7 @@ import re
 import jsonschema
 import pytest
 
+from radixflow.constrained import Grammar
 from radixflow.errors import RadixflowError
 from radixflow.runtime.server_args import _CHOICES
 from radixflow.runtime.server.tool_formats import FORMATS, PARSER_CHOICES, avoiding, detect_format, parse
@@ -62,6 +63,23 @@ def test_grammar_accepts_the_formats_own_calls_and_rejects_others(name):
         assert auto.fullmatch("Let me look.\n" + text)
         assert not auto.fullmatch("Let me look.\n" + text[:-3])  # a call, once opened, must be finished
     assert auto.fullmatch(text) and not auto.fullmatch(bad)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+@pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])
+def test_compiled_grammar_admits_parallel_calls(name, backend):
+    """The regexes' promises hold token by token, as the model writes the text, on both
+    backends (outlines-core 0.2.14 alone lost the token that starts a second call: fsm.py)."""
+    fmt, tools = FORMATS[name], parse_tools(TOOLS)
+    two, one = format_calls(fmt, _calls(fmt)), format_calls(fmt, _calls(fmt)[:1])
+    required = Grammar.from_regex(grammar(tools, fmt, "required", None, True), backend=backend)
+    assert required.accepts(two) and required.accepts(one) and not required.accepts(two[:-2])
+    single = Grammar.from_regex(grammar(tools, fmt, "required", None, False), backend=backend)
+    assert single.accepts(one) and not single.accepts(two)
+    auto = Grammar.from_regex(grammar(tools, fmt, "auto", None, True), backend=backend)
+    prefix = "Let me look.\n" if fmt.after_text else ""
+    assert auto.accepts(prefix + two) and auto.accepts(prefix + one) and auto.accepts("Just text.")
+    assert not auto.accepts(prefix + two[:-2])
 
 
 @pytest.mark.parametrize("name", ["hermes", "mistral", "llama3"])

@@ -6,8 +6,15 @@ runtime needs per state, computed once per grammar:
   tokens that keep a request within a token budget are a prefix of that array;
 - cached packed masks (full, and budget-limited), and forced continuations (jump-forward).
 
-Masks are filled with `Guide.write_mask_into` the first time a state is seen and copied
-from the cache afterwards; nothing on the per-token path loops over the vocabulary.
+Masks are built from these arrays the first time a state is seen and copied from the
+cache afterwards; nothing on the per-token path loops over the vocabulary.
+
+outlines-core 0.2.14 leaves out of its index every token whose bytes, all but the last,
+end where the regex may end, and whose last byte leads on (regex `a(;c)?`: after `a`, the
+token `;` is missing, so a second item can never start). So each regex is indexed with an
+end marker after it, `(?:REGEX)\x00`, over a vocabulary without NUL bytes: the regex can then
+never end inside a real token and no transition is lost. A state accepts when the marker
+leads from it to the end.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from outlines_core import Guide, Index
 
-from radixflow.constrained.vocabulary import NO_BYTE, TokenVocab
+from radixflow.constrained.vocabulary import END_TOKEN, NO_BYTE, TokenVocab
 
 INF = 1 << 20  # distance of a state that cannot reach acceptance
 MAX_FORCED_BYTES = 4096
@@ -39,7 +46,6 @@ class CompiledGrammar:
     next_dist: np.ndarray  # [T] int64
     compile_s: float = 0.0
     _dense: dict = field(default_factory=dict, repr=False)
-    _full: dict = field(default_factory=dict, repr=False)
     _tight: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
     _extendable: dict = field(default_factory=dict, repr=False)
@@ -65,19 +71,7 @@ class CompiledGrammar:
     # -- masks --------------------------------------------------------------------------------
     def full_mask(self, guide: Guide) -> np.ndarray:
         """[W] int32 mask of the guide's current state (cached per state)."""
-        state = guide.get_state()
-        mask = self._full.get(state)
-        if mask is None:
-            i = self.dense(state)
-            if self.max_next[i] >= INF:  # some tokens lead nowhere: leave them out
-                mask = self.budget_mask(state, INF - 1)
-            else:
-                mask = np.zeros(self.vocab.words, dtype=np.int32)
-                guide.write_mask_into(mask.ctypes.data, mask.size, 4)
-                if self.final[i]:
-                    _set_bits(mask, self.vocab.eos_ids)
-            self._full[state] = mask
-        return mask
+        return self.budget_mask(guide.get_state(), INF - 1)  # the tokens after which acceptance is reachable
 
     def budget_mask(self, state: int, within: int) -> np.ndarray:
         """[W] int32 mask of tokens after which an accepting state is at most `within`
@@ -153,31 +147,32 @@ class CompiledGrammar:
         return state
 
 
-def _set_bits(mask: np.ndarray, ids) -> None:
-    bits = mask.view(np.uint32)
-    for t in ids:
-        if t // 32 < bits.size:
-            bits[t // 32] |= np.uint32(1 << (t % 32))
-
-
 def compile_regex(regex: str, vocab: TokenVocab) -> CompiledGrammar:
     """Raises ValueError (outlines-core's message) when the regex cannot be compiled."""
-    index = Index(regex, vocab.outlines)
+    marked = "(?:" + regex + ")\\x00"  # the end marker (module docstring)
+    try:
+        index = Index(marked, vocab.outlines)
+    except ValueError as e:
+        raise ValueError(str(e).replace(marked, regex)) from None
     trans = index.get_transitions()
-    finals = set(index.get_final_states())
-    states = np.array(sorted(set(trans) | finals | {index.get_initial_state()}), dtype=np.int64)
+    ends = set(index.get_final_states())  # after the marker: no real token leads there
+    finals = {s for s, d in trans.items() if d.get(END_TOKEN) in ends}
+    states = np.array(sorted((set(trans) | {index.get_initial_state()}) - ends), dtype=np.int64)
     toks, nxts = _flatten(trans, states, vocab.eos_id)
     final = np.isin(states, np.array(sorted(finals), dtype=np.int64))
     dist = _distances(states, toks, nxts, final)
+    if dist[np.searchsorted(states, index.get_initial_state())] >= INF:
+        raise ValueError(f"The vocabulary provided is incompatible with the regex '{regex}': no token sequence completes it")
     return _assemble(regex, index, vocab, states, final, dist, toks, nxts)
 
 
 def _flatten(trans: dict, states: np.ndarray, eos_id: int) -> tuple[list, list]:
-    """Per dense state: token ids and dense next states (EOS left out)."""
+    """Per dense state: token ids and dense next states (EOS and the end marker left out)."""
     toks, nxts = [], []
     for s in states.tolist():
         d = trans.get(s, {})
         d.pop(eos_id, None)
+        d.pop(END_TOKEN, None)
         t = np.fromiter(d.keys(), dtype=np.int32, count=len(d))
         n = np.searchsorted(states, np.fromiter(d.values(), dtype=np.int64, count=len(d)))
         toks.append(t)

@@ -19,6 +19,8 @@ import numpy as np
 from outlines_core import Vocabulary
 
 NO_BYTE = 256  # first_byte of a token that has no bytes (special or missing ids)
+END_BYTE = b"\x00"  # the end marker fsm.compile_regex appends to every regex; no real token may contain it
+END_TOKEN = (1 << 31) - 1  # the marker's token id in `TokenVocab.outlines`, beyond any real vocabulary
 _SP_BYTE = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 
@@ -47,7 +49,7 @@ class TokenVocab:
     token_bytes: list  # id -> bytes, or None for special / missing ids
     first_byte: np.ndarray  # [vocab_size] int16, NO_BYTE where a token has no bytes
     single_byte_token: np.ndarray  # [256] int32: a token that is exactly this byte, or -1
-    outlines: Vocabulary
+    outlines: Vocabulary  # what outlines-core indexes: no token with a NUL byte, plus END_TOKEN (fsm.py says why)
     fingerprint: str
     kind: str  # "byte_level" or "sentencepiece"
     by_bytes: Optional[tuple] = field(default=None, repr=False)  # (token bytes sorted, their ids)
@@ -78,6 +80,14 @@ class TokenVocab:
     def decode_bytes(self, ids: list) -> Optional[bytes]:
         parts = [self.token_bytes[t] if 0 <= t < self.vocab_size else None for t in ids]
         return None if any(p is None for p in parts) else b"".join(parts)
+
+
+def _outlines_vocabulary(eos_id: int, by_bytes: dict) -> Vocabulary:
+    """The real tokens without those containing a NUL byte (grammars never emit NUL), and
+    the end marker as one more token."""
+    kept = {b: ids for b, ids in by_bytes.items() if END_BYTE not in b}
+    kept[END_BYTE] = [END_TOKEN]
+    return Vocabulary(eos_id, kept)
 
 
 def _sorted_by_bytes(token_bytes: list) -> tuple:
@@ -152,7 +162,7 @@ def _assemble(token_bytes: list, vocab_size: int, eos: list, kind: str) -> Token
         token_bytes=token_bytes,
         first_byte=first,
         single_byte_token=single,
-        outlines=Vocabulary(eos[0], by_bytes),
+        outlines=_outlines_vocabulary(eos[0], by_bytes),
         fingerprint=digest.hexdigest()[:16],
         kind=kind,
         by_bytes=_sorted_by_bytes(token_bytes),  # for jump-forward's extension check

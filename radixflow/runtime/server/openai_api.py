@@ -27,6 +27,7 @@ from radixflow.runtime.server.http_common import (
 )
 from radixflow.runtime.server.openai_request import CHAT_FIELDS, COMPLETION_FIELDS, Call, chat_call, completion_call, parse_body
 from radixflow.runtime.server.tokenizer_manager import Event, TokenizerManager
+from radixflow.runtime.server.tool_request import check_legacy_functions
 from radixflow.runtime.server.tool_response import ToolStream, tool_message
 
 
@@ -45,7 +46,9 @@ def register_openai_routes(app: FastAPI) -> None:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        body = parse_body(await read_json(request), CHAT_FIELDS, sglang_fields.CHAT, "/v1/chat/completions")
+        body = await read_json(request)
+        check_legacy_functions(body)
+        body = parse_body(body, CHAT_FIELDS, sglang_fields.CHAT, "/v1/chat/completions")
         return await _serve(request, chat_call(request.app.state.tm, body))
 
 
@@ -194,7 +197,11 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     elif call.tools:
         sent.tools = sent.tools or ToolStream(call.tools.fmt)
         choice["delta"], choice["finish_reason"] = sent.tools.delta(r["text"], first, ev.finished, choice["finish_reason"])
+        choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
     else:
         choice["delta"] = {"role": "assistant", "content": delta} if first else {"content": delta}
         choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
-    return {**_chunk_head(tm, call), "choices": [choice]}
+    chunk = {**_chunk_head(tm, call), "choices": [choice]}
+    if call.include_usage:  # as OpenAI: null on every chunk but the last (usage only)
+        chunk["usage"] = None
+    return chunk

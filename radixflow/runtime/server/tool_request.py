@@ -94,6 +94,15 @@ def grammar(tools: list, fmt: ToolFormat, choice: str, named: Optional[str], par
     return auto_regex(fmt, calls) if choice == "auto" else calls
 
 
+def check_legacy_functions(body: dict) -> None:
+    """OpenAI's deprecated `functions` / `function_call` get a 400 that names their replacements."""
+    if isinstance(body, dict) and ("functions" in body or "function_call" in body):
+        raise RadixflowError(
+            "functions and function_call are OpenAI's deprecated names; send each function as "
+            'tools=[{"type": "function", "function": {...}}] and function_call as tool_choice'
+        )
+
+
 # -- validation --------------------------------------------------------------------------------------------------
 def parse_tools(tools: Any) -> list:
     if tools is None:
@@ -115,6 +124,8 @@ def _tool(t: Any, where: str) -> Tool:
         raise RadixflowError(f'{where} must be {{"type": "function", "function": {{"name": ..., "parameters": ...}}}}')
     fn = t["function"]
     name, desc, params = fn.get("name"), fn.get("description"), fn.get("parameters")
+    if not isinstance(fn.get("strict", False), (bool, type(None))):
+        raise RadixflowError(f"{where}.function.strict must be true or false")  # either way the schema is enforced
     if not isinstance(name, str) or not _NAME.fullmatch(name):
         raise RadixflowError(f"{where}.function.name must be 1-64 letters, digits, '_', '.' or '-', got {name!r}")
     if desc is not None and not isinstance(desc, str):
@@ -161,6 +172,8 @@ def with_tool_fields(raw: list, messages: list) -> list:
             calls.update((c["id"], c["function"]["name"]) for c in msg["tool_calls"])
         if m["role"] == "tool":
             cid = m.get("tool_call_id")
+            if not isinstance(cid, str):
+                raise RadixflowError(f"messages[{i}]: a tool message needs tool_call_id, the id of the call it answers")
             if cid not in calls:
                 known = ", ".join(map(repr, calls)) or "none yet"
                 raise RadixflowError(
