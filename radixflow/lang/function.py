@@ -156,7 +156,7 @@ def _run_graphs(b, programs: list, name: str, on_result=None) -> list:
 def _in_thread(state: ProgramState, body: Callable[[], None], name: str) -> None:
     """Run a streaming program's body on its own thread; its error surfaces from
     text_iter / sync / reading the state."""
-    log = state._ex.log
+    log = state.executor.log
 
     def run() -> None:
         try:
@@ -166,15 +166,15 @@ def _in_thread(state: ProgramState, body: Callable[[], None], name: str) -> None
             return
         log.close()
 
-    state._thread = threading.Thread(target=run, daemon=True, name=f"rf-{name}")
-    state._thread.start()
+    state.thread = threading.Thread(target=run, daemon=True, name=f"rf-{name}")
+    state.thread.start()
 
 
 def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramState:
     """A request graph whose main strand streams its text deltas (as an eager stream's
     text_iter gives them); once it finishes, the state holds the replayed results."""
     state = ProgramState(Interpreter(b, defaults, b.chat_template(), use_ids=False), "graph")
-    log = state._ex.log
+    log = state.executor.log
 
     def body() -> None:
         out = None
@@ -186,8 +186,8 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
         if out is None:
             raise ProgramError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)
-        done._ex.log = log
-        state._ex, state.program_meta = done._ex, done.program_meta
+        done.executor.log = log
+        state.executor, state.program_meta = done.executor, done.program_meta
 
     _in_thread(state, body, graph.name)
     return state

@@ -33,14 +33,14 @@ def to_nodes(expr: Any) -> list[Node]:
 
 class ProgramState:
     def __init__(self, executor, mode: str = "eager"):
-        self._ex = executor
+        self.executor = executor
         self.mode = mode  # "eager", "graph" or "trace": how it ran
-        self._thread: Optional[threading.Thread] = None
+        self.thread: Optional[threading.Thread] = None
 
     # -- appending ---------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> "ProgramState":
         for node in to_nodes(expr):
-            self._ex.execute(node)
+            self.executor.execute(node)
         return self
 
     def system(self, expr: Any = None):
@@ -67,14 +67,14 @@ class ProgramState:
     # -- variables ---------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
         self.sync()
-        return self._ex.get(name)
+        return self.executor.get(name)
 
     def __setitem__(self, name: str, value: Any) -> None:
-        self._ex.set(name, value)
+        self.executor.set(name, value)
 
     def __contains__(self, name: str) -> bool:
         self.sync()
-        return self._ex.contains(name) if hasattr(self._ex, "contains") else name in self._ex.vars
+        return self.executor.contains(name) if hasattr(self.executor, "contains") else name in self.executor.vars
 
     def get_var(self, name: str) -> Any:
         return self[name]
@@ -90,59 +90,59 @@ class ProgramState:
 
     def get_meta_info(self, name: str) -> Optional[dict]:
         self._readable("get_meta_info()")
-        return self._ex.metas.get(name)
+        return self.executor.metas.get(name)
 
     # -- reading -------------------------------------------------------------------------------
     def text(self) -> str:
         self._readable("text()")
-        return self._ex.text
+        return self.executor.text
 
     def messages(self) -> list[dict]:
         self._readable("messages()")
-        return list(self._ex.messages)
+        return list(self.executor.messages)
 
     def _readable(self, what: str) -> None:
-        if hasattr(self._ex, "unknown"):
-            self._ex.unknown(what)
+        if hasattr(self.executor, "unknown"):
+            self.executor.unknown(what)
         self.sync()
 
     def variables(self) -> dict:
         self._readable("variables()")
-        return dict(self._ex.vars)
+        return dict(self.executor.vars)
 
     def sync(self) -> "ProgramState":
         """Wait for a streaming run to end; raise its error if it failed."""
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        log = getattr(self._ex, "log", None)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        log = getattr(self.executor, "log", None)
         if log is not None and log.error is not None:
             raise log.error
         return self
 
     def error(self) -> Optional[BaseException]:
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
-        log = getattr(self._ex, "log", None)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join()
+        log = getattr(self.executor, "log", None)
         return None if log is None else log.error
 
     def text_iter(self, var: Optional[str] = None) -> Iterator[str]:
         """Text deltas as they are generated (all text, or one variable's)."""
-        if self._thread is None:  # not streaming: everything is there already
+        if self.thread is None:  # not streaming: everything is there already
             self.sync()
-            yield self._ex.vars.get(var, "") if var is not None else self._ex.text
+            yield self.executor.vars.get(var, "") if var is not None else self.executor.text
             return
-        yield from self._ex.log.iter(var)
+        yield from self.executor.log.iter(var)
 
     async def text_async_iter(self, var: Optional[str] = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
         """text_iter for asyncio; with return_meta_data, (delta, meta_info) pairs, where a
         gen's meta_info carries that chunk's own output logprobs (as SGLang's)."""
-        if self._thread is None:
+        if self.thread is None:
             self.sync()
-            text = self._ex.vars.get(var, "") if var is not None else self._ex.text
-            yield (text, self._ex.metas.get(var)) if return_meta_data else text
+            text = self.executor.vars.get(var, "") if var is not None else self.executor.text
+            yield (text, self.executor.metas.get(var)) if return_meta_data else text
             return
         loop = asyncio.get_running_loop()
-        chunks = self._ex.log.iter(var, with_meta=return_meta_data)
+        chunks = self.executor.log.iter(var, with_meta=return_meta_data)
         end = object()
         while (item := await loop.run_in_executor(None, next, chunks, end)) is not end:
             yield item
@@ -151,13 +151,13 @@ class ProgramState:
     def fork(self, n: int) -> "ForkGroup":
         if n < 1:
             raise ProgramError("fork(n) needs n >= 1")
-        kids, nid = self._ex.fork(n)
+        kids, nid = self.executor.fork(n)
         return ForkGroup([ProgramState(k, self.mode) for k in kids], self, nid)
 
     def __repr__(self) -> str:
-        if hasattr(self._ex, "unknown"):
+        if hasattr(self.executor, "unknown"):
             return "ProgramState(tracing)"
-        return f"ProgramState(mode={self.mode}, text={self._ex.text[-60:]!r})"
+        return f"ProgramState(mode={self.mode}, text={self.executor.text[-60:]!r})"
 
 
 class _Block:
@@ -199,7 +199,7 @@ class ForkGroup(list):
         if self.joined:
             raise ProgramError("these forks were already joined")
         self.joined = True
-        self.parent._ex.join([s._ex for s in self], JOIN_MODES[mode], self.nid)
+        self.parent.executor.join([s.executor for s in self], JOIN_MODES[mode], self.nid)
 
     def __enter__(self) -> "ForkGroup":
         return self

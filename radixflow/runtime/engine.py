@@ -44,6 +44,7 @@ class Engine:
             self.server_args.max_new_tokens_limit,
             self.server_args.grammar_backend,
         )
+        self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
 
     # -- generation ---------------------------------------------------------------------------

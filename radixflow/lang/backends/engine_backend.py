@@ -18,11 +18,10 @@ class EngineBackend(NativeBackend):
 
     @classmethod
     def for_engine(cls, engine) -> "EngineBackend":
-        backend = getattr(engine, "_lang_backend", None)
-        if backend is None:
-            backend = cls(engine)
-            engine._lang_backend = backend
-        return backend
+        """One backend per Engine, kept in the slot the Engine declares for it."""
+        if engine.lang_backend is None:
+            engine.lang_backend = cls(engine)
+        return engine.lang_backend
 
     @staticmethod
     def _args(payload: dict) -> dict:

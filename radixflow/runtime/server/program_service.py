@@ -134,11 +134,10 @@ async def submit_programs(tm, request: Request, programs: list) -> Optional[list
 def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
     """The SSE events of one streamed program; stopping early (the client went away)
     aborts it, which frees its KV."""
-    tm._check_alive()
-    req_id = next(tm._ids)
+    req_id = tm.new_request_id()
     queue: asyncio.Queue = asyncio.Queue()
     tm.program_streams[req_id] = queue
-    tm._send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True))
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True))
 
     async def events() -> AsyncIterator[bytes]:
         finished = False

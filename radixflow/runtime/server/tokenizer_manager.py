@@ -151,8 +151,7 @@ class TokenizerManager:
     def new_control(self) -> tuple[int, asyncio.Future]:
         """A control request's id and the future its reply will resolve (remove it from
         `controls` once done). Raises ServerDeadError when a child process died."""
-        self._check_alive()
-        req_id = next(self._ids)
+        req_id = self.new_request_id()
         fut = asyncio.get_running_loop().create_future()
         self.controls[req_id] = fut
         return req_id, fut
@@ -164,6 +163,11 @@ class TokenizerManager:
             return await asyncio.wait_for(fut, timeout)
         finally:
             self.controls.pop(req_id, None)
+
+    def new_request_id(self) -> int:
+        """An id for a control or program message; raises ServerDeadError when a child died."""
+        self._check_alive()
+        return next(self._ids)
 
     def send(self, msg) -> None:
         self.send_sock.send_pyobj(msg)

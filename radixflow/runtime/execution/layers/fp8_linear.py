@@ -100,7 +100,7 @@ def _load_scale(layer: nn.Module, param: torch.Tensor, tensor: torch.Tensor, key
     flat = tensor.float().reshape(-1)
     if isinstance(layer, ColumnParallelLinear):
         part = next(p for p in layer.parts if key is None or p.key == key)
-        layer._load(param, flat.expand(part.total) if flat.numel() == 1 else flat, key)
+        layer.load_shard(param, flat.expand(part.total) if flat.numel() == 1 else flat, key)
     else:  # row-parallel: every output row is local
         with torch.no_grad():
             param.copy_(flat.expand(param.numel()) if flat.numel() == 1 else flat)

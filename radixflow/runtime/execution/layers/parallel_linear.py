@@ -197,11 +197,11 @@ class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
         super().__init__(in_features, sum(p.size for p in parts), bias=bias)
         self.parts = list(parts)
         full_out = sum(p.total for p in parts)
-        _attach_loaders(self.weight, self._load, self._load_full, (full_out, in_features))
+        _attach_loaders(self.weight, self.load_shard, self._load_full, (full_out, in_features))
         if bias:
-            _attach_loaders(self.bias, self._load, self._load_full, (full_out,))
+            _attach_loaders(self.bias, self.load_shard, self._load_full, (full_out,))
 
-    def _load(self, param: torch.Tensor, tensor: torch.Tensor, key: Hashable = None) -> None:
+    def load_shard(self, param: torch.Tensor, tensor: torch.Tensor, key: Hashable = None) -> None:
         offset = 0
         for p in self.parts:
             if key is None or p.key == key:
@@ -214,7 +214,7 @@ class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
     def _load_full(self, param: torch.Tensor, full: torch.Tensor) -> None:
         blocks = full.split([p.total for p in self.parts], dim=0)
         for p, block in zip(self.parts, blocks):
-            self._load(param, block, p.key)
+            self.load_shard(param, block, p.key)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
@@ -281,9 +281,9 @@ class VocabParallelEmbedding(nn.Embedding):
         self.vocab_size, self.tp = vocab_size, tp
         self.start = tp.rank * per
         self.valid = max(0, min(per, vocab_size - self.start))
-        _attach_loaders(self.weight, self._load, self._load, (vocab_size, dim))
+        _attach_loaders(self.weight, self.load_shard, self.load_shard, (vocab_size, dim))
 
-    def _load(self, param: torch.Tensor, tensor: torch.Tensor, key: Hashable = None) -> None:
+    def load_shard(self, param: torch.Tensor, tensor: torch.Tensor, key: Hashable = None) -> None:
         with torch.no_grad():
             param[self.valid :].zero_()
             param[: self.valid].copy_(tensor.narrow(0, self.start, self.valid))
