@@ -33,8 +33,9 @@ class OutlinesGrammars:
     def matcher(self, grammar: CompiledGrammar, req=None) -> GrammarMatcher:
         return GrammarMatcher(grammar, req)
 
-    def jump(self, matcher: GrammarMatcher, req, first: bool = False) -> Union[list, tuple]:
-        return plan_jump(matcher, req, self._encode, first=first)
+    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
+        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs here)."""
+        return plan_jump(matcher, req, self._encode, first=first) if forced else []
 
     def _encode(self, text: str) -> list:
         return list(self._encode_cached(text))
