@@ -76,7 +76,14 @@ async def run(url: str, docs: list, args) -> list:
 
         async def guarded(i, name, doc):
             async with sem:
-                return await one(client, name, doc, args, args.seed + i)
+                try:
+                    r = await one(client, name, doc, args, args.seed + i)
+                except httpx.HTTPError as e:  # the server failed (or is gone): a result, not a crash
+                    r = {"status": "error", "name": name, "error": f"{type(e).__name__}: {e}"[:120]}
+            if args.results:  # as each finishes, so an interrupted run still leaves its count
+                with open(args.results, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+            return r
 
         return await asyncio.gather(*(guarded(i, n, d) for i, (n, _, d) in enumerate(docs)))
 
@@ -93,11 +100,12 @@ def main() -> None:
     p.add_argument("--url", default=None, help="a running server (else --launch)")
     p.add_argument("--launch", action="store_true")
     p.add_argument("--json", default=None)
-    p.add_argument("--results", default=None, help="write every request's result here (JSON lines)")
+    p.add_argument("--results", default=None, help="append every request's result here as it finishes (JSON lines)")
+    p.add_argument("--server-args", default="", help="more `radixflow serve` flags for --launch, as one string")
     args = p.parse_args()
     docs = sample(load_corpus(args.corpus), args.schemas, args.seed)
     server = None if args.url else start_server("--grammar-backend", args.grammar_backend, "--max-new-tokens-limit", "4096",
-                                                api_key=None, startup_timeout_s=600)  # fmt: skip
+                                                *args.server_args.split(), api_key=None, startup_timeout_s=600)  # fmt: skip
     url = args.url or server.url
     start = time.time()
     try:
@@ -121,9 +129,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
-    if args.results:
-        with open(args.results, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in results)
+
 
 
 if __name__ == "__main__":

@@ -25,11 +25,10 @@ from typing import Optional, Union
 from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.json_any import DEFAULT_DEPTH
-from radixflow.constrained.options import DEFAULT_BACKEND, GrammarOptions, TokenizerInfo
+from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
 from radixflow.errors import RadixflowError
 
 log = logging.getLogger(__name__)
-DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 
 class GrammarBackend:
@@ -66,7 +65,7 @@ class GrammarBackend:
 
     def compile_async(self, kind: str, spec) -> Future:
         key = (self.name, kind, spec, self.options)
-        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options))
+        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options, self.timeout_s))
 
     def compile(self, kind: str, spec):
         """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""

@@ -12,11 +12,11 @@ takes the first allowed token of a short preference list, else of the few lowest
 allowed tokens (single characters, in byte-level vocabularies) one that completes the
 output at once, or the lowest. Two lists: inside free string
 content (a probe word is allowed) closing quotes come first (`"}`, `",`, `":`, `"`);
-elsewhere closing brackets, then the shortest JSON values (`0`, `""`, `[]`, `null`, ...),
-then separators and openers. A token after which the mask is one already seen in this
-stretch of string content or structure made no progress: it is undone and passed over
-while another token is allowed (an email's local part takes one character, then the
-others are tried until `@` opens the domain).
+elsewhere closing brackets, then separators, then the shortest JSON values (`0`, `""`,
+`[]`, `null`, ...), then openers. Inside a string or number, a token after which the mask is
+one already seen in that lexeme made no progress: it is undone and passed over while
+another token is allowed (an email's local part takes one character, then the others are
+tried until `@` opens the domain).
 The walk consumes on the matcher itself and rolls back before returning. Its length
 bounds the distance to acceptance from above; it is not always the shortest completion.
 """
@@ -32,6 +32,7 @@ from llguidance import LLMatcher
 from radixflow.constrained.options import TokenizerInfo
 
 PROBE_WORD = "the"  # allowed inside free string content, nowhere else in JSON
+STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a string or number
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
 
@@ -47,7 +48,8 @@ def string_preferences() -> list:
 
 def structural_preferences() -> list:
     values = ["0", '""', "[]", "{}", "null", "true", "false"]
-    return _closers("}]") + values + ['"', ",", ":", ',"', ':"', '{"', '["', "{", "["]
+    # separators before values: after a number, `,` ends it where `0` would extend it
+    return _closers("}]") + [",", ":"] + values + ['"', ',"', ':"', '{"', '["', "{", "["]
 
 
 class ClosingSearch:
@@ -58,6 +60,7 @@ class ClosingSearch:
         self.structural = _single_tokens(info.tokenizer, structural_preferences(), info.vocab_size)
         probe = info.tokenizer.encode(PROBE_WORD, add_special_tokens=False)
         self.probe = probe[0] if len(probe) == 1 else None
+        self.structure = _single_tokens(info.tokenizer, list(STRUCTURE), info.vocab_size)
 
     def find(self, m: LLMatcher, limit: int) -> Optional[list]:
         """Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
@@ -75,7 +78,7 @@ class ClosingSearch:
                 walk = _Walk()
                 continue
             if walk.mask is None:
-                walk.arrive(self._mask(m), self._in_string)
+                walk.arrive(self._mask(m), self._in_lexeme)
             token, anyway = self._pick(m, walk.mask, walk.skip)
             if token is None or not m.consume_token(token):
                 break
@@ -84,12 +87,12 @@ class ClosingSearch:
                 walk.mask = None
                 continue
             after = self._mask(m)
-            if walk.seen_before(after, self._in_string):  # no progress: undo it, try another token
+            if walk.seen_before(after, self._in_lexeme):  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
                 walk.skip.add(token)
             else:
-                walk.arrive(after, self._in_string)
+                walk.arrive(after, self._in_lexeme)
         found = m.is_accepting() and not m.is_error()
         m.rollback(len(path))
         return path if found else None
@@ -101,6 +104,13 @@ class ClosingSearch:
 
     def _in_string(self, mask: np.ndarray) -> bool:
         return self.probe is not None and _has(mask.view(np.uint32), self.probe)
+
+    def _in_lexeme(self, mask: np.ndarray) -> bool:
+        """Inside a string or number (free content, or one with a pattern): where a token can
+        make no progress. Between values the closers always do (and a mask may recur at
+        another depth), so progress is not checked there."""
+        bits = mask.view(np.uint32)
+        return self._in_string(mask) or not any(_has(bits, int(t)) for t in self.structure)
 
     def _pick(self, m: LLMatcher, mask: np.ndarray, skip: set) -> tuple:
         """(token, anyway): anyway = every allowed token was passed over, so this one is
@@ -121,23 +131,23 @@ class ClosingSearch:
 
 
 class _Walk:
-    """Where the walk is within one stretch of string content or structure: the current
-    state's mask, the masks seen so far, the tokens passed over."""
+    """Where the walk is within one stretch of a lexeme (string or number) or of structure:
+    the current state's mask, the masks seen so far in a lexeme, the tokens passed over."""
 
     def __init__(self):
         self.mask, self.inside = None, None
         self.seen: set = set()
         self.skip: set = set()
 
-    def arrive(self, mask: np.ndarray, in_string) -> None:
-        inside = in_string(mask)
-        if inside != self.inside:  # into or out of free string content: nothing seen here yet
+    def arrive(self, mask: np.ndarray, in_lexeme) -> None:
+        inside = in_lexeme(mask)
+        if inside != self.inside:  # into or out of a lexeme: nothing seen here yet
             self.inside, self.seen, self.skip = inside, set(), set()
         self.mask = mask
         self.seen.add(hash(mask.tobytes()))
 
-    def seen_before(self, mask: np.ndarray, in_string) -> bool:
-        return in_string(mask) == self.inside and hash(mask.tobytes()) in self.seen
+    def seen_before(self, mask: np.ndarray, in_lexeme) -> bool:
+        return bool(self.inside) and in_lexeme(mask) and hash(mask.tobytes()) in self.seen
 
 
 def _accepts_after(m: LLMatcher, token: int) -> bool:

@@ -180,7 +180,8 @@ class LLGuidanceGrammars:
         self.limits = LLParserLimits()
         self.search = ClosingSearch(info)
 
-    def compile(self, kind: str, spec: Any, options: GrammarOptions) -> LLGuidanceGrammar:
+    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0) -> LLGuidanceGrammar:
+        """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work."""
         text = self._grammar_text(kind, spec, options)
         m = LLMatcher(self.tokenizer, text, log_level=0, limits=self.limits)
         if not m.is_error():

@@ -12,6 +12,7 @@ BACKENDS = ("outlines", "llguidance")
 # llguidance covers more JSON Schema with no invalid output accepted and compiles in milliseconds; both backends
 # give budget-aware completion (outlines from exact per-state distances, llguidance from a searched closing path).
 DEFAULT_BACKEND = "llguidance"
+DEFAULT_COMPILE_TIMEOUT_S = 10.0  # --grammar-compile-timeout-s
 
 
 @dataclass(frozen=True)
