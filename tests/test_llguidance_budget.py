@@ -14,6 +14,7 @@ from jsonschema import Draft202012Validator
 
 from radixflow.constrained import Grammar
 from radixflow.constrained.backend import GrammarBackend
+from test_grammar_backends import FakeReq
 
 SCHEMA = {
     "type": "object",
@@ -27,20 +28,6 @@ SCHEMA = {
     "required": ["name", "tags", "size", "home"],
     "additionalProperties": False,
 }
-
-
-class FakeReq:
-    def __init__(self, kind: str, spec, max_new_tokens: int):
-        self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
-        self.output_ids, self.segment_start = [], 0
-        self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
-
-    @property
-    def segment_len(self) -> int:
-        return len(self.output_ids) - self.segment_start
-
-    def finish(self, reason: dict) -> None:
-        self.finish_reason = reason
 
 
 @pytest.fixture(scope="module")
