@@ -126,19 +126,3 @@ def test_tight_budget_through_the_engine_closes_valid_json(engine):
         Draft202012Validator(SCHEMA).validate(json.loads(out["text"]))
         reason = out["meta_info"]["finish_reason"]
         assert reason["type"] == "stop" or reason.get("grammar_closed"), reason
-
-
-def test_far_from_the_budget_the_path_is_checked_every_few_tokens(backend, engine, monkeypatch):
-    from radixflow.constrained import llguidance_grammars as llg
-
-    checks = []
-    check = llg.LLGuidanceMatcher._check
-    monkeypatch.setattr(llg.LLGuidanceMatcher, "_check", lambda self, left: checks.append(left) or check(self, left))
-    text = '{"name":"' + "word " * 120
-    req = start(backend, 1000)
-    tokens = engine.tokenizer.encode(text, add_special_tokens=False)[len(req.output_ids) :]
-    for t in tokens:
-        req.output_ids.append(t)
-        req.grammar.accept_token(t)
-    assert len(tokens) > 100 and 0 < len(checks) <= len(tokens) // llg.CHECK_EVERY + 1
-    assert not req.grammar.ended and req.grammar.stale < llg.CHECK_EVERY and not req.grammar.replace

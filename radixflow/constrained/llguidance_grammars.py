@@ -9,13 +9,11 @@ tokens.
 Budget-aware completion: llguidance has no distance to an accepting state, so each
 request keeps a *closing path*, a completion from its current state found by search
 (closing_path.py) that fits its remaining token budget. The compile finds the first one
-(its length is the grammar's `min_tokens`, the max_new_tokens check's bound). Near the
-budget, after each token the path is followed (the token was its next one), kept (it still
-completes from the new state) or searched afresh; when the budget comes down to the path's
-length, the mask allows only the path's next token, and a sampled token after which no
-completion fits is undone and replaced (through the jump hook) by the path's next token.
-Far from the budget (more than NEAR_SLACK tokens beyond the path's length) the path is
-checked only every CHECK_EVERY tokens, so most steps cost nothing extra.
+(its length is the grammar's `min_tokens`, the max_new_tokens check's bound). After each
+token the path is followed (the token was its next one), kept (it still completes from the
+new state) or searched afresh; when the budget comes down to the path's length, the mask
+allows only the path's next token. A sampled token after which no completion fits the
+budget is undone, and the jump hook replaces it with the path's next token.
 """
 
 from __future__ import annotations
@@ -38,8 +36,6 @@ from radixflow.errors import GrammarError
 
 MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
 MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
-NEAR_SLACK = 64  # "far from the budget": more tokens left than the closing path's length plus this
-CHECK_EVERY = 16  # far from the budget, the closing path is checked every this many tokens
 
 
 @dataclass(eq=False)
@@ -71,10 +67,8 @@ class LLGuidanceMatcher:
         self.ended = False
         self.rejected_token = None
         self.budget_closed = False  # the budget left out tokens the grammar allowed
-        # the last completion found (None: no budget tracking), and how many tokens were taken
-        # since it was checked (0: it completes the current state within the budget)
+        # a completion from the current state within the budget; None: no budget tracking
         self.path = list(grammar.closing) if req is not None and grammar.closing is not None else None
-        self.stale = 0
         self.replace = False  # the last sampled token was undone: the jump hook swaps it for path[0]
 
     # -- the scheduler's interface ----------------------------------------------------------------
@@ -103,7 +97,7 @@ class LLGuidanceMatcher:
             self.ended = True
             self.rejected_token = token
             return
-        if self.path is not None and not self.track([token], self.budget()):
+        if self.path is not None and not self.follow([token], self.budget()):
             self.m.rollback(1)  # no completion fits after it: undone, and replaced (take_replacement)
             self.replace = True
 
@@ -122,7 +116,7 @@ class LLGuidanceMatcher:
     def _budget_token(self) -> Optional[int]:
         """The one token the budget leaves: the path's next token when the path takes the
         whole budget; EOS on an accepting state with one token left. None: no limit."""
-        if self.path is None or self.stale:
+        if self.path is None:
             return None
         left = self.budget()
         if self.path and len(self.path) >= left:
@@ -138,37 +132,21 @@ class LLGuidanceMatcher:
         row.zero_()
         row[word] = value
 
-    def track(self, tokens: list, left: int) -> bool:
-        """Keep the path after `tokens` were consumed, `left` tokens of budget remaining.
-        Near the budget it is checked after every token; far from it (more than NEAR_SLACK
-        beyond its length) every CHECK_EVERY tokens. False: the path held before `tokens`
-        and no completion within `left` follows them (the caller undoes them)."""
-        n = len(tokens)
-        if not self.stale and self.path[:n] == tokens:
-            self.path = self.path[n:]
+    def follow(self, tokens: list, left: int) -> bool:
+        """Update the path after `tokens` were consumed, `left` tokens of budget remaining;
+        False (path unchanged) when no completion within `left` is found."""
+        path, n = self.path, len(tokens)
+        if path[:n] == tokens:
+            self.path = path[n:]
             return True
-        held = not self.stale
-        self.stale += n
-        if left > len(self.path) + NEAR_SLACK and self.stale < CHECK_EVERY:
-            return True
-        if self._check(left):
-            return True
-        if held:
-            self.stale -= n
-            return False
-        return True  # unchecked for a while: nothing to undo; checked again after the next token
-
-    def _check(self, left: int) -> bool:
-        """Find a completion within `left` from here: the last path (less a step or two the
-        model took its own way), else a search. False: none found."""
-        for tail in (self.path, self.path[1:], self.path[2:]):
+        for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):
-                self.path, self.stale = list(tail), 0
+                self.path = list(tail)
                 return True
         found = self.search.find(self.m, left)
         if found is None:
             return False
-        self.path, self.stale = found, 0
+        self.path = found
         return True
 
     def _completes(self, tokens: list) -> bool:
@@ -229,7 +207,7 @@ class LLGuidanceGrammars:
         tokens = matcher.m.compute_ff_tokens()[: max(room - (1 if first else 0), 0)]
         if not tokens or not matcher.m.consume_tokens(tokens):
             return []
-        if matcher.path is not None and not matcher.track(tokens, room - len(tokens)):
+        if matcher.path is not None and not matcher.follow(tokens, room - len(tokens)):
             matcher.m.rollback(len(tokens))  # forced, yet no completion would fit after them
             return []
         return tokens
