@@ -46,6 +46,11 @@ def _valid(calls) -> list:
     return out
 
 
+def _finished(choice) -> bool:
+    """The calls ended on their own, or budget-aware completion closed them at max_tokens."""
+    return choice.finish_reason == "tool_calls" or (choice.finish_reason == "length" and getattr(choice, "grammar_closed", False))
+
+
 def test_required_call_parses_and_validates(client):
     r = _chat(client, tool_choice="required", parallel_tool_calls=False)
     choice = r.choices[0]
@@ -56,8 +61,8 @@ def test_required_call_parses_and_validates(client):
 
 def test_required_sampled_calls_validate(client):
     r = _chat(client, tool_choice="required", temperature=1.0, n=2, seed=11)
-    for choice in r.choices:
-        assert choice.finish_reason == "tool_calls" and _valid(choice.message.tool_calls)
+    for choice in r.choices:  # more parallel calls than max_tokens holds: closed by the budget, still valid
+        assert _finished(choice) and _valid(choice.message.tool_calls)
 
 
 def test_named_function(client):
@@ -86,7 +91,7 @@ def test_parallel_calls(client, server):
     r = _chat(client, messages=messages, tool_choice="required", max_tokens=100, extra_body={"min_tokens": 40})
     if len(r.choices[0].message.tool_calls) == 1 and server.info().get("grammar_backend", "outlines") == "outlines":
         pytest.xfail(OUTLINES_BUG)
-    assert r.choices[0].finish_reason == "tool_calls" and len(_valid(r.choices[0].message.tool_calls)) >= 2
+    assert _finished(r.choices[0]) and len(_valid(r.choices[0].message.tool_calls)) >= 2
     chunks = list(_chat(client, messages=messages, tool_choice="required", max_tokens=100, extra_body={"min_tokens": 40},
                         stream=True))  # fmt: skip
     indexes = {tc.index for c in chunks if c.choices for tc in (c.choices[0].delta.tool_calls or [])}
