@@ -13,6 +13,12 @@ Each backend runs in its own worker process, one thread, schemas one after anoth
 a compile past `--timeout` kills the worker (counted as a compile timeout) and a fresh
 one takes the next schema. JSON whitespace is `[ ]?` between tokens (the instances use
 json.dumps' ", " and ": ").
+
+Budget tracking (budget-aware completion): `no_shortest` counts compiled schemas with no
+known shortest output (llguidance: its search found none; the compile time includes that
+search), and `accept_us` is the time to accept one token of a valid instance in a request
+with a token budget (a closing path kept per token on llguidance), beside `accept_us_untracked`
+without one.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import sys
 import tarfile
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -92,8 +99,8 @@ def _worker(backend: str, whitespace: str, jobs, results) -> None:
         except Exception as e:  # noqa: BLE001 - a backend's own crash is a result too
             results.put(("refused", time.perf_counter() - start, f"internal {type(e).__name__}"))
             continue
-        results.put(("compiled", time.perf_counter() - start))
-        outcomes, times = [], []
+        results.put(("compiled", time.perf_counter() - start, compiled.min_tokens))
+        outcomes, times, accept_times = [], [], ([], [])
         for data in tests:
             ids = info.tokenizer.encode(json.dumps(data, ensure_ascii=False), add_special_tokens=False)
             m = impl.matcher(compiled)
@@ -107,7 +114,30 @@ def _worker(backend: str, whitespace: str, jobs, results) -> None:
                     break
                 m.accept_token(t)
             outcomes.append(ok and m.is_accepting)
-        results.put(("tested", outcomes, times))
+            if ok and m.is_accepting:
+                accept_times[0].extend(_accept_times(impl, compiled, ids, None))
+                accept_times[1].extend(_accept_times(impl, compiled, ids, _Budget(1 << 20)))
+        results.put(("tested", outcomes, times, accept_times))
+
+
+class _Budget:
+    """A request as a matcher sees it: a token budget and how many tokens it has."""
+
+    def __init__(self, max_new_tokens: int):
+        self.sampling = SimpleNamespace(max_new_tokens=max_new_tokens)
+        self.segment_len = 0
+
+
+def _accept_times(impl, compiled, ids: list, req) -> list:
+    m = impl.matcher(compiled, req)
+    times = []
+    for t in ids:
+        if req is not None:
+            req.segment_len += 1
+        t0 = time.perf_counter()
+        m.accept_token(t)
+        times.append(time.perf_counter() - t0)
+    return times
 
 
 def _reason(e) -> str:
@@ -150,7 +180,7 @@ class Runner:
         if msg[0] == "refused":
             return {"status": "refused", "compile_s": msg[1], "reason": msg[2]}
         try:
-            _, outcomes, times = self.results.get(timeout=max(120.0, self.timeout))
+            _, outcomes, times, accept_times = self.results.get(timeout=max(120.0, self.timeout))
         except Exception:
             self.stop()
             return {"status": "test_timeout", "compile_s": msg[1]}
@@ -158,9 +188,11 @@ class Runner:
         return {
             "status": "compiled",
             "compile_s": msg[1],
+            "min_tokens": msg[2],
             "invalid_accepted": sum(a and not v for a, v in zip(outcomes, valid)),
             "valid_rejected": sum(v and not a for a, v in zip(outcomes, valid)),
             "mask_s": times,
+            "accept_s": accept_times,
         }
 
 
@@ -176,6 +208,9 @@ class Tally:
     mask_s: list = field(default_factory=list)
     reasons: collections.Counter = field(default_factory=collections.Counter)
     leaky: list = field(default_factory=list)  # schemas with an invalid instance accepted
+    shortest: list = field(default_factory=list)  # per compiled schema: its shortest output in tokens
+    no_shortest: int = 0  # compiled, but no shortest output known (llguidance: its search found none)
+    accept_s: tuple = field(default_factory=lambda: ([], []))  # per token: (untracked, with a budget)
 
     def add(self, name: str, r: dict) -> None:
         self.schemas += 1
@@ -187,6 +222,12 @@ class Tally:
                 self.leaky.append(name)
             self.valid_rejected += r["valid_rejected"]
             self.mask_s.extend(r["mask_s"])
+            self.accept_s[0].extend(r["accept_s"][0])
+            self.accept_s[1].extend(r["accept_s"][1])
+            if r["min_tokens"] is None:
+                self.no_shortest += 1
+            else:
+                self.shortest.append(r["min_tokens"])
         elif r["status"] == "refused":
             self.refused += 1
             self.reasons[r["reason"]] += 1
@@ -209,6 +250,12 @@ class Tally:
             "mask_us_p50": round(1e6 * pct(self.mask_s, 50), 1),
             "mask_us_p99": round(1e6 * pct(self.mask_s, 99), 1),
             "masks": len(self.mask_s),
+            "no_shortest": self.no_shortest,
+            "shortest_tokens_p50": pct(self.shortest, 50),
+            "accept_us_untracked_p50": round(1e6 * pct(self.accept_s[0], 50), 1),
+            "accept_us_untracked_p99": round(1e6 * pct(self.accept_s[0], 99), 1),
+            "accept_us_p50": round(1e6 * pct(self.accept_s[1], 50), 1),
+            "accept_us_p99": round(1e6 * pct(self.accept_s[1], 99), 1),
         }
 
 
@@ -242,7 +289,8 @@ def report(tallies: dict) -> dict:
 
 def print_table(summary: dict) -> None:
     cols = ("schemas", "passing", "passing_pct", "invalid_accepted", "valid_rejected", "refused", "compile_timeouts",
-            "compile_ms_p50", "compile_ms_p99", "mask_us_p50", "mask_us_p99")
+            "compile_ms_p50", "compile_ms_p99", "mask_us_p50", "mask_us_p99", "no_shortest", "accept_us_untracked_p99",
+            "accept_us_p50", "accept_us_p99")
     print("| backend | split | " + " | ".join(cols) + " |")
     print("|" + " --- |" * (len(cols) + 2))
     for b, splits in summary.items():

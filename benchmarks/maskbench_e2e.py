@@ -2,15 +2,15 @@
 generated at temperature 1 with the default model, every finished output validated with
 `jsonschema` (format checks on).
 
-    python benchmarks/maskbench_e2e.py --launch --grammar-backend llguidance --schemas 300
-    python benchmarks/maskbench_e2e.py --launch --grammar-backend outlines --budget 1.5 --schemas 300
+    python benchmarks/maskbench_e2e.py --launch --schemas 300
+    python benchmarks/maskbench_e2e.py --launch --budget 1.5 --schemas 300
 
 `--budget F` sets each request's max_new_tokens to ceil(F x the grammar's shortest output
 in tokens); the shortest output is what the server reports for the grammar when asked with
 max_new_tokens=1 (a 400 naming it; the compile is cached, so the real request reuses it).
-Only the outlines backend knows shortest outputs (budget-aware completion): with
-llguidance `--budget` is refused. Without --budget, max_new_tokens is --max-new-tokens.
-Schemas the backend refuses (400) are counted, not generated.
+A probe that is not refused means a shortest output of 1 token, or none known (llguidance:
+its search found none); such results carry `probe_ok`. Without --budget, max_new_tokens is
+--max-new-tokens. Schemas the backend refuses (400) are counted, not generated.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def prompt_for(doc: dict) -> str:
     return f"Write one JSON value that follows this JSON schema.\nSchema: {json.dumps(doc['schema'])[:1500]}\nJSON:"
 
 
-async def one(client: httpx.AsyncClient, doc: dict, args, seed: int) -> dict:
+async def one(client: httpx.AsyncClient, name: str, doc: dict, args, seed: int) -> dict:
     schema = json.dumps(doc["schema"])
     params = {"json_schema": schema, "temperature": 1.0, "sampling_seed": seed, "max_new_tokens": args.max_new_tokens}
     if args.budget:
@@ -50,30 +50,42 @@ async def one(client: httpx.AsyncClient, doc: dict, args, seed: int) -> dict:
             return {"status": "refused", "reason": probe.json()["error"]["message"][:80]}
         shortest = int(m.group(1)) if m else 1
         params["max_new_tokens"] = max(1, math.ceil(args.budget * shortest))
+        extra = {"shortest": shortest, "probe_ok": probe.status_code == 200}
+    else:
+        extra = {}
     r = await client.post("/generate", json={"text": prompt_for(doc), "sampling_params": params})
     if r.status_code == 400:
         return {"status": "refused", "reason": r.json()["error"]["message"][:80]}
     r.raise_for_status()
     out = r.json()
-    finish = out["meta_info"]["finish_reason"]["type"]
+    reason = out["meta_info"]["finish_reason"]
+    finish = reason["type"] + ("/grammar_closed" if reason.get("grammar_closed") else "")
+    extra = {**extra, "finish": finish, "tokens": out["meta_info"].get("completion_tokens"), "name": name}
     try:
         value = json.loads(out["text"])
     except ValueError:
-        return {"status": "invalid_json", "finish": finish, "text": out["text"][-80:]}
+        return {"status": "invalid_json", **extra, "text": out["text"][-80:]}
     cls = validators.validator_for(doc["schema"], default=Draft202012Validator)
     errors = [e.message[:100] for e in cls(doc["schema"], format_checker=cls.FORMAT_CHECKER).iter_errors(value)]
-    return {"status": "valid" if not errors else "invalid", "finish": finish, "errors": errors[:2]}
+    return {"status": "valid" if not errors else "invalid", **extra, "errors": errors[:2]}
 
 
 async def run(url: str, docs: list, args) -> list:
     sem = asyncio.Semaphore(args.concurrency)
     async with httpx.AsyncClient(base_url=url, timeout=3600) as client:
 
-        async def guarded(i, doc):
+        async def guarded(i, name, doc):
             async with sem:
-                return await one(client, doc, args, args.seed + i)
+                try:
+                    r = await one(client, name, doc, args, args.seed + i)
+                except httpx.HTTPError as e:  # the server failed (or is gone): a result, not a crash
+                    r = {"status": "error", "name": name, "error": f"{type(e).__name__}: {e}"[:120]}
+            if args.results:  # as each finishes, so an interrupted run still leaves its count
+                with open(args.results, "a") as f:
+                    f.write(json.dumps(r) + "\n")
+            return r
 
-        return await asyncio.gather(*(guarded(i, d) for i, (_, _, d) in enumerate(docs)))
+        return await asyncio.gather(*(guarded(i, n, d) for i, (n, _, d) in enumerate(docs)))
 
 
 def main() -> None:
@@ -88,12 +100,12 @@ def main() -> None:
     p.add_argument("--url", default=None, help="a running server (else --launch)")
     p.add_argument("--launch", action="store_true")
     p.add_argument("--json", default=None)
+    p.add_argument("--results", default=None, help="append every request's result here as it finishes (JSON lines)")
+    p.add_argument("--server-args", default="", help="more `radixflow serve` flags for --launch, as one string")
     args = p.parse_args()
-    if args.budget and args.grammar_backend != "outlines":
-        raise SystemExit("--budget needs --grammar-backend outlines (the backend with budget-aware completion)")
     docs = sample(load_corpus(args.corpus), args.schemas, args.seed)
     server = None if args.url else start_server("--grammar-backend", args.grammar_backend, "--max-new-tokens-limit", "4096",
-                                                api_key=None, startup_timeout_s=600)  # fmt: skip
+                                                *args.server_args.split(), api_key=None, startup_timeout_s=600)  # fmt: skip
     url = args.url or server.url
     start = time.time()
     try:
@@ -103,11 +115,13 @@ def main() -> None:
             server.stop()
     tally = collections.Counter(r["status"] for r in results)
     finishes = collections.Counter((r["status"], r.get("finish")) for r in results if "finish" in r)
-    finished = [r for r in results if r.get("finish") == "stop"]
+    finished = [r for r in results if "finish" in r]
     summary = {
         "schemas": len(docs), "backend": args.grammar_backend, "budget": args.budget, "seconds": round(time.time() - start),
         "status": dict(tally), "by_finish": {f"{s}/{f}": n for (s, f), n in finishes.items()},
         "finished": len(finished), "finished_valid": sum(r["status"] == "valid" for r in finished),
+        "stopped_valid": sum(r["status"] == "valid" for r in finished if r["finish"] == "stop"),
+        "stopped": sum(r["finish"] == "stop" for r in finished),
         "refusals": collections.Counter(r["reason"] for r in results if r["status"] == "refused").most_common(10),
         "bad_examples": [r for r in results if r["status"] in ("invalid", "invalid_json")][:5],
     }  # fmt: skip
@@ -115,6 +129,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(summary, f, indent=1)
+
 
 
 if __name__ == "__main__":

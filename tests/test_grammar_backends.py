@@ -1,4 +1,4 @@
-"""The grammar backends behind one interface (outlines-core, the default, and llguidance):
+"""The grammar backends behind one interface (llguidance, the default, and outlines-core):
 MaskBench schemas per split with their instances, refusals that name the keyword and its
 JSON pointer, annotations and unknown keywords ignored, ECMA-262 `\\d`, EBNF, the compile
 time limit, the compile cache, and bad grammars as 400s with the server still serving."""
@@ -206,6 +206,27 @@ def test_compile_time_limit_fails_only_that_request(engine):
         backend.compile_async("regex", "yes|no").result(timeout=60)  # compiled before its clock starts
         backend.submit(quick)
         assert backend.poll(quick) is True and quick.grammar is not None
+    finally:
+        backend.cache.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_exponential_regex_on_outlines_fails_only_its_request(engine):
+    """The outlines backend builds a regex's DFA in a child process killed at the time limit:
+    the request gets a clear 400 and the compile threads stay free for the next grammar."""
+    from radixflow.constrained import regex_guard
+
+    backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=1.0)
+    try:
+        bomb = FakeReq("regex", "(a|b)*a(a|b){24}")  # hours of DFA building
+        backend.submit(bomb)
+        assert _poll(backend, bomb) is False and bomb.finish_reason["status_code"] == 400
+        assert "grammar-compile-timeout-s" in bomb.finish_reason["message"]
+        with pytest.raises(GrammarError, match="automaton is too large"):
+            backend.compile_async("regex", "(a|b)*a(a|b){24}").result(timeout=30)  # the child was killed
+        quick = FakeReq("regex", "(yes|no)")
+        backend.submit(quick)
+        assert _poll(backend, quick) is True and quick.grammar is not None
+        assert all(child.poll() is None for child in regex_guard._idle)  # the killed child is not reused
     finally:
         backend.cache.pool.shutdown(wait=False, cancel_futures=True)
 

@@ -4,7 +4,7 @@ compiled (or failed), and jump forward after sampled tokens.
     backend = GrammarBackend(tokenizer, vocab_size, eos_ids, server_args)
     backend.submit(req)          # starts compiling on the worker pool (or finds it in the cache)
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
-    backend.jump_forward(req)    # [] / [tokens] / (keep, [tokens])
+    backend.jump_forward(req)    # after each sampled token: [] / [tokens] / (keep, [tokens])
 
 The grammar backend (`--grammar-backend`: outlines or llguidance) compiles through
 `grammar.compile_grammar`, the path the public `Grammar` API takes too. A compile that
@@ -25,11 +25,10 @@ from typing import Optional, Union
 from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.json_any import DEFAULT_DEPTH
-from radixflow.constrained.options import DEFAULT_BACKEND, GrammarOptions, TokenizerInfo
+from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
 from radixflow.errors import RadixflowError
 
 log = logging.getLogger(__name__)
-DEFAULT_COMPILE_TIMEOUT_S = 10.0
 
 
 class GrammarBackend:
@@ -66,7 +65,7 @@ class GrammarBackend:
 
     def compile_async(self, kind: str, spec) -> Future:
         key = (self.name, kind, spec, self.options)
-        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options))
+        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options, self.timeout_s))
 
     def compile(self, kind: str, spec):
         """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""
@@ -116,9 +115,11 @@ class GrammarBackend:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
     def jump_forward(self, req) -> Union[list, tuple]:
+        """Forced tokens to append (when jump-forward is on), or on llguidance the
+        replacement of a sampled token that left no completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
-        return self.impl_for(req.sampling.grammar[0]).jump(req.grammar, req)
+        return self.impl_for(req.sampling.grammar[0]).jump(req.grammar, req, forced=self.jump_enabled)
 
     @staticmethod
     def _reject(req, message: str) -> bool:

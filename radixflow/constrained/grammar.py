@@ -20,7 +20,7 @@ from typing import Any, Optional
 
 import torch
 
-from radixflow.constrained.options import BACKENDS, DEFAULT_BACKEND, GrammarOptions, TokenizerInfo
+from radixflow.constrained.options import BACKENDS, DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
 from radixflow.constrained.spec_checks import check_spec
 from radixflow.errors import GrammarError
 
@@ -42,12 +42,12 @@ def _backend(name: str, info: TokenizerInfo):
     return OutlinesGrammars(info)
 
 
-def compile_grammar(backend, kind: str, spec: Any, options: GrammarOptions):
+def compile_grammar(backend, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S):
     """Compile with `backend` (from grammar_backend); the compiled grammar has
-    `compile_s`. Raises GrammarError."""
+    `compile_s`. `timeout_s` bounds the outlines backend's up-front DFA check. Raises GrammarError."""
     check_spec(kind, spec)
     start = time.perf_counter()
-    compiled = backend.compile(kind, spec, options)
+    compiled = backend.compile(kind, spec, options, timeout_s)
     compiled.compile_s = time.perf_counter() - start
     return compiled
 
@@ -83,6 +83,12 @@ class Grammar:
     @property
     def compile_s(self) -> float:
         return self.compiled.compile_s
+
+    @property
+    def min_tokens(self) -> Optional[int]:
+        """The fewest tokens of an output (outlines: exact; llguidance: found by search, an
+        upper bound; None: none found). A max_new_tokens below it is refused."""
+        return self.compiled.min_tokens
 
     def matcher(self, req=None):
         """Fresh per-request state: fill_bitmask / accept_token / is_terminated."""

@@ -4,22 +4,30 @@ grammars compiled into an Earley parser over the model's tokens.
 Compiling is building an `LLMatcher` and its first mask; a request gets a deep copy of
 that compiled matcher. Masks are computed per step straight into the packed int32
 bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced
-tokens. Budget-aware completion is not available here: llguidance has no distance to an
-accepting state, so `min_tokens` is unknown and a request cut by max_new_tokens may end
-in unfinished JSON (use the outlines backend where that matters).
+tokens.
+
+Budget-aware completion: llguidance has no distance to an accepting state, so each
+request keeps a *closing path*, a completion from its current state found by search
+(closing_path.py) that fits its remaining token budget. The compile finds the first one
+(its length is the grammar's `min_tokens`, the max_new_tokens check's bound). After each
+token the path is followed (the token was its next one), kept (it still completes from the
+new state) or searched afresh; when the budget comes down to the path's length, the mask
+allows only the path's next token. A sampled token after which no completion fits the
+budget is undone, and the jump hook replaces it with the path's next token.
 """
 
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import any_to_lark
 
+from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.grammar_errors import grammar_error
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
 from radixflow.constrained.spec_checks import check_spec, strip_anchors
@@ -27,6 +35,7 @@ from radixflow.errors import GrammarError
 
 
 MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
+MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
 
 
 @dataclass(eq=False)
@@ -35,30 +44,43 @@ class LLGuidanceGrammar:
     text: str  # llguidance's grammar (JSON), as compiled
     compiled: LLMatcher  # fresh, first mask computed; requests take deep copies
     words: int
-    min_tokens: Optional[int] = None  # unknown to llguidance
+    closing: Optional[list] = None  # a shortest output found by search (None: none found)
     compile_s: float = 0.0
+
+    @property
+    def min_tokens(self) -> Optional[int]:
+        """Tokens of the shortest output found (an upper bound on the true shortest)."""
+        return None if self.closing is None else len(self.closing)
 
 
 class LLGuidanceMatcher:
     """Per-request state (what `req.grammar` is), with GrammarMatcher's interface."""
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
-    budget_closed = False  # llguidance has no distance to an accepting state: it never closes early
 
-    def __init__(self, grammar: LLGuidanceGrammar, eos_ids: tuple, req=None):
+    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None):
         self.grammar = grammar
-        self.req = req
+        self.search = search
+        self.req = req  # for the token budget; None = unlimited
         self.eos_ids = eos_ids
         self.m = grammar.compiled.deep_copy()
         self.ended = False
         self.rejected_token = None
+        self.budget_closed = False  # the budget left out tokens the grammar allowed
+        # a completion from the current state within the budget; None: no budget tracking
+        self.path = list(grammar.closing) if req is not None and grammar.closing is not None else None
+        self.replace = False  # the last sampled token was undone: the jump hook swaps it for path[0]
 
+    # -- the scheduler's interface ----------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         assert bitmask.shape[1] == self.grammar.words, "the bitmask is sized for another vocabulary"
         if bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32:
             self.m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self.grammar.words * 4)
         else:
             bitmask[row].copy_(torch.from_numpy(self.current_mask()))
+        only = self._budget_token()
+        if only is not None:
+            self._allow_only(bitmask[row], only)
 
     @staticmethod
     def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
@@ -83,6 +105,10 @@ class LLGuidanceMatcher:
         if not self.m.consume_token(token):
             self.ended = True
             self.rejected_token = token
+            return
+        if self.path is not None and not self.follow([token], self.budget()):
+            self.m.rollback(1)  # no completion fits after it: undone, and replaced (take_replacement)
+            self.replace = True
 
     def is_terminated(self) -> bool:
         return self.ended or self.m.is_stopped()
@@ -90,6 +116,67 @@ class LLGuidanceMatcher:
     @property
     def is_accepting(self) -> bool:
         return not self.m.is_error() and self.m.is_accepting()
+
+    # -- budget-aware completion -------------------------------------------------------------------
+    def budget(self) -> int:
+        """Tokens the request may still add (the token being sampled included)."""
+        return self.req.sampling.max_new_tokens - self.req.segment_len
+
+    def _budget_token(self) -> Optional[int]:
+        """The one token the budget leaves: the path's next token when the path takes the
+        whole budget; EOS on an accepting state with one token left. None: no limit."""
+        if self.path is None:
+            return None
+        left = self.budget()
+        if self.path and len(self.path) >= left:
+            return self.path[0]
+        if not self.path and left <= 1:
+            return self.eos_ids[0]
+        return None
+
+    def _allow_only(self, row: torch.Tensor, token: int) -> None:
+        word, bit = divmod(token, 32)
+        value = int(np.array([1 << bit], dtype=np.uint32).view(np.int32)[0])
+        self.budget_closed = self.budget_closed or int(torch.count_nonzero(row)) > 1 or int(row[word]) != value
+        row.zero_()
+        row[word] = value
+
+    def follow(self, tokens: list, left: int) -> bool:
+        """Update the path after `tokens` were consumed, `left` tokens of budget remaining;
+        False (path unchanged) when no completion within `left` is found."""
+        path, n = self.path, len(tokens)
+        if path[:n] == tokens:
+            self.path = path[n:]
+            return True
+        for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
+            if len(tail) <= left and self._completes(tail):
+                self.path = list(tail)
+                return True
+        found = self.search.find(self.m, left)
+        if found is None:
+            return False
+        self.path = found
+        return True
+
+    def _completes(self, tokens: list) -> bool:
+        done = self.m.try_consume_tokens(tokens)
+        ok = done == len(tokens) and self.m.is_accepting()
+        self.m.rollback(done)
+        return ok
+
+    def take_replacement(self) -> Optional[int]:
+        """After an undone token: the token to put in its place (the path's next one, or
+        EOS when the state before it was already complete)."""
+        if not self.replace:
+            return None
+        self.replace = False
+        self.budget_closed = True
+        if not self.path:
+            self.ended = True
+            return self.eos_ids[0]
+        token, self.path = self.path[0], self.path[1:]
+        self.m.consume_token(token)
+        return token
 
 
 class LLGuidanceGrammars:
@@ -100,8 +187,10 @@ class LLGuidanceGrammars:
         self.tokenizer = _ll_tokenizer(info)
         self.words = (info.vocab_size + 31) // 32
         self.limits = LLParserLimits()
+        self.search = ClosingSearch(info)
 
-    def compile(self, kind: str, spec: Any, options: GrammarOptions) -> LLGuidanceGrammar:
+    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0) -> LLGuidanceGrammar:
+        """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work."""
         text = self._grammar_text(kind, spec, options)
         m = LLMatcher(self.tokenizer, text, log_level=0, limits=self.limits)
         if not m.is_error():
@@ -110,21 +199,27 @@ class LLGuidanceGrammars:
             m.reset()
         if m.is_error():
             raise _error(kind, spec, m.get_error())
-        return LLGuidanceGrammar(kind, text, m, self.words)
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=self.search.find(m, MAX_CLOSING_TOKENS))
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar, self.info.eos_ids, req)
+        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req)
 
-    def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False) -> list:
-        """The tokens the grammar forces next (as many as the token budget leaves room for)."""
-        if matcher.is_terminated():
+    def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
+        """A replacement for an undone sampled token ((keep, [token])), else the tokens the
+        grammar forces next (`forced`: jump-forward is on), as many as the budget allows."""
+        swap = matcher.take_replacement()
+        if swap is not None:
+            return (len(req.output_ids) - 1, [swap])
+        if not forced or matcher.is_terminated():
             return []
-        forced = matcher.m.compute_ff_tokens()
-        room = req.sampling.max_new_tokens - req.segment_len - (1 if first else 0)
-        forced = forced[: max(room, 0)]
-        if not forced or not matcher.m.consume_tokens(forced):
+        room = req.sampling.max_new_tokens - req.segment_len
+        tokens = matcher.m.compute_ff_tokens()[: max(room - (1 if first else 0), 0)]
+        if not tokens or not matcher.m.consume_tokens(tokens):
             return []
-        return forced
+        if matcher.path is not None and not matcher.follow(tokens, room - len(tokens)):
+            matcher.m.rollback(len(tokens))  # forced, yet no completion would fit after them
+            return []
+        return tokens
 
     @staticmethod
     def _grammar_text(kind: str, spec: Any, options: GrammarOptions) -> str:

@@ -9,9 +9,10 @@ from typing import Any, Optional
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 
 BACKENDS = ("outlines", "llguidance")
-# outlines is the default: only it gives budget-aware completion (the distance to an accepting state), which
-# the max_new_tokens check and `grammar_closed` outputs rely on; llguidance covers more JSON Schema.
-DEFAULT_BACKEND = "outlines"
+# llguidance covers more JSON Schema with no invalid output accepted and compiles in milliseconds; both backends
+# give budget-aware completion (outlines from exact per-state distances, llguidance from a searched closing path).
+DEFAULT_BACKEND = "llguidance"
+DEFAULT_COMPILE_TIMEOUT_S = 10.0  # --grammar-compile-timeout-s
 
 
 @dataclass(frozen=True)

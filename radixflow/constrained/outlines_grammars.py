@@ -10,7 +10,8 @@ from typing import Any, Union
 from radixflow.constrained.fsm import CompiledGrammar, compile_regex
 from radixflow.constrained.jump_forward import plan_jump
 from radixflow.constrained.matcher import GrammarMatcher
-from radixflow.constrained.options import GrammarOptions, TokenizerInfo
+from radixflow.constrained.options import DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
+from radixflow.constrained.regex_guard import check_regex_dfa
 from radixflow.constrained.spec import regex_error, to_regex
 from radixflow.constrained.vocabulary import TokenVocab, build_token_vocab
 from radixflow.errors import GrammarError
@@ -23,8 +24,13 @@ class OutlinesGrammars:
         self.info = info
         self.vocab: TokenVocab = _token_vocab(info)
 
-    def compile(self, kind: str, spec: Any, options: GrammarOptions) -> CompiledGrammar:
+    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> CompiledGrammar:
+        """The regex's byte-level DFA is built first in a child process killed past `timeout_s`
+        (regex_guard.py): an exponential DFA fails this compile instead of holding its thread."""
         regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
+        error = check_regex_dfa(regex, timeout_s)
+        if error:
+            raise GrammarError(regex_error(regex, error))
         try:
             return compile_regex(regex, self.vocab)
         except ValueError as e:
@@ -33,8 +39,9 @@ class OutlinesGrammars:
     def matcher(self, grammar: CompiledGrammar, req=None) -> GrammarMatcher:
         return GrammarMatcher(grammar, req)
 
-    def jump(self, matcher: GrammarMatcher, req, first: bool = False) -> Union[list, tuple]:
-        return plan_jump(matcher, req, self._encode, first=first)
+    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
+        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs here)."""
+        return plan_jump(matcher, req, self._encode, first=first) if forced else []
 
     def _encode(self, text: str) -> list:
         return list(self._encode_cached(text))

@@ -37,7 +37,7 @@ class GenerateInput:
 class RequestBuilder:
     """Validates and tokenizes generate calls for one model."""
 
-    def __init__(self, tokenizer, vocab_size: int, context_len: int, max_pool_tokens: int, max_new_tokens_limit: int = 1 << 20, grammar_backend: str = "outlines"):
+    def __init__(self, tokenizer, vocab_size: int, context_len: int, max_pool_tokens: int, max_new_tokens_limit: int = 1 << 20, grammar_backend: str = "llguidance"):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.context_len = context_len

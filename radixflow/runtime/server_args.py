@@ -53,9 +53,9 @@ _HELP = {
     "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
-    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (more JSON-schema keywords, "
-    "millisecond compiles) or outlines (outlines-core; adds budget-aware completion); ebnf always runs on "
-    "llguidance; see docs/grammars.md",
+    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: more JSON-schema "
+    "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
+    "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
     "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
@@ -118,7 +118,7 @@ class ServerArgs:
     native_attention_dtype: str = "float32"
 
     # constrained decoding
-    grammar_backend: str = "outlines"
+    grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     grammar_compile_workers: int = 2
     grammar_compile_timeout_s: float = 10.0

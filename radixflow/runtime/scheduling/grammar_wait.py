@@ -17,8 +17,9 @@ def start_grammar_backend(sched: Scheduler) -> GrammarBackend:
         from radixflow.constrained.backend import GrammarBackend
 
         sched.grammar_backend = GrammarBackend(sched.tokenizer, sched.runner.vocab_size, sched.eos_ids, sched.args)
-        if not sched.args.disable_jump_forward:
-            sched.jump_forward = sched.grammar_backend.jump_forward
+        # always: besides jump-forward (--disable-jump-forward is the backend's to apply), the
+        # hook repairs a sampled token that left no completion within the budget (llguidance)
+        sched.jump_forward = sched.grammar_backend.jump_forward
     return sched.grammar_backend
 
 

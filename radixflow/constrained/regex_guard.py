@@ -1,0 +1,101 @@
+"""Builds a regex's DFA in a child process that is killed past a time limit, before the
+outlines backend compiles it against the model's vocabulary.
+
+Some regexes have exponentially large DFAs (`(a|b)*a(a|b){24}`): outlines-core then runs
+for hours and cannot be interrupted, so a compile thread that started one would be lost
+to every later grammar. The byte-level DFA (the same regex engine over a 256-token
+vocabulary) shows the blow-up first; building it in a child process lets the limit end it:
+
+    check_regex_dfa(regex, timeout_s)   # None, or GrammarError: invalid, or too large to build in time
+
+Children import only outlines_core, say they are ready (their start does not count against
+the limit), take one regex per line and stay alive between checks (a few are kept idle);
+a child that runs past its limit, or past its memory limit, is killed.
+"""
+
+from __future__ import annotations
+
+import json
+import select
+import subprocess
+import sys
+import threading
+import time
+
+from radixflow.errors import GrammarError
+
+MEMORY_LIMIT_BYTES = 2 << 30
+IDLE_CHILDREN = 2
+START_TIMEOUT_S = 60.0  # a child's start (python + outlines_core) does not count against the check's limit
+
+_CHILD = f"""
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT_BYTES}, {MEMORY_LIMIT_BYTES}))
+from outlines_core import Index, Vocabulary
+vocab = Vocabulary(256, {{bytes([b]): [b] for b in range(256)}})
+print('"ready"', flush=True)
+for line in sys.stdin:
+    try:
+        Index(json.loads(line), vocab)
+        out = ""
+    except ValueError as e:
+        out = str(e) or "cannot be compiled"
+    sys.stdout.write(json.dumps(out) + "\\n")
+    sys.stdout.flush()
+"""
+
+_idle: list = []
+_lock = threading.Lock()
+
+
+def check_regex_dfa(regex: str, timeout_s: float) -> str:
+    """outlines-core's error message for `regex` ("" when it compiles). Raises
+    GrammarError when its DFA is not built within `timeout_s` seconds or the memory limit."""
+    child = _take()
+    deadline = time.monotonic() + timeout_s
+    ready: list = []
+    try:
+        child.stdin.write(json.dumps(regex) + "\n")
+        child.stdin.flush()
+        ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        line = child.stdout.readline() if ready else ""
+    except (BrokenPipeError, OSError):
+        line = ""
+    if not line:
+        _kill(child)
+        why = f"within the {timeout_s:g} s limit (--grammar-compile-timeout-s)" if not ready else "within the memory limit"
+        raise GrammarError(
+            f"this regex's automaton is too large to build {why}: a repeat after an alternation, such as "
+            "(a|b)*a(a|b){24}, grows it exponentially; simplify the regex or bound the repeats"
+        )
+    _give_back(child)
+    return json.loads(line)
+
+
+def _take() -> subprocess.Popen:
+    with _lock:
+        while _idle:
+            child = _idle.pop()
+            if child.poll() is None:
+                return child
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    ready, _, _ = select.select([child.stdout], [], [], START_TIMEOUT_S)
+    if not ready or child.stdout.readline().strip() != '"ready"':
+        _kill(child)
+        raise GrammarError("the regex checker process did not start; retry the request")
+    return child
+
+
+def _give_back(child: subprocess.Popen) -> None:
+    with _lock:
+        if len(_idle) < IDLE_CHILDREN:
+            _idle.append(child)
+            return
+    _kill(child)
+
+
+def _kill(child: subprocess.Popen) -> None:
+    child.kill()
+    child.wait()

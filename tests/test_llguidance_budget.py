@@ -1,0 +1,128 @@
+"""Budget-aware completion on the llguidance backend (the default): a searched closing path
+bounds the shortest output (the max_new_tokens check), and a request cut by its budget
+still ends with a complete, schema-valid output, whatever tokens were sampled."""
+
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from jsonschema import Draft202012Validator
+
+from radixflow.constrained import Grammar
+from radixflow.constrained.backend import GrammarBackend
+from test_grammar_backends import FakeReq
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 2},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        "size": {"type": "integer", "minimum": 1},
+        "home": {"type": "object", "properties": {"city": {"type": "string", "pattern": "^[A-Z]{3}$"}}, "required": ["city"]},
+        "note": {"type": "string"},
+    },
+    "required": ["name", "tags", "size", "home"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def backend(engine):
+    args = SimpleNamespace(grammar_backend="llguidance", disable_jump_forward=False)
+    b = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    yield b
+    b.cache.pool.shutdown(wait=False)
+
+
+def poll(backend: GrammarBackend, req: FakeReq):
+    backend.compile_async(*req.sampling.grammar).result(timeout=60)
+    return backend.poll(req)
+
+
+def start(backend: GrammarBackend, budget: int, kind: str = "json_schema", spec: str = json.dumps(SCHEMA)) -> FakeReq:
+    req = FakeReq(kind, spec, budget)
+    backend.submit(req)
+    assert poll(backend, req) is True, req.finish_reason
+    return req
+
+
+def run_random(backend: GrammarBackend, req: FakeReq, rng, vocab_size: int) -> int:
+    """The scheduler's contract with the hooks, sampling uniformly among allowed tokens
+    (an adversarial model). Returns how many sampled tokens the hook replaced."""
+    bitmask = torch.zeros(1, req.grammar.grammar.words, dtype=torch.int32)
+    replaced = 0
+    while not req.grammar.is_terminated() and req.segment_len < req.sampling.max_new_tokens:
+        req.grammar.fill_bitmask(bitmask, 0)
+        allowed = np.flatnonzero(np.unpackbits(bitmask.numpy().view(np.uint8), bitorder="little")[:vocab_size])
+        token = int(rng.choice(allowed))
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+        if token in backend.info.eos_ids or req.segment_len >= req.sampling.max_new_tokens:
+            break
+        jump = backend.jump_forward(req)
+        if isinstance(jump, tuple):
+            keep, jump = jump
+            replaced += len(req.output_ids) - keep
+            del req.output_ids[keep:]
+        req.output_ids.extend(jump)
+    return replaced
+
+
+def test_shortest_output_is_a_searched_completion(backend, engine):
+    g = backend.compile("json_schema", json.dumps(SCHEMA))
+    text = engine.tokenizer.decode(g.closing)
+    Draft202012Validator(SCHEMA).validate(json.loads(text))
+    assert g.min_tokens == len(g.closing) and Grammar.from_json_schema(SCHEMA, engine.tokenizer).accepts(text)
+    exact = Grammar.from_json_schema(SCHEMA, engine.tokenizer, backend="outlines").compiled.min_tokens
+    assert exact <= g.min_tokens <= 2 * exact  # an upper bound, close to outlines' exact distance
+
+
+def test_a_budget_below_the_shortest_output_is_refused(backend):
+    need = backend.compile("json_schema", json.dumps(SCHEMA)).min_tokens
+    req = FakeReq("json_schema", json.dumps(SCHEMA), need - 1)
+    backend.submit(req)
+    assert poll(backend, req) is False
+    assert req.finish_reason["status_code"] == 400 and f"at least {need}" in req.finish_reason["message"]
+
+
+@pytest.mark.parametrize("extra", [0, 2, 6, 20])
+def test_random_walks_under_a_budget_end_schema_valid(backend, engine, extra):
+    need = backend.compile("json_schema", json.dumps(SCHEMA)).min_tokens
+    rng = np.random.default_rng(extra)
+    closed = 0
+    for _ in range(8):
+        req = start(backend, need + extra)
+        run_random(backend, req, rng, engine.runner.vocab_size)
+        assert req.segment_len <= need + extra and req.grammar.is_accepting
+        text = engine.tokenizer.decode([t for t in req.output_ids if t not in backend.info.eos_ids])
+        Draft202012Validator(SCHEMA, format_checker=Draft202012Validator.FORMAT_CHECKER).validate(json.loads(text))
+        closed += req.grammar.budget_closed
+    assert closed > 0  # the budget did bind: these walks were cut short and still closed
+
+
+@pytest.mark.parametrize("regex,closing", [("a(c[0-9]{30})?", None), ("a(c[0-9]{30})?z", "z")])
+def test_a_sampled_token_that_leaves_no_completion_is_replaced(backend, engine, regex, closing):
+    """After `a`, a `c` would need 30 more digits; with 8 tokens of budget the hook undoes
+    it and puts the closing path's next token (or EOS, where `a` was complete) in its place."""
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    req = start(backend, 8, "regex", regex)
+    for token in encode("a")[len(req.output_ids) :] + encode("c"):  # `a` may have been jumped forward
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+    keep, tokens = backend.jump_forward(req)
+    assert keep == 1 and tokens == (encode(closing) if closing else [backend.info.eos_ids[0]])
+    assert req.grammar.budget_closed and req.grammar.is_accepting
+
+
+def test_tight_budget_through_the_engine_closes_valid_json(engine):
+    """On the default backend, at temperature 1, a budget of the shortest output + 3."""
+    need = Grammar.from_json_schema(SCHEMA, engine.tokenizer).compiled.min_tokens
+    params = [{"json_schema": json.dumps(SCHEMA), "max_new_tokens": need + 3, "temperature": 1.0, "sampling_seed": s} for s in range(3)]
+    for out in engine.generate(["Describe a person as JSON:"] * 3, params):
+        Draft202012Validator(SCHEMA).validate(json.loads(out["text"]))
+        reason = out["meta_info"]["finish_reason"]
+        assert reason["type"] == "stop" or reason.get("grammar_closed"), reason
