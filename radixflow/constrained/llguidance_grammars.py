@@ -90,6 +90,10 @@ class LLGuidanceMatcher:
         words = bitmask.shape[1]
         assert all(m.grammar.words == words for m, _ in pairs), "the bitmask is sized for another vocabulary"
         _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
+        for m, row in pairs:  # as in fill_bitmask: at the budget, only the closing path's next token
+            only = m._budget_token()
+            if only is not None:
+                m._allow_only(bitmask[row], only)
 
     def current_mask(self) -> np.ndarray:
         mask = np.zeros(self.grammar.words, dtype=np.int32)
