@@ -37,6 +37,8 @@ class TPContext:
     device_group: Any = None  # tensor collectives: nccl on cuda, gloo on cpu
     cpu_group: Any = None  # host-side agreement (e.g. min KV slots): always gloo
     store_addr: Optional[tuple[str, int]] = None  # the rendezvous TCPStore (heartbeats)
+    step_group: Any = None  # gloo: rank 0's messages to the replicated schedulers (step_channel.py)
+    one_shot: Any = None  # small all-reduces through symmetric memory (one_shot_allreduce.py), if enabled
 
     @property
     def is_leader(self) -> bool:
@@ -107,7 +109,8 @@ def init_tp(
         dist.all_reduce(torch.zeros(1, device="cuda"), group=world)
         torch.cuda.synchronize()
     cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    _TP = TPContext(rank, tp_size, world, cpu, (host, port))
+    steps = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)  # its own: queued broadcasts never mix with others
+    _TP = TPContext(rank, tp_size, world, cpu, (host, port), steps)
     return _TP
 
 

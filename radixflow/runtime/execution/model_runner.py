@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from typing import Callable, Optional
 
 import torch
 
@@ -107,8 +108,13 @@ class ModelRunner:
         if self.kv_pool.fp8:
             self._load_kv_scales()
         rows = self.args.max_running_requests + 1
-        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.size, self.tp.rank)
-        self.tp_leader = self.tp.size > 1 and self.tp.is_leader  # broadcasts each pass to the other ranks
+        leader_broadcasts = self.tp.size > 1 and self.args.tp_scheduler == "leader"
+        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.rank, leader_broadcasts)
+        # called with each pass before it runs: rank 0's broadcast of the pass (--tp-scheduler leader),
+        # or the replicated schedulers' agreement check (scheduling/replica.py sets it)
+        self.pass_hook: Optional[Callable[[ForwardBatch], None]] = None
+        if leader_broadcasts and self.tp.is_leader:
+            self.pass_hook = lambda fb: broadcast_step(self.req_to_token, fb, self.tp)
         self.backend = create_attention_backend(
             self.args.attention_backend,
             self.device,
@@ -161,8 +167,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""
-        if self.tp_leader:
-            broadcast_step(self.req_to_token, fb, self.tp)
+        if self.pass_hook is not None:
+            self.pass_hook(fb)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         self.backend.init_forward_metadata(fb)
