@@ -54,7 +54,16 @@ class ModelRunner:
         self.model.set_kernel_settings(self.settings, self._fused())
         if self.device == "cuda" and self._fused() and not self.settings.batch_invariant:
             self.model.choose_small_batch_matmuls(self.settings)  # before graph capture: the graphs bake in the choice
+        if args.enable_one_shot_allreduce:  # before graph capture: the graphs bake in the all-reduce path
+            self._init_one_shot_allreduce()
         self.graph_runner = self._init_cuda_graphs()
+
+    def _init_one_shot_allreduce(self) -> None:
+        from radixflow.runtime.distributed.one_shot_allreduce import make_one_shot
+
+        rows = max(self.args.graph_max_bs(self.device), 1)
+        self.tp.one_shot = make_one_shot(self.tp.device_group, rows * self.model.shape.hidden * self.dtype.itemsize)
+        log.info("one-shot all-reduce: up to %d rows through symmetric memory", rows)
 
     def _fused(self) -> bool:
         """Whether the model's norm / rotary / SiLU-and-mul run as Triton kernels."""
