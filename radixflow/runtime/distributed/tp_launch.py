@@ -47,8 +47,9 @@ def check_tp_args(args: ServerArgs) -> None:
     if args.tp_size < 1:
         raise RadixflowError("tp_size must be >= 1")
     ranks_of_node(args.tp_size, args.nnodes, args.node_rank)
-    if args.enable_one_shot_allreduce and (args.tp_size == 1 or args.resolved_device() != "cuda"):
-        raise RadixflowError("--enable-one-shot-allreduce needs tensor parallelism (--tp-size > 1) on CUDA GPUs")
+    if args.enable_one_shot_allreduce and (args.tp_size == 1 or args.nnodes > 1 or args.resolved_device() != "cuda"):
+        raise RadixflowError("--enable-one-shot-allreduce needs tensor parallelism (--tp-size > 1) on the CUDA GPUs "
+                             "of one host (--nnodes 1)")
     if args.nnodes > 1 and not args.dist_init_addr:
         raise RadixflowError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address), the same on every node")
 
