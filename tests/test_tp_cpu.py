@@ -73,7 +73,7 @@ def test_tp2_engine_matches_tp1(tp2, reference):
 
 
 def _mixed_workload(e) -> dict:
-    """Stops, a grammar, a radix hit, input logprobs, seeded sampling, an abort mid-decode and a
+    """Stops, a grammar, a radix hit, input logprobs, unseeded sampling, an abort mid-decode and a
     request graph (select, a continued gen), in one engine; greedy results for comparison."""
     import radixflow as rf
 
@@ -81,7 +81,7 @@ def _mixed_workload(e) -> dict:
     batch = e.generate(
         [PROMPTS[0], CONSTRAINED[0], CACHED_PROMPT + " then", PROMPTS[3], PROMPTS[1]],
         [{**GREEDY, "stop": ["."]}, CONSTRAINED[1], GREEDY, {**GREEDY, "stop_token_ids": [28]},
-         {"max_new_tokens": 10, "temperature": 0.8, "sampling_seed": 5}],
+         {"max_new_tokens": 10, "temperature": 1.0}],  # unseeded: each rank's own draw could differ
         return_logprob=[False, False, False, True, False], logprob_start_len=[-1, -1, -1, 0, -1],
     )  # fmt: skip
     stream = e.generate(PROMPTS[2], {"max_new_tokens": 40, "temperature": 0}, stream=True)
