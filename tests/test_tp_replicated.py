@@ -31,9 +31,9 @@ def test_a_diverging_rank_is_detected(monkeypatch):
     step, stops, and the Engine fails with that reason instead of hanging in a collective."""
     from radixflow import Engine
     from radixflow.runtime.distributed.tp_launch import TPRankFailed
-    from radixflow.runtime.scheduling.replica import DIVERGE_RID_ENV
+    from radixflow.env import TP_DIVERGE_RID_PREFIX
 
-    monkeypatch.setenv(DIVERGE_RID_ENV, "diverge-")  # read by the spawned rank 1
+    monkeypatch.setenv(TP_DIVERGE_RID_PREFIX, "diverge-")  # read by the spawned rank 1
     e = Engine(tp_size=2)
     try:
         assert e.generate(PROMPTS[0], GREEDY, rid="agree-1")["text"]

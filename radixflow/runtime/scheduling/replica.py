@@ -37,9 +37,6 @@ if TYPE_CHECKING:
     from radixflow.runtime.scheduling.req import Req
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
-DIVERGE_RID_ENV = "RADIXFLOW_TEST_TP_DIVERGE_RID_PREFIX"  # tests: ranks > 0 drop such requests
-
-
 class TPDivergedError(RuntimeError):
     """A rank's scheduler made a different decision than rank 0's."""
 
@@ -52,6 +49,7 @@ class ReplicaSync:
     digest: int = 0
     passes: int = 0
     events: list = field(default_factory=list)  # rank 0: calls since the last step
+    drop_prefix: Optional[str] = None  # tests: a rank > 0 drops requests whose rid starts so
 
     @property
     def leader(self) -> bool:
@@ -81,11 +79,10 @@ class ReplicaSync:
         return pickle.loads(msg.payload) if msg.payload else []
 
     def apply(self, sched: Scheduler, events: list) -> None:
-        drop = os.environ.get(DIVERGE_RID_ENV)
         for kind, *args in events:
             if kind == "add":
                 req = pickle.loads(args[0])
-                if not (drop and req.rid.startswith(drop)):
+                if not (self.drop_prefix and req.rid.startswith(self.drop_prefix)):
                     sched.add_request(req)
             elif kind == "abort":
                 sched.abort(args[0])
@@ -130,7 +127,8 @@ def attach_replica(sched: Scheduler, continue_hook: Optional[Callable[[Req], boo
     """Make `sched` one of the replicated schedulers (every rank calls this once); `continue_hook`:
     the program executor's continue hook on rank 0 (None on the other ranks)."""
     check_every = env.tp_check_every(64 if str(sched.device).startswith("cuda") else 1)
-    sync = ReplicaSync(StepChannel(sched.runner.tp), lambda: sched.runner.kv_pool.allocator.num_free_slots, check_every)
+    sync = ReplicaSync(StepChannel(sched.runner.tp), lambda: sched.runner.kv_pool.allocator.num_free_slots, check_every,
+                       drop_prefix=env.test_tp_diverge_rid_prefix())  # fmt: skip
     sched.replica = sync
     sched.continue_request = replicated_continue(sync, sched, continue_hook)
     sched.runner.pass_hook = sync.before_pass
