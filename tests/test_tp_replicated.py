@@ -10,6 +10,8 @@ import pytest
 
 from test_tp_cpu import CONSTRAINED, GREEDY, PROMPTS
 
+SMALL_KV = 4096  # KV slots per rank: these engines run a few short requests (the suite's memory stays low)
+
 
 @pytest.fixture(scope="module")
 def reference(engine) -> dict:
@@ -20,7 +22,7 @@ def test_tp2_leader_scheduler_matches_tp1(reference):
     """The previous protocol (rank 0 schedules alone and broadcasts each pass) stays selectable."""
     from radixflow import Engine
 
-    with Engine(tp_size=2, tp_scheduler="leader") as e:
+    with Engine(tp_size=2, tp_scheduler="leader", max_total_tokens=SMALL_KV) as e:
         assert e.scheduler.replica is None
         assert [o["text"] for o in e.generate(PROMPTS, GREEDY)] == reference["batch"]
         assert e.generate(*CONSTRAINED)["text"] == reference["constrained"]
@@ -34,7 +36,7 @@ def test_a_diverging_rank_is_detected(monkeypatch):
     from radixflow.env import TP_DIVERGE_RID_PREFIX
 
     monkeypatch.setenv(TP_DIVERGE_RID_PREFIX, "diverge-")  # read by the spawned rank 1
-    e = Engine(tp_size=2)
+    e = Engine(tp_size=2, max_total_tokens=SMALL_KV)
     try:
         assert e.generate(PROMPTS[0], GREEDY, rid="agree-1")["text"]
         start = time.time()
