@@ -1,6 +1,10 @@
 """Tensor parallelism on GPUs: tp=N vs tp=1 (correctness, then speed). Needs N GPUs.
 
     python benchmarks/tp_bench.py --tp 2 --tokenizer .gpu_assets/tokenizer --out $OUT
+    python benchmarks/tp_bench.py --tp 2 --variants replicated,leader,replicated+one-shot ...
+
+Each section runs tp=1 once and tp=N once per variant (`--variants`, default `replicated`):
+`replicated` / `leader` pick `--tp-scheduler`, `+one-shot` adds `--enable-one-shot-allreduce`.
 
 1. logprobs   default model architecture (configs/smollm2-135m.json), bf16 dummy weights
               (identical at every tp: parallel layers shard the same draws), teacher-forced
@@ -51,9 +55,18 @@ def config_path(name: str, smoke: bool) -> str:
     return os.path.join(CONFIGS, f"{name}.json")
 
 
+def variant_args(variant: str) -> dict:
+    scheduler, _, extra = variant.partition("+")
+    if scheduler not in ("replicated", "leader") or extra not in ("", "one-shot"):
+        raise SystemExit(f"unknown variant {variant!r}: replicated or leader, optionally +one-shot")
+    return {"tp_scheduler": scheduler, "enable_one_shot_allreduce": extra == "one-shot"}
+
+
 def make_engine(opts, config: str, tp: int, **kw):
     import radixflow
 
+    if tp > 1:
+        kw.update(variant_args(opts.child_variant))
     kw.update(tp_size=tp, load_format="dummy", max_total_tokens=kw.get("max_total_tokens", 200_000))
     if opts.tokenizer:
         kw["tokenizer_path"] = opts.tokenizer
@@ -140,10 +153,10 @@ def child(opts) -> None:
 
 
 # -- parent: run the children, compare, print the table --------------------------------------------
-def run_child(opts, section: str, tp: int) -> dict:
-    path = os.path.join(opts.out, f"{section}_tp{tp}.json")
+def run_child(opts, section: str, tp: int, variant: str = "replicated") -> dict:
+    path = os.path.join(opts.out, f"{section}_{label(tp, variant)}.json")
     cmd = [sys.executable, os.path.abspath(__file__), "--child", section, "--child-tp", str(tp), "--child-out", path,
-           "--out", opts.out] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else []) \
+           "--out", opts.out, "--child-variant", variant] + (["--tokenizer", opts.tokenizer] if opts.tokenizer else []) + (["--smoke"] if opts.smoke else []) \
         + (["--attention-backend", opts.attention_backend] if opts.attention_backend else []) \
         + (["--graph-max-bs", str(opts.graph_max_bs)] if opts.graph_max_bs is not None else [])
     t = time.perf_counter()
@@ -173,19 +186,33 @@ def compare_logprobs(ref: dict, cand: dict, tol: float) -> dict:
     return {"prefill_max_abs": pre, "decode_max_abs": dec, "same_greedy_ids": same_ids, "pass": worst <= tol}
 
 
-def print_table(results: dict, tp: int) -> None:
-    rows = [("section", "tp=1", f"tp={tp}", "note")]
-    lp = results.get("logprobs", {})
-    if lp:
-        rows.append(("logprobs max |diff|", "-", f"{lp.get('prefill_max_abs', float('nan')):.4f} / "
-                     f"{lp.get('decode_max_abs') if lp.get('decode_max_abs') is None else round(lp['decode_max_abs'], 4)}",
-                     f"prefill / decode; pass={lp.get('pass')} same ids={lp.get('same_greedy_ids')}"))
-    for key, label, metric in (("decode_bs1", "8B bs1 decode tok/s", "tok_s"), ("offline", "8B offline out tok/s", "out_tok_s")):
+def logprob_verdict(ref: dict, cand: dict, tol: float) -> dict:
+    for name, r in (("tp=1", ref), ("candidate", cand)):
+        if "error" in r:
+            return {"error": f"{name} run failed: {r['error']}"}
+    return compare_logprobs(ref, cand, tol)
+
+
+def label(tp: int, variant: str) -> str:
+    return "tp1" if tp == 1 else f"tp{tp}-{variant}"
+
+
+def print_table(results: dict, tp: int, variants: list) -> None:
+    rows = [("section", "tp=1", f"tp={tp} variant", f"tp={tp}", "note")]
+    for v in variants:
+        lp = results.get("logprobs", {}).get(label(tp, v))
+        if lp and "pass" in lp:
+            dec = lp.get("decode_max_abs")
+            rows.append(("logprobs max |diff|", "-", v, f"{lp['prefill_max_abs']:.4f} / {dec if dec is None else round(dec, 4)}",
+                         f"prefill / decode; pass={lp['pass']} same ids={lp['same_greedy_ids']}"))
+        elif lp:
+            rows.append(("logprobs max |diff|", "-", v, "err", str(lp.get("error", ""))))
+    for key, name, metric in (("decode_bs1", "8B bs1 decode tok/s", "tok_s"), ("offline", "8B offline out tok/s", "out_tok_s")):
         r = results.get(key, {})
-        if r:
-            a, b = r.get("tp1", {}).get(metric), r.get(f"tp{tp}", {}).get(metric)
-            rows.append((label, f"{a:.1f}" if a else "err", f"{b:.1f}" if b else "err", f"x{b / a:.2f}" if a and b else ""))
-    widths = [max(len(str(r[i])) for r in rows) for i in range(4)]
+        for v in variants if r else []:
+            a, b = r.get("tp1", {}).get(metric), r.get(label(tp, v), {}).get(metric)
+            rows.append((name, f"{a:.1f}" if a else "err", v, f"{b:.1f}" if b else "err", f"x{b / a:.2f}" if a and b else ""))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(5)]
     for r in rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
 
@@ -204,21 +231,28 @@ def main() -> None:
     ap.add_argument("--child", default=None)
     ap.add_argument("--child-tp", type=int, default=1)
     ap.add_argument("--child-out", default=None)
+    ap.add_argument("--child-variant", default="replicated")
+    ap.add_argument("--variants", default="replicated", help="tp>1 variants, comma-separated: replicated, leader, "
+                    "each optionally +one-shot (e.g. replicated+one-shot)")
     opts = ap.parse_args()
     os.makedirs(opts.out, exist_ok=True)
     if opts.child:
         child(opts)
         return
+    variants = opts.variants.split(",")
+    for v in variants:
+        variant_args(v)  # fail before anything runs
     results: dict = {}
     for section in opts.sections.split(","):
-        runs = {f"tp{tp}": run_child(opts, section, tp) for tp in (1, opts.tp)}
-        if section == "logprobs" and "error" not in runs["tp1"] and "error" not in runs[f"tp{opts.tp}"]:
-            results[section] = compare_logprobs(runs["tp1"], runs[f"tp{opts.tp}"], opts.tol)
+        runs = {"tp1": run_child(opts, section, 1)}
+        runs.update({label(opts.tp, v): run_child(opts, section, opts.tp, v) for v in variants})
+        if section == "logprobs":
+            results[section] = {k: logprob_verdict(runs["tp1"], r, opts.tol) for k, r in runs.items() if k != "tp1"}
         else:
             results[section] = {k: {m: v for m, v in r.items() if not m.endswith("_lps")} for k, r in runs.items()}
         with open(os.path.join(opts.out, "tp_results.json"), "w") as f:
             json.dump(results, f, indent=1)
-    print_table(results, opts.tp)
+    print_table(results, opts.tp, variants)
 
 
 if __name__ == "__main__":

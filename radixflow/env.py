@@ -27,6 +27,15 @@ def test_fault_rid_prefix() -> Optional[str]:
     return os.environ.get("RADIXFLOW_TEST_FAULT_RID_PREFIX") or None
 
 
+TP_DIVERGE_RID_PREFIX = "RADIXFLOW_TEST_TP_DIVERGE_RID_PREFIX"
+
+
+def test_tp_diverge_rid_prefix() -> Optional[str]:
+    """RADIXFLOW_TEST_TP_DIVERGE_RID_PREFIX (tests only): tensor-parallel ranks > 0 drop the requests
+    whose rid starts with it, to exercise the detection of a rank that diverges."""
+    return os.environ.get(TP_DIVERGE_RID_PREFIX) or None
+
+
 def triton_interpret() -> bool:
     """TRITON_INTERPRET=1: Triton kernels run in Triton's CPU interpreter (no PDL, no GPU)."""
     return os.environ.get("TRITON_INTERPRET") == "1"

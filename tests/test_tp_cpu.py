@@ -72,6 +72,48 @@ def test_tp2_engine_matches_tp1(tp2, reference):
     assert again["meta_info"]["cached_tokens"] > 0 and first["meta_info"]["cached_tokens"] == 0
 
 
+def _mixed_workload(e) -> dict:
+    """Stops, a grammar, a radix hit, input logprobs, unseeded sampling, an abort mid-decode and a
+    request graph (select, a continued gen), in one engine; greedy results for comparison."""
+    import radixflow as rf
+
+    e.generate(CACHED_PROMPT, GREEDY)  # its prefix is then cached
+    batch = e.generate(
+        [PROMPTS[0], CONSTRAINED[0], CACHED_PROMPT + " then", PROMPTS[3], PROMPTS[1]],
+        [{**GREEDY, "stop": ["."]}, CONSTRAINED[1], GREEDY, {**GREEDY, "stop_token_ids": [28]},
+         {"max_new_tokens": 10, "temperature": 1.0}],  # unseeded: each rank's own draw could differ
+        return_logprob=[False, False, False, True, False], logprob_start_len=[-1, -1, -1, 0, -1],
+    )  # fmt: skip
+    stream = e.generate(PROMPTS[2], {"max_new_tokens": 40, "temperature": 0}, stream=True)
+    next(stream), next(stream)
+    stream.close()  # aborts the request while it decodes
+
+    @rf.function
+    def quiz(s):
+        s += "Q: Is the sky blue? Answer yes or no.\nA: " + rf.select("yes", choices=["yes", "no"])
+        s += "\nQ: Name a color.\nA:" + rf.gen("color", max_tokens=6, stop="\n")
+        s += "\nQ: Name a fruit.\nA:" + rf.gen("fruit", max_tokens=6, stop="\n")
+
+    state = quiz.run(backend=e, temperature=0, mode="graph")
+    return {"texts": [o["text"] for o in batch[:4]], "finish": [o["meta_info"]["finish_reason"] for o in batch[:4]],
+            "cached": batch[2]["meta_info"]["cached_tokens"] > 0, "logprobs": len(batch[3]["meta_info"]["input_token_logprobs"]),
+            "program": (state["yes"], state["color"], state["fruit"])}  # fmt: skip
+
+
+def test_tp2_replicated_schedulers_agree_on_a_mixed_workload(tp2, engine, reference):
+    """Every rank runs the scheduler; rank 1 checks each pass's decision and input ids (every sampled
+    token fed back) against rank 0's digest and stops with an error at the first difference, so the
+    engine still answering afterwards means the ranks agreed on every pass."""
+    replica = tp2.scheduler.replica
+    assert tp2.server_args.tp_scheduler == "replicated" and replica.check_every == 1
+    passes = replica.passes
+    got = _mixed_workload(tp2)
+    assert got == _mixed_workload(engine)
+    assert got["cached"] and re.fullmatch(REGEX, got["texts"][1])
+    assert tp2.generate(PROMPTS, GREEDY)[0]["text"] == reference["batch"][0]
+    assert replica.passes > passes + 20
+
+
 def test_dead_rank_fails_the_engine_within_seconds(tp2):
     from radixflow.runtime.distributed.tp_launch import TPRankFailed
 
@@ -119,3 +161,7 @@ def test_bad_tp_arguments_are_clear():
         Engine(tp_size=2, nnodes=2)
     with pytest.raises(RadixflowError, match="multiple of nnodes"):
         Engine(tp_size=3, nnodes=2, dist_init_addr="127.0.0.1:1")
+    with pytest.raises(RadixflowError, match="one-shot-allreduce needs tensor parallelism"):
+        Engine(enable_one_shot_allreduce=True, device="cpu")
+    with pytest.raises(RadixflowError, match="tp_scheduler"):
+        Engine(tp_size=2, tp_scheduler="rank0")

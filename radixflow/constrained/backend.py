@@ -107,6 +107,10 @@ class GrammarBackend:
                 req.jump_forward_tokens += len(forced)
         return True
 
+    def forget(self, req) -> None:
+        """Drop a request's compile job (its outcome was decided elsewhere: tensor-parallel rank 0)."""
+        self._jobs.pop(req, None)
+
     def wait(self, reqs: list, timeout: float) -> None:
         """Block until one of `reqs`' grammars is compiled, or `timeout` seconds (for an
         idle scheduler, instead of spinning while the compile threads need the CPU)."""

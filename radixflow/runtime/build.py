@@ -13,6 +13,7 @@ from radixflow.model_files import eos_token_ids, load_tokenizer
 from radixflow.runtime.distributed.tp_launch import TPGroup, start_tp
 from radixflow.runtime.execution.model_runner import ModelRunner
 from radixflow.runtime.programs.program_executor import ProgramExecutor
+from radixflow.runtime.scheduling.replica import attach_replica
 from radixflow.runtime.scheduling.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
 
@@ -49,4 +50,6 @@ def build_runtime(
     scheduler = Scheduler(args, runner, tokenizer, eos_ids, emit_outputs=emit_outputs,
                           continue_request=lambda req: programs.continue_request(req))
     programs = ProgramExecutor(scheduler, tokenizer)
+    if tp is not None and args.tp_scheduler == "replicated":
+        attach_replica(scheduler, programs.continue_request)
     return Runtime(args, tp, runner, tokenizer_path, tokenizer, eos_ids, scheduler, programs)

@@ -24,6 +24,7 @@ _CHOICES = {
     "grammar_backend": ("outlines", "llguidance"),
     "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
     "attention_p_parts": (1, 2),
+    "tp_scheduler": ("replicated", "leader"),
     "native_attention_dtype": ("float32", "float64"),
 }
 
@@ -72,6 +73,10 @@ _HELP = {
     "(slow; separates the two errors)",
     "native_attention_dtype": "what the torch_native attention backend computes in (float64: exact attention, "
     "a yardstick)",
+    "tp_scheduler": "tensor parallelism: replicated = every rank runs the same scheduler on the same inputs (rank 0 "
+    "shares only the arrivals and its sampled ids); leader = rank 0 schedules alone and broadcasts each forward pass",
+    "enable_one_shot_allreduce": "tensor parallelism on CUDA: small all-reduces (decode batches) through PyTorch's "
+    "symmetric-memory one-shot all-reduce, inside the CUDA graphs, instead of NCCL",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
 }
@@ -143,6 +148,8 @@ class ServerArgs:
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None
+    tp_scheduler: str = "replicated"
+    enable_one_shot_allreduce: bool = False
 
     # data parallelism: replicas behind sglang-router (runtime/server/data_parallel.py)
     dp_size: int = 1

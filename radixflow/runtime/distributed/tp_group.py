@@ -37,6 +37,8 @@ class TPContext:
     device_group: Any = None  # tensor collectives: nccl on cuda, gloo on cpu
     cpu_group: Any = None  # host-side agreement (e.g. min KV slots): always gloo
     store_addr: Optional[tuple[str, int]] = None  # the rendezvous TCPStore (heartbeats)
+    step_group: Any = None  # gloo: rank 0's messages to the replicated schedulers (step_channel.py)
+    one_shot: Any = None  # small all-reduces through symmetric memory (one_shot_allreduce.py), if enabled
 
     @property
     def is_leader(self) -> bool:
@@ -107,7 +109,8 @@ def init_tp(
         dist.all_reduce(torch.zeros(1, device="cuda"), group=world)
         torch.cuda.synchronize()
     cpu = world if backend == "gloo" else dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
-    _TP = TPContext(rank, tp_size, world, cpu, (host, port))
+    steps = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)  # its own: queued broadcasts never mix with others
+    _TP = TPContext(rank, tp_size, world, cpu, (host, port), steps)
     return _TP
 
 
@@ -153,6 +156,9 @@ def abort_tp() -> None:
 
 # -- collectives (on the group a layer or runner was built with) ------------------------------------
 def all_reduce(x: torch.Tensor, tp: TPContext) -> torch.Tensor:
+    """The sum over ranks; `x` itself (summed in place) or, through the one-shot path, a new tensor."""
+    if tp.one_shot is not None and tp.one_shot.fits(x):
+        return tp.one_shot(x)
     if tp.size > 1:
         dist.all_reduce(x, group=tp.device_group)
     return x

@@ -47,6 +47,9 @@ def check_tp_args(args: ServerArgs) -> None:
     if args.tp_size < 1:
         raise RadixflowError("tp_size must be >= 1")
     ranks_of_node(args.tp_size, args.nnodes, args.node_rank)
+    if args.enable_one_shot_allreduce and (args.tp_size == 1 or args.nnodes > 1 or args.resolved_device() != "cuda"):
+        raise RadixflowError("--enable-one-shot-allreduce needs tensor parallelism (--tp-size > 1) on the CUDA GPUs "
+                             "of one host (--nnodes 1)")
     if args.nnodes > 1 and not args.dist_init_addr:
         raise RadixflowError("--nnodes > 1 needs --dist-init-addr host:port (node 0's address), the same on every node")
 
@@ -83,12 +86,13 @@ class TPGroup:
 
     def shutdown(self) -> None:
         """Tell the ranks to stop (if they still can listen), then reap this node's."""
+        from radixflow.runtime.distributed.step_channel import send_stop as stop_replicas
         from radixflow.runtime.distributed.tp_worker import send_stop
 
         self._stop.set()
         if self.failure is None and self.tp is not None:
             try:
-                send_stop(self.tp)
+                (stop_replicas if self.args.tp_scheduler == "replicated" else send_stop)(self.tp)
             except Exception:  # noqa: BLE001 - a rank died meanwhile
                 pass
         destroy_tp()
@@ -152,6 +156,9 @@ def _dead_child(procs: dict) -> Optional[str]:
 
 
 def _dead_rank(group: TPGroup, store, last: dict) -> Optional[str]:
+    for rank in last:
+        if store.check([f"radixflow/failure/{rank}"]):
+            return f"tensor-parallel rank {rank} failed: {store.get(f'radixflow/failure/{rank}').decode()}"
     dead = _dead_child(group.procs)
     if dead:
         return dead
@@ -167,9 +174,8 @@ def _dead_rank(group: TPGroup, store, last: dict) -> Optional[str]:
 
 # -- ranks > 0 ---------------------------------------------------------------------------------------
 def worker_main(args: ServerArgs, rank: int, parent_pid: int) -> None:
-    """Process entry of one rank > 0: join, load the model shard, follow rank 0's passes."""
-    from radixflow.runtime.execution.model_runner import ModelRunner
-    from radixflow.runtime.distributed.tp_worker import follow_steps
+    """Process entry of one rank > 0: join, load the model shard, then follow rank 0: run the same
+    scheduler over its inputs (--tp-scheduler replicated) or run the passes it broadcasts (leader)."""
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # rank 0 / the launcher shuts us down
     logging.basicConfig(level=args.log_level.upper(), format=f"[%(asctime)s tp{rank}] %(message)s")
@@ -178,15 +184,39 @@ def worker_main(args: ServerArgs, rank: int, parent_pid: int) -> None:
     stopping = threading.Event()
     threading.Thread(target=_heartbeat, args=(rank, parent_pid, tp.store_addr, stopping), daemon=True).start()
     try:
-        runner = ModelRunner(dataclasses.replace(args))
-        reason = follow_steps(runner)
-    except Exception as e:  # rank 0 went away mid-collective, or this rank failed
+        reason = _follow(dataclasses.replace(args))
+    except Exception as e:  # rank 0 went away mid-collective, or this rank failed (diverged)
         log.error("tensor-parallel rank %d failed: %s: %s", rank, type(e).__name__, e)
+        _report_failure(tp, rank, f"{type(e).__name__}: {e}")
         os._exit(1)
     stopping.set()
     log.info("tensor-parallel rank %d stopping (%s)", rank, reason)
-    runner.release_cuda_graphs()
     destroy_tp()
+
+
+def _follow(args: ServerArgs) -> str:
+    if args.tp_scheduler == "replicated":
+        from radixflow.runtime.replica_follower import follow_leader
+
+        return follow_leader(args)
+    from radixflow.runtime.execution.model_runner import ModelRunner
+    from radixflow.runtime.distributed.tp_worker import follow_steps
+
+    runner = ModelRunner(args)
+    try:
+        return follow_steps(runner)
+    finally:
+        runner.release_cuda_graphs()
+
+
+def _report_failure(tp: TPContext, rank: int, reason: str) -> None:
+    """Leave why this rank fails in the rendezvous store, for rank 0's monitor to report."""
+    try:
+        host, port = tp.store_addr
+        store = dist.TCPStore(host, port, is_master=False, timeout=timedelta(seconds=5))
+        store.set(f"radixflow/failure/{rank}", reason[:2000])
+    except Exception:  # noqa: BLE001 - rank 0 is gone too: nobody to tell
+        pass
 
 
 def _heartbeat(rank: int, parent_pid: int, store_addr: tuple, stopping: threading.Event) -> None:

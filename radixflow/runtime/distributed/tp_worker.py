@@ -77,8 +77,8 @@ class RecordingReqToTokenPool(ReqToTokenPool):
         return writes
 
 
-def make_req_to_token(size: int, max_context: int, device: str, tp_size: int, rank: int) -> ReqToTokenPool:
-    cls = RecordingReqToTokenPool if tp_size > 1 and rank == 0 else ReqToTokenPool
+def make_req_to_token(size: int, max_context: int, device: str, rank: int, leader_broadcasts: bool) -> ReqToTokenPool:
+    cls = RecordingReqToTokenPool if leader_broadcasts and rank == 0 else ReqToTokenPool
     return cls(size, max_context, device)
 
 

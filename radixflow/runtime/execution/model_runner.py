@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import logging
+from typing import Callable, Optional
 
 import torch
 
@@ -53,7 +54,16 @@ class ModelRunner:
         self.model.set_kernel_settings(self.settings, self._fused())
         if self.device == "cuda" and self._fused() and not self.settings.batch_invariant:
             self.model.choose_small_batch_matmuls(self.settings)  # before graph capture: the graphs bake in the choice
+        if args.enable_one_shot_allreduce:  # before graph capture: the graphs bake in the all-reduce path
+            self._init_one_shot_allreduce()
         self.graph_runner = self._init_cuda_graphs()
+
+    def _init_one_shot_allreduce(self) -> None:
+        from radixflow.runtime.distributed.one_shot_allreduce import make_one_shot
+
+        rows = max(self.args.graph_max_bs(self.device), 1)
+        self.tp.one_shot = make_one_shot(self.tp.device_group, rows * self.model.shape.hidden * self.dtype.itemsize)
+        log.info("one-shot all-reduce: up to %d rows through symmetric memory", rows)
 
     def _fused(self) -> bool:
         """Whether the model's norm / rotary / SiLU-and-mul run as Triton kernels."""
@@ -107,8 +117,13 @@ class ModelRunner:
         if self.kv_pool.fp8:
             self._load_kv_scales()
         rows = self.args.max_running_requests + 1
-        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.size, self.tp.rank)
-        self.tp_leader = self.tp.size > 1 and self.tp.is_leader  # broadcasts each pass to the other ranks
+        leader_broadcasts = self.tp.size > 1 and self.args.tp_scheduler == "leader"
+        self.req_to_token = make_req_to_token(rows, self.context_len + 8, self.device, self.tp.rank, leader_broadcasts)
+        # called with each pass before it runs: rank 0's broadcast of the pass (--tp-scheduler leader),
+        # or the replicated schedulers' agreement check (scheduling/replica.py sets it)
+        self.pass_hook: Optional[Callable[[ForwardBatch], None]] = None
+        if leader_broadcasts and self.tp.is_leader:
+            self.pass_hook = lambda fb: broadcast_step(self.req_to_token, fb, self.tp)
         self.backend = create_attention_backend(
             self.args.attention_backend,
             self.device,
@@ -161,8 +176,8 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""
-        if self.tp_leader:
-            broadcast_step(self.req_to_token, fb, self.tp)
+        if self.pass_hook is not None:
+            self.pass_hook(fb)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
         self.backend.init_forward_metadata(fb)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from radixflow.runtime.scheduling.replica import TPDivergedError
 from radixflow.runtime.scheduling.req import Req, ReqState
 
 if TYPE_CHECKING:
@@ -25,15 +26,23 @@ def start_grammar_backend(sched: Scheduler) -> GrammarBackend:
 
 def poll_grammars(sched: Scheduler) -> list[Req]:
     """Move requests whose grammar has compiled to the waiting queue; finish those
-    whose grammar failed (the backend sets their finish reason). Returns the failed."""
+    whose grammar failed (the backend sets their finish reason). Returns the failed.
+    Under replicated tensor parallelism rank 0's outcomes are every rank's (replica.py)."""
     if not sched.pending_grammar:
         return []
     backend = sched.grammar_backend
-    if not (sched.waiting or sched.running or sched.chunked):  # idle: wait, don't spin
-        backend.wait(sched.pending_grammar, timeout=0.005)
+    replica = sched.replica
+    if replica is None or replica.leader:
+        if not (sched.waiting or sched.running or sched.chunked):  # idle: wait, don't spin
+            backend.wait(sched.pending_grammar, timeout=0.005)
+        outcomes = [backend.poll(req) for req in sched.pending_grammar]  # None: not yet; True: compiled; False: failed
+        if replica is not None:
+            replica.decide(lambda: [(ok, r.finish_reason if ok is False else None) for r, ok in zip(sched.pending_grammar, outcomes)])
+    else:
+        decided = replica.decide(lambda: None)
+        outcomes = [_follow(backend, r, ok, reason) for r, (ok, reason) in zip(sched.pending_grammar, decided)]
     still, failed = [], []
-    for req in sched.pending_grammar:
-        ready = backend.poll(req)  # None: not yet; True: compiled; False: failed
+    for req, ready in zip(sched.pending_grammar, outcomes):
         if ready is None:
             still.append(req)
         elif ready:
@@ -45,3 +54,21 @@ def poll_grammars(sched: Scheduler) -> list[Req]:
             failed.append(req)
     sched.pending_grammar = still
     return failed
+
+
+def _follow(backend, req: Req, ok, reason) -> object:
+    """A rank > 0 takes rank 0's outcome for one pending grammar: it waits for its own compile
+    of a grammar that compiled on rank 0, and fails the request with rank 0's reason otherwise."""
+    if ok is None:
+        return None
+    if ok is False:
+        backend.forget(req)
+        req.finish(reason)
+        return False
+    mine = backend.poll(req)
+    while mine is None:
+        backend.wait([req], timeout=0.05)
+        mine = backend.poll(req)
+    if mine is not True:
+        raise TPDivergedError(f"a grammar compiled on rank 0 but failed on this rank: {req.finish_reason}")
+    return True

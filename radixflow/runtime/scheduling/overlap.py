@@ -29,7 +29,7 @@ from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch
 from radixflow.runtime.scheduling.req import Req
-from radixflow.runtime.scheduling.sampler import SampleResult, sample
+from radixflow.runtime.scheduling.sampler import SampleResult
 
 if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
@@ -93,7 +93,7 @@ def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
     idle = IDLE_SAMPLED if sampled else IDLE_GREEDY
     rows = [r if ok else idle for r, ok in zip(flight.reqs, real)]
     sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
-    result = sample(flight.logits, rows, sched.eos_ids, sched.runner.settings)
+    result = sched.sample(flight.logits, rows)
     flight.logits, flight.real, flight.result = None, real, result
     flight.host_ids = result.next_ids.to("cpu", non_blocking=True)
     if result.next_ids.is_cuda:

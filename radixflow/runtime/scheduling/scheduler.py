@@ -35,6 +35,8 @@ from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_gramm
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
+from radixflow.runtime.scheduling.replica import ReplicaSync
+from radixflow.runtime.distributed.step_channel import agree_ids
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +74,12 @@ class Scheduler:
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
         self.inflight: Optional[InflightDecode] = None
+        self.replica: Optional[ReplicaSync] = None  # tensor parallelism with a scheduler on every rank
 
     # -- requests in and out --------------------------------------------------------------
     def add_request(self, req: Req) -> None:
+        if self.replica is not None:
+            self.replica.record_add(req)
         req.arrival_seq = next(self._seq)
         if req.sampling.sampling_seed is not None:
             req.generator = torch.Generator(device=self.device).manual_seed(req.sampling.sampling_seed)
@@ -93,6 +98,8 @@ class Scheduler:
             self.waiting.append(req)
 
     def abort(self, rid: str) -> Optional[Req]:
+        if self.replica is not None:
+            self.replica.record("abort", rid)
         for queue in (self.waiting, self.pending_grammar, self.running):
             for req in queue:
                 if req.rid == rid:
@@ -119,6 +126,8 @@ class Scheduler:
 
     def flush_cache(self) -> bool:
         """Drop every cached prefix; only when idle (like SGLang)."""
+        if self.replica is not None:
+            self.replica.record("flush")
         if self.has_work():
             return False
         self.inflight = None  # only finished requests' extra tokens were in flight
@@ -130,6 +139,8 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------------
     @torch.inference_mode()
     def step(self) -> list[ReqOutput]:
+        if self.replica is not None and self.replica.leader:
+            self.replica.publish_step()  # the other ranks receive it in replica_follower.py
         touched = poll_grammars(self)
         batch = form_extend_batch(self)
         if self.inflight is not None:
@@ -268,8 +279,14 @@ class Scheduler:
 
     # -- sampling, finishing -----------------------------------------------------------------------
     def _sample_and_advance(self, reqs: list[Req], logits: torch.Tensor) -> None:
-        result = sample(logits, reqs, self.eos_ids, self.runner.settings)
+        result = self.sample(logits, reqs)
         self._advance(reqs, result.next_ids.tolist(), result)
+
+    def sample(self, logits: torch.Tensor, reqs: list) -> SampleResult:
+        result = sample(logits, reqs, self.eos_ids, self.runner.settings)
+        if self.replica is not None:
+            agree_ids(result.next_ids, self.runner.tp)  # every rank takes rank 0's tokens
+        return result
 
     def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult, real: Optional[list] = None) -> list[Req]:
         """Append each request's sampled token; check stops; retire finished requests.
