@@ -62,6 +62,23 @@ def to_kv_dtype(x, Scale, head, KV_FP8: tl.constexpr, dtype: tl.constexpr):
 
 
 @triton.jit
+def as_f16_pow2(q):
+    """q (a 16-bit float tile) as float16 times 2^-e, returned with 2^e: e puts max|q| in [2^14, 2^15), so
+    nothing overflows float16 and every bf16 value within 2^28 of the max converts exactly.
+
+    An FP8 pool's K and V are widened to float16 for the tensor-core products, not to q's bf16: e4m3 ->
+    float16 is one conversion instruction per two values on Hopper (every e4m3 value is a float16 one),
+    e4m3 -> bf16 three (through float16, then float16 -> bf16 one value at a time), which left the FP8
+    decode attention bound by conversions rather than by its reads."""
+    amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0)
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141  # floor(log2(amax)) - 14
+    e = tl.minimum(tl.maximum(e, -100), 100)  # an all-zero tile: any e will do
+    down = ((127 - e) << 23).to(tl.float32, bitcast=True)
+    up = ((127 + e) << 23).to(tl.float32, bitcast=True)
+    return (q.to(tl.float32) * down).to(tl.float16), up
+
+
+@triton.jit
 def load_kv_block(Slots, offs_n, mask_n, K, V, stride_kt, stride_vt, offs_d, mask_d):
     """Gather a block of tokens' K (as [D, N], ready for q @ k) and V ([N, D]) of one KV
     head through its req_to_token row `Slots`; K and V point at that head."""
