@@ -21,10 +21,12 @@ from radixflow.kernels.fp8 import round_to_e4m3
 from radixflow.kernels.settings import KernelSettings
 
 
-def p_parts(dtype, settings: KernelSettings) -> int:
+def p_parts(dtype, settings: KernelSettings, kv_f16: bool = False) -> int:
     """The P_PARTS launch flag for attention computed in `dtype` (float32 p needs no split). An FP8 KV pool's
-    V is widened to q's dtype before p @ v, so pass q's dtype for it."""
-    return settings.attention_p_parts if dtype in (torch.bfloat16, torch.float16) else 1
+    V is widened to q's dtype before p @ v, so pass q's dtype for it. With `kv_f16` (an FP8 pool read through
+    float16 products, `as_f16_pow2`) p is one float16 part: its rounding, 2^-12 of p, is 8x below one bf16
+    part's and far below e4m3's own 2^-4 on every K and V element, and a second part doubles the p @ v work."""
+    return settings.attention_p_parts if dtype in (torch.bfloat16, torch.float16) and not kv_f16 else 1
 
 
 @triton.jit

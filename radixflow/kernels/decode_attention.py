@@ -259,6 +259,7 @@ def decode_attention(
     mid_o, mid_lse, mid_strides = _partials(out, num_splits, direct)
     r = rope or DecodeRope(seq_lens, q, q, q, q, seq_lens)  # unused without ROPE
     fp8 = k_buf.dtype == torch.float8_e4m3fn
+    kv_f16 = fp8 and q.dtype != torch.float32 and cfg["fp8_f16"]
     assert scales is not None or not fp8
     k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
     if rope is not None:
@@ -272,8 +273,8 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings), KV_FP8=fp8,
-        KV_F16=fp8 and q.dtype != torch.float32 and cfg["fp8_f16"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
+        KV_F16=kv_f16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
