@@ -35,6 +35,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
+  fp8_kernels  the FP8 kernels alone: each GEMV config per Llama-3-8B weight shape at batch 1 (FP8 and bf16
+               weights), decode attention at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
@@ -61,6 +63,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
+from gpubench.fp8_kernels import sec_fp8_kernels  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_pytest  # noqa: E402
@@ -79,7 +82,7 @@ SECTIONS = {
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
     "offline_p_parts_ab": sec_offline_p_parts_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
-    "bs1": sec_bs1, "offline_1k": sec_offline_1k,
+    "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},

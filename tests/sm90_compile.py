@@ -148,14 +148,17 @@ def check_decode_attention(pdl: int) -> None:
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": False},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, "KV_FP8": False},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, "KV_FP8": False},
-                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True}):
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": False, "KV_F16": False},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, "KV_FP8": False, "KV_F16": False},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, "KV_FP8": False, "KV_F16": False},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False}):
         ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig, {**extra, **consts},
                        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
+        if extra["KV_F16"]:  # e4m3 -> float16 in one step, no float16 -> bf16 conversions left
+            assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "num_splits", "D")}
@@ -173,7 +176,7 @@ def check_extend_attention() -> None:
     block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
     for parts, kv_fp8 in ((2, False), (3, False), (2, True)):
         consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts,
-                  "KV_FP8": kv_fp8}
+                  "KV_FP8": kv_fp8, "KV_F16": kv_fp8}
         _compile(extend_attention._extend_kernel, dict(sig, K=FP8, V=FP8) if kv_fp8 else sig, consts,
                  num_warps=warps, num_stages=2)
 

@@ -67,6 +67,21 @@ def test_fp8_gemv_matches_dequantized_reference(m, bias, words):
                                    ref.gemv_ref(cols, dequantize(wq, ws, torch.float32)), rtol=1e-5, atol=1e-9)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="full-size tiles: too slow for the CPU interpreter")
+@pytest.mark.parametrize("k", [4096, 5000])  # one tile per row (block_k 4096) or several; a ragged last tile
+def test_every_fp8_gemv_config_matches_the_reference(k):
+    """The load-time chooser keeps whichever candidate is fastest, so every candidate must be right."""
+    from radixflow.kernels.gemv import GEMV_CONFIGS_FP8
+
+    x = torch.randn(2, k, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(96, k, device=DEV))
+    want = ref.gemv_ref(x, dequantize(wq, ws, torch.float32))
+    for config in GEMV_CONFIGS_FP8:
+        for m in (1, 2):
+            got = gemv(x[:m], wq, config=config, w_scale=ws)
+            torch.testing.assert_close(got.float(), want[:m].float(), rtol=2e-2, atol=5e-2, msg=str(config))
+
+
 @pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
 @pytest.mark.parametrize("m", [1, 64, 300])
 def test_fp8_gemm_matches_reference(m):
@@ -270,6 +285,32 @@ def test_fp8_kv_decode_and_extend_attention_match_dequantized_reference(splits):
         got = extend_attention(qe, *bufs, table, req_idx, pre, ext, starts, max(extend), 0.25, scales=scales)
         want = ref.extend_attention_ref(qe, *deq, table, req_idx, pre, ext, 0.25)
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("magnitude", [1e-3, 1.0, 1e5])  # 1e5: past float16's range unless q is rescaled
+@pytest.mark.parametrize("f16", [True, False])  # K / V widened to float16 (the default) or to q's bf16
+def test_fp8_kv_attention_with_bf16_queries(magnitude, f16):
+    """bf16 queries over an FP8 pool: the products run in float16 with q rescaled by a power of two
+    (attention_common.as_f16_pow2), so q of any magnitude gives what the dequantized reference gives."""
+    from radixflow.kernels.decode_attention import decode_attention
+    from radixflow.kernels.extend_attention import extend_attention
+
+    if not f16 and DEV != "cuda":
+        pytest.skip("Triton's CPU interpreter gets e4m3 -> bf16 products wrong (1e9 off); the GPU does not")
+    seq_lens, hq, hkv, d = [70, 7, 1], 6, 2, 16
+    bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
+    q = (torch.randn(len(seq_lens), hq, d, device=DEV) * magnitude).to(torch.bfloat16)
+    lens, scale = torch.tensor(seq_lens, device=DEV), 0.25 / magnitude
+    got = decode_attention(q, *bufs, table, req_idx, lens, scale, 4, scales=scales, config={"fp8_f16": f16})
+    want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, scale)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+    prefix, extend = [10, 0, 1], [60, 7, 0]
+    qe = (torch.randn(sum(extend), hq, d, device=DEV) * magnitude).to(torch.bfloat16)
+    pre, ext = torch.tensor(prefix, device=DEV), torch.tensor(extend, device=DEV)
+    starts = torch.tensor([0, 60, 67], device=DEV)
+    got = extend_attention(qe, *bufs, table, req_idx, pre, ext, starts, max(extend), scale, scales=scales)
+    want = ref.extend_attention_ref(qe.float(), *deq, table, req_idx, pre, ext, scale)
+    torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
 def test_fp8_kv_cache_engine_stays_near_the_full_precision_cache(tmp_path, model_dir, tokenizer):

@@ -13,7 +13,8 @@ stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, s
 the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
 multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph); `fixed_splits`: when set, every batch size uses this many splits.
+graph); `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8
+pool's K / V are widened to float16 for the products (False: to q's dtype, as before; kept for A/B).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -36,7 +37,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts, to_kv_dtype
+from radixflow.kernels.attention_common import as_f16_pow2, dot, load_kv_block, online_softmax_step, p_parts, to_kv_dtype
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -48,7 +49,7 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
-    "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0,
+    "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
@@ -73,7 +74,7 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -109,6 +110,9 @@ def _decode_stage1(
             tl.debug_barrier()  # the stores are visible to the whole program before the loop reads them
     else:
         q = tl.load(q_ptrs + offs_d[None, :], mask=mask_h[:, None] & mask_d[None, :], other=0.0)
+    if KV_F16:  # FP8 pool, 16-bit q: products in float16 (attention_common.as_f16_pow2)
+        q, q_unit = as_f16_pow2(q)
+        scale = scale * q_unit
     Slots = ReqToToken + row * stride_r2t
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -255,6 +259,7 @@ def decode_attention(
     mid_o, mid_lse, mid_strides = _partials(out, num_splits, direct)
     r = rope or DecodeRope(seq_lens, q, q, q, q, seq_lens)  # unused without ROPE
     fp8 = k_buf.dtype == torch.float8_e4m3fn
+    kv_f16 = fp8 and q.dtype != torch.float32 and cfg["fp8_f16"]
     assert scales is not None or not fp8
     k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
     if rope is not None:
@@ -268,8 +273,8 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings), KV_FP8=fp8,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
+        KV_F16=kv_f16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import dot, load_kv_block, online_softmax_step, p_parts
+from radixflow.kernels.attention_common import as_f16_pow2, dot, load_kv_block, online_softmax_step, p_parts
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
@@ -23,7 +23,7 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_r2t,
     scale, GROUP, D, KScale, VScale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
-    P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
+    P_PARTS: tl.constexpr, KV_FP8: tl.constexpr, KV_F16: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -42,6 +42,9 @@ def _extend_kernel(
         mask_d = offs_d < D
         q = tl.load(Q + (q0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :],
                     mask=mask_m[:, None] & mask_d[None, :], other=0.0)
+        if KV_F16:
+            q, q_unit = as_f16_pow2(q)
+            scale = scale * q_unit
         q_pos = pre + offs_m
         kv_end = pre + tl.minimum((mblk + 1) * BLOCK_M, ext)
 
@@ -94,6 +97,7 @@ def extend_attention(
     if t == 0 or bsz == 0:
         return out
     fp8 = k_buf.dtype == torch.float8_e4m3fn
+    kv_f16 = fp8 and q.dtype != torch.float32  # products in float16 (attention_common.as_f16_pow2)
     assert scales is not None or not fp8
     k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
     block_m, block_n, warps = _blocks(q.dtype, d)
@@ -104,7 +108,7 @@ def extend_attention(
         out.stride(0), out.stride(1), req_to_token.stride(0),
         scale, group, d, k_scale, v_scale,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=triton.next_power_of_2(d),
-        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings), KV_FP8=fp8,
+        IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8, KV_F16=kv_f16,
         num_warps=warps, num_stages=2,
     )
     return out

@@ -51,6 +51,9 @@ GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
 )
+# Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
+# 0.7-16 us), and a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
+# with 4: by 1.9-27 us). block_k 1024 beat 2048 on three of the four shapes; smaller tiles are untried.
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
@@ -232,7 +235,8 @@ def _fp8_gemv(x, weight, bias, w_scale, config=None, settings=DEFAULT_KERNEL_SET
 
 @torch.inference_mode()
 def choose_gemv(
-    layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8), settings: KernelSettings = DEFAULT_KERNEL_SETTINGS
+    layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8), settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
+    report: dict | None = None,
 ) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
@@ -241,7 +245,8 @@ def choose_gemv(
     candidate is the best of three interleaved timings. Returns the largest M up to which the GEMV won at every timed M (0: always cuBLAS), its config,
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm.
     FP8 layers are (weight, bias, w_scale): their GEMM is kernels/fp8.py's (torch._scaled_mm) and their GEMV
-    candidates GEMV_CONFIGS_FP8."""
+    candidates GEMV_CONFIGS_FP8. `report`, if given, receives every candidate's time at the first M
+    ({"cublas" or str(config): us}, the RMSNorm included)."""
     from radixflow.kernels.norm_act import rmsnorm
 
     w0 = layers[0][0]
@@ -270,6 +275,8 @@ def choose_gemv(
         x = torch.randn(m, w0.shape[1], dtype=act_dtype, device=w0.device)
         configs = all_configs if m == ms[0] else (config,)
         us = fastest({"cublas": (gemm, gemm_kw), **{i: (gemv_fn, {"config": c, "settings": settings}) for i, c in enumerate(configs)}}, x)
+        if report is not None and m == ms[0]:
+            report.update({name if name == "cublas" else str(configs[name]): t for name, t in us.items()})
         blas = us.pop("cublas")
         best = min(us, key=us.get)
         if m == ms[0]:

@@ -1,0 +1,93 @@
+"""Section fp8_kernels: the FP8 kernels alone, at Llama-3-8B shapes (CUDA only).
+
+- GEMV at batch 1: every candidate config of the load-time chooser per weight shape, FP8 weights and
+  bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
+  TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
+- Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
+  default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
+  pool bytes each reads, and each output's largest difference from the bf16 pool's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from gpubench.common import free, log
+
+GEMV_SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+ATTN_CASES = ((256, 1536), (512, 1536))
+L2 = 60 << 20
+
+
+def _gemv_rates(name: str, n: int, k: int) -> dict:
+    from radixflow.kernels.gemv import choose_gemv
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    copies = max(2, math.ceil(4 * L2 / (n * k)))  # the FP8 copies hold 4x the L2, as 32 layers would
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    bf16, fp8 = {}, {}
+    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16)
+    quantized = [quantize_rows_torch(w) for w in weights]
+    del weights
+    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8)
+
+    def rates(times: dict, nbytes: int) -> dict:
+        return {c: {"us": round(us, 2), "TBps": round(nbytes / us / 1e6, 3)} for c, us in sorted(times.items(), key=lambda t: t[1])}
+
+    out = {"bf16": rates(bf16, n * k * 2), "fp8": rates(fp8, n * k)}
+    best = {kind: {"config": min(v, key=lambda c: v[c]["us"]), **min(v.values(), key=lambda r: r["us"])}
+            for kind, v in out.items()}
+    out["best"] = best
+    log(f"gemv {name} {n}x{k}: bf16 best {best['bf16']}, fp8 best {best['fp8']}")
+    return out
+
+
+def _fp8_pool(x: dict) -> tuple:
+    """The bench inputs' bf16 K / V as an FP8 pool with one scale per KV head (amax / 448)."""
+    from radixflow.kernels.reference import FP8, FP8_MAX
+
+    scales = [t.float().abs().amax(dim=(0, 2)) / FP8_MAX for t in (x["k"], x["v"])]
+    return [(t.float() / s[None, :, None]).to(FP8) for t, s in zip((x["k"], x["v"]), scales)], tuple(scales)
+
+
+def _attention_rates(bs: int, length: int) -> dict:
+    import gpu_attn_bench as attn
+    from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
+    from radixflow.kernels.gemv import time_graph_us
+
+    lens = [length] * bs
+    x = attn.make_inputs(lens)
+    (k8, v8), scales = _fp8_pool(x)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = num_kv_splits(bs, attn.KV_HEADS, sms)
+    nbytes = attn.kv_bytes(lens)
+    variants = {"bf16": (x["k"], x["v"], None, True, nbytes),
+                "fp8_f16": (k8, v8, scales, True, nbytes // 2), "fp8_bf16": (k8, v8, scales, False, nbytes // 2)}
+    out, ref_out = {"batch": bs, "len": length, "splits": splits}, None
+    for label, (kb, vb, sc, f16, size) in variants.items():
+        def run(i: int, kb=kb, vb=vb, sc=sc, f16=f16):
+            return decode_attention(x["q"], kb, vb, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE,
+                                    splits, config={"fp8_f16": f16}, scales=sc)
+
+        got = run(0).float()
+        ref_out = got if ref_out is None else ref_out
+        us = time_graph_us(run, max(x["copies"], 4))
+        out[label] = {"us": round(us, 1), "TBps": round(size / us / 1e6, 3),
+                      "max_abs_diff_vs_bf16": round((got - ref_out).abs().max().item(), 5)}
+    log(f"attention bs {bs} x {length}: {out}")
+    return out
+
+
+def sec_fp8_kernels() -> dict:
+    if not torch.cuda.is_available():
+        return {"skipped": "CUDA only"}
+    out = {"gemv": {}, "attention": {}}
+    for name, (n, k) in GEMV_SHAPES.items():
+        out["gemv"][name] = _gemv_rates(name, n, k)
+        free()  # the shape's weights
+    for bs, length in ATTN_CASES:
+        out["attention"][f"{bs}x{length}"] = _attention_rates(bs, length)
+        free()
+    return out
