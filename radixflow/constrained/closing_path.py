@@ -16,7 +16,8 @@ elsewhere closing brackets, then separators, then the shortest JSON values (`0`,
 `[]`, `null`, ...), then openers. Inside a string or number, a token after which the mask is
 one already seen in that lexeme made no progress: it is undone and passed over while
 another token is allowed (an email's local part takes one character, then the others are
-tried until `@` opens the domain).
+tried until `@` opens the domain). Before it is passed over, such a token is taken again a few
+times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
 The walk consumes on the matcher itself and rolls back before returning. Its length
 bounds the distance to acceptance from above; it is not always the shortest completion.
 """
@@ -35,6 +36,7 @@ PROBE_WORD = "the"  # allowed inside free string content, nowhere else in JSON
 STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a string or number
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
+REPEATS = 8  # a token that made no visible progress is taken again up to this often
 
 
 def _closers(alphabet: str, first: str = "") -> list:
@@ -87,7 +89,9 @@ class ClosingSearch:
                 walk.mask = None
                 continue
             after = self._mask(m)
-            if walk.seen_before(after, self._in_lexeme):  # no progress: undo it, try another token
+            if walk.seen_before(after, self._in_lexeme):
+                after = self._repeat(m, token, after, walk, path, limit)
+            if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
                 walk.skip.add(token)
@@ -96,6 +100,23 @@ class ClosingSearch:
         found = m.is_accepting() and not m.is_error()
         m.rollback(len(path))
         return path if found else None
+
+    def _repeat(self, m: LLMatcher, token: int, mask: np.ndarray, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
+        """`token` left the mask as it was: take it again, up to REPEATS times, in case it
+        counts (`[0-9]{5}`, or 5 digits anywhere in an unanchored pattern). Returns the mask
+        where it made progress (the repeats stay in `path`), else None (repeats undone)."""
+        for n in range(1, REPEATS + 1):
+            if len(path) >= limit or not _has(mask.view(np.uint32), token) or not m.consume_token(token):
+                m.rollback(n - 1)
+                del path[len(path) - (n - 1) :]
+                return None
+            path.append(token)
+            mask = self._mask(m)
+            if m.is_accepting() or not walk.seen_before(mask, self._in_lexeme):
+                return mask
+        m.rollback(REPEATS)
+        del path[-REPEATS:]
+        return None
 
     def _mask(self, m: LLMatcher) -> np.ndarray:
         mask = np.zeros(self.words, dtype=np.int32)
@@ -121,7 +142,7 @@ class ClosingSearch:
         for i in np.flatnonzero(allowed)[: len(skip) + 1].tolist():
             if int(prefs[i]) not in skip:
                 return int(prefs[i]), False
-        ids = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        ids = _first_allowed(mask, FALLBACK_TRIES + len(skip) + len(self.eos_ids) + 1)
         ids = ids[~np.isin(ids, self.eos_ids)]
         fresh = ids[~np.isin(ids, list(skip))] if skip else ids
         anyway = not fresh.size
@@ -156,6 +177,15 @@ def _accepts_after(m: LLMatcher, token: int) -> bool:
     done = m.is_accepting()
     m.rollback(1)
     return done
+
+
+def _first_allowed(mask: np.ndarray, words: int) -> np.ndarray:
+    """Allowed token ids in the first `words` non-zero words of `mask` (all of them when
+    fewer are non-zero): enough to pick from without unpacking the whole vocabulary."""
+    nonzero = np.flatnonzero(mask)[:words]
+    bits = np.unpackbits(mask[nonzero].view(np.uint8), bitorder="little").reshape(len(nonzero), 32)
+    rows, cols = np.nonzero(bits)
+    return nonzero[rows] * 32 + cols
 
 
 def _has(bits: np.ndarray, token: int) -> bool:
