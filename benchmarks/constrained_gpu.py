@@ -262,7 +262,7 @@ def correctness(a, eng) -> None:
 def table(a) -> None:
     log(a.out, "\n| backend | batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
     log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for b, n, temp in ((b, n, temp) for b in a.backends for n in a.sizes for temp in (0.0, 1.0)):
+    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in (0.0, 1.0)):
         tag = f"{b}/{{}}_bs{n}_T{temp:g}"
         j, fj, r, fr = (RESULTS.get(tag.format(k)) for k in ("json", "free_json", "regex", "free_regex"))
         h = RESULTS.get(tag.format("half"))

@@ -90,7 +90,7 @@ class ClosingSearch:
                 continue
             after = self._mask(m)
             if walk.seen_before(after, self._in_lexeme):
-                after = self._repeat(m, token, after, walk, path, limit)
+                after = self._repeat(m, token, walk, path, limit)
             if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
@@ -101,21 +101,18 @@ class ClosingSearch:
         m.rollback(len(path))
         return path if found else None
 
-    def _repeat(self, m: LLMatcher, token: int, mask: np.ndarray, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
-        """`token` left the mask as it was: take it again, up to REPEATS times, in case it
-        counts (`[0-9]{5}`, or 5 digits anywhere in an unanchored pattern). Returns the mask
-        where it made progress (the repeats stay in `path`), else None (repeats undone)."""
-        for n in range(1, REPEATS + 1):
-            if len(path) >= limit or not _has(mask.view(np.uint32), token) or not m.consume_token(token):
-                m.rollback(n - 1)
-                del path[len(path) - (n - 1) :]
-                return None
-            path.append(token)
+    def _repeat(self, m: LLMatcher, token: int, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
+        """`token` left the mask as it was: take it again, up to REPEATS times (fewer where
+        the grammar stops it), in case it counts (`[0-9]{5}`, or 5 digits anywhere in an
+        unanchored pattern). Returns the mask where it made progress (the repeats join `path`),
+        else None (repeats undone). One mask, whatever the count."""
+        n = m.try_consume_tokens([token] * min(REPEATS, limit - len(path)))
+        if n:
             mask = self._mask(m)
             if m.is_accepting() or not walk.seen_before(mask, self._in_lexeme):
+                path.extend([token] * n)
                 return mask
-        m.rollback(REPEATS)
-        del path[-REPEATS:]
+            m.rollback(n)
         return None
 
     def _mask(self, m: LLMatcher) -> np.ndarray:
