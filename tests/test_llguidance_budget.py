@@ -152,9 +152,10 @@ def test_far_from_the_budget_tokens_off_the_path_are_not_searched(backend, engin
 
 
 def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, engine):
-    """Far from the budget `1` and the digits after it are taken unchecked; once the budget
-    comes near, no completion fits (60 digits are owed), so the output is cut back to before
-    `1` and closed there (EOS: the empty output was complete)."""
+    """Far from the budget `ab`, `1` and the digits after it are taken unchecked; once the
+    budget comes near, no completion fits (60 digits are owed), so the output is cut back to
+    where the path was last verified, the start, and closed there (EOS: the empty output is
+    complete)."""
     encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     req = start(backend, 50, "regex", "[a-z]{0,10}(1[0-9]{60})?")
     prefix = encode("ab")
@@ -169,7 +170,7 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
         if jump:
             break
     keep, tokens = jump
-    assert keep == len(prefix) and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > keep + 2
+    assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 
 

@@ -164,12 +164,12 @@ class LLGuidanceMatcher:
             self.path = path[n:]
             return True
         self.since += n
+        if left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
+            return True  # far from the budget: verified later
         for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):
                 self.path, self.since = list(tail), 0
                 return True
-        if left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
-            return True  # far from the budget: verified later
         found = self.search.find(self.m, left)
         if found is not None:
             self.path, self.since = found, 0
