@@ -16,8 +16,8 @@ elsewhere closing brackets, then separators, then the shortest JSON values (`0`,
 `[]`, `null`, ...), then openers. Inside a string or number, a token after which the mask is
 one already seen in that lexeme made no progress: it is undone and passed over while
 another token is allowed (an email's local part takes one character, then the others are
-tried until `@` opens the domain). Before it is passed over, such a token is taken again a few
-times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
+tried until `@` opens the domain). Once a few tokens were passed over, such a token is first
+taken again a few times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
 The walk consumes on the matcher itself and rolls back before returning. Its length
 bounds the distance to acceptance from above; it is not always the shortest completion.
 """
@@ -36,7 +36,8 @@ PROBE_WORD = "the"  # allowed inside free string content, nowhere else in JSON
 STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a string or number
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
-REPEATS = 8  # a token that made no visible progress is taken again up to this often
+REPEATS = 8  # a token that made no visible progress is taken again up to this often,
+REPEAT_AFTER = 24  # once this many others were passed over (a shorter way, `ed` for 2 hex digits, first)
 
 
 def _closers(alphabet: str, first: str = "") -> list:
@@ -89,8 +90,8 @@ class ClosingSearch:
                 walk.mask = None
                 continue
             after = self._mask(m)
-            if walk.seen_before(after, self._in_lexeme):
-                after = self._repeat(m, token, walk, path, limit)
+            if walk.seen_before(after, self._in_lexeme):  # repeats only once a few tokens were passed over
+                after = self._repeat(m, token, walk, path, limit) if len(walk.skip) >= REPEAT_AFTER else None
             if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
@@ -102,18 +103,27 @@ class ClosingSearch:
         return path if found else None
 
     def _repeat(self, m: LLMatcher, token: int, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
-        """`token` left the mask as it was: take it again, up to REPEATS times (fewer where
-        the grammar stops it), in case it counts (`[0-9]{5}`, or 5 digits anywhere in an
-        unanchored pattern). Returns the mask where it made progress (the repeats join `path`),
-        else None (repeats undone). One mask, whatever the count."""
+        """`token` left the mask as it was: take it again, up to REPEATS times, in case it
+        counts (`[0-9]{5}`, or 5 digits anywhere in an unanchored pattern): progress is a
+        token allowed that was not before (`-` after `[0-9]{3}`; reaching the bound of
+        `[a-z]{1,20}` only takes tokens away). One mask decides; then the fewest copies that
+        make the progress join `path`, and the mask there is returned. None: no progress."""
+        before = walk.mask
         n = m.try_consume_tokens([token] * min(REPEATS, limit - len(path)))
-        if n:
+        progress = n and self._opens(m, before)
+        m.rollback(n)
+        if not progress:
+            return None
+        for k in range(1, n + 1):
+            m.consume_token(token)
             mask = self._mask(m)
-            if m.is_accepting() or not walk.seen_before(mask, self._in_lexeme):
-                path.extend([token] * n)
+            if m.is_accepting() or bool(np.any(mask & ~before)):
+                path.extend([token] * k)
                 return mask
-            m.rollback(n)
-        return None
+        raise AssertionError("the same copies opened a token before")
+
+    def _opens(self, m: LLMatcher, before: np.ndarray) -> bool:
+        return m.is_accepting() or bool(np.any(self._mask(m) & ~before))
 
     def _mask(self, m: LLMatcher) -> np.ndarray:
         mask = np.zeros(self.words, dtype=np.int32)
