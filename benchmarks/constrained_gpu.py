@@ -7,8 +7,11 @@ from the constrained run (ignore_eos), plus a half-constrained batch (even rows 
 free with the JSON run's lengths) against the all-free batch. Every constrained output is checked
 (jsonschema / re.fullmatch). At batch 64, GPU idle between full-batch decode passes is measured
 for all-constrained and free decoding (the gap between two forward passes counts the mask and
-sampling kernels as idle, so it overstates idleness). A correctness section first compares
-greedy outputs with overlap scheduling on and off for a mixed batch (JSON, regex, free).
+sampling kernels as idle, so it overstates idleness); the same for the regex at batch 256. A
+correctness section first compares greedy outputs with overlap scheduling on and off for a mixed
+batch (JSON, regex, free). Every grammar backend named by --grammar-backends runs in the same
+engine (each keeps its compiled grammars), configuration by configuration, so their figures
+share the free runs' conditions; labels are prefixed with the backend.
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
@@ -33,7 +36,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from gpu_bench import TINY_CONFIG, ForwardRecorder  # noqa: E402
+from gpubench.common import TINY_CONFIG  # noqa: E402
+from gpubench.offline import ForwardRecorder  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -45,7 +49,8 @@ SCHEMA = {"type": "object", "properties": {
                                                    "zip": {"type": "string", "pattern": "[0-9]{5}"}},
                 "required": ["city", "zip"]}},
     "required": ["name", "age", "email", "role", "skills", "address"]}  # fmt: skip
-REGEX = r"\d{3}-\d{3}-\d{4} \((home|work|cell)\), [A-Z][a-z]{2,12} [A-Z][a-z]{2,12}"
+# [0-9], not \d: llguidance's \d is Unicode 16's digits, Python 3.11's re (the validity check) knows Unicode 15
+REGEX = r"[0-9]{3}-[0-9]{3}-[0-9]{4} \((home|work|cell)\), [A-Z][a-z]{2,12} [A-Z][a-z]{2,12}"
 MAX_NEW = 160
 CUDA = torch.cuda.is_available()
 RESULTS: dict = {}
@@ -89,7 +94,7 @@ def make_engine(a):
         from radixflow.model_files import resolve_model
 
         tok = resolve_model(None).path
-    kw["grammar_backend"] = a.grammar_backend
+    kw["grammar_backend"] = a.backends[0]
     kw["grammar_compile_timeout_s"] = 120.0  # the first compile of SCHEMA, on a busy host
     return radixflow.Engine(model_config(a.smoke), load_format="dummy", tokenizer_path=tok, **kw)
 
@@ -155,33 +160,56 @@ def lengths(outs: list) -> list:
     return [o["meta_info"]["completion_tokens"] for o in outs]
 
 
-def run_size(a, eng, n: int, temp: float) -> None:
+def use_backend(eng, name: str) -> str:
+    """Make `name` the scheduler's grammar backend (between runs; each keeps its grammar cache)."""
+    import dataclasses
+
+    from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
+
+    sched = eng.scheduler
+    if not BACKENDS:
+        BACKENDS[sched.args.grammar_backend] = start_grammar_backend(sched)
+    sched.args = dataclasses.replace(sched.args, grammar_backend=name)
+    if name not in BACKENDS:
+        sched.grammar_backend = None
+        BACKENDS[name] = start_grammar_backend(sched)
+    sched.grammar_backend = BACKENDS[name]
+    sched.jump_forward = BACKENDS[name].jump_forward
+    return name + "/"
+
+
+BACKENDS: dict = {}
+
+
+def run_size(a, eng, n: int, temp: float, backend: str) -> None:
     """JSON, regex, the free runs of their lengths and the half batch, `a.repeats` times in turn."""
     ps = prompts(n)
     tag = f"bs{n}_T{temp:g}"
+    pre = use_backend(eng, backend)
     for kind in ("json", "regex"):
-        warm_params = [dict(grammar_params(kind, temp), max_new_tokens=48)] * n  # budget-aware: closes in time
+        warm_params = [dict(grammar_params(kind, temp), max_new_tokens=64)] * n  # above both backends' shortest output
         eng.generate(ps, warm_params)  # compile the grammar, warm kernels at this batch's shapes
         eng.generate(ps, [free_params(temp, 16)] * n)
     for _ in range(a.repeats):
         for kind in ("json", "regex"):
             outs, dt, st = timed(eng, ps, [grammar_params(kind, temp)] * n)
-            record(a, f"{kind}_{tag}", outs, dt, st, kind)
+            record(a, f"{pre}{kind}_{tag}", outs, dt, st, kind)
             lens = lengths(outs)
             outs, dt, st = timed(eng, ps, [free_params(temp, L) for L in lens])
-            record(a, f"free_{kind}_{tag}", outs, dt, st)
+            record(a, f"{pre}free_{kind}_{tag}", outs, dt, st)
             if kind == "json" and n > 1:
                 params = [grammar_params("json", temp) if i % 2 == 0 else free_params(temp, L) for i, L in enumerate(lens)]
                 outs, dt, st = timed(eng, ps, params)
-                record(a, f"half_{tag}", outs, dt, st, "json", check=slice(0, None, 2))
+                record(a, f"{pre}half_{tag}", outs, dt, st, "json", check=slice(0, None, 2))
 
 
-def idle(a, eng, n: int) -> None:
-    """GPU idle between full-batch decode passes, all rows constrained (JSON, greedy) vs free."""
+def idle(a, eng, n: int, kind: str, backend: str) -> None:
+    """GPU idle between full-batch decode passes, all rows constrained (greedy) vs free."""
     ps = prompts(n)
+    pre = use_backend(eng, backend)
     outs = None
-    for label in ("json", "free"):
-        params = [grammar_params("json", 0.0)] * n if label == "json" else [free_params(0.0, L) for L in lengths(outs)]
+    for label in (kind, "free"):
+        params = [grammar_params(kind, 0.0)] * n if label == kind else [free_params(0.0, L) for L in lengths(outs)]
         rec = ForwardRecorder(eng.runner)
         try:
             outs_now, dt, _ = timed(eng, ps, params)
@@ -191,12 +219,14 @@ def idle(a, eng, n: int) -> None:
         dec = [r for r in rec.records if r[0] == "decode" and r[1] == n]
         busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
         gaps = [x[3].elapsed_time(y[2]) for x, y in zip(dec, dec[1:])]
-        RESULTS[f"idle_{label}_bs{n}"] = entry = {
-            "decode_passes": len(dec), "extend_passes": sum(r[0] == "extend" for r in rec.records),
+        name = f"{pre}idle_{'free' if label == 'free' else 'constrained'}_{kind}_bs{n}"
+        RESULTS[name] = entry = {
+            "s": dt, "all_passes": len(rec.records), "decode_passes": len(dec), "extend_passes": sum(r[0] == "extend" for r in rec.records),
+            "gpu_busy_s": sum(s.elapsed_time(e) for _, _, s, e, _ in rec.records) / 1e3,
             "gpu_forward_ms": statistics.median(busy) if busy else None, "gap_ms": statistics.median(gaps) if gaps else None,
             "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None,
         }  # fmt: skip
-        log(a.out, f"idle_{label}_bs{n}", json.dumps(entry))
+        log(a.out, name, json.dumps(entry))
 
 
 def correctness(a, eng) -> None:
@@ -230,20 +260,19 @@ def correctness(a, eng) -> None:
 
 
 def table(a) -> None:
-    log(a.out, "\n| batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
-    log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for n in a.sizes:
-        for temp in (0.0, 1.0):
-            tag = f"bs{n}_T{temp:g}"
-            j, fj, r, fr = (RESULTS.get(f"{k}_{tag}") for k in ("json", "free_json", "regex", "free_regex"))
-            h = RESULTS.get(f"half_{tag}")
-            if not (j and fj and r and fr):
-                continue
-            half = f"{h['tok_s']:.0f} | {h['tok_s'] / fj['tok_s']:.2f}x | {h['valid']}/{h['checked']}" if h else "- | - | -"
-            log(a.out, f"| {n} | {temp:g} | {j['tok_s']:.0f} | {fj['tok_s']:.0f} | {j['tok_s'] / fj['tok_s']:.2f}x | "
-                f"{j['valid']}/{j['checked']} | {r['tok_s']:.0f} | {fr['tok_s']:.0f} | {r['tok_s'] / fr['tok_s']:.2f}x | "
-                f"{r['valid']}/{r['checked']} | {half} |")  # fmt: skip
-    for key in sorted(k for k in RESULTS if k.startswith("idle_")):
+    log(a.out, "\n| backend | batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
+    log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in (0.0, 1.0)):
+        tag = f"{b}/{{}}_bs{n}_T{temp:g}"
+        j, fj, r, fr = (RESULTS.get(tag.format(k)) for k in ("json", "free_json", "regex", "free_regex"))
+        h = RESULTS.get(tag.format("half"))
+        if not (j and fj and r and fr):
+            continue
+        half = f"{h['tok_s']:.0f} | {h['tok_s'] / fj['tok_s']:.2f}x | {h['valid']}/{h['checked']}" if h else "- | - | -"
+        log(a.out, f"| {b} | {n} | {temp:g} | {j['tok_s']:.0f} | {fj['tok_s']:.0f} | {j['tok_s'] / fj['tok_s']:.2f}x | "
+            f"{j['valid']}/{j['checked']} | {r['tok_s']:.0f} | {fr['tok_s']:.0f} | {r['tok_s'] / fr['tok_s']:.2f}x | "
+            f"{r['valid']}/{r['checked']} | {half} |")  # fmt: skip
+    for key in sorted(k for k in RESULTS if "idle_" in k):
         e = RESULTS[key]
         if e["idle_fraction"] is not None:
             log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes)")
@@ -257,8 +286,10 @@ def main() -> None:
     ap.add_argument("--sizes", default=None, help="batch sizes, comma-separated (default 1,64,256; smoke 1,4)")
     ap.add_argument("--sections", default="correctness,throughput,idle")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
-    ap.add_argument("--grammar-backend", default="outlines", choices=("outlines", "llguidance"))
+    ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
+    ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
+    a.backends = a.grammar_backends.split(",")
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
     os.makedirs(a.out, exist_ok=True)
     t = time.perf_counter()
@@ -270,12 +301,19 @@ def main() -> None:
     try:
         if "correctness" in sections:
             correctness(a, eng)
-        if "throughput" in sections:
-            for n in a.sizes:
-                for temp in (0.0, 1.0):
-                    run_size(a, eng, n, temp)
+        late = lambda: a.deadline_s and time.perf_counter() - t > a.deadline_s  # noqa: E731
         if "idle" in sections:
-            idle(a, eng, 4 if a.smoke else 64)
+            for b in a.backends:
+                idle(a, eng, 4 if a.smoke else 64, "json", b)
+                idle(a, eng, 4 if a.smoke else 256, "regex", b)
+        if "throughput" in sections:
+            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in (0.0, 1.0) for b in a.backends):
+                if late():
+                    log(a.out, f"skipped {b} bs{n} T{temp:g}: past --deadline-s")
+                    continue
+                run_size(a, eng, n, temp, b)
+                with open(os.path.join(a.out, "constrained_gpu.json"), "w") as f:
+                    json.dump(RESULTS, f, indent=1)
     finally:
         with open(os.path.join(a.out, "constrained_gpu.json"), "w") as f:
             json.dump(RESULTS, f, indent=1)

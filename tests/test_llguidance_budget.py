@@ -126,3 +126,58 @@ def test_tight_budget_through_the_engine_closes_valid_json(engine):
         Draft202012Validator(SCHEMA).validate(json.loads(out["text"]))
         reason = out["meta_info"]["finish_reason"]
         assert reason["type"] == "stop" or reason.get("grammar_closed"), reason
+
+
+def test_far_from_the_budget_tokens_off_the_path_are_not_searched(backend, engine):
+    """With a roomy budget the closing path is searched only once the budget comes near
+    (a search costs milliseconds, and every row of a batch pays it per token otherwise);
+    the walks still end schema-valid within their budget."""
+    need = backend.compile("json_schema", json.dumps(SCHEMA)).min_tokens
+    search = backend.impl.search
+    calls = []
+    find = search.find
+    search.find = lambda m, limit: calls.append(limit) or find(m, limit)
+    try:
+        tokens = 0
+        for seed in range(3):
+            req = start(backend, need + 200)
+            run_random(backend, req, np.random.default_rng(seed), engine.runner.vocab_size)
+            tokens += req.segment_len
+            assert req.segment_len <= need + 200 and req.grammar.is_accepting
+            text = engine.tokenizer.decode([t for t in req.output_ids if t not in backend.info.eos_ids])
+            Draft202012Validator(SCHEMA).validate(json.loads(text))
+    finally:
+        del search.find
+    assert len(calls) < tokens / 4, (len(calls), tokens)
+
+
+def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, engine):
+    """Far from the budget `ab`, `1` and the digits after it are taken unchecked; once the
+    budget comes near, no completion fits (60 digits are owed), so the output is cut back to
+    where the path was last verified, the start, and closed there (EOS: the empty output is
+    complete)."""
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    req = start(backend, 50, "regex", "[a-z]{0,10}(1[0-9]{60})?")
+    prefix = encode("ab")
+    req.output_ids += prefix
+    for t in prefix:
+        req.grammar.accept_token(t)
+    assert backend.jump_forward(req) == []
+    for token in encode("1") + encode("2") * 30:
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+        jump = backend.jump_forward(req)
+        if jump:
+            break
+    keep, tokens = jump
+    assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
+    assert req.grammar.budget_closed and req.grammar.is_terminated()
+
+
+def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
+    """`[0-9]{5}` anywhere in a string: each digit leaves the mask as it was, so the search
+    takes a token again before it passes it over (it used to find no completion)."""
+    schema = {"type": "object", "properties": {"zip": {"type": "string", "pattern": "[0-9]{5}"}}, "required": ["zip"]}
+    g = backend.compile("json_schema", json.dumps(schema))
+    assert g.closing is not None
+    Draft202012Validator(schema).validate(json.loads(engine.tokenizer.decode(g.closing)))

@@ -16,7 +16,8 @@ elsewhere closing brackets, then separators, then the shortest JSON values (`0`,
 `[]`, `null`, ...), then openers. Inside a string or number, a token after which the mask is
 one already seen in that lexeme made no progress: it is undone and passed over while
 another token is allowed (an email's local part takes one character, then the others are
-tried until `@` opens the domain).
+tried until `@` opens the domain). Once a few tokens were passed over, such a token is first
+taken again a few times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
 The walk consumes on the matcher itself and rolls back before returning. Its length
 bounds the distance to acceptance from above; it is not always the shortest completion.
 """
@@ -35,6 +36,8 @@ PROBE_WORD = "the"  # allowed inside free string content, nowhere else in JSON
 STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a string or number
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
+REPEATS = 8  # a token that made no visible progress is taken again up to this often,
+REPEAT_AFTER = 24  # once this many others were passed over (a shorter way, `ed` for 2 hex digits, first)
 
 
 def _closers(alphabet: str, first: str = "") -> list:
@@ -87,7 +90,9 @@ class ClosingSearch:
                 walk.mask = None
                 continue
             after = self._mask(m)
-            if walk.seen_before(after, self._in_lexeme):  # no progress: undo it, try another token
+            if walk.seen_before(after, self._in_lexeme):  # repeats only once a few tokens were passed over
+                after = self._repeat(m, token, walk, path, limit) if len(walk.skip) >= REPEAT_AFTER else None
+            if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
                 walk.skip.add(token)
@@ -96,6 +101,29 @@ class ClosingSearch:
         found = m.is_accepting() and not m.is_error()
         m.rollback(len(path))
         return path if found else None
+
+    def _repeat(self, m: LLMatcher, token: int, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
+        """`token` left the mask as it was: take it again, up to REPEATS times, in case it
+        counts (`[0-9]{5}`, or 5 digits anywhere in an unanchored pattern): progress is a
+        token allowed that was not before (`-` after `[0-9]{3}`; reaching the bound of
+        `[a-z]{1,20}` only takes tokens away). One mask decides; then the fewest copies that
+        make the progress join `path`, and the mask there is returned. None: no progress."""
+        before = walk.mask
+        n = m.try_consume_tokens([token] * min(REPEATS, limit - len(path)))
+        progress = n and self._opens(m, before)
+        m.rollback(n)
+        if not progress:
+            return None
+        for k in range(1, n + 1):
+            m.consume_token(token)
+            mask = self._mask(m)
+            if m.is_accepting() or bool(np.any(mask & ~before)):
+                path.extend([token] * k)
+                return mask
+        raise AssertionError("the same copies opened a token before")
+
+    def _opens(self, m: LLMatcher, before: np.ndarray) -> bool:
+        return m.is_accepting() or bool(np.any(self._mask(m) & ~before))
 
     def _mask(self, m: LLMatcher) -> np.ndarray:
         mask = np.zeros(self.words, dtype=np.int32)
@@ -121,7 +149,7 @@ class ClosingSearch:
         for i in np.flatnonzero(allowed)[: len(skip) + 1].tolist():
             if int(prefs[i]) not in skip:
                 return int(prefs[i]), False
-        ids = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        ids = _first_allowed(mask, FALLBACK_TRIES + len(skip) + len(self.eos_ids) + 1)
         ids = ids[~np.isin(ids, self.eos_ids)]
         fresh = ids[~np.isin(ids, list(skip))] if skip else ids
         anyway = not fresh.size
@@ -156,6 +184,15 @@ def _accepts_after(m: LLMatcher, token: int) -> bool:
     done = m.is_accepting()
     m.rollback(1)
     return done
+
+
+def _first_allowed(mask: np.ndarray, words: int) -> np.ndarray:
+    """Allowed token ids in the first `words` non-zero words of `mask` (all of them when
+    fewer are non-zero): enough to pick from without unpacking the whole vocabulary."""
+    nonzero = np.flatnonzero(mask)[:words]
+    bits = np.unpackbits(mask[nonzero].view(np.uint8), bitorder="little").reshape(len(nonzero), 32)
+    rows, cols = np.nonzero(bits)
+    return nonzero[rows] * 32 + cols
 
 
 def _has(bits: np.ndarray, token: int) -> bool:

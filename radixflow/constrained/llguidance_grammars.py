@@ -7,13 +7,16 @@ bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's
 tokens.
 
 Budget-aware completion: llguidance has no distance to an accepting state, so each
-request keeps a *closing path*, a completion from its current state found by search
-(closing_path.py) that fits its remaining token budget. The compile finds the first one
-(its length is the grammar's `min_tokens`, the max_new_tokens check's bound). After each
-token the path is followed (the token was its next one), kept (it still completes from the
-new state) or searched afresh; when the budget comes down to the path's length, the mask
-allows only the path's next token. A sampled token after which no completion fits the
-budget is undone, and the jump hook replaces it with the path's next token.
+request keeps a *closing path*, a completion found by search (closing_path.py) that fits
+its remaining token budget. The compile finds the first one (its length is the grammar's
+`min_tokens`, the max_new_tokens check's bound). After each token the path is followed (the
+token was its next one) or kept (a tail of it still completes from the new state); otherwise
+it is searched afresh, but only once the budget comes near (the search costs milliseconds, a
+token's budget microseconds): far from the budget, tokens off the path are counted, and the
+path stays a completion from the state where it was last verified. When the budget comes down
+to the path's length, the mask allows only the path's next token. If no completion fits the
+budget after a token, the matcher goes back to where the path was last verified, and the jump
+hook cuts the output back there and puts the path's next token in place.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ from radixflow.errors import GrammarError
 
 MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
 MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
+# off-path tokens are checked by search once the budget is within this many tokens of the path's
+# length plus the tokens since it was verified, or this many tokens on (what a failed check undoes)
+VERIFY_MARGIN = 32
+MAX_UNVERIFIED = 64
 
 
 @dataclass(eq=False)
@@ -67,9 +74,10 @@ class LLGuidanceMatcher:
         self.ended = False
         self.rejected_token = None
         self.budget_closed = False  # the budget left out tokens the grammar allowed
-        # a completion from the current state within the budget; None: no budget tracking
+        # a completion within the budget from the state `since` tokens back; None: no budget tracking
         self.path = list(grammar.closing) if req is not None and grammar.closing is not None else None
-        self.replace = False  # the last sampled token was undone: the jump hook swaps it for path[0]
+        self.since = 0  # tokens consumed since the path was last verified
+        self.undo = 0  # output tokens undone by a failed check: the jump hook cuts them, then path[0]
 
     # -- the scheduler's interface ----------------------------------------------------------------
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
@@ -106,9 +114,8 @@ class LLGuidanceMatcher:
             self.ended = True
             self.rejected_token = token
             return
-        if self.path is not None and not self.follow([token], self.budget()):
-            self.m.rollback(1)  # no completion fits after it: undone, and replaced (take_replacement)
-            self.replace = True
+        if self.path is not None:
+            self.follow([token], self.budget())  # a failed check is repaired by take_replacement
 
     def is_terminated(self) -> bool:
         return self.ended or self.m.is_stopped()
@@ -125,7 +132,7 @@ class LLGuidanceMatcher:
     def _budget_token(self) -> Optional[int]:
         """The one token the budget leaves: the path's next token when the path takes the
         whole budget; EOS on an accepting state with one token left. None: no limit."""
-        if self.path is None:
+        if self.path is None or self.since:  # unverified: far from the budget
             return None
         left = self.budget()
         if self.path and len(self.path) >= left:
@@ -149,21 +156,27 @@ class LLGuidanceMatcher:
         row[word] = value
 
     def follow(self, tokens: list, left: int) -> bool:
-        """Update the path after `tokens` were consumed, `left` tokens of budget remaining;
-        False (path unchanged) when no completion within `left` is found."""
+        """Update the path after `tokens` were consumed, `left` tokens of budget remaining.
+        False when no completion within `left` is found: the matcher is then back where the
+        path was last verified, `self.undo` tokens earlier."""
         path, n = self.path, len(tokens)
-        if path[:n] == tokens:
+        if not self.since and path[:n] == tokens:
             self.path = path[n:]
             return True
+        self.since += n
+        if left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
+            return True  # far from the budget: verified later
         for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):
-                self.path = list(tail)
+                self.path, self.since = list(tail), 0
                 return True
         found = self.search.find(self.m, left)
-        if found is None:
-            return False
-        self.path = found
-        return True
+        if found is not None:
+            self.path, self.since = found, 0
+            return True
+        self.m.rollback(self.since)
+        self.undo, self.since = self.since, 0
+        return False
 
     def _completes(self, tokens: list) -> bool:
         done = self.m.try_consume_tokens(tokens)
@@ -171,19 +184,19 @@ class LLGuidanceMatcher:
         self.m.rollback(done)
         return ok
 
-    def take_replacement(self) -> Optional[int]:
-        """After an undone token: the token to put in its place (the path's next one, or
-        EOS when the state before it was already complete)."""
-        if not self.replace:
+    def take_replacement(self) -> Optional[tuple]:
+        """After a failed check: (output tokens to cut, the token to put in their place: the
+        path's next one, or EOS where the path's state was already complete)."""
+        if not self.undo:
             return None
-        self.replace = False
+        back, self.undo = self.undo, 0
         self.budget_closed = True
         if not self.path:
             self.ended = True
-            return self.eos_ids[0]
+            return back, self.eos_ids[0]
         token, self.path = self.path[0], self.path[1:]
         self.m.consume_token(token)
-        return token
+        return back, token
 
 
 class LLGuidanceGrammars:
@@ -212,11 +225,12 @@ class LLGuidanceGrammars:
         return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req)
 
     def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
-        """A replacement for an undone sampled token ((keep, [token])), else the tokens the
-        grammar forces next (`forced`: jump-forward is on), as many as the budget allows."""
+        """After a failed budget check, the output cut back and a replacement ((keep, [token])),
+        else the tokens the grammar forces next (`forced`: jump-forward is on), as many as the
+        budget allows."""
         swap = matcher.take_replacement()
         if swap is not None:
-            return (len(req.output_ids) - 1, [swap])
+            return (len(req.output_ids) - swap[0], [swap[1]])
         if not forced or matcher.is_terminated():
             return []
         room = req.sampling.max_new_tokens - req.segment_len
@@ -224,7 +238,10 @@ class LLGuidanceGrammars:
         if not tokens or not matcher.m.consume_tokens(tokens):
             return []
         if matcher.path is not None and not matcher.follow(tokens, room - len(tokens)):
-            matcher.m.rollback(len(tokens))  # forced, yet no completion would fit after them
+            matcher.undo -= len(tokens)  # forced, yet no completion would fit after them; never output
+            if matcher.undo:  # earlier unverified outputs go too
+                back, token = matcher.take_replacement()
+                return (len(req.output_ids) - back, [token])
             return []
         return tokens
 

@@ -1,0 +1,121 @@
+"""Host work per decode step for a batch of constrained rows, per grammar backend, with no model.
+
+Each step does what the scheduler does for its constrained rows, timed in two parts: `fill`
+(one packed bitmask for all rows: `fill_bitmask_rows`) and `advance` (per row: accept the
+token, then the jump hook: forced tokens, the closing-path check on llguidance). The token
+is drawn uniformly among the allowed ones (an adversarial model: long strings, long outputs).
+The default model's tokenizer, the schema and regex of benchmarks/constrained_gpu.py.
+
+    python benchmarks/grammar_host_cost.py --rows 64,256 --backends llguidance,outlines
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from constrained_gpu import MAX_NEW, REGEX, SCHEMA  # noqa: E402
+from radixflow.constrained.backend import GrammarBackend  # noqa: E402
+from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask  # noqa: E402
+
+VOCAB = 49152
+
+
+class Row:
+    """What the hooks read of a request."""
+
+    def __init__(self, kind: str, spec: str, budget: int):
+        self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=budget)
+        self.output_ids, self.segment_start, self.jump_forward_tokens = [], 0, 0
+        self.grammar, self.finish_reason = None, None
+
+    @property
+    def segment_len(self) -> int:
+        return len(self.output_ids)
+
+    def finish(self, reason: dict) -> None:
+        self.finish_reason = reason
+
+
+def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dict:
+    rows = [Row(kind, spec, MAX_NEW) for _ in range(n)]
+    backend.compile(kind, spec)
+    for r in rows:
+        backend.submit(r)
+        assert backend.poll(r) is True, r.finish_reason
+    rng = np.random.default_rng(seed)
+    bitmask = new_bitmask(n, (VOCAB + 31) // 32, pinned=False)
+    fill_s, advance_s, live_rows = [], [], []
+    while True:
+        live = [i for i, r in enumerate(rows) if not r.grammar.is_terminated() and r.segment_len < MAX_NEW]
+        if not live:
+            break
+        bitmask.fill_(-1)
+        t = time.perf_counter()
+        fill_bitmask_rows(bitmask, [(i, rows[i].grammar) for i in live])
+        fill_s.append(time.perf_counter() - t)
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :VOCAB]
+        picks = {i: int(rng.choice(np.flatnonzero(bits[i]))) for i in live}
+        t = time.perf_counter()
+        for i in live:
+            r = rows[i]
+            r.output_ids.append(picks[i])
+            r.grammar.accept_token(picks[i])
+            if r.grammar.is_terminated() or r.segment_len >= MAX_NEW:
+                continue
+            jump = backend.jump_forward(r)
+            if isinstance(jump, tuple):
+                keep, jump = jump
+                del r.output_ids[keep:]
+            r.output_ids.extend(jump)
+        advance_s.append(time.perf_counter() - t)
+        live_rows.append(len(live))
+    full = [k for k, m in enumerate(live_rows) if m == n]  # steps with every row live
+    ms = lambda xs: 1e3 * statistics.median(xs) if xs else None  # noqa: E731
+    return {"rows": n, "steps": len(fill_s), "full_steps": len(full),
+            "fill_ms_p50": ms([fill_s[k] for k in full]), "advance_ms_p50": ms([advance_s[k] for k in full]),
+            "fill_ms_max": 1e3 * max(fill_s), "advance_ms_max": 1e3 * max(advance_s),
+            "mean_output_tokens": statistics.mean(len(r.output_ids) for r in rows)}  # fmt: skip
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", default="64,256")
+    ap.add_argument("--backends", default="llguidance,outlines")
+    ap.add_argument("--kinds", default="json_schema,regex")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args()
+    from radixflow.model_files import resolve_model
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(resolve_model(None).path)
+    torch.set_num_threads(1)
+    out = []
+    for name in a.backends.split(","):
+        backend = GrammarBackend(tok, VOCAB, {2}, SimpleNamespace(grammar_backend=name, disable_jump_forward=False, grammar_compile_timeout_s=300.0))
+        for kind in a.kinds.split(","):
+            spec = json.dumps(SCHEMA) if kind == "json_schema" else REGEX
+            for n in (int(x) for x in a.rows.split(",")):
+                res = {"backend": name, "kind": kind, **run(backend, kind, spec, n, seed=n)}
+                out.append(res)
+                print(json.dumps(res), flush=True)
+        backend.cache.pool.shutdown(wait=False)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
