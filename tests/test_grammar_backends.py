@@ -156,7 +156,7 @@ def _backend(engine, **args) -> GrammarBackend:
 class FakeReq:
     def __init__(self, kind: str, spec, max_new_tokens: int = 64):
         self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
-        self.output_ids, self.segment_start = [], 0
+        self.output_ids, self.segment_start, self.streamed = [], 0, False
         self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
 
     @property

@@ -174,6 +174,26 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 
 
+def test_a_streamed_request_is_checked_after_every_token(backend, engine):
+    """Tokens already streamed cannot be taken back, so a streamed request's path is
+    verified after every token: the same walk as above fails at `1`, and only that token,
+    not yet streamed, is cut."""
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    req = FakeReq("regex", "[a-z]{0,10}(1[0-9]{60})?", 50)
+    req.streamed = True
+    backend.submit(req)
+    assert poll(backend, req) is True, req.finish_reason
+    for token in encode("ab") + encode("1"):
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+        jump = backend.jump_forward(req)
+        if jump:
+            break
+    keep, tokens = jump
+    assert keep == len(req.output_ids) - 1 and req.output_ids[-1] == encode("1")[0]
+    assert req.grammar.budget_closed and tokens
+
+
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
     """`[0-9]{5}` anywhere in a string: each digit leaves the mask as it was, so the search
     takes a token again before it passes it over (it used to find no completion)."""

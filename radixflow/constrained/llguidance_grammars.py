@@ -77,6 +77,8 @@ class LLGuidanceMatcher:
         # a completion within the budget from the state `since` tokens back; None: no budget tracking
         self.path = list(grammar.closing) if req is not None and grammar.closing is not None else None
         self.since = 0  # tokens consumed since the path was last verified
+        # a streamed request's shown tokens cannot be cut back: its path is verified after every token
+        self.verify_each = req is not None and req.streamed
         self.undo = 0  # output tokens undone by a failed check: the jump hook cuts them, then path[0]
 
     # -- the scheduler's interface ----------------------------------------------------------------
@@ -164,7 +166,7 @@ class LLGuidanceMatcher:
             self.path = path[n:]
             return True
         self.since += n
-        if left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
+        if not self.verify_each and left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
             return True  # far from the budget: verified later
         for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):

@@ -74,6 +74,7 @@ class Engine:
             logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num,
             return_text_in_logprobs=return_text_in_logprobs,
+            stream=stream,
         )
         reqs = self.builder.build(g)  # raises before anything is queued
         single = not g.is_batch and len(reqs) == 1

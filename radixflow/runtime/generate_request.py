@@ -61,7 +61,7 @@ class RequestBuilder:
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.copy(n=1, sampling_seed=None if sp.sampling_seed is None else sp.sampling_seed + j)
                 rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
-                reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp))
+                reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp, streamed=bool(g.stream)))
         return reqs
 
     def sampling(self, params: Any) -> SamplingParams:

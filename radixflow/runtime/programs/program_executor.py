@@ -250,7 +250,8 @@ class ProgramExecutor:
             raise RadixflowError("a program must have some text before its first gen or select")
         if len(ids) >= self.scheduler.runner.context_len:
             raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
-        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=True)
+        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=True,
+                  streamed=st.stream is not None)
         if logprob is not None:
             req.logprob = logprob
         self.scheduler.add_request(req)

@@ -57,6 +57,7 @@ class Req:
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
     continuable: bool = False  # a request graph's: the scheduler's continue_request may extend it
+    streamed: bool = False  # its outputs are shown as they grow: nothing already shown may be cut back
 
     # logprobs, filled as they are computed
     input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
