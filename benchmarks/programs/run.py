@@ -116,8 +116,9 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
     """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
     of a shared machine fall on every mode); the optimal hit rate from the first eager run."""
     inputs = workload.inputs(random.Random(seed), n, size)
-    for mode in ("auto", "eager"):  # warm-up, untimed: first-use costs (kernel compiles) of this workload's shapes
-        workload.program.run_batch(inputs[:4], backend=engine, mode=mode, progress_bar=False, **sampling)
+    for mode in ("auto", "eager"):  # warm-up, untimed: first-use costs (kernel compiles) of this workload's shapes,
+        # all programs at once (on the H200 a 4-program warm-up left the first full batch's compiles in a timed round)
+        workload.program.run_batch(inputs, backend=engine, mode=mode, progress_bar=False, **sampling)
     runs: dict = {m: [] for m in MODES}
     out: dict = {}
     for r in range(repeats):
@@ -216,6 +217,7 @@ def main(argv=None) -> str:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
+    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
@@ -234,9 +236,14 @@ def main(argv=None) -> str:
 
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save)
-    report = table(results)
-    print(report)
-    return report
+        print(table(results))
+        for name in filter(None, args.timeline.split(",")):
+            from step_timeline import print_rows, timeline
+
+            results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
+            print_rows(name, results["timelines"][name])
+            save(results)
+    return table({k: v for k, v in results.items() if k != "timelines"})
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ class ProgramRun:
     status_code: int = 200  # of the error: 400 bad input, 500 internal; 200 for an abort
     created: float = field(default_factory=time.time)
     output: Optional[dict] = None
+    pieces: dict = field(default_factory=dict)  # text pieces tokenized ahead (text_pieces.py)
 
     @property
     def finished(self) -> bool:
@@ -86,11 +87,13 @@ class ProgramExecutor:
 
     # -- public ------------------------------------------------------------------------------
     def submit(
-        self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None
-    ) -> ProgramRun:
+        self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None,
+        pieces: Optional[dict] = None,
+    ) -> ProgramRun:  # fmt: skip
+        """`pieces`: its text pieces tokenized ahead (text_pieces.constant_pieces), if the caller did."""
         ops = parse_program(program)  # raises RadixflowError before anything runs
         rid = program.get("rid") or uuid.uuid4().hex
-        run = ProgramRun(rid=str(rid), on_done=on_done)
+        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {})
         stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
         run.strands.append(Strand(run, ops, ids=[], vars={}, stream=stream))
         self.runs.append(run)
@@ -142,7 +145,7 @@ class ProgramExecutor:
         self._take_text(st)
         nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
         if nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
-            tokens = encode_piece(self.tokenizer, st.pending, first=False)
+            tokens = self._encode(st, st.pending, first=False)
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
@@ -241,9 +244,13 @@ class ProgramExecutor:
 
     def _flush(self, st: Strand) -> list[int]:
         if st.pending:
-            st.ids.extend(encode_piece(self.tokenizer, st.pending, first=not st.ids))
+            st.ids.extend(self._encode(st, st.pending, first=not st.ids))
             st.pending = ""
         return st.ids
+
+    def _encode(self, st: Strand, text: str, first: bool) -> list[int]:
+        ids = st.run.pieces.get((text, first))
+        return encode_piece(self.tokenizer, text, first) if ids is None else ids
 
     def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None) -> Req:
         if not ids:
@@ -291,7 +298,7 @@ class ProgramExecutor:
     # -- select ---------------------------------------------------------------------------------------
     def _start_select(self, st: Strand, op: Op) -> None:
         prefix = self._flush(st)
-        cids = [encode_piece(self.tokenizer, c, first=False) for c in op.choices]
+        cids = [self._encode(st, c, first=False) for c in op.choices]
         cond = [self._new_req(st, prefix + c, _PREFILL_ONLY, LogprobOptions(True, len(prefix))) for c in cids]
         uncond = []
         if op.method == "unconditional_likelihood_normalized":
