@@ -26,7 +26,7 @@ from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
-from radixflow.runtime.programs.request_segments import common_prefix, continuable, start_segment
+from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
 from radixflow.runtime.scheduling.req import LogprobOptions, Req
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
@@ -144,7 +144,7 @@ class ProgramExecutor:
         self._finish_gen(st, req, op)
         self._take_text(st)
         nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
-        if nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
+        if req.continuable and nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
             tokens = self._encode(st, st.pending, first=False)
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
@@ -252,12 +252,13 @@ class ProgramExecutor:
         ids = st.run.pieces.get((text, first))
         return encode_piece(self.tokenizer, text, first) if ids is None else ids
 
-    def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None) -> Req:
+    def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None,
+                 continues: bool = False) -> Req:  # fmt: skip
         if not ids:
             raise RadixflowError("a program must have some text before its first gen or select")
         if len(ids) >= self.scheduler.runner.context_len:
             raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
-        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=True)
+        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=continues)
         if logprob is not None:
             req.logprob = logprob
         self.scheduler.add_request(req)
@@ -271,7 +272,7 @@ class ProgramExecutor:
             st.samples = [self._new_req(st, ids, sp.copy(n=1, sampling_seed=seed(j))) for j in range(sp.n)]
             st.state = SAMPLES
             return
-        st.req = self._new_req(st, ids, sp)
+        st.req = self._new_req(st, ids, sp, continues=continues_after(st.ops, st.pc))
         self.by_rid[st.req.rid] = st
         st.state = GEN
 
