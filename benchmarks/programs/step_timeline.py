@@ -57,8 +57,8 @@ class Timeline:
 def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     w = BY_NAME[name]
     inputs = w.inputs(random.Random(0), n, size)
-    for mode in ("auto", "eager"):
-        w.program.run_batch(inputs, backend=engine, mode=mode, progress_bar=False, **sampling)
+    for mode in ("graph", "eager"):  # warm-up, untimed
+        run_mode(engine, w, inputs, mode, sampling)
     tl = Timeline(engine)
     out = {}
     try:
