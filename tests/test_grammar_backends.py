@@ -193,6 +193,19 @@ def test_jump_forward_on_llguidance(engine):
     backend.cache.pool.shutdown(wait=False)
 
 
+@pytest.mark.parametrize("name", ["llguidance", "outlines"])
+def test_an_eos_id_past_the_tokenizer_is_left_out_of_grammars(engine, name):
+    """A model config paired with another model's tokenizer (dummy-weight benchmarks: Llama-3's
+    config, EOS 128001, with the default 49k tokenizer): grammars still compile."""
+    eos = set(engine.eos_ids) | {len(engine.tokenizer) + 78849}
+    backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, eos, SimpleNamespace(grammar_backend=name))
+    req = FakeReq("regex", "[a-z]{1,5}")
+    backend.submit(req)
+    assert _poll(backend, req) is True
+    assert backend.info.eos_ids == tuple(sorted(engine.eos_ids))
+    backend.cache.pool.shutdown(wait=False)
+
+
 def test_compile_time_limit_fails_only_that_request(engine):
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=0.05)
     try:

@@ -157,3 +157,17 @@ def test_gen_regex_and_dtype_pass_through_as_constraints(backend):
     graph, eager = both(typed)
     assert graph["legs"].lstrip("-").isdigit() and graph["caps"].isupper()
     assert graph.text() == eager.text()
+
+
+def test_gen_int_ends_at_its_stop_as_in_sglang(backend):
+    """dtype int / float add the stops " " and "\\n" (as SGLang does); the regex must let the
+    number end with one of them, or the model can only go on writing digits."""
+    pytest.importorskip("radixflow.constrained.backend", reason="constrained decoding not available")
+
+    @rf.function
+    def count(s):
+        s += "Count: 1, 2, 3," + rf.gen_int("n", max_tokens=8) + "\n"
+
+    graph, eager = both(count)
+    assert graph["n"] == eager["n"] and graph["n"].strip().isdigit() and graph["n"] == graph["n"].strip()
+    assert graph.get_meta_info("n")["finish_reason"]["matched"] in (" ", "\n")

@@ -179,3 +179,29 @@ def test_constrained_overlap_on_llguidance(engine):
         sched.grammar_backend.cache.pool.shutdown(wait=False)
         sched.grammar_backend, sched.jump_forward = saved
     assert _outputs(got) == _outputs(ref)
+
+
+def _gen(i: int, **sp) -> dict:
+    return {"op": "gen", "id": i, "name": f"g{i}", "sampling_params": {"temperature": 0, **sp}}
+
+
+GRAPHS = [
+    {"ops": [{"op": "text", "text": "The capital of France is"}, _gen(1, max_new_tokens=14, ignore_eos=True)]},
+    {"ops": [{"op": "text", "text": "Q: Name a color.\nA:"}, _gen(1, max_new_tokens=4),
+             {"op": "text", "text": "\nQ: Another one?\nA:"}, _gen(2, max_new_tokens=6)]},  # fmt: skip
+    {"ops": [{"op": "text", "text": "Count: 1, 2,"}, _gen(1, max_new_tokens=9, stop=" 7"),
+             {"op": "select", "id": 2, "name": "s", "choices": [" yes", " no"], "method": "token_length_normalized"},
+             {"op": "text", "text": "."}, _gen(3, max_new_tokens=10, ignore_eos=True)]},  # fmt: skip
+]
+
+
+def test_request_graphs_overlap_with_the_same_outputs(engine):
+    """A graph's gen whose request retires after it (the last gen, one before a select or a
+    fork) overlaps its passes like any request; only one that the next gen continues cannot."""
+    ref = engine.run_program(GRAPHS)
+    with overlap_on(engine) as sched:
+        got = engine.run_program(GRAPHS)
+        _settle(sched)
+    texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731
+    assert texts(got) == texts(ref)
+    assert [o["meta_info"]["continued_segments"] for o in got] == [0, 1, 0]

@@ -81,7 +81,7 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
     sched = engine.scheduler
     engine.stepper.exclusive(sched.flush_cache)
     sched.tree.disable = mode == "eager-noradix"  # the tree is empty: as --disable-radix-cache
-    before = (sched.stats.prompt_tokens, sched.stats.cached_tokens)
+    before = (sched.stats.prompt_tokens, sched.stats.cached_tokens, sched.stats.forward_steps)
     run_mode_name = "eager" if mode.startswith("eager") else "auto"
     lat: list = []
 
@@ -108,6 +108,7 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
         "cpu_per_program": cpu / len(inputs),
         "p50": statistics.median(lat),
         "hit": cached / prompt if prompt else 0.0,
+        "forward_steps": sched.stats.forward_steps - before[2],
     }
 
 
@@ -115,8 +116,9 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
     """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
     of a shared machine fall on every mode); the optimal hit rate from the first eager run."""
     inputs = workload.inputs(random.Random(seed), n, size)
-    for mode in ("auto", "eager"):  # warm-up, untimed: first-use costs (kernel compiles) of this workload's shapes
-        workload.program.run_batch(inputs[:4], backend=engine, mode=mode, progress_bar=False, **sampling)
+    for mode in ("graph", "eager"):  # warm-up, untimed, through the timed path with all programs at once: first-use
+        # costs (kernel compiles of this workload's shapes, the process's first run_async) stay out of the rounds
+        run_mode(engine, workload, inputs, mode, sampling)
     runs: dict = {m: [] for m in MODES}
     out: dict = {}
     for r in range(repeats):
@@ -135,6 +137,7 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
             "p50": statistics.median(r["p50"] for r in rs),
             "cpu_per_program": statistics.median(r["cpu_per_program"] for r in rs),
             "hit": statistics.median(r["hit"] for r in rs),
+            "forward_steps": statistics.median(r["forward_steps"] for r in rs),
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
@@ -167,10 +170,11 @@ def run_all(
 def table(results: dict) -> str:
     """Medians over the repeats; graph / eager also gives the range of the per-round ratios.
     CPU s / program: this process's CPU time (all threads) per program, which a shared
-    machine's load disturbs far less than wall time."""
+    machine's load disturbs far less than wall time. Forward passes: the scheduler steps that
+    ran the model (median over rounds), the work itself, which load does not change."""
     lines = [
-        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | hit rate graph / eager / optimal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | forward passes graph / eager | hit rate graph / eager / optimal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ratios = []
     for name, r in results.items():
@@ -183,7 +187,7 @@ def table(results: dict) -> str:
             f"| {name}{tag} | {g['throughput']:.2f} | {e['throughput']:.2f} | {x['throughput']:.2f} | "
             f"{statistics.median(ge):.2f}x{spread} | {g['throughput'] / x['throughput']:.2f}x | "
             f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {_cpu(g)} / {_cpu(e)} / {_cpu(x)} | "
-            f"{g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
+            f"{_steps(g)} / {_steps(e)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
@@ -191,6 +195,10 @@ def table(results: dict) -> str:
 
 def _cpu(r: dict) -> str:
     return f"{r['cpu_per_program']:.3f}" if "cpu_per_program" in r else "-"
+
+
+def _steps(r: dict) -> str:
+    return f"{r['forward_steps']:g}" if "forward_steps" in r else "-"
 
 
 def main(argv=None) -> str:
@@ -209,6 +217,7 @@ def main(argv=None) -> str:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
+    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
@@ -227,9 +236,14 @@ def main(argv=None) -> str:
 
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save)
-    report = table(results)
-    print(report)
-    return report
+        print(table(results))
+        for name in filter(None, args.timeline.split(",")):
+            from step_timeline import print_rows, timeline
+
+            results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
+            print_rows(name, results["timelines"][name])
+            save(results)
+    return table({k: v for k, v in results.items() if k != "timelines"})
 
 
 if __name__ == "__main__":

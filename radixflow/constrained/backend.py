@@ -42,7 +42,9 @@ class GrammarBackend:
         self.timeout_s = getattr(server_args, "grammar_compile_timeout_s", DEFAULT_COMPILE_TIMEOUT_S)
         self.jump_enabled = not getattr(server_args, "disable_jump_forward", False)
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
-        self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(eos_ids)))
+        # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
+        # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
+        self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
         self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

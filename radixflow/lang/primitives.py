@@ -108,7 +108,8 @@ def sampling_params(defaults: dict, params: dict) -> dict:
     if dtype is not None:
         out["regex"] = _dtype_regex(dtype)
         out.pop("json_schema", None)
-        if dtype in ("int", "float"):
+        if dtype in ("int", "float"):  # as SGLang: the number may end at a space or newline, a stop
+            out["regex"] += "[ \n]*"  # (trimmed); without it the stops could never match
             stops = out.get("stop") or []
             out["stop"] = ([stops] if isinstance(stops, str) else list(stops)) + [" ", "\n"]
     return out

@@ -12,6 +12,8 @@ from concurrent.futures import Future
 from typing import Callable, Iterator, Optional
 
 from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
+from radixflow.runtime.programs.program_ops import parse_program
+from radixflow.runtime.programs.text_pieces import constant_pieces
 
 
 def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
@@ -40,7 +42,9 @@ def stream_program(engine, program: dict) -> Iterator[dict]:
 
 
 def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
-    """Queue the programs' submission; the Future holds their ProgramRuns (or the error)."""
+    """Queue the programs' submission; the Future holds their ProgramRuns (or the error).
+    Their constant text is tokenized here, on the caller's thread, not in the scheduler's turn."""
+    pieces = [constant_pieces(engine.tokenizer, parse_program(p)) for p in programs]
 
     def submit() -> list[ProgramRun]:
         ex = engine.programs
@@ -48,7 +52,7 @@ def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
         try:
             for i, p in enumerate(programs):
                 done = None if on_result is None else (lambda out, i=i: on_result(i, out))
-                runs.append(ex.submit(p, done, on_delta))
+                runs.append(ex.submit(p, done, on_delta, pieces[i]))
         except BaseException:
             _interrupt(ex, runs)
             raise

@@ -26,7 +26,7 @@ from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
-from radixflow.runtime.programs.request_segments import common_prefix, continuable, start_segment
+from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
 from radixflow.runtime.scheduling.req import LogprobOptions, Req
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
@@ -47,6 +47,7 @@ class ProgramRun:
     status_code: int = 200  # of the error: 400 bad input, 500 internal; 200 for an abort
     created: float = field(default_factory=time.time)
     output: Optional[dict] = None
+    pieces: dict = field(default_factory=dict)  # text pieces tokenized ahead (text_pieces.py)
 
     @property
     def finished(self) -> bool:
@@ -86,11 +87,13 @@ class ProgramExecutor:
 
     # -- public ------------------------------------------------------------------------------
     def submit(
-        self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None
-    ) -> ProgramRun:
+        self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None,
+        pieces: Optional[dict] = None,
+    ) -> ProgramRun:  # fmt: skip
+        """`pieces`: its text pieces tokenized ahead (text_pieces.constant_pieces), if the caller did."""
         ops = parse_program(program)  # raises RadixflowError before anything runs
         rid = program.get("rid") or uuid.uuid4().hex
-        run = ProgramRun(rid=str(rid), on_done=on_done)
+        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {})
         stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
         run.strands.append(Strand(run, ops, ids=[], vars={}, stream=stream))
         self.runs.append(run)
@@ -141,8 +144,8 @@ class ProgramExecutor:
         self._finish_gen(st, req, op)
         self._take_text(st)
         nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
-        if nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
-            tokens = encode_piece(self.tokenizer, st.pending, first=False)
+        if req.continuable and nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
+            tokens = self._encode(st, st.pending, first=False)
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
@@ -241,16 +244,21 @@ class ProgramExecutor:
 
     def _flush(self, st: Strand) -> list[int]:
         if st.pending:
-            st.ids.extend(encode_piece(self.tokenizer, st.pending, first=not st.ids))
+            st.ids.extend(self._encode(st, st.pending, first=not st.ids))
             st.pending = ""
         return st.ids
 
-    def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None) -> Req:
+    def _encode(self, st: Strand, text: str, first: bool) -> list[int]:
+        ids = st.run.pieces.get((text, first))
+        return encode_piece(self.tokenizer, text, first) if ids is None else ids
+
+    def _new_req(self, st: Strand, ids: list, sampling: SamplingParams, logprob: Optional[LogprobOptions] = None,
+                 continues: bool = False) -> Req:  # fmt: skip
         if not ids:
             raise RadixflowError("a program must have some text before its first gen or select")
         if len(ids) >= self.scheduler.runner.context_len:
             raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
-        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=True,
+        req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=continues,
                   streamed=st.stream is not None)
         if logprob is not None:
             req.logprob = logprob
@@ -265,7 +273,7 @@ class ProgramExecutor:
             st.samples = [self._new_req(st, ids, sp.copy(n=1, sampling_seed=seed(j))) for j in range(sp.n)]
             st.state = SAMPLES
             return
-        st.req = self._new_req(st, ids, sp)
+        st.req = self._new_req(st, ids, sp, continues=continues_after(st.ops, st.pc))
         self.by_rid[st.req.rid] = st
         st.state = GEN
 
@@ -292,7 +300,7 @@ class ProgramExecutor:
     # -- select ---------------------------------------------------------------------------------------
     def _start_select(self, st: Strand, op: Op) -> None:
         prefix = self._flush(st)
-        cids = [encode_piece(self.tokenizer, c, first=False) for c in op.choices]
+        cids = [self._encode(st, c, first=False) for c in op.choices]
         cond = [self._new_req(st, prefix + c, _PREFILL_ONLY, LogprobOptions(True, len(prefix))) for c in cids]
         uncond = []
         if op.method == "unconditional_likelihood_normalized":

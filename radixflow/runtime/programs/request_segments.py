@@ -21,6 +21,16 @@ def continuable(sp: SamplingParams) -> bool:
     )
 
 
+def continues_after(ops: list, pc: int) -> bool:
+    """Whether the gen at ops[pc] may go on as the next gen's segment: only text lies between
+    it and a continuable gen. Its request is made `continuable` only then, because a
+    continuable request never overlaps its decode passes (scheduling/overlap.py)."""
+    i = pc + 1
+    while i < len(ops) and ops[i].kind in ("text", "var"):
+        i += 1
+    return i < len(ops) and ops[i].kind == "gen" and continuable(ops[i].sampling)
+
+
 def start_segment(req: Req, tokens: list, sampling: SamplingParams, stats) -> None:
     """Append the next text piece's tokens to the finished request and let it generate
     again; the scheduler's stats count it as a new request's prompt that finds all the

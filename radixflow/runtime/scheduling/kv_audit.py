@@ -54,6 +54,7 @@ class SchedulerStats:
         self.extend_tokens = 0
         self.decode_tokens = 0
         self.retractions = 0
+        self.forward_steps = 0  # scheduler steps that launched a forward pass (extend or decode)
         self.chained_decode_steps = 0  # decode passes launched before the previous one was read back
         self.fed_rows = 0  # overlapped decode rows that fed a pending (jump-forward) token, their sample dropped
 

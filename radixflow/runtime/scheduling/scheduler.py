@@ -146,11 +146,14 @@ class Scheduler:
         if self.inflight is not None:
             chained = None if batch else self._chain_decode()
             if chained is not None:
+                self.stats.forward_steps += 1
                 return self._outputs(touched + chained)
             touched += self._drain()
         if batch:
+            self.stats.forward_steps += 1
             touched += self._run_extend(batch)
         elif self.running:
+            self.stats.forward_steps += 1
             touched += self._decode()
         return self._outputs(touched)
 

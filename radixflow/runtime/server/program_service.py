@@ -38,7 +38,8 @@ from radixflow.runtime.server.http_common import (
     until_done_or_disconnected,
 )
 from radixflow.runtime.programs.program_executor import ProgramExecutor
-from radixflow.runtime.programs.program_ops import check_programs
+from radixflow.runtime.programs.program_ops import check_programs, parse_program
+from radixflow.runtime.programs.text_pieces import constant_pieces
 from radixflow.runtime.server.server_messages import ControlReply, ControlReq, ProgramDelta
 
 PROGRAM_KIND = "program"
@@ -48,6 +49,7 @@ PROGRAM_KIND = "program"
 class ProgramReq(ControlReq):
     programs: list = field(default_factory=list)
     stream: bool = False  # one program whose main strand's text comes back as ProgramDeltas
+    pieces: list = field(default_factory=list)  # per program, its constant text tokenized (text_pieces.py)
 
 
 # -- scheduler process ------------------------------------------------------------------------------
@@ -74,7 +76,8 @@ class SchedulerPrograms:
             on_delta = lambda var, text: self.send(ProgramDelta(msg.req_id, var, text))  # noqa: E731
         for i, program in enumerate(msg.programs):
             try:
-                self.executor.submit(program, lambda out, i=i: done(i, out), on_delta)
+                pieces = msg.pieces[i] if msg.pieces else None
+                self.executor.submit(program, lambda out, i=i: done(i, out), on_delta, pieces)
             except RadixflowError as e:
                 done(i, {"results": {}, "meta_info": {}, "error": str(e), "status_code": 400})
         self.executor.on_step()
@@ -117,7 +120,7 @@ async def submit_programs(tm, request: Request, programs: list) -> Optional[list
     """Send programs to the scheduler process and wait for their results; None if the
     client went away first (then the programs are aborted, which frees their KV)."""
     req_id, fut = tm.new_control()
-    tm.send(ProgramReq(PROGRAM_KIND, req_id, programs))
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, programs, pieces=_pieces(tm, programs)))
     try:
         if not await until_done_or_disconnected(request, fut):
             for p in programs:
@@ -137,7 +140,7 @@ def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
     req_id = tm.new_request_id()
     queue: asyncio.Queue = asyncio.Queue()
     tm.program_streams[req_id] = queue
-    tm.send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True))
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True, pieces=_pieces(tm, [program])))
 
     async def events() -> AsyncIterator[bytes]:
         finished = False
@@ -156,6 +159,12 @@ def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
                 tm.abort(program["rid"])
 
     return events()
+
+
+def _pieces(tm, programs: list) -> list:
+    """Each program's constant text tokenized here, as /generate's prompts are, not in the
+    scheduler process's loop."""
+    return [constant_pieces(tm.tokenizer, parse_program(p)) for p in programs]
 
 
 def _final_event(tm, out: dict) -> dict:

@@ -1,0 +1,111 @@
+"""Where a workload's wall time goes, graph vs eager: the engine thread's time inside scheduler
+steps (forward passes), inside the program executor (request graphs' per-step work), and idle
+between turns (waiting for program threads to hand it work), per mode, one interleaved round
+after a full-size warm-up of each. Same engine arguments as run.py.
+
+    python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
+    python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
+        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+import radixflow as rf  # noqa: E402
+from run import run_mode  # noqa: E402
+from workloads import BY_NAME  # noqa: E402
+
+
+class Timeline:
+    """Wraps the scheduler's step and the executor's on_step with timers (engine thread only)."""
+
+    def __init__(self, engine):
+        self.step_s = self.executor_s = 0.0
+        self.steps = 0
+        sched, programs = engine.scheduler, engine.programs
+        self._restore = [(sched, "step", sched.step), (programs, "on_step", programs.on_step)]
+        sched.step = self._timed(sched.step, "step_s", count=True)
+        programs.on_step = self._timed(programs.on_step, "executor_s")
+
+    def _timed(self, fn, field: str, count: bool = False):
+        def wrapped(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t)
+                self.steps += count
+
+        return wrapped
+
+    def reset(self) -> None:
+        self.step_s = self.executor_s = 0.0
+        self.steps = 0
+
+    def close(self) -> None:
+        for obj, name, fn in self._restore:
+            setattr(obj, name, fn)
+
+
+def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
+    w = BY_NAME[name]
+    inputs = w.inputs(random.Random(0), n, size)
+    for mode in ("graph", "eager"):  # warm-up, untimed
+        run_mode(engine, w, inputs, mode, sampling)
+    tl = Timeline(engine)
+    out = {}
+    try:
+        for mode in ("graph", "eager"):
+            tl.reset()
+            t = time.perf_counter()
+            run_mode(engine, w, inputs, mode, sampling)
+            wall = time.perf_counter() - t
+            out[mode] = {"wall_s": wall, "step_s": tl.step_s, "executor_s": tl.executor_s, "steps": tl.steps,
+                         "idle_s": wall - tl.step_s - tl.executor_s}  # fmt: skip
+    finally:
+        tl.close()
+    return out
+
+
+def print_rows(name: str, result: dict) -> None:
+    print("| workload | mode | wall s | in steps s | in executor s | idle s | steps |\n| --- | --- | --- | --- | --- | --- | --- |")
+    for mode, r in result.items():
+        print(f"| {name} | {mode} | {r['wall_s']:.3f} | {r['step_s']:.3f} | {r['executor_s']:.3f} | "
+              f"{r['idle_s']:.3f} | {r['steps']} |", flush=True)  # fmt: skip
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default="mmlu,hellaswag,generative_agents")
+    ap.add_argument("--n", type=int, default=16)
+    ap.add_argument("--size", type=float, default=0.15)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    kw = {"device": args.device, "load_format": args.load_format}
+    if args.tokenizer:
+        kw["tokenizer_path"] = args.tokenizer
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
+    results = {}
+    with rf.Engine(args.config, **kw) as engine:
+        for name in args.workloads.split(","):
+            results[name] = timeline(engine, name, args.n, args.size, sampling)
+            print_rows(name, results[name])
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""A request graph's constant text is tokenized on the caller's thread (runtime/programs/
+text_pieces.py), so the scheduler's turn encodes only pieces that hold generated values; the
+tokens are the same either way (graph vs eager greedy outputs stay equal)."""
+
+from __future__ import annotations
+
+import radixflow as rf
+from radixflow.lang.backends.engine_backend import EngineBackend
+from radixflow.runtime.programs import program_executor
+from radixflow.runtime.programs.program_ops import parse_program
+from radixflow.runtime.programs.segment_tokens import encode_piece
+from radixflow.runtime.programs.text_pieces import constant_pieces
+
+
+@rf.function
+def rated_ideas(s, problem):
+    s += "Problem: " + problem + "\n"
+    forks = s.fork(2)
+    forks += lambda i: f"Idea {i + 1}:" + rf.gen("idea", max_tokens=4, stop="\n") + "\nGood?"
+    forks += rf.select("ok", [" yes", " no"])
+    forks.join()
+    s += "Best:" + rf.gen("best", max_tokens=4, stop="\n")
+
+
+@rf.function
+def echo(s, topic):
+    s += f"Topic: {topic}\nA word:" + rf.gen("word", max_tokens=3, stop="\n")
+    s += "\nAgain, " + s["word"] + ":" + rf.gen("again", max_tokens=3, stop="\n")
+
+
+def _lowered(engine, program, **kwargs) -> dict:
+    b = EngineBackend.for_engine(engine)
+    return program._compile(b, *program._split((), {**kwargs, "max_new_tokens": 4, "temperature": 0}), "graph")[1]
+
+
+def test_constant_pieces_hold_the_tokens_the_executor_would_encode(engine):
+    tok = engine.tokenizer
+    pieces = constant_pieces(tok, parse_program(_lowered(engine, rated_ideas, problem="a leaking roof")))
+    assert pieces[("Problem: a leaking roof\n", True)] == encode_piece(tok, "Problem: a leaking roof\n", True)
+    assert ("Idea 1:", False) in pieces and ("Idea 2:", False) in pieces  # each branch's own text
+    assert (" yes", False) in pieces and (" no", False) in pieces  # select choices
+    assert all(ids == encode_piece(tok, text, first) for (text, first), ids in pieces.items())
+    # a piece holding a generated value is left to the run
+    pieces = constant_pieces(tok, parse_program(_lowered(engine, echo, topic="rain")))
+    assert [text for text, _ in pieces] == ["Topic: rain\nA word:"]
+
+
+def test_a_static_program_encodes_nothing_in_the_scheduler_turn(engine, monkeypatch):
+    calls = []
+    real = program_executor.encode_piece
+    monkeypatch.setattr(program_executor, "encode_piece", lambda *a, **k: calls.append(a[1]) or real(*a, **k))
+    b = EngineBackend.for_engine(engine)
+    graph = rated_ideas.run(problem="a leaking roof", backend=b, temperature=0)
+    assert graph.mode == "graph" and calls == []
+    echoed = echo.run(topic="rain", backend=b, temperature=0)
+    assert echoed.mode == "graph" and len(calls) == 1 and calls[0].startswith("\nAgain, ")  # the piece with s["word"]
+    for state, program, kw in ((graph, rated_ideas, {"problem": "a leaking roof"}), (echoed, echo, {"topic": "rain"})):
+        eager = program.run(backend=b, mode="eager", temperature=0, **kw)
+        assert state.text() == eager.text()
