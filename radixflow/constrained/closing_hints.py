@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from typing import Any, Optional
 
 MAX_HINTS = 16
@@ -86,7 +87,9 @@ def shortest_match(pattern: str) -> Optional[str]:
     except ImportError:  # pragma: no cover
         import sre_parse as parser  # type: ignore[no-redef]
     try:
-        return _shortest(parser.parse(pattern))
+        with warnings.catch_warnings():  # FutureWarning on ECMA-style classes such as `[[a]`
+            warnings.simplefilter("ignore")
+            return _shortest(parser.parse(pattern))
     except (re.error, RecursionError, ValueError, TypeError, OverflowError):
         return None
 
