@@ -11,7 +11,13 @@ and every valid instance is accepted and every invalid one rejected.
 
 Each backend runs in its own worker process, one thread, schemas one after another;
 a compile past `--timeout` kills the worker (counted as a compile timeout) and a fresh
-one takes the next schema. JSON whitespace is `[ ]?` between tokens (the instances use
+one takes the next schema. `--workers N` runs N such lanes side by side (N schemas at a
+time; the counts do not depend on N, timings do once N nears the number of cores).
+`--shard i/n --raw PART.jsonl` runs every n-th schema from the i-th, and `--merge PART...`
+reports on the shards together, as one run over the whole would:
+
+    python benchmarks/maskbench.py --workers 16 --shard 0/4 --raw part0.jsonl   # ... through 3/4
+    python benchmarks/maskbench.py --merge part*.jsonl --json all.json --plot all.png JSON whitespace is `[ ]?` between tokens (the instances use
 json.dumps' ", " and ": ").
 
 Budget tracking (budget-aware completion): `no_shortest` counts compiled schemas with no
@@ -32,6 +38,7 @@ import random
 import re
 import sys
 import tarfile
+import threading
 import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -259,23 +266,68 @@ class Tally:
         }
 
 
-def bench(corpus: list, backends: list, whitespace: str, timeout: float, log_every: int = 200) -> dict:
-    """{backend: {split or "total": Tally}}; the backends take turns per schema (same load)."""
-    runners = {b: Runner(b, whitespace, timeout) for b in backends}
-    tallies = {b: collections.defaultdict(Tally) for b in backends}
-    try:
-        for i, (name, split, doc) in enumerate(corpus):
-            for b, runner in runners.items():
-                r = runner.run(doc)
-                tallies[b][split].add(name, r)
-                tallies[b]["total"].add(name, r)
-            if log_every and (i + 1) % log_every == 0:
-                line = "  ".join(f"{b} {tallies[b]['total'].passing}" for b in backends)
-                print(f"[{i + 1}/{len(corpus)}] passing: {line}", file=sys.stderr, flush=True)
-    finally:
-        for runner in runners.values():
-            runner.stop()
+def bench(corpus: list, backends: list, whitespace: str, timeout: float, workers: int = 1, log_every: int = 200) -> list:
+    """Per schema, in corpus order: {backend: result}. `workers` lanes run side by side, each
+    with its own worker process per backend (the backends take turns per schema within a
+    lane, so they see the same load); each schema's result does not depend on the lane."""
+    results: list = [None] * len(corpus)
+    order = iter(range(len(corpus)))
+    lock = threading.Lock()
+    done = [0]
+
+    def lane() -> None:
+        runners = {b: Runner(b, whitespace, timeout) for b in backends}
+        try:
+            while True:
+                with lock:
+                    i = next(order, None)
+                if i is None:
+                    return
+                results[i] = {b: runner.run(corpus[i][2]) for b, runner in runners.items()}
+                with lock:
+                    done[0] += 1
+                    if log_every and done[0] % log_every == 0:
+                        print(f"[{done[0]}/{len(corpus)}]", file=sys.stderr, flush=True)
+        finally:
+            for runner in runners.values():
+                runner.stop()
+
+    threads = [threading.Thread(target=lane, daemon=True) for _ in range(max(1, workers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is not None for r in results), "a lane stopped early"
+    return results
+
+
+def tally(corpus: list, results: list) -> dict:
+    """{backend: {split or "total": Tally}}, adding schemas in corpus order."""
+    tallies: dict = collections.defaultdict(lambda: collections.defaultdict(Tally))
+    for (name, split, _), per_backend in zip(corpus, results):
+        for b, r in per_backend.items():
+            tallies[b][split].add(name, r)
+            tallies[b]["total"].add(name, r)
     return tallies
+
+
+def write_raw(path: str, corpus: list, results: list) -> None:
+    """Per-schema results (one shard's), for --merge."""
+    with open(path, "w") as f:
+        for (name, split, _), per_backend in zip(corpus, results):
+            f.write(json.dumps({"name": name, "split": split, "results": per_backend}) + "\n")
+
+
+def read_raw(paths: list) -> tuple:
+    """The shards' results merged back into corpus (name) order: (corpus without docs, results)."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += [json.loads(line) for line in f if line.strip()]
+    rows.sort(key=lambda r: r["name"])
+    names = [r["name"] for r in rows]
+    assert len(set(names)) == len(names), "a schema is in two shards"
+    return [(r["name"], r["split"], None) for r in rows], [r["results"] for r in rows]
 
 
 def report(tallies: dict) -> dict:
@@ -333,10 +385,23 @@ def main() -> None:
     p.add_argument("--whitespace", default="[ ]?")
     p.add_argument("--json", default=None, help="write the summary here")
     p.add_argument("--plot", default=None, help="write a PNG of the passing share here")
+    p.add_argument("--workers", type=int, default=1, help="schemas run side by side (one worker process per backend each)")
+    p.add_argument("--shard", default=None, help="i/n: run only schemas i, i+n, i+2n, ... of the (sampled) corpus")
+    p.add_argument("--raw", default=None, help="write per-schema results here (JSON lines), to --merge shards later")
+    p.add_argument("--merge", nargs="+", default=None, help="report on shards' --raw files instead of running")
     args = p.parse_args()
-    corpus = sample(load_corpus(args.corpus), args.sample, args.seed, args.only)
     start = time.time()
-    summary = report(bench(corpus, args.backends.split(","), args.whitespace, args.timeout))
+    if args.merge:
+        corpus, results = read_raw(args.merge)
+    else:
+        corpus = sample(load_corpus(args.corpus), args.sample, args.seed, args.only)
+        if args.shard:
+            i, n = map(int, args.shard.split("/"))
+            corpus = corpus[i::n]
+        results = bench(corpus, args.backends.split(","), args.whitespace, args.timeout, args.workers)
+        if args.raw:
+            write_raw(args.raw, corpus, results)
+    summary = report(tally(corpus, results))
     print(f"{len(corpus)} schemas, {time.time() - start:.0f} s", file=sys.stderr)
     print_table(summary)
     if args.json:

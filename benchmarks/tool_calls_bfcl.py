@@ -12,10 +12,13 @@ function's parameters. The same messages are then sent without tools, for the th
     python benchmarks/tool_calls_bfcl.py --sample 0 --chunk 32 --stop-at 20:15   # as many as fit, in order
     python benchmarks/tool_calls_bfcl.py --grammar-only --sample 0   # no model: grammars vs ground truth
 
-The tasks run in a fixed-seed order, `--chunk` at a time, each chunk through all four phases
+The tasks run in a fixed-seed order stratified by split (every prefix holds each BFCL split
+in proportion), `--chunk` at a time, each chunk through all four phases
 (temperature 0 and 1, with and without tools) before the next; the table is printed after
 every chunk. With `--stop-at HH:MM` (UTC) no chunk starts after that time, so a run that
-cannot finish reports a fixed-seed prefix of whole chunks, every task of it counted.
+cannot finish reports a fixed-seed prefix of whole chunks, every task of it counted. One
+server serves the whole run (default backend: llguidance); `--server-per-chunk` starts a
+fresh one per chunk.
 
 --grammar-only builds each task's call grammar (the server's code path) and checks that every
 ground-truth call, written in the generic format, matches it (Python's re, not the token FSM).
@@ -75,8 +78,7 @@ def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
         with tarfile.open(corpus) as tar:
             members = [m for m in tar.getmembers() if os.path.basename(m.name).startswith("BFCL_")]
             tar.extractall(tmp, members=members, filter="data")
-        files = sorted(glob.glob(os.path.join(tmp, "**", "BFCL_*.json"), recursive=True))
-        random.Random(seed).shuffle(files)  # a fixed order: a prefix of it is a fixed-seed sample
+        files = stratified_order(sorted(glob.glob(os.path.join(tmp, "**", "BFCL_*.json"), recursive=True)), seed)
         if sample:
             files = files[:sample]
         tasks = []
@@ -86,6 +88,19 @@ def load_tasks(corpus: str, sample: int, seed: int, docs: dict = None) -> list:
             if docs is not None:
                 docs[tasks[-1].name] = doc
         return tasks
+
+
+def stratified_order(files: list, seed: int) -> list:
+    """Each split shuffled with `seed`, then interleaved in proportion to its size: every
+    prefix of the order is a fixed-seed sample stratified by split."""
+    splits: dict = {}
+    for f in files:
+        splits.setdefault(os.path.basename(f).rsplit("_", 1)[0], []).append(f)  # BFCL_parallel_12.json
+    keyed = []
+    for name, members in sorted(splits.items()):
+        random.Random(f"{seed}:{name}").shuffle(members)
+        keyed += [((i + 0.5) / len(members), name, f) for i, f in enumerate(members)]
+    return [f for _, _, f in sorted(keyed)]
 
 
 def _task(name: str, doc: dict) -> Task:
@@ -179,26 +194,35 @@ PHASES = [(0.0, True), (0.0, False), (1.0, True), (1.0, False)]  # (temperature,
 
 def run_chunks(tasks: list, args) -> tuple:
     """All phases chunk by chunk until the tasks or the time run out: (tasks done, totals per phase).
-    Without --base-url each chunk gets a fresh server: compiled grammars stay cached for the
-    server's life, and a thousand outlines grammars outgrow a small machine's memory."""
+    Without --base-url one server serves the run, or with --server-per-chunk a fresh one each
+    chunk (compiled grammars stay cached for a server's life: a thousand outlines grammars
+    outgrow a small machine's memory; llguidance's do not)."""
     totals = {phase: Tally() for phase in PHASES}
-    done = 0
-    for begin in range(0, len(tasks), args.chunk):
-        if args.stop_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_at:
-            break
-        chunk = tasks[begin : begin + args.chunk]
-        server = None if args.base_url else start_server(*args.server_args, api_key=None, startup_timeout_s=600)
-        client = openai.OpenAI(base_url=(args.base_url or server.url) + "/v1", api_key="none", timeout=1800, max_retries=0)
-        try:
+    done, server = 0, None
+    try:
+        for begin in range(0, len(tasks), args.chunk):
+            if args.stop_at and time.strftime("%H:%M", time.gmtime()) >= args.stop_at:
+                break
+            if server is None and not args.base_url:
+                server = start_server(*args.server_args, api_key=None, startup_timeout_s=600)
+            client = openai.OpenAI(base_url=(args.base_url or server.url) + "/v1", api_key="none", timeout=1800, max_retries=0)
+            chunk = tasks[begin : begin + args.chunk]
             for temperature, tools in PHASES:
                 totals[(temperature, tools)].add(run(client, chunk, tools, temperature, args.max_tokens, args.concurrency))
-        finally:
-            if server is not None and server.stop() not in (0, None) and "died" in server.log():
-                print(server.log()[-2000:])
-        done += len(chunk)
-        print(f"after {done} of {len(tasks)} tasks ({time.strftime('%H:%M:%S', time.gmtime())} UTC):", flush=True)
-        print_table(totals)
+            if args.server_per_chunk:
+                _stop(server)
+                server = None
+            done += len(chunk)
+            print(f"after {done} of {len(tasks)} tasks ({time.strftime('%H:%M:%S', time.gmtime())} UTC):", flush=True)
+            print_table(totals)
+    finally:
+        _stop(server)
     return done, totals
+
+
+def _stop(server) -> None:
+    if server is not None and server.stop() not in (0, None) and "died" in server.log():
+        print(server.log()[-2000:])
 
 
 def _rate(count: int, t: Tally) -> float:
@@ -238,7 +262,8 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=64, help="tasks per chunk (each through all four phases)")
     ap.add_argument("--stop-at", default=None, help="HH:MM UTC: start no chunk after this")
     ap.add_argument("--max-total-tokens", default="16384", help="of the servers this script starts")
-    ap.add_argument("--compile-timeout-s", default="600", help="of the servers this script starts (a loaded CPU compiles slowly)")
+    ap.add_argument("--compile-timeout-s", default="10", help="of the servers this script starts")
+    ap.add_argument("--server-per-chunk", action="store_true", help="a fresh server for each chunk (outlines: memory)")
     ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
     args = ap.parse_args()
     docs: dict = {}

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import tarfile
+import threading
 import time
 from types import SimpleNamespace
 
@@ -220,6 +221,34 @@ def test_compile_time_limit_fails_only_that_request(engine):
         backend.submit(quick)
         assert backend.poll(quick) is True and quick.grammar is not None
     finally:
+        backend.cache.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def test_compile_time_limit_does_not_count_time_queued_behind_other_compiles(engine, monkeypatch):
+    """The limit counts a grammar's own compile time: a request whose compile waited for a
+    busy worker past the limit is served; one that waits past the queue bound gets a 503."""
+    from radixflow.constrained import backend as backend_module
+
+    backend = _backend(engine, grammar_compile_workers=1, grammar_compile_timeout_s=0.3)
+    gate = threading.Event()
+    try:
+        backend.impl  # the backend itself is built on the pool first
+        backend.cache.pool.submit(gate.wait, 30)  # the only worker is busy
+        queued = FakeReq("json_schema", json.dumps({"type": "string", "maxLength": 3}))
+        backend.submit(queued)
+        time.sleep(0.6)
+        assert backend.poll(queued) is None and queued.finish_reason is None
+        monkeypatch.setattr(backend_module, "QUEUE_LIMIT_FACTOR", 1)
+        starved = FakeReq("json_schema", json.dumps({"type": "integer"}))
+        backend.submit(starved)
+        time.sleep(0.4)
+        assert backend.poll(starved) is False and starved.finish_reason["status_code"] == 503
+        assert "--grammar-compile-workers" in starved.finish_reason["message"]
+        monkeypatch.setattr(backend_module, "QUEUE_LIMIT_FACTOR", 30)
+        gate.set()
+        assert _poll(backend, queued) is True and queued.grammar is not None
+    finally:
+        gate.set()
         backend.cache.pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -136,7 +136,7 @@ def test_far_from_the_budget_tokens_off_the_path_are_not_searched(backend, engin
     search = backend.impl.search
     calls = []
     find = search.find
-    search.find = lambda m, limit: calls.append(limit) or find(m, limit)
+    search.find = lambda m, limit, hints=(): calls.append(limit) or find(m, limit, hints)
     try:
         tokens = 0
         for seed in range(3):
@@ -201,3 +201,41 @@ def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
     g = backend.compile("json_schema", json.dumps(schema))
     assert g.closing is not None
     Draft202012Validator(schema).validate(json.loads(engine.tokenizer.decode(g.closing)))
+
+
+# masks show no progress inside these strings: the greedy walk alone found no closing path
+HINTED = {
+    "type": "object",
+    "properties": {
+        "asset_type": {"type": "string", "pattern": "mesh_settings"},  # unanchored: `.*mesh_settings.*`
+        "export_file": {"type": "string", "pattern": "^(.*?)\\.alfred3?workflow$"},
+        "email": {"type": "string", "pattern": "^[_a-z0-9-]+(\\.[_a-z0-9-]+)*@[_a-z0-9-]+(\\.[a-z]{2,3})$"},
+        "mac": {"type": "string", "pattern": "([0-9a-fA-F][0-9a-fA-F](:|-)){4}([0-9a-fA-F][0-9a-fA-F])"},
+        "md5": {"type": "string", "pattern": "^[a-f0-9]{32}$"},
+        "when": {"type": "string", "format": "date-time"},
+    },
+    "required": ["asset_type", "export_file", "email", "mac", "md5", "when"],
+}
+
+
+def test_sample_strings_from_the_schema_close_patterns_a_greedy_walk_cannot(backend, engine):
+    g = backend.compile("json_schema", json.dumps(HINTED))
+    assert g.closing is not None, "no closing path: the budget could not be kept"
+    value = json.loads(engine.tokenizer.decode(g.closing))
+    Draft202012Validator(HINTED, format_checker=Draft202012Validator.FORMAT_CHECKER).validate(value)
+    rng = np.random.default_rng(0)
+    for _ in range(3):  # an adversarial model still ends schema-valid within shortest + 2
+        req = start(backend, g.min_tokens + 2, spec=json.dumps(HINTED))
+        run_random(backend, req, rng, engine.runner.vocab_size)
+        text = engine.tokenizer.decode([t for t in req.output_ids if t not in backend.info.eos_ids])
+        Draft202012Validator(HINTED, format_checker=Draft202012Validator.FORMAT_CHECKER).validate(json.loads(text))
+
+
+@pytest.mark.parametrize("pattern", ["mesh_settings", "^[a-z]+(?:-+[a-z]+)*-v\\d+$", "[^abc]\\w\\s\\D{2}", "^(x|yy)+$", "a{3,}b?"])
+def test_shortest_match_is_matched_by_its_pattern(pattern):
+    import re
+
+    from radixflow.constrained.closing_hints import shortest_match
+
+    s = shortest_match(pattern)
+    assert s is not None and re.search(pattern, s), (pattern, s)

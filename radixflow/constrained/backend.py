@@ -8,7 +8,8 @@ compiled (or failed), and jump forward after sampled tokens.
 
 The grammar backend (`--grammar-backend`: outlines or llguidance) compiles through
 `grammar.compile_grammar`, the path the public `Grammar` API takes too. A compile that
-runs past `--grammar-compile-timeout-s` fails only its own request; the worker finishes
+runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
+submission) fails only its own request; the worker finishes
 it in the background (outlines-core cannot be interrupted), and a later request for the
 same grammar uses the result if it ever completes.
 """
@@ -29,6 +30,7 @@ from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEO
 from radixflow.errors import RadixflowError
 
 log = logging.getLogger(__name__)
+QUEUE_LIMIT_FACTOR = 30  # a grammar still queued after this many compile time limits fails (503)
 
 
 class GrammarBackend:
@@ -78,16 +80,9 @@ class GrammarBackend:
         job = self._jobs.get(req)
         if job is None:
             return None
-        fut, started = job
+        fut, submitted = job
         if not fut.done():
-            if time.monotonic() - started <= self.timeout_s:
-                return None
-            del self._jobs[req]
-            return self._reject(
-                req,
-                f"compiling this grammar took longer than the {self.timeout_s:g} s limit "
-                "(--grammar-compile-timeout-s); simplify it (fewer/shorter patterns, smaller enums, bounds)",
-            )
+            return self._check_clock(req, fut, submitted)
         del self._jobs[req]
         error = fut.exception()
         if error is not None:
@@ -113,6 +108,30 @@ class GrammarBackend:
         """Drop a request's compile job (its outcome was decided elsewhere: tensor-parallel rank 0)."""
         self._jobs.pop(req, None)
 
+    def _check_clock(self, req, fut: Future, submitted: float) -> Optional[bool]:
+        """None while the compile may go on; False (req failed) past the time limit, which
+        counts compile time only: from when a worker began it (or from this request's
+        submission, for a compile another request started), not time queued behind others."""
+        now, started = time.monotonic(), self.cache.started_at(fut)
+        if started is None:
+            if now - submitted <= QUEUE_LIMIT_FACTOR * self.timeout_s:
+                return None
+            del self._jobs[req]
+            return self._reject(
+                req,
+                f"the grammar compile workers were busy for {now - submitted:.0f} s before this grammar's turn; "
+                "retry later, or raise --grammar-compile-workers",
+                status=503,
+            )
+        if now - max(started, submitted) <= self.timeout_s:
+            return None
+        del self._jobs[req]
+        return self._reject(
+            req,
+            f"compiling this grammar took longer than the {self.timeout_s:g} s limit "
+            "(--grammar-compile-timeout-s); simplify it (fewer/shorter patterns, smaller enums, bounds)",
+        )
+
     def wait(self, reqs: list, timeout: float) -> None:
         """Block until one of `reqs`' grammars is compiled, or `timeout` seconds (for an
         idle scheduler, instead of spinning while the compile threads need the CPU)."""
@@ -128,8 +147,8 @@ class GrammarBackend:
         return self.impl_for(req.sampling.grammar[0]).jump(req.grammar, req, forced=self.jump_enabled)
 
     @staticmethod
-    def _reject(req, message: str) -> bool:
-        req.finish({"type": "abort", "message": message, "status_code": 400})
+    def _reject(req, message: str, status: int = 400) -> bool:
+        req.finish({"type": "abort", "message": message, "status_code": status})
         return False
 
 

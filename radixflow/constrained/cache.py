@@ -1,13 +1,17 @@
 """Compiled grammars, keyed by (kind, spec, whitespace, tokenizer fingerprint), compiled
 in a worker pool off the scheduler loop. A failure is cached like a success (the future
-holds the exception), so a bad grammar sent again fails at once."""
+holds the exception), so a bad grammar sent again fails at once. `started_at(fut)` is when a
+worker began the compile (None while it waits in the queue): the compile time limit counts
+from there, not from submission, so a grammar queued behind others is not charged their time."""
 
 from __future__ import annotations
 
 import collections
 import threading
+import time
+import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Hashable
+from typing import Callable, Hashable, Optional
 
 
 class GrammarCache:
@@ -18,6 +22,7 @@ class GrammarCache:
         self.hits = 0
         self.misses = 0
         self._lock = threading.Lock()
+        self._started: "weakref.WeakKeyDictionary[Future, float]" = weakref.WeakKeyDictionary()
 
     def get(self, key: Hashable, compile_fn: Callable[[], object]) -> Future:
         with self._lock:
@@ -27,10 +32,21 @@ class GrammarCache:
                 self.entries.move_to_end(key)
                 return fut
             self.misses += 1
-            fut = self.pool.submit(compile_fn)
+            box: list = []
+            fut = self.pool.submit(self._timed, compile_fn, box)
+            box.append(fut)
             self.entries[key] = fut
             self._evict()
             return fut
+
+    def _timed(self, compile_fn: Callable[[], object], box: list) -> object:
+        with self._lock:  # held by get() until the future is in the box
+            self._started[box[0]] = time.monotonic()
+        return compile_fn()
+
+    def started_at(self, fut: Future) -> Optional[float]:
+        """When a worker began `fut`'s compile (time.monotonic()); None while it is queued."""
+        return self._started.get(fut)
 
     def _evict(self) -> None:
         done = [k for k, f in self.entries.items() if f.done()]

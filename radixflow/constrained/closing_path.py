@@ -18,6 +18,10 @@ one already seen in that lexeme made no progress: it is undone and passed over w
 another token is allowed (an email's local part takes one character, then the others are
 tried until `@` opens the domain). Once a few tokens were passed over, such a token is first
 taken again a few times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
+Where masks show no progress (an unanchored `pattern`, a long `minLength`), sample strings
+from the grammar's spec (closing_hints.py, as `hints`: token lists) are tried wherever a
+string opens (after a token that ends with `"`, and at the start): one the matcher accepts, after which the string may close, is
+taken whole.
 The walk consumes on the matcher itself and rolls back before returning. Its length
 bounds the distance to acceptance from above; it is not always the shortest completion.
 """
@@ -64,17 +68,31 @@ class ClosingSearch:
         probe = info.tokenizer.encode(PROBE_WORD, add_special_tokens=False)
         self.probe = probe[0] if len(probe) == 1 else None
         self.structure = _single_tokens(info.tokenizer, list(STRUCTURE), info.vocab_size)
+        pieces = info.tokenizer.convert_ids_to_tokens(list(range(info.vocab_size)))
+        self.opens_string = np.array([bool(p) and p.endswith('"') for p in pieces], dtype=bool)
+        self.quote_closers = [t for t in self.in_string.tolist() if info.tokenizer.decode([t]).startswith('"')]
 
-    def find(self, m: LLMatcher, limit: int) -> Optional[list]:
+    def find(self, m: LLMatcher, limit: int, hints: tuple = ()) -> Optional[list]:
         """Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
         the walk finds none. `m` is left in the state it was in."""
         path: list = []
         walk = _Walk()
+        hinted = -1  # the path length at which hints were last tried (once per string opening)
         for _ in range(min(2 * limit + 16, MAX_PICKS)):
             if m.is_accepting() or len(path) >= limit:
                 break
+            if hints and hinted != len(path) and (not path or self.opens_string[path[-1]]):
+                hinted = len(path)
+                sample = self._try_hints(m, hints, limit - len(path))
+                if sample is not None:
+                    path.extend(sample)
+                    walk = _Walk()
+                    continue
             forced = m.compute_ff_tokens()[: limit - len(path)]
             if forced:
+                if hints:  # stop after a string's opening quote, where hints are tried
+                    opens = np.flatnonzero(self.opens_string[forced])
+                    forced = forced[: opens[0] + 1] if opens.size else forced
                 if not m.consume_tokens(forced):
                     break
                 path.extend(forced)
@@ -124,6 +142,25 @@ class ClosingSearch:
 
     def _opens(self, m: LLMatcher, before: np.ndarray) -> bool:
         return m.is_accepting() or bool(np.any(self._mask(m) & ~before))
+
+    def _try_hints(self, m: LLMatcher, hints: tuple, room: int) -> Optional[list]:
+        """The first hint `m` accepts whole and after which it may end or close a string
+        (consumed on `m`), else None (`m` unchanged); None too where the string may close
+        (or the output end) at once, as the walk would do."""
+        if m.is_accepting() or self._closes(self._mask(m)):
+            return None
+        for tokens in hints:
+            if len(tokens) > room:
+                continue
+            done = m.try_consume_tokens(tokens)
+            if done == len(tokens) and (m.is_accepting() or self._closes(self._mask(m))):
+                return list(tokens)
+            m.rollback(done)
+        return None
+
+    def _closes(self, mask: np.ndarray) -> bool:
+        bits = mask.view(np.uint32)
+        return any(_has(bits, int(t)) for t in self.quote_closers)
 
     def _mask(self, m: LLMatcher) -> np.ndarray:
         mask = np.zeros(self.words, dtype=np.int32)

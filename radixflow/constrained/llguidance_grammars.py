@@ -30,6 +30,7 @@ import torch
 from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer
 from llguidance.gbnf_to_lark import any_to_lark
 
+from radixflow.constrained.closing_hints import hint_strings
 from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.grammar_errors import grammar_error
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
@@ -52,6 +53,7 @@ class LLGuidanceGrammar:
     compiled: LLMatcher  # fresh, first mask computed; requests take deep copies
     words: int
     closing: Optional[list] = None  # a shortest output found by search (None: none found)
+    hints: tuple = ()  # sample strings as token lists, for the closing search (closing_hints.py)
     compile_s: float = 0.0
 
     @property
@@ -172,7 +174,7 @@ class LLGuidanceMatcher:
             if len(tail) <= left and self._completes(tail):
                 self.path, self.since = list(tail), 0
                 return True
-        found = self.search.find(self.m, left)
+        found = self.search.find(self.m, left, self.grammar.hints)
         if found is not None:
             self.path, self.since = found, 0
             return True
@@ -221,7 +223,10 @@ class LLGuidanceGrammars:
             m.reset()
         if m.is_error():
             raise _error(kind, spec, m.get_error())
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=self.search.find(m, MAX_CLOSING_TOKENS))
+        encode = self.info.tokenizer.encode
+        hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
+        closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints)
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req)

@@ -57,7 +57,8 @@ _HELP = {
     "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: more JSON-schema "
     "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
     "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
-    "grammar_compile_timeout_s": "a grammar that takes longer to compile fails its request with a 400",
+    "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
+    "time queued behind other compiles) fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",
