@@ -151,6 +151,18 @@ def test_far_from_the_budget_tokens_off_the_path_are_not_searched(backend, engin
     assert len(calls) < tokens / 4, (len(calls), tokens)
 
 
+def feed_until_cut(backend: GrammarBackend, req: FakeReq, tokens: list) -> tuple:
+    """Sample `tokens` one by one (the scheduler's contract) until the jump hook cuts the
+    output back; returns the hook's (tokens to keep, tokens to append)."""
+    for token in tokens:
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+        jump = backend.jump_forward(req)
+        if jump:
+            return jump
+    raise AssertionError("the output was never cut back")
+
+
 def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, engine):
     """Far from the budget `ab`, `1` and the digits after it are taken unchecked; once the
     budget comes near, no completion fits (60 digits are owed), so the output is cut back to
@@ -163,13 +175,7 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
     for t in prefix:
         req.grammar.accept_token(t)
     assert backend.jump_forward(req) == []
-    for token in encode("1") + encode("2") * 30:
-        req.output_ids.append(token)
-        req.grammar.accept_token(token)
-        jump = backend.jump_forward(req)
-        if jump:
-            break
-    keep, tokens = jump
+    keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 30)
     assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 
@@ -183,13 +189,7 @@ def test_a_streamed_request_is_checked_after_every_token(backend, engine):
     req.streamed = True
     backend.submit(req)
     assert poll(backend, req) is True, req.finish_reason
-    for token in encode("ab") + encode("1"):
-        req.output_ids.append(token)
-        req.grammar.accept_token(token)
-        jump = backend.jump_forward(req)
-        if jump:
-            break
-    keep, tokens = jump
+    keep, tokens = feed_until_cut(backend, req, encode("ab") + encode("1"))
     assert keep == len(req.output_ids) - 1 and req.output_ids[-1] == encode("1")[0]
     assert req.grammar.budget_closed and tokens
 
