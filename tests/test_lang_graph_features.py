@@ -20,6 +20,12 @@ def three_names(s, topic):
     s += rf.gen("another", max_tokens=4, stop="\n")
 
 
+@rf.function
+def name_then_three(s, topic):
+    s += f"Name a {topic}:" + rf.gen("first", max_tokens=4, stop="\n") + "\nThree more:"
+    s += rf.gen("more", n=3, max_tokens=4, stop="\n")
+
+
 @pytest.fixture(scope="module")
 def backend(engine):
     return EngineBackend.for_engine(engine)
@@ -41,6 +47,15 @@ def test_gen_n_samples_run_as_graph_nodes(backend):
     assert [m["completion_tokens"] > 0 for m in graph.get_meta_info("name")] == [True] * 3
     with pytest.raises(rf.RadixflowError, match="n must be >= 1"):
         rf.Engine.run_program(backend.engine, _one_gen({"n": 0}))
+
+
+def test_gen_n_samples_after_a_gen_are_not_its_continuation(backend):
+    """A gen followed by text and an n > 1 gen: the samples are requests of their own, not one
+    more segment of the first gen's request (which would give one string, not three)."""
+    graph, eager = graph_and_eager(name_then_three, backend, topic="fruit")
+    assert isinstance(graph["more"], list) and len(graph["more"]) == 3
+    assert graph["more"] == eager["more"] and graph["first"] == eager["first"]
+    assert graph.program_meta["num_requests"] == 4
 
 
 def _one_gen(sampling: dict) -> dict:

@@ -10,9 +10,11 @@ from radixflow.runtime.scheduling.req import Req
 
 def continuable(sp: SamplingParams) -> bool:
     """Whether a gen can run as a new segment of the finished request: per-request
-    state (grammar matcher, seeded generator, penalty counts) needs a fresh request."""
+    state (grammar matcher, seeded generator, penalty counts) needs a fresh request, and
+    n > 1 samples run as requests of their own."""
     return (
-        sp.grammar is None
+        sp.n == 1
+        and sp.grammar is None
         and sp.sampling_seed is None
         and not sp.frequency_penalty
         and not sp.presence_penalty
