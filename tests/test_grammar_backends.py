@@ -252,11 +252,14 @@ def test_compile_time_limit_does_not_count_time_queued_behind_other_compiles(eng
         backend.cache.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def test_exponential_regex_on_outlines_fails_only_its_request(engine):
+def test_exponential_regex_on_outlines_fails_only_its_request(engine, monkeypatch):
     """The outlines backend builds a regex's DFA in a child process killed at the time limit:
     the request gets a clear 400 and the compile threads stay free for the next grammar."""
     from radixflow.constrained import regex_guard
 
+    killed = []
+    kill = regex_guard._kill
+    monkeypatch.setattr(regex_guard, "_kill", lambda child: killed.append(child) or kill(child))
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=1.0)
     try:
         bomb = FakeReq("regex", "(a|b)*a(a|b){24}")  # hours of DFA building
@@ -268,7 +271,8 @@ def test_exponential_regex_on_outlines_fails_only_its_request(engine):
         quick = FakeReq("regex", "(yes|no)")
         backend.submit(quick)
         assert _poll(backend, quick) is True and quick.grammar is not None
-        assert all(child.poll() is None for child in regex_guard._idle)  # the killed child is not reused
+        assert killed and all(child.poll() is not None for child in killed)  # the bomb's child was killed
+        assert not set(killed) & set(regex_guard._idle)  # and is not reused
     finally:
         backend.cache.pool.shutdown(wait=False, cancel_futures=True)
 

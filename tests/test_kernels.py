@@ -334,7 +334,9 @@ def test_linear_layers_route_small_batches_to_the_gemv(monkeypatch):
 def test_cpu_linear_matches_f_linear(m, bias):
     x, w = torch.randn(m, 96), torch.randn(200, 96)
     b = torch.randn(200) if bias else None
+    assert cpu_linear.enabled, "this torch build must have oneDNN's linear (the CPU path depends on it)"
     got = cpu_linear.linear(x, w, b)
+    assert cpu_linear.enabled, "oneDNN's linear failed and the layer fell back to F.linear"
     assert got.dtype == torch.float32 and got.shape == (m, 200)
     _close(got, F.linear(x.double(), w.double(), None if b is None else b.double()).float(), 5e-4)
     x16, w16 = x.bfloat16(), w.bfloat16()

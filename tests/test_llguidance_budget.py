@@ -76,7 +76,7 @@ def test_shortest_output_is_a_searched_completion(backend, engine):
     g = backend.compile("json_schema", json.dumps(SCHEMA))
     text = engine.tokenizer.decode(g.closing)
     Draft202012Validator(SCHEMA).validate(json.loads(text))
-    assert g.min_tokens == len(g.closing) and Grammar.from_json_schema(SCHEMA, engine.tokenizer).accepts(text)
+    assert Grammar.from_json_schema(SCHEMA, engine.tokenizer).accepts(text)
     exact = Grammar.from_json_schema(SCHEMA, engine.tokenizer, backend="outlines").compiled.min_tokens
     assert exact <= g.min_tokens <= 2 * exact  # an upper bound, close to outlines' exact distance
 

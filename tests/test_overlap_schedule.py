@@ -158,15 +158,16 @@ def test_constrained_rows_overlap_with_the_same_outputs(engine):
     assert len(got[7]["meta_info"]["output_token_logprobs"]) == got[7]["meta_info"]["completion_tokens"]
 
 
-def test_constrained_overlap_on_llguidance(engine):
-    """The llguidance backend fills its rows on its own threads; outputs match without overlap."""
+def test_constrained_overlap_on_outlines(engine):
+    """The outlines backend (llguidance is the default, covered above) gathers its rows' masks
+    from per-state masks; outputs match without overlap."""
     import dataclasses
 
     from radixflow.constrained.backend import GrammarBackend
 
     sched = engine.scheduler
     saved = (sched.grammar_backend, sched.jump_forward)
-    args = dataclasses.replace(sched.args, grammar_backend="llguidance")
+    args = dataclasses.replace(sched.args, grammar_backend="outlines")
     sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
     sched.jump_forward = sched.grammar_backend.jump_forward
     try:

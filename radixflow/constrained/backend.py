@@ -92,8 +92,8 @@ class GrammarBackend:
         if grammar.min_tokens is not None and grammar.min_tokens > budget:
             return self._reject(
                 req,
-                f"max_new_tokens={req.sampling.max_new_tokens} is too small for this grammar: its shortest "
-                f"output takes {grammar.min_tokens} tokens; raise max_new_tokens to at least {grammar.min_tokens}",
+                f"max_new_tokens={req.sampling.max_new_tokens} is too small for this grammar: the shortest "
+                f"output it could find takes {grammar.min_tokens} tokens; raise max_new_tokens to at least {grammar.min_tokens}",
             )
         impl = self.impl_for(req.sampling.grammar[0])
         req.grammar = impl.matcher(grammar, req)

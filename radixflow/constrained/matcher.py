@@ -36,9 +36,10 @@ class GrammarMatcher:
 
     @staticmethod
     def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
-        """(matcher, row) pairs into a CPU bitmask: one numpy gather of the cached masks."""
-        rows = [row for _, row in pairs]
-        bitmask.numpy()[rows] = np.stack([m.current_mask() for m, _ in pairs])
+        """(matcher, row) pairs into a CPU bitmask: each cached mask copied once into its row."""
+        out = bitmask.numpy()
+        for m, row in pairs:
+            out[row] = m.current_mask()
 
     def accept_token(self, token: int) -> None:
         if self.ended:

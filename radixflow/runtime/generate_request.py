@@ -59,7 +59,7 @@ class RequestBuilder:
             sp = self.sampling(params[i])
             lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
-                sub = sp if sp.n == 1 else sp.copy(n=1, sampling_seed=None if sp.sampling_seed is None else sp.sampling_seed + j)
+                sub = sp if sp.n == 1 else sp.sample(j)
                 rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
                 reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp, streamed=bool(g.stream)))
         return reqs

@@ -135,6 +135,10 @@ class SamplingParams:
     def copy(self, **changes: Any) -> "SamplingParams":
         return dataclasses.replace(self, **changes)
 
+    def sample(self, j: int) -> "SamplingParams":
+        """Sample j of an n > 1 gen: n = 1, and a seeded gen's seed offset by j."""
+        return self.copy(n=1, sampling_seed=None if self.sampling_seed is None else self.sampling_seed + j)
+
 
 _FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name != "stop_strs"]
 SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS}

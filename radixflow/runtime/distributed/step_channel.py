@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -84,8 +83,7 @@ def send_stop(tp: TPContext) -> None:
     channel.flush()
 
 
-def agree_ids(ids: torch.Tensor, tp: TPContext) -> Optional[torch.Tensor]:
+def agree_ids(ids: torch.Tensor, tp: TPContext) -> None:
     """Every rank takes rank 0's sampled ids (in place, on the device group, queued without a sync)."""
     if tp.size > 1:
         dist.broadcast(ids, src=0, group=tp.device_group)
-    return ids

@@ -20,7 +20,7 @@ import itertools
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
@@ -173,7 +173,7 @@ class ProgramExecutor:
         self._appended(st, op.name, text, streamed=True)
         st.pc += 1
 
-    def _record(self, st: Strand, op: Op, value: str, meta: dict) -> None:
+    def _record(self, st: Strand, op: Op, value: Union[str, list], meta: Union[dict, list]) -> None:
         st.run.results[str(op.id)] = {"text": value, "meta_info": meta}
         if op.name is not None:
             st.vars[op.name] = value
@@ -269,8 +269,7 @@ class ProgramExecutor:
     def _start_gen(self, st: Strand, op: Op) -> None:
         ids, sp = self._flush(st), op.sampling
         if sp.n > 1:
-            seed = lambda j: None if sp.sampling_seed is None else sp.sampling_seed + j  # noqa: E731
-            st.samples = [self._new_req(st, ids, sp.copy(n=1, sampling_seed=seed(j))) for j in range(sp.n)]
+            st.samples = [self._new_req(st, ids, sp.sample(j)) for j in range(sp.n)]
             st.state = SAMPLES
             return
         st.req = self._new_req(st, ids, sp, continues=continues_after(st.ops, st.pc))
@@ -288,10 +287,7 @@ class ProgramExecutor:
                             r.sampling.no_stop_trim) for r in st.samples]  # fmt: skip
         texts = [text for text, _ in pieces]
         metas = [_request_meta(r) for r in st.samples]
-        st.run.results[str(op.id)] = {"text": texts, "meta_info": metas}
-        if op.name is not None:
-            st.vars[op.name] = texts
-            st.produced.append(op.name)
+        self._record(st, op, texts, metas)
         st.ids.extend(pieces[0][1])
         self._appended(st, op.name, texts[0])
         st.samples = []

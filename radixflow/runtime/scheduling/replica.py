@@ -145,7 +145,8 @@ def replicated_continue(sync: ReplicaSync, sched: Scheduler, hook: Optional[Call
         before = list(req.output_ids)
         continued = bool(hook(req)) if hook is not None else False
         if not continued and req.output_ids == before:
-            return sync.decide(lambda: None) is not None
+            sync.decide(lambda: None)  # nothing to repeat on the other ranks
+            return False
         state = (list(req.output_ids), req.segment_start, req.sampling, req.finish_reason, continued)
         return sync.decide(lambda: state)[-1]
 
