@@ -106,6 +106,7 @@ def main() -> None:
                    help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
     p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
+    p.add_argument("--fp8-kernels", default="gemv,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})

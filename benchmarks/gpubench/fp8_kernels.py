@@ -1,7 +1,7 @@
 """Section fp8_kernels: the FP8 kernels alone, at Llama-3-8B shapes (CUDA only).
 
-- GEMV at batch 1: every candidate config of the load-time chooser per weight shape, FP8 weights and
-  bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
+- GEMV at batch 1: every candidate config of the load-time chooser per weight shape and the SWEEP
+  configs below, FP8 weights and bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
@@ -14,24 +14,44 @@ import math
 
 import torch
 
-from gpubench.common import free, log
+from gpubench.common import OPTS, free, log
 
+# Candidates timed beside the chooser's own (GEMV_CONFIGS / GEMV_CONFIGS_FP8): the persistent grid at
+# other tile and occupancy choices, so a run shows which are worth a place in the chooser's lists.
+SWEEP_BF16 = (
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 4},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 4},
+    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 5},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4, "per_sm": 3},
+    {"block_n": 8, "block_k": 512, "num_warps": 4, "stages": 6, "per_sm": 4},
+    {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6, "per_sm": 6},
+)
+SWEEP_FP8 = (
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 3},
+    {"block_n": 2, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 4},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 4},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 5},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4, "per_sm": 3},
+    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 6},
+    {"block_n": 8, "block_k": 512, "num_warps": 4, "stages": 6, "per_sm": 5},
+    {"block_n": 4, "block_k": 4096, "num_warps": 8, "stages": 3, "per_sm": 2},
+)
 GEMV_SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ATTN_CASES = ((256, 1536), (512, 1536))
 L2 = 60 << 20
 
 
 def _gemv_rates(name: str, n: int, k: int) -> dict:
-    from radixflow.kernels.gemv import choose_gemv
+    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8, choose_gemv
     from radixflow.kernels.reference import quantize_rows_torch
 
     copies = max(2, math.ceil(4 * L2 / (n * k)))  # the FP8 copies hold 4x the L2, as 32 layers would
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     bf16, fp8 = {}, {}
-    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16)
+    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16, configs=GEMV_CONFIGS + SWEEP_BF16)
     quantized = [quantize_rows_torch(w) for w in weights]
     del weights
-    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8)
+    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8, configs=GEMV_CONFIGS_FP8 + SWEEP_FP8)
 
     def rates(times: dict, nbytes: int) -> dict:
         return {c: {"us": round(us, 2), "TBps": round(nbytes / us / 1e6, 3)} for c, us in sorted(times.items(), key=lambda t: t[1])}
@@ -84,10 +104,11 @@ def sec_fp8_kernels() -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "CUDA only"}
     out = {"gemv": {}, "attention": {}}
-    for name, (n, k) in GEMV_SHAPES.items():
+    parts = OPTS.fp8_kernels.split(",")
+    for name, (n, k) in GEMV_SHAPES.items() if "gemv" in parts else ():
         out["gemv"][name] = _gemv_rates(name, n, k)
         free()  # the shape's weights
-    for bs, length in ATTN_CASES:
+    for bs, length in ATTN_CASES if "attention" in parts else ():
         out["attention"][f"{bs}x{length}"] = _attention_rates(bs, length)
         free()
     return out

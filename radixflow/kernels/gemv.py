@@ -18,6 +18,7 @@ the model's own weights and the layers use the winner (runtime/execution/layers/
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 import torch
@@ -32,11 +33,15 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # RMSNorm in a CUDA graph, these won one or more of Llama-3-8B's shapes (block_n 4 / block_k 1024 with
 # 3 stages for gate_up, with 4 for qkv, 8 / 1024 with 3 for o_proj and down, and 4 / 512 with 6 a close
 # second for down). Which wins moves by a few percent between machines, hence all four. The first is the default.
+# "per_sm": the persistent kernel (`_gemv_persistent_kernel`) on per_sm programs per multiprocessor, about as
+# many as fit at once by registers and shared memory (an sm_90 build of the config).
 GEMV_CONFIGS = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 5},
+    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 7},
 )
 # FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
@@ -50,6 +55,10 @@ GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 4},
+    {"block_n": 2, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 6},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 6},
+    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 8},
 )
 # Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
 # 0.7-16 us), and a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
@@ -76,6 +85,23 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
+    mask_n = offs_n < N
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
+    if HAS_SCALE:  # FP8 weights: one scale per output row
+        out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
+    if HAS_BIAS:
+        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & mask_n[None, :])
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
@@ -99,16 +125,48 @@ def _gemv_kernel(
     for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 tiles ahead
         w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
         acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
+    _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
+
+
+@triton.jit
+def _gemv_persistent_kernel(
+    X, W, Bias, Scale, Out,
+    M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+):
+    """`_gemv_kernel` on a grid of G programs sized to the GPU: program p owns the row blocks p, p + G,
+    p + 2G, ... and walks all their K tiles as one flat loop, so its copy pipeline runs on from one row
+    block into the next instead of draining and filling again at each (an FP8 row of 4,096 is only two
+    tiles of 2,048), and no last partial wave of programs idles the GPU."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * k_tiles
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.arange(0, BLOCK_N)
+    offs_n = pid * BLOCK_N + rows
+    w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],  # before the PDL wait, as above
+                mask=(offs_n < N)[:, None] & (offs_k < K)[None, :], other=0.0)
+    pdl_wait(USE_PDL)
     if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]
+        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
-        out = tl.sum(acc, axis=2)
-    if HAS_SCALE:  # FP8 weights: one scale per output row
-        out *= tl.load(Scale + offs_n, mask=mask_n, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & mask_n[None, :])
+        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
+    acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
+    if k_tiles == 1:
+        _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
+        acc = tl.zeros_like(acc)
+    for t in tl.range(1, tiles, num_stages=STAGES):  # tile t: row block pid + (t // k_tiles) * G, K tile t % k_tiles
+        k0 = (t % k_tiles) * BLOCK_K
+        offs_n = (pid + (t // k_tiles) * programs) * BLOCK_N + rows
+        w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + k0 + offs_k[None, :],
+                    mask=(offs_n < N)[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
+        acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
+        if k0 + BLOCK_K >= K:  # the row block's last K tile
+            _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
+            acc = tl.zeros_like(acc)
 
 
 @triton.jit
@@ -152,15 +210,14 @@ def _gemv_fp8_words_kernel(
         for j in tl.static_range(4):
             acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 4 * w0, M, K, stride_xm), _e4m3_byte_as_f32(words, j),
                        BLOCK_M)
-    if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]
-    else:
-        out = tl.sum(acc, axis=2)
-    out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * 1.329227995784916e36)[None, :]  # 2^120
-    if HAS_BIAS:
-        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & mask_n[None, :])
+    _store_rows(acc, Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
+                HAS_BIAS, True, BLOCK_M)
+
+
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter, whose grid size is arbitrary)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
@@ -185,7 +242,10 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             **pdl_launch(x, settings),
         )
         return out
-    _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
+    blocks = triton.cdiv(n, cfg["block_n"])
+    persistent = "per_sm" in cfg
+    kernel = _gemv_persistent_kernel if persistent else _gemv_kernel
+    kernel[(min(blocks, cfg["per_sm"] * sm_count(x.device)) if persistent else blocks,)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
@@ -236,7 +296,7 @@ def _fp8_gemv(x, weight, bias, w_scale, config=None, settings=DEFAULT_KERNEL_SET
 @torch.inference_mode()
 def choose_gemv(
     layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8), settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
-    report: dict | None = None,
+    report: dict | None = None, configs: Sequence[dict] | None = None,
 ) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
@@ -246,7 +306,7 @@ def choose_gemv(
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm.
     FP8 layers are (weight, bias, w_scale): their GEMM is kernels/fp8.py's (torch._scaled_mm) and their GEMV
     candidates GEMV_CONFIGS_FP8. `report`, if given, receives every candidate's time at the first M
-    ({"cublas" or str(config): us}, the RMSNorm included)."""
+    ({"cublas" or str(config): us}, the RMSNorm included). `configs` replaces the candidate list (benchmarks)."""
     from radixflow.kernels.norm_act import rmsnorm
 
     w0 = layers[0][0]
@@ -254,6 +314,7 @@ def choose_gemv(
     if fp8:
         from radixflow.kernels.fp8 import fp8_gemm
     gemm, gemv_fn, all_configs = (fp8_gemm, _fp8_gemv, GEMV_CONFIGS_FP8) if fp8 else (F.linear, gemv, GEMV_CONFIGS)
+    all_configs = all_configs if configs is None else tuple(configs)
     gemm_kw = {"settings": settings} if fp8 else {}
     act_dtype = torch.bfloat16 if fp8 else w0.dtype
     calls = max(len(layers), 8)
