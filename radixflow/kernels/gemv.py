@@ -18,7 +18,6 @@ the model's own weights and the layers use the winner (runtime/execution/layers/
 
 from __future__ import annotations
 
-import functools
 from typing import Callable, Sequence
 
 import torch
@@ -33,15 +32,14 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # RMSNorm in a CUDA graph, these won one or more of Llama-3-8B's shapes (block_n 4 / block_k 1024 with
 # 3 stages for gate_up, with 4 for qkv, 8 / 1024 with 3 for o_proj and down, and 4 / 512 with 6 a close
 # second for down). Which wins moves by a few percent between machines, hence all four. The first is the default.
-# "per_sm": the persistent kernel (`_gemv_persistent_kernel`) on per_sm programs per multiprocessor, about as
-# many as fit at once by registers and shared memory (an sm_90 build of the config).
+# "unroll": 2 tiles of block_k / 2 columns per loop step, summed into one accumulator of that width.
 GEMV_CONFIGS = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
-    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 5},
-    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 7},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
 )
 # FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
@@ -55,10 +53,10 @@ GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
-    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 4},
-    {"block_n": 2, "block_k": 2048, "num_warps": 4, "stages": 4, "per_sm": 6},
-    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "per_sm": 6},
-    {"block_n": 2, "block_k": 1024, "num_warps": 4, "stages": 6, "per_sm": 8},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "unroll": 2},
 )
 # Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
 # 0.7-16 us), and a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
@@ -106,8 +104,10 @@ def _gemv_kernel(
     X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
+    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -116,57 +116,22 @@ def _gemv_kernel(
     # The weights depend on no earlier kernel: the first tile is loaded before waiting (PDL). Inside the
     # loop the wait would stop Triton from pipelining it, so the first tile is peeled off.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+    if UNROLL == 2:
+        w1 = tl.load(w_ptrs + BLOCK_K, mask=mask_n[:, None] & (BLOCK_K + offs_k < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 tiles ahead
-        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
-        acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
+    if UNROLL == 2:
+        acc = _fma(acc, _load_x(X, offs_m, offs_k, BLOCK_K, M, K, stride_xm), w1, BLOCK_M)
+    for k0 in tl.range(UNROLL * BLOCK_K, K, UNROLL * BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 steps ahead
+        for u in tl.static_range(UNROLL):
+            ku = k0 + u * BLOCK_K
+            w = tl.load(w_ptrs + ku, mask=mask_n[:, None] & (ku + offs_k < K)[None, :], other=0.0)
+            acc = _fma(acc, _load_x(X, offs_m, offs_k, ku, M, K, stride_xm), w, BLOCK_M)
     _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
-
-
-@triton.jit
-def _gemv_persistent_kernel(
-    X, W, Bias, Scale, Out,
-    M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
-):
-    """`_gemv_kernel` on a grid of G programs sized to the GPU: program p owns the row blocks p, p + G,
-    p + 2G, ... and walks all their K tiles as one flat loop, so its copy pipeline runs on from one row
-    block into the next instead of draining and filling again at each (an FP8 row of 4,096 is only two
-    tiles of 2,048), and no last partial wave of programs idles the GPU."""
-    pid = tl.program_id(0)
-    programs = tl.num_programs(0)
-    k_tiles = tl.cdiv(K, BLOCK_K)
-    tiles = tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * k_tiles
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.arange(0, BLOCK_N)
-    offs_n = pid * BLOCK_N + rows
-    w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :],  # before the PDL wait, as above
-                mask=(offs_n < N)[:, None] & (offs_k < K)[None, :], other=0.0)
-    pdl_wait(USE_PDL)
-    if BLOCK_M == 1:
-        acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    else:
-        acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
-    if k_tiles == 1:
-        _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
-        acc = tl.zeros_like(acc)
-    for t in tl.range(1, tiles, num_stages=STAGES):  # tile t: row block pid + (t // k_tiles) * G, K tile t % k_tiles
-        k0 = (t % k_tiles) * BLOCK_K
-        offs_n = (pid + (t // k_tiles) * programs) * BLOCK_N + rows
-        w = tl.load(W + offs_n[:, None].to(tl.int64) * stride_wn + k0 + offs_k[None, :],
-                    mask=(offs_n < N)[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
-        acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
-        if k0 + BLOCK_K >= K:  # the row block's last K tile
-            _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
-            acc = tl.zeros_like(acc)
 
 
 @triton.jit
@@ -214,12 +179,6 @@ def _gemv_fp8_words_kernel(
                 HAS_BIAS, True, BLOCK_M)
 
 
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (4 for the CPU interpreter, whose grid size is arbitrary)."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
          w_scale: torch.Tensor | None = None, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
@@ -242,14 +201,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             **pdl_launch(x, settings),
         )
         return out
-    blocks = triton.cdiv(n, cfg["block_n"])
-    persistent = "per_sm" in cfg
-    kernel = _gemv_persistent_kernel if persistent else _gemv_kernel
-    kernel[(min(blocks, cfg["per_sm"] * sm_count(x.device)) if persistent else blocks,)](
+    unroll = cfg.get("unroll", 1)
+    assert unroll in (1, 2)
+    _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=max(16, cfg["block_k"] // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        BLOCK_K=max(16, cfg["block_k"] // unroll // block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl_launch(x, settings),
     )
     return out
