@@ -31,6 +31,8 @@ SWEEP_FP8 = (
     {"block_n": 2, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6, "unroll": 2},
     {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 5, "unroll": 2},
 )
 GEMV_SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ATTN_CASES = ((256, 1536), (512, 1536))
