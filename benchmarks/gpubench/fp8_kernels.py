@@ -17,8 +17,11 @@ import torch
 from gpubench.common import OPTS, free, log
 
 # Candidates timed beside the chooser's own (GEMV_CONFIGS / GEMV_CONFIGS_FP8), so a run shows which are
-# worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths.
+# worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths
+# (with the lists as they are, these are the candidates of session 5's second run).
 SWEEP_BF16 = (
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
     {"block_n": 16, "block_k": 1024, "num_warps": 8, "stages": 3, "unroll": 2},
@@ -33,6 +36,9 @@ SWEEP_FP8 = (
     {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 5, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "unroll": 2},
 )
 GEMV_SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ATTN_CASES = ((256, 1536), (512, 1536))

@@ -32,35 +32,35 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # RMSNorm in a CUDA graph, these won one or more of Llama-3-8B's shapes (block_n 4 / block_k 1024 with
 # 3 stages for gate_up, with 4 for qkv, 8 / 1024 with 3 for o_proj and down, and 4 / 512 with 6 a close
 # second for down). Which wins moves by a few percent between machines, hence all four. The first is the default.
-# "unroll": 2 tiles of block_k / 2 columns per loop step, summed into one accumulator of that width.
 GEMV_CONFIGS = (
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
-    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
-    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
 )
-# FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
+# FP8 weights (a scale per output row). An FP8 row is half a bf16 row's bytes, so a tile of the same bytes has
+# twice the columns and, in `_gemv_kernel`, twice the accumulator registers. "unroll": 2 loads two tiles of
+# block_k / 2 columns per loop step into one accumulator of that width, which keeps a stage's bytes with half
+# the registers; on the H200 8 rows x 2 x 1024 won o_proj and down, 8 x 2 x 512 gate_up, and the plain 4 x 1024
+# qkv; 8 x 1024 with 8 warps came within 0.1-3.5% on o_proj and down. (Also tried there and slower on every
+# shape by 3% or more: unrolled 4-row tiles of 2 x 512 to 2 x 2048, 2 and 16 rows, 4-6 stages.)
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
-# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper the chooser kept the plain
-# kernel for every Llama-3-8B shape, so conversion is not what limits the FP8 GEMV there; the words configs
-# stay candidates for GPUs where it is.
+# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper they lost on every shape, so
+# conversion is not what limits the FP8 GEMV there; the words configs stay candidates for GPUs where it is.
 GEMV_CONFIGS_FP8 = (
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
+    {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
-    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
-    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
-    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
-    {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
-    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
-    {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "unroll": 2},
 )
 # Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
-# 0.7-16 us), and a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
-# with 4: by 1.9-27 us). block_k 1024 beat 2048 on three of the four shapes; smaller tiles are untried.
+# 0.7-16 us), a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
+# with 4: by 1.9-27 us), and a persistent grid (one program per SM slot walking row blocks p, p + G, ... in
+# one flat K loop: 5-60% slower, in bf16 too).
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
