@@ -36,7 +36,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
   fp8_kernels  the FP8 kernels alone: each GEMV config per Llama-3-8B weight shape at batch 1 (FP8 and bf16
-               weights), decode attention at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
+               weights), the FP8 GEMM and its parts against bf16 at batches 256-1,024, decode attention
+               at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
   step_profile decode at batch 512 over ~640-token contexts under torch.profiler: GPU time per step by kernel
                and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other)
@@ -109,7 +110,7 @@ def main() -> None:
                    help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
     p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
-    p.add_argument("--fp8-kernels", default="gemv,attention", help="fp8_kernels: which kernels to time")
+    p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     SZ.update(SMOKE if OPTS.smoke else {})

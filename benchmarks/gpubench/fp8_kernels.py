@@ -3,6 +3,8 @@
 - GEMV at batch 1: every candidate config of the load-time chooser per weight shape and the SWEEP
   configs below, FP8 weights and bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
+- GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
+  then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
   pool bytes each reads, and each output's largest difference from the bf16 pool's.
@@ -68,6 +70,40 @@ def _gemv_rates(name: str, n: int, k: int) -> dict:
     return out
 
 
+GEMM_MS = (256, 544, 1024)  # decode batches; 544 is the offline workload's mean
+
+
+def _gemm_rates(name: str, n: int, k: int) -> dict:
+    """At each M of GEMM_MS: bf16 F.linear against the FP8 GEMM (per-token quantization, then
+    torch._scaled_mm) and its two parts alone; weights rotate over copies that outgrow the L2."""
+    import torch.nn.functional as F
+
+    from radixflow.kernels.fp8 import fp8_gemm, quantize_rows
+    from radixflow.kernels.gemv import time_graph_us
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    copies = max(2, math.ceil(2 * L2 / (n * k)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    quantized = [quantize_rows_torch(w) for w in weights]
+    out = {}
+    for m in GEMM_MS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantize_rows(x)
+        variants = {
+            "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
+            "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
+            "scaled_mm_only": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
+                                                         scale_b=quantized[i % copies][1].view(1, -1), out_dtype=torch.bfloat16),
+            "quantize_only": lambda i: quantize_rows(x),
+        }
+        row = {label: round(time_graph_us(fn, max(copies, 8)), 2) for label, fn in variants.items()}
+        row["fp8_gemm_TFLOPs"] = round(2 * m * n * k / row["fp8_gemm"] / 1e6, 1)
+        row["bf16_TFLOPs"] = round(2 * m * n * k / row["bf16_linear"] / 1e6, 1)
+        out[f"m{m}"] = row
+    log(f"gemm {name} {n}x{k}: {out}")
+    return out
+
+
 def _fp8_pool(x: dict) -> tuple:
     """The bench inputs' bf16 K / V as an FP8 pool with one scale per KV head (amax / 448)."""
     from radixflow.kernels.reference import FP8, FP8_MAX
@@ -112,6 +148,9 @@ def sec_fp8_kernels() -> dict:
     for name, (n, k) in GEMV_SHAPES.items() if "gemv" in parts else ():
         out["gemv"][name] = _gemv_rates(name, n, k)
         free()  # the shape's weights
+    for name, (n, k) in GEMV_SHAPES.items() if "gemm" in parts else ():
+        out.setdefault("gemm", {})[name] = _gemm_rates(name, n, k)
+        free()
     for bs, length in ATTN_CASES if "attention" in parts else ():
         out["attention"][f"{bs}x{length}"] = _attention_rates(bs, length)
         free()
