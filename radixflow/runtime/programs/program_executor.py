@@ -149,6 +149,7 @@ class ProgramExecutor:
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
+                req.continuable = continues_after(st.ops, st.pc)  # the last segment overlaps its decode passes
                 st.run.segments += 1
                 return True
         st.ids = list(req.fill_ids)
