@@ -20,7 +20,12 @@ class Backend:
     streams_graphs = False
 
     def chat_template(self) -> ChatTemplate:
-        return ChatTemplate.from_tokenizer(self.tokenizer)
+        """The model's role markers, read off its tokenizer's chat template once: rendering the
+        template takes milliseconds of Python, and a graph program asks twice (to lower, to replay)."""
+        cached = getattr(self, "_chat_template", None)
+        if cached is None or cached[0] is not self.tokenizer:
+            cached = self._chat_template = (self.tokenizer, ChatTemplate.from_tokenizer(self.tokenizer))
+        return cached[1]
 
     def generate(self, prompt: Prompt, params: dict, node=None) -> Union[GenResult, list]:
         raise NotImplementedError
