@@ -1,7 +1,10 @@
 """Where a workload's wall time goes, graph vs eager: the engine thread's time inside scheduler
-steps (forward passes), inside the program executor (request graphs' per-step work), and idle
-between turns (waiting for program threads to hand it work), per mode, one interleaved round
-after a full-size warm-up of each. Same engine arguments as run.py.
+steps, inside the program executor (request graphs' per-step work), and idle between turns
+(waiting for program threads to hand it work), per mode, one interleaved round after a
+full-size warm-up of each; and the model's own time: on CUDA the GPU time of the forward passes
+(events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
+is the rest of the wall time per pass: what the host adds to the model's work. Same engine
+arguments as run.py.
 
     python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
     python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
@@ -27,12 +30,35 @@ class Timeline:
     """Wraps the scheduler's step and the executor's on_step with timers (engine thread only)."""
 
     def __init__(self, engine):
-        self.step_s = self.executor_s = 0.0
-        self.steps = 0
-        sched, programs = engine.scheduler, engine.programs
-        self._restore = [(sched, "step", sched.step), (programs, "on_step", programs.on_step)]
+        self.reset()
+        sched, programs, runner = engine.scheduler, engine.programs, engine.runner
+        self.cuda = str(runner.device).startswith("cuda")
+        self._restore = [(sched, "step", sched.step), (programs, "on_step", programs.on_step),
+                         (runner, "forward", runner.forward)]  # fmt: skip
         sched.step = self._timed(sched.step, "step_s", count=True)
         programs.on_step = self._timed(programs.on_step, "executor_s")
+        runner.forward = self._gpu_timed(runner.forward) if self.cuda else self._timed(runner.forward, "model_s")
+
+    def _gpu_timed(self, fn):
+        import torch
+
+        def wrapped(*a, **k):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return fn(*a, **k)
+            finally:
+                end.record()
+                self.events.append((start, end))
+
+        return wrapped
+
+    def model_seconds(self) -> float:
+        if self.cuda:
+            if self.events:
+                self.events[-1][1].synchronize()
+            return sum(s.elapsed_time(e) for s, e in self.events) / 1000
+        return self.model_s
 
     def _timed(self, fn, field: str, count: bool = False):
         def wrapped(*a, **k):
@@ -46,8 +72,9 @@ class Timeline:
         return wrapped
 
     def reset(self) -> None:
-        self.step_s = self.executor_s = 0.0
+        self.step_s = self.executor_s = self.model_s = 0.0
         self.steps = 0
+        self.events: list = []
 
     def close(self) -> None:
         for obj, name, fn in self._restore:
@@ -67,18 +94,21 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
             t = time.perf_counter()
             run_mode(engine, w, inputs, mode, sampling)
             wall = time.perf_counter() - t
+            model = tl.model_seconds()
             out[mode] = {"wall_s": wall, "step_s": tl.step_s, "executor_s": tl.executor_s, "steps": tl.steps,
-                         "idle_s": wall - tl.step_s - tl.executor_s}  # fmt: skip
+                         "idle_s": wall - tl.step_s - tl.executor_s, "model_s": model,
+                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1)}  # fmt: skip
     finally:
         tl.close()
     return out
 
 
 def print_rows(name: str, result: dict) -> None:
-    print("| workload | mode | wall s | in steps s | in executor s | idle s | steps |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, r in result.items():
         print(f"| {name} | {mode} | {r['wall_s']:.3f} | {r['step_s']:.3f} | {r['executor_s']:.3f} | "
-              f"{r['idle_s']:.3f} | {r['steps']} |", flush=True)  # fmt: skip
+              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:
