@@ -91,3 +91,23 @@ def test_a_waiting_thread_is_woken_once_its_requests_are_done(engine):
     engine.stepper.run_until(done)
     assert all(r.finished for r in reqs) and engine.stepper.steps - before >= 24
     assert sum(checks) <= 2 < len(checks), checks  # the caller checked before waiting and maybe once after
+
+
+@rf.function
+def three_ideas(s, topic):
+    s += f"Topic: {topic}\n"
+    forks = s.fork(3)
+    forks += lambda i: f"Idea {i + 1}:" + rf.gen("idea", max_tokens=8, ignore_eos=True)
+    forks.join()
+
+
+def test_eager_fork_branches_share_passes(engine):
+    """An eager program's fork branches run at once (as a graph's do): 3 branches of 8 tokens
+    take about 8 passes, not 3 x 8 one branch after another."""
+    graph = three_ideas.run(topic="rain", backend=engine, **GREEDY)
+    before = engine.scheduler.stats.forward_steps
+    eager = three_ideas.run(topic="rain", backend=engine, mode="eager", **GREEDY)
+    passes = engine.scheduler.stats.forward_steps - before
+    assert (graph.mode, eager.mode) == ("graph", "eager")
+    assert len(eager["idea"]) == 3 and eager["idea"] == graph["idea"]
+    assert passes < 16, passes

@@ -18,6 +18,7 @@ class Backend:
     tokenizer = None  # the model's tokenizer, when this process can load it
     supports_graphs = False
     streams_graphs = False
+    batches_threads = False  # calls from many threads at once are safe and share the model's batches
 
     def chat_template(self) -> ChatTemplate:
         """The model's role markers, read off its tokenizer's chat template once: rendering the
@@ -56,6 +57,7 @@ class NativeBackend(Backend):
     `_call_stream(payload)` are `Engine.generate` or `POST /generate`."""
 
     supports_graphs = True
+    batches_threads = True  # an Engine's stepper, or a server's scheduler
 
     def _call(self, payload: dict):
         raise NotImplementedError
