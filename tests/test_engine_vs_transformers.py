@@ -114,3 +114,24 @@ def test_input_logprobs_from_start_len_with_cached_prefix(engine, hf_model, toke
     for k, (lp, tid, _) in enumerate(inp):
         assert abs(lp - ref[start + k - 1, tid].item()) < 1e-3
     assert out["meta_info"]["cached_tokens"] == start - 1
+
+
+def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenizer, monkeypatch):
+    """A pass's input logprobs are computed together, in chunks of rows (logprobs.add_inputs);
+    small chunks here, so requests are split across them: each prompt's values and top tokens
+    still match transformers."""
+    from radixflow.runtime.scheduling import logprobs
+
+    monkeypatch.setattr(logprobs, "CHUNK_ROWS", 8)  # the first two prompts share a chunk
+    prompts = PROMPTS[:3]
+    outs = engine.generate(prompts, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=2,
+                           top_logprobs_num=2)  # fmt: skip
+    for prompt, out in zip(prompts, outs):
+        ids = tokenizer.encode(prompt)
+        with torch.no_grad():
+            ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+        inp, top = out["meta_info"]["input_token_logprobs"], out["meta_info"]["input_top_logprobs"]
+        assert [t[1] for t in inp] == ids[2:] and len(top) == len(ids) - 2
+        for k, ((lp, tid, _), best) in enumerate(zip(inp, top)):
+            assert abs(lp - ref[k + 1, tid].item()) < 1e-3
+            assert [t[1] for t in best] == ref[k + 1].topk(2).indices.tolist()

@@ -7,6 +7,7 @@ import asyncio
 import threading
 
 import radixflow as rf
+from radixflow.runtime.generate_request import GenerateInput
 
 from lang_programs import FEW_SHOT
 
@@ -19,6 +20,10 @@ def checked_answer(s, country):
     """Data-dependent (cannot be traced): reads its first gen in Python."""
     s += FEW_SHOT + f"Q: What is the capital of {country}?\nA:" + rf.gen("answer", max_tokens=6, ignore_eos=True)
     s += f"\nThe answer has {len(s['answer'].split())} words. Next:" + rf.gen("more", max_tokens=6, ignore_eos=True)
+
+
+def _prompt_input(text: str, params: dict) -> GenerateInput:
+    return GenerateInput(text=text, sampling_params=params)
 
 
 def sequential(engine):
@@ -69,3 +74,40 @@ def test_engine_generate_from_threads_batches_and_stays_consistent(engine):
     assert [got[i]["text"] for i in range(len(prompts))] == [w["text"] for w in want]
     assert steps < 3 * 8, steps  # sequential would take at least 6 x 8 decode steps
     assert not engine.scheduler.has_work()
+
+
+def test_a_waiting_thread_is_woken_once_its_requests_are_done(engine):
+    """The stepper's loop checks each waiter's condition itself and wakes it only when it holds:
+    the waiting thread is not woken (and does not take the GIL) on every scheduler step."""
+    caller, checks = threading.get_ident(), []
+    reqs = engine.builder.build(_prompt_input("Count to ten:", {"max_new_tokens": 24, "ignore_eos": True, **GREEDY}))
+
+    def done() -> bool:
+        checks.append(threading.get_ident() == caller)
+        return all(r.finished for r in reqs)
+
+    before = engine.stepper.steps
+    engine._submit(reqs)
+    engine.stepper.run_until(done)
+    assert all(r.finished for r in reqs) and engine.stepper.steps - before >= 24
+    assert sum(checks) <= 2 < len(checks), checks  # the caller checked before waiting and maybe once after
+
+
+@rf.function
+def three_ideas(s, topic):
+    s += f"Topic: {topic}\n"
+    forks = s.fork(3)
+    forks += lambda i: f"Idea {i + 1}:" + rf.gen("idea", max_tokens=8, ignore_eos=True)
+    forks.join()
+
+
+def test_eager_fork_branches_share_passes(engine):
+    """An eager program's fork branches run at once (as a graph's do): 3 branches of 8 tokens
+    take about 8 passes, not 3 x 8 one branch after another."""
+    graph = three_ideas.run(topic="rain", backend=engine, **GREEDY)
+    before = engine.scheduler.stats.forward_steps
+    eager = three_ideas.run(topic="rain", backend=engine, mode="eager", **GREEDY)
+    passes = engine.scheduler.stats.forward_steps - before
+    assert (graph.mode, eager.mode) == ("graph", "eager")
+    assert len(eager["idea"]) == 3 and eager["idea"] == graph["idea"]
+    assert passes < 16, passes

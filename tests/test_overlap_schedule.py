@@ -206,3 +206,17 @@ def test_request_graphs_overlap_with_the_same_outputs(engine):
     texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731
     assert texts(got) == texts(ref)
     assert [o["meta_info"]["continued_segments"] for o in got] == [0, 1, 0]
+
+
+def test_a_graphs_last_segment_overlaps(engine):
+    """A continued request is `continuable` only while another gen will continue it: its last
+    segment's decode passes overlap (before, the flag stayed from the first gen and no pass of
+    this one-request program chained)."""
+    graph = {"ops": [{"op": "text", "text": "Q: Name a color.\nA:"}, _gen(1, max_new_tokens=3, ignore_eos=True),
+                     {"op": "text", "text": "\nQ: Another one?\nA:"}, _gen(2, max_new_tokens=12, ignore_eos=True)]}  # fmt: skip
+    ref = engine.run_program(graph)
+    with overlap_on(engine) as sched:
+        got = engine.run_program(graph)
+        _settle(sched)
+    assert got["meta_info"]["continued_segments"] == 1
+    assert {k: v["text"] for k, v in got["results"].items()} == {k: v["text"] for k, v in ref["results"].items()}

@@ -1,6 +1,7 @@
 """A request graph's constant text is tokenized on the caller's thread (runtime/programs/
 text_pieces.py), so the scheduler's turn encodes only pieces that hold generated values; the
-tokens are the same either way (graph vs eager greedy outputs stay equal)."""
+tokens are the same either way (graph vs eager greedy outputs stay equal). The program is
+parsed there too, once, and the chat template's role markers are read once per backend."""
 
 from __future__ import annotations
 
@@ -57,3 +58,22 @@ def test_a_static_program_encodes_nothing_in_the_scheduler_turn(engine, monkeypa
     for state, program, kw in ((graph, rated_ideas, {"problem": "a leaking roof"}), (echoed, echo, {"topic": "rain"})):
         eager = program.run(backend=b, mode="eager", temperature=0, **kw)
         assert state.text() == eager.text()
+
+
+def test_a_program_is_parsed_once_on_the_callers_thread(engine, monkeypatch):
+    """The Engine parses a program while checking it and hands those ops on; the executor
+    parses nothing in the scheduler's turn."""
+    monkeypatch.setattr(program_executor, "parse_program", lambda p: (_ for _ in ()).throw(AssertionError("parsed in the turn")))
+    state = echo.run(topic="rain", backend=EngineBackend.for_engine(engine), temperature=0)
+    assert state.mode == "graph" and state["again"] is not None
+
+
+def test_the_chat_template_is_rendered_once_per_backend(engine, monkeypatch):
+    b = EngineBackend.for_engine(engine)
+    b.chat_template()  # read once (it may already be)
+    renders = []
+    real = type(engine.tokenizer).apply_chat_template
+    monkeypatch.setattr(type(engine.tokenizer), "apply_chat_template", lambda *a, **k: renders.append(1) or real(*a, **k))
+    for mode in ("graph", "eager"):
+        assert echo.run(topic="rain", backend=b, mode=mode, temperature=0).mode == mode
+    assert renders == []

@@ -34,6 +34,7 @@ from typing import Callable, Optional
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
+from pass_timer import Timeline  # noqa: E402
 from workloads import BY_NAME, WORKLOADS  # noqa: E402
 
 MODES = ("graph", "eager", "eager-noradix")
@@ -96,10 +97,12 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
 
     start, cpu = time.perf_counter(), time.process_time()
     try:
-        states = asyncio.run(all_of())
+        with Timeline(engine) as tl:
+            states = asyncio.run(all_of())
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            host_ms = tl.host_ms_per_pass(wall)
     finally:
         sched.tree.disable = engine.server_args.disable_radix_cache
-    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     prompt = sched.stats.prompt_tokens - before[0]
     cached = sched.stats.cached_tokens - before[1]
     return {
@@ -109,6 +112,7 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
         "p50": statistics.median(lat),
         "hit": cached / prompt if prompt else 0.0,
         "forward_steps": sched.stats.forward_steps - before[2],
+        "host_ms_per_pass": host_ms,
     }
 
 
@@ -138,6 +142,7 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
             "cpu_per_program": statistics.median(r["cpu_per_program"] for r in rs),
             "hit": statistics.median(r["hit"] for r in rs),
             "forward_steps": statistics.median(r["forward_steps"] for r in rs),
+            "host_ms_per_pass": statistics.median(r["host_ms_per_pass"] for r in rs),
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
@@ -171,10 +176,11 @@ def table(results: dict) -> str:
     """Medians over the repeats; graph / eager also gives the range of the per-round ratios.
     CPU s / program: this process's CPU time (all threads) per program, which a shared
     machine's load disturbs far less than wall time. Forward passes: the scheduler steps that
-    ran the model (median over rounds), the work itself, which load does not change."""
+    ran the model (median over rounds), the work itself, which load does not change. Host ms /
+    pass: the wall time not spent in the model's forward passes (GPU time on CUDA), per pass."""
     lines = [
-        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | forward passes graph / eager | hit rate graph / eager / optimal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | forward passes graph / eager | host ms / pass graph / eager / no radix | hit rate graph / eager / optimal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ratios = []
     for name, r in results.items():
@@ -187,7 +193,7 @@ def table(results: dict) -> str:
             f"| {name}{tag} | {g['throughput']:.2f} | {e['throughput']:.2f} | {x['throughput']:.2f} | "
             f"{statistics.median(ge):.2f}x{spread} | {g['throughput'] / x['throughput']:.2f}x | "
             f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {_cpu(g)} / {_cpu(e)} / {_cpu(x)} | "
-            f"{_steps(g)} / {_steps(e)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
+            f"{_steps(g)} / {_steps(e)} | {_host(g)} / {_host(e)} / {_host(x)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
@@ -195,6 +201,10 @@ def table(results: dict) -> str:
 
 def _cpu(r: dict) -> str:
     return f"{r['cpu_per_program']:.3f}" if "cpu_per_program" in r else "-"
+
+
+def _host(r: dict) -> str:
+    return f"{r['host_ms_per_pass']:.1f}" if "host_ms_per_pass" in r else "-"
 
 
 def _steps(r: dict) -> str:

@@ -1,7 +1,10 @@
 """Where a workload's wall time goes, graph vs eager: the engine thread's time inside scheduler
-steps (forward passes), inside the program executor (request graphs' per-step work), and idle
-between turns (waiting for program threads to hand it work), per mode, one interleaved round
-after a full-size warm-up of each. Same engine arguments as run.py.
+steps, inside the program executor (request graphs' per-step work), and idle between turns
+(waiting for program threads to hand it work), per mode, one interleaved round after a
+full-size warm-up of each; and the model's own time: on CUDA the GPU time of the forward passes
+(events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
+is the rest of the wall time per pass: what the host adds to the model's work. Same engine
+arguments as run.py.
 
     python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
     python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
@@ -20,38 +23,8 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from run import run_mode  # noqa: E402
+from pass_timer import Timeline  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
-
-
-class Timeline:
-    """Wraps the scheduler's step and the executor's on_step with timers (engine thread only)."""
-
-    def __init__(self, engine):
-        self.step_s = self.executor_s = 0.0
-        self.steps = 0
-        sched, programs = engine.scheduler, engine.programs
-        self._restore = [(sched, "step", sched.step), (programs, "on_step", programs.on_step)]
-        sched.step = self._timed(sched.step, "step_s", count=True)
-        programs.on_step = self._timed(programs.on_step, "executor_s")
-
-    def _timed(self, fn, field: str, count: bool = False):
-        def wrapped(*a, **k):
-            t = time.perf_counter()
-            try:
-                return fn(*a, **k)
-            finally:
-                setattr(self, field, getattr(self, field) + time.perf_counter() - t)
-                self.steps += count
-
-        return wrapped
-
-    def reset(self) -> None:
-        self.step_s = self.executor_s = 0.0
-        self.steps = 0
-
-    def close(self) -> None:
-        for obj, name, fn in self._restore:
-            setattr(obj, name, fn)
 
 
 def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
@@ -67,18 +40,21 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
             t = time.perf_counter()
             run_mode(engine, w, inputs, mode, sampling)
             wall = time.perf_counter() - t
+            model = tl.model_seconds()
             out[mode] = {"wall_s": wall, "step_s": tl.step_s, "executor_s": tl.executor_s, "steps": tl.steps,
-                         "idle_s": wall - tl.step_s - tl.executor_s}  # fmt: skip
+                         "idle_s": wall - tl.step_s - tl.executor_s, "model_s": model,
+                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1)}  # fmt: skip
     finally:
         tl.close()
     return out
 
 
 def print_rows(name: str, result: dict) -> None:
-    print("| workload | mode | wall s | in steps s | in executor s | idle s | steps |\n| --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass |\n"
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for mode, r in result.items():
         print(f"| {name} | {mode} | {r['wall_s']:.3f} | {r['step_s']:.3f} | {r['executor_s']:.3f} | "
-              f"{r['idle_s']:.3f} | {r['steps']} |", flush=True)  # fmt: skip
+              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import threading
 from typing import Any, AsyncIterator, Callable, Iterator, Optional
 
@@ -173,6 +174,32 @@ class _Block:
             self.state += self.end
 
 
+def _calls_model(expr: Any) -> bool:
+    return any(n.kind in ("gen", "select") for n in to_nodes(expr))
+
+
+def _each_on_a_thread(calls: list) -> None:
+    """Run calls at once (eager fork branches: their gens then share the backend's batches, as a
+    request graph's branches do); the first's error is raised once all have ended."""
+    errors: list = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            calls[i]()
+        except BaseException as e:  # raised on the caller's thread below
+            errors[i] = e
+
+    threads = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(1, len(calls))]
+    for t in threads:
+        t.start()
+    run(0)
+    for t in threads:
+        t.join()
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+
+
 class ForkGroup(list):
     """The states of a fork; `forks += expr` appends to each (a callable gets the index)."""
 
@@ -181,14 +208,18 @@ class ForkGroup(list):
         self.parent, self.nid, self.joined = parent, nid, False
 
     def __iadd__(self, expr: Any) -> "ForkGroup":
-        for i, s in enumerate(self):
-            if callable(expr):
-                s += expr(i)
-            elif isinstance(expr, list):
-                s += expr[i]
-            else:
-                s += expr
+        exprs = [expr(i) if callable(expr) else expr[i] if isinstance(expr, list) else expr for i in range(len(self))]
+        if self._concurrent() and any(_calls_model(e) for e in exprs):
+            _each_on_a_thread([functools.partial(ProgramState.__iadd__, s, e) for s, e in zip(self, exprs)])
+        else:
+            for s, e in zip(self, exprs):
+                s += e
         return self
+
+    def _concurrent(self) -> bool:
+        """Eager branches on a backend that batches calls from many threads run at once."""
+        backend = getattr(self.parent.executor, "backend", None)
+        return self.parent.mode == "eager" and len(self) > 1 and getattr(backend, "batches_threads", False)
 
     def join(self, mode: str = "gather_variable") -> None:
         """Each variable the branches set becomes a list in the parent. gather_variable

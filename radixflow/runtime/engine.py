@@ -145,10 +145,10 @@ class Engine:
         programs = program if isinstance(program, list) else [program]
         if stream and len(programs) != 1:
             raise RadixflowError("run_program(stream=True) takes one program")
-        check_programs(programs, self.builder.sampling, max_requests=None)  # like generate: no per-call limit
+        ops = check_programs(programs, self.builder.sampling, max_requests=None)  # like generate: no per-call limit
         if stream:
-            return self._program_stream(stream_program(self, programs[0]))
-        outs = [_raise_if_rejected(out) for out in run_programs(self, programs)]
+            return self._program_stream(stream_program(self, programs[0], ops[0]))
+        outs = [_raise_if_rejected(out) for out in run_programs(self, programs, ops)]
         return outs if isinstance(program, list) else outs[0]
 
     @staticmethod

@@ -2,22 +2,35 @@
 
 The scheduler is single-threaded. Callers never touch it directly: they queue work
 (`call`: add requests, submit programs, abort) and then wait for their requests with
-`run_until`. Whichever waiting thread finds nobody stepping becomes the driver: it has
-the queued work and one scheduler step run, then lets the next waiter take over. So the
-requests of every thread that is waiting go into the same forward passes, as they
-would over HTTP.
+`run_until`. While anyone waits, one loop on the stepper's worker thread runs the queued
+work and scheduler steps back to back, so the requests of every waiting thread go into the
+same forward passes, as they would over HTTP. After each turn the loop checks each waiter's
+condition and wakes only those whose condition holds (and those that asked for every turn,
+`advance`): a hundred program threads do not all wake, and fight over the GIL, on every
+pass while the loop launches the next one.
 
-The step itself always runs on the stepper's one worker thread, whoever drives: device
-libraries keep per-thread state (cuBLAS a handle and workspace per thread, OpenMP a
-thread team), so a hundred program threads taking turns would each create their own;
-on a GPU whose memory the KV pool has taken, those allocations fail.
+The step always runs on that one worker thread: device libraries keep per-thread state
+(cuBLAS a handle and workspace per thread, OpenMP a thread team), so a hundred program
+threads taking turns would each create their own; on a GPU whose memory the KV pool has
+taken, those allocations fail.
 """
 
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+IDLE_WAIT_S = 0.005  # the loop's nap when it has waiters but no work (new work wakes it at once)
+
+
+@dataclass(eq=False)
+class _Waiter:
+    done: Callable[[], bool]
+    every_turn: bool  # wake after every turn, not only once done() holds
+    woken: threading.Event = field(default_factory=threading.Event)
+    error: Optional[BaseException] = None
 
 
 class EngineStepper:
@@ -27,13 +40,14 @@ class EngineStepper:
         self.programs = programs
         self._cond = threading.Condition()
         self._inbox: list[tuple[Callable[[], Any], Future]] = []
-        self._driving = False
-        self.steps = 0  # driver turns so far (a waiter sleeps until this moves)
+        self._waiters: list[_Waiter] = []
+        self._looping = False
+        self.steps = 0  # turns of the loop that ran queued work or a scheduler step
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="rf-engine")
 
     def call(self, fn: Callable[[], Any]) -> Future:
-        """Queue fn to run on the driver's thread before its next step; the Future holds
-        its result or exception."""
+        """Queue fn to run on the worker thread before the next step; the Future holds its
+        result or exception."""
         fut: Future = Future()
         with self._cond:
             self._inbox.append((fn, fut))
@@ -41,28 +55,12 @@ class EngineStepper:
         return fut
 
     def run_until(self, done: Callable[[], bool]) -> None:
-        while not self.advance(done):
-            pass
+        """Wait until done() holds, the scheduler stepping meanwhile."""
+        self._wait(done, every_turn=False)
 
     def advance(self, done: Callable[[], bool]) -> bool:
-        """Make one round of progress (drive it, or wait for the thread driving); True
-        once done() holds."""
-        with self._cond:
-            if done():
-                return True
-            if self._driving:
-                seen = self.steps
-                self._cond.wait_for(lambda: self.steps != seen or not self._driving)
-                return done()
-            self._driving = True
-            inbox, self._inbox = self._inbox, []
-        try:
-            self._worker.submit(self._drive, inbox, done).result()
-        finally:
-            with self._cond:
-                self._driving = False
-                self.steps += 1
-                self._cond.notify_all()
+        """Wait for one turn of the loop (or none if done() holds already); True once done() holds."""
+        self._wait(done, every_turn=True)
         return done()
 
     def exclusive(self, fn: Callable[[], Any]) -> Any:
@@ -71,18 +69,83 @@ class EngineStepper:
         self.run_until(fut.done)
         return fut.result()
 
-    def _drive(self, inbox: list, done: Callable[[], bool]) -> None:
+    def _wait(self, done: Callable[[], bool], every_turn: bool) -> None:
+        w = _Waiter(done, every_turn)
+        with self._cond:
+            if done():
+                return
+            self._waiters.append(w)
+            self._cond.notify_all()
+            if not self._looping:
+                self._looping = True
+                self._worker.submit(self._loop)
+        try:
+            w.woken.wait()
+        finally:
+            with self._cond:
+                if w in self._waiters:  # interrupted (KeyboardInterrupt) before it was woken
+                    self._waiters.remove(w)
+        if w.error is not None:
+            raise w.error
+
+    # -- the worker thread ----------------------------------------------------------------------
+    def _loop(self) -> None:
+        try:
+            while self._turn():
+                pass
+        except BaseException as e:  # handed to everyone waiting; the next waiter starts a new loop
+            with self._cond:
+                waiters, self._waiters, self._looping = self._waiters, [], False
+            for w in waiters:
+                w.error = e
+                w.woken.set()
+
+    def _turn(self) -> bool:
+        """Queued work, then one scheduler step unless every waiter is done; False when
+        nobody waits any more (the loop ends)."""
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
         for fn, fut in inbox:
             try:
                 fut.set_result(fn())
             except BaseException as e:  # handed to the caller that queued it
                 fut.set_exception(e)
         self.programs.on_step()
-        if done():
-            return
+        ran = bool(inbox)
+        if not self._wake(after_turn=False):
+            self._count(ran)
+            return False
         if self.scheduler.has_work():
             self.scheduler.step()
             self.programs.on_step()
+            ran = True
+        else:
+            with self._cond:
+                if not self._inbox:
+                    self._cond.wait(IDLE_WAIT_S)
+        self._count(ran)
+        return self._wake(after_turn=ran)
+
+    def _count(self, ran: bool) -> None:
+        with self._cond:
+            self.steps += ran
+
+    def _wake(self, after_turn: bool) -> bool:
+        """Wake the waiters that are done (and after a turn those that wait for every turn);
+        True while some remain. The last one leaving ends the loop here, under the lock, so a
+        new waiter either is seen by this loop or starts the next one."""
+        with self._cond:
+            for w in list(self._waiters):
+                try:
+                    wake = (after_turn and w.every_turn) or w.done()
+                except BaseException as e:
+                    w.error, wake = e, True
+                if wake:
+                    self._waiters.remove(w)
+                    w.woken.set()
+            if not self._waiters:
+                self._looping = False
+            return bool(self._waiters)
 
     def close(self) -> None:
         self._worker.shutdown(wait=False)

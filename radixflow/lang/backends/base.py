@@ -18,9 +18,15 @@ class Backend:
     tokenizer = None  # the model's tokenizer, when this process can load it
     supports_graphs = False
     streams_graphs = False
+    batches_threads = False  # calls from many threads at once are safe and share the model's batches
 
     def chat_template(self) -> ChatTemplate:
-        return ChatTemplate.from_tokenizer(self.tokenizer)
+        """The model's role markers, read off its tokenizer's chat template once: rendering the
+        template takes milliseconds of Python, and a graph program asks twice (to lower, to replay)."""
+        cached = getattr(self, "_chat_template", None)
+        if cached is None or cached[0] is not self.tokenizer:
+            cached = self._chat_template = (self.tokenizer, ChatTemplate.from_tokenizer(self.tokenizer))
+        return cached[1]
 
     def generate(self, prompt: Prompt, params: dict, node=None) -> Union[GenResult, list]:
         raise NotImplementedError
@@ -51,6 +57,7 @@ class NativeBackend(Backend):
     `_call_stream(payload)` are `Engine.generate` or `POST /generate`."""
 
     supports_graphs = True
+    batches_threads = True  # an Engine's stepper, or a server's scheduler
 
     def _call(self, payload: dict):
         raise NotImplementedError

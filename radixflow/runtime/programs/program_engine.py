@@ -16,17 +16,21 @@ from radixflow.runtime.programs.program_ops import parse_program
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
 
-def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list[dict]:
-    """Run programs to completion; their outputs in order."""
-    fut = _submit(engine, programs, on_result)
+def run_programs(
+    engine, programs: list, ops: Optional[list] = None, on_result: Optional[Callable[[int, dict], None]] = None
+) -> list[dict]:
+    """Run programs to completion; their outputs in order. `ops`: each program's parsed ops
+    (program_ops.check_programs), if the caller has them."""
+    fut = _submit(engine, programs, ops, on_result)
     _wait(engine, fut, lambda: all(r.finished for r in fut.result()))
     return [r.output for r in fut.result()]
 
 
-def stream_program(engine, program: dict) -> Iterator[dict]:
+def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterator[dict]:
     """{"var", "text"} deltas of the program's main strand as they come, then its output."""
     deltas: deque = deque()  # filled by the thread that runs the scheduler steps
-    fut = _submit(engine, [program], on_delta=lambda var, text: deltas.append({"var": var, "text": text}))
+    on_delta = lambda var, text: deltas.append({"var": var, "text": text})  # noqa: E731
+    fut = _submit(engine, [program], None if ops is None else [ops], on_delta=on_delta)
     finished = lambda: fut.result()[0].finished  # noqa: E731
     try:
         while True:
@@ -41,10 +45,12 @@ def stream_program(engine, program: dict) -> Iterator[dict]:
             engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
 
 
-def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
+def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None) -> Future:
     """Queue the programs' submission; the Future holds their ProgramRuns (or the error).
-    Their constant text is tokenized here, on the caller's thread, not in the scheduler's turn."""
-    pieces = [constant_pieces(engine.tokenizer, parse_program(p)) for p in programs]
+    They are parsed and their constant text is tokenized here, on the caller's thread, not in
+    the scheduler's turn."""
+    ops = [parse_program(p) for p in programs] if ops is None else ops
+    pieces = [constant_pieces(engine.tokenizer, o) for o in ops]
 
     def submit() -> list[ProgramRun]:
         ex = engine.programs
@@ -52,7 +58,7 @@ def _submit(engine, programs: list, on_result=None, on_delta=None) -> Future:
         try:
             for i, p in enumerate(programs):
                 done = None if on_result is None else (lambda out, i=i: on_result(i, out))
-                runs.append(ex.submit(p, done, on_delta, pieces[i]))
+                runs.append(ex.submit(p, done, on_delta, pieces[i], ops[i]))
         except BaseException:
             _interrupt(ex, runs)
             raise

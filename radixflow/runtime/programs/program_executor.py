@@ -88,10 +88,11 @@ class ProgramExecutor:
     # -- public ------------------------------------------------------------------------------
     def submit(
         self, program: dict, on_done: Optional[Callable[[dict], None]] = None, on_delta: Optional[OnDelta] = None,
-        pieces: Optional[dict] = None,
+        pieces: Optional[dict] = None, ops: Optional[list[Op]] = None,
     ) -> ProgramRun:  # fmt: skip
-        """`pieces`: its text pieces tokenized ahead (text_pieces.constant_pieces), if the caller did."""
-        ops = parse_program(program)  # raises RadixflowError before anything runs
+        """`pieces`: its text pieces tokenized ahead (text_pieces.constant_pieces), and `ops` its
+        parsed ops (program_ops.parse_program), if the caller has them."""
+        ops = parse_program(program) if ops is None else ops  # raises RadixflowError before anything runs
         rid = program.get("rid") or uuid.uuid4().hex
         run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {})
         stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
@@ -149,6 +150,7 @@ class ProgramExecutor:
             if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
+                req.continuable = continues_after(st.ops, st.pc)  # the last segment overlaps its decode passes
                 st.run.segments += 1
                 return True
         st.ids = list(req.fill_ids)

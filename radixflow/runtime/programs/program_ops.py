@@ -163,14 +163,18 @@ def _int(r: dict, key: str) -> int:
     return v
 
 
-def check_programs(programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]) -> None:
+def check_programs(
+    programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]
+) -> list[list[Op]]:
     """Everything known before running, as for /generate: each program's shape, each gen's
     sampling params against the model (`check_sampling`), and the requests the whole call
     may run at once against the server's per-call limit (None: no limit, as in Engine).
-    Raises RadixflowError."""
+    Returns each program's parsed ops; raises RadixflowError."""
     total = 0
+    parsed = []
     for program in programs:
         ops = parse_program(program)
+        parsed.append(ops)
         for op in gen_ops(ops):
             try:
                 check_sampling(op.sampling)
@@ -182,3 +186,4 @@ def check_programs(programs: list, check_sampling: Callable[[SamplingParams], An
             f"the call may run {total} requests at once (programs x fork branches x select choices); "
             f"this server accepts at most {max_requests} per call (--max-batch-size)"
         )
+    return parsed

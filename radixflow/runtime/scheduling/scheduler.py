@@ -177,12 +177,13 @@ class Scheduler:
         logits = self.runner.forward(fb)
         self.stats.extend_tokens += len(ids)
 
-        finishing, offset = [], 0
-        for (req, n), req_rows in zip(batch, rows):
-            req_logits = logits[offset : offset + len(req_rows)]
+        views, offset = [], 0
+        for req_rows in rows:
+            views.append(logits[offset : offset + len(req_rows)])
             offset += len(req_rows)
-            if req.needs_input_logprobs:
-                self.logprobs.add_input(req, req_logits, req.kv_len, n)
+        self.logprobs.add_inputs([(r, v, r.kv_len, n) for (r, n), v in zip(batch, views) if r.needs_input_logprobs])
+        finishing = []
+        for (req, n), req_logits in zip(batch, views):
             req.kv_len += n
             self.kv.cache_unfinished(req)  # share what is computed so far
             if req.kv_len < req.seq_len:  # more chunks to come

@@ -1,0 +1,72 @@
+"""Timers around an Engine's scheduler steps, program executor and model forward passes
+(engine thread only), for run.py and step_timeline.py. The model's own time is the GPU time of
+the forward passes on CUDA (events around each, read at the end), the wall time inside them on
+CPU; what is left of a round's wall time per pass is the host's share ("host ms / pass")."""
+
+from __future__ import annotations
+
+import time
+
+
+class Timeline:
+    """Wraps the scheduler's step and the executor's on_step with timers (engine thread only)."""
+
+    def __init__(self, engine):
+        self.reset()
+        sched, programs, runner = engine.scheduler, engine.programs, engine.runner
+        self.cuda = str(runner.device).startswith("cuda")
+        self._restore = [(sched, "step", sched.step), (programs, "on_step", programs.on_step),
+                         (runner, "forward", runner.forward)]  # fmt: skip
+        sched.step = self._timed(sched.step, "step_s", count=True)
+        programs.on_step = self._timed(programs.on_step, "executor_s")
+        runner.forward = self._gpu_timed(runner.forward) if self.cuda else self._timed(runner.forward, "model_s")
+
+    def _gpu_timed(self, fn):
+        import torch
+
+        def wrapped(*a, **k):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            try:
+                return fn(*a, **k)
+            finally:
+                end.record()
+                self.events.append((start, end))
+
+        return wrapped
+
+    def model_seconds(self) -> float:
+        if self.cuda:
+            if self.events:
+                self.events[-1][1].synchronize()
+            return sum(s.elapsed_time(e) for s, e in self.events) / 1000
+        return self.model_s
+
+    def _timed(self, fn, field: str, count: bool = False):
+        def wrapped(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                setattr(self, field, getattr(self, field) + time.perf_counter() - t)
+                self.steps += count
+
+        return wrapped
+
+    def reset(self) -> None:
+        self.step_s = self.executor_s = self.model_s = 0.0
+        self.steps = 0
+        self.events: list = []
+
+    def close(self) -> None:
+        for obj, name, fn in self._restore:
+            setattr(obj, name, fn)
+
+    def __enter__(self) -> "Timeline":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def host_ms_per_pass(self, wall: float) -> float:
+        return 1000 * (wall - self.model_seconds()) / max(self.steps, 1)
