@@ -108,17 +108,34 @@ class LLGuidanceMatcher:
         self.m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         return mask
 
+    @staticmethod
+    def accept_rows(pairs: list) -> None:
+        """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
+        (the GIL released), then each row's closing path is followed."""
+        batch = [(m, t) for m, t in pairs if m._takes(t)]
+        if batch:
+            done = _executor().consume_token_par([(m.m, t) for m, t in batch])
+            for (m, t), ok in zip(batch, done):
+                m._consumed(t, ok)
+
     def accept_token(self, token: int) -> None:
+        if self._takes(token):
+            self._consumed(token, self.m.consume_token(token))
+
+    def _takes(self, token: int) -> bool:
+        """Whether `token` goes to the parser (not after the end, not EOS)."""
         if self.ended:
-            return
+            return False
         if token in self.eos_ids:
             self.ended = True
-            return
-        if not self.m.consume_token(token):
+            return False
+        return True
+
+    def _consumed(self, token: int, ok: bool) -> None:
+        if not ok:
             self.ended = True
             self.rejected_token = token
-            return
-        if self.path is not None:
+        elif self.path is not None:
             self.follow([token], self.budget())  # a failed check is repaired by take_replacement
 
     def is_terminated(self) -> bool:
