@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from gpubench.common import TINY_CONFIG  # noqa: E402
 from gpubench.offline import ForwardRecorder  # noqa: E402
+from host_timeline import HostTimeline  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -125,16 +126,17 @@ def free_params(temp: float, length: int) -> dict:
 
 
 def timed(eng, ps: list, params: list) -> tuple:
-    """(outputs, seconds, scheduler stats deltas)."""
+    """(outputs, seconds, scheduler stats deltas and the host's median ms per step, by part)."""
     st = eng.scheduler.stats
     before = (st.chained_decode_steps, st.fed_rows, st.decode_tokens)
     sync()
     t = time.perf_counter()
-    outs = eng.generate(ps, params)
-    sync()
+    with HostTimeline() as tl:
+        outs = eng.generate(ps, params)
+        sync()
     dt = time.perf_counter() - t
     stats = {"chained": st.chained_decode_steps - before[0], "fed_rows": st.fed_rows - before[1],
-             "decode_tokens": st.decode_tokens - before[2]}  # fmt: skip
+             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.medians()}  # fmt: skip
     return outs, dt, stats
 
 
@@ -204,27 +206,29 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
 
 
 def idle(a, eng, n: int, kind: str, backend: str) -> None:
-    """GPU idle between full-batch decode passes, all rows constrained (greedy) vs free."""
+    """GPU idle between full-batch decode passes, all rows constrained (greedy) vs free, with the
+    host's time per step split by host_timeline.py. The constrained batch runs twice: `cold` is the
+    grammar's first batch (per-state caches empty), then the measured one."""
     ps = prompts(n)
     pre = use_backend(eng, backend)
     outs = None
-    for label in (kind, "free"):
-        params = [grammar_params(kind, 0.0)] * n if label == kind else [free_params(0.0, L) for L in lengths(outs)]
+    for label in ("cold", kind, "free"):
+        params = [grammar_params(kind, 0.0)] * n if label != "free" else [free_params(0.0, L) for L in lengths(outs)]
         rec = ForwardRecorder(eng.runner)
         try:
-            outs_now, dt, _ = timed(eng, ps, params)
+            outs_now, dt, st = timed(eng, ps, params)
         finally:
             rec.close()
         outs = outs if outs is not None else outs_now
         dec = [r for r in rec.records if r[0] == "decode" and r[1] == n]
         busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
         gaps = [x[3].elapsed_time(y[2]) for x, y in zip(dec, dec[1:])]
-        name = f"{pre}idle_{'free' if label == 'free' else 'constrained'}_{kind}_bs{n}"
+        name = f"{pre}idle_{label if label != kind else 'constrained'}_{kind}_bs{n}"
         RESULTS[name] = entry = {
             "s": dt, "all_passes": len(rec.records), "decode_passes": len(dec), "extend_passes": sum(r[0] == "extend" for r in rec.records),
             "gpu_busy_s": sum(s.elapsed_time(e) for _, _, s, e, _ in rec.records) / 1e3,
             "gpu_forward_ms": statistics.median(busy) if busy else None, "gap_ms": statistics.median(gaps) if gaps else None,
-            "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None,
+            "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None, "host_ms": st["host_ms"],
         }  # fmt: skip
         log(a.out, name, json.dumps(entry))
 
@@ -275,7 +279,7 @@ def table(a) -> None:
     for key in sorted(k for k in RESULTS if "idle_" in k):
         e = RESULTS[key]
         if e["idle_fraction"] is not None:
-            log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes)")
+            log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes); host ms/step {e['host_ms']}")
 
 
 def main() -> None:

@@ -175,7 +175,7 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
     for t in prefix:
         req.grammar.accept_token(t)
     assert backend.jump_forward(req) == []
-    keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 30)
+    keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 45)
     assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 

@@ -40,10 +40,13 @@ from radixflow.errors import GrammarError
 
 MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
 MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
-# off-path tokens are checked by search once the budget is within this many tokens of the path's
-# length plus the tokens since it was verified, or this many tokens on (what a failed check undoes)
-VERIFY_MARGIN = 32
-MAX_UNVERIFIED = 64
+# off-path tokens are checked by search once the budget is within VERIFY_MARGIN tokens of the
+# path's length plus a GROWTH-th of the tokens since it was verified (a token off the path rarely
+# lengthens the shortest completion by a whole token: the output moves on through the structure),
+# or MAX_UNVERIFIED tokens on (the most a failed check undoes)
+VERIFY_MARGIN = 8
+GROWTH = 4
+MAX_UNVERIFIED = 128
 
 
 @dataclass(eq=False)
@@ -185,7 +188,7 @@ class LLGuidanceMatcher:
             self.path = path[n:]
             return True
         self.since += n
-        if not self.verify_each and left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
+        if not self.verify_each and left > len(path) + self.since // GROWTH + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
             return True  # far from the budget: verified later
         for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):
