@@ -130,13 +130,17 @@ def main() -> None:
     ap.add_argument("--backends", default="llguidance,outlines")
     ap.add_argument("--kinds", default="json_schema,regex")
     ap.add_argument("--threads", default="0", help="llguidance executor threads, comma-separated (0: its default)")
+    ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
     count_searches()
-    from radixflow.model_files import resolve_model
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(None).path)
+    if a.tokenizer is None:
+        from radixflow.model_files import resolve_model
+
+        a.tokenizer = resolve_model(None).path
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
     torch.set_num_threads(1)
     out = []
     for name in a.backends.split(","):
