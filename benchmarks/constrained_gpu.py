@@ -136,7 +136,7 @@ def timed(eng, ps: list, params: list) -> tuple:
         sync()
     dt = time.perf_counter() - t
     stats = {"chained": st.chained_decode_steps - before[0], "fed_rows": st.fed_rows - before[1],
-             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.medians()}  # fmt: skip
+             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.summary()}  # fmt: skip
     return outs, dt, stats
 
 
@@ -266,7 +266,7 @@ def correctness(a, eng) -> None:
 def table(a) -> None:
     log(a.out, "\n| backend | batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
     log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in (0.0, 1.0)):
+    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in a.temps):
         tag = f"{b}/{{}}_bs{n}_T{temp:g}"
         j, fj, r, fr = (RESULTS.get(tag.format(k)) for k in ("json", "free_json", "regex", "free_regex"))
         h = RESULTS.get(tag.format("half"))
@@ -288,12 +288,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script's plumbing only")
     ap.add_argument("--sizes", default=None, help="batch sizes, comma-separated (default 1,64,256; smoke 1,4)")
+    ap.add_argument("--temps", default="0,1", help="temperatures, comma-separated")
     ap.add_argument("--sections", default="correctness,throughput,idle")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")
+    a.temps = [float(t) for t in a.temps.split(",")]
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
     os.makedirs(a.out, exist_ok=True)
     t = time.perf_counter()
@@ -311,7 +313,7 @@ def main() -> None:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)
                 idle(a, eng, 4 if a.smoke else 256, "regex", b)
         if "throughput" in sections:
-            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in (0.0, 1.0) for b in a.backends):
+            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in a.temps for b in a.backends):
                 if late():
                     log(a.out, f"skipped {b} bs{n} T{temp:g}: past --deadline-s")
                     continue

@@ -93,7 +93,7 @@ class LLGuidanceMatcher:
             self.m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self.grammar.words * 4)
         else:
             bitmask[row].copy_(torch.from_numpy(self.current_mask()))
-        self._apply_budget(bitmask[row])
+        self._apply_budget(bitmask, row)
 
     @staticmethod
     def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
@@ -104,7 +104,7 @@ class LLGuidanceMatcher:
         assert all(m.grammar.words == words for m, _ in pairs), "the bitmask is sized for another vocabulary"
         _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
         for m, row in pairs:
-            m._apply_budget(bitmask[row])
+            m._apply_budget(bitmask, row)
 
     def current_mask(self) -> np.ndarray:
         mask = np.zeros(self.grammar.words, dtype=np.int32)
@@ -165,12 +165,13 @@ class LLGuidanceMatcher:
             return self.eos_ids[0]
         return None
 
-    def _apply_budget(self, row: torch.Tensor) -> None:
+    def _apply_budget(self, bitmask: torch.Tensor, row: int) -> None:
         """Every mask goes through here after llguidance fills it: at the budget, only the
-        closing path's next token stays allowed."""
+        closing path's next token stays allowed (the row is indexed only then: a tensor view
+        per row and step is most of this loop's cost)."""
         only = self._budget_token()
         if only is not None:
-            self._allow_only(row, only)
+            self._allow_only(bitmask[row], only)
 
     def _allow_only(self, row: torch.Tensor, token: int) -> None:
         word, bit = divmod(token, 32)
