@@ -46,8 +46,10 @@ def test_quantize_rows_matches_torch(rows, k):
 
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("words", [False, True])  # e4m3 converted by Triton; by bit moves on int32 words
-def test_fp8_gemv_matches_dequantized_reference(m, bias, words):
+@pytest.mark.parametrize("variant", [{}, {"words": True}, {"unroll": 2}, {"block_k": 64, "unroll": 2}])
+def test_fp8_gemv_matches_dequantized_reference(m, bias, variant):
+    """The kernel variants: e4m3 converted by Triton; by bit moves on int32 words; two tiles per loop step
+    (72 columns: tiles of 16, the last step ragged; tiles of 32, the one loop step ragged and half masked)."""
     n, k = 40, 72
     x = torch.randn(m, k, device=DEV).to(torch.float16)
     w = torch.randn(n, k, device=DEV)
@@ -56,7 +58,7 @@ def test_fp8_gemv_matches_dequantized_reference(m, bias, words):
     assert (wq.float().abs() < 2**-6).any() and (wq.float() != 0).any()
     b = torch.randn(n, device=DEV).to(torch.float16) if bias else None
     want = ref.gemv_ref(x, dequantize(wq, ws, torch.float32), b)
-    config = dict(GEMV_TINY, words=words)
+    config = dict(GEMV_TINY, **variant)
     torch.testing.assert_close(gemv(x, wq, b, config=config, w_scale=ws), want, rtol=2e-3, atol=2e-2)
     if m == 1 and not bias:  # float32 x: the sum is exact enough to see a lost subnormal
         got = gemv(x.float(), wq, config=config, w_scale=ws)

@@ -1,8 +1,10 @@
 """Section fp8_kernels: the FP8 kernels alone, at Llama-3-8B shapes (CUDA only).
 
-- GEMV at batch 1: every candidate config of the load-time chooser per weight shape, FP8 weights and
-  bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
+- GEMV at batch 1: every candidate config of the load-time chooser per weight shape and the SWEEP
+  configs below, FP8 weights and bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
+- GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
+  then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
   pool bytes each reads, and each output's largest difference from the bf16 pool's.
@@ -14,24 +16,48 @@ import math
 
 import torch
 
-from gpubench.common import free, log
+from gpubench.common import OPTS, free, log
 
+# Candidates timed beside the chooser's own (GEMV_CONFIGS / GEMV_CONFIGS_FP8), so a run shows which are
+# worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths
+# (with the lists as they are, these are the candidates of session 5's second run).
+SWEEP_BF16 = (
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 16, "block_k": 1024, "num_warps": 8, "stages": 3, "unroll": 2},
+    {"block_n": 8, "block_k": 2048, "num_warps": 8, "stages": 3, "unroll": 2},
+)
+SWEEP_FP8 = (
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 6, "unroll": 2},
+    {"block_n": 8, "block_k": 2048, "num_warps": 8, "stages": 3, "unroll": 2},
+    {"block_n": 16, "block_k": 1024, "num_warps": 8, "stages": 3, "unroll": 2},
+    {"block_n": 2, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4},
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 6},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 5, "unroll": 2},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
+    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "unroll": 2},
+)
 GEMV_SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 ATTN_CASES = ((256, 1536), (512, 1536))
 L2 = 60 << 20
 
 
 def _gemv_rates(name: str, n: int, k: int) -> dict:
-    from radixflow.kernels.gemv import choose_gemv
+    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8, choose_gemv
     from radixflow.kernels.reference import quantize_rows_torch
 
     copies = max(2, math.ceil(4 * L2 / (n * k)))  # the FP8 copies hold 4x the L2, as 32 layers would
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     bf16, fp8 = {}, {}
-    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16)
+    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16, configs=GEMV_CONFIGS + SWEEP_BF16)
     quantized = [quantize_rows_torch(w) for w in weights]
     del weights
-    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8)
+    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8, configs=GEMV_CONFIGS_FP8 + SWEEP_FP8)
 
     def rates(times: dict, nbytes: int) -> dict:
         return {c: {"us": round(us, 2), "TBps": round(nbytes / us / 1e6, 3)} for c, us in sorted(times.items(), key=lambda t: t[1])}
@@ -41,6 +67,40 @@ def _gemv_rates(name: str, n: int, k: int) -> dict:
             for kind, v in out.items()}
     out["best"] = best
     log(f"gemv {name} {n}x{k}: bf16 best {best['bf16']}, fp8 best {best['fp8']}")
+    return out
+
+
+GEMM_MS = (256, 544, 1024)  # decode batches; 544 is the offline workload's mean
+
+
+def _gemm_rates(name: str, n: int, k: int) -> dict:
+    """At each M of GEMM_MS: bf16 F.linear against the FP8 GEMM (per-token quantization, then
+    torch._scaled_mm) and its two parts alone; weights rotate over copies that outgrow the L2."""
+    import torch.nn.functional as F
+
+    from radixflow.kernels.fp8 import fp8_gemm, quantize_rows
+    from radixflow.kernels.gemv import time_graph_us
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    copies = max(2, math.ceil(2 * L2 / (n * k)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    quantized = [quantize_rows_torch(w) for w in weights]
+    out = {}
+    for m in GEMM_MS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantize_rows(x)
+        variants = {
+            "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
+            "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
+            "scaled_mm_only": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
+                                                         scale_b=quantized[i % copies][1].view(1, -1), out_dtype=torch.bfloat16),
+            "quantize_only": lambda i: quantize_rows(x),
+        }
+        row = {label: round(time_graph_us(fn, max(copies, 8)), 2) for label, fn in variants.items()}
+        row["fp8_gemm_TFLOPs"] = round(2 * m * n * k / row["fp8_gemm"] / 1e6, 1)
+        row["bf16_TFLOPs"] = round(2 * m * n * k / row["bf16_linear"] / 1e6, 1)
+        out[f"m{m}"] = row
+    log(f"gemm {name} {n}x{k}: {out}")
     return out
 
 
@@ -84,10 +144,14 @@ def sec_fp8_kernels() -> dict:
     if not torch.cuda.is_available():
         return {"skipped": "CUDA only"}
     out = {"gemv": {}, "attention": {}}
-    for name, (n, k) in GEMV_SHAPES.items():
+    parts = OPTS.fp8_kernels.split(",")
+    for name, (n, k) in GEMV_SHAPES.items() if "gemv" in parts else ():
         out["gemv"][name] = _gemv_rates(name, n, k)
         free()  # the shape's weights
-    for bs, length in ATTN_CASES:
+    for name, (n, k) in GEMV_SHAPES.items() if "gemm" in parts else ():
+        out.setdefault("gemm", {})[name] = _gemm_rates(name, n, k)
+        free()
+    for bs, length in ATTN_CASES if "attention" in parts else ():
         out["attention"][f"{bs}x{length}"] = _attention_rates(bs, length)
         free()
     return out

@@ -38,22 +38,29 @@ GEMV_CONFIGS = (
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3},
     {"block_n": 4, "block_k": 512, "num_warps": 4, "stages": 6},
 )
-# FP8 weights (a scale per output row): a row's byte is half a bf16 one, so each config also streams twice the K.
+# FP8 weights (a scale per output row). An FP8 row is half a bf16 row's bytes, so a tile of the same bytes has
+# twice the columns and, in `_gemv_kernel`, twice the accumulator registers. "unroll": 2 loads two tiles of
+# block_k / 2 columns per loop step into one accumulator of that width, which keeps a stage's bytes with half
+# the registers; on the H200 8 rows x 2 x 1024 won o_proj and down, 8 x 2 x 512 gate_up, and the plain 4 x 1024
+# qkv; 8 x 1024 with 8 warps came within 0.1-3.5% on o_proj and down. (Also tried there and slower on every
+# shape by 3% or more: unrolled 4-row tiles of 2 x 512 to 2 x 2048, 2 and 16 rows, 4-6 stages.)
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
-# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper the chooser kept the plain
-# kernel for every Llama-3-8B shape, so conversion is not what limits the FP8 GEMV there; the words configs
-# stay candidates for GPUs where it is.
+# (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper they lost on every shape, so
+# conversion is not what limits the FP8 GEMV there; the words configs stay candidates for GPUs where it is.
 GEMV_CONFIGS_FP8 = (
+    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
+    {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 4, "unroll": 2},
+    {"block_n": 8, "block_k": 1024, "num_warps": 8, "stages": 4},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 8, "block_k": 2048, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
-    {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3},
-    {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4},
 )
 # Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
-# 0.7-16 us), and a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
-# with 4: by 1.9-27 us). block_k 1024 beat 2048 on three of the four shapes; smaller tiles are untried.
+# 0.7-16 us), a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
+# with 4: by 1.9-27 us), and a persistent grid (one program per SM slot walking row blocks p, p + G, ... in
+# one flat K loop: 5-60% slower, in bf16 too).
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
@@ -76,12 +83,31 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
+    mask_n = offs_n < N
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
+    if HAS_SCALE:  # FP8 weights: one scale per output row
+        out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
+    if HAS_BIAS:
+        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
+             mask=(offs_m[:, None] < M) & mask_n[None, :])
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
+    """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
+    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -90,25 +116,22 @@ def _gemv_kernel(
     # The weights depend on no earlier kernel: the first tile is loaded before waiting (PDL). Inside the
     # loop the wait would stop Triton from pipelining it, so the first tile is peeled off.
     w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)
+    if UNROLL == 2:
+        w1 = tl.load(w_ptrs + BLOCK_K, mask=mask_n[:, None] & (BLOCK_K + offs_k < K)[None, :], other=0.0)
     pdl_wait(USE_PDL)
     if BLOCK_M == 1:
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
     acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
-    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 tiles ahead
-        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
-        acc = _fma(acc, _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), w, BLOCK_M)
-    if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]
-    else:
-        out = tl.sum(acc, axis=2)
-    if HAS_SCALE:  # FP8 weights: one scale per output row
-        out *= tl.load(Scale + offs_n, mask=mask_n, other=0.0)[None, :]
-    if HAS_BIAS:
-        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & mask_n[None, :])
+    if UNROLL == 2:
+        acc = _fma(acc, _load_x(X, offs_m, offs_k, BLOCK_K, M, K, stride_xm), w1, BLOCK_M)
+    for k0 in tl.range(UNROLL * BLOCK_K, K, UNROLL * BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 steps ahead
+        for u in tl.static_range(UNROLL):
+            ku = k0 + u * BLOCK_K
+            w = tl.load(w_ptrs + ku, mask=mask_n[:, None] & (ku + offs_k < K)[None, :], other=0.0)
+            acc = _fma(acc, _load_x(X, offs_m, offs_k, ku, M, K, stride_xm), w, BLOCK_M)
+    _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
 
 
 @triton.jit
@@ -152,15 +175,8 @@ def _gemv_fp8_words_kernel(
         for j in tl.static_range(4):
             acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 4 * w0, M, K, stride_xm), _e4m3_byte_as_f32(words, j),
                        BLOCK_M)
-    if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]
-    else:
-        out = tl.sum(acc, axis=2)
-    out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * 1.329227995784916e36)[None, :]  # 2^120
-    if HAS_BIAS:
-        out += tl.load(Bias + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
-    tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], out.to(Out.dtype.element_ty),
-             mask=(offs_m[:, None] < M) & mask_n[None, :])
+    _store_rows(acc, Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
+                HAS_BIAS, True, BLOCK_M)
 
 
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
@@ -185,11 +201,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             **pdl_launch(x, settings),
         )
         return out
+    unroll = cfg.get("unroll", 1)
+    assert unroll in (1, 2)
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=max(16, cfg["block_k"] // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        BLOCK_K=max(16, cfg["block_k"] // unroll // block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl_launch(x, settings),
     )
     return out
@@ -236,7 +254,7 @@ def _fp8_gemv(x, weight, bias, w_scale, config=None, settings=DEFAULT_KERNEL_SET
 @torch.inference_mode()
 def choose_gemv(
     layers: Sequence[tuple], ms: Sequence[int] = (1, 2, 4, 8), settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
-    report: dict | None = None,
+    report: dict | None = None, configs: Sequence[dict] | None = None,
 ) -> tuple[int, dict, dict[int, tuple[float, float]]]:
     """Time F.linear and `gemv` at each M in `ms` over `layers` ((weight, bias) of one shape, taken in
     turn so the L2 cache holds what it holds in a real step). Each matmul follows an RMSNorm, as every
@@ -246,7 +264,7 @@ def choose_gemv(
     and {M: (cublas_us, gemv_us)}, both including the RMSNorm.
     FP8 layers are (weight, bias, w_scale): their GEMM is kernels/fp8.py's (torch._scaled_mm) and their GEMV
     candidates GEMV_CONFIGS_FP8. `report`, if given, receives every candidate's time at the first M
-    ({"cublas" or str(config): us}, the RMSNorm included)."""
+    ({"cublas" or str(config): us}, the RMSNorm included). `configs` replaces the candidate list (benchmarks)."""
     from radixflow.kernels.norm_act import rmsnorm
 
     w0 = layers[0][0]
@@ -254,6 +272,7 @@ def choose_gemv(
     if fp8:
         from radixflow.kernels.fp8 import fp8_gemm
     gemm, gemv_fn, all_configs = (fp8_gemm, _fp8_gemv, GEMV_CONFIGS_FP8) if fp8 else (F.linear, gemv, GEMV_CONFIGS)
+    all_configs = all_configs if configs is None else tuple(configs)
     gemm_kw = {"settings": settings} if fp8 else {}
     act_dtype = torch.bfloat16 if fp8 else w0.dtype
     calls = max(len(layers), 8)
