@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from gpubench.common import TINY_CONFIG  # noqa: E402
 from gpubench.offline import ForwardRecorder  # noqa: E402
+from host_timeline import HostTimeline  # noqa: E402
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -125,16 +126,17 @@ def free_params(temp: float, length: int) -> dict:
 
 
 def timed(eng, ps: list, params: list) -> tuple:
-    """(outputs, seconds, scheduler stats deltas)."""
+    """(outputs, seconds, scheduler stats deltas and the host's median ms per step, by part)."""
     st = eng.scheduler.stats
     before = (st.chained_decode_steps, st.fed_rows, st.decode_tokens)
     sync()
     t = time.perf_counter()
-    outs = eng.generate(ps, params)
-    sync()
+    with HostTimeline() as tl:
+        outs = eng.generate(ps, params)
+        sync()
     dt = time.perf_counter() - t
     stats = {"chained": st.chained_decode_steps - before[0], "fed_rows": st.fed_rows - before[1],
-             "decode_tokens": st.decode_tokens - before[2]}  # fmt: skip
+             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.summary()}  # fmt: skip
     return outs, dt, stats
 
 
@@ -204,27 +206,29 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
 
 
 def idle(a, eng, n: int, kind: str, backend: str) -> None:
-    """GPU idle between full-batch decode passes, all rows constrained (greedy) vs free."""
+    """GPU idle between full-batch decode passes, all rows constrained (greedy) vs free, with the
+    host's time per step split by host_timeline.py. The constrained batch runs twice: `cold` is the
+    grammar's first batch (per-state caches empty), then the measured one."""
     ps = prompts(n)
     pre = use_backend(eng, backend)
     outs = None
-    for label in (kind, "free"):
-        params = [grammar_params(kind, 0.0)] * n if label == kind else [free_params(0.0, L) for L in lengths(outs)]
+    for label in ("cold", kind, "free"):
+        params = [grammar_params(kind, 0.0)] * n if label != "free" else [free_params(0.0, L) for L in lengths(outs)]
         rec = ForwardRecorder(eng.runner)
         try:
-            outs_now, dt, _ = timed(eng, ps, params)
+            outs_now, dt, st = timed(eng, ps, params)
         finally:
             rec.close()
         outs = outs if outs is not None else outs_now
         dec = [r for r in rec.records if r[0] == "decode" and r[1] == n]
         busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
         gaps = [x[3].elapsed_time(y[2]) for x, y in zip(dec, dec[1:])]
-        name = f"{pre}idle_{'free' if label == 'free' else 'constrained'}_{kind}_bs{n}"
+        name = f"{pre}idle_{label if label != kind else 'constrained'}_{kind}_bs{n}"
         RESULTS[name] = entry = {
             "s": dt, "all_passes": len(rec.records), "decode_passes": len(dec), "extend_passes": sum(r[0] == "extend" for r in rec.records),
             "gpu_busy_s": sum(s.elapsed_time(e) for _, _, s, e, _ in rec.records) / 1e3,
             "gpu_forward_ms": statistics.median(busy) if busy else None, "gap_ms": statistics.median(gaps) if gaps else None,
-            "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None,
+            "idle_fraction": sum(gaps) / (sum(gaps) + sum(busy[1:])) if gaps else None, "host_ms": st["host_ms"],
         }  # fmt: skip
         log(a.out, name, json.dumps(entry))
 
@@ -262,7 +266,7 @@ def correctness(a, eng) -> None:
 def table(a) -> None:
     log(a.out, "\n| backend | batch | T | JSON tok/s | free (same lengths) | ratio | valid | regex tok/s | free | ratio | valid | half JSON tok/s | ratio | valid |")
     log(a.out, "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in (0.0, 1.0)):
+    for b, n, temp in ((b, n, temp) for b in a.backends for n in sorted(a.sizes) for temp in a.temps):
         tag = f"{b}/{{}}_bs{n}_T{temp:g}"
         j, fj, r, fr = (RESULTS.get(tag.format(k)) for k in ("json", "free_json", "regex", "free_regex"))
         h = RESULTS.get(tag.format("half"))
@@ -275,7 +279,7 @@ def table(a) -> None:
     for key in sorted(k for k in RESULTS if "idle_" in k):
         e = RESULTS[key]
         if e["idle_fraction"] is not None:
-            log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes)")
+            log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes); host ms/step {e['host_ms']}")
 
 
 def main() -> None:
@@ -284,12 +288,14 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script's plumbing only")
     ap.add_argument("--sizes", default=None, help="batch sizes, comma-separated (default 1,64,256; smoke 1,4)")
+    ap.add_argument("--temps", default="0,1", help="temperatures, comma-separated")
     ap.add_argument("--sections", default="correctness,throughput,idle")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")
+    a.temps = [float(t) for t in a.temps.split(",")]
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
     os.makedirs(a.out, exist_ok=True)
     t = time.perf_counter()
@@ -307,7 +313,7 @@ def main() -> None:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)
                 idle(a, eng, 4 if a.smoke else 256, "regex", b)
         if "throughput" in sections:
-            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in (0.0, 1.0) for b in a.backends):
+            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in a.temps for b in a.backends):
                 if late():
                     log(a.out, f"skipped {b} bs{n} T{temp:g}: past --deadline-s")
                     continue

@@ -1,12 +1,16 @@
 """Host work per decode step for a batch of constrained rows, per grammar backend, with no model.
 
 Each step does what the scheduler does for its constrained rows, timed in two parts: `fill`
-(one packed bitmask for all rows: `fill_bitmask_rows`) and `advance` (per row: accept the
-token, then the jump hook: forced tokens, the closing-path check on llguidance). The token
+(one packed bitmask for all rows: `fill_bitmask_rows`) and `advance` (the batch's tokens
+accepted in one call per backend, then per row the jump hook: forced tokens, the closing-path check on llguidance). The token
 is drawn uniformly among the allowed ones (an adversarial model: long strings, long outputs).
 The default model's tokenizer, the schema and regex of benchmarks/constrained_gpu.py.
 
     python benchmarks/grammar_host_cost.py --rows 64,256 --backends llguidance,outlines
+    python benchmarks/grammar_host_cost.py --threads 1,4,8,12 --kinds json_schema   # llguidance's thread count
+
+`searches` counts llguidance's closing-path searches, `cut_tokens` the outputs a failed budget
+check cut back (rewritten tokens the GPU computed for nothing).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from constrained_gpu import MAX_NEW, REGEX, SCHEMA  # noqa: E402
 from radixflow.constrained.backend import GrammarBackend  # noqa: E402
-from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask  # noqa: E402
+from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask  # noqa: E402
 
 VOCAB = 49152
 
@@ -39,7 +43,7 @@ class Row:
     def __init__(self, kind: str, spec: str, budget: int):
         self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=budget)
         self.output_ids, self.segment_start, self.jump_forward_tokens = [], 0, 0
-        self.grammar, self.finish_reason = None, None
+        self.grammar, self.finish_reason, self.streamed = None, None, False
 
     @property
     def segment_len(self) -> int:
@@ -57,7 +61,8 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
         assert backend.poll(r) is True, r.finish_reason
     rng = np.random.default_rng(seed)
     bitmask = new_bitmask(n, (VOCAB + 31) // 32, pinned=False)
-    fill_s, advance_s, live_rows = [], [], []
+    fill_s, accept_s, advance_s, live_rows, cut = [], [], [], [], 0
+    searches = SEARCHES[0]
     while True:
         live = [i for i, r in enumerate(rows) if not r.grammar.is_terminated() and r.segment_len < MAX_NEW]
         if not live:
@@ -70,14 +75,17 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
         picks = {i: int(rng.choice(np.flatnonzero(bits[i]))) for i in live}
         t = time.perf_counter()
         for i in live:
+            rows[i].output_ids.append(picks[i])
+        accept_tokens([(rows[i].grammar, picks[i]) for i in live])
+        accept_s.append(time.perf_counter() - t)
+        for i in live:
             r = rows[i]
-            r.output_ids.append(picks[i])
-            r.grammar.accept_token(picks[i])
             if r.grammar.is_terminated() or r.segment_len >= MAX_NEW:
                 continue
             jump = backend.jump_forward(r)
             if isinstance(jump, tuple):
                 keep, jump = jump
+                cut += len(r.output_ids) - keep
                 del r.output_ids[keep:]
             r.output_ids.extend(jump)
         advance_s.append(time.perf_counter() - t)
@@ -85,9 +93,35 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
     full = [k for k, m in enumerate(live_rows) if m == n]  # steps with every row live
     ms = lambda xs: 1e3 * statistics.median(xs) if xs else None  # noqa: E731
     return {"rows": n, "steps": len(fill_s), "full_steps": len(full),
-            "fill_ms_p50": ms([fill_s[k] for k in full]), "advance_ms_p50": ms([advance_s[k] for k in full]),
+            "fill_ms_p50": ms([fill_s[k] for k in full]), "accept_ms_p50": ms([accept_s[k] for k in full]),
+            "advance_ms_p50": ms([advance_s[k] for k in full]), "advance_ms_mean": 1e3 * statistics.mean(advance_s),
+            "searches": SEARCHES[0] - searches, "cut_tokens": cut,
             "fill_ms_max": 1e3 * max(fill_s), "advance_ms_max": 1e3 * max(advance_s),
             "mean_output_tokens": statistics.mean(len(r.output_ids) for r in rows)}  # fmt: skip
+
+
+SEARCHES = [0]
+
+
+def count_searches() -> None:
+    from radixflow.constrained.closing_path import ClosingSearch
+
+    find = ClosingSearch.find
+
+    def counted(self, *args, **kw):
+        SEARCHES[0] += 1
+        return find(self, *args, **kw)
+
+    ClosingSearch.find = counted
+
+
+def use_threads(n: int) -> None:
+    """llguidance's batched calls on an executor of `n` threads (0: llguidance's default)."""
+    from llguidance import LLExecutor
+
+    from radixflow.constrained import llguidance_grammars
+
+    llguidance_grammars._EXECUTORS[:] = [LLExecutor(num_threads=n) if n else LLExecutor()]
 
 
 def main() -> None:
@@ -95,12 +129,18 @@ def main() -> None:
     ap.add_argument("--rows", default="64,256")
     ap.add_argument("--backends", default="llguidance,outlines")
     ap.add_argument("--kinds", default="json_schema,regex")
+    ap.add_argument("--threads", default="0", help="llguidance executor threads, comma-separated (0: its default)")
+    ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
-    from radixflow.model_files import resolve_model
+    count_searches()
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(resolve_model(None).path)
+    if a.tokenizer is None:
+        from radixflow.model_files import resolve_model
+
+        a.tokenizer = resolve_model(None).path
+    tok = AutoTokenizer.from_pretrained(a.tokenizer)
     torch.set_num_threads(1)
     out = []
     for name in a.backends.split(","):
@@ -108,9 +148,11 @@ def main() -> None:
         for kind in a.kinds.split(","):
             spec = json.dumps(SCHEMA) if kind == "json_schema" else REGEX
             for n in (int(x) for x in a.rows.split(",")):
-                res = {"backend": name, "kind": kind, **run(backend, kind, spec, n, seed=n)}
-                out.append(res)
-                print(json.dumps(res), flush=True)
+                for threads in [int(x) for x in a.threads.split(",")] if name == "llguidance" else [0]:
+                    use_threads(threads)
+                    res = {"backend": name, "kind": kind, "threads": threads, **run(backend, kind, spec, n, seed=n)}
+                    out.append(res)
+                    print(json.dumps(res), flush=True)
         backend.cache.pool.shutdown(wait=False)
     if a.json:
         with open(a.json, "w") as f:

@@ -139,6 +139,31 @@ def test_validate_names_the_problem(backend, kind, spec, needle):
             backend.compile(kind, spec)
 
 
+def test_a_passed_check_is_remembered_and_a_failed_one_raises_every_time():
+    from radixflow.constrained.spec import _validate_text
+
+    schema = json.dumps({"type": "object", "properties": {"remembered": {"type": "integer"}}})
+    before = _validate_text.cache_info().hits
+    for _ in range(3):
+        validate("json_schema", schema, backend="llguidance")
+    assert _validate_text.cache_info().hits == before + 2
+    for _ in range(2):
+        with pytest.raises(RadixflowError):
+            validate("regex", "(unclosed", backend="llguidance")
+
+
+def test_only_first_byte_table_matches_each_states_tokens(backend):
+    """The compile-time table jump-forward walks: per state, the first byte all its allowed
+    tokens share, else NO_BYTE (what np.unique over the state's tokens used to give)."""
+    from radixflow.constrained.vocabulary import NO_BYTE
+
+    g = backend.compile("json_schema", json.dumps(UNBOUNDED))
+    for i in range(len(g.states)):
+        firsts = np.unique(g.vocab.first_byte[g.tokens[g.offsets[i] : g.offsets[i + 1]]])
+        expected = int(firsts[0]) if len(firsts) == 1 else NO_BYTE
+        assert int(g.only_first_byte[i]) == expected, i
+
+
 def test_anchors_are_stripped():
     validate("regex", "^[a-z]+$")
     validate("regex", r"^[a-z]+\$")

@@ -175,7 +175,7 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
     for t in prefix:
         req.grammar.accept_token(t)
     assert backend.jump_forward(req) == []
-    keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 30)
+    keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 45)
     assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 
@@ -192,6 +192,30 @@ def test_a_streamed_request_is_checked_after_every_token(backend, engine):
     keep, tokens = feed_until_cut(backend, req, encode("ab") + encode("1"))
     assert keep == len(req.output_ids) - 1 and req.output_ids[-1] == encode("1")[0]
     assert req.grammar.budget_closed and tokens
+
+
+def test_a_batch_accepted_in_one_call_matches_one_row_at_a_time(backend, engine):
+    """The scheduler hands a step's tokens to llguidance in one batched call
+    (`batch_mask.accept_tokens`); each row ends where accepting its tokens one by one ends:
+    same masks, same closing path, same end (EOS) and rejection (a token the grammar refuses)."""
+    from radixflow.constrained.batch_mask import accept_tokens
+
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    eos = backend.info.eos_ids[0]
+    streams = [encode('{"name": "Al"'), encode('{"name": "Al"') + [eos], encode("nope"), encode('{"tags": ["x"]')]
+    batched = [start(backend, 80) for _ in streams]
+    single = [start(backend, 80) for _ in streams]
+    for step in range(max(len(s) for s in streams)):
+        live = [i for i, s in enumerate(streams) if step < len(s)]
+        for i in live:
+            batched[i].output_ids.append(streams[i][step])
+            single[i].output_ids.append(streams[i][step])
+            single[i].grammar.accept_token(streams[i][step])
+        accept_tokens([(batched[i].grammar, streams[i][step]) for i in live])
+    for b, s in zip(batched, single):
+        assert (b.grammar.ended, b.grammar.rejected_token, b.grammar.path) == (s.grammar.ended, s.grammar.rejected_token, s.grammar.path)
+        assert np.array_equal(b.grammar.current_mask(), s.grammar.current_mask())
+    assert batched[1].grammar.ended and batched[2].grammar.rejected_token is not None
 
 
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):

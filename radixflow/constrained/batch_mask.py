@@ -1,10 +1,13 @@
-"""One packed bitmask `[B, ceil(V/32)]` int32 for a batch's constrained rows.
+"""One packed bitmask `[B, ceil(V/32)]` int32 for a batch's constrained rows, and one
+batched accept of their sampled tokens.
 
 Rows are grouped by matcher class and each class fills its rows in one call
 (`fill_rows`): outlines-core masks are cached per FSM state, so its rows are one
 numpy gather; llguidance computes masks afresh, so its rows go to llguidance's
 executor, which fills them on native threads without the GIL. Free rows stay all ones.
 On CUDA the bitmask lives in pinned memory, so its copy to the GPU never waits.
+Sampled tokens are accepted the same way (`accept_rows`): llguidance consumes a batch's
+tokens on its threads in one call instead of one Python call per row.
 """
 
 from __future__ import annotations
@@ -26,3 +29,12 @@ def fill_bitmask_rows(bitmask: torch.Tensor, rows: list) -> None:
         groups.setdefault(type(matcher), []).append((matcher, row))
     for cls, pairs in groups.items():
         cls.fill_rows(pairs, bitmask)
+
+
+def accept_tokens(rows: list) -> None:
+    """`rows`: (matcher, token) pairs; each matcher's class has `accept_rows(pairs)`."""
+    groups: dict = {}
+    for matcher, token in rows:
+        groups.setdefault(type(matcher), []).append((matcher, token))
+    for cls, pairs in groups.items():
+        cls.accept_rows(pairs)

@@ -52,6 +52,7 @@ class CompiledGrammar:
 
     def __post_init__(self) -> None:
         self._dense = {int(s): i for i, s in enumerate(self.states)}
+        self.only_first_byte = _only_first_byte(self.vocab.first_byte[self.tokens], self.offsets)
 
     @property
     def initial_state(self) -> int:
@@ -113,14 +114,14 @@ class CompiledGrammar:
             i = self.dense(state)
             if self.final[i]:
                 break
-            firsts = np.unique(self.vocab.first_byte[self.tokens[self.offsets[i] : self.offsets[i + 1]]])
-            if len(firsts) != 1 or firsts[0] == NO_BYTE:
+            first = int(self.only_first_byte[i])
+            if first == NO_BYTE:
                 break
-            tok = int(self.vocab.single_byte_token[firsts[0]])
+            tok = int(self.vocab.single_byte_token[first])
             nxt = self.index.get_next_state(state, tok) if tok >= 0 else None
             if nxt is None:
                 break
-            out.append(int(firsts[0]))
+            out.append(first)
             state = nxt
         return bytes(out)
 
@@ -145,6 +146,20 @@ class CompiledGrammar:
             if state is None:
                 return None
         return state
+
+
+def _only_first_byte(first_bytes: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """[S] int16: the first byte every allowed token of a state starts with, else NO_BYTE
+    (several first bytes, no tokens, or tokens without bytes); one pass at compile time, so
+    jump-forward's walk over a state not seen before costs no scan of its tokens."""
+    out = np.full(len(offsets) - 1, NO_BYTE, dtype=np.int16)
+    filled = np.flatnonzero(offsets[1:] > offsets[:-1])
+    if len(filled):
+        starts = offsets[filled]
+        lo = np.minimum.reduceat(first_bytes, starts)
+        hi = np.maximum.reduceat(first_bytes, starts)
+        out[filled] = np.where(lo == hi, lo, NO_BYTE)
+    return out
 
 
 def compile_regex(regex: str, vocab: TokenVocab) -> CompiledGrammar:

@@ -40,10 +40,13 @@ from radixflow.errors import GrammarError
 
 MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
 MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
-# off-path tokens are checked by search once the budget is within this many tokens of the path's
-# length plus the tokens since it was verified, or this many tokens on (what a failed check undoes)
-VERIFY_MARGIN = 32
-MAX_UNVERIFIED = 64
+# off-path tokens are checked by search once the budget is within VERIFY_MARGIN tokens of the
+# path's length plus a GROWTH-th of the tokens since it was verified (a token off the path rarely
+# lengthens the shortest completion by a whole token: the output moves on through the structure),
+# or MAX_UNVERIFIED tokens on (the most a failed check undoes)
+VERIFY_MARGIN = 8
+GROWTH = 4
+MAX_UNVERIFIED = 128
 
 
 @dataclass(eq=False)
@@ -90,7 +93,7 @@ class LLGuidanceMatcher:
             self.m.unsafe_compute_mask_ptr(bitmask[row].data_ptr(), self.grammar.words * 4)
         else:
             bitmask[row].copy_(torch.from_numpy(self.current_mask()))
-        self._apply_budget(bitmask[row])
+        self._apply_budget(bitmask, row)
 
     @staticmethod
     def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
@@ -101,24 +104,41 @@ class LLGuidanceMatcher:
         assert all(m.grammar.words == words for m, _ in pairs), "the bitmask is sized for another vocabulary"
         _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
         for m, row in pairs:
-            m._apply_budget(bitmask[row])
+            m._apply_budget(bitmask, row)
 
     def current_mask(self) -> np.ndarray:
         mask = np.zeros(self.grammar.words, dtype=np.int32)
         self.m.unsafe_compute_mask_ptr(mask.ctypes.data, mask.nbytes)
         return mask
 
+    @staticmethod
+    def accept_rows(pairs: list) -> None:
+        """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
+        (the GIL released), then each row's closing path is followed."""
+        batch = [(m, t) for m, t in pairs if m._takes(t)]
+        if batch:
+            done = _executor().consume_token_par([(m.m, t) for m, t in batch])
+            for (m, t), ok in zip(batch, done):
+                m._consumed(t, ok)
+
     def accept_token(self, token: int) -> None:
+        if self._takes(token):
+            self._consumed(token, self.m.consume_token(token))
+
+    def _takes(self, token: int) -> bool:
+        """Whether `token` goes to the parser (not after the end, not EOS)."""
         if self.ended:
-            return
+            return False
         if token in self.eos_ids:
             self.ended = True
-            return
-        if not self.m.consume_token(token):
+            return False
+        return True
+
+    def _consumed(self, token: int, ok: bool) -> None:
+        if not ok:
             self.ended = True
             self.rejected_token = token
-            return
-        if self.path is not None:
+        elif self.path is not None:
             self.follow([token], self.budget())  # a failed check is repaired by take_replacement
 
     def is_terminated(self) -> bool:
@@ -145,12 +165,13 @@ class LLGuidanceMatcher:
             return self.eos_ids[0]
         return None
 
-    def _apply_budget(self, row: torch.Tensor) -> None:
+    def _apply_budget(self, bitmask: torch.Tensor, row: int) -> None:
         """Every mask goes through here after llguidance fills it: at the budget, only the
-        closing path's next token stays allowed."""
+        closing path's next token stays allowed (the row is indexed only then: a tensor view
+        per row and step is most of this loop's cost)."""
         only = self._budget_token()
         if only is not None:
-            self._allow_only(row, only)
+            self._allow_only(bitmask[row], only)
 
     def _allow_only(self, row: torch.Tensor, token: int) -> None:
         word, bit = divmod(token, 32)
@@ -168,7 +189,7 @@ class LLGuidanceMatcher:
             self.path = path[n:]
             return True
         self.since += n
-        if not self.verify_each and left > len(path) + self.since + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
+        if not self.verify_each and left > len(path) + self.since // GROWTH + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
             return True  # far from the budget: verified later
         for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
             if len(tail) <= left and self._completes(tail):

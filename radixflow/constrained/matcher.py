@@ -41,6 +41,12 @@ class GrammarMatcher:
         for m, row in pairs:
             out[row] = m.current_mask()
 
+    @staticmethod
+    def accept_rows(pairs: list) -> None:
+        """(matcher, token) pairs: each FSM step is a dictionary lookup, so one row at a time."""
+        for m, token in pairs:
+            m.accept_token(token)
+
     def accept_token(self, token: int) -> None:
         if self.ended:
             return

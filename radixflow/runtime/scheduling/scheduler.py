@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
@@ -307,8 +308,9 @@ class Scheduler:
                 req.first_token_time = now
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
-            if req.grammar is not None:
-                req.grammar.accept_token(tok)
+        accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
+        for i in live:
+            req = reqs[i]
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 self._apply_jump_forward(req)

@@ -1,0 +1,105 @@
+"""Where the scheduler's host time goes, step by step (a CPU timeline for the GPU benchmarks).
+
+Wraps the scheduler's per-step functions and sums each one's wall time per `Scheduler.step`:
+
+    with HostTimeline() as tl:
+        eng.generate(...)
+    tl.summary()   # {"step": ms, "wait_gpu": ms, "advance": ms, "accept": ms, "jump": ms, "fill": ms, ...}
+
+`wait_gpu` is the time `read_back` spends waiting for the pass it reads (the host is ahead of the
+GPU: host work is off the critical path); `advance` the per-request work after a pass (of which
+`accept`: grammars take the sampled tokens, `jump`: jump-forward and llguidance's budget check);
+`fill` the grammar masks; `sample` the sampling launch (masks included); `launch` the forward
+pass launch; `chained_ids` the next pass's input ids; `gc` Python's garbage collector;
+`host_busy` = step - wait_gpu. With overlap scheduling, while the host is busy the GPU runs the
+next forward pass, so the GPU idles once `host_busy` exceeds the forward pass. `summary()` adds
+the 90th percentile and the sum over the run of `step` and `host_busy`, the steps that read no
+decode pass back (the prefill's), and the run's time outside `Scheduler.step` (requests built and
+checked, outputs collected).
+"""
+
+from __future__ import annotations
+
+import gc
+import statistics
+import time
+
+from radixflow.runtime.scheduling import overlap, sampler, scheduler
+from radixflow.runtime.scheduling.scheduler import Scheduler
+
+# label: (owner, attribute) of a function called (at most nested) within Scheduler.step
+PARTS = {
+    "read_back": (Scheduler, "read_back"),
+    "advance": (Scheduler, "_advance"),
+    "accept": (scheduler, "accept_tokens"),
+    "jump": (Scheduler, "_apply_jump_forward"),
+    "fill": (sampler, "fill_bitmask_rows"),
+    "sample": (overlap, "sample_flight"),
+    "launch": (overlap, "launch_decode"),
+    "chained_ids": (overlap, "_chained_ids"),
+    "poll_grammars": (scheduler, "poll_grammars"),
+}
+
+
+class HostTimeline:
+    def __init__(self):
+        self.steps: list = []  # per step: {label: seconds}
+        self._now: dict = {}
+        self._saved: list = []
+
+    def __enter__(self) -> "HostTimeline":
+        for label, (owner, name) in PARTS.items():
+            self._wrap(owner, name, label)
+        self._wrap(Scheduler, "step", "step", last=True)
+        gc.callbacks.append(self._gc)
+        self._gc_start = 0.0
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.wall_s = time.perf_counter() - self._t0
+        gc.callbacks.remove(self._gc)
+        for owner, name, fn in reversed(self._saved):
+            setattr(owner, name, fn)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_start = time.perf_counter()
+        else:
+            self._now["gc"] = self._now.get("gc", 0.0) + time.perf_counter() - self._gc_start
+
+    def _wrap(self, owner, name: str, label: str, last: bool = False) -> None:
+        fn = getattr(owner, name)
+        self._saved.append((owner, name, fn))
+
+        def timed(*args, **kw):
+            t = time.perf_counter()
+            try:
+                return fn(*args, **kw)
+            finally:
+                self._now[label] = self._now.get(label, 0.0) + time.perf_counter() - t
+                if last:
+                    self.steps.append(self._now)
+                    self._now = {}
+
+        setattr(owner, name, timed)
+
+    def summary(self) -> dict:
+        """Median ms per step of each part, over the steps that read a decode pass back."""
+        steps = [s for s in self.steps if "read_back" in s]
+        if not steps:
+            return {}
+        for s in steps:
+            s["wait_gpu"] = s["read_back"] - s.get("advance", 0.0)
+            s["host_busy"] = s["step"] - s["wait_gpu"]
+        labels = ["step", "host_busy", "wait_gpu", *PARTS, "gc"]
+        out = {k: round(1e3 * statistics.median(s.get(k, 0.0) for s in steps), 3) for k in labels}
+        for k in ("step", "host_busy"):
+            values = sorted(s[k] for s in steps)
+            out[f"{k}_p90"] = round(1e3 * values[int(0.9 * (len(values) - 1))], 3)
+            out[f"{k}_sum_s"] = round(sum(values), 4)
+        out["gc_sum_s"] = round(sum(s.get("gc", 0.0) for s in self.steps), 4)
+        out["steps"] = len(steps)
+        out["other_steps_s"] = round(sum(s["step"] for s in self.steps if "read_back" not in s), 4)
+        out["outside_steps_s"] = round(self.wall_s - sum(s["step"] for s in self.steps), 4)
+        return out
