@@ -188,7 +188,7 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
             if "results" in event:
                 out = event
             else:
-                log.put(event["var"], event["text"])
+                log.put(event["var"], event["text"], event.get("meta_info"))
         if out is None:
             raise ProgramError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Optional
 
 from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
 from radixflow.runtime.programs.program_ops import parse_program
+from radixflow.runtime.programs.program_stream import delta_event
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
 
@@ -24,9 +25,10 @@ def run_programs(engine, programs: list, on_result: Optional[Callable[[int, dict
 
 
 def stream_program(engine, program: dict) -> Iterator[dict]:
-    """{"var", "text"} deltas of the program's main strand as they come, then its output."""
+    """{"var", "text"} deltas of the program's main strand as they come (with "meta_info" where
+    the gen asks for logprobs), then its output."""
     deltas: deque = deque()  # filled by the thread that runs the scheduler steps
-    fut = _submit(engine, [program], on_delta=lambda var, text: deltas.append({"var": var, "text": text}))
+    fut = _submit(engine, [program], on_delta=lambda var, text, meta: deltas.append(delta_event(var, text, meta)))
     finished = lambda: fut.result()[0].finished  # noqa: E731
     try:
         while True:
