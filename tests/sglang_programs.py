@@ -132,8 +132,9 @@ SCRIPTS = {  # program -> [(prompt suffix, what the stand-in model writes)]
 def run_scripted(names: Optional[list] = None) -> dict:
     """{program: "pass" | "<error>"}, each on its own ScriptedBackend as the default backend."""
     import radixflow as rf
+    from radixflow.lang.backends import get_default_backend
 
-    before = rf.global_config.default_backend
+    before = get_default_backend()
     out = {}
     try:
         for name in names or list(SCRIPTS):

@@ -105,3 +105,15 @@ def test_speculation_leaves_gens_without_stop_and_graph_mode_alone(default_engin
     assert _character(64).run(temperature=0, max_new_tokens=8, mode="graph").mode == "graph"
     with pytest.raises(rf.RadixflowError, match="num_api_spec_tokens"):
         rf.function(num_api_spec_tokens=0)(lambda s: None)
+
+
+def test_speculation_on_an_openai_completions_endpoint(server):
+    """SGLang's own target: an OpenAI completion model, with token_usage from the responses' usage."""
+    oai = rf.OpenAIEndpoint(server.url + "/v1", model="default", api_key=server.api_key)
+    spec = _character(64).run(backend=oai, temperature=0, max_new_tokens=24)
+    spec_usage = oai.token_usage.prompt_tokens
+    oai.token_usage.reset()
+    plain = _character().run(backend=oai, temperature=0, max_new_tokens=24)
+    assert spec.mode == plain.mode == "eager" and spec_usage > 0
+    assert oai.token_usage.prompt_tokens > 2 * spec_usage
+    assert spec["birthday"] == plain["birthday"] and spec["job"] == plain["job"]
