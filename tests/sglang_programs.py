@@ -2,7 +2,7 @@
 unchanged except that `import sglang as sgl` becomes `import radixflow as sgl`.
 
     python tests/sglang_programs.py                    # all 19 on an in-process Engine
-    python tests/sglang_programs.py --backend runtime  # on rf.Runtime(), as SGLang's own runner does
+    python tests/sglang_programs.py runtime            # on rf.Runtime(), as SGLang's own runner does
 
 Besides the plain count, it runs two checks that are counted apart, never as passing:
 - the programs that fail on the default 135M model's answers, against `ScriptedBackend`, a
@@ -180,7 +180,7 @@ def main() -> None:
     import radixflow as rf
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--backend", choices=["engine", "runtime"], default="engine")
+    ap.add_argument("backend", nargs="?", choices=["engine", "runtime"], default="engine")
     args = ap.parse_args()
     backend = rf.Engine() if args.backend == "engine" else rf.Runtime()
     try:
