@@ -9,7 +9,7 @@ import sys as _sys
 if "torch" not in _sys.modules:
     _os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from radixflow.errors import GrammarError, ModelPathError, RadixflowError
+from radixflow.errors import GrammarError, ModelPathError, RadixflowError, ServerBusyError
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.version import __version__  # noqa: F401 (re-exported)
 
@@ -41,4 +41,4 @@ def __getattr__(name):  # heavy imports (torch, transformers) only when used
     raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
 
 
-__all__ = ["Engine", "ServerArgs", "RadixflowError", "ModelPathError", "GrammarError", *_LANG]
+__all__ = ["Engine", "ServerArgs", "RadixflowError", "ServerBusyError", "ModelPathError", "GrammarError", *_LANG]

@@ -5,6 +5,11 @@ class RadixflowError(ValueError):
     """Bad input from a user: the message says what to change."""
 
 
+class ServerBusyError(RadixflowError):
+    """The runtime could not take the request now (an HTTP 503): retry later, or give it more
+    capacity (the message says which flag)."""
+
+
 class ModelPathError(RadixflowError):
     """A model path that is missing or does not hold what we expect."""
 

@@ -174,3 +174,32 @@ def test_max_new_tokens_zero_prefills_only(engine):
     assert out["output_ids"] == [] and out["meta_info"]["finish_reason"]["type"] == "length"
     again = engine.generate(PROMPTS[2], {"max_new_tokens": 1})
     assert again["meta_info"]["cached_tokens"] == again["meta_info"]["prompt_tokens"] - 1
+
+
+def test_grammar_compile_queue_full_raises_server_busy(engine, monkeypatch):
+    """A grammar still queued behind busy compile workers past the queue bound is a 503 over
+    HTTP; in-process it raises ServerBusyError (not an abort output), streamed or not, and the
+    engine keeps serving."""
+    import threading
+
+    from radixflow import ServerBusyError
+    from radixflow.constrained import backend as backend_module
+    from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
+
+    backend = engine.stepper.exclusive(lambda: start_grammar_backend(engine.scheduler))
+    backend.impl  # built before the workers are taken
+    monkeypatch.setattr(backend, "timeout_s", 0.05)
+    monkeypatch.setattr(backend_module, "QUEUE_LIMIT_FACTOR", 1)
+    gate = threading.Event()
+    busy = [backend.cache.pool.submit(gate.wait, 30) for _ in range(backend.cache.pool._max_workers)]
+    try:
+        params = {"max_new_tokens": 4, "json_schema": '{"type": "integer", "minimum": 7}'}
+        with pytest.raises(ServerBusyError, match="--grammar-compile-workers"):
+            engine.generate("n =", params)
+        with pytest.raises(ServerBusyError, match="--grammar-compile-workers"):
+            list(engine.generate("n =", {**params, "json_schema": '{"type": "integer", "minimum": 8}'}, stream=True))
+    finally:
+        gate.set()
+        for f in busy:
+            f.result(timeout=30)
+    assert engine.generate("1, 2,", {"max_new_tokens": 2, "temperature": 0})["meta_info"]["finish_reason"]["type"] == "length"

@@ -103,3 +103,48 @@ def test_concatenate_and_append_reuses_only_the_first_branch(backend, tokenizer)
     branch1 = "Evening:" + graph["part"][1] + "\n"
     recomputed = ending["prompt_tokens"] - ending["cached_tokens"]
     assert 1 <= recomputed <= len(tokenizer.encode(branch1, add_special_tokens=False)) + 1
+
+
+@rf.function
+def two_answers_with_logprobs(s):
+    s += "Q: Name three colors.\nA:" + rf.gen("colors", max_tokens=8, stop="\n", return_logprob=True, top_logprobs_num=2)
+    s += "\nQ: And a fruit?\nA:" + rf.gen("fruit", max_tokens=6, return_logprob=True)
+
+
+def _lp_values(meta):
+    return [round(x[0], 3) for x in meta["output_token_logprobs"]], [x[1] for x in meta["output_token_logprobs"]]
+
+
+def test_gens_with_output_logprobs_run_and_stream_as_a_graph(backend):
+    """A gen asking for output logprobs runs in the request graph (the second as the first's
+    continued request); streamed chunks carry their own logprobs, as SGLang's frontend reads them."""
+    graph, eager = graph_and_eager(two_answers_with_logprobs, backend)
+    assert graph.program_meta["num_requests"] == 1 and graph.text() == eager.text()
+    for var in ("colors", "fruit"):
+        g, e = graph.get_meta_info(var), eager.get_meta_info(var)
+        assert g["output_token_logprobs_length"] == g["completion_tokens"] == e["completion_tokens"]
+        assert _lp_values(g) == _lp_values(e)
+    assert len(graph.get_meta_info("colors")["output_top_logprobs"][0]) == 2
+
+    streamed = two_answers_with_logprobs.run(stream=True, backend=backend, **GREEDY)
+    chunks = list(streamed.text_iter("fruit")) and list(streamed.executor.log.iter("fruit", with_meta=True))
+    assert streamed.mode == "graph" and len(chunks) > 1
+    sent = 0
+    for text, meta in chunks:
+        assert text and meta["completion_tokens"] == meta["output_token_logprobs_length"]
+        assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] - sent
+        sent = meta["output_token_logprobs_length"]
+    whole = [lp for _, meta in chunks for lp in meta["output_token_logprobs"]]
+    assert whole == streamed.get_meta_info("fruit")["output_token_logprobs"][: len(whole)]
+
+
+def test_prompt_logprobs_still_make_the_program_eager(backend):
+    @rf.function
+    def with_prompt_logprobs(s):
+        s += "Hello" + rf.gen("x", max_tokens=2, return_logprob=True, logprob_start_len=0)
+
+    assert with_prompt_logprobs.run(backend=backend, **GREEDY).mode == "eager"
+    bad = _one_gen({"max_new_tokens": 2})
+    bad["ops"][1]["top_logprobs_num"] = -1
+    with pytest.raises(rf.RadixflowError, match="top_logprobs_num"):
+        backend.engine.run_program(bad)

@@ -151,3 +151,25 @@ def test_metrics_count_program_tokens(server):
     assert after["generation_tokens_total"] - before["generation_tokens_total"] == 15
     assert after["num_requests_total"] - before["num_requests_total"] == 1
     assert after["prompt_tokens_total"] > before["prompt_tokens_total"]
+
+
+def test_streamed_program_chunks_carry_their_gens_output_logprobs(server):
+    """POST /program with "stream": true: a gen that asks for logprobs sends each text delta with
+    that chunk's output logprobs; together they are the result's, which equal /generate's."""
+    from radixflow.lang.backends.http_util import sse_events
+
+    gen = {"op": "gen", "id": 1, "name": "a", "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+           "return_logprob": True, "return_text_in_logprobs": True}  # fmt: skip
+    program = {"ops": [{"op": "text", "text": "Count: 1, 2,"}, gen]}
+    with server.client() as c:
+        with c.stream("POST", "/program", json={"program": program, "stream": True}) as r:
+            events = list(sse_events(r))
+        plain = c.post("/generate", json={"text": "Count: 1, 2,", "sampling_params": gen["sampling_params"],
+                                          "return_logprob": True, "return_text_in_logprobs": True}).json()  # fmt: skip
+    chunks = [e for e in events if e.get("var") == "a"]
+    assert len(chunks) > 1 and all("meta_info" in e for e in chunks)
+    streamed = [lp for e in chunks for lp in e["meta_info"]["output_token_logprobs"]]
+    assert [e["meta_info"]["output_token_logprobs_length"] for e in chunks][-1] == len(streamed)
+    result = events[-1]["results"]["1"]["meta_info"]["output_token_logprobs"]
+    assert streamed == result[: len(streamed)] and [x[1:] for x in result] == [x[1:] for x in plain["meta_info"]["output_token_logprobs"]]
+    assert [round(x[0], 3) for x in result] == [round(x[0], 3) for x in plain["meta_info"]["output_token_logprobs"]]

@@ -22,6 +22,7 @@ from radixflow.lang.graph_run import replay, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
+from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
@@ -29,9 +30,12 @@ MODES = ("auto", "graph", "eager")
 
 
 class Function:
-    def __init__(self, func: Callable, bound: Optional[dict] = None):
+    def __init__(self, func: Callable, bound: Optional[dict] = None, num_api_spec_tokens: Optional[int] = None):
         self.func = func
         self.bound = dict(bound or {})
+        if num_api_spec_tokens is not None and (not isinstance(num_api_spec_tokens, int) or num_api_spec_tokens < 1):
+            raise RadixflowError(f"@function {func.__name__}: num_api_spec_tokens must be a positive int, got {num_api_spec_tokens!r}")
+        self.num_api_spec_tokens = num_api_spec_tokens
         params = list(inspect.signature(func).parameters)
         if not params or params[0] != "s":
             raise RadixflowError(f"@function {func.__name__}: the first parameter must be named s")
@@ -39,7 +43,7 @@ class Function:
         functools.update_wrapper(self, func)
 
     def bind(self, **kwargs: Any) -> "Function":
-        return Function(self.func, {**self.bound, **kwargs})
+        return Function(self.func, {**self.bound, **kwargs}, self.num_api_spec_tokens)
 
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
@@ -86,7 +90,7 @@ class Function:
         return await loop.run_in_executor(_program_threads(), functools.partial(self.run, *args, **kwargs))
 
     def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
-        if mode == "eager" or not b.supports_graphs:
+        if mode == "eager" or not b.supports_graphs or (mode == "auto" and self.num_api_spec_tokens):
             if mode == "graph":
                 raise RadixflowError(f"{type(b).__name__} cannot run request graphs")
             return None
@@ -100,6 +104,8 @@ class Function:
 
     def _run_eager(self, b, arguments: dict, defaults: dict, stream: bool) -> ProgramState:
         ex = Interpreter(b, defaults, b.chat_template(), use_ids=b.tokenizer is not None, streaming=stream)
+        if self.num_api_spec_tokens and not stream and not getattr(b, "chat", False):
+            ex.spec = Speculation(self.num_api_spec_tokens)
         state = ProgramState(ex, "eager")
         if not stream:
             self.func(state, **arguments)
@@ -182,7 +188,7 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
             if "results" in event:
                 out = event
             else:
-                log.put(event["var"], event["text"])
+                log.put(event["var"], event["text"], event.get("meta_info"))
         if out is None:
             raise ProgramError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)
@@ -196,6 +202,10 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     if out.get("error"):
         raise ProgramError(f"program {graph.name}: {out['error']}")
+    for result in out.get("results", {}).values():  # a gen with n > 1 has a list of metas
+        metas = result.get("meta_info")
+        for meta in metas if isinstance(metas, list) else [metas]:
+            b.token_usage.add(meta)
     state = replay(graph, out, b.chat_template(), defaults)
     state.program_meta = out.get("meta_info", {})
     return state
@@ -226,10 +236,10 @@ def _progress(total: int, enabled: bool, name: str):
 
 
 def function(func: Optional[Callable] = None, num_api_spec_tokens: Optional[int] = None):
-    """Decorator: `@rf.function` or `@rf.function()`. num_api_spec_tokens (SGLang's API
-    speculative execution for OpenAI backends) is accepted and has no effect."""
+    """Decorator: `@rf.function` or `@rf.function(num_api_spec_tokens=N)`. With N, the program
+    runs eagerly with API speculative execution (lang/speculation.py) unless run(mode="graph")."""
     if func is None:
-        return lambda f: Function(f)
-    return Function(func)
+        return lambda f: Function(f, num_api_spec_tokens=num_api_spec_tokens)
+    return Function(func, num_api_spec_tokens=num_api_spec_tokens)
 
 

@@ -16,6 +16,7 @@ from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, Text, VarRef
 from radixflow.lang.primitives import sampling_params
+from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
 from radixflow.runtime.programs.segment_tokens import encode_piece
 
@@ -62,6 +63,7 @@ class Interpreter:
         self.produced: list = []
         self.base = (0, 0)  # (text, ids) lengths at the fork that made this one
         self.log = StreamLog()
+        self.spec: Optional[Speculation] = None  # API speculative execution (speculation.py)
 
     # -- nodes -------------------------------------------------------------------------------
     def execute(self, node: Node) -> None:
@@ -87,6 +89,8 @@ class Interpreter:
             raise ProgramError(f"cannot execute a {node.kind} node here")
 
     def _append(self, text: str, var: Optional[str] = None) -> None:
+        if self.spec is not None:
+            self.spec.fill(text)
         self.text += text
         if self.ids is not None:
             self.pending += text
@@ -107,6 +111,8 @@ class Interpreter:
         prompt = self._prompt()
         shown, chunk_meta = 0, ChunkMeta()
         try:
+            if self.spec is not None and self._speculated(node, params, prompt):
+                return
             if self.streaming and params.get("n", 1) == 1:
                 res, shown = self._gen_stream(prompt, params, node, chunk_meta)
             else:
@@ -121,6 +127,21 @@ class Interpreter:
         else:
             self.set(node.name, res.text, res.meta)
         self._append_generated(res, node.name, shown, chunk_meta(res.meta))
+
+    def _speculated(self, node: Gen, params: dict, prompt: Prompt) -> bool:
+        """Serve the gen from the speculation if it can be (speculation.py)."""
+        assert self.spec is not None
+        if not Speculation.applies(params, node.params):
+            self.spec.drop()
+            return False
+        tok = self.backend.tokenizer
+        count = None if tok is None else (lambda text: len(encode_piece(tok, text, first=False)))
+        cut = self.spec.take(params, lambda p: _call_result(self.backend.generate(prompt, p, None)), count)
+        if cut is None:
+            return False
+        self.set(node.name, cut[0], cut[1])
+        self._append_generated(GenResult(cut[0]), node.name, 0)
+        return True
 
     def _gen_stream(self, prompt: Prompt, params: dict, node: Gen, chunk_meta: ChunkMeta) -> tuple:
         shown = 0
@@ -141,6 +162,8 @@ class Interpreter:
         self.log.put(var, res.text[shown:], meta)
 
     def _select(self, node: Select) -> None:
+        if self.spec is not None:
+            self.spec.drop()
         prompt = self._prompt()
         try:
             res = self.backend.select(prompt, node.choices, node.method, node)
@@ -196,6 +219,7 @@ class Interpreter:
             kid.messages, kid.scopes, kid.produced = copy.deepcopy(self.messages), dict(self.scopes), []
             kid.ids = None if self.ids is None else list(self.ids)
             kid.log = StreamLog()
+            kid.spec = None  # branches call the backend for each gen
             kid.base = (len(self.text), 0 if self.ids is None else len(self.ids))
             kids.append(kid)
         return kids, None
@@ -205,6 +229,8 @@ class Interpreter:
             self.set(name, [k.vars.get(name) for k in kids], {"forks": [k.metas.get(name) for k in kids]})
         if mode == "gather":
             return
+        if self.spec is not None:
+            self.spec.drop()
         self._flush()
         for k in kids:
             k._flush()
@@ -213,3 +239,10 @@ class Interpreter:
             self.log.put(None, k.text[text_base:])
             if self.ids is not None:
                 self.ids.extend(k.ids[ids_base:])
+
+
+def _call_result(res: GenResult) -> tuple:
+    """(text, meta, whether the model stopped by itself) of a speculative call."""
+    reason = (res.meta or {}).get("finish_reason")
+    kind = reason.get("type") if isinstance(reason, dict) else reason  # native dict, or OpenAI's string
+    return res.text, res.meta, kind == "stop"

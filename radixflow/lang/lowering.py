@@ -53,9 +53,11 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
         elif isinstance(n, ArgRef):
             raise NotTraceable(f"argument {n.name!r} has no value")
         elif isinstance(n, Gen):
-            if logprob_options(n.params):
-                raise NotTraceable(f"gen {n.name!r} asks for logprobs, which request graphs do not return")
-            ops.append({"op": "gen", "id": n.nid, "name": n.name, "sampling_params": sampling_params(ctx.defaults, n.params)})
+            lp = logprob_options(n.params)
+            start = lp.pop("logprob_start_len", None)
+            if start is not None and start >= 0:
+                raise NotTraceable(f"gen {n.name!r} asks for prompt logprobs, which request graphs do not return")
+            ops.append({"op": "gen", "id": n.nid, "name": n.name, "sampling_params": sampling_params(ctx.defaults, n.params), **lp})
             _produced(ctx, n.name)
         elif isinstance(n, Select):
             ops.append({"op": "select", "id": n.nid, "name": n.name, "choices": n.choices, "method": n.method})

@@ -11,7 +11,7 @@ import logging
 import time
 from typing import Any, Iterator, Optional, Union
 
-from radixflow.errors import RadixflowError
+from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
 from radixflow.runtime.build import build_runtime
@@ -102,9 +102,8 @@ class Engine:
             self._abort(reqs)
             self._raise_if_tp_failed(e)
             raise
-        rejected = [r for r in reqs if (r.finish_reason or {}).get("status_code") == 400]
-        if rejected:
-            raise RadixflowError(rejected[0].finish_reason.get("message", "request rejected"))
+        for r in reqs:
+            _raise_if_refused(r.finish_reason or {})
 
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
@@ -114,6 +113,8 @@ class Engine:
             while True:
                 self.stepper.advance(all_done)
                 for i, r in enumerate(reqs):
+                    if r.finished:
+                        _raise_if_refused(r.finish_reason or {})
                     if len(r.output_ids) != sent[i] or (r.finished and sent[i] >= 0 and sent[i] != -2):
                         sent[i] = -2 if r.finished else len(r.output_ids)
                         out = self._result(r, finished=r.finished)
@@ -202,7 +203,17 @@ class Engine:
 
 
 def _raise_if_rejected(out: dict) -> dict:
-    """A program's output, or its 400 (bad input found while running) as RadixflowError."""
-    if out.pop("status_code", 200) == 400:
-        raise RadixflowError(out["error"])
+    """A program's output, or its 400 / 503 (found while running) raised as the HTTP API answers it."""
+    _raise_if_refused({"status_code": out.pop("status_code", 200), "message": out.get("error")})
     return out
+
+
+def _raise_if_refused(reason: dict) -> None:
+    """Where the HTTP API answers 400 (bad input found while running, e.g. a grammar that cannot
+    fit max_new_tokens) raise RadixflowError; where it answers 503 (e.g. the grammar compile
+    workers busy past the queue bound) raise ServerBusyError. Other finishes are results."""
+    status = reason.get("status_code", 200)
+    if status == 400:
+        raise RadixflowError(reason.get("message") or "request rejected")
+    if status == 503:
+        raise ServerBusyError(reason.get("message") or "the engine is busy; retry later")

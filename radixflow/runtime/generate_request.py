@@ -57,7 +57,7 @@ class RequestBuilder:
         reqs = []
         for i, ids in enumerate(prompts):
             sp = self.sampling(params[i])
-            lp = _logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
+            lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
                 rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
@@ -144,7 +144,7 @@ def _rids(rid: Any, count: int) -> list[str]:
     raise RadixflowError("rid must be a string or a list of strings, one per prompt")
 
 
-def _logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: int) -> LogprobOptions:
+def logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: int) -> LogprobOptions:
     if not isinstance(want, bool):
         raise RadixflowError("return_logprob must be true or false")
     if start is None:

@@ -40,7 +40,11 @@ class GlobalConfig:
 
     @property
     def default_backend(self):
-        return _default
+        """What set_default_backend got (a Runtime keeps its `.endpoint`, as in SGLang), but an
+        Engine's program backend in place of the Engine (it has `token_usage`)."""
+        if _default is None or hasattr(_default, "endpoint") or getattr(_default, "is_program_backend", False):
+            return _default
+        return resolve_backend(_default)
 
 
 global_config = GlobalConfig()

@@ -3,6 +3,7 @@ speak radixflow's native generate API (Engine in-process, or a server over HTTP)
 
 from __future__ import annotations
 
+import threading
 from typing import Callable, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
@@ -11,6 +12,29 @@ from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
 from radixflow.lang.primitives import logprob_options
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
+
+
+class TokenUsage:
+    """SGLang's `backend.token_usage`: the prompt and completion tokens that the gens and
+    selects run on this backend reported (each call's own figures; in a request graph each
+    gen's, which counts its whole context as its prompt, as an eager call would)."""
+
+    def __init__(self) -> None:
+        self.prompt_tokens = self.completion_tokens = 0
+        self._lock = threading.Lock()  # programs on many threads share a backend
+
+    def add(self, meta: Optional[dict]) -> None:
+        meta = meta or {}
+        with self._lock:
+            self.prompt_tokens += meta.get("prompt_tokens") or 0
+            self.completion_tokens += meta.get("completion_tokens") or 0
+
+    def reset(self) -> None:
+        with self._lock:
+            self.prompt_tokens = self.completion_tokens = 0
+
+    def __repr__(self) -> str:
+        return f"TokenUsage(prompt_tokens={self.prompt_tokens}, completion_tokens={self.completion_tokens})"
 
 
 class Backend:
@@ -62,6 +86,13 @@ class NativeBackend(Backend):
     def _call(self, payload: dict):
         raise NotImplementedError
 
+    def _counted(self, payload: dict):
+        """`_call`, adding what it reports to token_usage."""
+        out = self._call(payload)
+        for o in out if isinstance(out, list) else [out]:
+            self.token_usage.add(o.get("meta_info"))
+        return out
+
     def _call_stream(self, payload: dict) -> Iterator[dict]:
         raise NotImplementedError
 
@@ -72,7 +103,7 @@ class NativeBackend(Backend):
         return {"text": prompt.text, "sampling_params": params, **extra}
 
     def generate(self, prompt: Prompt, params: dict, node=None):
-        out = self._call(self._payload(prompt, params, node))
+        out = self._counted(self._payload(prompt, params, node))
         if isinstance(out, list):
             return [self._gen_result(o, params) for o in out]
         return self._gen_result(out, params)
@@ -85,6 +116,7 @@ class NativeBackend(Backend):
                 yield chunk["text"], chunk["meta_info"]
         if last is None:
             raise RadixflowError("the stream ended with no output")
+        self.token_usage.add(last["meta_info"])
         yield self._gen_result(last, params)
 
     def _gen_result(self, out: dict, params: dict) -> GenResult:
@@ -113,7 +145,7 @@ class NativeBackend(Backend):
         return SelectResult(best, cids[best], select_meta(cond, uncond))
 
     def _score(self, inputs: list, starts: list) -> list:
-        return self._call(
+        return self._counted(
             {
                 "input_ids": inputs,
                 "sampling_params": {"max_new_tokens": 0},
@@ -127,9 +159,9 @@ class NativeBackend(Backend):
         of the prompt alone marks where the choice starts (boundary tokens may merge)."""
         if method == "unconditional_likelihood_normalized":
             raise RadixflowError("unconditional_likelihood_normalized needs the model's tokenizer in this process")
-        head = self._call({"text": prompt.text, "sampling_params": {"max_new_tokens": 0}})
+        head = self._counted({"text": prompt.text, "sampling_params": {"max_new_tokens": 0}})
         start = head["meta_info"]["prompt_tokens"]
-        outs = self._call(
+        outs = self._counted(
             {
                 "text": [prompt.text + c for c in choices],
                 "sampling_params": {"max_new_tokens": 0},

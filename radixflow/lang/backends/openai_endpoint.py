@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from radixflow.errors import RadixflowError
-from radixflow.lang.backends.base import Backend
+from radixflow.lang.backends.base import Backend, TokenUsage
 from radixflow.lang.backends.http_util import check, client
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
@@ -25,6 +25,7 @@ class OpenAIEndpoint(Backend):
     def __init__(self, base_url: str, model: str, api_key: Optional[str] = None, chat: bool = False, timeout: float = 600.0):
         self.base_url, self.model, self.chat = base_url.rstrip("/"), model, chat
         self.client = client(self.base_url, api_key, timeout)
+        self.token_usage = TokenUsage()
 
     def chat_template(self) -> ChatTemplate:
         return ChatTemplate.messages_only() if self.chat else ChatTemplate.plain()
@@ -39,11 +40,13 @@ class OpenAIEndpoint(Backend):
         if not self.chat:
             body = {**self._body(params), "prompt": prompt.text}
             out = check(self.client.post("/completions", json=body), "POST /completions").json()
+            self.token_usage.add(out.get("usage"))
             return _results(out, lambda c: c["text"])
         if prompt.role is None or prompt.role[0] != "assistant" or prompt.role[1]:
             raise RadixflowError("with a chat model, a gen must come first in an assistant block")
         body = {**self._body(params), "messages": prompt.messages}
         out = check(self.client.post("/chat/completions", json=body), "POST /chat/completions").json()
+        self.token_usage.add(out.get("usage"))
         return _results(out, lambda c: c["message"].get("content") or "")
 
     def select(self, prompt: Prompt, choices: list, method: str, node=None) -> SelectResult:
@@ -55,6 +58,7 @@ class OpenAIEndpoint(Backend):
         r = self.client.post("/completions", json=body)
         if r.status_code >= 400:
             raise RadixflowError(f"select needs prompt logprobs (echo + logprobs) from {self.base_url}: {r.text[:300]}")
+        self.token_usage.add(r.json().get("usage"))
         by_index = sorted(r.json()["choices"], key=lambda c: c["index"])
         cond = [_choice_logprobs(c.get("logprobs"), len(prompt.text)) for c in by_index]
         best = choose(method, cond, None)

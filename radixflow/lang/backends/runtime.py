@@ -65,6 +65,10 @@ class Runtime:
                 self.process.kill()
                 self.process.wait(5)
 
+    @property
+    def token_usage(self):
+        return self.endpoint.token_usage
+
     def flush_cache(self) -> bool:
         return self.endpoint.flush_cache()
 

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Optional
 
 from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
 from radixflow.runtime.programs.program_ops import parse_program
+from radixflow.runtime.programs.program_stream import delta_event
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
 
@@ -27,9 +28,10 @@ def run_programs(
 
 
 def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterator[dict]:
-    """{"var", "text"} deltas of the program's main strand as they come, then its output."""
+    """{"var", "text"} deltas of the program's main strand as they come (with "meta_info" where
+    the gen asks for logprobs), then its output."""
     deltas: deque = deque()  # filled by the thread that runs the scheduler steps
-    on_delta = lambda var, text: deltas.append({"var": var, "text": text})  # noqa: E731
+    on_delta = lambda var, text, meta: deltas.append(delta_event(var, text, meta))  # noqa: E731
     fut = _submit(engine, [program], None if ops is None else [ops], on_delta=on_delta)
     finished = lambda: fut.result()[0].finished  # noqa: E731
     try:

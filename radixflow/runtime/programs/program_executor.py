@@ -24,6 +24,8 @@ from typing import Callable, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta
+from radixflow.runtime.programs.gen_logprobs import GenLogprobs
+from radixflow.runtime.programs.program_meta import request_meta, run_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
 from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
@@ -72,6 +74,7 @@ class Strand:
     samples: list = field(default_factory=list)  # the requests of a gen with n > 1
     text: str = ""  # all text appended since the strand began (for a concatenating join)
     stream: Optional[StrandStream] = None  # the main strand of a streamed run
+    logprobs: Optional[GenLogprobs] = None  # the running gen's, if it asks for them
     children: dict = field(default_factory=dict)
     fork_base: dict = field(default_factory=dict)
     produced: list = field(default_factory=list)
@@ -151,6 +154,7 @@ class ProgramExecutor:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
                 req.continuable = continues_after(st.ops, st.pc)  # the last segment overlaps its decode passes
+                st.logprobs = GenLogprobs.begin(req, nxt.logprob, self.scheduler.logprobs.with_text)
                 st.run.segments += 1
                 return True
         st.ids = list(req.fill_ids)
@@ -159,6 +163,7 @@ class ProgramExecutor:
 
     def _finish_gen(self, st: Strand, req: Req, op: Op) -> None:
         seg = req.output_ids[req.segment_start :]
+        lp, n = st.logprobs, len(seg)
         sp = req.sampling
         text, kept = gen_piece(self.tokenizer, seg, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
         same = common_prefix(seg, kept)
@@ -170,9 +175,10 @@ class ProgramExecutor:
             "completion_tokens": len(seg),
             "cached_tokens": req.cached_tokens if req.segment_start == 0 else req.seq_len - len(kept),
             "finish_reason": req.finish_reason,
+            **({} if lp is None else lp.meta(req)),
         }
         self._record(st, op, text, meta)
-        self._appended(st, op.name, text, streamed=True)
+        self._appended(st, op.name, text, streamed=True, chunk=None if lp is None else lambda: lp.chunk(req, n))
         st.pc += 1
 
     def _record(self, st: Strand, op: Op, value: Union[str, list], meta: Union[dict, list]) -> None:
@@ -181,11 +187,11 @@ class ProgramExecutor:
             st.vars[op.name] = value
             st.produced.append(op.name)
 
-    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False) -> None:
+    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk=None) -> None:
         """Text that joined the strand (not constant text: _take_text sends that)."""
         st.text += text
         if st.stream is not None:
-            (st.stream.finished if streamed else st.stream.text)(var, text)
+            st.stream.finished(var, text, chunk) if streamed else st.stream.text(var, text)
 
     def _release(self, st: Strand) -> None:
         if st.req is not None:
@@ -271,10 +277,11 @@ class ProgramExecutor:
     def _start_gen(self, st: Strand, op: Op) -> None:
         ids, sp = self._flush(st), op.sampling
         if sp.n > 1:
-            st.samples = [self._new_req(st, ids, sp.sample(j)) for j in range(sp.n)]
+            st.samples = [self._new_req(st, ids, sp.sample(j), op.logprob) for j in range(sp.n)]
             st.state = SAMPLES
             return
-        st.req = self._new_req(st, ids, sp, continues=continues_after(st.ops, st.pc))
+        st.req = self._new_req(st, ids, sp, op.logprob, continues=continues_after(st.ops, st.pc))
+        st.logprobs = GenLogprobs.begin(st.req, op.logprob, self.scheduler.logprobs.with_text)
         self.by_rid[st.req.rid] = st
         st.state = GEN
 
@@ -288,7 +295,8 @@ class ProgramExecutor:
         pieces = [gen_piece(self.tokenizer, r.output_ids, r.finish_reason, r.sampling.skip_special_tokens,
                             r.sampling.no_stop_trim) for r in st.samples]  # fmt: skip
         texts = [text for text, _ in pieces]
-        metas = [_request_meta(r) for r in st.samples]
+        lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, self.scheduler.logprobs.with_text)
+        metas = [{**request_meta(r), **({} if lp is None else lp.meta(r))} for r in st.samples]
         self._record(st, op, texts, metas)
         st.ids.extend(pieces[0][1])
         self._appended(st, op.name, texts[0])
@@ -356,7 +364,7 @@ class ProgramExecutor:
             if not req.finished:
                 self.scheduler.abort(req.rid)
         self.runs.remove(run)
-        run.output = {"results": run.results, "meta_info": _run_meta(run), "error": run.error,
+        run.output = {"results": run.results, "meta_info": run_meta(run), "error": run.error,
                       "status_code": run.status_code}  # fmt: skip
         if run.on_done is not None:
             run.on_done(run.output)
@@ -369,26 +377,4 @@ def _fail_from(run: ProgramRun, what: str, reason: dict) -> None:
 
 def _stream_progress(st: Strand) -> None:
     if st.stream is not None and st.state == GEN and not st.req.finished:
-        st.stream.progress(st.req, st.ops[st.pc].name)
-
-
-def _metas(result: dict) -> list:
-    meta = result["meta_info"]
-    return meta if isinstance(meta, list) else [meta]
-
-
-def _request_meta(req: Req) -> dict:
-    return {"prompt_tokens": len(req.origin_input_ids), "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason}  # fmt: skip
-
-
-def _run_meta(run: ProgramRun) -> dict:
-    return {
-        "id": run.rid,
-        "num_requests": len(run.reqs),
-        "continued_segments": run.segments,
-        "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
-        "cached_tokens": sum(r.cached_tokens for r in run.reqs),
-        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in _metas(r)),
-        "e2e_latency": time.time() - run.created,
-    }
+        st.stream.progress(st.req, st.ops[st.pc].name, st.logprobs)

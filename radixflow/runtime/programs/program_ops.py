@@ -4,6 +4,8 @@
     {"op": "text", "text": str}                      constant text (roles already rendered)
     {"op": "var", "name": str}                       the value of an earlier gen/select
     {"op": "gen", "id": int, "name": str|null, "sampling_params": {...}}   n > 1: text and meta_info are lists
+        optional: "return_logprob", "top_logprobs_num", "return_text_in_logprobs" (output logprobs,
+        as /generate gives them; a graph gives no prompt logprobs)
     {"op": "select", "id": int, "name": str|null, "choices": [str, ...], "method": str}
     {"op": "fork", "id": int, "branches": [[op, ...], ...]}
     {"op": "join", "fork": int, "mode": "gather" | "concat"}
@@ -17,15 +19,17 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime.generate_request import logprob_options
 from radixflow.runtime.programs.choice_scoring import METHODS
 from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.scheduling.req import LogprobOptions
 
 JOIN_MODES = ("gather", "concat")
 PROGRAM_FIELDS = {"ops", "rid"}
 OP_FIELDS = {
     "text": {"op", "text"},
     "var": {"op", "name"},
-    "gen": {"op", "id", "name", "sampling_params"},
+    "gen": {"op", "id", "name", "sampling_params", "return_logprob", "top_logprobs_num", "return_text_in_logprobs"},
     "select": {"op", "id", "name", "choices", "method"},
     "fork": {"op", "id", "branches"},
     "join": {"op", "fork", "mode"},
@@ -39,6 +43,7 @@ class Op:
     name: Optional[str] = None
     text: str = ""
     sampling: Optional[SamplingParams] = None
+    logprob: Optional[LogprobOptions] = None  # a gen's output logprobs, if it asks for them
     choices: list = field(default_factory=list)
     method: str = "token_length_normalized"
     branches: list = field(default_factory=list)  # list[list[Op]]
@@ -70,6 +75,17 @@ def program_width(ops: list[Op]) -> int:
 
 def gen_ops(ops: list[Op]) -> list[Op]:
     return [o for o in _walk(ops) if o.kind == "gen"]
+
+
+def _gen_logprob(r: dict, name: Optional[str]) -> Optional[LogprobOptions]:
+    text = r.get("return_text_in_logprobs", False)
+    try:
+        if not isinstance(text, bool):
+            raise RadixflowError("return_text_in_logprobs must be true or false")
+        lp = logprob_options(r.get("return_logprob", False), -1, r.get("top_logprobs_num", 0), text, 1)
+    except RadixflowError as e:
+        raise RadixflowError(f"gen {name!r}: {e}") from None
+    return lp if lp.return_logprob else None
 
 
 def _check_keys(r: dict, allowed: set, what: str) -> None:
@@ -129,6 +145,7 @@ def _parse_op(r: dict, ids: set) -> Op:
         if sp.max_new_tokens < 1:
             raise RadixflowError(f"gen {op.name!r}: max_new_tokens must be >= 1 in a program")
         op.sampling = sp
+        op.logprob = _gen_logprob(r, op.name)
     elif kind == "select":
         _select_fields(op, r)
     else:

@@ -2,16 +2,18 @@
 them: constant text when the strand passes it, a gen's text as its tokens are sampled
 (held back while it could still end mid-character or be cut by a stop string), a
 select's choice, n > 1's first sample, and the branches' text at a concatenating join.
-Fork branches stream nothing of their own, as in eager mode."""
+Fork branches stream nothing of their own, as in eager mode. A gen that asks for logprobs
+sends each chunk with its meta_info: that chunk's output logprobs (gen_logprobs.py)."""
 
 from __future__ import annotations
 
 from typing import Callable, Optional
 
 from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
+from radixflow.runtime.programs.gen_logprobs import GenLogprobs
 from radixflow.runtime.scheduling.req import Req
 
-OnDelta = Callable[[Optional[str], str], None]  # (variable or None, text)
+OnDelta = Callable[[Optional[str], str, Optional[dict]], None]  # (variable or None, text, chunk meta_info or None)
 
 
 class StrandStream:
@@ -23,18 +25,25 @@ class StrandStream:
 
     def text(self, var: Optional[str], text: str) -> None:
         if text:
-            self.on_delta(var, text)
+            self.on_delta(var, text, None)
 
-    def progress(self, req: Req, var: Optional[str]) -> None:
-        """A running gen: send what is settled of its text since the last call."""
+    def progress(self, req: Req, var: Optional[str], lp: Optional[GenLogprobs] = None) -> None:
+        """A running gen: send what is settled of its text since the last call (with the
+        logprobs sampled since the last chunk, if `lp`)."""
         sp = req.sampling
         text = self.decoded.update(self.tokenizer, req.output_ids[req.segment_start :], sp.skip_special_tokens)
         safe = len(text) - partial_stop_len(text, sp.stop_strs)
         if safe > self.shown:
-            self.on_delta(var, text[self.shown : safe])
+            self.on_delta(var, text[self.shown : safe], None if lp is None else lp.chunk(req))
             self.shown = safe
 
-    def finished(self, var: Optional[str], text: str) -> None:
-        """A gen's final text (stop-trimmed): send the rest of it."""
-        self.text(var, text[self.shown :])
+    def finished(self, var: Optional[str], text: str, chunk: Optional[Callable[[], dict]] = None) -> None:
+        """A gen's final text (stop-trimmed): send the rest of it (`chunk()`: its meta_info)."""
+        if text[self.shown :]:
+            self.on_delta(var, text[self.shown :], None if chunk is None else chunk())
         self.decoded, self.shown = IncrementalText(), 0
+
+
+def delta_event(var: Optional[str], text: str, meta: Optional[dict]) -> dict:
+    """A streamed program's text delta as the Engine yields it and /program sends it."""
+    return {"var": var, "text": text} if meta is None else {"var": var, "text": text, "meta_info": meta}

@@ -36,11 +36,12 @@ def poll_grammars(sched: Scheduler) -> list[Req]:
         if not (sched.waiting or sched.running or sched.chunked):  # idle: wait, don't spin
             backend.wait(sched.pending_grammar, timeout=0.005)
         outcomes = [backend.poll(req) for req in sched.pending_grammar]  # None: not yet; True: compiled; False: failed
-        if replica is not None:
-            replica.decide(lambda: [(ok, r.finish_reason if ok is False else None) for r, ok in zip(sched.pending_grammar, outcomes)])
+        if replica is not None:  # only the rows that resolved: most steps, none
+            replica.decide(lambda: [(i, ok, r.finish_reason if ok is False else None)
+                                    for i, (r, ok) in enumerate(zip(sched.pending_grammar, outcomes)) if ok is not None])  # fmt: skip
     else:
-        decided = replica.decide(lambda: None)
-        outcomes = [_follow(backend, r, ok, reason) for r, (ok, reason) in zip(sched.pending_grammar, decided)]
+        resolved = {i: (ok, reason) for i, ok, reason in replica.decide(lambda: None)}
+        outcomes = [_follow(backend, r, *resolved.get(i, (None, None))) for i, r in enumerate(sched.pending_grammar)]
     still, failed = [], []
     for req, ready in zip(sched.pending_grammar, outcomes):
         if ready is None:

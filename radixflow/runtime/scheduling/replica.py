@@ -24,9 +24,10 @@ collective that would not match.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from radixflow import env
@@ -48,7 +49,7 @@ class ReplicaSync:
     check_every: int
     digest: int = 0
     passes: int = 0
-    events: list = field(default_factory=list)  # rank 0: calls since the last step
+    events: Optional[io.BytesIO] = None  # rank 0: the calls since the last step, pickled as they come
     drop_prefix: Optional[str] = None  # tests: a rank > 0 drops requests whose rid starts so
 
     @property
@@ -57,17 +58,19 @@ class ReplicaSync:
 
     # -- the step's inputs ---------------------------------------------------------------------------
     def record_add(self, req: Req) -> None:
-        if self.leader:
-            self.events.append(("add", pickle.dumps(req)))  # as it arrives, before the scheduler touches it
+        self.record("add", req)  # pickled as it arrives, before the scheduler touches it
 
     def record(self, kind: str, *args: Any) -> None:
+        """Rank 0: append one call to the step's stream, pickled once, now."""
         if self.leader:
-            self.events.append((kind, *args))
+            if self.events is None:
+                self.events = io.BytesIO()
+            pickle.dump((kind, *args), self.events, pickle.HIGHEST_PROTOCOL)
 
     def publish_step(self) -> None:
         """Rank 0, at the start of a step."""
-        payload = pickle.dumps(self.events) if self.events else b""
-        self.events = []
+        payload = b"" if self.events is None else self.events.getvalue()
+        self.events = None
         self.channel.publish(STEP, self.digest, payload)
 
     def receive_step(self) -> Optional[list]:
@@ -76,12 +79,15 @@ class ReplicaSync:
         if msg.kind == STOP:
             return None
         self._check(msg, STEP)
-        return pickle.loads(msg.payload) if msg.payload else []
+        stream, events = io.BytesIO(msg.payload), []
+        while stream.tell() < len(msg.payload):
+            events.append(pickle.load(stream))
+        return events
 
     def apply(self, sched: Scheduler, events: list) -> None:
         for kind, *args in events:
             if kind == "add":
-                req = pickle.loads(args[0])
+                req = args[0]
                 if not (self.drop_prefix and req.rid.startswith(self.drop_prefix)):
                     sched.add_request(req)
             elif kind == "abort":

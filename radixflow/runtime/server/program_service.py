@@ -39,6 +39,7 @@ from radixflow.runtime.server.http_common import (
 )
 from radixflow.runtime.programs.program_executor import ProgramExecutor
 from radixflow.runtime.programs.program_ops import check_programs, parse_program
+from radixflow.runtime.programs.program_stream import delta_event
 from radixflow.runtime.programs.text_pieces import constant_pieces
 from radixflow.runtime.server.server_messages import ControlReply, ControlReq, ProgramDelta
 
@@ -73,7 +74,7 @@ class SchedulerPrograms:
 
         on_delta = None
         if msg.stream:
-            on_delta = lambda var, text: self.send(ProgramDelta(msg.req_id, var, text))  # noqa: E731
+            on_delta = lambda var, text, meta: self.send(ProgramDelta(msg.req_id, var, text, meta))  # noqa: E731
         for i, program in enumerate(msg.programs):
             try:
                 pieces = msg.pieces[i] if msg.pieces else None
@@ -148,7 +149,7 @@ def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
             while not finished:
                 msg = await queue.get()
                 if isinstance(msg, ProgramDelta):
-                    yield sse({"var": msg.var, "text": msg.text})
+                    yield sse(delta_event(msg.var, msg.text, msg.meta))
                     continue
                 finished = True
                 yield sse(_final_event(tm, msg.result[0]))

@@ -80,6 +80,7 @@ class ProgramDelta:
     req_id: int
     var: Optional[str]
     text: str
+    meta: Optional[dict] = None  # the chunk's logprobs, where the gen asks for them
 
 
 @dataclass
