@@ -39,6 +39,7 @@ import json
 import os
 import random
 import shlex
+import shutil
 import sys
 import tarfile
 import tempfile
@@ -253,7 +254,7 @@ def run_chunks(tasks: list, args) -> tuple:
                 flush_cache(url)
                 run(client, chunk, mode, temperature, args.max_tokens, args.concurrency, totals[(temperature, mode)])
             if args.server_per_chunk:
-                _stop(server)
+                _stop(server, args.out)
                 server = None
             done += len(chunk)
             last = time.perf_counter() - chunk_start
@@ -262,7 +263,7 @@ def run_chunks(tasks: list, args) -> tuple:
             if args.out:
                 write_json(args.out, totals, done, len(tasks), args)
     finally:
-        _stop(server)
+        _stop(server, args.out)
     return done, totals
 
 
@@ -281,9 +282,13 @@ def flush_cache(url: str) -> None:
         time.sleep(0.2)
 
 
-def _stop(server) -> None:
-    if server is not None and server.stop() not in (0, None) and "died" in server.log():
+def _stop(server, out: str = None) -> None:
+    if server is None:
+        return
+    if server.stop() not in (0, None) and "died" in server.log():
         print(server.log()[-2000:])
+    if out:  # beside the JSON: OUT.server.log (the last server's, with --server-per-chunk)
+        shutil.copy(server.log_path, os.path.splitext(out)[0] + ".server.log")
 
 
 def _rate(count: float, t: Tally) -> float:
