@@ -18,6 +18,7 @@ import pytest
 from radixflow import GrammarError, RadixflowError
 from radixflow.constrained import Grammar, GrammarOptions
 from radixflow.constrained.backend import GrammarBackend
+from radixflow.constrained.grammar import tokenizer_info
 
 CORPUS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "maskbench-dev.tar.gz")
 # two small schemas with valid and invalid instances per split (llguidance passes them all)
@@ -335,3 +336,34 @@ def test_unknown_keywords_over_http(server):
         r = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 16, "temperature": 0, "json_schema": json.dumps(schema)}})
     assert r.status_code == 200, r.text
     assert isinstance(json.loads(r.json()["text"])["k"], bool)
+
+
+def _byte_fallback_tokenizer():
+    """The default tokenizer as transformers 5.17 writes it when converting the default GGUF:
+    byte-level BPE marked byte_fallback, with a sentencepiece-style decoder sequence."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    doc = json.loads(tokenizer_info().tokenizer.backend_tokenizer.to_str())
+    doc["model"]["byte_fallback"] = True
+    doc["decoder"] = {"type": "Sequence", "decoders": [
+        {"type": "ByteFallback"}, {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}]}  # fmt: skip
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(doc)), eos_token="<|im_end|>")
+
+
+def test_llguidance_reads_a_byte_level_tokenizer_marked_byte_fallback():
+    """Read as sentencepiece pieces ("Ġ" not a space), no mask allowed the right text: every
+    tool call on the GPU machine's conversion ended at its first token."""
+    tok = _byte_fallback_tokenizer()
+    assert tok.decode(tok.encode("a <b> c", add_special_tokens=False)) == "a <b> c"  # the tokenizer itself is fine
+    g = Grammar.from_regex(r'<tool_call> \{"x": (1|22)\}', tokenizer=tok, backend="llguidance")
+    assert g.accepts('<tool_call> {"x": 22}') and not g.accepts('<tool_call> {"x": 3}')
+
+
+def test_llguidance_refuses_a_tokenizer_whose_bytes_it_misreads(monkeypatch):
+    from radixflow.constrained import llguidance_grammars
+
+    monkeypatch.setattr(llguidance_grammars, "_without_byte_fallback", lambda text: text)
+    with pytest.raises(GrammarError, match="reads this tokenizer's tokens as other bytes"):
+        Grammar.from_regex("(yes|no)", tokenizer=_byte_fallback_tokenizer(), backend="llguidance")

@@ -22,6 +22,7 @@ hook cuts the output back there and puts the path's next token in place.
 from __future__ import annotations
 
 import copy
+import json
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
@@ -330,9 +331,42 @@ def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
         backend = copy.copy(backend)
         backend.no_padding()
         backend.no_truncation()
-        hit = (info.tokenizer, LLTokenizer(backend.to_str(), n_vocab=info.vocab_size, eos_token=list(info.eos_ids)))
+        ll = LLTokenizer(_without_byte_fallback(backend.to_str()), n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
+        _check_token_bytes(ll, info.tokenizer)
+        hit = (info.tokenizer, ll)
         _TOKENIZERS[key] = hit
     return hit[1]
+
+
+def _without_byte_fallback(tokenizer_json: str) -> str:
+    """A byte-level BPE tokenizer (ByteLevel pre-tokenizer) marked `byte_fallback`, as
+    transformers 5.17 writes the default GGUF's: llguidance then reads its tokens as
+    sentencepiece pieces ("Ġ" stays "Ġ", not a space), so no mask allows the right text.
+    Byte-level vocabularies hold every byte, so the flag changes no encoding: drop it."""
+    doc = json.loads(tokenizer_json)
+    model, pre = doc.get("model") or {}, doc.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+    if not (model.get("byte_fallback") and any(step.get("type") == "ByteLevel" for step in steps)):
+        return tokenizer_json
+    model["byte_fallback"] = False
+    doc["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
+    return json.dumps(doc)
+
+
+_BYTES_PROBE = 'a <b>\n{"c": [1, 2.5]}\tdef f(x):'
+
+
+def _check_token_bytes(ll: LLTokenizer, tokenizer) -> None:
+    """llguidance must read the tokens as the bytes the tokenizer decodes them to (a leading
+    space aside: sentencepiece decoders drop it); otherwise every mask would be wrong."""
+    ids = tokenizer.encode(_BYTES_PROBE, add_special_tokens=False)
+    mine, theirs = ll.decode_bytes(ids).lstrip(b" "), tokenizer.decode(ids).encode().lstrip(b" ")
+    if mine != theirs:
+        raise GrammarError(
+            f"llguidance reads this tokenizer's tokens as other bytes than it decodes them to ({mine[:40]!r} "
+            f"vs {theirs[:40]!r}), so its grammars cannot work; use --grammar-backend outlines, or "
+            "re-create the tokenizer files (a GGUF converted by transformers 5.24 gives a correct tokenizer.json)"
+        )
 
 
 def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOptions()) -> None:
