@@ -66,7 +66,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
-from gpubench.fp8_kernels import sec_fp8_kernels  # noqa: E402
+from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_pytest  # noqa: E402
@@ -113,6 +113,7 @@ def main() -> None:
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
+    fp8_kernel_parts(OPTS.fp8_kernels)  # a misspelt part ends the run before any section
     SZ.update(SMOKE if OPTS.smoke else {})
     os.makedirs(OPTS.out, exist_ok=True)
     OPTS.bench_engine = None

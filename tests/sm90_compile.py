@@ -49,7 +49,7 @@ def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
            **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
     for cfg in gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS:
         consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": block_m,
-                  "BLOCK_N": cfg["block_n"], "BLOCK_K": cfg["block_k"] // cfg.get("unroll", 1) // block_m,
+                  "BLOCK_N": cfg["block_n"], "BLOCK_K": gemv.gemv_block_k(cfg, block_m),
                   "UNROLL": cfg.get("unroll", 1), "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl)
@@ -64,7 +64,7 @@ def check_gemv_fp8_words(pdl: int, block_m: int) -> None:
            **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
     for cfg in (c for c in gemv.GEMV_CONFIGS_FP8 if c.get("words")):
         consts = {"HAS_BIAS": block_m == 4, "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
-                  "BLOCK_W": cfg["block_k"] // 4 // block_m, "STAGES": cfg["stages"]}
+                  "BLOCK_W": gemv.gemv_block_w(cfg, block_m), "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_fp8_words_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and "cp.async" in ptx and ".ftz" not in ptx
 

@@ -46,10 +46,12 @@ def test_quantize_rows_matches_torch(rows, k):
 
 @pytest.mark.parametrize("m", [1, 3])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("variant", [{}, {"words": True}, {"unroll": 2}, {"block_k": 64, "unroll": 2}])
+@pytest.mark.parametrize("variant", [{}, {"words": True}, {"unroll": 2}, {"block_k": 256, "unroll": 2}])
 def test_fp8_gemv_matches_dequantized_reference(m, bias, variant):
-    """The kernel variants: e4m3 converted by Triton; by bit moves on int32 words; two tiles per loop step
-    (72 columns: tiles of 16, the last step ragged; tiles of 32, the one loop step ragged and half masked)."""
+    """The kernel variants: e4m3 converted by Triton; by bit moves on int32 words; two tiles per loop step.
+    72 columns, tiles as gemv_block_k makes them: block_k 32 gives tiles of 16 at both m (the last step
+    ragged); block_k 256 at m=1 one step of two 128-column tiles (the first ragged, the second all masked),
+    at m=3 tiles of 32 (the one loop step ragged and half masked)."""
     n, k = 40, 72
     x = torch.randn(m, k, device=DEV).to(torch.float16)
     w = torch.randn(n, k, device=DEV)

@@ -12,6 +12,8 @@ from gpubench.common import OPTS, greedy, sync
 
 
 def profile_replay(runner, steps: int = 20) -> list:
+    """Per-kernel GPU time of bare batch-1 replays. With PDL on (the default) a kernel's recorded time
+    includes waiting for its predecessor, so the times overlap and their sum exceeds the replay."""
     from torch.profiler import ProfilerActivity, profile
 
     g = runner.graph_runner.graphs[1]

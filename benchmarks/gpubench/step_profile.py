@@ -5,12 +5,19 @@ run again for `prof_out` tokens: the second run's prefill is a radix-cache hit, 
 decode at a batch of `prof_n` over contexts of about `prof_len` tokens. torch.profiler records its GPU
 kernels; the section reports GPU time per decode step by kernel and in groups (GEMM and GEMV, attention, FP8
 activation quantization, norms / activations / rotary / KV store, sampling, the rest). Run it as
-step_profile@fp8 and step_profile@bf16 to see what FP8 weights change. Kernel times add up only where
-kernels do not overlap: at these batches the GEMMs are cuBLAS calls launched without PDL.
+step_profile@fp8 and step_profile@bf16 to see what FP8 weights change.
+
+The profiled run has PDL off (kernels/pdl.py; the engine's settings are restored after): with it on, a
+Triton kernel that follows another (rmsnorm -> activation quantization, silu_mul -> quantization,
+attention stage 1 -> stage 2) starts early and its recorded time includes waiting for its predecessor,
+so the kernel times would overlap and their sum would overstate the step. Without PDL every kernel
+starts after the one before it has finished: the times add up, and each boundary costs the drain
+that PDL hides in serving.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import re
 
@@ -40,14 +47,20 @@ def sec_step_profile() -> dict:
     prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
     eng.flush_cache()
     eng.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts into the radix cache
-    rec = ForwardRecorder(eng.runner)
+    runner = eng.runner
+    before = runner.settings
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
     try:
-        with profile(activities=[activity]) as prof:
-            eng.generate(input_ids=prompts, sampling_params=greedy(SZ["prof_out"]))
-            sync()
+        runner.set_kernel_settings(dataclasses.replace(before, pdl=False))  # non-overlapping kernels
+        rec = ForwardRecorder(runner)
+        try:
+            with profile(activities=[activity]) as prof:
+                eng.generate(input_ids=prompts, sampling_params=greedy(SZ["prof_out"]))
+                sync()
+        finally:
+            rec.close()
     finally:
-        rec.close()
+        runner.set_kernel_settings(before)
     steps = rec.summary()
     per_step = max(steps.get("decode_steps", 0), 1)
     attr = "device_time_total" if activity == ProfilerActivity.CUDA else "cpu_time_total"
@@ -58,7 +71,7 @@ def sec_step_profile() -> dict:
         groups[_group(name)] = groups.get(_group(name), 0.0) + ms / per_step
     total = sum(groups.values())
     top = sorted(kernels, key=lambda k: -k[1])[:25]
-    return {"requests": SZ["prof_n"], "prompt_len": SZ["prof_len"], "out_tokens": SZ["prof_out"], **steps,
+    return {"requests": SZ["prof_n"], "prompt_len": SZ["prof_len"], "out_tokens": SZ["prof_out"], "pdl": False, **steps,
             "decode_gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / per_step,
             "kernel_ms_per_step": total,
             "groups_ms_per_step": {g: round(ms, 3) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},

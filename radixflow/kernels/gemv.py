@@ -41,9 +41,8 @@ GEMV_CONFIGS = (
 # FP8 weights (a scale per output row). An FP8 row is half a bf16 row's bytes, so a tile of the same bytes has
 # twice the columns and, in `_gemv_kernel`, twice the accumulator registers. "unroll": 2 loads two tiles of
 # block_k / 2 columns per loop step into one accumulator of that width, which keeps a stage's bytes with half
-# the registers; on the H200 8 rows x 2 x 1024 won o_proj and down, 8 x 2 x 512 gate_up, and the plain 4 x 1024
-# qkv; 8 x 1024 with 8 warps came within 0.1-3.5% on o_proj and down. (Also tried there and slower on every
-# shape by 3% or more: unrolled 4-row tiles of 2 x 512 to 2 x 2048, 2 and 16 rows, 4-6 stages.)
+# the registers. The unrolled candidates won three of Llama-3-8B's four shapes on the H200, 8 x 1024 with
+# 8 warps came close on two of them, and the plain 4 x 1024 won qkv (benchmarks/history/2026-12-02.md).
 # "words": the weights read as int32 words of four e4m3 values, turned into float32 by bit moves
 # (`_e4m3_byte_as_f32`) instead of Triton's conversion instructions. On Hopper they lost on every shape, so
 # conversion is not what limits the FP8 GEMV there; the words configs stay candidates for GPUs where it is.
@@ -57,10 +56,9 @@ GEMV_CONFIGS_FP8 = (
     {"block_n": 4, "block_k": 4096, "num_warps": 4, "stages": 3, "words": True},
     {"block_n": 4, "block_k": 1024, "num_warps": 4, "stages": 4, "words": True},
 )
-# Tried on the H200 and slower than the best of these on every Llama-3-8B shape: 8 / 2048 with 8 warps (by
-# 0.7-16 us), a K=4096 row's whole weight requested before the PDL wait (4 / 4096 with 8 warps, 2 / 4096
-# with 4: by 1.9-27 us), and a persistent grid (one program per SM slot walking row blocks p, p + G, ... in
-# one flat K loop: 5-60% slower, in bf16 too).
+# Tried on the H200 and no faster than these on any Llama-3-8B shape (benchmarks/history/): 8 / 2048 with
+# 8 warps, a K=4096 row's whole weight requested before the PDL wait, and a persistent grid (one program
+# per SM slot walking row blocks p, p + G, ... in one flat K loop), in bf16 too.
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
@@ -179,6 +177,17 @@ def _gemv_fp8_words_kernel(
                 HAS_BIAS, True, BLOCK_M)
 
 
+def gemv_block_k(cfg: dict, block_m: int) -> int:
+    """`_gemv_kernel`'s BLOCK_K for a config at BLOCK_M rows: block_k split over the unrolled tiles and
+    shrunk by the rows (the accumulator's registers stay constant), at least 16 columns."""
+    return max(16, cfg["block_k"] // cfg.get("unroll", 1) // block_m)
+
+
+def gemv_block_w(cfg: dict, block_m: int) -> int:
+    """`_gemv_fp8_words_kernel`'s BLOCK_W (int32 words of four columns) for a config at BLOCK_M rows."""
+    return max(16, cfg["block_k"] // 4 // block_m)
+
+
 def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, config: dict | None = None,
          w_scale: torch.Tensor | None = None, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """x: [M, K] with 0 < M <= GEMV_MAX_M; weight: [N, K] (nn.Linear layout); bias: [N] -> [M, N] in x's dtype.
@@ -197,7 +206,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             x, weight.view(torch.int32), w_scale, out if bias is None else bias, out,
             m, n, k, x.stride(0), weight.stride(0) // 4, out.stride(0),
             HAS_BIAS=bias is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-            BLOCK_W=max(16, cfg["block_k"] // 4 // block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+            BLOCK_W=gemv_block_w(cfg, block_m), STAGES=cfg["stages"], num_warps=cfg["num_warps"],
             **pdl_launch(x, settings),
         )
         return out
@@ -207,7 +216,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=max(16, cfg["block_k"] // unroll // block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
         **pdl_launch(x, settings),
     )
     return out
@@ -292,14 +301,14 @@ def choose_gemv(
     timings, max_m, winning, config = {}, 0, True, all_configs[0]
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=act_dtype, device=w0.device)
-        configs = all_configs if m == ms[0] else (config,)
-        us = fastest({"cublas": (gemm, gemm_kw), **{i: (gemv_fn, {"config": c, "settings": settings}) for i, c in enumerate(configs)}}, x)
+        candidates = all_configs if m == ms[0] else (config,)
+        us = fastest({"cublas": (gemm, gemm_kw), **{i: (gemv_fn, {"config": c, "settings": settings}) for i, c in enumerate(candidates)}}, x)
         if report is not None and m == ms[0]:
-            report.update({name if name == "cublas" else str(configs[name]): t for name, t in us.items()})
+            report.update({name if name == "cublas" else str(candidates[name]): t for name, t in us.items()})
         blas = us.pop("cublas")
         best = min(us, key=us.get)
         if m == ms[0]:
-            config = configs[best]
+            config = candidates[best]
         timings[m] = (blas, us[best])
         winning = winning and us[best] < blas
         max_m = m if winning else max_m
