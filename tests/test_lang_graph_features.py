@@ -138,6 +138,23 @@ def test_gens_with_output_logprobs_run_and_stream_as_a_graph(backend):
     assert whole == streamed.get_meta_info("fruit")["output_token_logprobs"][: len(whole)]
 
 
+@rf.function
+def tops_only_in_the_second(s):
+    s += "Q: Name a color.\nA:" + rf.gen("color", max_tokens=3, return_logprob=True)
+    s += "\nQ: And a fruit?\nA:" + rf.gen("fruit", max_tokens=3, return_logprob=True, top_logprobs_num=2)
+
+
+def test_top_logprobs_of_a_continued_gen_after_one_without_them(backend):
+    """The request's top-logprob list only grows while a gen asks for it, so the second gen's
+    top logprobs start where that list stood, not where the chosen-token list did."""
+    graph, eager = graph_and_eager(tops_only_in_the_second, backend)
+    assert graph.program_meta["num_requests"] == 1
+    g, e = graph.get_meta_info("fruit"), eager.get_meta_info("fruit")
+    tops = lambda m: [[(round(lp, 3), tid) for lp, tid, _ in t] for t in m["output_top_logprobs"]]  # noqa: E731
+    assert len(g["output_top_logprobs"]) == g["output_token_logprobs_length"] == 3
+    assert tops(g) == tops(e)
+
+
 def test_prompt_logprobs_still_make_the_program_eager(backend):
     @rf.function
     def with_prompt_logprobs(s):

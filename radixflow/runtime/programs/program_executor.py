@@ -295,7 +295,7 @@ class ProgramExecutor:
         pieces = [gen_piece(self.tokenizer, r.output_ids, r.finish_reason, r.sampling.skip_special_tokens,
                             r.sampling.no_stop_trim) for r in st.samples]  # fmt: skip
         texts = [text for text, _ in pieces]
-        lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, self.scheduler.logprobs.with_text)
+        lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, 0, self.scheduler.logprobs.with_text)
         metas = [{**request_meta(r), **({} if lp is None else lp.meta(r))} for r in st.samples]
         self._record(st, op, texts, metas)
         st.ids.extend(pieces[0][1])
