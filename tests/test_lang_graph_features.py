@@ -107,7 +107,7 @@ def test_concatenate_and_append_reuses_only_the_first_branch(backend, tokenizer)
 
 @rf.function
 def two_answers_with_logprobs(s):
-    s += "Q: Name three colors.\nA:" + rf.gen("colors", max_tokens=8, stop="\n", return_logprob=True, top_logprobs_num=2)
+    s += "Q: Name three colors.\nA:" + rf.gen("colors", max_tokens=10, stop=", 3", return_logprob=True, top_logprobs_num=2)
     s += "\nQ: And a fruit?\nA:" + rf.gen("fruit", max_tokens=6, return_logprob=True)
 
 
@@ -126,16 +126,20 @@ def test_gens_with_output_logprobs_run_and_stream_as_a_graph(backend):
         assert _lp_values(g) == _lp_values(e)
     assert len(graph.get_meta_info("colors")["output_top_logprobs"][0]) == 2
 
-    streamed = two_answers_with_logprobs.run(stream=True, backend=backend, **GREEDY)
-    chunks = list(streamed.text_iter("fruit")) and list(streamed.executor.log.iter("fruit", with_meta=True))
-    assert streamed.mode == "graph" and len(chunks) > 1
-    sent = 0
-    for text, meta in chunks:
-        assert text and meta["completion_tokens"] == meta["output_token_logprobs_length"]
-        assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] - sent
-        sent = meta["output_token_logprobs_length"]
-    whole = [lp for _, meta in chunks for lp in meta["output_token_logprobs"]]
-    assert whole == streamed.get_meta_info("fruit")["output_token_logprobs"][: len(whole)]
+    for mode in ("graph", "eager"):
+        streamed = two_answers_with_logprobs.run(stream=True, backend=backend, mode=mode, **GREEDY)
+        for var in ("colors", "fruit"):  # colors ends at its stop string: its last tokens add no text
+            chunks = list(streamed.executor.log.iter(var, with_meta=True))
+            assert streamed.mode == mode and (len(chunks) > 1 or mode == "eager")  # eager holds text back
+            sent = 0
+            for text, meta in chunks:
+                assert meta["completion_tokens"] == meta["output_token_logprobs_length"]
+                assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] - sent
+                sent = meta["output_token_logprobs_length"]
+            whole = [lp for _, meta in chunks for lp in meta["output_token_logprobs"]]
+            result = streamed.get_meta_info(var)
+            assert sent == result["output_token_logprobs_length"] and whole == result["output_token_logprobs"]
+        assert streamed.get_meta_info("colors")["finish_reason"]["type"] == "stop"
 
 
 @rf.function
