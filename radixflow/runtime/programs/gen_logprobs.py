@@ -35,8 +35,11 @@ class GenLogprobs:
     def meta(self, req: Req, since: int = 0) -> dict:
         """The gen's logprobs from its `since`-th sample on, and how many it has in all."""
         want = self.options.return_text_in_logprobs
-        pairs = req.output_token_logprobs[self.start :]
-        meta = {"output_token_logprobs": self.with_text(pairs[since:], want), "output_token_logprobs_length": len(pairs)}
+        lps = req.output_token_logprobs  # sliced once: a streamed gen calls this every chunk
+        meta = {
+            "output_token_logprobs": self.with_text(lps[self.start + since :], want),
+            "output_token_logprobs_length": len(lps) - self.start,
+        }
         if self.options.top_logprobs_num:
             tops = req.output_top_logprobs[self.top_start + since :]
             meta["output_top_logprobs"] = [self.with_text(t, want) for t in tops]
