@@ -159,6 +159,22 @@ def test_top_logprobs_of_a_continued_gen_after_one_without_them(backend):
     assert tops(g) == tops(e)
 
 
+@rf.function
+def two_samples_with_logprobs(s):
+    s += "Count: 1, 2," + rf.gen("more", n=2, max_tokens=3, return_logprob=True)
+
+
+def test_streamed_gen_n_sends_its_first_samples_logprobs(backend):
+    """A streamed gen(n > 1) sends its first sample's text with that sample's logprobs, as eager does."""
+    for mode in ("graph", "eager"):
+        streamed = two_samples_with_logprobs.run(stream=True, backend=backend, mode=mode, **GREEDY)
+        chunks = list(streamed.executor.log.iter("more", with_meta=True))
+        first = streamed.get_meta_info("more")[0]
+        assert streamed.mode == mode and [text for text, _ in chunks] == [streamed["more"][0]]
+        assert chunks[0][1]["output_token_logprobs"] == first["output_token_logprobs"]
+        assert chunks[0][1]["output_token_logprobs_length"] == first["output_token_logprobs_length"] == 3
+
+
 def test_prompt_logprobs_still_make_the_program_eager(backend):
     @rf.function
     def with_prompt_logprobs(s):

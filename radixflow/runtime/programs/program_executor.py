@@ -299,7 +299,8 @@ class ProgramExecutor:
         metas = [{**request_meta(r), **({} if lp is None else lp.meta(r))} for r in st.samples]
         self._record(st, op, texts, metas)
         st.ids.extend(pieces[0][1])
-        self._appended(st, op.name, texts[0])
+        first = st.samples[0]
+        self._appended(st, op.name, texts[0], streamed=True, chunk=None if lp is None else lambda: lp.chunk(first))
         st.samples = []
         st.pc += 1
 
