@@ -7,7 +7,8 @@ import time
 from radixflow.runtime.scheduling.req import Req
 
 
-def _metas(result: dict) -> list:
+def metas(result: dict) -> list:
+    """The meta_info of one op's result as a list (a gen with n > 1 has one per sample)."""
     meta = result["meta_info"]
     return meta if isinstance(meta, list) else [meta]
 
@@ -26,6 +27,6 @@ def run_meta(run) -> dict:
         "continued_segments": run.segments,
         "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
         "cached_tokens": sum(r.cached_tokens for r in run.reqs),
-        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in _metas(r)),
+        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in metas(r)),
         "e2e_latency": time.time() - run.created,
     }
