@@ -187,7 +187,9 @@ class ProgramExecutor:
             st.vars[op.name] = value
             st.produced.append(op.name)
 
-    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk=None) -> None:
+    def _appended(
+        self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk: Optional[Callable[[], dict]] = None
+    ) -> None:
         """Text that joined the strand (not constant text: _take_text sends that)."""
         st.text += text
         if st.stream is not None:

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from radixflow.runtime.scheduling.req import Req
+
+if TYPE_CHECKING:
+    from radixflow.runtime.programs.program_executor import ProgramRun
 
 
 def metas(result: dict) -> list:
@@ -19,8 +23,8 @@ def request_meta(req: Req) -> dict:
             "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason}  # fmt: skip
 
 
-def run_meta(run) -> dict:
-    """meta_info of a whole request graph (a ProgramRun): totals over its requests."""
+def run_meta(run: "ProgramRun") -> dict:
+    """meta_info of a whole request graph: totals over its requests."""
     return {
         "id": run.rid,
         "num_requests": len(run.reqs),
