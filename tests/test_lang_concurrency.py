@@ -111,3 +111,32 @@ def test_eager_fork_branches_share_passes(engine):
     assert (graph.mode, eager.mode) == ("graph", "eager")
     assert len(eager["idea"]) == 3 and eager["idea"] == graph["idea"]
     assert passes < 16, passes
+
+
+def test_fork_exprs_are_made_in_branch_order_on_a_one_call_at_a_time_backend():
+    """A backend that does not batch calls from many threads runs the branches one after another,
+    and each branch's expr is made just before its own append (it may read earlier branches)."""
+    from radixflow.lang.backends.base import Backend
+    from radixflow.lang.chat_template import ChatTemplate
+    from radixflow.lang.interpreter import GenResult
+
+    class Counter(Backend):  # writes how many gens it has run so far
+        calls = 0
+
+        def chat_template(self):
+            return ChatTemplate.plain()
+
+        def generate(self, prompt, params, node=None):
+            self.calls += 1
+            return GenResult(str(self.calls), None, {})
+
+    backend, seen = Counter(), []
+
+    @rf.function
+    def two_branches(s):
+        forks = s.fork(2)
+        forks += lambda i: seen.append(backend.calls) or rf.gen("x", max_tokens=1)
+        forks.join()
+
+    state = two_branches.run(backend=backend)
+    assert state.mode == "eager" and state["x"] == ["1", "2"] and seen == [0, 1]

@@ -171,3 +171,23 @@ def test_gen_int_ends_at_its_stop_as_in_sglang(backend):
     graph, eager = both(count)
     assert graph["n"] == eager["n"] and graph["n"].strip().isdigit() and graph["n"] == graph["n"].strip()
     assert graph.get_meta_info("n")["finish_reason"]["matched"] in (" ", "\n")
+
+
+def test_a_user_defined_backend_has_token_usage(backend):
+    """Every backend has token_usage, also one a user writes on the Backend base (here one that
+    hands request graphs to the Engine's)."""
+    from radixflow.lang.backends.base import Backend
+
+    class GraphsOnly(Backend):
+        supports_graphs = True
+
+        def __init__(self, inner):
+            self.inner, self.tokenizer = inner, inner.tokenizer
+
+        def run_graphs(self, programs, on_result=None):
+            return self.inner.run_graphs(programs, on_result=on_result)
+
+    mine = GraphsOnly(backend)
+    state = few_shot_qa.run(backend=mine, question="What is 2 + 2?", **GREEDY)
+    assert state.mode == "graph" and mine.token_usage is mine.token_usage
+    assert mine.token_usage.completion_tokens == state.get_meta_info("answer")["completion_tokens"] > 0

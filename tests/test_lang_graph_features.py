@@ -107,7 +107,7 @@ def test_concatenate_and_append_reuses_only_the_first_branch(backend, tokenizer)
 
 @rf.function
 def two_answers_with_logprobs(s):
-    s += "Q: Name three colors.\nA:" + rf.gen("colors", max_tokens=8, stop="\n", return_logprob=True, top_logprobs_num=2)
+    s += "Q: Name three colors.\nA:" + rf.gen("colors", max_tokens=10, stop=", 3", return_logprob=True, top_logprobs_num=2)
     s += "\nQ: And a fruit?\nA:" + rf.gen("fruit", max_tokens=6, return_logprob=True)
 
 
@@ -126,16 +126,53 @@ def test_gens_with_output_logprobs_run_and_stream_as_a_graph(backend):
         assert _lp_values(g) == _lp_values(e)
     assert len(graph.get_meta_info("colors")["output_top_logprobs"][0]) == 2
 
-    streamed = two_answers_with_logprobs.run(stream=True, backend=backend, **GREEDY)
-    chunks = list(streamed.text_iter("fruit")) and list(streamed.executor.log.iter("fruit", with_meta=True))
-    assert streamed.mode == "graph" and len(chunks) > 1
-    sent = 0
-    for text, meta in chunks:
-        assert text and meta["completion_tokens"] == meta["output_token_logprobs_length"]
-        assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] - sent
-        sent = meta["output_token_logprobs_length"]
-    whole = [lp for _, meta in chunks for lp in meta["output_token_logprobs"]]
-    assert whole == streamed.get_meta_info("fruit")["output_token_logprobs"][: len(whole)]
+    for mode in ("graph", "eager"):
+        streamed = two_answers_with_logprobs.run(stream=True, backend=backend, mode=mode, **GREEDY)
+        for var in ("colors", "fruit"):  # colors ends at its stop string: its last tokens add no text
+            chunks = list(streamed.executor.log.iter(var, with_meta=True))
+            assert streamed.mode == mode and (len(chunks) > 1 or mode == "eager")  # eager holds text back
+            sent = 0
+            for text, meta in chunks:
+                assert meta["completion_tokens"] == meta["output_token_logprobs_length"]
+                assert len(meta["output_token_logprobs"]) == meta["output_token_logprobs_length"] - sent
+                sent = meta["output_token_logprobs_length"]
+            whole = [lp for _, meta in chunks for lp in meta["output_token_logprobs"]]
+            result = streamed.get_meta_info(var)
+            assert sent == result["output_token_logprobs_length"] and whole == result["output_token_logprobs"]
+        assert streamed.get_meta_info("colors")["finish_reason"]["type"] == "stop"
+
+
+@rf.function
+def tops_only_in_the_second(s):
+    s += "Q: Name a color.\nA:" + rf.gen("color", max_tokens=3, return_logprob=True)
+    s += "\nQ: And a fruit?\nA:" + rf.gen("fruit", max_tokens=3, return_logprob=True, top_logprobs_num=2)
+
+
+def test_top_logprobs_of_a_continued_gen_after_one_without_them(backend):
+    """The request's top-logprob list only grows while a gen asks for it, so the second gen's
+    top logprobs start where that list stood, not where the chosen-token list did."""
+    graph, eager = graph_and_eager(tops_only_in_the_second, backend)
+    assert graph.program_meta["num_requests"] == 1
+    g, e = graph.get_meta_info("fruit"), eager.get_meta_info("fruit")
+    tops = lambda m: [[(round(lp, 3), tid) for lp, tid, _ in t] for t in m["output_top_logprobs"]]  # noqa: E731
+    assert len(g["output_top_logprobs"]) == g["output_token_logprobs_length"] == 3
+    assert tops(g) == tops(e)
+
+
+@rf.function
+def two_samples_with_logprobs(s):
+    s += "Count: 1, 2," + rf.gen("more", n=2, max_tokens=3, return_logprob=True)
+
+
+def test_streamed_gen_n_sends_its_first_samples_logprobs(backend):
+    """A streamed gen(n > 1) sends its first sample's text with that sample's logprobs, as eager does."""
+    for mode in ("graph", "eager"):
+        streamed = two_samples_with_logprobs.run(stream=True, backend=backend, mode=mode, **GREEDY)
+        chunks = list(streamed.executor.log.iter("more", with_meta=True))
+        first = streamed.get_meta_info("more")[0]
+        assert streamed.mode == mode and [text for text, _ in chunks] == [streamed["more"][0]]
+        assert chunks[0][1]["output_token_logprobs"] == first["output_token_logprobs"]
+        assert chunks[0][1]["output_token_logprobs_length"] == first["output_token_logprobs_length"] == 3
 
 
 def test_prompt_logprobs_still_make_the_program_eager(backend):

@@ -155,10 +155,11 @@ def test_metrics_count_program_tokens(server):
 
 def test_streamed_program_chunks_carry_their_gens_output_logprobs(server):
     """POST /program with "stream": true: a gen that asks for logprobs sends each text delta with
-    that chunk's output logprobs; together they are the result's, which equal /generate's."""
+    that chunk's output logprobs; together they are the result's (also when it ends at a stop
+    string), which equal /generate's."""
     from radixflow.lang.backends.http_util import sse_events
 
-    gen = {"op": "gen", "id": 1, "name": "a", "sampling_params": {"max_new_tokens": 8, "temperature": 0},
+    gen = {"op": "gen", "id": 1, "name": "a", "sampling_params": {"max_new_tokens": 10, "temperature": 0, "stop": ", 5"},
            "return_logprob": True, "return_text_in_logprobs": True}  # fmt: skip
     program = {"ops": [{"op": "text", "text": "Count: 1, 2,"}, gen]}
     with server.client() as c:
@@ -170,6 +171,8 @@ def test_streamed_program_chunks_carry_their_gens_output_logprobs(server):
     assert len(chunks) > 1 and all("meta_info" in e for e in chunks)
     streamed = [lp for e in chunks for lp in e["meta_info"]["output_token_logprobs"]]
     assert [e["meta_info"]["output_token_logprobs_length"] for e in chunks][-1] == len(streamed)
-    result = events[-1]["results"]["1"]["meta_info"]["output_token_logprobs"]
-    assert streamed == result[: len(streamed)] and [x[1:] for x in result] == [x[1:] for x in plain["meta_info"]["output_token_logprobs"]]
+    meta = events[-1]["results"]["1"]["meta_info"]
+    assert meta["finish_reason"]["type"] == "stop"  # its last tokens are cut as the stop string: no text
+    result = meta["output_token_logprobs"]
+    assert len(streamed) == meta["output_token_logprobs_length"] and streamed == result and [x[1:] for x in result] == [x[1:] for x in plain["meta_info"]["output_token_logprobs"]]
     assert [round(x[0], 3) for x in result] == [round(x[0], 3) for x in plain["meta_info"]["output_token_logprobs"]]

@@ -77,3 +77,27 @@ def test_the_chat_template_is_rendered_once_per_backend(engine, monkeypatch):
     for mode in ("graph", "eager"):
         assert echo.run(topic="rain", backend=b, mode=mode, temperature=0).mode == mode
     assert renders == []
+
+
+def test_the_server_parses_a_program_once_in_the_main_process(engine, monkeypatch):
+    """POST /program parses each program while checking it and sends those ops with it; the
+    scheduler process hands them to the executor instead of parsing again in its turn."""
+    import pickle
+    from types import SimpleNamespace
+
+    from radixflow.runtime.programs import program_ops
+    from radixflow.runtime.server import program_service
+
+    parsed = []
+    monkeypatch.setattr(program_ops, "parse_program", lambda p, real=parse_program: parsed.append(p) or real(p))
+    program = _lowered(engine, echo, topic="rain")
+    programs, ops, _ = program_service.parse_program_body({"program": program}, engine.builder, 64)
+    sent: list = []
+    tm = SimpleNamespace(new_request_id=lambda: "r1", program_streams={}, send=sent.append, tokenizer=engine.tokenizer)
+    program_service.stream_program(tm, programs[0], ops[0])
+    assert len(parsed) == 1 and sent[0].ops == ops
+
+    submitted = []
+    executor = SimpleNamespace(submit=lambda *a: submitted.append(a), on_step=lambda: None)
+    program_service.SchedulerPrograms(executor, send=lambda m: None).handle(pickle.loads(pickle.dumps(sent[0])))
+    assert submitted[0][4] == ops[0] and len(parsed) == 1

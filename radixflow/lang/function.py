@@ -24,6 +24,7 @@ from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
+from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
 MODES = ("auto", "graph", "eager")
@@ -202,9 +203,8 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     if out.get("error"):
         raise ProgramError(f"program {graph.name}: {out['error']}")
-    for result in out.get("results", {}).values():  # a gen with n > 1 has a list of metas
-        metas = result.get("meta_info")
-        for meta in metas if isinstance(metas, list) else [metas]:
+    for result in out.get("results", {}).values():
+        for meta in metas(result):
             b.token_usage.add(meta)
     state = replay(graph, out, b.chat_template(), defaults)
     state.program_meta = out.get("meta_info", {})

@@ -208,8 +208,15 @@ class ForkGroup(list):
         self.parent, self.nid, self.joined = parent, nid, False
 
     def __iadd__(self, expr: Any) -> "ForkGroup":
-        exprs = [expr(i) if callable(expr) else expr[i] if isinstance(expr, list) else expr for i in range(len(self))]
-        if self._concurrent() and any(_calls_model(e) for e in exprs):
+        def branch_expr(i: int) -> Any:
+            return expr(i) if callable(expr) else expr[i] if isinstance(expr, list) else expr
+
+        if not self._concurrent():  # one after another: each expr is made just before its append
+            for i, s in enumerate(self):
+                s += branch_expr(i)
+            return self
+        exprs = [branch_expr(i) for i in range(len(self))]  # all first: the branches then run at once
+        if any(_calls_model(e) for e in exprs):
             _each_on_a_thread([functools.partial(ProgramState.__iadd__, s, e) for s, e in zip(self, exprs)])
         else:
             for s, e in zip(self, exprs):

@@ -14,7 +14,9 @@ class StreamLog:
         self.error: Optional[BaseException] = None
 
     def put(self, var: Optional[str], delta: str, meta: Optional[dict] = None) -> None:
-        if not delta:
+        """An empty delta is kept only if it carries logprobs (a gen's last tokens, cut as a stop
+        string, add no text); text_iter() skips it, text_iter(with_meta) gives it."""
+        if not delta and not (meta and meta.get("output_token_logprobs")):
             return
         with self._cond:
             self._chunks.append((var, delta, meta))
@@ -40,7 +42,7 @@ class StreamLog:
                 chunks, done, error = self._chunks[pos:], self.done, self.error
             pos += len(chunks)
             for v, delta, meta in chunks:
-                if var is None or v == var:
+                if (var is None or v == var) and (delta or with_meta):
                     yield (delta, meta) if with_meta else delta
             if done and pos >= len(self._chunks):
                 if error is not None:

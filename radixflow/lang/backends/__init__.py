@@ -3,7 +3,11 @@ Runtime), or an OpenAI-compatible server (OpenAIEndpoint)."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import TYPE_CHECKING, Optional, Union
+
+if TYPE_CHECKING:
+    from radixflow.lang.backends.base import Backend
+    from radixflow.lang.backends.runtime import Runtime
 
 _default = None
 
@@ -39,7 +43,7 @@ class GlobalConfig:
     """SGLang's `sgl.global_config`, as far as programs read it: the default backend."""
 
     @property
-    def default_backend(self):
+    def default_backend(self) -> Optional[Union["Backend", "Runtime"]]:
         """What set_default_backend got (a Runtime keeps its `.endpoint`, as in SGLang), but an
         Engine's program backend in place of the Engine (it has `token_usage`)."""
         if _default is None or hasattr(_default, "endpoint") or getattr(_default, "is_program_backend", False):

@@ -37,12 +37,28 @@ class TokenUsage:
         return f"TokenUsage(prompt_tokens={self.prompt_tokens}, completion_tokens={self.completion_tokens})"
 
 
+_USAGE_LOCK = threading.Lock()
+
+
 class Backend:
     is_program_backend = True
     tokenizer = None  # the model's tokenizer, when this process can load it
     supports_graphs = False
     streams_graphs = False
     batches_threads = False  # calls from many threads at once are safe and share the model's batches
+
+    @property
+    def token_usage(self) -> TokenUsage:
+        """Made on first use, so that a subclass need not call an __init__ of ours."""
+        usage = self.__dict__.get("_token_usage")
+        if usage is None:
+            with _USAGE_LOCK:  # two threads asking first get the same one
+                usage = self.__dict__.setdefault("_token_usage", TokenUsage())
+        return usage
+
+    @token_usage.setter
+    def token_usage(self, usage: TokenUsage) -> None:
+        self._token_usage = usage
 
     def chat_template(self) -> ChatTemplate:
         """The model's role markers, read off its tokenizer's chat template once: rendering the

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterator, Optional
 
-from radixflow.lang.backends.base import NativeBackend, TokenUsage
+from radixflow.lang.backends.base import NativeBackend
 
 
 class EngineBackend(NativeBackend):
@@ -15,7 +15,6 @@ class EngineBackend(NativeBackend):
     def __init__(self, engine):
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.token_usage = TokenUsage()
 
     @classmethod
     def for_engine(cls, engine) -> "EngineBackend":

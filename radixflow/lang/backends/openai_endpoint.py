@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional
 
 from radixflow.errors import RadixflowError
-from radixflow.lang.backends.base import Backend, TokenUsage
+from radixflow.lang.backends.base import Backend
 from radixflow.lang.backends.http_util import check, client
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
@@ -25,7 +25,6 @@ class OpenAIEndpoint(Backend):
     def __init__(self, base_url: str, model: str, api_key: Optional[str] = None, chat: bool = False, timeout: float = 600.0):
         self.base_url, self.model, self.chat = base_url.rstrip("/"), model, chat
         self.client = client(self.base_url, api_key, timeout)
-        self.token_usage = TokenUsage()
 
     def chat_template(self) -> ChatTemplate:
         return ChatTemplate.messages_only() if self.chat else ChatTemplate.plain()

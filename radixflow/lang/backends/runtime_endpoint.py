@@ -7,7 +7,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional
 
-from radixflow.lang.backends.base import NativeBackend, TokenUsage
+from radixflow.lang.backends.base import NativeBackend
 from radixflow.lang.backends.http_util import check, client, sse_events
 
 MAX_PARALLEL_PROGRAMS = 128
@@ -17,7 +17,6 @@ class RuntimeEndpoint(NativeBackend):
     def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0):
         self.base_url = base_url.rstrip("/")
         self.client = client(self.base_url, api_key, timeout)
-        self.token_usage = TokenUsage()
         self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
         # A router in front (sglang-router) forwards /generate but has no /program route: then

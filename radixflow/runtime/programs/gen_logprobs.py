@@ -19,6 +19,7 @@ WithText = Callable[[list, bool], list]  # LogprobCollector.with_text: [(lp, id)
 class GenLogprobs:
     options: LogprobOptions
     start: int  # len(req.output_token_logprobs) when the gen began
+    top_start: int  # len(req.output_top_logprobs) then: it grows only while a gen asks for top logprobs
     with_text: WithText
     sent: int = 0  # logprobs already sent in stream chunks
 
@@ -27,15 +28,20 @@ class GenLogprobs:
         """A gen starts on `req` now (a new request, or the next segment of one): its samples'
         logprobs from here on are the gen's. None (and no logprobs computed) if it asks none."""
         req.logprob = options or LogprobOptions()
-        return None if options is None else cls(options, len(req.output_token_logprobs), with_text)
+        if options is None:
+            return None
+        return cls(options, len(req.output_token_logprobs), len(req.output_top_logprobs), with_text)
 
     def meta(self, req: Req, since: int = 0) -> dict:
         """The gen's logprobs from its `since`-th sample on, and how many it has in all."""
         want = self.options.return_text_in_logprobs
-        pairs = req.output_token_logprobs[self.start :]
-        meta = {"output_token_logprobs": self.with_text(pairs[since:], want), "output_token_logprobs_length": len(pairs)}
+        lps = req.output_token_logprobs  # sliced once: a streamed gen calls this every chunk
+        meta = {
+            "output_token_logprobs": self.with_text(lps[self.start + since :], want),
+            "output_token_logprobs_length": len(lps) - self.start,
+        }
         if self.options.top_logprobs_num:
-            tops = req.output_top_logprobs[self.start + since :]
+            tops = req.output_top_logprobs[self.top_start + since :]
             meta["output_top_logprobs"] = [self.with_text(t, want) for t in tops]
         return meta
 

@@ -187,7 +187,9 @@ class ProgramExecutor:
             st.vars[op.name] = value
             st.produced.append(op.name)
 
-    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk=None) -> None:
+    def _appended(
+        self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk: Optional[Callable[[], dict]] = None
+    ) -> None:
         """Text that joined the strand (not constant text: _take_text sends that)."""
         st.text += text
         if st.stream is not None:
@@ -295,11 +297,12 @@ class ProgramExecutor:
         pieces = [gen_piece(self.tokenizer, r.output_ids, r.finish_reason, r.sampling.skip_special_tokens,
                             r.sampling.no_stop_trim) for r in st.samples]  # fmt: skip
         texts = [text for text, _ in pieces]
-        lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, self.scheduler.logprobs.with_text)
+        lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, 0, self.scheduler.logprobs.with_text)
         metas = [{**request_meta(r), **({} if lp is None else lp.meta(r))} for r in st.samples]
         self._record(st, op, texts, metas)
         st.ids.extend(pieces[0][1])
-        self._appended(st, op.name, texts[0])
+        first = st.samples[0]
+        self._appended(st, op.name, texts[0], streamed=True, chunk=None if lp is None else lambda: lp.chunk(first))
         st.samples = []
         st.pc += 1
 

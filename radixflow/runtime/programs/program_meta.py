@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from radixflow.runtime.scheduling.req import Req
 
+if TYPE_CHECKING:
+    from radixflow.runtime.programs.program_executor import ProgramRun
 
-def _metas(result: dict) -> list:
+
+def metas(result: dict) -> list:
+    """The meta_info of one op's result as a list (a gen with n > 1 has one per sample)."""
     meta = result["meta_info"]
     return meta if isinstance(meta, list) else [meta]
 
@@ -18,14 +23,14 @@ def request_meta(req: Req) -> dict:
             "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason}  # fmt: skip
 
 
-def run_meta(run) -> dict:
-    """meta_info of a whole request graph (a ProgramRun): totals over its requests."""
+def run_meta(run: "ProgramRun") -> dict:
+    """meta_info of a whole request graph: totals over its requests."""
     return {
         "id": run.rid,
         "num_requests": len(run.reqs),
         "continued_segments": run.segments,
         "prompt_tokens": sum(len(r.origin_input_ids) for r in run.reqs),
         "cached_tokens": sum(r.cached_tokens for r in run.reqs),
-        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in _metas(r)),
+        "completion_tokens": sum(m.get("completion_tokens", 0) for r in run.results.values() for m in metas(r)),
         "e2e_latency": time.time() - run.created,
     }

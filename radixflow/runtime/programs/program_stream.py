@@ -38,9 +38,11 @@ class StrandStream:
             self.shown = safe
 
     def finished(self, var: Optional[str], text: str, chunk: Optional[Callable[[], dict]] = None) -> None:
-        """A gen's final text (stop-trimmed): send the rest of it (`chunk()`: its meta_info)."""
-        if text[self.shown :]:
-            self.on_delta(var, text[self.shown :], None if chunk is None else chunk())
+        """A gen's final text (stop-trimmed): send the rest of it (`chunk()`: its meta_info), or
+        an empty delta if only logprobs remain (the last token was cut as a stop string)."""
+        rest, meta = text[self.shown :], None if chunk is None else chunk()
+        if rest or (meta and meta["output_token_logprobs"]):
+            self.on_delta(var, rest, meta)
         self.decoded, self.shown = IncrementalText(), 0
 
 

@@ -38,7 +38,7 @@ from radixflow.runtime.server.http_common import (
     until_done_or_disconnected,
 )
 from radixflow.runtime.programs.program_executor import ProgramExecutor
-from radixflow.runtime.programs.program_ops import check_programs, parse_program
+from radixflow.runtime.programs.program_ops import check_programs
 from radixflow.runtime.programs.program_stream import delta_event
 from radixflow.runtime.programs.text_pieces import constant_pieces
 from radixflow.runtime.server.server_messages import ControlReply, ControlReq, ProgramDelta
@@ -51,6 +51,7 @@ class ProgramReq(ControlReq):
     programs: list = field(default_factory=list)
     stream: bool = False  # one program whose main strand's text comes back as ProgramDeltas
     pieces: list = field(default_factory=list)  # per program, its constant text tokenized (text_pieces.py)
+    ops: list = field(default_factory=list)  # per program, its parsed ops (program_ops.parse_program)
 
 
 # -- scheduler process ------------------------------------------------------------------------------
@@ -77,8 +78,8 @@ class SchedulerPrograms:
             on_delta = lambda var, text, meta: self.send(ProgramDelta(msg.req_id, var, text, meta))  # noqa: E731
         for i, program in enumerate(msg.programs):
             try:
-                pieces = msg.pieces[i] if msg.pieces else None
-                self.executor.submit(program, lambda out, i=i: done(i, out), on_delta, pieces)
+                pieces, ops = msg.pieces[i] if msg.pieces else None, msg.ops[i] if msg.ops else None
+                self.executor.submit(program, lambda out, i=i: done(i, out), on_delta, pieces, ops)
             except RadixflowError as e:
                 done(i, {"results": {}, "meta_info": {}, "error": str(e), "status_code": 400})
         self.executor.on_step()
@@ -95,9 +96,9 @@ class SchedulerPrograms:
 
 
 # -- main process ---------------------------------------------------------------------------------------
-def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, bool]:
-    """(programs, single) from a /program body, each program with a rid; raises
-    RadixflowError for anything wrong before running (see program_ops.check_programs)."""
+def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, list, bool]:
+    """(programs, their parsed ops, single) from a /program body, each program with a rid;
+    raises RadixflowError for anything wrong before running (see program_ops.check_programs)."""
     if not isinstance(body, dict):
         raise RadixflowError('the body must be a JSON object: {"program": {...}} or {"programs": [...]}')
     unknown = sorted(set(body) - {"program", "programs", "stream"})
@@ -113,15 +114,16 @@ def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, boo
             raise RadixflowError("programs must be a non-empty list")
     else:
         programs, single = [body["program"]], True
-    check_programs(programs, builder.sampling, max_requests)
-    return [{**p, "rid": p.get("rid") or uuid.uuid4().hex} for p in programs], single
+    ops = check_programs(programs, builder.sampling, max_requests)
+    return [{**p, "rid": p.get("rid") or uuid.uuid4().hex} for p in programs], ops, single
 
 
-async def submit_programs(tm, request: Request, programs: list) -> Optional[list]:
-    """Send programs to the scheduler process and wait for their results; None if the
-    client went away first (then the programs are aborted, which frees their KV)."""
+async def submit_programs(tm, request: Request, programs: list, ops: list) -> Optional[list]:
+    """Send programs (and their parsed `ops`) to the scheduler process and wait for their
+    results; None if the client went away first (then the programs are aborted, which frees
+    their KV)."""
     req_id, fut = tm.new_control()
-    tm.send(ProgramReq(PROGRAM_KIND, req_id, programs, pieces=_pieces(tm, programs)))
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, programs, pieces=_pieces(tm, ops), ops=ops))
     try:
         if not await until_done_or_disconnected(request, fut):
             for p in programs:
@@ -135,13 +137,13 @@ async def submit_programs(tm, request: Request, programs: list) -> Optional[list
     return outs
 
 
-def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
-    """The SSE events of one streamed program; stopping early (the client went away)
-    aborts it, which frees its KV."""
+def stream_program(tm, program: dict, ops: list) -> AsyncIterator[bytes]:
+    """The SSE events of one streamed program (`ops`: its parsed ops); stopping early (the
+    client went away) aborts it, which frees its KV."""
     req_id = tm.new_request_id()
     queue: asyncio.Queue = asyncio.Queue()
     tm.program_streams[req_id] = queue
-    tm.send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True, pieces=_pieces(tm, [program])))
+    tm.send(ProgramReq(PROGRAM_KIND, req_id, [program], stream=True, pieces=_pieces(tm, [ops]), ops=[ops]))
 
     async def events() -> AsyncIterator[bytes]:
         finished = False
@@ -162,10 +164,10 @@ def stream_program(tm, program: dict) -> AsyncIterator[bytes]:
     return events()
 
 
-def _pieces(tm, programs: list) -> list:
+def _pieces(tm, ops: list) -> list:
     """Each program's constant text tokenized here, as /generate's prompts are, not in the
     scheduler process's loop."""
-    return [constant_pieces(tm.tokenizer, parse_program(p)) for p in programs]
+    return [constant_pieces(tm.tokenizer, o) for o in ops]
 
 
 def _final_event(tm, out: dict) -> dict:
@@ -188,10 +190,10 @@ def register_program_routes(app) -> None:
     async def program(request: Request):
         tm = request.app.state.tm
         body = await read_json(request)
-        programs, single = parse_program_body(body, tm.builder, tm.args.max_batch_size)
+        programs, ops, single = parse_program_body(body, tm.builder, tm.args.max_batch_size)
         if body.get("stream"):
-            return StreamingResponse(stream_program(tm, programs[0]), media_type="text/event-stream")
-        outs = await submit_programs(tm, request, programs)
+            return StreamingResponse(stream_program(tm, programs[0], ops[0]), media_type="text/event-stream")
+        outs = await submit_programs(tm, request, programs, ops)
         if outs is None:
             return error_response(499, "client disconnected")
         statuses = [out.pop("status_code", 200) for out in outs]
