@@ -47,7 +47,7 @@ MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up
 # or MAX_UNVERIFIED tokens on (the most a failed check undoes)
 VERIFY_MARGIN = 8
 GROWTH = 4
-MAX_UNVERIFIED = 128
+MAX_UNVERIFIED = 64
 
 
 @dataclass(eq=False)
