@@ -195,6 +195,28 @@ def test_jump_forward_on_llguidance(engine):
     backend.cache.pool.shutdown(wait=False)
 
 
+def test_a_matcher_in_error_fails_its_request_with_the_matchers_message(engine, monkeypatch):
+    """A broken llguidance matcher (here fed a token its grammar refuses, as a misread tokenizer
+    would) masks all but EOS: the request must fail with a server error carrying llguidance's
+    message, not end as a "stop" with a cut-short output; the engine keeps serving."""
+    from radixflow.constrained.llguidance_grammars import LLGuidanceMatcher
+
+    consumed, refused = LLGuidanceMatcher._consumed, engine.tokenizer.encode("zz", add_special_tokens=False)[0]
+
+    def consumed_then_broken(self, token, ok):
+        consumed(self, token, ok)
+        self.m.consume_token(refused)  # not a digit: the matcher is now in error
+
+    monkeypatch.setattr(LLGuidanceMatcher, "_consumed", consumed_then_broken)
+    out = engine.generate("Digits:", {"regex": "[0-9]{12}", "max_new_tokens": 16, "temperature": 0})
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 500, reason
+    assert "doesn't satisfy the grammar" in reason["message"], reason
+    monkeypatch.undo()
+    out = engine.generate("Digits:", {"regex": "[0-9]{12}", "max_new_tokens": 16, "temperature": 0})
+    assert out["meta_info"]["finish_reason"]["type"] == "stop" and re.fullmatch("[0-9]{12}", out["text"])
+
+
 @pytest.mark.parametrize("name", ["llguidance", "outlines"])
 def test_an_eos_id_past_the_tokenizer_is_left_out_of_grammars(engine, name):
     """A model config paired with another model's tokenizer (dummy-weight benchmarks: Llama-3's

@@ -149,6 +149,17 @@ class LLGuidanceMatcher:
     def is_accepting(self) -> bool:
         return not self.m.is_error() and self.m.is_accepting()
 
+    def error(self) -> Optional[str]:
+        """Why this matcher failed, None if it did not. A matcher in error masks all but EOS, so
+        its output ends looking complete: the stop checker asks this before a grammar row ends."""
+        if self.m.is_error():
+            return (self.m.get_error().strip().splitlines() or ["llguidance reported an error"])[0]
+        if self.rejected_token is not None:
+            return f"the grammar rejected token {self.rejected_token}"
+        if self.ended and not self.m.is_accepting():  # the mask allows EOS only where the output is complete
+            return "the output ended (EOS) before the grammar was complete"
+        return None
+
     # -- budget-aware completion -------------------------------------------------------------------
     def budget(self) -> int:
         """Tokens the request may still add (the token being sampled included)."""
