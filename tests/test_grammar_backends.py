@@ -389,3 +389,22 @@ def test_llguidance_refuses_a_tokenizer_whose_bytes_it_misreads(monkeypatch):
     monkeypatch.setattr(llguidance_grammars, "_without_byte_fallback", lambda text: text)
     with pytest.raises(GrammarError, match="reads this tokenizer's tokens as other bytes"):
         Grammar.from_regex("(yes|no)", tokenizer=_byte_fallback_tokenizer(), backend="llguidance")
+
+
+def test_the_gpu_benchmark_switches_the_up_front_check_with_the_backend(engine, monkeypatch):
+    """benchmarks/constrained_gpu.py runs both backends in one engine: an outlines run must
+    check its requests up front as an outlines server does, not with llguidance's check."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import constrained_gpu
+
+    sched = engine.scheduler
+    saved = (sched.args, sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    try:
+        constrained_gpu.use_backend(engine, "outlines")
+        assert (sched.args.grammar_backend, sched.grammar_backend.name, engine.builder.grammar_backend) == ("outlines",) * 3
+    finally:
+        for backend in constrained_gpu.BACKENDS.values():  # those it started for this test
+            if backend is not saved[1]:
+                backend.cache.pool.shutdown(wait=False)
+        constrained_gpu.BACKENDS.clear()
+        sched.args, sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
