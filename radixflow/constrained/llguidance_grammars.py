@@ -351,7 +351,7 @@ def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
 
 def _without_byte_fallback(tokenizer_json: str) -> str:
     """A byte-level BPE tokenizer (ByteLevel pre-tokenizer) marked `byte_fallback`, as
-    transformers 5.17 writes the default GGUF's: llguidance then reads its tokens as
+    some transformers versions convert the default GGUF's: llguidance then reads its tokens as
     sentencepiece pieces ("Ġ" stays "Ġ", not a space), so no mask allows the right text.
     Byte-level vocabularies hold every byte, so the flag changes no encoding: drop it."""
     doc = json.loads(tokenizer_json)
@@ -376,7 +376,7 @@ def _check_token_bytes(ll: LLTokenizer, tokenizer) -> None:
         raise GrammarError(
             f"llguidance reads this tokenizer's tokens as other bytes than it decodes them to ({mine[:40]!r} "
             f"vs {theirs[:40]!r}), so its grammars cannot work; use --grammar-backend outlines, or "
-            "re-create the tokenizer files (a GGUF converted by transformers 5.24 gives a correct tokenizer.json)"
+            "re-create the tokenizer files (a GGUF converted by another transformers version may give a correct tokenizer.json)"
         )
 
 
