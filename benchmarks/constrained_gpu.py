@@ -163,7 +163,9 @@ def lengths(outs: list) -> list:
 
 
 def use_backend(eng, name: str) -> str:
-    """Make `name` the scheduler's grammar backend (between runs; each keeps its grammar cache)."""
+    """Make `name` the grammar backend (between runs; each keeps its grammar cache): the
+    scheduler's, and the request builder's up-front check, as a server started with
+    `--grammar-backend name` has."""
     import dataclasses
 
     from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
@@ -177,6 +179,7 @@ def use_backend(eng, name: str) -> str:
         BACKENDS[name] = start_grammar_backend(sched)
     sched.grammar_backend = BACKENDS[name]
     sched.jump_forward = BACKENDS[name].jump_forward
+    eng.builder.grammar_backend = name
     return name + "/"
 
 

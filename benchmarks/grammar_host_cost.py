@@ -10,7 +10,8 @@ The default model's tokenizer, the schema and regex of benchmarks/constrained_gp
     python benchmarks/grammar_host_cost.py --threads 1,4,8,12 --kinds json_schema   # llguidance's thread count
 
 `searches` counts llguidance's closing-path searches, `cut_tokens` the outputs a failed budget
-check cut back (rewritten tokens the GPU computed for nothing).
+check cut back (rewritten tokens the GPU computed for nothing), `accepting_rows` the rows whose
+matcher ended in an accepting state (the output is complete for the grammar).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
     return {"rows": n, "steps": len(fill_s), "full_steps": len(full),
             "fill_ms_p50": ms([fill_s[k] for k in full]), "accept_ms_p50": ms([accept_s[k] for k in full]),
             "advance_ms_p50": ms([advance_s[k] for k in full]), "advance_ms_mean": 1e3 * statistics.mean(advance_s),
-            "searches": SEARCHES[0] - searches, "cut_tokens": cut,
+            "searches": SEARCHES[0] - searches, "cut_tokens": cut, "accepting_rows": sum(r.grammar.is_accepting for r in rows),
             "fill_ms_max": 1e3 * max(fill_s), "advance_ms_max": 1e3 * max(advance_s),
             "mean_output_tokens": statistics.mean(len(r.output_ids) for r in rows)}  # fmt: skip
 

@@ -8,7 +8,9 @@ Wraps the scheduler's per-step functions and sums each one's wall time per `Sche
 
 `wait_gpu` is the time `read_back` spends waiting for the pass it reads (the host is ahead of the
 GPU: host work is off the critical path); `advance` the per-request work after a pass (of which
-`accept`: grammars take the sampled tokens, `jump`: jump-forward and llguidance's budget check);
+`accept`: grammars take the sampled tokens, which on llguidance includes the budget check after
+each sampled token (the closing path followed, or searched); `jump`: jump-forward, the check
+after forced tokens, and a failed check's cut-back);
 `fill` the grammar masks; `sample` the sampling launch (masks included); `launch` the forward
 pass launch; `chained_ids` the next pass's input ids; `gc` Python's garbage collector;
 `host_busy` = step - wait_gpu. With overlap scheduling, while the host is busy the GPU runs the

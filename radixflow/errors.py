@@ -1,13 +1,14 @@
-"""Errors a user can cause. The HTTP layer turns them into 400 responses."""
+"""Errors a user can cause (the HTTP layer answers them with 400), and the busy error (503)."""
 
 
 class RadixflowError(ValueError):
     """Bad input from a user: the message says what to change."""
 
 
-class ServerBusyError(RadixflowError):
+class ServerBusyError(Exception):
     """The runtime could not take the request now (an HTTP 503): retry later, or give it more
-    capacity (the message says which flag)."""
+    capacity (the message says which flag). Not a RadixflowError: the input was fine, and the
+    handlers that answer a RadixflowError with a 400 must let it through."""
 
 
 class ModelPathError(RadixflowError):

@@ -195,6 +195,28 @@ def test_jump_forward_on_llguidance(engine):
     backend.cache.pool.shutdown(wait=False)
 
 
+def test_a_matcher_in_error_fails_its_request_with_the_matchers_message(engine, monkeypatch):
+    """A broken llguidance matcher (here fed a token its grammar refuses, as a misread tokenizer
+    would) masks all but EOS: the request must fail with a server error carrying llguidance's
+    message, not end as a "stop" with a cut-short output; the engine keeps serving."""
+    from radixflow.constrained.llguidance_grammars import LLGuidanceMatcher
+
+    consumed, refused = LLGuidanceMatcher._consumed, engine.tokenizer.encode("zz", add_special_tokens=False)[0]
+
+    def consumed_then_broken(self, token, ok):
+        consumed(self, token, ok)
+        self.m.consume_token(refused)  # not a digit: the matcher is now in error
+
+    monkeypatch.setattr(LLGuidanceMatcher, "_consumed", consumed_then_broken)
+    out = engine.generate("Digits:", {"regex": "[0-9]{12}", "max_new_tokens": 16, "temperature": 0})
+    reason = out["meta_info"]["finish_reason"]
+    assert reason["type"] == "abort" and reason["status_code"] == 500, reason
+    assert "doesn't satisfy the grammar" in reason["message"], reason
+    monkeypatch.undo()
+    out = engine.generate("Digits:", {"regex": "[0-9]{12}", "max_new_tokens": 16, "temperature": 0})
+    assert out["meta_info"]["finish_reason"]["type"] == "stop" and re.fullmatch("[0-9]{12}", out["text"])
+
+
 @pytest.mark.parametrize("name", ["llguidance", "outlines"])
 def test_an_eos_id_past_the_tokenizer_is_left_out_of_grammars(engine, name):
     """A model config paired with another model's tokenizer (dummy-weight benchmarks: Llama-3's
@@ -367,3 +389,22 @@ def test_llguidance_refuses_a_tokenizer_whose_bytes_it_misreads(monkeypatch):
     monkeypatch.setattr(llguidance_grammars, "_without_byte_fallback", lambda text: text)
     with pytest.raises(GrammarError, match="reads this tokenizer's tokens as other bytes"):
         Grammar.from_regex("(yes|no)", tokenizer=_byte_fallback_tokenizer(), backend="llguidance")
+
+
+def test_the_gpu_benchmark_switches_the_up_front_check_with_the_backend(engine, monkeypatch):
+    """benchmarks/constrained_gpu.py runs both backends in one engine: an outlines run must
+    check its requests up front as an outlines server does, not with llguidance's check."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import constrained_gpu
+
+    sched = engine.scheduler
+    saved = (sched.args, sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    try:
+        constrained_gpu.use_backend(engine, "outlines")
+        assert (sched.args.grammar_backend, sched.grammar_backend.name, engine.builder.grammar_backend) == ("outlines",) * 3
+    finally:
+        for backend in constrained_gpu.BACKENDS.values():  # those it started for this test
+            if backend is not saved[1]:
+                backend.cache.pool.shutdown(wait=False)
+        constrained_gpu.BACKENDS.clear()
+        sched.args, sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved

@@ -263,3 +263,22 @@ def test_shortest_match_is_matched_by_its_pattern(pattern):
 
     s = shortest_match(pattern)
     assert s is not None and re.search(pattern, s), (pattern, s)
+
+
+def test_a_failed_late_check_undoes_at_most_64_tokens(backend, engine):
+    """A deferred check that fails discards every token since the path was last verified, so
+    the checks are deferred at most 64 tokens: nesting `<a>` (each one owes a `</a>`), with
+    jump-forward off, is cut back by no more than that when the owed closings outgrow the budget."""
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    req = start(backend, 160, "ebnf", 'start: "<a>" start "</a>" | "x"')
+    for token in encode("<a>") * 60:
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+        jump = backend.impl.jump(req.grammar, req, forced=False)
+        if jump:
+            keep, tokens = jump
+            break
+    else:
+        raise AssertionError("the output was never cut back")
+    assert 0 < len(req.output_ids) - keep <= 64, len(req.output_ids) - keep
+    assert req.grammar.budget_closed and tokens

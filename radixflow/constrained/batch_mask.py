@@ -2,8 +2,8 @@
 batched accept of their sampled tokens.
 
 Rows are grouped by matcher class and each class fills its rows in one call
-(`fill_rows`): outlines-core masks are cached per FSM state, so its rows are one
-numpy gather; llguidance computes masks afresh, so its rows go to llguidance's
+(`fill_rows`): outlines-core masks are cached per FSM state, so each of its rows is
+one copy of a cached mask; llguidance computes masks afresh, so its rows go to llguidance's
 executor, which fills them on native threads without the GIL. Free rows stay all ones.
 On CUDA the bitmask lives in pinned memory, so its copy to the GPU never waits.
 Sampled tokens are accepted the same way (`accept_rows`): llguidance consumes a batch's

@@ -49,6 +49,7 @@ class CompiledGrammar:
     _tight: dict = field(default_factory=dict, repr=False)
     _forced: dict = field(default_factory=dict, repr=False)
     _extendable: dict = field(default_factory=dict, repr=False)
+    only_first_byte: np.ndarray = field(init=False, repr=False)  # [S] int16, built from tokens (_only_first_byte)
 
     def __post_init__(self) -> None:
         self._dense = {int(s): i for i, s in enumerate(self.states)}

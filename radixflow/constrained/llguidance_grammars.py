@@ -47,7 +47,7 @@ MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up
 # or MAX_UNVERIFIED tokens on (the most a failed check undoes)
 VERIFY_MARGIN = 8
 GROWTH = 4
-MAX_UNVERIFIED = 128
+MAX_UNVERIFIED = 64
 
 
 @dataclass(eq=False)
@@ -148,6 +148,17 @@ class LLGuidanceMatcher:
     @property
     def is_accepting(self) -> bool:
         return not self.m.is_error() and self.m.is_accepting()
+
+    def error(self) -> Optional[str]:
+        """Why this matcher failed, None if it did not. A matcher in error masks all but EOS, so
+        its output ends looking complete: the stop checker asks this before a grammar row ends."""
+        if self.m.is_error():
+            return (self.m.get_error().strip().splitlines() or ["llguidance reported an error"])[0]
+        if self.rejected_token is not None:
+            return f"the grammar rejected token {self.rejected_token}"
+        if self.ended and not self.m.is_accepting():  # the mask allows EOS only where the output is complete
+            return "the output ended (EOS) before the grammar was complete"
+        return None
 
     # -- budget-aware completion -------------------------------------------------------------------
     def budget(self) -> int:
@@ -340,7 +351,7 @@ def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
 
 def _without_byte_fallback(tokenizer_json: str) -> str:
     """A byte-level BPE tokenizer (ByteLevel pre-tokenizer) marked `byte_fallback`, as
-    transformers 5.17 writes the default GGUF's: llguidance then reads its tokens as
+    some transformers versions convert the default GGUF's: llguidance then reads its tokens as
     sentencepiece pieces ("Ġ" stays "Ġ", not a space), so no mask allows the right text.
     Byte-level vocabularies hold every byte, so the flag changes no encoding: drop it."""
     doc = json.loads(tokenizer_json)
@@ -365,7 +376,7 @@ def _check_token_bytes(ll: LLTokenizer, tokenizer) -> None:
         raise GrammarError(
             f"llguidance reads this tokenizer's tokens as other bytes than it decodes them to ({mine[:40]!r} "
             f"vs {theirs[:40]!r}), so its grammars cannot work; use --grammar-backend outlines, or "
-            "re-create the tokenizer files (a GGUF converted by transformers 5.24 gives a correct tokenizer.json)"
+            "re-create the tokenizer files (a GGUF converted by another transformers version may give a correct tokenizer.json)"
         )
 
 

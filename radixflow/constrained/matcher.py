@@ -62,6 +62,10 @@ class GrammarMatcher:
     def is_terminated(self) -> bool:
         return self.ended or bool(self.grammar.terminal[self.grammar.dense(self.state)])
 
+    def error(self) -> "str | None":
+        """Why this matcher failed (a token its mask did not allow), None if it did not."""
+        return None if self.rejected_token is None else f"the grammar rejected token {self.rejected_token}"
+
     # -- helpers ---------------------------------------------------------------------------------
     @property
     def state(self) -> int:

@@ -40,7 +40,7 @@ def validate(kind: str, spec: Any, backend: str = DEFAULT_BACKEND) -> None:
     """Cheap up-front check for `backend`; raises GrammarError when the grammar is invalid
     or unsupported (the compile itself may still refuse it later, also as a 400). A grammar
     that passed is remembered: a batch of requests with one schema is checked once, not once
-    a request (llguidance's check takes about half a millisecond)."""
+    a request (llguidance's check is not free: it parses the grammar)."""
     if isinstance(spec, str):
         return _validate_text(kind, spec, backend)
     return _validate(kind, spec, backend)

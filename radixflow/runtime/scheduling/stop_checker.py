@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import logging
+
 from radixflow.runtime.scheduling.req import Req
+
+log = logging.getLogger(__name__)
 
 
 class StopChecker:
@@ -16,6 +20,8 @@ class StopChecker:
         p = req.sampling
         last = req.output_ids[-1]
         stop_token = (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids)
+        if req.grammar is not None and (stop_token or req.grammar.is_terminated()) and self._grammar_failed(req):
+            return
         if req.grammar is not None and req.grammar.budget_closed and (stop_token or req.grammar.is_terminated()):
             # complete for the grammar, but cut short to fit max_new_tokens: a length finish
             req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True,
@@ -39,6 +45,17 @@ class StopChecker:
             req.finish({"type": "length", "length": p.max_new_tokens, **closed})
         elif req.seq_len >= context_len:
             req.finish({"type": "length", "length": len(req.output_ids)})
+
+    @staticmethod
+    def _grammar_failed(req: Req) -> bool:
+        """A grammar row ending while its matcher is broken (a parser error, a rejected token)
+        fails with a server error: its output is incomplete, not a finished answer."""
+        error = req.grammar.error()
+        if error is None:
+            return False
+        log.error("request %s: constrained decoding failed: %s", req.rid, error)
+        req.finish({"type": "abort", "message": f"constrained decoding failed: {error}", "status_code": 500})
+        return True
 
     def _stop_str(self, req: Req):
         longest = max(len(s) for s in req.sampling.stop_strs)

@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixflow.errors import RadixflowError
+from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime.generate_request import GenerateInput
 from radixflow.runtime.server.http_common import (
     SSE_DONE,
@@ -94,6 +94,10 @@ def _register_errors(app: FastAPI) -> None:
     @app.exception_handler(RadixflowError)
     async def _user_error(request, exc: RadixflowError):
         return error_response(400, str(exc))
+
+    @app.exception_handler(ServerBusyError)
+    async def _busy(request, exc: ServerBusyError):
+        return error_response(503, str(exc))
 
     @app.exception_handler(ServerDeadError)
     async def _dead(request, exc: ServerDeadError):
