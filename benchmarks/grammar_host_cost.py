@@ -32,7 +32,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from constrained_gpu import MAX_NEW, REGEX, SCHEMA  # noqa: E402
-from radixflow.constrained.backend import GrammarBackend  # noqa: E402
+from radixflow.constrained.backend import GrammarBackend, apply_jump  # noqa: E402
 from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask  # noqa: E402
 
 VOCAB = 49152
@@ -83,12 +83,7 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
             r = rows[i]
             if r.grammar.is_terminated() or r.segment_len >= MAX_NEW:
                 continue
-            jump = backend.jump_forward(r)
-            if isinstance(jump, tuple):
-                keep, jump = jump
-                cut += len(r.output_ids) - keep
-                del r.output_ids[keep:]
-            r.output_ids.extend(jump)
+            cut += apply_jump(r.output_ids, backend.jump_forward(r))
         advance_s.append(time.perf_counter() - t)
         live_rows.append(len(live))
     full = [k for k, m in enumerate(live_rows) if m == n]  # steps with every row live

@@ -13,7 +13,7 @@ import torch
 from jsonschema import Draft202012Validator
 
 from radixflow.constrained import Grammar
-from radixflow.constrained.backend import GrammarBackend
+from radixflow.constrained.backend import GrammarBackend, apply_jump
 from test_grammar_backends import FakeReq
 
 SCHEMA = {
@@ -63,12 +63,7 @@ def run_random(backend: GrammarBackend, req: FakeReq, rng, vocab_size: int) -> i
         req.grammar.accept_token(token)
         if token in backend.info.eos_ids or req.segment_len >= req.sampling.max_new_tokens:
             break
-        jump = backend.jump_forward(req)
-        if isinstance(jump, tuple):
-            keep, jump = jump
-            replaced += len(req.output_ids) - keep
-            del req.output_ids[keep:]
-        req.output_ids.extend(jump)
+        replaced += apply_jump(req.output_ids, backend.jump_forward(req))
     return replaced
 
 

@@ -152,6 +152,22 @@ class GrammarBackend:
         return False
 
 
+def jump_parts(forced: Union[list, tuple], outputs: int) -> tuple[int, list]:
+    """The jump hook's result as (output tokens to keep, tokens to append), for a request
+    with `outputs` output tokens."""
+    return forced if isinstance(forced, tuple) else (outputs, forced)
+
+
+def apply_jump(output_ids: list, forced: Union[list, tuple]) -> int:
+    """Apply the jump hook's result to a bare output list (no KV behind it): cut back, then
+    append. Returns how many output tokens were cut."""
+    keep, tokens = jump_parts(forced, len(output_ids))
+    cut = len(output_ids) - keep
+    del output_ids[keep:]
+    output_ids.extend(tokens)
+    return cut
+
+
 def _message(error: BaseException) -> str:
     if isinstance(error, RadixflowError):
         return str(error)

@@ -24,17 +24,19 @@ def new_bitmask(batch: int, words: int, pinned: bool) -> torch.Tensor:
 
 def fill_bitmask_rows(bitmask: torch.Tensor, rows: list) -> None:
     """`rows`: (row index, matcher) pairs; each matcher's class has `fill_rows(pairs, bitmask)`."""
-    groups: dict = {}
-    for row, matcher in rows:
-        groups.setdefault(type(matcher), []).append((matcher, row))
-    for cls, pairs in groups.items():
+    for cls, pairs in _by_class((matcher, row) for row, matcher in rows).items():
         cls.fill_rows(pairs, bitmask)
 
 
 def accept_tokens(rows: list) -> None:
     """`rows`: (matcher, token) pairs; each matcher's class has `accept_rows(pairs)`."""
-    groups: dict = {}
-    for matcher, token in rows:
-        groups.setdefault(type(matcher), []).append((matcher, token))
-    for cls, pairs in groups.items():
+    for cls, pairs in _by_class(rows).items():
         cls.accept_rows(pairs)
+
+
+def _by_class(pairs) -> dict:
+    """(matcher, x) pairs grouped by the matcher's class, in order."""
+    groups: dict = {}
+    for matcher, x in pairs:
+        groups.setdefault(type(matcher), []).append((matcher, x))
+    return groups

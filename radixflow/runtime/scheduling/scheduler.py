@@ -20,6 +20,7 @@ from typing import Callable, Optional
 
 import torch
 
+from radixflow.constrained.backend import jump_parts
 from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
@@ -328,7 +329,7 @@ class Scheduler:
         forced = self.jump_forward(req)
         if not forced:
             return
-        keep, tokens = forced if isinstance(forced, tuple) else (len(req.output_ids), forced)
+        keep, tokens = jump_parts(forced, len(req.output_ids))
         if keep < len(req.output_ids):
             self.rewind(req, keep)
         req.output_ids.extend(tokens)
