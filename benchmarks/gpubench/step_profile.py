@@ -21,11 +21,12 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import statistics
 
 import torch
 
 from gpubench.common import OPTS, SZ, greedy, rand_ids, sync
-from gpubench.offline import ForwardRecorder
+from gpubench.offline import ForwardRecorder, run_batch
 
 GROUPS = (  # the first pattern a kernel's name matches names its group
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|scaled_mm|_matmul|splitk"),
@@ -101,3 +102,43 @@ def sec_step_profile() -> dict:
     return {"requests": SZ["prof_n"], "prompt_len": SZ["prof_len"], "out_tokens": SZ["prof_out"], "pdl": False, **steps,
             "decode_gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / per_step,
             **_breakdown(kernels, per_step, "step"), "prefill": prefill}
+
+
+def _decode_run(eng, prompts: list) -> dict:
+    """One greedy run of `prompts` (already in the radix cache) for prof_out tokens: wall time and the
+    ForwardRecorder's GPU spans, per decode step."""
+    rec = ForwardRecorder(eng.runner)
+    try:
+        res = run_batch(eng, prompts, [greedy(SZ["prof_out"])] * len(prompts))
+    finally:
+        rec.close()
+    steps = rec.summary()
+    dec = [r for r in rec.records if r[0] == "decode"]
+    host = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
+    return {"out_tok_s": res["out_tok_s"], "decode_steps": len(dec),
+            "gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / max(len(dec), 1),
+            "wall_ms_per_step": 1e3 * statistics.median(host) if host else 0.0}
+
+
+def sec_decode_graphs() -> dict:
+    """Decode at a batch of prof_n over ~prof_len-token contexts (as step_profile, no profiler, the engine's
+    own PDL setting), replayed from CUDA graphs and launched eagerly, in one engine: graphs for every batch
+    (the engine needs cuda_graph_max_bs >= prof_n, e.g. gpu_bench.py --graph-max-bs 1024), then eager above
+    256 (as --cuda-graph-max-bs 256 runs), then graphs again."""
+    eng = OPTS.bench_engine
+    g = eng.runner.graph_runner
+    if g is None or g.max_bs < SZ["prof_n"]:
+        return {"skipped": f"needs CUDA graphs up to batch {SZ['prof_n']} (--graph-max-bs)"}
+    rng = random.Random(11)
+    prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
+    eng.flush_cache()
+    eng.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts into the radix cache
+    out, full = {}, g.max_bs
+    try:
+        for label, max_bs in (("graphs", full), ("eager_above_256", min(256, full)), ("graphs_again", full)):
+            g.max_bs = max_bs  # can_run: batches above it launch eagerly; the smaller graphs stay
+            out[label] = _decode_run(eng, prompts)
+    finally:
+        g.max_bs = full
+    out["eager_over_graphs_gpu_ms"] = out["eager_above_256"]["gpu_ms_per_step"] / out["graphs"]["gpu_ms_per_step"]
+    return out
