@@ -44,7 +44,7 @@ Sections (each isolated: a failure is logged and the next one runs):
                and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other); and a
                prefill chunk's per 1,000 tokens
   decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
-               (needs --graph-max-bs 512 or more)
+               (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
 (FP8 KV cache), fp8kv8 (both), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
@@ -106,7 +106,9 @@ def main() -> None:
     p.add_argument("--tokenizer", default=os.path.join(ROOT, ".gpu_assets", "tokenizer"))
     p.add_argument("--sections", default="env,ceilings,pytest,correctness,tiny_ckpt,decode_bs1")
     p.add_argument("--max-running", type=int, default=1024)
-    p.add_argument("--graph-max-bs", type=int, default=256)
+    p.add_argument("--graph-max-bs", type=int, default=None,
+                   help="bench engines' cuda_graph_max_bs (default: the engine's own, every batch up to --max-running; "
+                        "figures before 2026-12-02 session 6 used 256, so larger decode batches ran eagerly)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
                    help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2")

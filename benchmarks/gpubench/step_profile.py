@@ -8,6 +8,8 @@ activation quantization, norms / activations / rotary / KV store, sampling, the 
 prefill (two chunks of chunked_prefill_size tokens) is profiled the same way, per 1,000 prompt tokens
 ("prefill"). Run it as step_profile@fp8 and step_profile@bf16 to see what FP8 weights change.
 
+Its decode steps replay CUDA graphs where the engine has one for the batch (gpu_bench.py's default since
+session 6 of 2026-12-02; that session's first run had graphs up to 256, so batch 512 ran eagerly).
 The profiled run has PDL off (kernels/pdl.py; the engine's settings are restored after): with it on, a
 Triton kernel that follows another (rmsnorm -> activation quantization, silu_mul -> quantization,
 attention stage 1 -> stage 2) starts early and its recorded time includes waiting for its predecessor,
@@ -123,8 +125,8 @@ def _decode_run(eng, prompts: list) -> dict:
 def sec_decode_graphs() -> dict:
     """Decode at a batch of prof_n over ~prof_len-token contexts (as step_profile, no profiler, the engine's
     own PDL setting), replayed from CUDA graphs and launched eagerly, in one engine: graphs for every batch
-    (the engine needs cuda_graph_max_bs >= prof_n, e.g. gpu_bench.py --graph-max-bs 1024), then eager above
-    256 (as --cuda-graph-max-bs 256 runs), then graphs again."""
+    (the engine needs cuda_graph_max_bs >= prof_n: gpu_bench.py's default), then eager above 256 (as
+    --cuda-graph-max-bs 256 runs), then graphs again."""
     eng = OPTS.bench_engine
     g = eng.runner.graph_runner
     if g is None or g.max_bs < SZ["prof_n"]:

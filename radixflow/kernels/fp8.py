@@ -38,7 +38,10 @@ def round_to_e4m3(v):
 @triton.jit
 def _to_e4m3(x, scale, EXACT_ROUND: tl.constexpr):
     """x / scale clamped to e4m3's range, ready for the cast. The GPU's conversion rounds half to even,
-    as torch does; in Triton's CPU interpreter (EXACT_ROUND) the value is put on the grid first."""
+    as torch does; in Triton's CPU interpreter (EXACT_ROUND) the value is put on the grid first.
+    On the GPU `/` is PTX's div.full (within 2 ulp; torch divides exactly), so a quotient that close
+    to a half-way point between two e4m3 values may take the other, equally near one: on the H200 some bits differed from torch's at 544 x 14,336
+    and larger, none at up to 1,024 x 4,096 (benchmarks/history/2026-12-02.md, session 6)."""
     v = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
     return round_to_e4m3(v) if EXACT_ROUND else v
 
