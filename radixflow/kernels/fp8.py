@@ -39,10 +39,10 @@ def round_to_e4m3(v):
 def _to_e4m3(x, scale, EXACT_ROUND: tl.constexpr):
     """x / scale clamped to e4m3's range, ready for the cast. The GPU's conversion rounds half to even,
     as torch does; in Triton's CPU interpreter (EXACT_ROUND) the value is put on the grid first.
-    On the GPU `/` is PTX's div.full (within 2 ulp; torch divides exactly), so a quotient that close
-    to a half-way point between two e4m3 values may take the other, equally near one: on the H200 some bits differed from torch's at 544 x 14,336
-    and larger, none at up to 1,024 x 4,096 (benchmarks/history/2026-12-02.md, session 6)."""
-    v = tl.minimum(tl.maximum(x / scale, -448.0), 448.0)
+    The division is IEEE round-to-nearest (`div_rn`) as torch's: Triton's `/` compiles to an
+    approximate division on the GPU, whose quotient can fall on the other side of a half-way point
+    between two e4m3 values and so give other bits than the torch-native path."""
+    v = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
     return round_to_e4m3(v) if EXACT_ROUND else v
 
 
@@ -54,14 +54,14 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, O
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:  # the whole row in registers: read once
         x = tl.load(X + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) / 448.0, 1e-12)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
         tl.store(Q + row * stride_q + offs, _to_e4m3(x, scale, EXACT_ROUND).to(Q.dtype.element_ty), mask=offs < K)
     else:
         amax = tl.zeros([BLOCK], tl.float32)
         for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
             x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
         for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
             x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             tl.store(Q + row * stride_q + k0 + offs, _to_e4m3(x, scale, EXACT_ROUND).to(Q.dtype.element_ty),
