@@ -7,7 +7,8 @@ and the branch with it, on the same machine minutes apart.
 
 Each tree is a copy of the repository (its own benchmarks/gpu_bench.py); results go to
 OUT/<tree>/results.json, and a table of the chosen figures with after/before ratios is printed.
-`--offline-n` shrinks `offline` (default 1000 requests) so both trees fit one call.
+`--offline-n` shrinks `offline` (default 1000 requests) so both trees fit one call; `--graph-max-bs`
+(default 256) is passed to both trees alike.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ FIGURES = {"bs1": ("tok_s",), "prefill": ("tok_s",), "offline": ("out_tok_s",)}
 
 def run_tree(tree: str, out: str, args: argparse.Namespace) -> dict:
     argv = ["--out", out, "--sections", args.sections, "--offline-seeds", args.offline_seeds,
-            "--tokenizer", os.path.abspath(args.tokenizer)] + (["--smoke"] if args.smoke else [])
+            "--graph-max-bs", str(args.graph_max_bs), "--tokenizer", os.path.abspath(args.tokenizer)] + (["--smoke"] if args.smoke else [])
     subprocess.run([sys.executable, "-c", _RUN, os.path.abspath(tree), *argv, str(args.offline_n)], check=False)
     path = os.path.join(out, "results.json")
     return json.load(open(path)) if os.path.exists(path) else {}
@@ -45,6 +46,10 @@ def main() -> None:
     p.add_argument("--sections", default="bs1,prefill,offline")
     p.add_argument("--offline-seeds", default="2024")
     p.add_argument("--offline-n", type=int, default=0)
+    p.add_argument("--graph-max-bs", type=int, default=256,
+                   help="CUDA graphs up to this decode batch in both trees (default 256: gpu_bench.py's own default "
+                        "was 256 in older trees and is every batch in newer ones, so leaving it to each tree would "
+                        "compare graph settings as well as the code)")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/ab-out"))
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model: checks the plumbing only")

@@ -108,7 +108,7 @@ def main() -> None:
     p.add_argument("--max-running", type=int, default=1024)
     p.add_argument("--graph-max-bs", type=int, default=None,
                    help="bench engines' cuda_graph_max_bs (default: the engine's own, every batch up to --max-running; "
-                        "figures before 2026-12-02 session 6 used 256, so larger decode batches ran eagerly)")
+                        "the default was 256 before, so older figures ran larger decode batches eagerly)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
                    help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2")

@@ -75,10 +75,9 @@ def check_fp8_quantize(pdl: int) -> None:
     (round_to_e4m3's floor) on the GPU, and no approximate division."""
     sig = {"X": BF16, "Q": "*fp8e4nv", "S": "*fp32", **_ints("K", "stride_x", "stride_q")}
     for block, one_pass, warps in ((16384, True, 8), (2048, False, 4)):
-        consts = {"BLOCK": block, "ONE_PASS": one_pass, "EXACT_ROUND": False, "USE_PDL": pdl}
+        consts = {"BLOCK": block, "ONE_PASS": one_pass, "USE_PDL": pdl}
         ptx = _compile(fp8._quantize_rows_kernel, sig, consts, num_warps=warps, launch_pdl=pdl > 0)
-        assert _pdl_order_ok(ptx, pdl) and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rmi" not in ptx
-        assert "div.full" not in ptx and "div.approx" not in ptx  # IEEE division, as torch's, so the bits agree
+        assert _pdl_order_ok(ptx, pdl) and _rounds_to_e4m3_as_torch(ptx)
 
 
 def check_norm_and_activation(pdl: int) -> None:
@@ -101,7 +100,8 @@ def check_rotary_and_kv_store(pdl: int) -> None:
         sig = {"K": BF16, "V": BF16, "KBuf": pool, "VBuf": pool, "Loc": "*i64", "KScale": "*fp32", "VScale": "*fp32",
                **_ints("stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_bt", "stride_bh", "H", "D")}
         consts = {"BLOCK_H": 8, "BLOCK_D": 128, "KV_FP8": pool == FP8, "USE_PDL": pdl}
-        _compile(kv_store._store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
+        ptx = _compile(kv_store._store_kv_kernel, sig, consts, launch_pdl=pdl > 0)
+        assert pool != FP8 or _rounds_to_e4m3_as_torch(ptx)  # the same bytes as KVPool.store
 
 
 def check_argmax() -> None:
@@ -123,6 +123,13 @@ def check_sampling() -> None:
         ptx = _compile(sampling._draw, sig, {"BLOCK": sampling.BLOCK_V, "CHUNKS": 32, "MAX_ROUNDS": sampling.MAX_ROUNDS,
                                              "STORE_ROUNDS": store_rounds}, num_warps=8)
         assert "st.global" in ptx
+
+
+def _rounds_to_e4m3_as_torch(ptx: str) -> bool:
+    """The GPU's own rounding conversion to e4m3, no emulated rounding (round_to_e4m3's floor), and IEEE
+    division as torch's: Triton's `/` is an approximate division whose quotient can round the other way."""
+    return ("cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rmi" not in ptx
+            and "div.full" not in ptx and "div.approx" not in ptx)
 
 
 def _pdl_order_ok(ptx: str, pdl: int) -> bool:
@@ -165,6 +172,8 @@ def check_decode_attention(pdl: int) -> None:
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
         if extra["KV_F16"]:  # e4m3 -> float16 in one step, no float16 -> bf16 conversions left
             assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx
+        if extra["KV_FP8"] and extra["ROPE"]:  # the new token's K and V stored as KVPool.store rounds them
+            assert "div.rn" in ptx and "cvt.rmi" not in ptx
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,
            **_ints("stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "num_splits", "D")}

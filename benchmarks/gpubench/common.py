@@ -88,7 +88,9 @@ def make_engine(config: str, **kw):
         kw.setdefault("tokenizer_path", OPTS.tokenizer)
     t = time.perf_counter()
     engine = radixflow.Engine(path, **kw)
-    log(f"engine {config} {kw} ready in {time.perf_counter() - t:.1f}s")
+    graphs = engine.runner.graph_runner  # kw's cuda_graph_max_bs None means the engine's own limit: log the one in effect
+    log(f"engine {config} {kw} ready in {time.perf_counter() - t:.1f}s; "
+        + (f"CUDA graphs up to batch {graphs.max_bs}" if graphs is not None else "no CUDA graphs"))
     return engine
 
 

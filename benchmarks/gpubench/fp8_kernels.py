@@ -89,8 +89,7 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
     for m in GEMM_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
-        xq_ref, xs_ref = quantize_rows_torch(x)
-        quantize_exact = torch.equal(xq.view(torch.uint8), xq_ref.view(torch.uint8)) and torch.allclose(xs, xs_ref, rtol=1e-6, atol=0)
+        quantize_exact = _quantize_matches_torch(x)
         variants = {
             "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
             "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
@@ -113,8 +112,9 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
                 continue
             row[label] = round(time_graph_us(fn, max(copies, 8)), 2)
         row["quantize_matches_torch"] = quantize_exact
-        row["fp8_gemm_TFLOPs"] = round(2 * m * n * k / row["fp8_gemm"] / 1e6, 1)
-        row["bf16_TFLOPs"] = round(2 * m * n * k / row["bf16_linear"] / 1e6, 1)
+        for label, us in (("fp8_gemm_TFLOPs", row["fp8_gemm"]), ("bf16_TFLOPs", row["bf16_linear"])):
+            if isinstance(us, float):  # else the variant failed and its entry holds the error
+                row[label] = round(2 * m * n * k / us / 1e6, 1)
         out[f"m{m}"] = row
     log(f"gemm {name} {n}x{k}: {out}")
     return out
@@ -156,23 +156,28 @@ def _attention_rates(bs: int, length: int) -> dict:
     return out
 
 
+def _quantize_matches_torch(x: torch.Tensor) -> bool:
+    """quantize_rows(x) gives quantize_rows_torch's e4m3 bits and (to float32 rounding) its scales."""
+    from radixflow.kernels.fp8 import quantize_rows
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    (q, s), (q_ref, s_ref) = quantize_rows(x), quantize_rows_torch(x)
+    return torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8)) and torch.allclose(s, s_ref, rtol=1e-6, atol=0)
+
+
 def _quantize_rates() -> dict:
     """The per-token activation quantization alone at the GEMMs' two widths and M of GEMM_MS: us, the
     bytes it must move (bf16 in, e4m3 out) per second, and whether it gives torch's bits."""
     from radixflow.kernels.fp8 import quantize_rows
     from radixflow.kernels.gemv import time_graph_us
-    from radixflow.kernels.reference import quantize_rows_torch
 
     out = {}
     for k in (4096, 14336):
         for m in GEMM_MS:
             xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, math.ceil(2 * L2 / (2 * m * k))))]
-            q, s = quantize_rows(xs[0])
-            q_ref, s_ref = quantize_rows_torch(xs[0])
             us = time_graph_us(lambda i: quantize_rows(xs[i % len(xs)]), max(len(xs), 8))
             out[f"k{k}_m{m}"] = {"us": round(us, 2), "TBps": round(3 * m * k / us / 1e6, 3),
-                                 "matches_torch": torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
-                                 and torch.allclose(s, s_ref, rtol=1e-6, atol=0)}
+                                 "matches_torch": _quantize_matches_torch(xs[0])}
     log(f"quantize: {out}")
     return out
 

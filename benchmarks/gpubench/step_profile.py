@@ -8,9 +8,10 @@ activation quantization, norms / activations / rotary / KV store, sampling, the 
 prefill (two chunks of chunked_prefill_size tokens) is profiled the same way, per 1,000 prompt tokens
 ("prefill"). Run it as step_profile@fp8 and step_profile@bf16 to see what FP8 weights change.
 
-Its decode steps replay CUDA graphs where the engine has one for the batch (gpu_bench.py's default since
-session 6 of 2026-12-02; that session's first run had graphs up to 256, so batch 512 ran eagerly).
-The profiled run has PDL off (kernels/pdl.py; the engine's settings are restored after): with it on, a
+Its decode steps replay CUDA graphs where the engine has one for the batch (--graph-max-bs: by default
+every batch; with 256, batch 512 runs eagerly). The section runs with PDL off, warm-up included, so
+that nothing compiles during a profiled run (kernels/pdl.py; the engine's settings and graphs are
+restored after, and meanwhile graphs are captured only up to batch prof_n): with PDL on, a
 Triton kernel that follows another (rmsnorm -> activation quantization, silu_mul -> quantization,
 attention stage 1 -> stage 2) starts early and its recorded time includes waiting for its predecessor,
 so the kernel times would overlap and their sum would overstate the step. Without PDL every kernel
@@ -24,11 +25,12 @@ import dataclasses
 import random
 import re
 import statistics
+import time
 
 import torch
 
 from gpubench.common import OPTS, SZ, greedy, rand_ids, sync
-from gpubench.offline import ForwardRecorder, run_batch
+from gpubench.offline import ForwardRecorder
 
 GROUPS = (  # the first pattern a kernel's name matches names its group
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|scaled_mm|_matmul|splitk"),
@@ -70,22 +72,27 @@ def _breakdown(kernels: list, per: float, unit: str) -> dict:
 
 
 def _recorded(runner, run) -> tuple[list, dict]:
-    """_kernel_times(run) with PDL off (the engine's settings restored after), and the ForwardRecorder's summary."""
-    before = runner.settings
+    """_kernel_times(run) and the ForwardRecorder's summary of the same run."""
+    rec = ForwardRecorder(runner)
     try:
-        runner.set_kernel_settings(dataclasses.replace(before, pdl=False))  # non-overlapping kernels
-        rec = ForwardRecorder(runner)
-        try:
-            kernels = _kernel_times(run)
-        finally:
-            rec.close()
+        kernels = _kernel_times(run)
     finally:
-        runner.set_kernel_settings(before)
+        rec.close()
     return kernels, rec.summary()
 
 
 def sec_step_profile() -> dict:
-    eng = OPTS.bench_engine
+    runner = OPTS.bench_engine.runner
+    before = runner.settings
+    graph_max_bs = min(SZ["prof_n"], runner.args.graph_max_bs(runner.device))
+    try:  # one switch for the whole section: each recaptures the CUDA graphs
+        runner.set_kernel_settings(dataclasses.replace(before, pdl=False), graph_max_bs=graph_max_bs)
+        return _step_profile(OPTS.bench_engine)
+    finally:
+        runner.set_kernel_settings(before)
+
+
+def _step_profile(eng) -> dict:
     rng = random.Random(11)
     prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
     eng.flush_cache()
@@ -107,26 +114,32 @@ def sec_step_profile() -> dict:
 
 
 def _decode_run(eng, prompts: list) -> dict:
-    """One greedy run of `prompts` (already in the radix cache) for prof_out tokens: wall time and the
-    ForwardRecorder's GPU spans, per decode step."""
+    """One greedy run of `prompts` (already in the radix cache, which is kept: a cache hit leaves one
+    token each to prefill) for prof_out tokens: output tokens per second of wall time, and per decode
+    step the ForwardRecorder's mean GPU span and the median host interval between steps."""
     rec = ForwardRecorder(eng.runner)
     try:
-        res = run_batch(eng, prompts, [greedy(SZ["prof_out"])] * len(prompts))
+        t = time.perf_counter()
+        res = eng.generate(input_ids=prompts, sampling_params=greedy(SZ["prof_out"]))
+        sync()
+        dt = time.perf_counter() - t
     finally:
         rec.close()
     steps = rec.summary()
     dec = [r for r in rec.records if r[0] == "decode"]
-    host = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
-    return {"out_tok_s": res["out_tok_s"], "decode_steps": len(dec),
+    intervals = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
+    return {"out_tok_s": sum(r["meta_info"]["completion_tokens"] for r in res) / dt, "decode_steps": len(dec),
             "gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / max(len(dec), 1),
-            "wall_ms_per_step": 1e3 * statistics.median(host) if host else 0.0}
+            "wall_ms_per_step": 1e3 * statistics.median(intervals) if intervals else 0.0}
 
 
 def sec_decode_graphs() -> dict:
     """Decode at a batch of prof_n over ~prof_len-token contexts (as step_profile, no profiler, the engine's
     own PDL setting), replayed from CUDA graphs and launched eagerly, in one engine: graphs for every batch
     (the engine needs cuda_graph_max_bs >= prof_n: gpu_bench.py's default), then eager above 256 (as
-    --cuda-graph-max-bs 256 runs), then graphs again."""
+    --cuda-graph-max-bs 256 runs), then graphs again. The prompts stay in the radix cache throughout, so
+    out_tok_s is decode plus a one-token prefill per request; gpu_ms_per_step is a mean, wall_ms_per_step
+    a median."""
     eng = OPTS.bench_engine
     g = eng.runner.graph_runner
     if g is None or g.max_bs < SZ["prof_n"]:

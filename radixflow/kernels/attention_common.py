@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.fp8 import round_to_e4m3
+from radixflow.kernels.fp8 import scaled_to_e4m3
 from radixflow.kernels.settings import KernelSettings
 
 
@@ -56,10 +56,9 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.co
 @triton.jit
 def to_kv_dtype(x, Scale, head, KV_FP8: tl.constexpr, dtype: tl.constexpr):
     """x as stored in the KV pool: itself in the pool's dtype, or for an FP8 pool x / Scale[head] rounded
-    onto e4m3 (as torch rounds it: kernels/fp8.py)."""
+    onto e4m3 as KVPool.store (torch) rounds it."""
     if KV_FP8:
-        q = tl.minimum(tl.maximum(x.to(tl.float32) / tl.load(Scale + head), -448.0), 448.0)
-        return round_to_e4m3(q).to(dtype)
+        return scaled_to_e4m3(x.to(tl.float32), tl.load(Scale + head)).to(dtype)
     return x.to(dtype)
 
 
