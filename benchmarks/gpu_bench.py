@@ -35,12 +35,16 @@ Sections (each isolated: a failure is logged and the next one runs):
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
-  fp8_kernels  the FP8 kernels alone: each GEMV config per Llama-3-8B weight shape at batch 1 (FP8 and bf16
-               weights), the FP8 GEMM and its parts against bf16 at batches 256-1,024, decode attention
-               at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
+  fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, attention, quantize): each GEMV config
+               per Llama-3-8B weight shape at batch 1 (FP8 and bf16 weights), the FP8 GEMM and its parts
+               against bf16 at batches 256-1,024 and 8,192, the activation quantization alone, decode
+               attention at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
   deterministic  --enable-deterministic-inference vs default: batch 1 and 64 decode, prefill 8 x 2,048, alone vs batched
   step_profile decode at batch 512 over ~640-token contexts under torch.profiler: GPU time per step by kernel
-               and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other)
+               and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other); and a
+               prefill chunk's per 1,000 tokens
+  decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
+               (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
 (FP8 KV cache), fp8kv8 (both), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
@@ -74,7 +78,7 @@ from gpubench.offline import (  # noqa: E402
     sec_idle, sec_offline, sec_offline_1k, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
-from gpubench.step_profile import sec_step_profile  # noqa: E402
+from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
 
 
 SECTIONS = {
@@ -87,12 +91,13 @@ SECTIONS = {
     "offline_p_parts_ab": sec_offline_p_parts_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
+    "decode_graphs": sec_decode_graphs,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile"}
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 
 
 def main() -> None:
@@ -101,7 +106,9 @@ def main() -> None:
     p.add_argument("--tokenizer", default=os.path.join(ROOT, ".gpu_assets", "tokenizer"))
     p.add_argument("--sections", default="env,ceilings,pytest,correctness,tiny_ckpt,decode_bs1")
     p.add_argument("--max-running", type=int, default=1024)
-    p.add_argument("--graph-max-bs", type=int, default=256)
+    p.add_argument("--graph-max-bs", type=int, default=None,
+                   help="bench engines' cuda_graph_max_bs (default: the engine's own, every batch up to --max-running; "
+                        "figures before 2026-12-02 session 6 used 256, so larger decode batches ran eagerly)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
                    help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2")
@@ -109,6 +116,8 @@ def main() -> None:
     p.add_argument("--p-parts", type=int, choices=(1, 2),
                    help="Triton attention multiplies p in this many bf16 parts for the whole run (default: the kernels' own)")
     p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
+    p.add_argument("--offline-warmup", type=int, default=0,
+                   help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")

@@ -70,10 +70,15 @@ def check_gemv_fp8_words(pdl: int, block_m: int) -> None:
 
 
 def check_fp8_quantize(pdl: int) -> None:
-    """Per-token FP8 quantization of bf16 activations (kernels/fp8.py) at a 14,336-wide row."""
+    """Per-token FP8 quantization of bf16 activations (kernels/fp8.py): a 14,336-wide row held in registers
+    (one pass) and in 2,048-wide blocks (two passes); the GPU's own rounding conversion, no emulated rounding
+    (round_to_e4m3's floor) on the GPU, and no approximate division."""
     sig = {"X": BF16, "Q": "*fp8e4nv", "S": "*fp32", **_ints("K", "stride_x", "stride_q")}
-    ptx = _compile(fp8._quantize_rows_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, num_warps=4, launch_pdl=pdl > 0)
-    assert _pdl_order_ok(ptx, pdl) and "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    for block, one_pass, warps in ((16384, True, 8), (2048, False, 4)):
+        consts = {"BLOCK": block, "ONE_PASS": one_pass, "EXACT_ROUND": False, "USE_PDL": pdl}
+        ptx = _compile(fp8._quantize_rows_kernel, sig, consts, num_warps=warps, launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl) and "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rmi" not in ptx
+        assert "div.full" not in ptx and "div.approx" not in ptx  # IEEE division, as torch's, so the bits agree
 
 
 def check_norm_and_activation(pdl: int) -> None:

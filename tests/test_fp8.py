@@ -29,7 +29,7 @@ GEMV_TINY = {"block_n": 16, "block_k": 32, "num_warps": 4, "stages": 3}
 
 
 # -- kernels -----------------------------------------------------------------------------------
-@pytest.mark.parametrize("rows,k", [(3, 40), (2, 2500)])  # one K block; several
+@pytest.mark.parametrize("rows,k", [(3, 40), (2, 2500), (2, 17000)])  # held in registers (one pass); two passes
 def test_quantize_rows_matches_torch(rows, k):
     x = (torch.randn(rows, k, device=DEV) * torch.tensor([0.01, 3.0, 200.0][:rows] + [1.0] * max(0, rows - 3),
                                                           device=DEV)[:, None]).to(torch.bfloat16)

@@ -5,6 +5,7 @@
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
   then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
+- The activation quantization alone, at both widths and the same M, checked against torch's bits.
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
   pool bytes each reads, and each output's largest difference from the bf16 pool's.
@@ -69,7 +70,7 @@ def _gemv_rates(name: str, n: int, k: int) -> dict:
     return out
 
 
-GEMM_MS = (256, 544, 1024)  # decode batches; 544 is about the offline workload's mean batch
+GEMM_MS = (256, 544, 1024, 8192)  # decode batches (544: about the offline workload's mean), and a prefill chunk
 
 
 def _gemm_rates(name: str, n: int, k: int) -> dict:
@@ -84,18 +85,34 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
     copies = max(2, math.ceil(2 * L2 / (n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     quantized = [quantize_rows_torch(w) for w in weights]
-    out = {}
+    out, one = {}, torch.ones((), device="cuda")
     for m in GEMM_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
+        xq_ref, xs_ref = quantize_rows_torch(x)
+        quantize_exact = torch.equal(xq.view(torch.uint8), xq_ref.view(torch.uint8)) and torch.allclose(xs, xs_ref, rtol=1e-6, atol=0)
         variants = {
             "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
             "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
             "scaled_mm_only": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
                                                          scale_b=quantized[i % copies][1].view(1, -1), out_dtype=torch.bfloat16),
             "quantize_only": lambda i: quantize_rows(x),
+            # the same product with fast accumulation, and with one scale per tensor: is row-wise the slow part?
+            "scaled_mm_fast_accum": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
+                                                               scale_b=quantized[i % copies][1].view(1, -1),
+                                                               out_dtype=torch.bfloat16, use_fast_accum=True),
+            "scaled_mm_tensorwise": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=one, scale_b=one,
+                                                               out_dtype=torch.bfloat16),
         }
-        row = {label: round(time_graph_us(fn, max(copies, 8)), 2) for label, fn in variants.items()}
+        row = {}
+        for label, fn in variants.items():
+            try:
+                fn(0)  # outside the graph capture first: a variant torch refuses is reported, the others still timed
+            except Exception as e:
+                row[label] = repr(e)[:200]
+                continue
+            row[label] = round(time_graph_us(fn, max(copies, 8)), 2)
+        row["quantize_matches_torch"] = quantize_exact
         row["fp8_gemm_TFLOPs"] = round(2 * m * n * k / row["fp8_gemm"] / 1e6, 1)
         row["bf16_TFLOPs"] = round(2 * m * n * k / row["bf16_linear"] / 1e6, 1)
         out[f"m{m}"] = row
@@ -139,7 +156,28 @@ def _attention_rates(bs: int, length: int) -> dict:
     return out
 
 
-PARTS = ("gemv", "gemm", "attention")
+def _quantize_rates() -> dict:
+    """The per-token activation quantization alone at the GEMMs' two widths and M of GEMM_MS: us, the
+    bytes it must move (bf16 in, e4m3 out) per second, and whether it gives torch's bits."""
+    from radixflow.kernels.fp8 import quantize_rows
+    from radixflow.kernels.gemv import time_graph_us
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    out = {}
+    for k in (4096, 14336):
+        for m in GEMM_MS:
+            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for _ in range(max(2, math.ceil(2 * L2 / (2 * m * k))))]
+            q, s = quantize_rows(xs[0])
+            q_ref, s_ref = quantize_rows_torch(xs[0])
+            us = time_graph_us(lambda i: quantize_rows(xs[i % len(xs)]), max(len(xs), 8))
+            out[f"k{k}_m{m}"] = {"us": round(us, 2), "TBps": round(3 * m * k / us / 1e6, 3),
+                                 "matches_torch": torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))
+                                 and torch.allclose(s, s_ref, rtol=1e-6, atol=0)}
+    log(f"quantize: {out}")
+    return out
+
+
+PARTS = ("gemv", "gemm", "attention", "quantize")
 
 
 def fp8_kernel_parts(spec: str) -> list:
@@ -163,6 +201,8 @@ def sec_fp8_kernels() -> dict:
     for name, (n, k) in GEMV_SHAPES.items() if "gemm" in parts else ():
         out.setdefault("gemm", {})[name] = _gemm_rates(name, n, k)
         free()
+    if "quantize" in parts:
+        out["quantize"] = _quantize_rates()
     for bs, length in ATTN_CASES if "attention" in parts else ():
         out["attention"][f"{bs}x{length}"] = _attention_rates(bs, length)
         free()

@@ -1,12 +1,15 @@
-"""Section step_profile: where a large-batch decode step's GPU time goes, kernel by kernel.
+"""Section step_profile: where a large-batch decode step's (and a prefill chunk's) GPU time goes, kernel by kernel.
 
 `prof_n` requests of `prof_len` random prompt tokens are prefilled once (one output token each), then
 run again for `prof_out` tokens: the second run's prefill is a radix-cache hit, so nearly all of it is
 decode at a batch of `prof_n` over contexts of about `prof_len` tokens. torch.profiler records its GPU
 kernels; the section reports GPU time per decode step by kernel and in groups (GEMM and GEMV, attention, FP8
-activation quantization, norms / activations / rotary / KV store, sampling, the rest). Run it as
-step_profile@fp8 and step_profile@bf16 to see what FP8 weights change.
+activation quantization, norms / activations / rotary / KV store, sampling, the rest). The first prompts'
+prefill (two chunks of chunked_prefill_size tokens) is profiled the same way, per 1,000 prompt tokens
+("prefill"). Run it as step_profile@fp8 and step_profile@bf16 to see what FP8 weights change.
 
+Its decode steps replay CUDA graphs where the engine has one for the batch (gpu_bench.py's default since
+session 6 of 2026-12-02; that session's first run had graphs up to 256, so batch 512 ran eagerly).
 The profiled run has PDL off (kernels/pdl.py; the engine's settings are restored after): with it on, a
 Triton kernel that follows another (rmsnorm -> activation quantization, silu_mul -> quantization,
 attention stage 1 -> stage 2) starts early and its recorded time includes waiting for its predecessor,
@@ -20,11 +23,12 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
+import statistics
 
 import torch
 
 from gpubench.common import OPTS, SZ, greedy, rand_ids, sync
-from gpubench.offline import ForwardRecorder
+from gpubench.offline import ForwardRecorder, run_batch
 
 GROUPS = (  # the first pattern a kernel's name matches names its group
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|scaled_mm|_matmul|splitk"),
@@ -39,41 +43,104 @@ def _group(name: str) -> str:
     return next((g for g, pattern in GROUPS if re.search(pattern, name, re.I)), "other")
 
 
-def sec_step_profile() -> dict:
+def _kernel_times(run) -> list:
+    """(kernel name, ms, calls) of the GPU kernels `run()` launches, under torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    eng = OPTS.bench_engine
-    rng = random.Random(11)
-    prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
-    eng.flush_cache()
-    eng.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts into the radix cache
-    runner = eng.runner
-    before = runner.settings
     activity = ProfilerActivity.CUDA if torch.cuda.is_available() else ProfilerActivity.CPU
+    with profile(activities=[activity]) as prof:
+        run()
+        sync()
+    attr = "device_time_total" if activity == ProfilerActivity.CUDA else "cpu_time_total"
+    return [(e.key, getattr(e, attr, 0) / 1e3, e.count) for e in prof.key_averages()
+            if getattr(e, attr, 0) > 0 and not e.key.startswith("cuda")]
+
+
+def _breakdown(kernels: list, per: float, unit: str) -> dict:
+    """GPU time by group and the top kernels, each divided by `per` (steps or tokens)."""
+    groups: dict = {}
+    for name, ms, _ in kernels:
+        groups[_group(name)] = groups.get(_group(name), 0.0) + ms / per
+    total = sum(groups.values())
+    top = sorted(kernels, key=lambda k: -k[1])[:25]
+    return {f"kernel_ms_per_{unit}": total,
+            f"groups_ms_per_{unit}": {g: round(ms, 4) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},
+            "groups_share": {g: round(ms / total, 3) for g, ms in groups.items()} if total else {},
+            f"top_kernels_ms_per_{unit}": [(n[:90], round(ms / per, 4), round(c / per, 1)) for n, ms, c in top]}
+
+
+def _recorded(runner, run) -> tuple[list, dict]:
+    """_kernel_times(run) with PDL off (the engine's settings restored after), and the ForwardRecorder's summary."""
+    before = runner.settings
     try:
         runner.set_kernel_settings(dataclasses.replace(before, pdl=False))  # non-overlapping kernels
         rec = ForwardRecorder(runner)
         try:
-            with profile(activities=[activity]) as prof:
-                eng.generate(input_ids=prompts, sampling_params=greedy(SZ["prof_out"]))
-                sync()
+            kernels = _kernel_times(run)
         finally:
             rec.close()
     finally:
         runner.set_kernel_settings(before)
-    steps = rec.summary()
+    return kernels, rec.summary()
+
+
+def sec_step_profile() -> dict:
+    eng = OPTS.bench_engine
+    rng = random.Random(11)
+    prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
+    eng.flush_cache()
+    # the first prompts' prefill, profiled: a few full chunks (chunked_prefill_size tokens each)
+    first = max(1, min(len(prompts), 2 * eng.runner.args.chunked_prefill_size // SZ["prof_len"]))
+    eng.generate(input_ids=[rand_ids(rng, SZ["prof_len"]) for _ in range(first)], sampling_params=greedy(1))  # compiles
+    kernels, steps = _recorded(eng.runner, lambda: eng.generate(input_ids=prompts[:first], sampling_params=greedy(1)))
+    prefill_tokens = first * SZ["prof_len"]
+    prefill = {"prompts": first, "tokens": prefill_tokens, **steps,
+               "extend_gpu_ms_per_1k_tokens": 1e6 * steps.get("extend_gpu_s", 0.0) / prefill_tokens,
+               **_breakdown(kernels, prefill_tokens / 1000, "1k_tokens")}
+    if prompts[first:]:
+        eng.generate(input_ids=prompts[first:], sampling_params=greedy(1))  # the rest into the radix cache
+    kernels, steps = _recorded(eng.runner, lambda: eng.generate(input_ids=prompts, sampling_params=greedy(SZ["prof_out"])))
     per_step = max(steps.get("decode_steps", 0), 1)
-    attr = "device_time_total" if activity == ProfilerActivity.CUDA else "cpu_time_total"
-    kernels = [(e.key, getattr(e, attr, 0) / 1e3, e.count) for e in prof.key_averages()
-               if getattr(e, attr, 0) > 0 and not e.key.startswith("cuda")]
-    groups: dict = {}
-    for name, ms, _ in kernels:
-        groups[_group(name)] = groups.get(_group(name), 0.0) + ms / per_step
-    total = sum(groups.values())
-    top = sorted(kernels, key=lambda k: -k[1])[:25]
     return {"requests": SZ["prof_n"], "prompt_len": SZ["prof_len"], "out_tokens": SZ["prof_out"], "pdl": False, **steps,
             "decode_gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / per_step,
-            "kernel_ms_per_step": total,
-            "groups_ms_per_step": {g: round(ms, 3) for g, ms in sorted(groups.items(), key=lambda kv: -kv[1])},
-            "groups_share": {g: round(ms / total, 3) for g, ms in groups.items()} if total else {},
-            "top_kernels_ms_per_step": [(n[:90], round(ms / per_step, 3), round(c / per_step, 1)) for n, ms, c in top]}
+            **_breakdown(kernels, per_step, "step"), "prefill": prefill}
+
+
+def _decode_run(eng, prompts: list) -> dict:
+    """One greedy run of `prompts` (already in the radix cache) for prof_out tokens: wall time and the
+    ForwardRecorder's GPU spans, per decode step."""
+    rec = ForwardRecorder(eng.runner)
+    try:
+        res = run_batch(eng, prompts, [greedy(SZ["prof_out"])] * len(prompts))
+    finally:
+        rec.close()
+    steps = rec.summary()
+    dec = [r for r in rec.records if r[0] == "decode"]
+    host = [b[4] - a[4] for a, b in zip(dec, dec[1:])]
+    return {"out_tok_s": res["out_tok_s"], "decode_steps": len(dec),
+            "gpu_ms_per_step": 1e3 * steps.get("decode_gpu_s", 0.0) / max(len(dec), 1),
+            "wall_ms_per_step": 1e3 * statistics.median(host) if host else 0.0}
+
+
+def sec_decode_graphs() -> dict:
+    """Decode at a batch of prof_n over ~prof_len-token contexts (as step_profile, no profiler, the engine's
+    own PDL setting), replayed from CUDA graphs and launched eagerly, in one engine: graphs for every batch
+    (the engine needs cuda_graph_max_bs >= prof_n: gpu_bench.py's default), then eager above 256 (as
+    --cuda-graph-max-bs 256 runs), then graphs again."""
+    eng = OPTS.bench_engine
+    g = eng.runner.graph_runner
+    if g is None or g.max_bs < SZ["prof_n"]:
+        return {"skipped": f"needs CUDA graphs up to batch {SZ['prof_n']} (--graph-max-bs)"}
+    rng = random.Random(11)
+    prompts = [rand_ids(rng, SZ["prof_len"]) for _ in range(SZ["prof_n"])]
+    eng.flush_cache()
+    eng.generate(input_ids=prompts, sampling_params=greedy(1))  # the prompts into the radix cache
+    out, full = {}, g.max_bs
+    try:
+        for label, max_bs in (("graphs", full), ("eager_above_256", min(256, full)), ("graphs_again", full)):
+            g.max_bs = max_bs  # can_run: batches above it launch eagerly; the smaller graphs stay
+            out[label] = _decode_run(eng, prompts)
+    finally:
+        g.max_bs = full
+    out["eager_over_graphs_gpu_ms"] = out["eager_above_256"]["gpu_ms_per_step"] / out["graphs"]["gpu_ms_per_step"]
+    return out

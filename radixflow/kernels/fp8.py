@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from radixflow import env
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.kernels.reference import FP8, FP8_MAX, MIN_SCALE, quantize_rows_torch  # noqa: F401 (re-exported)
@@ -22,7 +23,8 @@ from radixflow.kernels.reference import FP8, FP8_MAX, MIN_SCALE, quantize_rows_t
 def round_to_e4m3(v):
     """v (float32, |v| <= 448) rounded half-to-even onto the e4m3 grid, still as float32, so that the
     cast to e4m3 afterwards is exact. The GPU's own conversion rounds the same way; Triton's CPU
-    interpreter does not (3.9: 124.0 became 64.0), and this keeps the two identical."""
+    interpreter does not (3.9: 124.0 became 64.0), and this keeps the two identical. About twenty
+    instructions a value: the activation quantization uses it only in the interpreter."""
     a = tl.abs(v)
     exponent = tl.maximum(((a.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, -6)  # below 2^-6: subnormal steps
     step = ((exponent - 3 + 127) << 23).to(tl.float32, bitcast=True)  # 3 mantissa bits: 2^(e - 3)
@@ -34,20 +36,40 @@ def round_to_e4m3(v):
 
 
 @triton.jit
-def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _to_e4m3(x, scale, EXACT_ROUND: tl.constexpr):
+    """x / scale clamped to e4m3's range, ready for the cast. The GPU's conversion rounds half to even,
+    as torch does; in Triton's CPU interpreter (EXACT_ROUND) the value is put on the grid first.
+    The division is IEEE round-to-nearest (`div_rn`) as torch's: Triton's `/` compiles to an
+    approximate division on the GPU, whose quotient can fall on the other side of a half-way point
+    between two e4m3 values and so give other bits than the torch-native path."""
+    v = tl.minimum(tl.maximum(tl.math.div_rn(x, scale), -448.0), 448.0)
+    return round_to_e4m3(v) if EXACT_ROUND else v
+
+
+@triton.jit
+def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
+                          EXACT_ROUND: tl.constexpr, USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
-    amax = tl.zeros([BLOCK], tl.float32)
-    for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
-        x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        amax = tl.maximum(amax, tl.abs(x))
-    scale = tl.maximum(tl.max(amax, axis=0) / 448.0, 1e-12)
-    for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
-        x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
-        q = round_to_e4m3(tl.minimum(tl.maximum(x / scale, -448.0), 448.0))
-        tl.store(Q + row * stride_q + k0 + offs, q.to(Q.dtype.element_ty), mask=k0 + offs < K)
+    if ONE_PASS:  # the whole row in registers: read once
+        x = tl.load(X + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
+        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
+        tl.store(Q + row * stride_q + offs, _to_e4m3(x, scale, EXACT_ROUND).to(Q.dtype.element_ty), mask=offs < K)
+    else:
+        amax = tl.zeros([BLOCK], tl.float32)
+        for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
+            x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            amax = tl.maximum(amax, tl.abs(x))
+        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+        for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
+            x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
+            tl.store(Q + row * stride_q + k0 + offs, _to_e4m3(x, scale, EXACT_ROUND).to(Q.dtype.element_ty),
+                     mask=k0 + offs < K)
     tl.store(S + row, scale)
+
+
+ONE_PASS_MAX_K = 16384  # rows up to this wide are held in registers (8 warps: 64 values a thread)
 
 
 def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> tuple[torch.Tensor, torch.Tensor]:
@@ -57,8 +79,11 @@ def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SET
     q = torch.empty((r, k), dtype=FP8, device=x.device)
     s = torch.empty((r,), dtype=torch.float32, device=x.device)
     if r:
-        block = min(triton.next_power_of_2(k), 2048)
-        _quantize_rows_kernel[(r,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, num_warps=4, **pdl_launch(x, settings))
+        one_pass = k <= ONE_PASS_MAX_K
+        block = triton.next_power_of_2(k) if one_pass else 2048
+        _quantize_rows_kernel[(r,)](x, q, s, k, x.stride(0), q.stride(0), BLOCK=block, ONE_PASS=one_pass,
+                                    EXACT_ROUND=env.triton_interpret(), num_warps=8 if block > 4096 else 4,
+                                    **pdl_launch(x, settings))
     return q, s
 
 
