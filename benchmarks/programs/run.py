@@ -10,12 +10,14 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved, and the table gives medians (graph / eager with the range of the rounds).
+interleaved, and the table gives medians (graph / eager with the range of the rounds). Every
+mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
+programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
     python benchmarks/programs/run.py                       # CPU, default model, small sizes
     python benchmarks/programs/run.py --smoke               # two programs of each, a few tokens
     python benchmarks/programs/run.py --device cuda --config benchmarks/configs/llama3-8b.json \\
-        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2
+        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2 --min-round-s 0.5
 """
 
 from __future__ import annotations
