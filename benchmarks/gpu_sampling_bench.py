@@ -47,7 +47,7 @@ def median_ms(fn, reps: int = 30, warmup: int = 5) -> float:
 
 
 def fake_reqs(batch: int, params: dict) -> list:
-    return [SimpleNamespace(sampling=SamplingParams(**params), generator=None) for _ in range(batch)]
+    return [SimpleNamespace(sampling=SamplingParams(**params)) for _ in range(batch)]
 
 
 def mean_rounds(logits: torch.Tensor, params: dict) -> float:

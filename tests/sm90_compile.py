@@ -117,8 +117,8 @@ def check_sampling() -> None:
     ptx = _compile(sampling._chunk_stats, sig, {"BLOCK": sampling.BLOCK_V}, num_warps=4)
     assert "st.global" in ptx
     sig = {"Logits": "*fp32", "InvTemp": "*fp32", "TopP": "*fp32", "LogMinP": "*fp32", "TopK": "*fp32",
-           "ChunkMax": "*fp32", "ChunkSum": "*fp32", "ChunkTop": "*fp32", "Out": "*i64", "Rounds": "*i32",
-           **_ints("stride", "V", "num_chunks", "seed")}
+           "Seeds": "*i64", "Counters": "*i64", "ChunkMax": "*fp32", "ChunkSum": "*fp32", "ChunkTop": "*fp32",
+           "Out": "*i64", "Rounds": "*i32", **_ints("stride", "V", "num_chunks")}
     for store_rounds in (False, True):
         ptx = _compile(sampling._draw, sig, {"BLOCK": sampling.BLOCK_V, "CHUNKS": 32, "MAX_ROUNDS": sampling.MAX_ROUNDS,
                                              "STORE_ROUNDS": store_rounds}, num_warps=8)

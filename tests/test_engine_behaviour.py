@@ -133,6 +133,17 @@ def test_sampling_seed_is_reproducible_and_n_gives_n(engine):
     assert outs[0]["output_ids"] == a  # the first of n uses the seed itself
 
 
+def test_seeded_request_draws_the_same_beside_unseeded_and_other_seeds(engine):
+    """Seeded rows are drawn in the batch's one sampling pass, keyed by (seed, output position):
+    a seeded request's tokens do not depend on its neighbours; another seed draws others."""
+    p = {"max_new_tokens": 12, "temperature": 1.0, "top_p": 0.95}
+    alone = engine.generate("Once upon a time", {**p, "sampling_seed": 3})["output_ids"]
+    batch = engine.generate(["The sea", "Once upon a time", "Once upon a time"],
+                            [p, {**p, "sampling_seed": 3}, {**p, "sampling_seed": 4}])
+    assert batch[1]["output_ids"] == alone
+    assert batch[2]["output_ids"] != alone
+
+
 def test_top_k_1_is_greedy_and_top_p_small_is_greedy(engine):
     g = engine.generate(PROMPTS[:3], GREEDY)
     k1 = engine.generate(PROMPTS[:3], {"max_new_tokens": 24, "temperature": 0.8, "top_k": 1})

@@ -811,29 +811,80 @@ def test_gpu_sampling_kernel_llama_vocab():
     _check_draws(row, 4096, (1.0, 50, 1.0, 0.01), block=4096, tv_max=0.05)
 
 
+def _seeded(seed, position: int = 0, **params):
+    """A request stand-in for the sampler: sampling params and a seed, `position` output tokens in."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    sp = SamplingParams(**{"temperature": 0.8, "top_p": 0.9, **params}, sampling_seed=seed)
+    return SimpleNamespace(sampling=sp, origin_input_ids=[1, 2, 3], kv_len=3 + position)
+
+
 def test_batch_invariant_sampler_draws_each_row_alone(monkeypatch):
     """Deterministic inference: torch's sampling path runs on one row at a time, and a seeded row
     draws what it draws alone."""
-    from types import SimpleNamespace
-
     from radixflow.runtime.scheduling import sampler
-    from radixflow.runtime.sampling_params import SamplingParams
-
-    def reqs(n: int) -> list:
-        return [SimpleNamespace(sampling=SamplingParams(temperature=0.8, top_p=0.9),
-                                generator=torch.Generator(device=DEV).manual_seed(5)) for _ in range(n)]
 
     logits = torch.randn(3, 500, device=DEV)
     rows = []
     real = sampler._sample_torch
     monkeypatch.setattr(sampler, "_sample_torch", lambda lg, *a: rows.append(lg.shape[0]) or real(lg, *a))
-    together = sampler.sample_from(logits.clone(), reqs(3), batch_invariant=True)
+    together = sampler.sample_from(logits.clone(), [_seeded(5) for _ in range(3)], batch_invariant=True, triton=False)
     assert rows == [1, 1, 1]
-    alone = sampler.sample_from(logits[2:].clone(), reqs(1), batch_invariant=True)
+    alone = sampler.sample_from(logits[2:].clone(), [_seeded(5)], batch_invariant=True, triton=False)
     assert together[2] == alone[0]
     rows.clear()
-    sampler.sample_from(logits.clone(), reqs(3))
-    assert rows == [3]  # the default: the whole batch at once
+    sampler.sample_from(logits.clone(), [_seeded(5) for _ in range(3)], triton=False)
+    assert rows == [3]  # the default: the whole batch at once, seeded rows included
+
+
+@pytest.mark.parametrize("path", ["torch", "kernel"])
+def test_seeded_rows_draw_by_seed_and_position_in_one_batch(path):
+    """A seeded row's token is a function of its logits, its seed and its output position: the same
+    alone, at another row among other seeded and unseeded rows, and on another run; other seeds
+    draw other tokens, and over positions the draws follow the truncated distribution. Torch's
+    path (CPU) and the Triton kernel (interpreted here), each in one batched pass."""
+    from radixflow.runtime.scheduling.sampler import _sample_torch, draw_keys
+
+    torch.manual_seed(0)
+    row = torch.linspace(3, -3, 40)[torch.randperm(40)].to(DEV)
+    params = (0.9, 40, 0.8, 0.0)
+
+    def draw(reqs: list, rows=None) -> list:
+        lg = row.repeat(len(reqs), 1) if rows is None else rows
+        per_row = [[x] * len(reqs) for x in params]
+        if path == "kernel":
+            return sample_rows(lg.contiguous(), *per_row, block=16, keys=draw_keys(reqs)).tolist()
+        return _sample_torch(lg, *per_row, draw_keys(reqs)).tolist()
+
+    n = 100 if path == "torch" else 40  # the kernel's distribution: test_sampling_kernel_draws_from_...
+    stream = draw([_seeded(7, p) for p in range(n)])  # positions 0..n-1 of seed 7, as one batch
+    want = _allowed_distribution(row, *params).cpu()
+    got = torch.bincount(torch.tensor(stream), minlength=40).float() / n
+    assert (got[want == 0] == 0).all(), "drew a token outside top-p"
+    assert path == "kernel" or 0.5 * (got - want).abs().sum().item() < 0.2
+    torch.manual_seed(123)  # the unseeded rows' generator state does not matter
+    others = torch.randn(3, 40, device=DEV) * 3
+    for p in (0, 37, n - 1):
+        assert draw([_seeded(7, p)]) == [stream[p]]  # alone
+        mixed = [_seeded(None), _seeded(11, 5), _seeded(7, p), _seeded(None)]
+        assert draw(mixed, torch.cat([others[:2], row[None], others[2:]]))[2] == stream[p]
+    m = 10
+    streams = draw([_seeded(s, p) for s in (8, 2**40 + 7, -1) for p in range(m)])
+    assert all(streams[i * m : (i + 1) * m] != stream[:m] for i in range(3))  # other seeds: other streams
+
+
+def test_keyed_uniforms_are_uniform_and_a_function_of_the_key():
+    from radixflow.runtime.scheduling.sampler import keyed_uniforms
+
+    positions = torch.arange(20000)
+    u = keyed_uniforms(torch.full_like(positions, 3), positions)
+    assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
+    assert torch.histc(u, bins=10, min=0, max=1).min() > 1800  # ~2000 a bin
+    assert torch.equal(u, keyed_uniforms(torch.full_like(positions, 3), positions))
+    v = keyed_uniforms(torch.full_like(positions, 3 + 2**32), positions)  # the seed's high half counts
+    assert (u != v).float().mean() > 0.99 and abs(torch.corrcoef(torch.stack([u, v]))[0, 1].item()) < 0.05
 
 
 @gpu
@@ -848,17 +899,17 @@ def test_gpu_sampler_routes_sampled_batches_to_the_kernel(monkeypatch):
     calls = []
     monkeypatch.setattr(sampling, "sample_rows", lambda *a, **kw: calls.append(1) or torch.zeros(2, dtype=torch.int64, device=DEV))
     logits = torch.randn(2, 1000, device=DEV)
-    reqs = [SimpleNamespace(sampling=SamplingParams(temperature=0.7, top_p=0.9), generator=None) for _ in range(2)]
+    reqs = [SimpleNamespace(sampling=SamplingParams(temperature=0.7, top_p=0.9)) for _ in range(2)]
     sampler.sample_from(logits.clone(), reqs)
     assert calls == [1]
-    reqs[1].generator = torch.Generator(device=DEV).manual_seed(0)
+    reqs[1] = _seeded(0, temperature=0.7)
     out = sampler.sample_from(logits.clone(), reqs)
-    assert calls == [1] and out.shape == (2,)  # a seeded row: torch's path
-    plain = [SimpleNamespace(sampling=SamplingParams(temperature=0.7), generator=None) for _ in range(2)]
+    assert calls == [1, 1] and out.shape == (2,)  # a seeded row: the kernel too, in the same pass
+    plain = [SimpleNamespace(sampling=SamplingParams(temperature=0.7)) for _ in range(2)]
     sampler.sample_from(logits.clone(), plain)
-    assert calls == [1, 1]  # temperature alone: the kernel too
-    sampler.sample_from(logits.clone(), [SimpleNamespace(sampling=SamplingParams(temperature=0.0), generator=None)] * 2)
-    assert calls == [1, 1]  # greedy: argmax, no draw
+    assert calls == [1, 1, 1]  # temperature alone: the kernel too
+    sampler.sample_from(logits.clone(), [SimpleNamespace(sampling=SamplingParams(temperature=0.0))] * 2)
+    assert calls == [1, 1, 1]  # greedy: argmax, no draw
 
 
 def _decode_like_chain(x, res, norm_w, w_up, w_down, settings, layers: int = 6):

@@ -22,9 +22,11 @@ A draw from a superset, kept only when it lands in the allowed set, is a draw fr
 set renormalised, so this samples exactly what the sort-based path samples (ties between
 equal logits aside). The top token always passes, so each row ends; after MAX_ROUNDS rejected
 draws (vanishingly unlikely: each one removes the drawn token and all below it) the row takes
-its argmax. Random numbers: Philox (`tl.rand`) keyed by a seed drawn from torch's CPU
-generator per call, so `torch.manual_seed` makes runs repeatable and the host never waits for
-the GPU. Reference: runtime/scheduling/sampler.py's torch path.
+its argmax. Random numbers: Philox (`tl.rand`), one per round, keyed per row by a seed and a
+counter. A seeded row passes its request's seed and its output position, so its draws depend
+on nothing else in the batch; an unseeded row passes a seed drawn from torch's CPU generator
+per call and its row index, so `torch.manual_seed` makes runs repeatable. The host never waits
+for the GPU. Reference: runtime/scheduling/sampler.py's torch path.
 """
 
 from __future__ import annotations
@@ -62,14 +64,15 @@ def _chunk_stats(Logits, InvTemp, ChunkMax, ChunkSum, ChunkTop, stride, V, num_c
 
 
 @triton.jit
-def _draw(Logits, InvTemp, TopP, LogMinP, TopK, ChunkMax, ChunkSum, ChunkTop, Out, Rounds, stride, V, num_chunks,
-          seed, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, MAX_ROUNDS: tl.constexpr, STORE_ROUNDS: tl.constexpr):
+def _draw(Logits, InvTemp, TopP, LogMinP, TopK, Seeds, Counters, ChunkMax, ChunkSum, ChunkTop, Out, Rounds, stride, V,
+          num_chunks, BLOCK: tl.constexpr, CHUNKS: tl.constexpr, MAX_ROUNDS: tl.constexpr, STORE_ROUNDS: tl.constexpr):
     row = tl.program_id(0)
     base = Logits + row.to(tl.int64) * stride
     offs = tl.arange(0, BLOCK)
     chunks = tl.arange(0, CHUNKS)
     inv_t, top_p, lmin = tl.load(InvTemp + row), tl.load(TopP + row), tl.load(LogMinP + row)
     k = tl.load(TopK + row).to(tl.int32)
+    seed, counter = tl.load(Seeds + row), tl.load(Counters + row) * MAX_ROUNDS
     cmax = tl.load(ChunkMax + row * num_chunks + chunks, mask=chunks < num_chunks, other=float("-inf"))
     m = tl.max(cmax, axis=0)
     top = tl.load(ChunkTop + row * num_chunks + tl.argmax(cmax, axis=0)).to(tl.int32)  # the lowest index among ties
@@ -90,7 +93,7 @@ def _draw(Logits, InvTemp, TopP, LogMinP, TopK, ChunkMax, ChunkSum, ChunkTop, Ou
     rnd = 0
     while (done == 0) & (rnd < MAX_ROUNDS):
         cum = tl.cumsum(cand, axis=0)
-        u = tl.rand(seed, row * MAX_ROUNDS + rnd) * tl.sum(cand, axis=0)
+        u = tl.rand(seed, counter + rnd) * tl.sum(cand, axis=0)
         c = tl.min(tl.where((cum > u) & (cand > 0), chunks, CHUNKS), axis=0)  # the chunk the draw lands in
         chosen = top  # u rounded past the candidates' sum (~1e-7): the top token
         if c < CHUNKS:
@@ -122,32 +125,50 @@ def _draw(Logits, InvTemp, TopP, LogMinP, TopK, ChunkMax, ChunkSum, ChunkTop, Ou
 
 
 def sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int], top_p: list[float],
-                min_p: list[float], block: int = BLOCK_V, rounds: torch.Tensor | None = None) -> torch.Tensor:
+                min_p: list[float], block: int = BLOCK_V, rounds: torch.Tensor | None = None,
+                keys: list[tuple[int, int] | None] | None = None) -> torch.Tensor:
     """One token id per row of logits [B, V] (float32), each row with its own temperature (> 0),
     top_k (>= 1; >= V for all), top_p (0, 1] and min_p [0, 1) (host lists of B) -> int64 [B].
-    The per-row parameters are prepared on the host and reach the GPU in one copy, with no
-    kernel launched for them. `rounds` (int32 [B]), if given, receives each row's number of draws."""
+    `keys`: per row, None or (seed in [0, 2**63), draw index >= 0): a keyed row's random numbers
+    are a function of its key alone. The per-row parameters are prepared on the host and reach
+    the GPU in one copy, with no kernel launched for them. `rounds` (int32 [B]), if given,
+    receives each row's number of draws."""
     b, v = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1 and v < 2**24  # indices exact in float32
     out = torch.empty(b, dtype=torch.int64, device=logits.device)
     if b == 0:
         return out
-    params = to_device_async(torch.tensor([
-        [1.0 / t for t in temperature],
-        top_p,
-        [math.log(p) if p > 0 else -math.inf for p in min_p],
-        [min(k, v) for k in top_k],
-    ], dtype=torch.float32), logits.device)
-    seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no wait for the GPU
+    params, seeds = _row_params(temperature, top_k, top_p, min_p, keys, v, logits.device)
     block = min(block, triton.next_power_of_2(v))
     num_chunks = triton.cdiv(v, block)
     chunk_stats = torch.empty((3, b, num_chunks), dtype=torch.float32, device=logits.device)  # max, sum, argmax
     _chunk_stats[(b, num_chunks)](logits, params[0], *chunk_stats, logits.stride(0), v, num_chunks,
                                   BLOCK=block, num_warps=4)
     _draw[(b,)](
-        logits, *params, *chunk_stats, out, out if rounds is None else rounds,
-        logits.stride(0), v, num_chunks, seed,
+        logits, *params, *seeds, *chunk_stats, out, out if rounds is None else rounds,
+        logits.stride(0), v, num_chunks,
         BLOCK=block, CHUNKS=triton.next_power_of_2(num_chunks), MAX_ROUNDS=MAX_ROUNDS, STORE_ROUNDS=rounds is not None,
         num_warps=8,
     )
     return out
+
+
+def _row_params(temperature: list, top_k: list, top_p: list, min_p: list, keys: list | None, v: int, device):
+    """The per-row parameters as float32 [4, B] and the Philox keys as int64 [2, B] (seed,
+    counter), packed into one host buffer so that they reach the GPU in one copy."""
+    b = len(temperature)
+    call_seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no wait for the GPU
+    keys = keys or [None] * b
+    host = torch.empty(4 * b * 4 + 2 * b * 8, dtype=torch.uint8)
+    host[: 16 * b].view(torch.float32).copy_(torch.tensor([
+        [1.0 / t for t in temperature],
+        top_p,
+        [math.log(p) if p > 0 else -math.inf for p in min_p],
+        [min(k, v) for k in top_k],
+    ], dtype=torch.float32).flatten())
+    host[16 * b :].view(torch.int64).copy_(torch.tensor([
+        [call_seed if key is None else key[0] for key in keys],
+        [i if key is None else key[1] for i, key in enumerate(keys)],
+    ], dtype=torch.int64).flatten())
+    dev = to_device_async(host, device)
+    return dev[: 16 * b].view(torch.float32).view(4, b), dev[16 * b :].view(torch.int64).view(2, b)

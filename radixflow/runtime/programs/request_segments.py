@@ -10,7 +10,7 @@ from radixflow.runtime.scheduling.req import Req
 
 def continuable(sp: SamplingParams) -> bool:
     """Whether a gen can run as a new segment of the finished request: per-request
-    state (grammar matcher, seeded generator, penalty counts) needs a fresh request, and
+    state (grammar matcher, penalty counts) and a seed (keyed by output position) needs a fresh request, and
     n > 1 samples run as requests of their own."""
     return (
         sp.n == 1
@@ -43,7 +43,6 @@ def start_segment(req: Req, tokens: list, sampling: SamplingParams, stats) -> No
     req.segment_start = len(req.output_ids)
     req.sampling = sampling
     req.grammar = None
-    req.generator = None
     req.output_counts = None
     req.finish_reason = None
 

@@ -167,7 +167,7 @@ def replicated_continue(sync: ReplicaSync, sched: Scheduler, hook: Optional[Call
         req.output_ids[keep:] = output_ids[keep:]
         if continued:
             req.segment_start, req.sampling, req.finish_reason = segment_start, sampling, finish_reason
-            req.grammar = req.generator = req.output_counts = None
+            req.grammar = req.output_counts = None
         return continued
 
     return on_rank0 if sync.leader else on_others

@@ -50,7 +50,6 @@ class Req:
 
     # sampling state
     grammar: Any = None  # constrained-decoding matcher, if any
-    generator: Optional[torch.Generator] = None
     output_counts: Optional[torch.Tensor] = None  # [V] counts of sampled tokens (penalties)
     prompt_mask: Optional[torch.Tensor] = None  # [V] bool, tokens of the prompt (repetition penalty)
     jump_forward_tokens: int = 0

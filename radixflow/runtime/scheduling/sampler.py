@@ -2,10 +2,16 @@
 
 Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
-(seeded generators, grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton
-kernel that needs no sort (kernels/sampling.py), unless a request brings its own seeded
-generator: its GPU time is several times below that of torch's path in every mode, temperature
-alone included. `KernelSettings.triton_sampling=False` keeps torch's path (benchmarks compare).
+(grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton kernel that needs no
+sort (kernels/sampling.py): its GPU time is several times below that of torch's path in every
+mode, temperature alone included. `KernelSettings.triton_sampling=False` keeps torch's path
+(benchmarks compare).
+
+Seeds: a request with `sampling_seed` draws the token at output position p from random numbers
+that are a function of (seed, p) alone (counter-based: Philox in the kernel, a hash on torch's
+path), so seeded rows are drawn in the same batched pass as the others and a seeded request
+gives the same tokens whatever it is batched with and however often it runs (given the same
+logits: the same machine, kernels and settings). The two paths use different random numbers.
 """
 
 from __future__ import annotations
@@ -124,7 +130,8 @@ def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False,
     """Temperature, top-k, top-p, min-p, then one draw per row; greedy rows take argmax.
     `batch_invariant` (deterministic inference): torch's path works on one row at a time, so a
     seeded request draws from the same bits in any batch: torch's sum and cumsum over a vocabulary
-    row gave other bits at other row counts. `triton`: the Triton kernel on CUDA (unseeded rows)."""
+    row gave other bits at other row counts on CUDA (the Triton kernel works on each row alone
+    anyway). `triton`: the Triton kernel on CUDA."""
     greedy = [r.sampling.is_greedy for r in reqs]
     if all(greedy):
         return greedy_ids(logits)
@@ -133,23 +140,34 @@ def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False,
     top_k = [r.sampling.top_k if r.sampling.top_k > 0 else TOP_K_ALL for r in reqs]
     top_p = [r.sampling.top_p for r in reqs]
     min_p = [r.sampling.min_p for r in reqs]
-    seeded = any(r.generator is not None and not g for r, g in zip(reqs, greedy))
-    if logits.is_cuda and triton and not seeded:
+    keys = draw_keys(reqs)
+    if logits.is_cuda and triton:
         from radixflow.kernels.sampling import sample_rows
 
-        sampled = sample_rows(logits, temps, top_k, top_p, min_p)
+        sampled = sample_rows(logits, temps, top_k, top_p, min_p, keys=keys)
     elif batch_invariant:
         rows = [_sample_torch(logits[i : i + 1], temps[i : i + 1], top_k[i : i + 1], top_p[i : i + 1],
-                              min_p[i : i + 1], reqs[i : i + 1]) for i in range(len(reqs))]
+                              min_p[i : i + 1], keys[i : i + 1]) for i in range(len(reqs))]
         sampled = torch.cat(rows)
     else:
-        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, reqs)
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, keys)
     if not any(greedy):
         return sampled
     return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
 
 
-def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, reqs: list) -> torch.Tensor:
+def draw_keys(reqs: list) -> list:
+    """Per row: (seed, output position of the token drawn) for a sampled request with a seed,
+    else None. The seed is folded into [0, 2**63); the scheduler has counted the token being
+    sampled into kv_len (overlapped passes too, whose previous token may not be on the host)."""
+    return [
+        None if r.sampling.sampling_seed is None or r.sampling.is_greedy
+        else (r.sampling.sampling_seed % 2**63, r.kv_len - len(r.origin_input_ids))
+        for r in reqs
+    ]
+
+
+def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, keys: list) -> torch.Tensor:
     """torch's path: softmax, top-k / top-p by sorting (when any row truncates), min-p, one draw."""
     dev = logits.device
     probs = torch.softmax(logits / _row_tensor(temps, torch.float32, dev).unsqueeze(1), dim=-1)
@@ -158,7 +176,7 @@ def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, m
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
-    return _draw(probs, reqs)
+    return _draw(probs, keys)
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
@@ -173,13 +191,49 @@ def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_p)
 
 
-def _draw(probs: torch.Tensor, reqs: list) -> torch.Tensor:
-    probs = probs / probs.sum(dim=-1, keepdim=True)
-    seeded = [i for i, r in enumerate(reqs) if r.generator is not None and not r.sampling.is_greedy]
-    out = torch.multinomial(probs, 1).squeeze(1)
-    for i in seeded:
-        out[i] = torch.multinomial(probs[i], 1, generator=reqs[i].generator)[0]
-    return out
+def _draw(probs: torch.Tensor, keys: list) -> torch.Tensor:
+    """One draw per row by inverse CDF, from one uniform a row (unnormalized probs >= 0)."""
+    cdf = probs.cumsum(dim=-1)
+    total = cdf[:, -1:]
+    u = to_device_async(row_uniforms(keys), probs.device).unsqueeze(1)
+    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # x < total: a token is found
+    return torch.searchsorted(cdf, x, right=True).squeeze(1)  # the first token whose cdf passes x: p > 0
+
+
+def row_uniforms(keys: list) -> torch.Tensor:
+    """float32 [B] in [0, 1) on the host: keyed rows from `keyed_uniforms`, the others from torch's generator."""
+    u = torch.rand(len(keys))
+    rows = [i for i, k in enumerate(keys) if k is not None]
+    if rows:
+        seeds, positions = torch.tensor([keys[i] for i in rows], dtype=torch.int64).unbind(1)
+        u[rows] = keyed_uniforms(seeds, positions)
+    return u
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """(x * c) mod 2**32 for x in [0, 2**32) held in int64, in halves so that nothing overflows."""
+    return (x * (c & 0xFFFF) + (((x * (c >> 16)) & 0xFFFF) << 16)) & _M32
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit avalanche (murmur3's finalizer)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x85EBCA6B)
+    x = x ^ (x >> 13)
+    x = _mul32(x, 0xC2B2AE35)
+    return x ^ (x >> 16)
+
+
+def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """A uniform in [0, 1) (24 bits) per (seed in [0, 2**63), position in [0, 2**32)), a
+    function of the pair alone: the torch path's counter-based random numbers."""
+    h = _mix32((positions & _M32) ^ 0x9E3779B9)
+    h = _mix32(h ^ (seeds & _M32))
+    h = _mix32(h ^ ((seeds >> 32) & _M32))
+    return (h >> 8).to(torch.float32) * 2.0**-24
 
 
 def sample(logits: torch.Tensor, reqs: list, eos_ids: set,

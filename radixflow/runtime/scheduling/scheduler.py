@@ -83,8 +83,6 @@ class Scheduler:
         if self.replica is not None:
             self.replica.record_add(req)
         req.arrival_seq = next(self._seq)
-        if req.sampling.sampling_seed is not None:
-            req.generator = torch.Generator(device=self.device).manual_seed(req.sampling.sampling_seed)
         if req.sampling.repetition_penalty != 1.0:
             mask = torch.zeros(self.runner.vocab_size, dtype=torch.bool, device=self.device)
             mask[torch.tensor(req.origin_input_ids, device=self.device)] = True
