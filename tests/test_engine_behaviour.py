@@ -216,3 +216,18 @@ def test_grammar_compile_queue_full_raises_server_busy(engine, monkeypatch):
         for f in busy:
             f.result(timeout=30)
     assert engine.generate("1, 2,", {"max_new_tokens": 2, "temperature": 0})["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_start_up_objects_are_frozen_from_the_gc_until_shutdown():
+    """A full collection would otherwise walk the model's and tokenizer's objects inside some pass."""
+    import gc
+    import weakref
+
+    gc.unfreeze()
+    with Engine(max_total_tokens=160) as eng:
+        assert gc.get_freeze_count() > 10_000
+        runner = weakref.ref(eng.runner)
+    assert gc.get_freeze_count() == 0  # what the engine leaves behind can be collected
+    del eng
+    gc.collect()
+    assert runner() is None

@@ -8,6 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import run as program_bench  # noqa: E402
+import workloads as program_workloads  # noqa: E402
 
 
 def test_optimal_hit_rate_counts_shared_prefixes_and_earlier_outputs():
@@ -28,3 +29,26 @@ def test_workloads_run_three_ways(engine):
         assert all(r[m]["throughput"] > 0 for m in program_bench.MODES)
     assert "Geometric mean" in program_bench.table(results)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
+
+
+def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine):
+    assert program_bench.round_waves(0.0, 300.0, 64) == 1
+    assert program_bench.round_waves(1.0, 300.0, 64) == 5  # 64 programs last 0.21 s: 5 x 64 last 1.07 s
+    assert program_bench.round_waves(1.0, 30.0, 64) == 1 and program_bench.round_waves(100.0, 300.0, 64) == 8
+    workload = program_bench.BY_NAME["dspy_rag"]
+    in_flight, peak = [0], [0]
+
+    class Counting:  # the program, counting how many of its runs are under way at once
+        async def run_async(self, **kw):
+            in_flight[0] += 1
+            peak[0] = max(peak[0], in_flight[0])
+            try:
+                return await workload.program.run_async(**kw)
+            finally:
+                in_flight[0] -= 1
+
+    counted = program_workloads.Workload("dspy_rag", Counting(), workload.inputs)
+    inputs = workload.inputs(program_bench.random.Random(0), 5, 0.05)
+    r = program_bench.run_mode(engine, counted, inputs, "graph", {"max_new_tokens": 2, "temperature": 0}, in_flight=2)
+    assert peak[0] == 2 and r["mode"] == "graph"
+    assert r["gc_ms"] >= 0 and r["gc_full"] >= 0

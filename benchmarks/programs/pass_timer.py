@@ -70,3 +70,31 @@ class Timeline:
 
     def host_ms_per_pass(self, wall: float) -> float:
         return 1000 * (wall - self.model_seconds()) / max(self.steps, 1)
+
+
+class GcPauses:
+    """The cyclic garbage collector's pauses while open, in every thread: how many full
+    (generation-2) collections ran and the seconds spent in all collections."""
+
+    def __init__(self):
+        self.full = 0
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.full += info["generation"] == 2
+
+    def __enter__(self) -> "GcPauses":
+        import gc
+
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import gc
+
+        gc.callbacks.remove(self._callback)

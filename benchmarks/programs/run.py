@@ -10,12 +10,14 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved, and the table gives medians (graph / eager with the range of the rounds).
+interleaved, and the table gives medians (graph / eager with the range of the rounds). Every
+mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
+programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
     python benchmarks/programs/run.py                       # CPU, default model, small sizes
     python benchmarks/programs/run.py --smoke               # two programs of each, a few tokens
     python benchmarks/programs/run.py --device cuda --config benchmarks/configs/llama3-8b.json \\
-        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2
+        --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2 --min-round-s 0.5
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Callable, Optional
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
-from pass_timer import Timeline  # noqa: E402
+from pass_timer import GcPauses, Timeline  # noqa: E402
 from workloads import BY_NAME, WORKLOADS  # noqa: E402
 
 MODES = ("graph", "eager", "eager-noradix")
@@ -78,7 +80,8 @@ def optimal_hit_rate(calls: list) -> float:
     return hit / total if total else 0.0
 
 
-def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
+def run_mode(engine, workload, inputs: list, mode: str, sampling: dict, in_flight: Optional[int] = None) -> dict:
+    """All `inputs` as one round, at most `in_flight` programs at once (all of them by default)."""
     sched = engine.scheduler
     engine.stepper.exclusive(sched.flush_cache)
     sched.tree.disable = mode == "eager-noradix"  # the tree is empty: as --disable-radix-cache
@@ -86,18 +89,20 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
     run_mode_name = "eager" if mode.startswith("eager") else "auto"
     lat: list = []
 
-    async def one(kw: dict):
-        t = time.perf_counter()
-        state = await workload.program.run_async(backend=engine, mode=run_mode_name, **kw, **sampling)
-        lat.append(time.perf_counter() - t)
-        return state
+    async def one(kw: dict, slots: asyncio.Semaphore):
+        async with slots:
+            t = time.perf_counter()
+            state = await workload.program.run_async(backend=engine, mode=run_mode_name, **kw, **sampling)
+            lat.append(time.perf_counter() - t)
+            return state
 
     async def all_of():
-        return await asyncio.gather(*(one(kw) for kw in inputs))
+        slots = asyncio.Semaphore(in_flight or len(inputs))
+        return await asyncio.gather(*(one(kw, slots) for kw in inputs))
 
     start, cpu = time.perf_counter(), time.process_time()
     try:
-        with Timeline(engine) as tl:
+        with Timeline(engine) as tl, GcPauses() as gcs:
             states = asyncio.run(all_of())
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
             host_ms = tl.host_ms_per_pass(wall)
@@ -113,23 +118,35 @@ def run_mode(engine, workload, inputs: list, mode: str, sampling: dict) -> dict:
         "hit": cached / prompt if prompt else 0.0,
         "forward_steps": sched.stats.forward_steps - before[2],
         "host_ms_per_pass": host_ms,
+        "gc_full": gcs.full,
+        "gc_ms": 1000 * gcs.seconds,
     }
 
 
-def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1) -> dict:
+def run_workload(
+    engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0
+) -> dict:  # fmt: skip
     """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
-    of a shared machine fall on every mode); the optimal hit rate from the first eager run."""
+    of a shared machine fall on every mode); the optimal hit rate from the first eager run.
+    A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
+    k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
+    for every mode)."""
     inputs = workload.inputs(random.Random(seed), n, size)
-    for mode in ("graph", "eager"):  # warm-up, untimed, through the timed path with all programs at once: first-use
-        # costs (kernel compiles of this workload's shapes, the process's first run_async) stay out of the rounds
-        run_mode(engine, workload, inputs, mode, sampling)
+    # warm-up, untimed, every mode through the timed path: first-use costs (kernel compiles of
+    # this workload's shapes, the process's first run_async) stay out of the rounds
+    warm = [run_mode(engine, workload, inputs, mode, sampling) for mode in MODES[:2]]
+    waves = round_waves(min_round_s, max(r["throughput"] for r in warm), n)  # the faster: the first run pays first uses
+    if waves > 1:
+        inputs = workload.inputs(random.Random(seed), waves * n, size)
+    for mode in MODES if waves > 1 else MODES[2:]:
+        run_mode(engine, workload, inputs, mode, sampling, in_flight=n)
     runs: dict = {m: [] for m in MODES}
-    out: dict = {}
+    out: dict = {"programs_per_round": len(inputs), "in_flight": n}
     for r in range(repeats):
         for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
             rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
             try:
-                runs[mode].append(run_mode(engine, workload, inputs, mode, sampling))
+                runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
             finally:
                 if rec is not None:
                     rec.close()
@@ -143,15 +160,21 @@ def run_workload(engine, workload, n: int, size: float, sampling: dict, seed: in
             "hit": statistics.median(r["hit"] for r in rs),
             "forward_steps": statistics.median(r["forward_steps"] for r in rs),
             "host_ms_per_pass": statistics.median(r["host_ms_per_pass"] for r in rs),
+            "gc_ms": statistics.median(r["gc_ms"] for r in rs),
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
     return out
 
 
+def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8) -> int:
+    """How many times n programs a round needs to last min_round_s at programs_per_s (1 to `most`)."""
+    return max(1, min(most, math.ceil(min_round_s * programs_per_s / n))) if min_round_s > 0 else 1
+
+
 def run_all(
     engine, names: list, n: int, size: float, sampling: dict, seed: int = 0, repeats: int = 1,
-    deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None,
+    deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None, min_round_s: float = 0.0,
 ) -> dict:  # fmt: skip
     """Each workload in turn; none is started after `deadline` (time.time()); on_workload
     gets the results so far after each."""
@@ -164,7 +187,7 @@ def run_all(
             print(f"{name}: skipped (past the deadline)", file=sys.stderr, flush=True)
             continue
         t = time.perf_counter()
-        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats)
+        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s)
         print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
         print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
         if on_workload is not None:
@@ -177,23 +200,26 @@ def table(results: dict) -> str:
     CPU s / program: this process's CPU time (all threads) per program, which a shared
     machine's load disturbs far less than wall time. Forward passes: the scheduler steps that
     ran the model (median over rounds), the work itself, which load does not change. Host ms /
-    pass: the wall time not spent in the model's forward passes (GPU time on CUDA), per pass."""
+    pass: the wall time not spent in the model's forward passes (GPU time on CUDA), per pass.
+    GC ms / round: time in the cyclic garbage collector (any thread) during the round."""
     lines = [
-        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | forward passes graph / eager | host ms / pass graph / eager / no radix | hit rate graph / eager / optimal |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| workload | graph programs/s | eager | eager, no radix | graph / eager (range) | graph / no radix | p50 graph / eager / no radix (s) | CPU s / program graph / eager / no radix | forward passes graph / eager | host ms / pass graph / eager / no radix | GC ms / round graph / eager / no radix | hit rate graph / eager / optimal |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     ratios = []
     for name, r in results.items():
         g, e, x = r["graph"], r["eager"], r["eager-noradix"]
         ratios.append(g["throughput"] / x["throughput"])
         tag = "" if g["mode"] == "graph" else " (eager: not traceable)"
+        if r.get("programs_per_round", 0) > r.get("in_flight", 0):
+            tag += f" ({r['programs_per_round']} a round)"
         ge = r.get("graph_vs_eager") or [g["throughput"] / e["throughput"]]
         spread = f" ({min(ge):.2f}-{max(ge):.2f})" if len(ge) > 1 else ""
         lines.append(
             f"| {name}{tag} | {g['throughput']:.2f} | {e['throughput']:.2f} | {x['throughput']:.2f} | "
             f"{statistics.median(ge):.2f}x{spread} | {g['throughput'] / x['throughput']:.2f}x | "
             f"{g['p50']:.2f} / {e['p50']:.2f} / {x['p50']:.2f} | {_cpu(g)} / {_cpu(e)} / {_cpu(x)} | "
-            f"{_steps(g)} / {_steps(e)} | {_host(g)} / {_host(e)} / {_host(x)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
+            f"{_steps(g)} / {_steps(e)} | {_host(g)} / {_host(e)} / {_host(x)} | {_gc(g)} / {_gc(e)} / {_gc(x)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
@@ -205,6 +231,10 @@ def _cpu(r: dict) -> str:
 
 def _host(r: dict) -> str:
     return f"{r['host_ms_per_pass']:.1f}" if "host_ms_per_pass" in r else "-"
+
+
+def _gc(r: dict) -> str:
+    return f"{r['gc_ms']:.0f}" if "gc_ms" in r else "-"
 
 
 def _steps(r: dict) -> str:
@@ -220,6 +250,8 @@ def main(argv=None) -> str:
     ap.add_argument("--smoke", action="store_true", help="2 programs per workload, tiny sizes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
+    ap.add_argument("--min-round-s", type=float, default=0.0,
+                    help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from graph's warm-up")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
     ap.add_argument("--device", default="auto")
@@ -245,7 +277,8 @@ def main(argv=None) -> str:
                 json.dump({"args": vars(args), "results": results}, f, indent=1)
 
     with rf.Engine(args.config, **kw) as engine:
-        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save)
+        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
+                          args.min_round_s)
         print(table(results))
         for name in filter(None, args.timeline.split(",")):
             from step_timeline import print_rows, timeline

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from typing import Any, Iterator, Optional, Union
@@ -14,7 +15,7 @@ from typing import Any, Iterator, Optional, Union
 from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
-from radixflow.runtime.build import build_runtime
+from radixflow.runtime.build import build_runtime, freeze_startup_objects
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.scheduling.req import Req
@@ -46,6 +47,7 @@ class Engine:
         )
         self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
+        freeze_startup_objects()
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
@@ -190,6 +192,8 @@ class Engine:
         if self.tp is not None and not self._closed:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
+        if not self._closed:
+            gc.unfreeze()  # another live Engine's objects too: it only loses the shorter collections
         self._closed = True
         self.stepper.close()
         self.scheduler = None  # type: ignore[assignment]

@@ -110,8 +110,9 @@ class EngineStepper:
                 fut.set_result(fn())
             except BaseException as e:  # handed to the caller that queued it
                 fut.set_exception(e)
-        self.programs.on_step()
         ran = bool(inbox)
+        if ran:  # new programs start, aborted ones end; otherwise nothing changed since the last turn's on_step
+            self.programs.on_step()
         if not self._wake(after_turn=False):
             self._count(ran)
             return False

@@ -49,6 +49,9 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
         return
     ready_conn.send(("ok", loop.model_info()))
     ready_conn.close()
+    from radixflow.runtime.build import freeze_startup_objects  # torch: only in this process
+
+    freeze_startup_objects()
     loop.run()
 
 
