@@ -2,7 +2,12 @@
 grammars compiled into an Earley parser over the model's tokens.
 
 Compiling is building an `LLMatcher` and its first mask; a request gets a deep copy of
-that compiled matcher. Masks are computed per step straight into the packed int32
+that compiled matcher. Deep copies share their original's lexer (and its lazily built
+states) behind one lock, so the masks of a batch's copies of one matcher may be computed one
+at a time whatever the thread count (on the H200 host the batched fill took as long on 16
+threads as on 1). With `--grammar-threads N`, requests take their copies in turn from N
+independently built matchers of the grammar (built as the first requests come), so N threads
+have N locks; without it, one matcher as before (the split is not yet measured on the GPU host). Masks are computed per step straight into the packed int32
 bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced
 tokens.
 
@@ -21,7 +26,7 @@ hook cuts the output back there and puts the path's next token in place.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import numpy as np
@@ -58,6 +63,18 @@ class LLGuidanceGrammar:
     closing: Optional[list] = None  # a shortest output found by search (None: none found)
     hints: tuple = ()  # sample strings as token lists, for the closing search (closing_hints.py)
     compile_s: float = 0.0
+    roots: list = field(default_factory=list)  # more independently built matchers of `text` (families())
+    turn: int = 0
+
+    def next_root(self, tokenizer, limits: LLParserLimits) -> LLMatcher:
+        """The matcher the next request copies: `compiled` and up to families() - 1 more,
+        in turn; one more is built (a millisecond or so) while there are fewer."""
+        n = families()
+        if len(self.roots) < n - 1:
+            self.roots.append(_built(tokenizer, self.text, limits, self.words))
+        self.turn += 1
+        k = self.turn % min(n, len(self.roots) + 1)  # only the first n, if n was lowered since
+        return self.compiled if k == 0 else self.roots[k - 1]
 
     @property
     def min_tokens(self) -> Optional[int]:
@@ -70,12 +87,13 @@ class LLGuidanceMatcher:
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
 
-    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None):
+    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root=None):
+        """`root`: the matcher to copy (default: the grammar's compiled one)."""
         self.grammar = grammar
         self.search = search
         self.req = req  # for the token budget; None = unlimited
         self.eos_ids = eos_ids
-        self.m = grammar.compiled.deep_copy()
+        self.m = (grammar.compiled if root is None else root).deep_copy()
         self.ended = False
         self.rejected_token = None
         self.budget_closed = False  # the budget left out tokens the grammar allowed
@@ -259,11 +277,7 @@ class LLGuidanceGrammars:
     def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0) -> LLGuidanceGrammar:
         """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work."""
         text = self._grammar_text(kind, spec, options)
-        m = LLMatcher(self.tokenizer, text, log_level=0, limits=self.limits)
-        if not m.is_error():
-            probe = np.zeros(self.words, dtype=np.int32)  # the first mask is part of the compile
-            m.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
-            m.reset()
+        m = _built(self.tokenizer, text, self.limits, self.words)
         if m.is_error():
             raise _error(kind, spec, m.get_error())
         encode = self.info.tokenizer.encode
@@ -272,7 +286,7 @@ class LLGuidanceGrammars:
         return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints)
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req)
+        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_root(self.tokenizer, self.limits))
 
     def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
         """After a failed budget check, the output cut back and a replacement ((keep, [token])),
@@ -309,6 +323,16 @@ class LLGuidanceGrammars:
         raise GrammarError(f"unknown grammar kind {kind!r}")
 
 
+def _built(tokenizer, text: str, limits: LLParserLimits, words: int) -> LLMatcher:
+    """A matcher of `text` with its first mask computed (part of the compile)."""
+    m = LLMatcher(tokenizer, text, log_level=0, limits=limits)
+    if not m.is_error():
+        probe = np.zeros(words, dtype=np.int32)
+        m.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
+        m.reset()
+    return m
+
+
 def _lark(text: str) -> str:
     try:
         return any_to_lark(text) if "::=" in text else text  # GBNF (`root ::= ...`) is converted
@@ -332,6 +356,11 @@ def _error(kind: str, spec: Any, detail: str) -> GrammarError:
 
 _EXECUTORS: list = []
 _THREADS = [0]  # 0: llguidance's default (80% of the CPUs, up to 32)
+
+
+def families() -> int:
+    """Independently built matchers per grammar: as many as --grammar-threads, else one."""
+    return max(1, _THREADS[0])
 
 
 def set_threads(n: int) -> None:

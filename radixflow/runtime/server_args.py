@@ -58,7 +58,8 @@ _HELP = {
     "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
     "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
-    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32)",
+    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32); N > 0 also builds "
+    "each grammar N times, so the threads do not wait on one grammar's lexer (docs/grammars.md)",
     "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
     "time queued behind other compiles) fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
