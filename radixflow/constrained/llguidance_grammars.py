@@ -3,9 +3,10 @@ grammars compiled into an Earley parser over the model's tokens.
 
 Compiling is building an `LLMatcher` and its first mask; a request gets a deep copy of
 that compiled matcher. Deep copies share their original's lexer (and its lazily built
-states) behind one lock, so the masks of a batch's copies of one matcher may be computed one
-at a time whatever the thread count (on the H200 host the batched fill took as long on 16
-threads as on 1). With `--grammar-threads N`, requests take their copies in turn from N
+states) behind one lock, held for a whole mask (llguidance 1.9's `deep_copy` clones the parser,
+whose clones share the lexer's `Arc<Mutex<..>>`), so the masks of a batch's copies of one
+matcher are computed one at a time whatever the thread count (on the H200 host the batched
+fill took as long on 16 threads as on 1). With `--grammar-threads N`, requests take their copies in turn from N
 independently built matchers of the grammar (built as the first requests come), so N threads
 have N locks; without it, one matcher as before (the split is not yet measured on the GPU host). Masks are computed per step straight into the packed int32
 bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced
