@@ -223,7 +223,8 @@ def test_grammar_threads_spread_requests_over_separately_built_matchers(backend,
     reference = start(backend, 80)
     llguidance_grammars.set_threads(3)
     try:
-        rows = [start(backend, 80) for _ in range(4)]
+        assert len(backend.compile("regex", "[ab]{2,7}").roots) == 2  # a compile builds them up front
+        rows = [start(backend, 80) for _ in range(4)]  # SCHEMA was compiled before: built as requests come
         assert len({id(r.grammar.m) for r in rows}) == 4 and len(rows[0].grammar.grammar.roots) == 2
         bitmask = new_bitmask(len(rows), reference.grammar.grammar.words, pinned=False)
         for step in range(12):  # the path's next token, then the highest allowed id (off the path)

@@ -48,13 +48,13 @@ class GrammarBackend:
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
-        self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
-        self._impl = None  # the configured backend, once built (the jump hook asks for it every row and step)
         threads = getattr(server_args, "grammar_threads", 0)
-        if threads:
+        if threads:  # before any compile: the compile builds one matcher per thread
             from radixflow.constrained.llguidance_grammars import set_threads
 
             set_threads(threads)
+        self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
+        self._impl = None  # the configured backend, once built (the jump hook asks for it every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property

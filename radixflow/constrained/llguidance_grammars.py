@@ -2,15 +2,16 @@
 grammars compiled into an Earley parser over the model's tokens.
 
 Compiling is building an `LLMatcher` and its first mask; a request gets a deep copy of
-that compiled matcher. Deep copies share their original's lexer (and its lazily built
-states) behind one lock, held for a whole mask (llguidance 1.9's `deep_copy` clones the parser,
-whose clones share the lexer's `Arc<Mutex<..>>`), so the masks of a batch's copies of one
-matcher are computed one at a time whatever the thread count (on the H200 host the batched
-fill took as long on 16 threads as on 1). With `--grammar-threads N`, requests take their copies in turn from N
-independently built matchers of the grammar (built as the first requests come), so N threads
-have N locks; without it, one matcher as before (the split is not yet measured on the GPU host). Masks are computed per step straight into the packed int32
-bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced
-tokens.
+that compiled matcher. Masks are computed per step straight into the packed int32 bitmask
+(llguidance drops the GIL while it does). Jump-forward uses llguidance's forced tokens.
+
+Deep copies share their original's lexer (and its lazily built states) behind one lock, held
+for a whole mask (llguidance 1.9's `deep_copy` clones the parser, whose clones share the
+lexer's `Arc<Mutex<..>>`), so a batch's copies of one matcher get their masks one at a time
+whatever the thread count (on the H200 host the batched fill took as long on 16 threads as
+on 1). With `--grammar-threads N` the compile builds N matchers of the grammar (N times the
+compile work, on the compile pool) and requests copy them in turn, so N threads have N locks;
+without it, one matcher as before (the split is not yet measured on the GPU host).
 
 Budget-aware completion: llguidance has no distance to an accepting state, so each
 request keeps a *closing path*, a completion found by search (closing_path.py) that fits
@@ -68,8 +69,8 @@ class LLGuidanceGrammar:
     turn: int = 0
 
     def next_root(self, tokenizer, limits: LLParserLimits) -> LLMatcher:
-        """The matcher the next request copies: `compiled` and up to families() - 1 more,
-        in turn; one more is built (a millisecond or so) while there are fewer."""
+        """The matcher the next request copies: `compiled` and up to families() - 1 more, in
+        turn (built by the compile; one more here, a millisecond or so, if the count rose since)."""
         n = families()
         if len(self.roots) < n - 1:
             self.roots.append(_built(tokenizer, self.text, limits, self.words))
@@ -284,7 +285,8 @@ class LLGuidanceGrammars:
         encode = self.info.tokenizer.encode
         hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
         closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints)
+        roots = [_built(self.tokenizer, text, self.limits, self.words) for _ in range(families() - 1)]  # on the compile pool
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, roots=roots)
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
         return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_root(self.tokenizer, self.limits))
