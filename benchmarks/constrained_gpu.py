@@ -15,6 +15,7 @@ share the free runs' conditions; labels are prefixed with the backend.
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
+    python benchmarks/constrained_gpu.py --sections threads --threads 4,8,16 ...   # llguidance's pool size, in the engine
 
 DIR (tokenizer): tokenizer.json, tokenizer_config.json (and chat_template.jinja) of the default
 model, e.g. its converted cache folder; default: that folder. Needs jsonschema.
@@ -236,6 +237,21 @@ def idle(a, eng, n: int, kind: str, backend: str) -> None:
         log(a.out, name, json.dumps(entry))
 
 
+def thread_sweep(a, eng, n: int) -> None:
+    """llguidance JSON at batch `n`, greedy, on pools of each of `a.threads` sizes (after one
+    warm-up batch): tok/s and the host's mean ms per step by part, in the engine's own process."""
+    from radixflow.constrained.llguidance_grammars import set_threads
+
+    ps = prompts(n)
+    pre = use_backend(eng, "llguidance")
+    eng.generate(ps, [dict(grammar_params("json", 0.0), max_new_tokens=64)] * n)
+    for threads in a.threads:
+        set_threads(threads)
+        outs, dt, st = timed(eng, ps, [grammar_params("json", 0.0)] * n)
+        record(a, f"{pre}threads{threads}_json_bs{n}_T0", outs, dt, st, "json")
+    set_threads(eng.scheduler.args.grammar_threads)
+
+
 def correctness(a, eng) -> None:
     """Greedy outputs with overlap scheduling on and off, one request at a time (in a batch,
     overlap changes which rows share a pass, and with random weights bf16 rounding of another
@@ -279,6 +295,11 @@ def table(a) -> None:
         log(a.out, f"| {b} | {n} | {temp:g} | {j['tok_s']:.0f} | {fj['tok_s']:.0f} | {j['tok_s'] / fj['tok_s']:.2f}x | "
             f"{j['valid']}/{j['checked']} | {r['tok_s']:.0f} | {fr['tok_s']:.0f} | {r['tok_s'] / fr['tok_s']:.2f}x | "
             f"{r['valid']}/{r['checked']} | {half} |")  # fmt: skip
+    for key in sorted(k for k in RESULTS if "/threads" in k):
+        e = RESULTS[key]
+        mean = e["runs"][-1]["host_ms"].get("mean", {})
+        log(a.out, f"{key}: {e['tok_s']:.0f} tok/s, {e['valid']}/{e['checked']} valid; host mean ms/step: step {mean.get('step')}, "
+            f"fill {mean.get('fill')}, accept {mean.get('accept')}, jump {mean.get('jump')}, untimed {mean.get('untimed')}")
     for key in sorted(k for k in RESULTS if "idle_" in k):
         e = RESULTS[key]
         if e["idle_fraction"] is not None:
@@ -295,10 +316,12 @@ def main() -> None:
     ap.add_argument("--sections", default="correctness,throughput,idle")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
+    ap.add_argument("--threads", default="4,8,16", help="llguidance pool sizes for the `threads` section (batch 256, or the largest size)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")
     a.temps = [float(t) for t in a.temps.split(",")]
+    a.threads = [int(t) for t in a.threads.split(",")]
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
     os.makedirs(a.out, exist_ok=True)
     t = time.perf_counter()
@@ -311,6 +334,8 @@ def main() -> None:
         if "correctness" in sections:
             correctness(a, eng)
         late = lambda: a.deadline_s and time.perf_counter() - t > a.deadline_s  # noqa: E731
+        if "threads" in sections:
+            thread_sweep(a, eng, max(a.sizes))
         if "idle" in sections:
             for b in a.backends:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)

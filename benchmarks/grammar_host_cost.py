@@ -8,6 +8,7 @@ The default model's tokenizer, the schema and regex of benchmarks/constrained_gp
 
     python benchmarks/grammar_host_cost.py --rows 64,256 --backends llguidance,outlines
     python benchmarks/grammar_host_cost.py --threads 1,4,8,12 --kinds json_schema   # llguidance's thread count
+    python benchmarks/grammar_host_cost.py --rows 256 --steps 40 ...                 # the first 40 steps only
 
 `searches` counts llguidance's closing-path searches, `cut_tokens` the outputs a failed budget
 check cut back (rewritten tokens the GPU computed for nothing), `accepting_rows` the rows whose
@@ -54,7 +55,7 @@ class Row:
         self.finish_reason = reason
 
 
-def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dict:
+def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int, max_steps: int = 0) -> dict:
     rows = [Row(kind, spec, MAX_NEW) for _ in range(n)]
     backend.compile(kind, spec)
     for r in rows:
@@ -66,7 +67,7 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
     searches = SEARCHES[0]
     while True:
         live = [i for i, r in enumerate(rows) if not r.grammar.is_terminated() and r.segment_len < MAX_NEW]
-        if not live:
+        if not live or (max_steps and len(fill_s) >= max_steps):
             break
         bitmask.fill_(-1)
         t = time.perf_counter()
@@ -91,6 +92,7 @@ def run(backend: GrammarBackend, kind: str, spec: str, n: int, seed: int) -> dic
     return {"rows": n, "steps": len(fill_s), "full_steps": len(full),
             "fill_ms_p50": ms([fill_s[k] for k in full]), "accept_ms_p50": ms([accept_s[k] for k in full]),
             "advance_ms_p50": ms([advance_s[k] for k in full]), "advance_ms_mean": 1e3 * statistics.mean(advance_s),
+            "fill_ms_mean": 1e3 * statistics.mean(fill_s), "accept_ms_mean": 1e3 * statistics.mean(accept_s),
             "searches": SEARCHES[0] - searches, "cut_tokens": cut, "accepting_rows": sum(r.grammar.is_accepting for r in rows),
             "fill_ms_max": 1e3 * max(fill_s), "advance_ms_max": 1e3 * max(advance_s),
             "mean_output_tokens": statistics.mean(len(r.output_ids) for r in rows)}  # fmt: skip
@@ -112,12 +114,10 @@ def count_searches() -> None:
 
 
 def use_threads(n: int) -> None:
-    """llguidance's batched calls on an executor of `n` threads (0: llguidance's default)."""
-    from llguidance import LLExecutor
+    """llguidance's batched calls on a pool of `n` threads (0: llguidance's default)."""
+    from radixflow.constrained.llguidance_grammars import set_threads
 
-    from radixflow.constrained import llguidance_grammars
-
-    llguidance_grammars._EXECUTORS[:] = [LLExecutor(num_threads=n) if n else LLExecutor()]
+    set_threads(n)
 
 
 def main() -> None:
@@ -128,6 +128,7 @@ def main() -> None:
     ap.add_argument("--threads", default="0", help="llguidance executor threads, comma-separated (0: its default)")
     ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--steps", type=int, default=0, help="stop each run after this many steps (0: when every row ends)")
     a = ap.parse_args()
     count_searches()
     from transformers import AutoTokenizer
@@ -146,7 +147,7 @@ def main() -> None:
             for n in (int(x) for x in a.rows.split(",")):
                 for threads in [int(x) for x in a.threads.split(",")] if name == "llguidance" else [0]:
                     use_threads(threads)
-                    res = {"backend": name, "kind": kind, "threads": threads, **run(backend, kind, spec, n, seed=n)}
+                    res = {"backend": name, "kind": kind, "threads": threads, **run(backend, kind, spec, n, seed=n, max_steps=a.steps)}
                     out.append(res)
                     print(json.dumps(res), flush=True)
         backend.cache.pool.shutdown(wait=False)

@@ -18,6 +18,10 @@ next forward pass, so the GPU idles once `host_busy` exceeds the forward pass. `
 the 90th percentile and the sum over the run of `step` and `host_busy`, the steps that read no
 decode pass back (the prefill's), and the run's time outside `Scheduler.step` (requests built and
 checked, outputs collected).
+
+Medians of parts do not add up to the median step (the parts peak in different steps: a step full
+of mask work is not the step of a closing-path search), so `summary()` also gives each part's mean
+per step (`mean`), which does add up: `mean["untimed"]` is the step's time in no part at all.
 """
 
 from __future__ import annotations
@@ -40,7 +44,10 @@ PARTS = {
     "launch": (overlap, "launch_decode"),
     "chained_ids": (overlap, "_chained_ids"),
     "poll_grammars": (scheduler, "poll_grammars"),
+    "admit": (scheduler, "form_extend_batch"),
 }
+# the parts that together cover a step (the others are nested in these)
+TOP_LEVEL = ("read_back", "sample", "launch", "chained_ids", "poll_grammars", "admit")
 
 
 class HostTimeline:
@@ -100,6 +107,9 @@ class HostTimeline:
             values = sorted(s[k] for s in steps)
             out[f"{k}_p90"] = round(1e3 * values[int(0.9 * (len(values) - 1))], 3)
             out[f"{k}_sum_s"] = round(sum(values), 4)
+        mean = {k: round(1e3 * statistics.mean(s.get(k, 0.0) for s in steps), 3) for k in labels}
+        mean["untimed"] = round(mean["step"] - sum(mean[k] for k in TOP_LEVEL), 3)
+        out["mean"] = mean
         out["gc_sum_s"] = round(sum(s.get("gc", 0.0) for s in self.steps), 4)
         out["steps"] = len(steps)
         out["other_steps_s"] = round(sum(s["step"] for s in self.steps if "read_back" not in s), 4)

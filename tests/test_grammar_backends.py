@@ -384,9 +384,9 @@ def test_llguidance_reads_a_byte_level_tokenizer_marked_byte_fallback():
 
 
 def test_llguidance_refuses_a_tokenizer_whose_bytes_it_misreads(monkeypatch):
-    from radixflow.constrained import llguidance_grammars
+    from radixflow.constrained import llguidance_tokenizer
 
-    monkeypatch.setattr(llguidance_grammars, "_without_byte_fallback", lambda text: text)
+    monkeypatch.setattr(llguidance_tokenizer, "_without_byte_fallback", lambda text: text)
     with pytest.raises(GrammarError, match="reads this tokenizer's tokens as other bytes"):
         Grammar.from_regex("(yes|no)", tokenizer=_byte_fallback_tokenizer(), backend="llguidance")
 

@@ -213,6 +213,39 @@ def test_a_batch_accepted_in_one_call_matches_one_row_at_a_time(backend, engine)
     assert batched[1].grammar.ended and batched[2].grammar.rejected_token is not None
 
 
+def test_grammar_threads_spread_requests_over_separately_built_matchers(backend, engine):
+    """With --grammar-threads N, a grammar's requests copy N independently built matchers in
+    turn (deep copies of one share its lexer's lock); the masks and accepts, batched over rows
+    of different matchers, are those of one matcher alone."""
+    from radixflow.constrained import llguidance_grammars
+    from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask
+
+    reference = start(backend, 80)
+    llguidance_grammars.set_threads(3)
+    try:
+        assert len(backend.compile("regex", "[ab]{2,7}").roots) == 2  # a compile builds them up front
+        rows = [start(backend, 80) for _ in range(4)]  # SCHEMA was compiled before: built as requests come
+        assert len({id(r.grammar.m) for r in rows}) == 4 and len(rows[0].grammar.grammar.roots) == 2
+        bitmask = new_bitmask(len(rows), reference.grammar.grammar.words, pinned=False)
+        for step in range(12):  # the path's next token, then the highest allowed id (off the path)
+            fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
+            mask = reference.grammar.current_mask()
+            for i in range(len(rows)):
+                assert np.array_equal(bitmask[i].numpy(), mask)
+            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+            token = reference.grammar.path[0] if step % 2 == 0 else int(allowed[allowed != backend.info.eos_ids[0]].max())
+            for r in [reference, *rows]:
+                r.output_ids.append(token)
+            reference.grammar.accept_token(token)
+            accept_tokens([(r.grammar, token) for r in rows])
+        assert not reference.grammar.ended and reference.grammar.since > 0
+        assert all((r.grammar.path, r.grammar.since, r.grammar.ended) == (reference.grammar.path, reference.grammar.since, False) for r in rows)
+    finally:
+        llguidance_grammars.set_threads(0)
+    g = reference.grammar.grammar
+    assert all(g.next_root(None, None) is g.compiled for _ in range(3))  # back to one matcher
+
+
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
     """`[0-9]{5}` anywhere in a string: each digit leaves the mask as it was, so the search
     takes a token again before it passes it over (it used to find no completion)."""

@@ -48,7 +48,13 @@ class GrammarBackend:
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
+        threads = getattr(server_args, "grammar_threads", 0)
+        if threads:  # before any compile: the compile builds one matcher per thread
+            from radixflow.constrained.llguidance_grammars import set_threads
+
+            set_threads(threads)
         self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
+        self._impl = None  # the configured backend, once built (the jump hook asks for it every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property
@@ -60,7 +66,9 @@ class GrammarBackend:
         name = "llguidance" if kind == "ebnf" else self.name
         if name != self.name:  # built where first needed (in a compile job: not waiting on the pool)
             return grammar_backend(name, self.info)
-        return self._impls[name].result()
+        if self._impl is None:
+            self._impl = self._impls[name].result()
+        return self._impl
 
     # -- compile ---------------------------------------------------------------------------------
     def submit(self, req) -> None:

@@ -18,7 +18,7 @@ import torch
 def new_bitmask(batch: int, words: int, pinned: bool) -> torch.Tensor:
     """All ones (every token allowed); pinned for an asynchronous host-to-GPU copy."""
     out = torch.empty((batch, words), dtype=torch.int32, pin_memory=pinned)
-    out.fill_(-1)
+    out.numpy().fill(-1)  # one thread: torch's fill_ wakes its thread pool, which then competes with the grammar threads
     return out
 
 

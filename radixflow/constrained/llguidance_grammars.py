@@ -2,9 +2,16 @@
 grammars compiled into an Earley parser over the model's tokens.
 
 Compiling is building an `LLMatcher` and its first mask; a request gets a deep copy of
-that compiled matcher. Masks are computed per step straight into the packed int32
-bitmask (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced
-tokens.
+that compiled matcher. Masks are computed per step straight into the packed int32 bitmask
+(llguidance drops the GIL while it does). Jump-forward uses llguidance's forced tokens.
+
+Deep copies share their original's lexer (and its lazily built states) behind one lock, held
+for a whole mask (llguidance 1.9's `deep_copy` clones the parser, whose clones share the
+lexer's `Arc<Mutex<..>>`), so a batch's copies of one matcher get their masks one at a time
+whatever the thread count (on the H200 host the batched fill took as long on 16 threads as
+on 1). With `--grammar-threads N` the compile builds N matchers of the grammar (N times the
+compile work, on the compile pool) and requests copy them in turn, so N threads have N locks;
+without it, one matcher as before (the split is not yet measured on the GPU host).
 
 Budget-aware completion: llguidance has no distance to an accepting state, so each
 request keeps a *closing path*, a completion found by search (closing_path.py) that fits
@@ -21,19 +28,18 @@ hook cuts the output back there and puts the path's next token in place.
 
 from __future__ import annotations
 
-import copy
-import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 import numpy as np
 import torch
-from llguidance import LLExecutor, LLMatcher, LLParserLimits, LLTokenizer
+from llguidance import LLExecutor, LLMatcher, LLParserLimits
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixflow.constrained.closing_hints import hint_strings
 from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.grammar_errors import grammar_error
+from radixflow.constrained.llguidance_tokenizer import ll_tokenizer
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
 from radixflow.constrained.spec_checks import check_spec, strip_anchors
 from radixflow.errors import GrammarError
@@ -59,6 +65,18 @@ class LLGuidanceGrammar:
     closing: Optional[list] = None  # a shortest output found by search (None: none found)
     hints: tuple = ()  # sample strings as token lists, for the closing search (closing_hints.py)
     compile_s: float = 0.0
+    roots: list = field(default_factory=list)  # more independently built matchers of `text` (families())
+    turn: int = 0
+
+    def next_root(self, tokenizer, limits: LLParserLimits) -> LLMatcher:
+        """The matcher the next request copies: `compiled` and up to families() - 1 more, in
+        turn (built by the compile; one more here, a millisecond or so, if the count rose since)."""
+        n = families()
+        if len(self.roots) < n - 1:
+            self.roots.append(_built(tokenizer, self.text, limits, self.words))
+        self.turn += 1
+        k = self.turn % min(n, len(self.roots) + 1)  # only the first n, if n was lowered since
+        return self.compiled if k == 0 else self.roots[k - 1]
 
     @property
     def min_tokens(self) -> Optional[int]:
@@ -71,12 +89,13 @@ class LLGuidanceMatcher:
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
 
-    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None):
+    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root=None):
+        """`root`: the matcher to copy (default: the grammar's compiled one)."""
         self.grammar = grammar
         self.search = search
         self.req = req  # for the token budget; None = unlimited
         self.eos_ids = eos_ids
-        self.m = grammar.compiled.deep_copy()
+        self.m = (grammar.compiled if root is None else root).deep_copy()
         self.ended = False
         self.rejected_token = None
         self.budget_closed = False  # the budget left out tokens the grammar allowed
@@ -99,13 +118,15 @@ class LLGuidanceMatcher:
     @staticmethod
     def fill_rows(pairs: list, bitmask: torch.Tensor) -> None:
         """(matcher, row) pairs into a contiguous CPU int32 bitmask, on llguidance's
-        threads (the GIL is released while they run)."""
+        threads (the GIL is released while they run). All rows come from one backend, so
+        one vocabulary: the first row's grammar stands for all."""
         assert bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32
         words = bitmask.shape[1]
-        assert all(m.grammar.words == words for m, _ in pairs), "the bitmask is sized for another vocabulary"
+        assert pairs[0][0].grammar.words == words, "the bitmask is sized for another vocabulary"
         _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
         for m, row in pairs:
-            m._apply_budget(bitmask, row)
+            if m.path is not None and not m.since:  # only a verified path can hold the budget (_budget_token)
+                m._apply_budget(bitmask, row)
 
     def current_mask(self) -> np.ndarray:
         mask = np.zeros(self.grammar.words, dtype=np.int32)
@@ -115,11 +136,20 @@ class LLGuidanceMatcher:
     @staticmethod
     def accept_rows(pairs: list) -> None:
         """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
-        (the GIL released), then each row's closing path is followed."""
-        batch = [(m, t) for m, t in pairs if m._takes(t)]
-        if batch:
-            done = _executor().consume_token_par([(m.m, t) for m, t in batch])
-            for (m, t), ok in zip(batch, done):
+        (the GIL released), then each row's closing path is followed (inline when the token
+        is the path's next one: most rows, most steps)."""
+        batch = [(m, t) for m, t in pairs if not m.ended and t not in m.eos_ids]
+        for m, t in pairs:
+            if not m.ended and t in m.eos_ids:
+                m.ended = True
+        if not batch:
+            return
+        done = _executor().consume_token_par([(m.m, t) for m, t in batch])
+        for (m, t), ok in zip(batch, done):
+            path = m.path
+            if ok and path and not m.since and path[0] == t:
+                del path[0]  # the path is the matcher's own list
+            else:
                 m._consumed(t, ok)
 
     def accept_token(self, token: int) -> None:
@@ -241,7 +271,7 @@ class LLGuidanceGrammars:
 
     def __init__(self, info: TokenizerInfo):
         self.info = info
-        self.tokenizer = _ll_tokenizer(info)
+        self.tokenizer = ll_tokenizer(info)
         self.words = (info.vocab_size + 31) // 32
         self.limits = LLParserLimits()
         self.search = ClosingSearch(info)
@@ -249,20 +279,17 @@ class LLGuidanceGrammars:
     def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0) -> LLGuidanceGrammar:
         """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work."""
         text = self._grammar_text(kind, spec, options)
-        m = LLMatcher(self.tokenizer, text, log_level=0, limits=self.limits)
-        if not m.is_error():
-            probe = np.zeros(self.words, dtype=np.int32)  # the first mask is part of the compile
-            m.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
-            m.reset()
+        m = _built(self.tokenizer, text, self.limits, self.words)
         if m.is_error():
             raise _error(kind, spec, m.get_error())
         encode = self.info.tokenizer.encode
         hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
         closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints)
+        roots = [_built(self.tokenizer, text, self.limits, self.words) for _ in range(families() - 1)]  # on the compile pool
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, roots=roots)
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req)
+        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_root(self.tokenizer, self.limits))
 
     def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
         """After a failed budget check, the output cut back and a replacement ((keep, [token])),
@@ -299,6 +326,16 @@ class LLGuidanceGrammars:
         raise GrammarError(f"unknown grammar kind {kind!r}")
 
 
+def _built(tokenizer, text: str, limits: LLParserLimits, words: int) -> LLMatcher:
+    """A matcher of `text` with its first mask computed (part of the compile)."""
+    m = LLMatcher(tokenizer, text, log_level=0, limits=limits)
+    if not m.is_error():
+        probe = np.zeros(words, dtype=np.int32)
+        m.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
+        m.reset()
+    return m
+
+
 def _lark(text: str) -> str:
     try:
         return any_to_lark(text) if "::=" in text else text  # GBNF (`root ::= ...`) is converted
@@ -320,64 +357,28 @@ def _error(kind: str, spec: Any, detail: str) -> GrammarError:
     return GrammarError(f"invalid or unsupported {what}: {first}")
 
 
-_TOKENIZERS: dict = {}
 _EXECUTORS: list = []
+_THREADS = [0]  # 0: llguidance's default (80% of the CPUs, up to 32)
+
+
+def families() -> int:
+    """Independently built matchers per grammar: as many as --grammar-threads, else one."""
+    return max(1, _THREADS[0])
+
+
+def set_threads(n: int) -> None:
+    """The thread count of llguidance's pool for batched fills and accepts (0: its default);
+    the pool is rebuilt on its next use if the count changed."""
+    if n != _THREADS[0]:
+        _THREADS[0] = n
+        _EXECUTORS.clear()
 
 
 def _executor() -> LLExecutor:
-    """llguidance's thread pool for batched mask fills (one per process, built on first use)."""
+    """llguidance's thread pool for batched mask fills and accepts (one per process, built on first use)."""
     if not _EXECUTORS:
-        _EXECUTORS.append(LLExecutor())
+        _EXECUTORS.append(LLExecutor(num_threads=_THREADS[0]) if _THREADS[0] else LLExecutor())
     return _EXECUTORS[0]
-
-
-def _ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
-    """Built once per tokenizer (about a second), from the fast tokenizer's JSON."""
-    key = (id(info.tokenizer), info.vocab_size, info.eos_ids)
-    hit = _TOKENIZERS.get(key)
-    if hit is None:
-        backend = getattr(info.tokenizer, "backend_tokenizer", None)
-        if backend is None:
-            raise GrammarError("the llguidance grammar backend needs a fast (tokenizer.json) tokenizer")
-        backend = copy.copy(backend)
-        backend.no_padding()
-        backend.no_truncation()
-        ll = LLTokenizer(_without_byte_fallback(backend.to_str()), n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
-        _check_token_bytes(ll, info.tokenizer)
-        hit = (info.tokenizer, ll)
-        _TOKENIZERS[key] = hit
-    return hit[1]
-
-
-def _without_byte_fallback(tokenizer_json: str) -> str:
-    """A byte-level BPE tokenizer (ByteLevel pre-tokenizer) marked `byte_fallback`, as
-    some transformers versions convert the default GGUF's: llguidance then reads its tokens as
-    sentencepiece pieces ("Ġ" stays "Ġ", not a space), so no mask allows the right text.
-    Byte-level vocabularies hold every byte, so the flag changes no encoding: drop it."""
-    doc = json.loads(tokenizer_json)
-    model, pre = doc.get("model") or {}, doc.get("pre_tokenizer") or {}
-    steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
-    if not (model.get("byte_fallback") and any(step.get("type") == "ByteLevel" for step in steps)):
-        return tokenizer_json
-    model["byte_fallback"] = False
-    doc["decoder"] = {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True}
-    return json.dumps(doc)
-
-
-_BYTES_PROBE = 'a <b>\n{"c": [1, 2.5]}\tdef f(x):'
-
-
-def _check_token_bytes(ll: LLTokenizer, tokenizer) -> None:
-    """llguidance must read the tokens as the bytes the tokenizer decodes them to (a leading
-    space aside: sentencepiece decoders drop it); otherwise every mask would be wrong."""
-    ids = tokenizer.encode(_BYTES_PROBE, add_special_tokens=False)
-    mine, theirs = ll.decode_bytes(ids).lstrip(b" "), tokenizer.decode(ids).encode().lstrip(b" ")
-    if mine != theirs:
-        raise GrammarError(
-            f"llguidance reads this tokenizer's tokens as other bytes than it decodes them to ({mine[:40]!r} "
-            f"vs {theirs[:40]!r}), so its grammars cannot work; use --grammar-backend outlines, or "
-            "re-create the tokenizer files (a GGUF converted by another transformers version may give a correct tokenizer.json)"
-        )
 
 
 def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOptions()) -> None:

@@ -57,6 +57,9 @@ _HELP = {
     "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: more JSON-schema "
     "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
     "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
+    "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
+    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32); N > 0 also builds "
+    "each grammar N times, so the threads do not wait on one grammar's lexer (docs/grammars.md)",
     "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
     "time queued behind other compiles) fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
@@ -127,6 +130,7 @@ class ServerArgs:
     grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     grammar_compile_workers: int = 2
+    grammar_threads: int = 0
     grammar_compile_timeout_s: float = 10.0
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
@@ -189,6 +193,8 @@ class ServerArgs:
             raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
         if self.grammar_compile_timeout_s <= 0:
             raise RadixflowError("grammar_compile_timeout_s must be positive")
+        if self.grammar_threads < 0:
+            raise RadixflowError("grammar_threads must be >= 0 (0: llguidance's default)")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
