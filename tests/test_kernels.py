@@ -875,6 +875,23 @@ def test_seeded_rows_draw_by_seed_and_position_in_one_batch(path):
     assert all(streams[i * m : (i + 1) * m] != stream[:m] for i in range(3))  # other seeds: other streams
 
 
+@pytest.mark.parametrize("cut", [(40, 1.0, 0.0), (5, 0.9, 0.1)], ids=["no_cut", "cuts"])
+def test_torch_sampling_path_gives_an_in_range_id_for_rows_without_mass(cut):
+    """A row whose tokens are all banned (-inf) or whose logits hold a NaN has no mass to draw
+    from: torch's path takes the row's argmax (the kernel's choice for such a row, token 0 when
+    all are -inf) instead of the id one past the vocabulary; the other rows still draw."""
+    from radixflow.runtime.scheduling.sampler import _sample_torch
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 40, device=DEV)
+    logits[0] = float("-inf")
+    logits[1, 5] = float("nan")
+    logits[3] = float("-inf")
+    logits[3, 17] = 0.0  # one token left: always drawn
+    ids = _sample_torch(logits, [1.0] * 4, *[[x] * 4 for x in cut], [None, None, (3, 0), (3, 1)]).tolist()
+    assert ids[0] == 0 and 0 <= ids[1] < 40 and 0 <= ids[2] < 40 and ids[3] == 17
+
+
 def test_keyed_uniforms_are_uniform_and_a_function_of_the_key():
     from radixflow.runtime.scheduling.sampler import keyed_uniforms
 

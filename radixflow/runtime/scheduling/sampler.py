@@ -176,7 +176,7 @@ def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, m
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
-    return _draw(probs, keys)
+    return _draw(probs, keys, logits.argmax(dim=-1, keepdim=True))
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
@@ -191,13 +191,18 @@ def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_p)
 
 
-def _draw(probs: torch.Tensor, keys: list) -> torch.Tensor:
-    """One draw per row by inverse CDF, from one uniform a row (unnormalized probs >= 0)."""
+def _draw(probs: torch.Tensor, keys: list, top: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverse CDF, from one uniform a row (unnormalized probs >= 0). A row
+    with no mass (every token banned: softmax gives NaN; NaN logits) takes `top`, its logits'
+    argmax [B, 1], as the Triton kernel does, so the id stays inside the vocabulary."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
     u = to_device_async(row_uniforms(keys), probs.device).unsqueeze(1)
     x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # x < total: a token is found
-    return torch.searchsorted(cdf, x, right=True).squeeze(1)  # the first token whose cdf passes x: p > 0
+    idx = torch.searchsorted(cdf, x, right=True).clamp_(max=probs.shape[1] - 1)  # the first token whose cdf passes x
+    # p == 0 at idx only if the cumsum was not monotone (a parallel scan on CUDA can round so)
+    drawn = (total > 0) & (probs.gather(1, idx) > 0)
+    return torch.where(drawn, idx, top).squeeze(1)
 
 
 def row_uniforms(keys: list) -> torch.Tensor:
