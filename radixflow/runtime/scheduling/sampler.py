@@ -3,9 +3,10 @@
 Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
 (grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton kernel that needs no
-sort (kernels/sampling.py): its GPU time is several times below that of torch's path in every
-mode, temperature alone included. `KernelSettings.triton_sampling=False` keeps torch's path
-(benchmarks compare).
+sort (kernels/sampling.py). Its GPU time was several times below torch's path when that path
+drew with torch.multinomial; against the inverse-CDF draw that replaced it only host-bound call
+times have been measured, so the GPU-time gap now is unknown (benchmarks/gpu_sampling_bench.py
+measures it). `KernelSettings.triton_sampling=False` keeps torch's path.
 
 Seeds: a request with `sampling_seed` draws the token at output position p from random numbers
 that are a function of (seed, p) alone (counter-based: Philox in the kernel, a hash on torch's
