@@ -7,7 +7,8 @@ The issue asks for Triton sampling kernels "where torch is slow". This measures
 top-k 50, top-p 0.9, both, and min-p 0.05, through the Triton kernel (kernels/sampling.py,
 the default on CUDA) and through torch's sort-based path (`sample_from(..., triton=False)`),
 with the kernel's mean number of draws per row; and, for torch's top-p path, each of its steps
-(softmax, sort, cumsum + mask, scatter back, draw). Logits are N(0, 4^2) rows, a peaked
+(softmax, sort, cumsum + mask, scatter back, and the draw: `sampler._draw`'s inverse CDF with
+its uniforms' host work and copy). Logits are N(0, 4^2) rows, a peaked
 distribution like a trained model's. Times are medians of CUDA events around the call (host
 launch time included), and the GPU's time alone (calls queued behind a sleeping kernel): with
 overlap scheduling the host's part runs while the GPU computes the next step. Writes DIR/sampling_bench.json and prints a table.
@@ -69,13 +70,14 @@ def steps_of_top_p(logits: torch.Tensor) -> dict:
     cum = sorted_p.cumsum(dim=-1) - sorted_p
     kept = sorted_p.masked_fill(cum > 0.9, 0.0)
     full = torch.zeros_like(probs).scatter_(1, order, kept)
+    b, top = logits.shape[0], logits.argmax(dim=-1, keepdim=True)
     return {
         "softmax": median_ms(lambda: torch.softmax(logits / 0.8, dim=-1)),
         "sort": median_ms(lambda: probs.sort(dim=-1, descending=True)),
         "cumsum_mask": median_ms(lambda: sorted_p.masked_fill(sorted_p.cumsum(dim=-1) - sorted_p > 0.9, 0.0)),
         "scatter": median_ms(lambda: torch.zeros_like(probs).scatter_(1, order, kept)),
         "topk1024": median_ms(lambda: probs.topk(1024, dim=-1)),
-        "multinomial": median_ms(lambda: torch.multinomial(full / full.sum(dim=-1, keepdim=True), 1)),
+        "draw": median_ms(lambda: sampler._draw(full, sampler.draw_uniforms([None] * b, full.device), top)),
     }
 
 

@@ -30,7 +30,7 @@ from radixflow.runtime.scheduling.sampler import sample_from  # noqa: E402
 BATCH = 174
 
 
-def req(seed, position: int, **params) -> SimpleNamespace:
+def req(seed: int | None, position: int, **params) -> SimpleNamespace:
     sp = SamplingParams(**{"temperature": 1.0, **params}, sampling_seed=seed)
     return SimpleNamespace(sampling=sp, origin_input_ids=[0], kv_len=1 + position)
 
@@ -56,7 +56,8 @@ def timings(vocab: int) -> dict:
     out = {}
     for name, reqs, triton in (("kernel_seeded", seeded, True), ("kernel_unseeded", plain, True),
                                ("torch_seeded", seeded, False)):
-        out[name + "_ms"] = 1e3 * cuda_median_s(lambda: sample_from(logits.clone(), reqs, triton=triton), reps=30, warmup=3)
+        call = lambda r=reqs, t=triton: sample_from(logits.clone(), r, triton=t)  # noqa: E731
+        out[name + "_ms"] = 1e3 * cuda_median_s(call, reps=30, warmup=3)
     out["torch_over_kernel_seeded"] = out["torch_seeded_ms"] / out["kernel_seeded_ms"]
     return out
 

@@ -822,21 +822,41 @@ def _seeded(seed, position: int = 0, **params):
 
 
 def test_batch_invariant_sampler_draws_each_row_alone(monkeypatch):
-    """Deterministic inference: torch's sampling path runs on one row at a time, and a seeded row
-    draws what it draws alone."""
+    """Deterministic inference: torch's sampling path runs on one row at a time, from uniforms
+    drawn once for the batch; on the CPU (where a row's sums do not depend on the row count)
+    every row, seeded or not, draws what the batched pass draws from the same generator state."""
     from radixflow.runtime.scheduling import sampler
 
-    logits = torch.randn(3, 500, device=DEV)
-    rows = []
-    real = sampler._sample_torch
+    torch.manual_seed(0)
+    logits = torch.randn(8, 500) * 3
+    reqs = [_seeded(None if i % 3 else 5, i, top_p=1.0 if i % 2 else 0.9) for i in range(8)]
+    rows, uniforms = [], []
+    real, real_u = sampler._sample_torch, sampler.row_uniforms
     monkeypatch.setattr(sampler, "_sample_torch", lambda lg, *a: rows.append(lg.shape[0]) or real(lg, *a))
-    together = sampler.sample_from(logits.clone(), [_seeded(5) for _ in range(3)], batch_invariant=True, triton=False)
-    assert rows == [1, 1, 1]
-    alone = sampler.sample_from(logits[2:].clone(), [_seeded(5)], batch_invariant=True, triton=False)
-    assert together[2] == alone[0]
+    monkeypatch.setattr(sampler, "row_uniforms", lambda keys: uniforms.append(len(keys)) or real_u(keys))
+    torch.manual_seed(1)
+    one_by_one = sampler.sample_from(logits.clone(), reqs, batch_invariant=True, triton=False)
+    assert rows == [1] * 8 and uniforms == [8]
     rows.clear()
-    sampler.sample_from(logits.clone(), [_seeded(5) for _ in range(3)], triton=False)
-    assert rows == [3]  # the default: the whole batch at once, seeded rows included
+    torch.manual_seed(1)
+    batched = sampler.sample_from(logits.clone(), reqs, triton=False)
+    assert rows == [8]  # the default: the whole batch at once, seeded rows included
+    assert torch.equal(one_by_one, batched) and len(set(batched.tolist())) > 4
+
+
+def test_unseeded_rows_draw_fresh_random_numbers():
+    """Unseeded rows take new random numbers on every row and every call: 64 identical rows of a
+    flat distribution over 40 tokens differ among themselves and from the next call's, on torch's
+    path and in the kernel."""
+    from radixflow.runtime.scheduling import sampler
+
+    torch.manual_seed(0)
+    logits = torch.zeros(64, 40, device=DEV)
+    reqs = [_seeded(None, top_p=1.0) for _ in range(64)]
+    first, second = (sampler.sample_from(logits.clone(), reqs, triton=False) for _ in range(2))
+    assert len(set(first.tolist())) > 10 and not torch.equal(first, second)
+    first, second = (sample_rows(logits, [1.0] * 64, [40] * 64, [1.0] * 64, [0.0] * 64, block=16) for _ in range(2))
+    assert len(set(first.tolist())) > 10 and not torch.equal(first, second)
 
 
 @pytest.mark.parametrize("path", ["torch", "kernel"])
@@ -845,7 +865,7 @@ def test_seeded_rows_draw_by_seed_and_position_in_one_batch(path):
     alone, at another row among other seeded and unseeded rows, and on another run; other seeds
     draw other tokens, and over positions the draws follow the truncated distribution. Torch's
     path (CPU) and the Triton kernel (interpreted here), each in one batched pass."""
-    from radixflow.runtime.scheduling.sampler import _sample_torch, draw_keys
+    from radixflow.runtime.scheduling.sampler import _sample_torch, draw_keys, draw_uniforms
 
     torch.manual_seed(0)
     row = torch.linspace(3, -3, 40)[torch.randperm(40)].to(DEV)
@@ -856,7 +876,7 @@ def test_seeded_rows_draw_by_seed_and_position_in_one_batch(path):
         per_row = [[x] * len(reqs) for x in params]
         if path == "kernel":
             return sample_rows(lg.contiguous(), *per_row, block=16, keys=draw_keys(reqs)).tolist()
-        return _sample_torch(lg, *per_row, draw_keys(reqs)).tolist()
+        return _sample_torch(lg, *per_row, draw_uniforms(draw_keys(reqs), DEV)).tolist()
 
     n = 100 if path == "torch" else 40  # the kernel's distribution: test_sampling_kernel_draws_from_...
     stream = draw([_seeded(7, p) for p in range(n)])  # positions 0..n-1 of seed 7, as one batch
@@ -875,16 +895,42 @@ def test_seeded_rows_draw_by_seed_and_position_in_one_batch(path):
     assert all(streams[i * m : (i + 1) * m] != stream[:m] for i in range(3))  # other seeds: other streams
 
 
-def test_keyed_uniforms_are_uniform_and_a_function_of_the_key():
+@pytest.mark.parametrize("cut", [(40, 1.0, 0.0), (5, 0.9, 0.1)], ids=["no_cut", "cuts"])
+def test_torch_sampling_path_gives_an_in_range_id_for_rows_without_mass(cut):
+    """A row whose tokens are all banned (-inf) or whose logits hold a NaN has no mass to draw
+    from: torch's path takes the row's argmax (the kernel's choice for such a row, token 0 when
+    all are -inf) instead of the id one past the vocabulary; the other rows still draw."""
+    from radixflow.runtime.scheduling.sampler import _sample_torch, draw_uniforms
+
+    torch.manual_seed(0)
+    logits = torch.randn(4, 40, device=DEV)
+    logits[0] = float("-inf")
+    logits[1, 5] = float("nan")
+    logits[3] = float("-inf")
+    logits[3, 17] = 0.0  # one token left: always drawn
+    u = draw_uniforms([None, None, (3, 0), (3, 1)], DEV)
+    ids = _sample_torch(logits, [1.0] * 4, *[[x] * 4 for x in cut], u).tolist()
+    assert ids[0] == 0 and 0 <= ids[1] < 40 and 0 <= ids[2] < 40 and ids[3] == 17
+
+
+def test_keyed_uniforms_are_uniform_and_independent_across_keys():
+    """Torch's path's counter-based uniforms: in [0, 1) and evenly spread; uncorrelated between
+    consecutive positions of a seed, between seeds s and s + 1, and between seeds differing only
+    in their high 32 bits (which must count)."""
     from radixflow.runtime.scheduling.sampler import keyed_uniforms
 
     positions = torch.arange(20000)
     u = keyed_uniforms(torch.full_like(positions, 3), positions)
     assert 0 <= u.min() and u.max() < 1 and abs(u.mean().item() - 0.5) < 0.01
     assert torch.histc(u, bins=10, min=0, max=1).min() > 1800  # ~2000 a bin
-    assert torch.equal(u, keyed_uniforms(torch.full_like(positions, 3), positions))
-    v = keyed_uniforms(torch.full_like(positions, 3 + 2**32), positions)  # the seed's high half counts
-    assert (u != v).float().mean() > 0.99 and abs(torch.corrcoef(torch.stack([u, v]))[0, 1].item()) < 0.05
+
+    def corr(a: torch.Tensor, b: torch.Tensor) -> float:
+        return abs(torch.corrcoef(torch.stack([a, b]))[0, 1].item())  # ~0.007 for independent draws
+
+    assert corr(u[:-1], u[1:]) < 0.03
+    for other in (4, 3 + 2**32):
+        v = keyed_uniforms(torch.full_like(positions, other), positions)
+        assert (u != v).float().mean() > 0.99 and corr(u, v) < 0.03
 
 
 @gpu

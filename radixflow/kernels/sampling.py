@@ -153,22 +153,26 @@ def sample_rows(logits: torch.Tensor, temperature: list[float], top_k: list[int]
     return out
 
 
-def _row_params(temperature: list, top_k: list, top_p: list, min_p: list, keys: list | None, v: int, device):
+def _row_params(temperature: list[float], top_k: list[int], top_p: list[float], min_p: list[float],
+                keys: list[tuple[int, int] | None] | None, v: int,
+                device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     """The per-row parameters as float32 [4, B] and the Philox keys as int64 [2, B] (seed,
-    counter), packed into one host buffer so that they reach the GPU in one copy."""
+    counter), filled into one host buffer (pinned when bound for CUDA) so that they reach the
+    GPU in one copy."""
     b = len(temperature)
     call_seed = int(torch.randint(0, 2**31 - 1, (1,)).item())  # CPU generator: no wait for the GPU
     keys = keys or [None] * b
-    host = torch.empty(4 * b * 4 + 2 * b * 8, dtype=torch.uint8)
-    host[: 16 * b].view(torch.float32).copy_(torch.tensor([
+    host = torch.empty(4 * b * 4 + 2 * b * 8, dtype=torch.uint8, pin_memory=torch.device(device).type == "cuda")
+    floats, ints = host[: 16 * b].view(torch.float32).view(4, b), host[16 * b :].view(torch.int64).view(2, b)
+    floats.copy_(torch.tensor([
         [1.0 / t for t in temperature],
         top_p,
         [math.log(p) if p > 0 else -math.inf for p in min_p],
         [min(k, v) for k in top_k],
-    ], dtype=torch.float32).flatten())
-    host[16 * b :].view(torch.int64).copy_(torch.tensor([
+    ], dtype=torch.float32))
+    ints.copy_(torch.tensor([
         [call_seed if key is None else key[0] for key in keys],
         [i if key is None else key[1] for i, key in enumerate(keys)],
-    ], dtype=torch.int64).flatten())
-    dev = to_device_async(host, device)
+    ], dtype=torch.int64))
+    dev = to_device_async(host, device)  # already pinned: pin_memory() returns it as is
     return dev[: 16 * b].view(torch.float32).view(4, b), dev[16 * b :].view(torch.int64).view(2, b)

@@ -9,9 +9,9 @@ from radixflow.runtime.scheduling.req import Req
 
 
 def continuable(sp: SamplingParams) -> bool:
-    """Whether a gen can run as a new segment of the finished request: per-request
-    state (grammar matcher, penalty counts) and a seed (keyed by output position) needs a fresh request, and
-    n > 1 samples run as requests of their own."""
+    """Whether a gen can run as a new segment of the finished request. Per-request state
+    (grammar matcher, penalty counts) and a seed (keyed by output position) need a fresh
+    request, and n > 1 samples run as requests of their own."""
     return (
         sp.n == 1
         and sp.grammar is None

@@ -3,9 +3,10 @@
 Everything is done on `[B, V]` tensors; the only Python loops run over requests
 (never over the vocabulary), and only for requests that need per-row work
 (grammar masks, logit bias). On CUDA, sampled rows are drawn by a Triton kernel that needs no
-sort (kernels/sampling.py): its GPU time is several times below that of torch's path in every
-mode, temperature alone included. `KernelSettings.triton_sampling=False` keeps torch's path
-(benchmarks compare).
+sort (kernels/sampling.py). Its GPU time was several times below torch's path when that path
+drew with torch.multinomial; against the inverse-CDF draw that replaced it only host-bound call
+times have been measured, so the GPU-time gap now is unknown (benchmarks/gpu_sampling_bench.py
+measures it). `KernelSettings.triton_sampling=False` keeps torch's path.
 
 Seeds: a request with `sampling_seed` draws the token at output position p from random numbers
 that are a function of (seed, p) alone (counter-based: Philox in the kernel, a hash on torch's
@@ -146,11 +147,12 @@ def sample_from(logits: torch.Tensor, reqs: list, batch_invariant: bool = False,
 
         sampled = sample_rows(logits, temps, top_k, top_p, min_p, keys=keys)
     elif batch_invariant:
+        u = draw_uniforms(keys, dev)  # one copy for the batch, sliced per row
         rows = [_sample_torch(logits[i : i + 1], temps[i : i + 1], top_k[i : i + 1], top_p[i : i + 1],
-                              min_p[i : i + 1], keys[i : i + 1]) for i in range(len(reqs))]
+                              min_p[i : i + 1], u[i : i + 1]) for i in range(len(reqs))]
         sampled = torch.cat(rows)
     else:
-        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, keys)
+        sampled = _sample_torch(logits, temps, top_k, top_p, min_p, draw_uniforms(keys, dev))
     if not any(greedy):
         return sampled
     return torch.where(_row_tensor(greedy, torch.bool, dev), greedy_ids(logits), sampled)
@@ -167,8 +169,10 @@ def draw_keys(reqs: list) -> list:
     ]
 
 
-def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list, keys: list) -> torch.Tensor:
-    """torch's path: softmax, top-k / top-p by sorting (when any row truncates), min-p, one draw."""
+def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, min_p: list,
+                  u: torch.Tensor) -> torch.Tensor:
+    """torch's path: softmax, top-k / top-p by sorting (when any row truncates), min-p, one draw
+    per row from its uniform in `u` ([B], on the logits' device)."""
     dev = logits.device
     probs = torch.softmax(logits / _row_tensor(temps, torch.float32, dev).unsqueeze(1), dim=-1)
     if any(k < logits.shape[1] for k in top_k) or any(p < 1.0 for p in top_p):
@@ -176,7 +180,7 @@ def _sample_torch(logits: torch.Tensor, temps: list, top_k: list, top_p: list, m
     if any(m > 0 for m in min_p):
         mp = _row_tensor(min_p, torch.float32, dev).unsqueeze(1)
         probs = probs.masked_fill(probs < mp * probs.max(dim=-1, keepdim=True).values, 0.0)
-    return _draw(probs, keys)
+    return _draw(probs, u, logits.argmax(dim=-1, keepdim=True))
 
 
 def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
@@ -191,13 +195,23 @@ def _top_k_top_p(probs: torch.Tensor, top_k: list, top_p: list) -> torch.Tensor:
     return torch.zeros_like(probs).scatter_(1, order, sorted_p)
 
 
-def _draw(probs: torch.Tensor, keys: list) -> torch.Tensor:
-    """One draw per row by inverse CDF, from one uniform a row (unnormalized probs >= 0)."""
+def _draw(probs: torch.Tensor, u: torch.Tensor, top: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverse CDF, from its uniform in u [B] (unnormalized probs >= 0). A row
+    with no mass (every token banned: softmax gives NaN; NaN logits) takes `top`, its logits'
+    argmax [B, 1], as the Triton kernel does, so the id stays inside the vocabulary."""
     cdf = probs.cumsum(dim=-1)
     total = cdf[:, -1:]
-    u = to_device_async(row_uniforms(keys), probs.device).unsqueeze(1)
-    x = torch.minimum(u * total, torch.nextafter(total, torch.zeros_like(total)))  # x < total: a token is found
-    return torch.searchsorted(cdf, x, right=True).squeeze(1)  # the first token whose cdf passes x: p > 0
+    x = u.unsqueeze(1) * total
+    x = torch.minimum(x, torch.nextafter(total, torch.zeros_like(total)))  # x < total: a token is found
+    idx = torch.searchsorted(cdf, x, right=True).clamp_(max=probs.shape[1] - 1)  # the first token whose cdf passes x
+    # p == 0 at idx only if the cumsum was not monotone (a parallel scan on CUDA can round so)
+    drawn = (total > 0) & (probs.gather(1, idx) > 0)
+    return torch.where(drawn, idx, top).squeeze(1)
+
+
+def draw_uniforms(keys: list, device) -> torch.Tensor:
+    """`row_uniforms(keys)` on `device`, in one copy."""
+    return to_device_async(row_uniforms(keys), device)
 
 
 def row_uniforms(keys: list) -> torch.Tensor:
