@@ -261,6 +261,26 @@ def test_requests_copy_the_grammars_builds_in_turn(backend, eight_cpus):
     assert all(g.next_build(pool) is g.compiled for _ in range(3)) and pool.submitted == 2
 
 
+def test_one_build_job_catches_up_with_a_burst_of_requests(backend, eight_cpus):
+    """Requests handed out while a build job waits on the pool share the ready builds; the job
+    then makes as many as the requests so far call for (up to max_builds()), one job at a time."""
+    g = backend.compile("regex", "[gh]{3,8}")
+    jobs = []
+
+    class LaterPool:
+        def submit(self, fn):
+            fut = Future()
+            jobs.append((fn, fut))
+            return fut
+
+    assert all(g.next_build(LaterPool()) is g.compiled for _ in range(5))
+    assert len(jobs) == 1 and len(g.builds) == 1
+    fn, fut = jobs[0]
+    fn()
+    fut.set_result(None)
+    assert g.building is None and g.wait_for_builds() == 3 and g.next_build(LaterPool()) is g.builds[5 % 3]
+
+
 def test_a_backend_without_grammar_threads_resets_the_pool_size(engine):
     """An Engine started with --grammar-threads 0 after one with N gets llguidance's default."""
     from radixflow.constrained import llguidance_threads

@@ -5,10 +5,9 @@ Compiling is building an `LLMatcher` and its first mask; a request gets a deep c
 that compiled matcher. Masks are computed per step straight into the packed int32 bitmask
 (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced tokens.
 
-Deep copies of one matcher share its lexer's lock, so a grammar's concurrent requests copy
-several independently built matchers ("builds") in turn: the compile makes the first, and each
-further one is built on the compile pool once the grammar has had more requests than builds
-(up to llguidance_threads.max_builds()).
+Deep copies of one matcher share its lexer's lock, so a grammar's requests copy several
+independently built matchers ("builds") in turn: the compile makes one, the compile pool more
+once the grammar has had more requests than builds (llguidance_threads.py).
 
 Budget-aware completion: llguidance has no distance to an accepting state, so each
 request keeps a *closing path*, a completion found by search (closing_path.py) that fits
@@ -68,28 +67,39 @@ class LLGuidanceGrammar:
     build: Optional[Callable[[], LLMatcher]] = None  # builds another matcher of `text` (None: no more builds)
     builds: list = field(default_factory=list)  # independently built matchers of `text`, `compiled` first
     handed_out: int = 0  # requests given a copy so far
-    building: Optional[Future] = None  # the one build under way on the compile pool
+    building: Optional[Future] = None  # the one build job under way on the compile pool
 
     def __post_init__(self):
         self.builds = self.builds or [self.compiled]
 
     def next_build(self, pool: Optional[Executor] = None) -> LLMatcher:
         """The build the next request deep-copies: the ready builds in turn. A grammar with
-        fewer builds than requests so far (up to max_builds()) gets one more, built on `pool`,
-        one at a time (None: none), and used once ready. Only the scheduler thread calls this
+        fewer builds than requests so far (up to max_builds()) gets more, built one after another
+        on `pool` (None: none) and used once ready: a first burst of requests mostly shares the
+        compiled build, later requests spread over them all. Only the scheduler thread calls this
         (GrammarBackend.poll), so it takes no lock; the pool thread only appends to `builds`
         and clears `building`."""
         self.handed_out += 1
         cap = max_builds()
         if pool is not None and self.build is not None and self.building is None and len(self.builds) < min(cap, self.handed_out):
-            self.building = pool.submit(self._build_one)
+            self.building = pool.submit(self._build_more)
             self.building.add_done_callback(self._build_done)  # after the assignment: the build may be done already
         return self.builds[(self.handed_out - 1) % min(cap, len(self.builds))]
 
-    def _build_one(self) -> None:
-        m = self.build()
-        if not m.is_error():
+    def _build_more(self) -> None:
+        """On the pool: builds until there are as many as requests so far (up to max_builds())."""
+        while len(self.builds) < min(max_builds(), self.handed_out):
+            m = self.build()
+            if m.is_error():
+                return
             self.builds.append(m)
+
+    def wait_for_builds(self) -> int:
+        """Blocks until the builds under way are made (benchmarks: before timing); how many there are."""
+        pending = self.building
+        if pending is not None:
+            pending.result()
+        return len(self.builds)
 
     def _build_done(self, _: Future) -> None:
         self.building = None
