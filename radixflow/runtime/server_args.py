@@ -59,7 +59,7 @@ _HELP = {
     "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
     "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
-    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; at most 256). A "
+    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "
     "CPUs), one more per extra request, built in the background: requests of one grammar then do not wait on "
     "one lexer's lock (docs/constrained.md)",
