@@ -15,7 +15,7 @@ share the free runs' conditions; labels are prefixed with the backend.
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
-    python benchmarks/constrained_gpu.py --sections threads --threads 4,8,16 ...   # llguidance's pool size, in the engine
+    python benchmarks/constrained_gpu.py --sections threads --threads 4,8,16 ...   # llguidance's pool size and builds, in the engine
 
 DIR (tokenizer): tokenizer.json, tokenizer_config.json (and chat_template.jinja) of the default
 model, e.g. its converted cache folder; default: that folder. Needs jsonschema.
@@ -30,6 +30,7 @@ import re
 import statistics
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,6 +41,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from gpubench.common import TINY_CONFIG  # noqa: E402
 from gpubench.offline import ForwardRecorder  # noqa: E402
 from host_timeline import HostTimeline  # noqa: E402
+
+if TYPE_CHECKING:
+    from radixflow import Engine
 
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 40},
@@ -97,6 +101,7 @@ def make_engine(a):
 
         tok = resolve_model(None).path
     kw["grammar_backend"] = a.backends[0]
+    kw["grammar_threads"] = a.grammar_threads
     kw["grammar_compile_timeout_s"] = 120.0  # the first compile of SCHEMA, on a busy host
     return radixflow.Engine(model_config(a.smoke), load_format="dummy", tokenizer_path=tok, **kw)
 
@@ -237,18 +242,24 @@ def idle(a, eng, n: int, kind: str, backend: str) -> None:
         log(a.out, name, json.dumps(entry))
 
 
-def thread_sweep(a, eng, n: int) -> None:
-    """llguidance JSON at batch `n`, greedy, on pools of each of `a.threads` sizes (after one
-    warm-up batch): tok/s and the host's mean ms per step by part, in the engine's own process."""
-    from radixflow.constrained.llguidance_grammars import set_threads
+def thread_sweep(a: argparse.Namespace, eng: Engine, n: int) -> None:
+    """llguidance JSON at batch `n`, greedy, for each pool size in `a.threads`. The pool size and
+    the grammar's builds change together (one build per thread, at most one per CPU): what this
+    measures is the pair. Per size, one untimed batch first hands out the requests that ask for the
+    builds, which are waited for, so the timed batch copies all of them. tok/s and the host's
+    mean ms per step by part, in the engine's own process; labels carry the size and the builds."""
+    from radixflow.constrained.llguidance_threads import max_builds, set_threads
 
     ps = prompts(n)
     pre = use_backend(eng, "llguidance")
-    eng.generate(ps, [dict(grammar_params("json", 0.0), max_new_tokens=64)] * n)
+    params = [grammar_params("json", 0.0)] * n
+    grammar = BACKENDS["llguidance"].compile("json_schema", json.dumps(SCHEMA))
     for threads in a.threads:
         set_threads(threads)
-        outs, dt, st = timed(eng, ps, [grammar_params("json", 0.0)] * n)
-        record(a, f"{pre}threads{threads}_json_bs{n}_T0", outs, dt, st, "json")
+        eng.generate(ps, [dict(p, max_new_tokens=64) for p in params])
+        builds = min(grammar.wait_for_builds(), max_builds())
+        outs, dt, st = timed(eng, ps, params)
+        record(a, f"{pre}threads{threads}_builds{builds}_json_bs{n}_T0", outs, dt, st, "json")
     set_threads(eng.scheduler.args.grammar_threads)
 
 
@@ -316,7 +327,9 @@ def main() -> None:
     ap.add_argument("--sections", default="correctness,throughput,idle")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
-    ap.add_argument("--threads", default="4,8,16", help="llguidance pool sizes for the `threads` section (batch 256, or the largest size)")
+    ap.add_argument("--threads", default="4,8,16", help="llguidance pool sizes for the `threads` section (batch 256, or the largest "
+                    "size); each also sets the grammar's builds (min(size, CPUs)), made before the timed batch")
+    ap.add_argument("--grammar-threads", type=int, default=0, help="the engine's --grammar-threads (0: llguidance's default)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")

@@ -7,7 +7,7 @@ is drawn uniformly among the allowed ones (an adversarial model: long strings, l
 The default model's tokenizer, the schema and regex of benchmarks/constrained_gpu.py.
 
     python benchmarks/grammar_host_cost.py --rows 64,256 --backends llguidance,outlines
-    python benchmarks/grammar_host_cost.py --threads 1,4,8,12 --kinds json_schema   # llguidance's thread count
+    python benchmarks/grammar_host_cost.py --threads 1,4,8,12 --kinds json_schema   # llguidance's threads and builds
     python benchmarks/grammar_host_cost.py --rows 256 --steps 40 ...                 # the first 40 steps only
 
 `searches` counts llguidance's closing-path searches, `cut_tokens` the outputs a failed budget
@@ -115,9 +115,22 @@ def count_searches() -> None:
 
 def use_threads(n: int) -> None:
     """llguidance's batched calls on a pool of `n` threads (0: llguidance's default)."""
-    from radixflow.constrained.llguidance_grammars import set_threads
+    from radixflow.constrained.llguidance_threads import set_threads
 
     set_threads(n)
+
+
+def warm_builds(backend: GrammarBackend, kind: str, spec: str, n: int) -> int:
+    """Hands out `n` requests (untimed) so that the grammar makes the builds this pool size
+    allows, and waits for them: the timed run's rows copy them in turn. How many it uses."""
+    from radixflow.constrained.llguidance_threads import max_builds
+
+    grammar = backend.compile(kind, spec)
+    for _ in range(n):
+        r = Row(kind, spec, MAX_NEW)
+        backend.submit(r)
+        assert backend.poll(r) is True, r.finish_reason
+    return min(grammar.wait_for_builds(), max_builds())
 
 
 def main() -> None:
@@ -125,7 +138,8 @@ def main() -> None:
     ap.add_argument("--rows", default="64,256")
     ap.add_argument("--backends", default="llguidance,outlines")
     ap.add_argument("--kinds", default="json_schema,regex")
-    ap.add_argument("--threads", default="0", help="llguidance executor threads, comma-separated (0: its default)")
+    ap.add_argument("--threads", default="0", help="llguidance executor threads, comma-separated (0: its default); each "
+                    "also sets the grammar's builds (min(threads, CPUs)), made before the timed run")
     ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
     ap.add_argument("--json", help="write the results here")
     ap.add_argument("--steps", type=int, default=0, help="stop each run after this many steps (0: when every row ends)")
@@ -147,7 +161,9 @@ def main() -> None:
             for n in (int(x) for x in a.rows.split(",")):
                 for threads in [int(x) for x in a.threads.split(",")] if name == "llguidance" else [0]:
                     use_threads(threads)
-                    res = {"backend": name, "kind": kind, "threads": threads, **run(backend, kind, spec, n, seed=n, max_steps=a.steps)}
+                    builds = warm_builds(backend, kind, spec, n) if name == "llguidance" else 1
+                    res = {"backend": name, "kind": kind, "threads": threads, "builds": builds,
+                           **run(backend, kind, spec, n, seed=n, max_steps=a.steps)}
                     out.append(res)
                     print(json.dumps(res), flush=True)
         backend.cache.pool.shutdown(wait=False)

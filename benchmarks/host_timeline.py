@@ -94,7 +94,9 @@ class HostTimeline:
         setattr(owner, name, timed)
 
     def summary(self) -> dict:
-        """Median ms per step of each part, over the steps that read a decode pass back."""
+        """Over the steps that read a decode pass back: the median ms per step of each part, p90 and
+        sums of the step and host-busy times, and under `mean` the mean ms per step of each part
+        (means add up: `untimed` is the step's mean less its timed top-level parts)."""
         steps = [s for s in self.steps if "read_back" in s]
         if not steps:
             return {}

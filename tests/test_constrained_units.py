@@ -364,6 +364,9 @@ def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer
     assert ServerArgs().constrained_json_whitespace_pattern is None
     with pytest.raises(RadixflowError, match="whitespace_pattern"):
         ServerArgs(constrained_json_whitespace_pattern="(?=a)")
+    for threads in (-1, 257):
+        with pytest.raises(RadixflowError, match="grammar_threads must be from 0"):
+            ServerArgs(grammar_threads=threads)
 
     spaced = GrammarBackend(tokenizer, backend.impl.vocab.vocab_size, set(backend.impl.vocab.eos_ids), args)
     assert spaced.impl.vocab is backend.impl.vocab  # the same tokenizer: one vocabulary

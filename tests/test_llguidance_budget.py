@@ -5,6 +5,7 @@ still ends with a complete, schema-valid output, whatever tokens were sampled.""
 from __future__ import annotations
 
 import json
+from concurrent.futures import Future
 from types import SimpleNamespace
 
 import numpy as np
@@ -213,37 +214,112 @@ def test_a_batch_accepted_in_one_call_matches_one_row_at_a_time(backend, engine)
     assert batched[1].grammar.ended and batched[2].grammar.rejected_token is not None
 
 
-def test_grammar_threads_spread_requests_over_separately_built_matchers(backend, engine):
-    """With --grammar-threads N, a grammar's requests copy N independently built matchers in
-    turn (deep copies of one share its lexer's lock); the masks and accepts, batched over rows
-    of different matchers, are those of one matcher alone."""
-    from radixflow.constrained import llguidance_grammars
+class InlinePool:
+    """The compile pool's submit, run at once: a grammar's background builds become synchronous."""
+
+    def __init__(self):
+        self.submitted = 0
+
+    def submit(self, fn, *args) -> Future:
+        self.submitted += 1
+        fut: Future = Future()
+        fut.set_result(fn(*args))
+        return fut
+
+
+@pytest.fixture
+def eight_cpus(monkeypatch):
+    """llguidance_threads as on an 8-CPU host with --grammar-threads 3 (3 builds per grammar)."""
+    from radixflow.constrained import llguidance_threads
+
+    monkeypatch.setattr(llguidance_threads, "cpus", lambda: 8)
+    llguidance_threads.set_threads(3)
+    yield
+    llguidance_threads.set_threads(0)
+
+
+def test_a_grammar_used_by_one_request_is_built_once(backend, eight_cpus):
+    g = backend.compile("regex", "[cd]{2,9}")  # a grammar no other test uses
+    req = FakeReq("regex", "[cd]{2,9}", 20)
+    backend.submit(req)
+    assert poll(backend, req) is True
+    assert g.builds == [g.compiled] and g.building is None and g.handed_out == 1
+
+
+def test_requests_copy_the_grammars_builds_in_turn(backend, eight_cpus):
+    """Each request beyond the builds a grammar has asks for one more (up to max_builds()),
+    and the requests copy the ready builds in turn; with one thread, the compiled one only."""
+    from radixflow.constrained import llguidance_threads
+
+    g = backend.compile("regex", "[ef]{3,8}")
+    pool = InlinePool()
+    order = [g.next_build(pool) for _ in range(7)]
+    assert pool.submitted == 2 and len(g.builds) == 3 and g.builds[0] is g.compiled
+    assert len({id(b) for b in g.builds}) == 3
+    assert [id(m) for m in order] == [id(g.builds[i % 3]) for i in range(7)]
+    llguidance_threads.set_threads(1)
+    assert all(g.next_build(pool) is g.compiled for _ in range(3)) and pool.submitted == 2
+
+
+def test_one_build_job_catches_up_with_a_burst_of_requests(backend, eight_cpus):
+    """Requests handed out while a build job waits on the pool share the ready builds; the job
+    then makes as many as the requests so far call for (up to max_builds()), one job at a time."""
+    g = backend.compile("regex", "[gh]{3,8}")
+    jobs = []
+
+    class LaterPool:
+        def submit(self, fn):
+            fut = Future()
+            jobs.append((fn, fut))
+            return fut
+
+    assert all(g.next_build(LaterPool()) is g.compiled for _ in range(5))
+    assert len(jobs) == 1 and len(g.builds) == 1
+    fn, fut = jobs[0]
+    fn()
+    fut.set_result(None)
+    assert g.building is None and g.wait_for_builds() == 3 and g.next_build(LaterPool()) is g.builds[5 % 3]
+
+
+def test_a_backend_without_grammar_threads_resets_the_pool_size(engine):
+    """An Engine started with --grammar-threads 0 after one with N gets llguidance's default."""
+    from radixflow.constrained import llguidance_threads
+
+    llguidance_threads.set_threads(5)
+    b = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, SimpleNamespace(grammar_threads=0))
+    b.cache.pool.shutdown(wait=False)
+    assert llguidance_threads.pool_threads() == llguidance_threads.default_threads()
+
+
+def test_rows_of_different_builds_mask_and_accept_as_one_matcher(backend, engine, eight_cpus):
+    """Requests of one grammar copy independently built matchers (deep copies of one share its
+    lexer's lock); the masks and accepts, batched over rows of different builds, are those of
+    one matcher alone."""
     from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask
 
     reference = start(backend, 80)
-    llguidance_grammars.set_threads(3)
+    if reference.grammar.grammar.building is not None:  # a build the real pool was asked for
+        reference.grammar.grammar.building.result()
+    real_pool, backend.cache.pool = backend.cache.pool, InlinePool()  # only the builds use it: SCHEMA is compiled
     try:
-        assert len(backend.compile("regex", "[ab]{2,7}").roots) == 2  # a compile builds them up front
-        rows = [start(backend, 80) for _ in range(4)]  # SCHEMA was compiled before: built as requests come
-        assert len({id(r.grammar.m) for r in rows}) == 4 and len(rows[0].grammar.grammar.roots) == 2
-        bitmask = new_bitmask(len(rows), reference.grammar.grammar.words, pinned=False)
-        for step in range(12):  # the path's next token, then the highest allowed id (off the path)
-            fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
-            mask = reference.grammar.current_mask()
-            for i in range(len(rows)):
-                assert np.array_equal(bitmask[i].numpy(), mask)
-            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
-            token = reference.grammar.path[0] if step % 2 == 0 else int(allowed[allowed != backend.info.eos_ids[0]].max())
-            for r in [reference, *rows]:
-                r.output_ids.append(token)
-            reference.grammar.accept_token(token)
-            accept_tokens([(r.grammar, token) for r in rows])
-        assert not reference.grammar.ended and reference.grammar.since > 0
-        assert all((r.grammar.path, r.grammar.since, r.grammar.ended) == (reference.grammar.path, reference.grammar.since, False) for r in rows)
+        rows = [start(backend, 80) for _ in range(4)]
     finally:
-        llguidance_grammars.set_threads(0)
-    g = reference.grammar.grammar
-    assert all(g.next_root(None, None) is g.compiled for _ in range(3))  # back to one matcher
+        backend.cache.pool = real_pool
+    assert len(rows[0].grammar.grammar.builds) >= 3  # more only where the CPUs let earlier tests build more
+    bitmask = new_bitmask(len(rows), reference.grammar.grammar.words, pinned=False)
+    for step in range(12):  # the path's next token, then the highest allowed id (off the path)
+        fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
+        mask = reference.grammar.current_mask()
+        for i in range(len(rows)):
+            assert np.array_equal(bitmask[i].numpy(), mask)
+        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+        token = reference.grammar.path[0] if step % 2 == 0 else int(allowed[allowed != backend.info.eos_ids[0]].max())
+        for r in [reference, *rows]:
+            r.output_ids.append(token)
+        reference.grammar.accept_token(token)
+        accept_tokens([(r.grammar, token) for r in rows])
+    assert not reference.grammar.ended and reference.grammar.since > 0
+    assert all((r.grammar.path, r.grammar.since, r.grammar.ended) == (reference.grammar.path, reference.grammar.since, False) for r in rows)
 
 
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):

@@ -47,12 +47,10 @@ class GrammarBackend:
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
-        # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
-        threads = getattr(server_args, "grammar_threads", 0)
-        if threads:  # before any compile: the compile builds one matcher per thread
-            from radixflow.constrained.llguidance_grammars import set_threads
+        from radixflow.constrained.llguidance_threads import set_threads  # here: importing llguidance takes time
 
-            set_threads(threads)
+        set_threads(getattr(server_args, "grammar_threads", 0))  # also 0: resets the size an earlier Engine set
+        # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
         self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
         self._impl = None  # the configured backend, once built (the jump hook asks for it every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -104,7 +102,7 @@ class GrammarBackend:
                 f"output it could find takes {grammar.min_tokens} tokens; raise max_new_tokens to at least {grammar.min_tokens}",
             )
         impl = self.impl_for(req.sampling.grammar[0])
-        req.grammar = impl.matcher(grammar, req)
+        req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
         if self.jump_enabled:
             forced = impl.jump(req.grammar, req, first=True)
             if forced:

@@ -5,13 +5,9 @@ Compiling is building an `LLMatcher` and its first mask; a request gets a deep c
 that compiled matcher. Masks are computed per step straight into the packed int32 bitmask
 (llguidance drops the GIL while it does). Jump-forward uses llguidance's forced tokens.
 
-Deep copies share their original's lexer (and its lazily built states) behind one lock, held
-for a whole mask (llguidance 1.9's `deep_copy` clones the parser, whose clones share the
-lexer's `Arc<Mutex<..>>`), so a batch's copies of one matcher get their masks one at a time
-whatever the thread count (on the H200 host the batched fill took as long on 16 threads as
-on 1). With `--grammar-threads N` the compile builds N matchers of the grammar (N times the
-compile work, on the compile pool) and requests copy them in turn, so N threads have N locks;
-without it, one matcher as before (the split is not yet measured on the GPU host).
+Deep copies of one matcher share its lexer's lock, so a grammar's requests copy several
+independently built matchers ("builds") in turn: the compile makes one, the compile pool more
+once the grammar has had more requests than builds (llguidance_threads.py).
 
 Budget-aware completion: llguidance has no distance to an accepting state, so each
 request keeps a *closing path*, a completion found by search (closing_path.py) that fits
@@ -28,17 +24,20 @@ hook cuts the output back there and puts the path's next token in place.
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from functools import partial
+from typing import Any, Callable, Optional, Union
 
 import numpy as np
 import torch
-from llguidance import LLExecutor, LLMatcher, LLParserLimits
+from llguidance import LLMatcher, LLParserLimits
 from llguidance.gbnf_to_lark import any_to_lark
 
 from radixflow.constrained.closing_hints import hint_strings
 from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.grammar_errors import grammar_error
+from radixflow.constrained.llguidance_threads import executor, max_builds
 from radixflow.constrained.llguidance_tokenizer import ll_tokenizer
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
 from radixflow.constrained.spec_checks import check_spec, strip_anchors
@@ -65,18 +64,45 @@ class LLGuidanceGrammar:
     closing: Optional[list] = None  # a shortest output found by search (None: none found)
     hints: tuple = ()  # sample strings as token lists, for the closing search (closing_hints.py)
     compile_s: float = 0.0
-    roots: list = field(default_factory=list)  # more independently built matchers of `text` (families())
-    turn: int = 0
+    build: Optional[Callable[[], LLMatcher]] = None  # builds another matcher of `text` (None: no more builds)
+    builds: list = field(default_factory=list)  # independently built matchers of `text`, `compiled` first
+    handed_out: int = 0  # requests given a copy so far
+    building: Optional[Future] = None  # the one build job under way on the compile pool
 
-    def next_root(self, tokenizer, limits: LLParserLimits) -> LLMatcher:
-        """The matcher the next request copies: `compiled` and up to families() - 1 more, in
-        turn (built by the compile; one more here, a millisecond or so, if the count rose since)."""
-        n = families()
-        if len(self.roots) < n - 1:
-            self.roots.append(_built(tokenizer, self.text, limits, self.words))
-        self.turn += 1
-        k = self.turn % min(n, len(self.roots) + 1)  # only the first n, if n was lowered since
-        return self.compiled if k == 0 else self.roots[k - 1]
+    def __post_init__(self):
+        self.builds = self.builds or [self.compiled]
+
+    def next_build(self, pool: Optional[Executor] = None) -> LLMatcher:
+        """The build the next request deep-copies: the ready builds in turn. A grammar with
+        fewer builds than requests so far (up to max_builds()) gets more, built one after another
+        on `pool` (None: none) and used once ready: a first burst of requests mostly shares the
+        compiled build, later requests spread over them all. Only the scheduler thread calls this
+        (GrammarBackend.poll), so it takes no lock; the pool thread only appends to `builds`
+        and clears `building`."""
+        self.handed_out += 1
+        cap = max_builds()
+        if pool is not None and self.build is not None and self.building is None and len(self.builds) < min(cap, self.handed_out):
+            self.building = pool.submit(self._build_more)
+            self.building.add_done_callback(self._build_done)  # after the assignment: the build may be done already
+        return self.builds[(self.handed_out - 1) % min(cap, len(self.builds))]
+
+    def _build_more(self) -> None:
+        """On the pool: builds until there are as many as requests so far (up to max_builds())."""
+        while len(self.builds) < min(max_builds(), self.handed_out):
+            m = self.build()
+            if m.is_error():
+                return
+            self.builds.append(m)
+
+    def wait_for_builds(self) -> int:
+        """Blocks until the builds under way are made (benchmarks: before timing); how many there are."""
+        pending = self.building
+        if pending is not None:
+            pending.result()
+        return len(self.builds)
+
+    def _build_done(self, _: Future) -> None:
+        self.building = None
 
     @property
     def min_tokens(self) -> Optional[int]:
@@ -89,8 +115,8 @@ class LLGuidanceMatcher:
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
 
-    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root=None):
-        """`root`: the matcher to copy (default: the grammar's compiled one)."""
+    def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root: Optional[LLMatcher] = None):
+        """`root`: the build to copy (default: the grammar's compiled one)."""
         self.grammar = grammar
         self.search = search
         self.req = req  # for the token budget; None = unlimited
@@ -123,7 +149,7 @@ class LLGuidanceMatcher:
         assert bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32
         words = bitmask.shape[1]
         assert pairs[0][0].grammar.words == words, "the bitmask is sized for another vocabulary"
-        _executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
+        executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
         for m, row in pairs:
             if m.path is not None and not m.since:  # only a verified path can hold the budget (_budget_token)
                 m._apply_budget(bitmask, row)
@@ -138,13 +164,17 @@ class LLGuidanceMatcher:
         """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
         (the GIL released), then each row's closing path is followed (inline when the token
         is the path's next one: most rows, most steps)."""
-        batch = [(m, t) for m, t in pairs if not m.ended and t not in m.eos_ids]
+        batch = []
         for m, t in pairs:
-            if not m.ended and t in m.eos_ids:
+            if m.ended:
+                continue
+            if t in m.eos_ids:
                 m.ended = True
+            else:
+                batch.append((m, t))
         if not batch:
             return
-        done = _executor().consume_token_par([(m.m, t) for m, t in batch])
+        done = executor().consume_token_par([(m.m, t) for m, t in batch])
         for (m, t), ok in zip(batch, done):
             path = m.path
             if ok and path and not m.since and path[0] == t:
@@ -285,11 +315,12 @@ class LLGuidanceGrammars:
         encode = self.info.tokenizer.encode
         hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
         closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
-        roots = [_built(self.tokenizer, text, self.limits, self.words) for _ in range(families() - 1)]  # on the compile pool
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, roots=roots)
+        build = partial(_built, self.tokenizer, text, self.limits, self.words)
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, build=build)
 
-    def matcher(self, grammar: LLGuidanceGrammar, req=None) -> LLGuidanceMatcher:
-        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_root(self.tokenizer, self.limits))
+    def matcher(self, grammar: LLGuidanceGrammar, req=None, pool: Optional[Executor] = None) -> LLGuidanceMatcher:
+        """`pool`: where the grammar's further builds are made (None: it keeps the builds it has)."""
+        return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_build(pool))
 
     def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
         """After a failed budget check, the output cut back and a replacement ((keep, [token])),
@@ -355,30 +386,6 @@ def _error(kind: str, spec: Any, detail: str) -> GrammarError:
     first = (detail.strip().splitlines() or ["cannot be compiled"])[0]
     what = {"regex": "regex", "ebnf": "ebnf grammar (llguidance Lark syntax, or GBNF)"}[kind]
     return GrammarError(f"invalid or unsupported {what}: {first}")
-
-
-_EXECUTORS: list = []
-_THREADS = [0]  # 0: llguidance's default (80% of the CPUs, up to 32)
-
-
-def families() -> int:
-    """Independently built matchers per grammar: as many as --grammar-threads, else one."""
-    return max(1, _THREADS[0])
-
-
-def set_threads(n: int) -> None:
-    """The thread count of llguidance's pool for batched fills and accepts (0: its default);
-    the pool is rebuilt on its next use if the count changed."""
-    if n != _THREADS[0]:
-        _THREADS[0] = n
-        _EXECUTORS.clear()
-
-
-def _executor() -> LLExecutor:
-    """llguidance's thread pool for batched mask fills and accepts (one per process, built on first use)."""
-    if not _EXECUTORS:
-        _EXECUTORS.append(LLExecutor(num_threads=_THREADS[0]) if _THREADS[0] else LLExecutor())
-    return _EXECUTORS[0]
 
 
 def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOptions()) -> None:

@@ -13,6 +13,7 @@ BACKENDS = ("outlines", "llguidance")
 # give budget-aware completion (outlines from exact per-state distances, llguidance from a searched closing path).
 DEFAULT_BACKEND = "llguidance"
 DEFAULT_COMPILE_TIMEOUT_S = 10.0  # --grammar-compile-timeout-s
+MAX_GRAMMAR_THREADS = 256  # --grammar-threads above this is refused (a thread per CPU is the useful most)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,8 @@ class OutlinesGrammars:
         except ValueError as e:
             raise GrammarError(regex_error(regex, str(e))) from None
 
-    def matcher(self, grammar: CompiledGrammar, req=None) -> GrammarMatcher:
+    def matcher(self, grammar: CompiledGrammar, req=None, pool=None) -> GrammarMatcher:
+        """`pool` is unused: copies of an outlines grammar share no lock."""
         return GrammarMatcher(grammar, req)
 
     def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:

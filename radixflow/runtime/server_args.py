@@ -7,6 +7,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from radixflow.constrained.options import MAX_GRAMMAR_THREADS
 from radixflow.errors import RadixflowError
 
 if TYPE_CHECKING:
@@ -58,8 +59,10 @@ _HELP = {
     "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
     "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
-    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32); N > 0 also builds "
-    "each grammar N times, so the threads do not wait on one grammar's lexer (docs/grammars.md)",
+    "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
+    "grammar used by several requests also gets up to this many separately built matchers (never more than the "
+    "CPUs), one more per extra request, built in the background: requests of one grammar then do not wait on "
+    "one lexer's lock (docs/constrained.md)",
     "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
     "time queued behind other compiles) fails its request with a 400",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
@@ -193,8 +196,9 @@ class ServerArgs:
             raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
         if self.grammar_compile_timeout_s <= 0:
             raise RadixflowError("grammar_compile_timeout_s must be positive")
-        if self.grammar_threads < 0:
-            raise RadixflowError("grammar_threads must be >= 0 (0: llguidance's default)")
+        if not 0 <= self.grammar_threads <= MAX_GRAMMAR_THREADS:
+            raise RadixflowError(f"grammar_threads must be from 0 (llguidance's default) to {MAX_GRAMMAR_THREADS}; "
+                                 "more threads than CPUs do not fill masks faster")
         if not 0 <= self.constrained_json_any_depth <= 3:
             raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
         if self.constrained_json_whitespace_pattern:
