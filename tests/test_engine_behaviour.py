@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
 from conftest import PROMPTS
 from radixflow import Engine, RadixflowError
 from radixflow.errors import ModelPathError
+from radixflow.runtime import gc_freeze
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0}
 
@@ -218,16 +222,46 @@ def test_grammar_compile_queue_full_raises_server_busy(engine, monkeypatch):
     assert engine.generate("1, 2,", {"max_new_tokens": 2, "temperature": 0})["meta_info"]["finish_reason"]["type"] == "length"
 
 
-def test_start_up_objects_are_frozen_from_the_gc_until_shutdown():
-    """A full collection would otherwise walk the model's and tokenizer's objects inside some pass."""
-    import gc
-    import weakref
+class _Cycle:
+    me: "_Cycle"
 
+
+def _seen_by_gc(obj) -> bool:
+    """Whether the cyclic garbage collector walks obj (gc.get_objects leaves frozen objects out)."""
+    return any(o is obj for o in gc.get_objects())
+
+
+def test_start_up_objects_are_frozen_from_the_gc_until_the_last_engine_shuts_down(monkeypatch):
+    """A full collection would otherwise walk the model's and tokenizer's objects inside some pass;
+    one engine's shutdown must not thaw another's."""
+    gc.unfreeze()  # the session's engine is frozen already: count these engines' shares alone
+    monkeypatch.setattr(gc_freeze, "_shares", gc_freeze.FreezeShares())
+    garbage = _Cycle()
+    garbage.me, dropped = garbage, weakref.ref(garbage)
+    del garbage
+    gc.disable()  # so only the freeze's own collection can free the garbage before it is frozen
+    try:
+        first = Engine(max_total_tokens=160)
+    finally:
+        gc.enable()
+    assert dropped() is None
+    model = first.runner.model
+    try:
+        with Engine(max_total_tokens=160) as second:
+            assert not _seen_by_gc(model) and not _seen_by_gc(second.runner.model)
+        assert not _seen_by_gc(model)
+    finally:
+        first.shutdown()
+    assert _seen_by_gc(model)  # what the engines leave behind can be collected
+
+
+def test_engine_dropped_without_shutdown_gives_back_its_freeze(monkeypatch):
     gc.unfreeze()
-    with Engine(max_total_tokens=160) as eng:
-        assert gc.get_freeze_count() > 10_000
-        runner = weakref.ref(eng.runner)
-    assert gc.get_freeze_count() == 0  # what the engine leaves behind can be collected
+    monkeypatch.setattr(gc_freeze, "_shares", gc_freeze.FreezeShares())
+    eng = Engine(max_total_tokens=160)
+    eng.generate("1, 2,", {"max_new_tokens": 2})
+    runner = weakref.ref(eng.runner)
     del eng
+    assert gc_freeze._shares.count == 0
     gc.collect()
     assert runner() is None

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import threading
 
+import pytest
+
 import radixflow as rf
 from radixflow.runtime.generate_request import GenerateInput
 
@@ -140,3 +142,41 @@ def test_fork_exprs_are_made_in_branch_order_on_a_one_call_at_a_time_backend():
 
     state = two_branches.run(backend=backend)
     assert state.mode == "eager" and state["x"] == ["1", "2"] and seen == [0, 1]
+
+
+def test_a_streamed_program_finishes_after_a_step_raised_past_its_request(engine, monkeypatch):
+    """A step that raises after a program's last request finished (its strand released, the
+    executor not yet polled) fails the callers waiting then; the program's stream, read on
+    afterwards, must still finish rather than wait for a poll that never comes."""
+    params = {"max_new_tokens": 12, "ignore_eos": True, **GREEDY}
+    program = {"ops": [{"op": "text", "text": "Count:"}, {"op": "gen", "id": 0, "name": "a", "sampling_params": params}]}
+    sched, armed, raised = engine.scheduler, [], []
+    step, cont = sched.step, sched.continue_request
+
+    def continue_request(req) -> bool:
+        if armed and not raised:
+            raised.append(req)
+        return cont(req)
+
+    def failing_step():
+        out = step()
+        if len(raised) == 1:
+            raised.append("raised")
+            raise RuntimeError("a step failed")
+        return out
+
+    monkeypatch.setattr(sched, "continue_request", continue_request)
+    monkeypatch.setattr(sched, "step", failing_step)
+    stream = engine.run_program(program, stream=True)
+    while next(stream).get("var") != "a":  # until gen a has started; nobody waits on the stepper then
+        pass
+    armed.append(True)
+    before = engine.stepper.steps
+    with pytest.raises(RuntimeError, match="a step failed"):  # a waiter that queues nothing after the error
+        engine.stepper.run_until(lambda: engine.stepper.steps - before > 40)  # gen a finishes within 12
+    events: list = []
+    reader = threading.Thread(target=lambda: events.extend(stream), daemon=True)
+    reader.start()
+    reader.join(timeout=60)
+    assert not reader.is_alive(), "the program's stream waits for a poll that never comes"
+    assert events[-1]["results"]["0"]["meta_info"]["completion_tokens"] == 12

@@ -1,7 +1,9 @@
 """The cyclic garbage collector's pauses during program rounds, with the Engine's start-up
-objects frozen (what `Engine()` does: runtime/build.py, freeze_startup_objects) and unfrozen
+objects frozen (what `Engine()` does: runtime/gc_freeze.py, freeze_startup_objects) and unfrozen
 (before), rounds alternating in one process: full collections and GC milliseconds per round,
-and the wall time of each round.
+and the wall time of each round. The order of the two states alternates from one repeat to the
+next. The frozen state is `gc.freeze()` called between rounds, so it also freezes what the
+warm-up and the earlier rounds left alive: a little more than `Engine()` alone freezes.
 
     python benchmarks/programs/gc_pauses.py --config benchmarks/configs/smollm2-tiny.json \\
         --load-format dummy --workloads mmlu,multi_turn_chat --n 64 --size 1.0 --repeats 3
@@ -22,15 +24,18 @@ from run import MODES, run_mode  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
-def rounds(engine, name: str, n: int, size: float, sampling: dict, repeats: int) -> dict:
+def rounds(engine: rf.Engine, name: str, n: int, size: float, sampling: dict, repeats: int) -> dict:
     w = BY_NAME[name]
     inputs = w.inputs(random.Random(0), n, size)
     for mode in MODES:  # warm-up, untimed
         run_mode(engine, w, inputs, mode, sampling)
     out: dict = {"frozen": [], "unfrozen": []}
-    for _ in range(repeats):
-        for state in ("unfrozen", "frozen"):
-            gc.unfreeze() if state == "unfrozen" else gc.freeze()
+    for repeat in range(repeats):
+        for state in ("unfrozen", "frozen") if repeat % 2 == 0 else ("frozen", "unfrozen"):
+            if state == "frozen":
+                gc.freeze()
+            else:
+                gc.unfreeze()
             for mode in MODES:
                 r = run_mode(engine, w, inputs, mode, sampling)
                 out[state].append({k: r[k] for k in ("gc_full", "gc_ms", "throughput", "host_ms_per_pass")} | {"mode": mode})

@@ -76,7 +76,7 @@ class GcPauses:
     """The cyclic garbage collector's pauses while open, in every thread: how many full
     (generation-2) collections ran and the seconds spent in all collections."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.full = 0
         self.seconds = 0.0
         self._start = 0.0

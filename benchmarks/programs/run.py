@@ -37,7 +37,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
 from pass_timer import GcPauses, Timeline  # noqa: E402
-from workloads import BY_NAME, WORKLOADS  # noqa: E402
+from workloads import BY_NAME, WORKLOADS, Workload  # noqa: E402
 
 MODES = ("graph", "eager", "eager-noradix")
 
@@ -80,7 +80,9 @@ def optimal_hit_rate(calls: list) -> float:
     return hit / total if total else 0.0
 
 
-def run_mode(engine, workload, inputs: list, mode: str, sampling: dict, in_flight: Optional[int] = None) -> dict:
+def run_mode(
+    engine: rf.Engine, workload: Workload, inputs: list, mode: str, sampling: dict, in_flight: Optional[int] = None
+) -> dict:
     """All `inputs` as one round, at most `in_flight` programs at once (all of them by default)."""
     sched = engine.scheduler
     engine.stepper.exclusive(sched.flush_cache)
@@ -251,7 +253,8 @@ def main(argv=None) -> str:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
     ap.add_argument("--min-round-s", type=float, default=0.0,
-                    help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from graph's warm-up")
+                    help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from the faster "
+                         "warm-up round of graph and eager")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
     ap.add_argument("--device", default="auto")

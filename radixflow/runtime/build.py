@@ -6,7 +6,6 @@ request, so engines that never constrain never start its compile workers.)"""
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
@@ -55,11 +54,3 @@ def build_runtime(
         attach_replica(scheduler, programs.continue_request)
     return Runtime(args, tp, runner, tokenizer_path, tokenizer, eos_ids, scheduler, programs)
 
-
-def freeze_startup_objects() -> None:
-    """Take what start-up made (the model's modules, the tokenizer, kernel caches: a few hundred
-    thousand objects) out of the cyclic garbage collector's view. Otherwise each of its full
-    collections walks them all, a pause of a few hundred milliseconds inside some pass; frozen,
-    it walks only what was made since. An Engine undoes it at shutdown (`gc.unfreeze`), so what
-    it leaves behind can be collected."""
-    gc.freeze()

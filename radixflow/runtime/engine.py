@@ -7,16 +7,17 @@
 
 from __future__ import annotations
 
-import gc
 import logging
 import time
+import weakref
 from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
-from radixflow.runtime.build import build_runtime, freeze_startup_objects
+from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
+from radixflow.runtime.gc_freeze import freeze_startup_objects, release_startup_objects
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
@@ -48,6 +49,8 @@ class Engine:
         self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
         freeze_startup_objects()
+        # this Engine's share of the freeze, given back by shutdown() or, if it is dropped without one, when it is freed
+        self._gc_share = weakref.finalize(self, release_startup_objects)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
@@ -189,11 +192,10 @@ class Engine:
             raise TPRankFailed(failure) from err
 
     def shutdown(self) -> None:
+        self._gc_share()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection
         if self.tp is not None and not self._closed:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
-        if not self._closed:
-            gc.unfreeze()  # another live Engine's objects too: it only loses the shorter collections
         self._closed = True
         self.stepper.close()
         self.scheduler = None  # type: ignore[assignment]

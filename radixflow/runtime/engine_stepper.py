@@ -42,6 +42,7 @@ class EngineStepper:
         self._inbox: list[tuple[Callable[[], Any], Future]] = []
         self._waiters: list[_Waiter] = []
         self._looping = False
+        self._unpolled = False  # a loop died part-way: the executor may not have seen a request's finish
         self.steps = 0  # turns of the loop that ran queued work or a scheduler step
         self._worker = ThreadPoolExecutor(1, thread_name_prefix="rf-engine")
 
@@ -96,6 +97,7 @@ class EngineStepper:
         except BaseException as e:  # handed to everyone waiting; the next waiter starts a new loop
             with self._cond:
                 waiters, self._waiters, self._looping = self._waiters, [], False
+                self._unpolled = True
             for w in waiters:
                 w.error = e
                 w.woken.set()
@@ -105,13 +107,16 @@ class EngineStepper:
         nobody waits any more (the loop ends)."""
         with self._cond:
             inbox, self._inbox = self._inbox, []
+            unpolled, self._unpolled = self._unpolled, False
         for fn, fut in inbox:
             try:
                 fut.set_result(fn())
             except BaseException as e:  # handed to the caller that queued it
                 fut.set_exception(e)
         ran = bool(inbox)
-        if ran:  # new programs start, aborted ones end; otherwise nothing changed since the last turn's on_step
+        # new programs start, aborted ones end; otherwise nothing changed since the last turn's on_step,
+        # unless that turn raised between a request's finish and the executor's poll
+        if ran or unpolled:
             self.programs.on_step()
         if not self._wake(after_turn=False):
             self._count(ran)

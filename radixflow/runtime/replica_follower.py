@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from radixflow.model_files import eos_token_ids, load_tokenizer
 from radixflow.runtime.execution.model_runner import ModelRunner
+from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.scheduling.replica import attach_replica
 from radixflow.runtime.scheduling.scheduler import Scheduler
 from radixflow.runtime.server_args import ServerArgs
@@ -20,6 +21,7 @@ def follow_leader(args: ServerArgs) -> str:
         sched = Scheduler(args, runner, tokenizer, eos_token_ids(tokenizer_path, runner.config, tokenizer),
                           emit_outputs=False)  # fmt: skip
         sync = attach_replica(sched, None)
+        freeze_startup_objects()  # a full collection on one rank would stall every rank's collective
         while True:
             events = sync.receive_step()
             if events is None:

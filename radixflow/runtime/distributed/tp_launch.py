@@ -30,6 +30,7 @@ import torch.multiprocessing as mp
 from radixflow.errors import RadixflowError
 from radixflow.runtime.distributed.tp_group import TPContext, abort_tp, destroy_tp, init_tp, ranks_of_node
 from radixflow.runtime.child_processes import exit_text, free_port, stop_processes
+from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.server_args import ServerArgs
 
 log = logging.getLogger("radixflow.tp")
@@ -203,6 +204,7 @@ def _follow(args: ServerArgs) -> str:
     from radixflow.runtime.distributed.tp_worker import follow_steps
 
     runner = ModelRunner(args)
+    freeze_startup_objects()  # a full collection on one rank would stall every rank's collective
     try:
         return follow_steps(runner)
     finally:

@@ -17,6 +17,7 @@ from typing import Optional
 import zmq
 
 from radixflow import env
+from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
@@ -49,8 +50,6 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
         return
     ready_conn.send(("ok", loop.model_info()))
     ready_conn.close()
-    from radixflow.runtime.build import freeze_startup_objects  # torch: only in this process
-
     freeze_startup_objects()
     loop.run()
 
