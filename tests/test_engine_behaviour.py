@@ -231,11 +231,12 @@ def _seen_by_gc(obj) -> bool:
     return any(o is obj for o in gc.get_objects())
 
 
-def test_start_up_objects_are_frozen_from_the_gc_until_the_last_engine_shuts_down(monkeypatch):
-    """A full collection would otherwise walk the model's and tokenizer's objects inside some pass;
-    one engine's shutdown must not thaw another's."""
-    gc.unfreeze()  # the session's engine is frozen already: count these engines' shares alone
-    monkeypatch.setattr(gc_freeze, "_shares", gc_freeze.FreezeShares())
+def test_the_first_engine_freezes_start_up_objects_and_a_later_one_is_still_collected(monkeypatch):
+    """A full collection would otherwise walk the model's and tokenizer's objects inside some pass.
+    An engine made while that freeze is in place is not frozen: its cycles must be collectable
+    after its shutdown, not kept until the first engine goes."""
+    gc.unfreeze()  # the session's engine is frozen already: count these engines alone
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     garbage = _Cycle()
     garbage.me, dropped = garbage, weakref.ref(garbage)
     del garbage
@@ -247,8 +248,14 @@ def test_start_up_objects_are_frozen_from_the_gc_until_the_last_engine_shuts_dow
     assert dropped() is None
     model = first.runner.model
     try:
-        with Engine(max_total_tokens=160) as second:
-            assert not _seen_by_gc(model) and not _seen_by_gc(second.runner.model)
+        second = Engine(max_total_tokens=160)
+        second.generate("1, 2,", {"max_new_tokens": 2})
+        assert not _seen_by_gc(model) and _seen_by_gc(second.runner.model)
+        runner = weakref.ref(second.runner)
+        second.shutdown()
+        del second
+        gc.collect()
+        assert runner() is None  # not kept frozen until the first engine goes
         assert not _seen_by_gc(model)
     finally:
         first.shutdown()
@@ -257,11 +264,12 @@ def test_start_up_objects_are_frozen_from_the_gc_until_the_last_engine_shuts_dow
 
 def test_engine_dropped_without_shutdown_gives_back_its_freeze(monkeypatch):
     gc.unfreeze()
-    monkeypatch.setattr(gc_freeze, "_shares", gc_freeze.FreezeShares())
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     eng = Engine(max_total_tokens=160)
+    assert gc_freeze._state.held
     eng.generate("1, 2,", {"max_new_tokens": 2})
     runner = weakref.ref(eng.runner)
     del eng
-    assert gc_freeze._shares.count == 0
+    assert not gc_freeze._state.held
     gc.collect()
     assert runner() is None

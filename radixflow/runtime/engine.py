@@ -48,9 +48,9 @@ class Engine:
         )
         self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
-        freeze_startup_objects()
-        # this Engine's share of the freeze, given back by shutdown() or, if it is dropped without one, when it is freed
-        self._gc_share = weakref.finalize(self, release_startup_objects)
+        froze = freeze_startup_objects()
+        # the freeze, if this Engine made it, is given back by shutdown() or, if it is dropped without one, when it is freed
+        self._gc_share = weakref.finalize(self, release_startup_objects, froze)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(

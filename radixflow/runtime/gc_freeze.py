@@ -5,9 +5,11 @@ A full collection walks every tracked object: the model's modules, the tokenizer
 long as that walk takes. `gc.freeze()` moves them to a permanent generation that collections skip.
 
 Several engines may live in one process (tests, benchmarks, an application with two models), and
-`gc.unfreeze()` thaws everything at once. So each engine holds a share of the freeze, and only the
-last share's release unfreezes. If objects were already frozen before the first share was taken
-(the host application froze them), the release leaves them frozen: unfreezing would undo its freeze.
+`gc.unfreeze()` thaws everything at once. So the freeze has one owner: the engine that made it,
+when no freeze was in place. An engine made while another's freeze is in place is not frozen:
+freezing it would keep its reference cycles (scheduler, runner, KV pool) out of reach of the
+collector until the owner goes, long after its own shutdown. The owner's release unfreezes. If
+objects were frozen by the host application before, no engine freezes or unfreezes.
 """
 
 from __future__ import annotations
@@ -18,29 +20,32 @@ from dataclasses import dataclass
 
 
 @dataclass
-class FreezeShares:
-    count: int = 0  # engines holding a share of the freeze
-    host_frozen: bool = False  # objects were frozen before the first share: not ours to unfreeze
+class FreezeState:
+    held: bool = False  # an engine's freeze is in place
 
 
-_shares = FreezeShares()
+_state = FreezeState()
 _lock = threading.Lock()
 
 
-def freeze_startup_objects() -> None:
-    """Collect, then freeze every object alive now; one share, released by release_startup_objects."""
+def freeze_startup_objects() -> bool:
+    """Collect, then freeze every object alive now, unless a freeze is already in place. Returns
+    whether this call froze: its caller then owns the freeze and gives it back with
+    release_startup_objects(True)."""
     gc.collect()  # garbage alive now (a dropped engine's cycles, with its KV pool) would be kept for good
     with _lock:
-        if _shares.count == 0:
-            _shares.host_frozen = gc.get_freeze_count() > 0
-        _shares.count += 1
+        if _state.held or gc.get_freeze_count() > 0:
+            return False
+        _state.held = True
         gc.freeze()
+        return True
 
 
-def release_startup_objects() -> None:
-    """Give back one share; the last one unfreezes, so what the engines left behind can be collected."""
+def release_startup_objects(owner: bool) -> None:
+    """The owner's release unfreezes, so what the engines left behind can be collected."""
+    if not owner:
+        return
     with _lock:
-        assert _shares.count > 0, "more releases than freezes"
-        _shares.count -= 1
-        if _shares.count == 0 and not _shares.host_frozen:
-            gc.unfreeze()
+        assert _state.held, "the freeze was released twice"
+        _state.held = False
+        gc.unfreeze()
