@@ -164,21 +164,14 @@ class LLGuidanceMatcher:
         """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
         (the GIL released), then each row's closing path is followed (inline when the token
         is the path's next one: most rows, most steps)."""
-        batch = []
-        for m, t in pairs:
-            if m.ended:
-                continue
-            if t in m.eos_ids:
-                m.ended = True
-            else:
-                batch.append((m, t))
+        batch = [(m, t) for m, t in pairs if m._takes(t)]
         if not batch:
             return
         done = executor().consume_token_par([(m.m, t) for m, t in batch])
         for (m, t), ok in zip(batch, done):
             path = m.path
             if ok and path and not m.since and path[0] == t:
-                del path[0]  # the path is the matcher's own list
+                del path[0]  # follow()'s on-path case without its budget lookup; the path is the matcher's own list
             else:
                 m._consumed(t, ok)
 

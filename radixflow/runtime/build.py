@@ -53,4 +53,3 @@ def build_runtime(
     if tp is not None and args.tp_scheduler == "replicated":
         attach_replica(scheduler, programs.continue_request)
     return Runtime(args, tp, runner, tokenizer_path, tokenizer, eos_ids, scheduler, programs)
-

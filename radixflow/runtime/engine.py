@@ -50,7 +50,7 @@ class Engine:
         self._closed = False
         froze = freeze_startup_objects()
         # the freeze, if this Engine made it, is given back by shutdown() or, if it is dropped without one, when it is freed
-        self._gc_share = weakref.finalize(self, release_startup_objects, froze)
+        self._gc_freeze = weakref.finalize(self, release_startup_objects, froze)
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
@@ -192,7 +192,7 @@ class Engine:
             raise TPRankFailed(failure) from err
 
     def shutdown(self) -> None:
-        self._gc_share()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection
+        self._gc_freeze()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection
         if self.tp is not None and not self._closed:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
