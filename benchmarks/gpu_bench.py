@@ -9,7 +9,7 @@ tokenizer files, carried to the GPU machine) only has to cover the random prompt
 Sections (each isolated: a failure is logged and the next one runs):
   env          versions, GPU, whether server/grammar packages are missing
   ceilings     HBM copy bandwidth and bf16 matmul rate, measured here
-  pytest       tests/test_kernels.py on the GPU (including the `gpu` tests)
+  pytest       tests/test_kernels.py and tests/test_fp8.py on the GPU (including the GPU-only tests)
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched);
@@ -120,6 +120,7 @@ def main() -> None:
                    help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
+    p.add_argument("--pytest-timeout", type=float, default=240, help="pytest: seconds before the run is stopped")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     fp8_kernel_parts(OPTS.fp8_kernels)  # a misspelt part ends the run before any section

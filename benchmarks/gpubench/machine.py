@@ -77,8 +77,14 @@ def sec_ceilings() -> dict:
 
 def sec_pytest() -> dict:
     env = dict(os.environ, RADIXFLOW_TOKENIZER=OPTS.tokenizer, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py"]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py", "tests/test_fp8.py"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=OPTS.pytest_timeout)
+    except subprocess.TimeoutExpired as e:  # a bounded call: what ran is kept
+        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        with open(os.path.join(OPTS.out, "pytest_gpu.log"), "w") as f:
+            f.write(text)
+        return {"rc": None, "summary": f"stopped after {OPTS.pytest_timeout} s", "tail": text[-500:]}
     with open(os.path.join(OPTS.out, "pytest_gpu.log"), "w") as f:
         f.write(out.stdout + out.stderr)
     return {"rc": out.returncode, "summary": out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]}

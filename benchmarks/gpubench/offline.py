@@ -35,6 +35,7 @@ class ForwardRecorder:
 
     def __init__(self, runner):
         self.runner, self.records = runner, []
+        self.sizes = []  # (KV tokens after the pass, new tokens) of each record
         orig = runner.forward
 
         def timed(fb):
@@ -43,6 +44,7 @@ class ForwardRecorder:
             logits = orig(fb)
             e.record()
             self.records.append((fb.mode.value, fb.batch_size, s, e, time.perf_counter()))
+            self.sizes.append((sum(fb.seq_lens_list), fb.num_tokens))
             return logits
 
         runner.forward = timed
@@ -66,15 +68,49 @@ class ForwardRecorder:
             out["gpu_window_s"] = first[2].elapsed_time(last[3]) / 1e3
         return out
 
+    def decode_steps(self) -> list:
+        """(batch, KV tokens read, GPU ms) of every decode step."""
+        return [(r[1], kv, r[2].elapsed_time(r[3])) for r, (kv, _) in zip(self.records, self.sizes) if r[0] == "decode"]
 
-def _offline_pass(eng, reqs: list) -> dict:
+    def extend_steps(self) -> list:
+        """(new tokens, KV tokens after the pass, GPU ms) of every extend step."""
+        return [(n, kv, r[2].elapsed_time(r[3])) for r, (kv, n) in zip(self.records, self.sizes) if r[0] == "extend"]
+
+
+def _offline_pass(eng, reqs: list, steps: bool = False) -> dict:
     rec = ForwardRecorder(eng.runner)
     try:
         res = run_batch(eng, [p for p, _ in reqs], [greedy(o) for _, o in reqs])
     finally:
         rec.close()
     res.update(rec.summary())
+    if steps:
+        res["decode_model"] = decode_step_model(rec.decode_steps())
+        res["decode_steps_bs_ctx_ms"] = [(b, c, round(ms, 3)) for b, c, ms in rec.decode_steps()]
+        res["extend_steps_tokens_ctx_ms"] = [(t, c, round(ms, 3)) for t, c, ms in rec.extend_steps()]
     return res
+
+
+def decode_step_model(steps: list) -> dict:
+    """Least squares of a decode step's GPU ms on (1, batch, KV tokens read): the fixed cost, the cost per
+    row and per thousand KV tokens, how well that explains the steps, and the steps by batch size."""
+    import numpy as np
+
+    if len(steps) < 4:
+        return {}
+    a = np.array(steps, dtype=float)
+    x = np.stack([np.ones(len(a)), a[:, 0], a[:, 1] / 1e3], axis=1)
+    coef, *_ = np.linalg.lstsq(x, a[:, 2], rcond=None)
+    resid = a[:, 2] - x @ coef
+    bands = {}
+    for lo, hi in ((1, 64), (65, 256), (257, 512), (513, 768), (769, 1024)):
+        m = (a[:, 0] >= lo) & (a[:, 0] <= hi)
+        if m.any():
+            bands[f"bs{lo}-{hi}"] = {"steps": int(m.sum()), "ms": round(float(a[m, 2].mean()), 3),
+                                     "kv_tokens_k": round(float(a[m, 1].mean()) / 1e3, 1),
+                                     "ms_sum_s": round(float(a[m, 2].sum()) / 1e3, 3)}
+    return {"fixed_ms": float(coef[0]), "ms_per_row": float(coef[1]), "ms_per_1k_kv_tokens": float(coef[2]),
+            "resid_ms_rms": float(np.sqrt((resid ** 2).mean())), "bands": bands}
 
 
 def sec_offline() -> dict:
@@ -85,8 +121,8 @@ def sec_offline() -> dict:
     seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
     cold = _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None])
     res = {"cold": {k: cold[k] for k in ("s", "out_tokens", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}}
-    for seed in seeds:
-        res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed))
+    for i, seed in enumerate(seeds):
+        res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed), steps=i == 0)
     rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds]
     res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return res
@@ -100,7 +136,7 @@ def sec_offline_1k() -> dict:
     n, length, out_len = SZ["k1_n"], SZ["k1_len"], SZ["k1_len"]
     run_batch(eng, [rand_ids(rng, length) for _ in range(min(n, 64))], [greedy(32)] * min(n, 64))
     reqs = [(rand_ids(rng, length), out_len) for _ in range(n)]
-    res = _offline_pass(eng, reqs)
+    res = _offline_pass(eng, reqs, steps=True)
     res["kv_pool_tokens"] = eng.runner.kv_pool.allocator.capacity_slots
     return res
 
