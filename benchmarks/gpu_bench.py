@@ -9,7 +9,7 @@ tokenizer files, carried to the GPU machine) only has to cover the random prompt
 Sections (each isolated: a failure is logged and the next one runs):
   env          versions, GPU, whether server/grammar packages are missing
   ceilings     HBM copy bandwidth and bf16 matmul rate, measured here
-  pytest       tests/test_kernels.py and tests/test_fp8.py on the GPU (including the GPU-only tests)
+  pytest       tests/test_fp8.py, then tests/test_kernels.py on the GPU (GPU-only tests included), --pytest-timeout
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched);
@@ -43,6 +43,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   step_profile decode at batch 512 over ~640-token contexts under torch.profiler: GPU time per step by kernel
                and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other); and a
                prefill chunk's per 1,000 tokens
+  prefill_attention  the Triton extend kernel against torch's flash attention (packed, variable length) on
+               prompt-only chunks (an offline-like 8,192-token chunk, 4 x 2,048): error vs the reference, us, TFLOP/s
   decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
@@ -78,6 +80,7 @@ from gpubench.offline import (  # noqa: E402
     sec_idle, sec_offline, sec_offline_1k, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
+from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
 from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
 
 
@@ -91,7 +94,7 @@ SECTIONS = {
     "offline_p_parts_ab": sec_offline_p_parts_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
-    "decode_graphs": sec_decode_graphs,
+    "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
