@@ -35,7 +35,7 @@ Sections (each isolated: a failure is logged and the next one runs):
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
-  fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, attention, quantize): each GEMV config
+  fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
                per Llama-3-8B weight shape at batch 1 (FP8 and bf16 weights), the FP8 GEMM and its parts
                against bf16 at batches 256-1,024 and 8,192, the activation quantization alone, decode
                attention at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)

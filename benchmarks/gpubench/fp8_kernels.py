@@ -5,6 +5,8 @@
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
   then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
+- GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
+  with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
@@ -182,7 +184,62 @@ def _quantize_rates() -> dict:
     return out
 
 
-PARTS = ("gemv", "gemm", "attention", "quantize")
+# Decode batches between 256 and 1,024, on and off multiples of 128 (the offline workload's steps take every size)
+GEMM_SWEEP_MS = (384, 400, 448, 512, 528, 544, 576, 640, 656, 768, 896, 912, 1024)
+
+
+def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
+    """The FP8 product alone (quantized inputs) across GEMM_SWEEP_MS, us per call in a CUDA graph: row-wise
+    torch._scaled_mm as the engine calls it; with fast accumulation; swapped (weight as the left operand,
+    out.T = W @ x.T, so the batch is the product's inner tile dimension, then transposed back with a
+    copy, counted); and bf16 F.linear of the same shape. Does the row-wise kernel pay for 128-row tiles,
+    as the offline steps' fit says, and does a swapped product avoid it?"""
+    import torch.nn.functional as F
+
+    from radixflow.kernels.fp8 import quantize_rows
+    from radixflow.kernels.gemv import time_graph_us
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    copies = max(2, math.ceil(2 * L2 / (n * k)))
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+    quantized = [quantize_rows_torch(w) for w in weights]
+    out = {}
+    for m in GEMM_SWEEP_MS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantize_rows(x)
+
+        def rowwise(i: int, fast: bool = False):
+            wq, ws = quantized[i % copies]
+            return torch._scaled_mm(xq, wq.t(), scale_a=xs.view(-1, 1), scale_b=ws.view(1, -1),
+                                    out_dtype=torch.bfloat16, use_fast_accum=fast)
+
+        def swapped(i: int):
+            wq, ws = quantized[i % copies]
+            return torch._scaled_mm(wq, xq.t(), scale_a=ws.view(-1, 1), scale_b=xs.view(1, -1),
+                                    out_dtype=torch.bfloat16).t().contiguous()
+
+        variants = {"rowwise": rowwise, "rowwise_fast_accum": lambda i: rowwise(i, fast=True), "swapped": swapped,
+                    "bf16_linear": lambda i: F.linear(x, weights[i % copies])}
+        row: dict = {}
+        for label, fn in variants.items():
+            try:
+                got = fn(0)  # outside the graph capture first: a variant torch refuses is reported, not timed
+                if label == "swapped":  # the same product up to the order of accumulation
+                    row["swapped_max_rel_diff"] = float(((got.float() - rowwise(0).float()).abs().max()
+                                                         / rowwise(0).float().abs().max()))
+            except Exception as e:  # noqa: BLE001 - recorded
+                row[label] = repr(e)[:200]
+                continue
+            row[label] = round(time_graph_us(fn, max(copies, 8)), 2)
+        for label in ("rowwise", "swapped", "bf16_linear"):
+            if isinstance(row.get(label), float):
+                row[f"{label}_TFLOPs"] = round(2 * m * n * k / row[label] / 1e6, 1)
+        out[f"m{m}"] = row
+    log(f"gemm_m {name} {n}x{k}: {out}")
+    return out
+
+
+PARTS = ("gemv", "gemm", "gemm_m", "attention", "quantize")
 
 
 def fp8_kernel_parts(spec: str) -> list:
@@ -205,6 +262,9 @@ def sec_fp8_kernels() -> dict:
         free()  # the shape's weights
     for name, (n, k) in GEMV_SHAPES.items() if "gemm" in parts else ():
         out.setdefault("gemm", {})[name] = _gemm_rates(name, n, k)
+        free()
+    for name, (n, k) in GEMV_SHAPES.items() if "gemm_m" in parts else ():
+        out.setdefault("gemm_m", {})[name] = _gemm_m_sweep(name, n, k)
         free()
     if "quantize" in parts:
         out["quantize"] = _quantize_rates()
