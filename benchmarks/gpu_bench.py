@@ -123,6 +123,9 @@ def main() -> None:
                    help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
+    p.add_argument("--deadline-s", type=float, default=0,
+                   help="sections that would start this many seconds after the script began are skipped (recorded as "
+                        "such), so a bounded device call ends with its results saved (0: no deadline)")
     p.add_argument("--pytest-timeout", type=float, default=240, help="pytest: seconds before the run is stopped")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
@@ -133,7 +136,12 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     OPTS.bench_variant = None
+    start = time.perf_counter()
     for label in OPTS.sections.split(","):
+        if OPTS.deadline_s and time.perf_counter() - start > OPTS.deadline_s:
+            RESULTS[label] = {"skipped": f"--deadline-s {OPTS.deadline_s:g} passed"}
+            log(f"{label}: skipped, past the deadline")
+            continue
         name, _, variant = label.partition("@")
         variant = variant or "bf16"
         uses_bench = name in NEEDS_BENCH_ENGINE
