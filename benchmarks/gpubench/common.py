@@ -204,3 +204,8 @@ def _alt_graph_rates(eng, prompt: list, suffix: str, g, settings) -> dict:
         logits.append(r.logits[1].clone())
     out[f"logits_maxdiff_{suffix}"] = float((logits[0] - logits[1]).abs().max())
     return out
+
+
+def flash_prefill_on(eng) -> bool:
+    """Whether the engine's attention backend runs prompt-only prefill rows through torch's flash kernel."""
+    return bool(getattr(eng.runner.backend, "flash_enabled", lambda: False)())

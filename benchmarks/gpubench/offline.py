@@ -8,7 +8,7 @@ import random
 import statistics
 import time
 
-from gpubench.common import Event, OPTS, SZ, free, greedy, log, make_engine, rand_ids, sync
+from gpubench.common import Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, rand_ids, sync
 
 
 def offline_requests(seed: int = 2024) -> list:
@@ -172,6 +172,14 @@ def sec_offline_residual_ab() -> dict:
 def sec_offline_p_parts_ab() -> dict:
     """`offline` with attention's p in 2, 1, then 2 bf16 parts again."""
     return _offline_settings_ab("attention_p_parts", (("p2", 2), ("p1", 1), ("p2_again", 2)))
+
+
+def sec_offline_flash_ab() -> dict:
+    """`offline` with prompt-only prefill rows through torch's flash kernel (the default where it runs),
+    then through the Triton extend kernel."""
+    out = {"flash_enabled": flash_prefill_on(OPTS.bench_engine)}
+    out.update(_offline_settings_ab("flash_prefill", (("flash_on", True), ("flash_off", False))))
+    return out
 
 
 def sec_shared() -> dict:
