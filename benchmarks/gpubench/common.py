@@ -209,3 +209,12 @@ def _alt_graph_rates(eng, prompt: list, suffix: str, g, settings) -> dict:
 def flash_prefill_on(eng) -> bool:
     """Whether the engine's attention backend runs prompt-only prefill rows through torch's flash kernel."""
     return bool(getattr(eng.runner.backend, "flash_enabled", lambda: False)())
+
+
+def set_flash_prefill(eng, on: bool) -> None:
+    """Turn the flash prefill path on or off in a running engine. It changes extend passes only, which no
+    CUDA graph holds, so the decode graphs are kept (ModelRunner.set_kernel_settings would capture them again)."""
+    import dataclasses
+
+    settings = dataclasses.replace(eng.runner.settings, flash_prefill=on)
+    eng.runner.settings = eng.runner.backend.settings = settings

@@ -8,7 +8,7 @@ import random
 import statistics
 import time
 
-from gpubench.common import Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, rand_ids, sync
+from gpubench.common import Event, OPTS, SZ, flash_prefill_on, free, greedy, set_flash_prefill, log, make_engine, rand_ids, sync
 
 
 def offline_requests(seed: int = 2024) -> list:
@@ -177,8 +177,14 @@ def sec_offline_p_parts_ab() -> dict:
 def sec_offline_flash_ab() -> dict:
     """`offline` with prompt-only prefill rows through torch's flash kernel (the default where it runs),
     then through the Triton extend kernel."""
-    out = {"flash_enabled": flash_prefill_on(OPTS.bench_engine)}
-    out.update(_offline_settings_ab("flash_prefill", (("flash_on", True), ("flash_off", False))))
+    eng = OPTS.bench_engine
+    out = {"flash_enabled": flash_prefill_on(eng)}
+    try:
+        for label, on in (("flash_on", True), ("flash_off", False)):
+            set_flash_prefill(eng, on)
+            out[label] = sec_offline()
+    finally:
+        set_flash_prefill(eng, True)
     return out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from gpubench.common import OPTS, RESULTS, SZ, decode_rate, flash_prefill_on, free, greedy, make_engine, prefill_flops, rand_ids, weight_bytes
+from gpubench.common import OPTS, RESULTS, SZ, decode_rate, flash_prefill_on, free, greedy, set_flash_prefill, make_engine, prefill_flops, rand_ids, weight_bytes
 from gpubench.offline import run_batch
 
 
@@ -34,7 +34,11 @@ def sec_prefill() -> dict:
                                         (("p1", 1), ("p2", 2), ("default_again", eng.runner.settings.attention_p_parts))))
     if OPTS.prefill_flash_ab:
         out["flash_enabled"] = flash_prefill_on(eng)
-        ab = _prefill_settings_ab(eng, n, length, "flash_prefill", (("flash_off", False), ("flash_on", True)))
+        ab = {}
+        for label, on in (("flash_off", False), ("flash_on", True), ("flash_off_again", False)):
+            set_flash_prefill(eng, on)
+            ab[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, random.Random(17), n, length)
+        set_flash_prefill(eng, True)
         out.update(ab)
         if rate:
             out.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in ab.items()})
