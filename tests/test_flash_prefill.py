@@ -119,7 +119,8 @@ def test_flash_prefill_matches_torch_native_on_a_ragged_batch():
     pool = on.kv_pool
     pool.k[0].copy_(torch.randn_like(pool.k[0], dtype=torch.float32))
     pool.v[0].copy_(torch.randn_like(pool.v[0], dtype=torch.float32))
-    fb = _extend_batch(on.req_to_token, [0, 37, 0, 0, 300], [1, 64, 200, 129, 17], "cuda")
+    prefix, new = [0, 37, 0, 0, 300], [1, 64, 200, 129, 17]
+    fb = _extend_batch(on.req_to_token, prefix, new, "cuda")
     qkv = torch.randn(fb.num_tokens, (HQ + 2 * HKV) * D, device="cuda", dtype=torch.bfloat16)
     q, k, v = qkv.split([HQ * D, HKV * D, HKV * D], dim=-1)
     q, k, v = q.view(-1, HQ, D), k.view(-1, HKV, D), v.view(-1, HKV, D)
@@ -127,7 +128,8 @@ def test_flash_prefill_matches_torch_native_on_a_ragged_batch():
     for backend in (on, off, native):
         backend.init_forward_metadata(fb)
         if backend is on:
-            assert fb.attn_metadata.flash_cu is not None and fb.attn_metadata.cached.q_start.tolist() == [1]
+            starts_of_cached = [sum(new[:r]) for r in cached_rows(prefix)]  # rows 1 and 4
+            assert fb.attn_metadata.flash_cu is not None and fb.attn_metadata.cached.q_start.tolist() == starts_of_cached
         outs.append(backend.forward(q, k, v, 0, fb).float())
     flash, triton, want = outs
     assert (flash - want).abs().max().item() < 2e-2

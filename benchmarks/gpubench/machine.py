@@ -86,7 +86,7 @@ def sec_pytest() -> dict:
     """tests/test_fp8.py first (its GPU-only tests have never run on a GPU), tests/test_flash_prefill.py, then
     tests/test_kernels.py, until --pytest-timeout: on the GPU the two take longer than 130 s (session 7: 124 of test_kernels' 130 in 130 s)."""
     env = dict(os.environ, RADIXFLOW_TOKENIZER=OPTS.tokenizer, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fp8.py", "tests/test_flash_prefill.py",
+    cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_fp8.py", "tests/test_flash_prefill.py",
            "tests/test_kernels.py"]
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=OPTS.pytest_timeout)
