@@ -85,32 +85,10 @@ def _offline_pass(eng, reqs: list, steps: bool = False) -> dict:
         rec.close()
     res.update(rec.summary())
     if steps:
-        res["decode_model"] = decode_step_model(rec.decode_steps())
-        res["decode_steps_bs_ctx_ms"] = [(b, c, round(ms, 3)) for b, c, ms in rec.decode_steps()]
-        res["extend_steps_tokens_ctx_ms"] = [(t, c, round(ms, 3)) for t, c, ms in rec.extend_steps()]
+        # benchmarks/offline_steps.py reads the decode steps under this key
+        res["decode_steps_bs_kv_ms"] = [(b, kv, round(ms, 3)) for b, kv, ms in rec.decode_steps()]
+        res["extend_steps_tokens_kv_ms"] = [(t, kv, round(ms, 3)) for t, kv, ms in rec.extend_steps()]
     return res
-
-
-def decode_step_model(steps: list) -> dict:
-    """Least squares of a decode step's GPU ms on (1, batch, KV tokens read): the fixed cost, the cost per
-    row and per thousand KV tokens, how well that explains the steps, and the steps by batch size."""
-    import numpy as np
-
-    if len(steps) < 4:
-        return {}
-    a = np.array(steps, dtype=float)
-    x = np.stack([np.ones(len(a)), a[:, 0], a[:, 1] / 1e3], axis=1)
-    coef, *_ = np.linalg.lstsq(x, a[:, 2], rcond=None)
-    resid = a[:, 2] - x @ coef
-    bands = {}
-    for lo, hi in ((1, 64), (65, 256), (257, 512), (513, 768), (769, 1024)):
-        m = (a[:, 0] >= lo) & (a[:, 0] <= hi)
-        if m.any():
-            bands[f"bs{lo}-{hi}"] = {"steps": int(m.sum()), "ms": round(float(a[m, 2].mean()), 3),
-                                     "kv_tokens_k": round(float(a[m, 1].mean()) / 1e3, 1),
-                                     "ms_sum_s": round(float(a[m, 2].sum()) / 1e3, 3)}
-    return {"fixed_ms": float(coef[0]), "ms_per_row": float(coef[1]), "ms_per_1k_kv_tokens": float(coef[2]),
-            "resid_ms_rms": float(np.sqrt((resid ** 2).mean())), "bands": bands}
 
 
 def sec_offline() -> dict:
