@@ -72,7 +72,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, save  # noqa: E402
+from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, past_deadline, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
@@ -128,9 +128,9 @@ def main() -> None:
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--deadline-s", type=float, default=0,
                    help="sections that would start this many seconds after the script began are skipped (recorded as "
-                        "such), so a bounded device call ends with its results saved (0: no deadline); it bounds only "
-                        "when a section starts, so leave the longest section's time (engine build included) between "
-                        "it and the call's limit")
+                        "such), so a bounded device call ends with its results saved (0: no deadline); so are offline's "
+                        "seeds after the first. A section that starts in time runs to its end: leave the longest "
+                        "section's time (engine build included) between the deadline and the call's limit")
     p.add_argument("--pytest-timeout", type=float, default=240, help="pytest: seconds before the run is stopped (0: no limit)")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
@@ -141,10 +141,11 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     OPTS.bench_variant = None
+    OPTS.start = START
     for label in OPTS.sections.split(","):
         runs = sum(k.split("#")[0] == label and not k.endswith("_wall_s") for k in RESULTS)
         key = f"{label}#{runs}" if runs else label
-        if OPTS.deadline_s and time.perf_counter() - START > OPTS.deadline_s:
+        if past_deadline():
             RESULTS[key] = {"skipped": f"--deadline-s {OPTS.deadline_s:g} passed"}
             log(f"{key}: skipped, past the deadline")
             save()

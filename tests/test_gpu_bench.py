@@ -42,3 +42,24 @@ def test_sections_before_the_deadline_run(tmp_path, monkeypatch):
     saved = _run(tmp_path, monkeypatch, lambda: {"ok": 1}, "--deadline-s", "600", "--sections", "env,env")
     assert saved["env"] == saved["env#1"] == {"ok": 1}
     assert "env_wall_s" in saved and "env#1_wall_s" in saved
+
+
+def test_offline_skips_later_seeds_past_the_deadline(monkeypatch):
+    """The first seed is the section's figure and always runs; later seeds past --deadline-s are recorded
+    as skipped and left out of the median."""
+    monkeypatch.syspath_prepend(BENCH)
+    from gpubench import offline
+    from gpubench.common import OPTS
+
+    monkeypatch.setattr(offline, "offline_requests", lambda seed: [None] * (seed - 2000))
+    monkeypatch.setattr(offline, "_offline_pass", lambda eng, reqs, steps=False: {"out_tok_s": float(len(reqs))})
+    opts = dict(bench_engine=None, offline_seeds="2024,2025,2026", offline_warmup=0, deadline_s=0.5,
+                start=time.perf_counter() - 1.0)
+    for name, value in opts.items():
+        monkeypatch.setattr(OPTS, name, value, raising=False)
+    res = offline.sec_offline()
+    assert res["seed2024"] == {"out_tok_s": 24.0}
+    assert res["seed2025"] == res["seed2026"] == {"skipped": "past --deadline-s"}
+    assert res["out_tok_s"] == res["out_tok_s_min"] == res["out_tok_s_max"] == 24.0
+    monkeypatch.setattr(OPTS, "deadline_s", 600)
+    assert offline.sec_offline()["out_tok_s"] == 25.0  # in time: all three seeds, their median
