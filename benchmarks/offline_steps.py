@@ -2,13 +2,15 @@
 
     python benchmarks/offline_steps.py benchmarks/results/h200-2026-12-02-s7/call1_results.json
 
-gpu_bench's offline sections record every decode step of their first seed's pass: (batch, KV tokens
-read, GPU ms). The arms of one run (offline, offline@fp8, offline@fp8kv8) run the same greedy workload,
-so their steps pair one to one. This prints, by batch-size band, each arm's mean step and the
-differences between arms (FP8 weights: what the linear layers save; the FP8 KV cache: what attention
-saves), then a least-squares fit of each arm's large-batch steps (batch >= --min-bs) on
-(1, batch, KV tokens), with the batch as is and rounded up to tiles of 64, 128 and 256 rows: the
-rounding that fits best is the GEMMs' tile granularity.
+gpu_bench's offline sections (offline, offline_1k, in any variant) record every decode step of their
+first seed's pass: (batch, KV tokens read, GPU ms). Arms of one run that run the same greedy workload
+(--arms; by default offline, offline@fp8, offline@fp8kv8) have steps that pair one to one. This prints,
+by batch-size band, each arm's mean step and the differences between arms (FP8 weights: what the
+linear layers save; the FP8 KV cache: what attention saves), then a least-squares fit of each arm's
+large-batch steps (batch >= --min-bs) on (1, batch, KV tokens), with the batch as is and rounded up to
+tiles of 64, 128 and 256 rows. The per-row term holds everything a row costs (linears, output head,
+norms, sampling), the per-KV-token term attention; the rounding that fits best suggests the GEMMs'
+tile granularity.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ BANDS = ((1, 64), (65, 256), (257, 512), (513, 768), (769, 1024))
 
 
 def steps_of(results: dict, arm: str) -> np.ndarray | None:
-    seed = next((v for k, v in results.get(arm, {}).items() if k.startswith("seed") and isinstance(v, dict)), None)
-    rows = (seed or {}).get("decode_steps_bs_ctx_ms")
+    """An arm's decode steps: those of its first seed's pass (offline), else of its one pass (offline_1k)."""
+    res = results.get(arm, {})
+    run = next((v for k, v in res.items() if k.startswith("seed") and isinstance(v, dict)), res)
+    rows = run.get("decode_steps_bs_kv_ms", run.get("decode_steps_bs_ctx_ms"))  # the second: its former name
     return np.array(rows, dtype=float) if rows else None
 
 
@@ -64,11 +68,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("results")
     p.add_argument("--min-bs", type=int, default=300, help="fit only steps of at least this batch (compute-bound linears)")
+    p.add_argument("--arms", default=",".join(ARMS),
+                   help="sections of one run, the same workload each (e.g. offline_1k@fp8,offline_1k@fp8kv8)")
     args = p.parse_args()
     results = json.load(open(args.results))
-    arms = {n: s for n in ARMS if (s := steps_of(results, n)) is not None}
+    names = args.arms.split(",")
+    arms = {n: s for n in names if (s := steps_of(results, n)) is not None}
     if not arms:
-        raise SystemExit(f"{args.results}: no offline section with per-step records")
+        raise SystemExit(f"{args.results}: none of {names} has per-step records")
+    if len(arms) < len(names):
+        print(f"no per-step records, left out: {', '.join(n for n in names if n not in arms)}\n")
     first = next(iter(arms.values()))
     for n, s in arms.items():
         if s.shape != first.shape or not np.array_equal(s[:, :2], first[:, :2]):

@@ -96,6 +96,11 @@ def make_engine(config: str, **kw):
     return engine
 
 
+def past_deadline() -> bool:
+    """Whether gpu_bench's --deadline-s has passed (counted from the script's start, OPTS.start)."""
+    return bool(getattr(OPTS, "deadline_s", 0)) and time.perf_counter() - OPTS.start > OPTS.deadline_s
+
+
 def free(*objs) -> None:
     for o in objs:
         if hasattr(o, "shutdown"):

@@ -8,7 +8,9 @@ import random
 import statistics
 import time
 
-from gpubench.common import Event, OPTS, SZ, flash_prefill_on, free, greedy, set_flash_prefill, log, make_engine, rand_ids, sync
+from gpubench.common import (
+    Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, set_flash_prefill, sync,
+)
 
 
 def offline_requests(seed: int = 2024) -> list:
@@ -85,45 +87,27 @@ def _offline_pass(eng, reqs: list, steps: bool = False) -> dict:
         rec.close()
     res.update(rec.summary())
     if steps:
-        res["decode_model"] = decode_step_model(rec.decode_steps())
-        res["decode_steps_bs_ctx_ms"] = [(b, c, round(ms, 3)) for b, c, ms in rec.decode_steps()]
-        res["extend_steps_tokens_ctx_ms"] = [(t, c, round(ms, 3)) for t, c, ms in rec.extend_steps()]
+        # benchmarks/offline_steps.py reads the decode steps under this key
+        res["decode_steps_bs_kv_ms"] = [(b, kv, round(ms, 3)) for b, kv, ms in rec.decode_steps()]
+        res["extend_steps_tokens_kv_ms"] = [(t, kv, round(ms, 3)) for t, kv, ms in rec.extend_steps()]
     return res
 
 
-def decode_step_model(steps: list) -> dict:
-    """Least squares of a decode step's GPU ms on (1, batch, KV tokens read): the fixed cost, the cost per
-    row and per thousand KV tokens, how well that explains the steps, and the steps by batch size."""
-    import numpy as np
-
-    if len(steps) < 4:
-        return {}
-    a = np.array(steps, dtype=float)
-    x = np.stack([np.ones(len(a)), a[:, 0], a[:, 1] / 1e3], axis=1)
-    coef, *_ = np.linalg.lstsq(x, a[:, 2], rcond=None)
-    resid = a[:, 2] - x @ coef
-    bands = {}
-    for lo, hi in ((1, 64), (65, 256), (257, 512), (513, 768), (769, 1024)):
-        m = (a[:, 0] >= lo) & (a[:, 0] <= hi)
-        if m.any():
-            bands[f"bs{lo}-{hi}"] = {"steps": int(m.sum()), "ms": round(float(a[m, 2].mean()), 3),
-                                     "kv_tokens_k": round(float(a[m, 1].mean()) / 1e3, 1),
-                                     "ms_sum_s": round(float(a[m, 2].sum()) / 1e3, 3)}
-    return {"fixed_ms": float(coef[0]), "ms_per_row": float(coef[1]), "ms_per_1k_kv_tokens": float(coef[2]),
-            "resid_ms_rms": float(np.sqrt((resid ** 2).mean())), "bands": bands}
-
-
 def sec_offline() -> dict:
-    """The workload twice; the second pass is the figure. The first pass of a process compiles
-    Triton kernels for shapes it has not seen (s6 run 4: 9,318 out tok/s first, then 10,385 and
-    10,428), which a server pays once at start-up, not per workload; it is kept as "cold"."""
+    """A cold pass, then a warm pass per seed; the warm passes are the figures. The first pass of a
+    process compiles Triton kernels for shapes it has not seen (noticeably slower), which a server pays
+    once at start-up, not per workload; it is kept as "cold". Seeds after the first that would start
+    past --deadline-s are skipped."""
     eng = OPTS.bench_engine
     seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
     cold = _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None])
     res = {"cold": {k: cold[k] for k in ("s", "out_tokens", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}}
     for i, seed in enumerate(seeds):
+        if i and past_deadline():
+            res[f"seed{seed}"] = {"skipped": "past --deadline-s"}
+            continue
         res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed), steps=i == 0)
-    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds]
+    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds if "out_tok_s" in res[f"seed{seed}"]]
     res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return res
 
@@ -190,7 +174,7 @@ def sec_offline_flash_ab() -> dict:
 
 def sec_shared() -> dict:
     """Radix cache on (twice: the first pass of a fresh engine compiles Triton kernels for the
-    long-prefix shapes, s9 run 5: 6.24 s, then 5.28 s warm in s9 run 6; kept as "radix_on_cold"),
+    long-prefix shapes, and is kept as "radix_on_cold"),
     then off in a fresh engine of the same process (the kernels compiled by then)."""
     rng = random.Random(5)
     common = rand_ids(rng, SZ["shared_len"])
