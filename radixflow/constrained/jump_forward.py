@@ -13,7 +13,7 @@ model would continue from a token split it never saw in training (greedy then cl
 arrays empty, `[` + `]`, instead of `["` + an item).
 
 Nothing here loops over the vocabulary: the forced bytes and the extendable check are
-cached per FSM state, re-tokenization is cached per (last token, forced bytes).
+cached per FSM state, re-tokenization is one tokenizer call per jump (cached per text).
 """
 
 from __future__ import annotations
@@ -58,22 +58,9 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False)
     return []
 
 
-MAX_RETOKENIZED = 1 << 16  # cached re-tokenizations per vocabulary (a jump's text recurs across requests)
-
-
 def _retokenize(matcher: GrammarMatcher, boundary: list, forced: bytes, encode: Encode):
     """(tokens of `boundary` kept, new tokens), or None when the text does not round-trip."""
-    cache = matcher.grammar.vocab.retokenized
-    key = (tuple(boundary), forced)
-    if key not in cache:
-        if len(cache) >= MAX_RETOKENIZED:
-            cache.clear()
-        cache[key] = _retokenized(matcher.grammar.vocab, boundary, forced, encode)
-    hit = cache[key]
-    return None if hit is None else (hit[0], list(hit[1]))
-
-
-def _retokenized(vocab, boundary: list, forced: bytes, encode: Encode):
+    vocab = matcher.grammar.vocab
     prefix = vocab.decode_bytes(boundary)
     if prefix is None:
         return None
@@ -85,7 +72,7 @@ def _retokenized(vocab, boundary: list, forced: bytes, encode: Encode):
     if vocab.decode_bytes(ids) != prefix + forced:
         return None
     common = 1 if boundary and ids[:1] == boundary else 0
-    tokens = tuple(ids[common:])
+    tokens = ids[common:]
     return (common, tokens) if tokens else None
 
 

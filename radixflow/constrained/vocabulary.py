@@ -54,7 +54,6 @@ class TokenVocab:
     kind: str  # "byte_level" or "sentencepiece"
     by_bytes: Optional[tuple] = field(default=None, repr=False)  # (token bytes sorted, their ids)
     _extensions: dict = field(default_factory=dict, repr=False)
-    retokenized: dict = field(default_factory=dict, repr=False)  # jump_forward.py's cache: (boundary, bytes) -> result
 
     @property
     def words(self) -> int:
