@@ -76,9 +76,17 @@ def sec_ceilings() -> dict:
 
 
 def sec_pytest() -> dict:
+    """tests/test_fp8.py first (its GPU-only tests have never run on a GPU), then tests/test_kernels.py, until
+    --pytest-timeout (0: no limit)."""
     env = dict(os.environ, RADIXFLOW_TOKENIZER=OPTS.tokenizer, PYTHONPATH=ROOT)
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_kernels.py"]
-    out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env)
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fp8.py", "tests/test_kernels.py"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=OPTS.pytest_timeout or None)
+    except subprocess.TimeoutExpired as e:  # a bounded call: what ran is kept
+        text = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or "")
+        with open(os.path.join(OPTS.out, "pytest_gpu.log"), "w") as f:
+            f.write(text)
+        return {"rc": None, "summary": f"stopped after {OPTS.pytest_timeout} s", "tail": text[-500:]}
     with open(os.path.join(OPTS.out, "pytest_gpu.log"), "w") as f:
         f.write(out.stdout + out.stderr)
     return {"rc": out.returncode, "summary": out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-500:]}
