@@ -220,8 +220,8 @@ def time_decode(backend, q: torch.Tensor, fb) -> tuple[torch.Tensor, dict]:
     from radixflow.kernels.gemv import time_graph_us
 
     plan_us = host_us(lambda: backend.init_forward_metadata(fb))
-    out = backend._attend(q, 0, fb).float()
-    us = time_graph_us(lambda i: backend._attend(q, i % LAYERS, fb), LAYERS)
+    out = backend._attend(q, None, None, 0, fb).float()
+    us = time_graph_us(lambda i: backend._attend(q, None, None, i % LAYERS, fb), LAYERS)
     return out, {"us_per_layer": round(us, 2), "plan_host_us": round(plan_us, 1)}
 
 

@@ -70,6 +70,27 @@ def test_kv_indices_match_a_loop():
     assert got.dtype == torch.int32 and torch.equal(got, want)
 
 
+def test_inherited_forward_reaches_the_wrapper(monkeypatch):
+    """forward (and forward_rotary, through it or directly) are the Triton backend's: they store K/V, then
+    call _attend with the Triton backend's arguments, which FlashInfer's _attend must take. Runs on CPU with
+    the KV store and the planned wrapper replaced by recorders."""
+    import inspect
+
+    from radixflow.runtime.execution.attention import triton_backend as tb
+
+    assert inspect.signature(fib.FlashInferBackend._attend) == inspect.signature(tb.TritonBackend._attend)
+    stored, ran = [], []
+    monkeypatch.setattr(tb, "store_kv", lambda *a, **kw: stored.append(a))
+    wrapper = types.SimpleNamespace(run=lambda q, kv, enable_pdl: ran.append(kv) or q * 2)
+    backend = object.__new__(fib.FlashInferBackend)
+    backend.kv_pool = KVPool(64, 1, 1, 2, 16, torch.bfloat16, "cpu")
+    q, kv = torch.ones(3, 4, 16, dtype=torch.bfloat16), torch.zeros(3, 2, 16, dtype=torch.bfloat16)
+    fb = types.SimpleNamespace(mode=ForwardMode.EXTEND, out_cache_loc=torch.arange(3), attn_metadata=fib.FlashInferPlan(wrapper))
+    assert torch.equal(backend.forward(q, kv, kv, 0, fb), q * 2)
+    assert len(stored) == 1 and len(ran) == 1 and ran[0][0].shape == (65, 1, 2, 16)  # [slots, page 1, Hkv, D]
+    assert not backend.flash_enabled()  # FlashInfer attends every extend row itself (gpu_bench reports this)
+
+
 # -- GPU: bf16 / fp16 against a float32 torch-native reference ------------------------------------
 @dataclass(frozen=True)
 class Heads:

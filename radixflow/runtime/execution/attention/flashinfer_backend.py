@@ -116,7 +116,11 @@ class FlashInferBackend(TritonBackend):
     def rotary_in_attention(self, fb: ForwardBatch) -> bool:
         return False  # FlashInfer attends: rotary and the KV store stay in the Triton kernel before it
 
-    def _attend(self, q, layer, fb):
+    def flash_enabled(self) -> bool:
+        return False  # FlashInfer's extend wrapper attends every row, prompt-only ones included
+
+    def _attend(self, q, k, v, layer, fb):
+        """The planned wrapper over the pool (k/v, already stored there, are not read again)."""
         return self._run(fb.attn_metadata.wrapper, q, layer)
 
     def _run(self, wrapper, q: torch.Tensor, layer: int) -> torch.Tensor:
