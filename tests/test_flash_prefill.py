@@ -39,25 +39,46 @@ def _extend_batch(table: ReqToTokenPool, prefix: list[int], new: list[int], devi
 
 
 def _backend(device: str, dtype: torch.dtype, **kw) -> TritonBackend:
+    """A one-layer backend over a 2,048-slot pool of `dtype` (8 rows of 1,024 tokens)."""
     pool = KVPool(2048, 1, 1, HKV, D, dtype, device)
     return TritonBackend(kv_pool=pool, req_to_token=ReqToTokenPool(8, 1024, device), num_q_heads=HQ,
                          num_kv_heads=HKV, head_dim=D, **kw)
 
 
 def test_row_split():
+    """Flash runs when the prompt-only rows carry at least as many new tokens as the rows with a cached
+    prefix, which the Triton kernel computes again (a chunked prompt's later chunk beside a few short
+    fresh prompts: the Triton kernel alone)."""
     assert cached_rows([0, 12, 0, 3]) == [1, 3]
-    assert takes_flash(True, [0, 12]) and takes_flash(True, [0])
-    assert not takes_flash(True, [5, 12])  # every row has a prefix: the Triton kernel alone
-    assert not takes_flash(False, [0, 0])
+    assert takes_flash(True, [7], []) and takes_flash(True, [5, 3], [1]) and takes_flash(True, [4, 4], [1])
+    assert not takes_flash(True, [3, 5], [1])  # 3 fresh tokens against 5 computed twice
+    assert not takes_flash(True, [2048, 30, 40], [0])  # a chunk's remainder first, short fresh prompts after
+    assert not takes_flash(True, [5, 12], [0, 1])  # every row has a prefix
+    assert not takes_flash(False, [5, 5], [])
 
 
 def test_flash_off_where_the_op_is_missing_and_under_deterministic_inference():
     assert not flash_varlen_supported("cpu", HQ, HKV, D)
-    backend = _backend("cpu", torch.float32)
+    backend = _backend("cpu", torch.bfloat16)
     assert not backend.flash_ok and not backend.flash_enabled()
     assert ServerArgs().kernel_settings().flash_prefill
     assert not ServerArgs(disable_flash_prefill=True).kernel_settings().flash_prefill
     assert not ServerArgs(enable_deterministic_inference=True).kernel_settings().flash_prefill
+
+
+def test_flash_only_for_16_bit_pools_and_never_when_deterministic(monkeypatch):
+    """Where the op runs: a float32 pool (the kernel takes 16-bit inputs), an FP8 pool (prompt-only rows would
+    skip the e4m3 rounding of the rows read back from it) and deterministic inference keep the Triton kernel,
+    whatever the settings say."""
+    monkeypatch.setattr(tb, "flash_varlen_supported", lambda *a: True)
+    assert _backend("cpu", torch.bfloat16).flash_enabled() and _backend("cpu", torch.float16).flash_enabled()
+    for backend in (_backend("cpu", torch.float32), _backend("cpu", torch.float8_e4m3fn),
+                    _backend("cpu", torch.bfloat16, deterministic=True)):
+        backend.settings = dataclasses.replace(backend.settings, flash_prefill=True)
+        assert not backend.flash_enabled()
+        fb = _extend_batch(backend.req_to_token, [0, 0], [5, 3], "cpu")
+        backend.init_forward_metadata(fb)
+        assert fb.attn_metadata.flash_cu is None
 
 
 def test_plan_sends_prompt_only_rows_to_flash_and_cached_rows_to_triton(monkeypatch):
@@ -73,10 +94,12 @@ def test_plan_sends_prompt_only_rows_to_flash_and_cached_rows_to_triton(monkeypa
             out[s : s + n] = 2.0
         return out
 
+    stored = []
     monkeypatch.setattr(tb, "flash_varlen_attention", fake_flash)
     monkeypatch.setattr(tb, "extend_attention", fake_extend)
+    monkeypatch.setattr(tb, "store_kv", lambda k_buf, v_buf, loc, k, v, *a, **kw: stored.append(loc.tolist()))
+    monkeypatch.setattr(tb, "flash_varlen_supported", lambda *a: True)  # as on a GPU that has the op
     backend = _backend("cpu", torch.bfloat16)
-    backend.flash_ok = True  # as on a GPU that has the op
     prefix, new = [0, 9, 0, 4], [5, 3, 7, 1]
     fb = _extend_batch(backend.req_to_token, prefix, new, "cpu")
     q, kv = torch.zeros(16, HQ, D, dtype=torch.bfloat16), torch.zeros(16, HKV, D, dtype=torch.bfloat16)
@@ -84,8 +107,10 @@ def test_plan_sends_prompt_only_rows_to_flash_and_cached_rows_to_triton(monkeypa
     backend.init_forward_metadata(fb)
     plan = fb.attn_metadata
     assert plan.cached.req_pool_indices.tolist() == [1, 3] and plan.cached.q_start.tolist() == [5, 15]
+    assert plan.cached.prefix_lens.tolist() == [9, 4] and plan.cached.extend_lens.tolist() == [3, 1]
     assert plan.cached.max_extend == 3 and plan.all_rows.max_extend == 7
-    per_token = backend._attend(q, kv, kv, 0, fb)[:, 0, 0].tolist()
+    per_token = backend.forward(q, kv, kv, 0, fb)[:, 0, 0].tolist()  # the model's entry point: store, then attend
+    assert stored == [fb.out_cache_loc.tolist()]
     assert per_token == [1.0] * 5 + [2.0] * 3 + [1.0] * 7 + [2.0]
 
     fb = _extend_batch(backend.req_to_token, [0, 0, 0, 0], new, "cpu")
@@ -99,9 +124,10 @@ def test_plan_sends_prompt_only_rows_to_flash_and_cached_rows_to_triton(monkeypa
     assert backend._attend(q, kv, kv, 0, fb)[:, 0, 0].tolist() == [2.0] * 16  # the Triton kernel alone
 
     backend.settings = dataclasses.replace(backend.settings, flash_prefill=True)
+    fb = _extend_batch(backend.req_to_token, [0, 9, 0, 4], [1, 9, 1, 1], "cpu")  # 2 fresh tokens, 10 cached
     backend.init_forward_metadata(fb)
-    q32, kv32 = q.float(), kv.float()  # a float32 model: the flash kernel takes 16-bit inputs only
-    assert backend._attend(q32, kv32, kv32, 0, fb)[:, 0, 0].tolist() == [2.0] * 16
+    assert fb.attn_metadata.flash_cu is None
+    assert backend._attend(q[:12], kv[:12], kv[:12], 0, fb)[:, 0, 0].tolist() == [2.0] * 12
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the flash kernel needs a CUDA device")

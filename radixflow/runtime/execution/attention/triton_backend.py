@@ -2,10 +2,11 @@
 
 Decode reads only tensors of the ForwardBatch and a split count fixed per batch
 size, so a decode pass can be captured in a CUDA graph and replayed with new
-contents in the same buffers. An extend batch with prompt-only rows (no cached
-prefix) runs torch's variable-length flash kernel over the step's own K/V where the
-device has it (kernels/flash_varlen.py); the rows with a cached prefix are then
-computed again by the Triton extend kernel over the pool, into the same output.
+contents in the same buffers. An extend batch whose prompt-only rows (no cached
+prefix) carry at least half its new tokens runs torch's variable-length flash kernel
+over the step's own K/V where the device has it (kernels/flash_varlen.py); the rows
+with a cached prefix are then computed again by the Triton extend kernel over the
+pool, into the same output. 16-bit KV pools only: float32 and FP8 keep the Triton kernel.
 """
 
 from __future__ import annotations
@@ -50,9 +51,13 @@ def cached_rows(prefix_lens: list[int]) -> list[int]:
     return [i for i, p in enumerate(prefix_lens) if p > 0]
 
 
-def takes_flash(enabled: bool, prefix_lens: list[int]) -> bool:
-    """Whether a pass runs the flash kernel: it is enabled and at least one row is prompt-only."""
-    return enabled and len(cached_rows(prefix_lens)) < len(prefix_lens)
+def takes_flash(enabled: bool, extend_lens: list[int], cached: list[int]) -> bool:
+    """Whether a pass runs the flash kernel: it is enabled and the prompt-only rows carry at least as many
+    new tokens as the `cached` rows, whose new tokens the flash kernel computes for nothing (the Triton
+    kernel computes them again)."""
+    again = sum(extend_lens[i] for i in cached)
+    fresh = sum(extend_lens) - again
+    return enabled and fresh > 0 and fresh >= again
 
 
 class TritonBackend(AttentionBackend):
@@ -65,9 +70,14 @@ class TritonBackend(AttentionBackend):
         cuda = device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
         self.decode_config = DETERMINISTIC_CONFIG if self.deterministic else None  # None: tuned per batch size
-        self.flash_ok = flash_varlen_supported(str(device), self.num_q_heads, self.num_kv_heads, self.head_dim)
+        # The flash kernel takes 16-bit K/V straight from the step: a float32 pool, and an FP8 pool (its
+        # prompt-only rows would skip the e4m3 rounding that every row read back from it has), keep the
+        # Triton kernel, as does deterministic inference (one kernel for every row), whatever the settings.
+        self.flash_ok = (self.kv_pool.dtype in FLASH_DTYPES and not self.deterministic
+                         and flash_varlen_supported(str(device), self.num_q_heads, self.num_kv_heads, self.head_dim))
 
     def flash_enabled(self) -> bool:
+        """Whether extend passes may take the flash path: this backend can (`flash_ok`) and the settings ask."""
         return self.flash_ok and self.settings.flash_prefill
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
@@ -85,10 +95,10 @@ class TritonBackend(AttentionBackend):
         dev = fb.input_ids.device
         q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), dev)
         all_rows = RowSet(fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max(fb.extend_lens_list))
-        if not takes_flash(self.flash_enabled(), fb.prefix_lens_list):
+        rows = cached_rows(fb.prefix_lens_list)
+        if not takes_flash(self.flash_enabled(), fb.extend_lens_list, rows):
             return ExtendPlan(all_rows)
         cu = to_device_async(torch.tensor(starts + [acc], dtype=torch.int32), dev)
-        rows = cached_rows(fb.prefix_lens_list)
         if not rows:
             return ExtendPlan(all_rows, None, cu)
         idx = to_device_async(torch.tensor(rows, dtype=torch.int64), dev)
@@ -128,7 +138,7 @@ class TritonBackend(AttentionBackend):
         if fb.mode == ForwardMode.DECODE:
             return self._decode(q, layer, fb)
         plan: ExtendPlan = fb.attn_metadata
-        if plan.flash_cu is None or q.dtype not in FLASH_DTYPES:  # float32 models keep the Triton kernel
+        if plan.flash_cu is None:
             return self._extend(q, layer, plan.all_rows)
         out = flash_varlen_attention(q, k, v, plan.flash_cu, plan.all_rows.max_extend, self.scale)
         return out if plan.cached is None else self._extend(q, layer, plan.cached, out)
