@@ -216,10 +216,8 @@ def flash_prefill_on(eng) -> bool:
     return bool(getattr(eng.runner.backend, "flash_enabled", lambda: False)())
 
 
-def set_flash_prefill(eng, on: bool) -> None:
-    """Turn the flash prefill path on or off in a running engine. It changes extend passes only, which no
-    CUDA graph holds, so the decode graphs are kept (ModelRunner.set_kernel_settings would capture them again)."""
-    import dataclasses
-
-    settings = dataclasses.replace(eng.runner.settings, flash_prefill=on)
-    eng.runner.settings = eng.runner.backend.settings = settings
+def set_extend_settings(runner, settings) -> None:
+    """Switch a running engine to `settings` that differ only in what extend passes do (flash_prefill): no
+    CUDA graph holds an extend pass, so the decode graphs are kept (runner.set_kernel_settings would capture
+    them again)."""
+    runner.settings = runner.backend.settings = settings

@@ -9,7 +9,8 @@ import statistics
 import time
 
 from gpubench.common import (
-    Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, set_flash_prefill, sync,
+    Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, set_extend_settings,
+    sync,
 )
 
 
@@ -132,18 +133,20 @@ def sec_offline_pdl_ab() -> dict:
     return _offline_settings_ab("pdl_early_trigger", (("early", True), ("late", False), ("early_again", True)))
 
 
-def _offline_settings_ab(field: str, values: tuple) -> dict:
+def _offline_settings_ab(field: str, values: tuple, apply=None) -> dict:
     """`offline` once per (label, value) in `values`, with the bench engine's kernel setting `field`
     at that value for the whole run (eager passes and recaptured graphs), in one process; the
-    settings before are restored after."""
+    settings before are restored after. `apply(runner, settings)` switches them (default:
+    set_kernel_settings, which captures the decode graphs again)."""
     runner, out = OPTS.bench_engine.runner, {}
+    apply = apply or (lambda r, settings: r.set_kernel_settings(settings))
     before = runner.settings
     try:
         for label, value in values:
-            runner.set_kernel_settings(dataclasses.replace(before, **{field: value}))
+            apply(runner, dataclasses.replace(before, **{field: value}))
             out[label] = sec_offline()
     finally:
-        runner.set_kernel_settings(before)
+        apply(runner, before)
     return out
 
 
@@ -161,14 +164,9 @@ def sec_offline_p_parts_ab() -> dict:
 def sec_offline_flash_ab() -> dict:
     """`offline` with prompt-only prefill rows through torch's flash kernel (the default where it runs),
     then through the Triton extend kernel."""
-    eng = OPTS.bench_engine
-    out = {"flash_enabled": flash_prefill_on(eng)}
-    try:
-        for label, on in (("flash_on", True), ("flash_off", False)):
-            set_flash_prefill(eng, on)
-            out[label] = sec_offline()
-    finally:
-        set_flash_prefill(eng, True)
+    out = {"flash_enabled": flash_prefill_on(OPTS.bench_engine)}
+    ab = _offline_settings_ab("flash_prefill", (("flash_on", True), ("flash_off", False)), apply=set_extend_settings)
+    out.update(ab)
     return out
 
 

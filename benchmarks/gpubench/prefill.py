@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from gpubench.common import OPTS, RESULTS, SZ, decode_rate, flash_prefill_on, free, greedy, set_flash_prefill, make_engine, prefill_flops, rand_ids, weight_bytes
+from gpubench.common import (
+    OPTS, RESULTS, SZ, decode_rate, flash_prefill_on, free, greedy, make_engine, prefill_flops, rand_ids,
+    set_extend_settings, weight_bytes,
+)
 from gpubench.offline import run_batch
 
 
@@ -34,27 +37,28 @@ def sec_prefill() -> dict:
                                         (("p1", 1), ("p2", 2), ("default_again", eng.runner.settings.attention_p_parts))))
     if OPTS.prefill_flash_ab:
         out["flash_enabled"] = flash_prefill_on(eng)
-        ab = {}
-        for label, on in (("flash_off", False), ("flash_on", True), ("flash_off_again", False)):
-            set_flash_prefill(eng, on)
-            ab[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, random.Random(17), n, length)
-        set_flash_prefill(eng, True)
+        ab = _prefill_settings_ab(eng, n, length, "flash_prefill",
+                                  (("flash_off", False), ("flash_on", True), ("flash_off_again", False)),
+                                  apply=set_extend_settings)
         out.update(ab)
         if rate:
             out.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in ab.items()})
     return out
 
 
-def _prefill_settings_ab(eng, n: int, length: int, field: str, values: tuple) -> dict:
+def _prefill_settings_ab(eng, n: int, length: int, field: str, values: tuple, apply=None) -> dict:
     """Prefill tok/s with the kernel setting `field` at each (label, value), then the engine's settings
-    back, in the same engine."""
-    rng, out, before = random.Random(17), {}, eng.runner.settings
+    back, in the same engine. `apply(runner, settings)` switches them (default: set_kernel_settings,
+    which captures the decode graphs again)."""
+    runner = eng.runner
+    apply = apply or (lambda r, settings: r.set_kernel_settings(settings))
+    rng, out, before = random.Random(17), {}, runner.settings
     try:
         for label, value in values:
-            eng.runner.set_kernel_settings(dataclasses.replace(before, **{field: value}))
+            apply(runner, dataclasses.replace(before, **{field: value}))
             out[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, rng, n, length)
     finally:
-        eng.runner.set_kernel_settings(before)
+        apply(runner, before)
     return out
 
 
