@@ -29,7 +29,7 @@ def flash_varlen_attention(
     return out[0]
 
 
-def _probe_reference(q, k, v, lens: list[int], scale: float) -> torch.Tensor:
+def _probe_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lens: list[int], scale: float) -> torch.Tensor:
     """Plain causal attention per row, float32 (the probe's yardstick)."""
     group = q.shape[1] // k.shape[1]
     outs, start = [], 0

@@ -119,7 +119,7 @@ class FlashInferBackend(TritonBackend):
     def flash_enabled(self) -> bool:
         return False  # FlashInfer's extend wrapper attends every row, prompt-only ones included
 
-    def _attend(self, q, k, v, layer, fb):
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         """The planned wrapper over the pool (k/v, already stored there, are not read again)."""
         return self._run(fb.attn_metadata.wrapper, q, layer)
 

@@ -133,7 +133,7 @@ class TritonBackend(AttentionBackend):
         apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc, self.settings)
         return self._attend(q, k, v, layer, fb)
 
-    def _attend(self, q, k, v, layer, fb):
+    def _attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int, fb: ForwardBatch) -> torch.Tensor:
         """Attention for q; the pool already holds this batch's K/V, and k/v are the same (rotated) new K/V."""
         if fb.mode == ForwardMode.DECODE:
             return self._decode(q, layer, fb)
@@ -143,7 +143,7 @@ class TritonBackend(AttentionBackend):
         out = flash_varlen_attention(q, k, v, plan.flash_cu, plan.all_rows.max_extend, self.scale)
         return out if plan.cached is None else self._extend(q, layer, plan.cached, out)
 
-    def _extend(self, q, layer, rows: RowSet, out: torch.Tensor | None = None):
+    def _extend(self, q: torch.Tensor, layer: int, rows: RowSet, out: torch.Tensor | None = None) -> torch.Tensor:
         """The Triton extend kernel over the pool for `rows`, into `out` (a new tensor if None)."""
         return extend_attention(
             q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table, rows.req_pool_indices,
