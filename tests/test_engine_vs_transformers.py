@@ -116,6 +116,26 @@ def test_input_logprobs_from_start_len_with_cached_prefix(engine, hf_model, toke
     assert out["meta_info"]["cached_tokens"] == start - 1
 
 
+def test_input_logprobs_from_start_len_compute_only_the_logits_they_use(engine, hf_model, tokenizer, monkeypatch):
+    """An uncached prompt with logprob_start_len = start computes the whole prompt but the logits
+    of positions start-1 .. end only (a select's scoring request needs those of its choice)."""
+    prompt, start = " ".join(PROMPTS[:4]), 9
+    ids = tokenizer.encode(prompt)
+    rows = []
+    forward = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda fb: rows.append(fb.logits_indices.numel()) or forward(fb))
+    engine.flush_cache()
+    out = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=start)
+    assert out["meta_info"]["cached_tokens"] == 0 and rows == [len(ids) - start + 1]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    inp = out["meta_info"]["input_token_logprobs"]
+    assert [t[1] for t in inp] == ids[start:]
+    for k, (lp, tid, _) in enumerate(inp):
+        assert abs(lp - ref[start + k - 1, tid].item()) < 1e-3
+    assert out["output_ids"] == [int(ref[-1].argmax())]
+
+
 def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenizer, monkeypatch):
     """A pass's input logprobs are computed together, in chunks of rows (logprobs.add_inputs);
     small chunks here, so requests are split across them: each prompt's values and top tokens
