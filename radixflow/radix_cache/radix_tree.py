@@ -57,6 +57,17 @@ def _common_prefix_len(a: list, b: list) -> int:
     return int(diff.argmax())
 
 
+def _unlink(root: TreeNode) -> None:
+    """Break the tree's parent <-> child cycles so that refcounting frees a dropped tree at once.
+    Left to the cyclic garbage collector, a flushed tree (thousands of nodes, each with a list of
+    token ids and a tensor) is freed in one full collection, during whatever pass is running."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        node.children, node.parent = {}, None
+
+
 class RadixCache:
     def __init__(self, allocator: PageAllocator, page_size: int = 1, disable: bool = False):
         self.allocator = allocator
@@ -65,6 +76,8 @@ class RadixCache:
         self.reset()
 
     def reset(self) -> None:
+        if getattr(self, "root", None) is not None:
+            _unlink(self.root)
         self.root = TreeNode()
         self.root.lock_ref = 1
         self.evictable_size = 0
