@@ -10,8 +10,9 @@ for all-constrained and free decoding (the gap between two forward passes counts
 sampling kernels as idle, so it overstates idleness); the same for the regex at batch 256. A
 correctness section first compares greedy outputs with overlap scheduling on and off for a mixed
 batch (JSON, regex, free). Every grammar backend named by --grammar-backends runs in the same
-engine (each keeps its compiled grammars), configuration by configuration, so their figures
-share the free runs' conditions; labels are prefixed with the backend.
+engine (each keeps its compiled grammars), one backend after another (all sizes and temperatures
+of the first, then the next: --deadline-s skips the last ones), each with its own free runs;
+labels are prefixed with the backend.
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
@@ -310,7 +311,8 @@ def table(a) -> None:
         e = RESULTS[key]
         mean = e["runs"][-1]["host_ms"].get("mean", {})
         log(a.out, f"{key}: {e['tok_s']:.0f} tok/s, {e['valid']}/{e['checked']} valid; host mean ms/step: step {mean.get('step')}, "
-            f"fill {mean.get('fill')}, accept {mean.get('accept')}, jump {mean.get('jump')}, untimed {mean.get('untimed')}")
+            f"fill {mean.get('fill')}, accept {mean.get('accept')} (follow {mean.get('follow')}, search {mean.get('search')}), "
+            f"jump {mean.get('jump')}, untimed {mean.get('untimed')}")
     for key in sorted(k for k in RESULTS if "idle_" in k):
         e = RESULTS[key]
         if e["idle_fraction"] is not None:
@@ -329,10 +331,12 @@ def main() -> None:
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
     ap.add_argument("--threads", default="4,8,16", help="llguidance pool sizes for the `threads` section (batch 256, or the largest "
                     "size); each also sets the grammar's builds (min(size, CPUs)), made before the timed batch")
+    ap.add_argument("--idle-backends", default=None, help="backends of the idle section, comma-separated (default: --grammar-backends)")
     ap.add_argument("--grammar-threads", type=int, default=0, help="the engine's --grammar-threads (0: llguidance's default)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")
+    a.idle_backends = a.idle_backends.split(",") if a.idle_backends else a.backends
     a.temps = [float(t) for t in a.temps.split(",")]
     a.threads = [int(t) for t in a.threads.split(",")]
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
@@ -350,11 +354,11 @@ def main() -> None:
         if "threads" in sections:
             thread_sweep(a, eng, max(a.sizes))
         if "idle" in sections:
-            for b in a.backends:
+            for b in a.idle_backends:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)
                 idle(a, eng, 4 if a.smoke else 256, "regex", b)
         if "throughput" in sections:
-            for n, temp, b in ((n, temp, b) for n in a.sizes for temp in a.temps for b in a.backends):
+            for b, n, temp in ((b, n, temp) for b in a.backends for n in a.sizes for temp in a.temps):
                 if late():
                     log(a.out, f"skipped {b} bs{n} T{temp:g}: past --deadline-s")
                     continue

@@ -9,12 +9,14 @@ tokenizer files, carried to the GPU machine) only has to cover the random prompt
 Sections (each isolated: a failure is logged and the next one runs):
   env          versions, GPU, whether server/grammar packages are missing
   ceilings     HBM copy bandwidth and bf16 matmul rate, measured here
-  pytest       tests/test_kernels.py on the GPU (including the `gpu` tests)
+  matmul_rate  the bf16 matmul rate alone
+  pytest       tests/test_fp8.py, then tests/test_kernels.py on the GPU (GPU-only tests included), --pytest-timeout
   correctness  Triton vs torch-native teacher-forced logprobs (SmolLM2 and Llama-3-8B shapes,
                float32 and bf16, dummy weights), mixed fresh / cache-hit / chunked batch; in bf16
                also torch-native vs itself (as candidate; each request alone vs batched);
                --corr-dtypes bfloat16-det (deterministic inference), bfloat16-p1|p2 (p in N parts),
-               bfloat16-unfused (Triton's rotary and SiLU-and-mul in torch)
+               bfloat16-unfused (Triton's rotary and SiLU-and-mul in torch), bfloat16-flash (Triton vs
+               torch-native in bf16 with prompt-only prefill rows through torch's flash kernel, and without)
   tiny_ckpt    a random 4-layer Llama saved by transformers: radixflow greedy == HF greedy
   decode_bs1   batch-1 decode, Llama-3-8B bf16, 128 in / 256 out, CUDA graphs on and off, and graphs
                recaptured without PDL, with rotary outside decode attention, with a bf16 residual
@@ -34,8 +36,10 @@ Sections (each isolated: a failure is logged and the next one runs):
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
-               head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts
-  fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, attention, quantize): each GEMV config
+               head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
+               --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
+  offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
+  fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
                per Llama-3-8B weight shape at batch 1 (FP8 and bf16 weights), the FP8 GEMM and its parts
                against bf16 at batches 256-1,024 and 8,192, the activation quantization alone, decode
                attention at batch 256 / 512 over a bf16 pool and an FP8 one (float16 or bf16 products)
@@ -43,6 +47,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   step_profile decode at batch 512 over ~640-token contexts under torch.profiler: GPU time per step by kernel
                and by group (GEMM, attention, FP8 quantization, norms / activations, sampling, other); and a
                prefill chunk's per 1,000 tokens
+  prefill_attention  the Triton extend kernel against torch's flash attention (packed, variable length) on
+               prompt-only chunks (an offline-like 8,192-token chunk, 4 x 2,048): error vs the reference, us, TFLOP/s
   decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
@@ -56,47 +62,51 @@ offline, prefill) over the shared plumbing in gpubench/common.py; this file pick
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
-import sys
 import time
-import traceback
+
+START = time.perf_counter()  # --deadline-s counts from here, before the imports below (torch alone takes seconds)
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import os  # noqa: E402
+import sys  # noqa: E402
+import traceback  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, save  # noqa: E402
+from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, past_deadline, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
-from gpubench.machine import sec_ceilings, sec_env, sec_pytest  # noqa: E402
+from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
 from gpubench.offline import (  # noqa: E402
-    sec_idle, sec_offline, sec_offline_1k, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
+    sec_idle, sec_offline, sec_offline_1k, sec_offline_flash_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
+from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
 from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
 
 
 SECTIONS = {
-    "env": sec_env, "ceilings": sec_ceilings, "pytest": sec_pytest, "correctness": sec_correctness,
+    "env": sec_env, "ceilings": sec_ceilings, "matmul_rate": sec_matmul_rate, "pytest": sec_pytest, "correctness": sec_correctness,
     "tiny_ckpt": sec_tiny_ckpt, "qwen3": sec_qwen3, "hf": sec_hf, "hf_compile": sec_hf_compile, "decode_bs1": sec_decode_bs1,
     "sampled_bs1": sec_sampled_bs1,
     "gemv_configs": sec_gemv_configs,
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
-    "offline_p_parts_ab": sec_offline_p_parts_ab,
+    "offline_p_parts_ab": sec_offline_p_parts_ab, "offline_flash_ab": sec_offline_flash_ab,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
-    "decode_graphs": sec_decode_graphs,
+    "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
-NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 
 
@@ -119,7 +129,15 @@ def main() -> None:
     p.add_argument("--offline-warmup", type=int, default=0,
                    help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
+    p.add_argument("--prefill-flash-ab", action="store_true",
+                   help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
+    p.add_argument("--deadline-s", type=float, default=0,
+                   help="sections that would start this many seconds after the script began are skipped (recorded as "
+                        "such), so a bounded device call ends with its results saved (0: no deadline); so are offline's "
+                        "seeds after the first. A section that starts in time runs to its end: leave the longest "
+                        "section's time (engine build included) between the deadline and the call's limit")
+    p.add_argument("--pytest-timeout", type=float, default=240, help="pytest: seconds before the run is stopped (0: no limit)")
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     fp8_kernel_parts(OPTS.fp8_kernels)  # a misspelt part ends the run before any section
@@ -129,7 +147,15 @@ def main() -> None:
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
     OPTS.bench_variant = None
+    OPTS.start = START
     for label in OPTS.sections.split(","):
+        runs = sum(k.split("#")[0] == label and not k.endswith("_wall_s") for k in RESULTS)
+        key = f"{label}#{runs}" if runs else label
+        if past_deadline():
+            RESULTS[key] = {"skipped": f"--deadline-s {OPTS.deadline_s:g} passed"}
+            log(f"{key}: skipped, past the deadline")
+            save()
+            continue
         name, _, variant = label.partition("@")
         variant = variant or "bf16"
         uses_bench = name in NEEDS_BENCH_ENGINE
@@ -141,8 +167,7 @@ def main() -> None:
             free()  # earlier sections' memory back to the driver before the KV pool is sized
             OPTS.bench_engine = make_engine("llama3-8b", **OPTS.bench_kw, **OPTS.variant_kw)
             OPTS.bench_variant = variant
-        runs = sum(k.split("#")[0] == label and not k.endswith("_wall_s") for k in RESULTS)
-        key = f"{label}#{runs}" if runs else label
+        OPTS.section_key = key
         t = time.perf_counter()
         try:
             RESULTS[key] = SECTIONS[name]()

@@ -9,7 +9,9 @@ Wraps the scheduler's per-step functions and sums each one's wall time per `Sche
 `wait_gpu` is the time `read_back` spends waiting for the pass it reads (the host is ahead of the
 GPU: host work is off the critical path); `advance` the per-request work after a pass (of which
 `accept`: grammars take the sampled tokens, which on llguidance includes the budget check after
-each sampled token (the closing path followed, or searched); `jump`: jump-forward, the check
+each sampled token (the closing path followed, or searched): of it `follow`, the rows whose token
+was not simply the path's next one, and of that `search`, closing-path searches (searches after
+forced tokens count under `jump` too); `jump`: jump-forward, the check
 after forced tokens, and a failed check's cut-back);
 `fill` the grammar masks; `sample` the sampling launch (masks included); `launch` the forward
 pass launch; `chained_ids` the next pass's input ids; `gc` Python's garbage collector;
@@ -30,6 +32,8 @@ import gc
 import statistics
 import time
 
+from radixflow.constrained.closing_path import ClosingSearch
+from radixflow.constrained.llguidance_grammars import LLGuidanceMatcher
 from radixflow.runtime.scheduling import overlap, sampler, scheduler
 from radixflow.runtime.scheduling.scheduler import Scheduler
 
@@ -38,6 +42,8 @@ PARTS = {
     "read_back": (Scheduler, "read_back"),
     "advance": (Scheduler, "_advance"),
     "accept": (scheduler, "accept_tokens"),
+    "follow": (LLGuidanceMatcher, "_consumed"),
+    "search": (ClosingSearch, "find"),
     "jump": (Scheduler, "_apply_jump_forward"),
     "fill": (sampler, "fill_bitmask_rows"),
     "sample": (overlap, "sample_flight"),

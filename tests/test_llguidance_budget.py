@@ -322,6 +322,29 @@ def test_rows_of_different_builds_mask_and_accept_as_one_matcher(backend, engine
     assert all((r.grammar.path, r.grammar.since, r.grammar.ended) == (reference.grammar.path, reference.grammar.since, False) for r in rows)
 
 
+def test_batched_calls_get_each_builds_rows_together(backend, eight_cpus):
+    """Requests take the builds in turn; a batched fill or accept hands llguidance the rows of
+    each build side by side (its threads take contiguous runs), every row once."""
+    from radixflow.constrained.llguidance_threads import by_build
+
+    g = backend.compile("regex", "[ij]{3,8}")
+    pool = InlinePool()
+    matchers = [backend.impl_for("regex").matcher(g, None, pool) for _ in range(7)]
+    pairs = [(m, row) for row, m in enumerate(matchers)]
+    ordered = by_build(pairs)
+    builds = [m.root_id for m, _ in ordered]
+    assert sorted(row for _, row in ordered) == list(range(7)) and len(set(builds)) == 3
+    assert all(a == b or b not in builds[:i] for i, (a, b) in enumerate(zip(builds, builds[1:]), 1))
+
+
+def test_a_bitmask_sets_its_free_rows_to_all_ones():
+    """The grammar rows are left for the fill to write whole; free rows allow every token."""
+    from radixflow.constrained.batch_mask import new_bitmask
+
+    assert (new_bitmask(4, 3, pinned=False, free=[1, 3])[[1, 3]] == -1).all()
+    assert (new_bitmask(2, 3, pinned=False) == -1).all()
+
+
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
     """`[0-9]{5}` anywhere in a string: each digit leaves the mask as it was, so the search
     takes a token again before it passes it over (it used to find no completion)."""

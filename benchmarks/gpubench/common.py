@@ -23,10 +23,12 @@ OPTS = argparse.Namespace()  # gpu_bench.py's parsed flags (filled in place)
 # workload sizes; --smoke (CPU, tiny model) shrinks them to check the script's plumbing
 SIZES = dict(offline=1000, in_max=1024, out_max=512, shared_n=256, shared_len=4096, shared_out=128, idle_bs=64,
              idle_out=256, prefill_n=8, prefill_len=2048, bs1_out=256, corr_shared=300, corr_long=1500, corr_chunk=512,
-             hf_bs1_out=64, tiny_new=32, hf_compile_out=128, k1_n=1000, k1_len=1000, prof_n=512, prof_len=640, prof_out=48)
+             hf_bs1_out=64, tiny_new=32, hf_compile_out=128, k1_n=1000, k1_len=1000, prof_n=512, prof_len=640, prof_out=48,
+             pa_tokens=8192, pa_max=1024, pa_check=3, pa_reps=20)
 SMOKE = dict(offline=12, in_max=64, out_max=16, shared_n=6, shared_len=96, shared_out=8, idle_bs=4, idle_out=12,
              prefill_n=2, prefill_len=64, bs1_out=16, corr_shared=24, corr_long=80, corr_chunk=32, hf_bs1_out=8, tiny_new=8,
-             hf_compile_out=12, k1_n=6, k1_len=24, prof_n=6, prof_len=40, prof_out=6)
+             hf_compile_out=12, k1_n=6, k1_len=24, prof_n=6, prof_len=40, prof_out=6,
+             pa_tokens=96, pa_max=40, pa_check=2, pa_reps=1)
 TINY_CONFIG = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=TOKENIZER_VOCAB, max_position_embeddings=4096,
@@ -92,6 +94,11 @@ def make_engine(config: str, **kw):
     log(f"engine {config} {kw} ready in {time.perf_counter() - t:.1f}s; "
         + (f"CUDA graphs up to batch {graphs.max_bs}" if graphs is not None else "no CUDA graphs"))
     return engine
+
+
+def past_deadline() -> bool:
+    """Whether gpu_bench's --deadline-s has passed (counted from the script's start, OPTS.start)."""
+    return bool(getattr(OPTS, "deadline_s", 0)) and time.perf_counter() - OPTS.start > OPTS.deadline_s
 
 
 def free(*objs) -> None:
@@ -202,3 +209,17 @@ def _alt_graph_rates(eng, prompt: list, suffix: str, g, settings) -> dict:
         logits.append(r.logits[1].clone())
     out[f"logits_maxdiff_{suffix}"] = float((logits[0] - logits[1]).abs().max())
     return out
+
+
+def flash_prefill_on(eng) -> bool:
+    """Whether the engine's attention backend runs prompt-only prefill rows through torch's flash kernel."""
+    return bool(getattr(eng.runner.backend, "flash_enabled", lambda: False)())
+
+
+def set_flash_prefill(eng, on: bool) -> None:
+    """Turn the flash prefill path on or off in a running engine. It changes extend passes only, which no
+    CUDA graph holds, so the decode graphs are kept (ModelRunner.set_kernel_settings would capture them again)."""
+    import dataclasses
+
+    settings = dataclasses.replace(eng.runner.settings, flash_prefill=on)
+    eng.runner.settings = eng.runner.backend.settings = settings

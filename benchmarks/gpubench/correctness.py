@@ -9,7 +9,7 @@ import traceback
 
 import torch
 
-from gpubench.common import DEV, OPTS, SZ, TOKENIZER_FILES, TOKENIZER_VOCAB, free, log, make_engine
+from gpubench.common import DEV, OPTS, SZ, TOKENIZER_FILES, TOKENIZER_VOCAB, flash_prefill_on, free, log, make_engine
 
 
 def _compare(cand, ref, tol: float = 2e-2) -> dict:
@@ -24,13 +24,14 @@ def _compare(cand, ref, tol: float = 2e-2) -> dict:
     return res
 
 
-def _check_backends(config: str, dtype: str, tol: float, shared: int, long: int, chunk: int) -> dict:
+def _check_backends(config: str, dtype: str, tol: float, shared: int, long: int, chunk: int, **triton_kw) -> dict:
     from logprob_check import make_prompts, run_candidate, run_reference
 
     kw = dict(dtype=dtype, max_total_tokens=32768, chunked_prefill_size=chunk, cuda_graph_max_bs=8, max_running_requests=16)
     warm, batch, starts = make_prompts(TOKENIZER_VOCAB, shared, long, seed=1)
-    eng = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", **kw)
+    eng = make_engine(config, attention_backend="torch_native" if OPTS.smoke else "triton", **kw, **triton_kw)
     assert OPTS.smoke or eng.runner.graph_runner is not None
+    flash = flash_prefill_on(eng)
     cand = run_candidate(eng, warm, batch, starts, new_tokens=16)
     hit = eng.scheduler.stats.cached_tokens
     free(eng)
@@ -38,8 +39,15 @@ def _check_backends(config: str, dtype: str, tol: float, shared: int, long: int,
     ref = run_reference(ref_eng, warm, cand, starts)
     free(ref_eng)
     res = _compare(cand, ref, tol)
-    res.update(cached_tokens=hit, tol=tol, ok=max(res["prefill_max_abs"], res["decode_max_abs"]) <= tol)
+    res.update(cached_tokens=hit, flash_prefill=flash, tol=tol, ok=max(res["prefill_max_abs"], res["decode_max_abs"]) <= tol)
     return res
+
+
+def _check_flash(config: str, shared: int, long: int, chunk: int) -> dict:
+    """bf16 Triton engine against bf16 torch-native, with prompt-only prefill rows through torch's flash
+    kernel (the default where it runs) and with the Triton extend kernel for every row."""
+    return {"flash_on": _check_backends(config, "bfloat16", 2e-2, shared, long, chunk),
+            "flash_off": _check_backends(config, "bfloat16", 2e-2, shared, long, chunk, disable_flash_prefill=True)}
 
 
 def _solo_reference(eng, warm: list, cand, starts: list):
@@ -116,6 +124,7 @@ def sec_correctness() -> dict:
               "bfloat16": lambda c: _check_bf16(c, *sizes),
               "bfloat16-det": lambda c: _check_bf16(c, *sizes, deterministic=True),
               "bfloat16-unfused": lambda c: _check_bf16_unfused(c, *sizes),
+              "bfloat16-flash": lambda c: _check_flash(c, *sizes),
               **{f"bfloat16-p{n}": (lambda c, n=n: _check_bf16_p_parts(c, n, *sizes)) for n in (1, 2)}}
     for config in OPTS.corr_configs.split(","):
         for dtype in OPTS.corr_dtypes.split(","):

@@ -12,8 +12,9 @@ from gpubench.common import OPTS, greedy, sync
 
 
 def profile_replay(runner, steps: int = 20) -> list:
-    """Per-kernel GPU time of bare batch-1 replays. With PDL on (the default) a kernel's recorded time
-    includes waiting for its predecessor, so the times overlap and their sum exceeds the replay."""
+    """Per-kernel GPU time of bare batch-1 replays, also written to OUT/<section>_profile.txt. With PDL on (the
+    default) a kernel's recorded time includes waiting for its predecessor, so the times overlap and their sum
+    exceeds the replay."""
     from torch.profiler import ProfilerActivity, profile
 
     g = runner.graph_runner.graphs[1]
@@ -23,7 +24,8 @@ def profile_replay(runner, steps: int = 20) -> list:
         torch.cuda.synchronize()
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: -getattr(e, "device_time_total", 0))
-    with open(os.path.join(OPTS.out, "decode_bs1_profile.txt"), "w") as f:
+    key = getattr(OPTS, "section_key", "decode_bs1")  # one file per section run: bs1 and bs1@fp8 both profile
+    with open(os.path.join(OPTS.out, f"{key.replace('@', '_').replace('#', '_')}_profile.txt"), "w") as f:
         for e in rows:
             f.write(f"{getattr(e, 'device_time_total', 0) / steps:10.1f} us/step  {e.count // steps:5d}/step  {e.key}\n")
     return [(e.key[:60], round(getattr(e, "device_time_total", 0) / steps, 1), e.count // steps) for e in rows[:10]]

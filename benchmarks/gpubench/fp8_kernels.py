@@ -5,6 +5,8 @@
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
   then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
+- GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
+  with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
 - Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
   default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
@@ -73,48 +75,68 @@ def _gemv_rates(name: str, n: int, k: int) -> dict:
 GEMM_MS = (256, 544, 1024, 8192)  # decode batches (544: about the offline workload's mean), and a prefill chunk
 
 
+def _gemm_weights(n: int, k: int) -> tuple[list, list]:
+    """bf16 n x k weights and their row-wise FP8 quantizations, in enough copies to outgrow the L2."""
+    from radixflow.kernels.reference import quantize_rows_torch
+
+    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(max(2, math.ceil(2 * L2 / (n * k))))]
+    return weights, [quantize_rows_torch(w) for w in weights]
+
+
+def _scaled_mm(xq, xs, wq, ws, fast: bool = False) -> torch.Tensor:
+    """The FP8 linear's product: row-wise scales, bf16 out (x @ w.T)."""
+    return torch._scaled_mm(xq, wq.t(), scale_a=xs.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=torch.bfloat16,
+                            use_fast_accum=fast)
+
+
+def _time_variants(variants: dict, copies: int) -> dict:
+    """{label: us per call in a CUDA graph, calls rotating over `copies` weights}; a variant torch refuses
+    (each is called once outside the capture first) holds the error's repr instead."""
+    from radixflow.kernels.gemv import time_graph_us
+
+    row: dict = {}
+    for label, fn in variants.items():
+        try:
+            fn(0)
+        except Exception as e:  # noqa: BLE001 - recorded, the other variants still timed
+            row[label] = repr(e)[:200]
+            continue
+        row[label] = round(time_graph_us(fn, max(copies, 8)), 2)
+    return row
+
+
+def _add_tflops(row: dict, flops: float, labels: tuple) -> None:
+    """row[label + "_TFLOPs"] for each label timed (a failed one holds its error, not a float)."""
+    for label in labels:
+        if isinstance(row.get(label), float):
+            row[f"{label}_TFLOPs"] = round(flops / row[label] / 1e6, 1)
+
+
 def _gemm_rates(name: str, n: int, k: int) -> dict:
     """At each M of GEMM_MS: bf16 F.linear against the FP8 GEMM (per-token quantization, then
     torch._scaled_mm) and its two parts alone; weights rotate over copies that outgrow the L2."""
     import torch.nn.functional as F
 
     from radixflow.kernels.fp8 import fp8_gemm, quantize_rows
-    from radixflow.kernels.gemv import time_graph_us
-    from radixflow.kernels.reference import quantize_rows_torch
 
-    copies = max(2, math.ceil(2 * L2 / (n * k)))
-    weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
-    quantized = [quantize_rows_torch(w) for w in weights]
+    weights, quantized = _gemm_weights(n, k)
+    copies = len(weights)
     out, one = {}, torch.ones((), device="cuda")
     for m in GEMM_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
-        quantize_exact = _quantize_matches_torch(x)
-        variants = {
+        row = _time_variants({
             "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
             "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
-            "scaled_mm_only": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
-                                                         scale_b=quantized[i % copies][1].view(1, -1), out_dtype=torch.bfloat16),
+            "scaled_mm_only": lambda i: _scaled_mm(xq, xs, *quantized[i % copies]),
             "quantize_only": lambda i: quantize_rows(x),
             # the same product with fast accumulation, and with one scale per tensor: is row-wise the slow part?
-            "scaled_mm_fast_accum": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=xs.view(-1, 1),
-                                                               scale_b=quantized[i % copies][1].view(1, -1),
-                                                               out_dtype=torch.bfloat16, use_fast_accum=True),
+            "scaled_mm_fast_accum": lambda i: _scaled_mm(xq, xs, *quantized[i % copies], fast=True),
             "scaled_mm_tensorwise": lambda i: torch._scaled_mm(xq, quantized[i % copies][0].t(), scale_a=one, scale_b=one,
                                                                out_dtype=torch.bfloat16),
-        }
-        row = {}
-        for label, fn in variants.items():
-            try:
-                fn(0)  # outside the graph capture first: a variant torch refuses is reported, the others still timed
-            except Exception as e:
-                row[label] = repr(e)[:200]
-                continue
-            row[label] = round(time_graph_us(fn, max(copies, 8)), 2)
-        row["quantize_matches_torch"] = quantize_exact
-        for label, us in (("fp8_gemm_TFLOPs", row["fp8_gemm"]), ("bf16_TFLOPs", row["bf16_linear"])):
-            if isinstance(us, float):  # else the variant failed and its entry holds the error
-                row[label] = round(2 * m * n * k / us / 1e6, 1)
+        }, copies)
+        row["quantize_matches_torch"] = _quantize_matches_torch(x)
+        _add_tflops(row, 2 * m * n * k, ("fp8_gemm", "bf16_linear"))
         out[f"m{m}"] = row
     log(f"gemm {name} {n}x{k}: {out}")
     return out
@@ -182,7 +204,45 @@ def _quantize_rates() -> dict:
     return out
 
 
-PARTS = ("gemv", "gemm", "attention", "quantize")
+# Decode batches between 256 and 1,024, on and off multiples of 128 (the offline workload's steps take every size)
+GEMM_SWEEP_MS = (384, 400, 448, 512, 528, 544, 576, 640, 656, 768, 896, 912, 1024)
+
+
+def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
+    """The FP8 product alone (quantized inputs) across GEMM_SWEEP_MS, us per call in a CUDA graph: row-wise
+    torch._scaled_mm as the engine calls it (named as in _gemm_rates); with fast accumulation; swapped (weight
+    as the left operand, out.T = W @ x.T, so the batch is the product's inner tile dimension, then transposed
+    back with a copy, counted); and bf16 F.linear of the same shape. Does the row-wise kernel pay for 128-row
+    tiles, as the offline steps' fit suggests, and does a swapped product avoid it?"""
+    import torch.nn.functional as F
+
+    from radixflow.kernels.fp8 import quantize_rows
+
+    weights, quantized = _gemm_weights(n, k)
+    copies = len(weights)
+    out = {}
+    for m in GEMM_SWEEP_MS:
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        xq, xs = quantize_rows(x)
+
+        def swapped(i: int):
+            wq, ws = quantized[i % copies]
+            return _scaled_mm(wq, ws, xq, xs).t().contiguous()
+
+        variants = {"scaled_mm_only": lambda i: _scaled_mm(xq, xs, *quantized[i % copies]),
+                    "scaled_mm_fast_accum": lambda i: _scaled_mm(xq, xs, *quantized[i % copies], fast=True),
+                    "scaled_mm_swapped": swapped, "bf16_linear": lambda i: F.linear(x, weights[i % copies])}
+        row = _time_variants(variants, copies)
+        if all(isinstance(row[label], float) for label in ("scaled_mm_only", "scaled_mm_swapped")):
+            ref = variants["scaled_mm_only"](0).float()  # the same product up to the order of accumulation
+            row["swapped_max_rel_diff"] = float((swapped(0).float() - ref).abs().max() / ref.abs().max())
+        _add_tflops(row, 2 * m * n * k, ("scaled_mm_only", "scaled_mm_swapped", "bf16_linear"))
+        out[f"m{m}"] = row
+    log(f"gemm_m {name} {n}x{k}: {out}")
+    return out
+
+
+PARTS = ("gemv", "gemm", "gemm_m", "attention", "quantize")
 
 
 def fp8_kernel_parts(spec: str) -> list:
@@ -205,6 +265,9 @@ def sec_fp8_kernels() -> dict:
         free()  # the shape's weights
     for name, (n, k) in GEMV_SHAPES.items() if "gemm" in parts else ():
         out.setdefault("gemm", {})[name] = _gemm_rates(name, n, k)
+        free()
+    for name, (n, k) in GEMV_SHAPES.items() if "gemm_m" in parts else ():
+        out.setdefault("gemm_m", {})[name] = _gemm_m_sweep(name, n, k)
         free()
     if "quantize" in parts:
         out["quantize"] = _quantize_rates()

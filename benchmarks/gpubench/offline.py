@@ -8,7 +8,9 @@ import random
 import statistics
 import time
 
-from gpubench.common import Event, OPTS, SZ, free, greedy, log, make_engine, rand_ids, sync
+from gpubench.common import (
+    Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, set_flash_prefill, sync,
+)
 
 
 def offline_requests(seed: int = 2024) -> list:
@@ -35,6 +37,7 @@ class ForwardRecorder:
 
     def __init__(self, runner):
         self.runner, self.records = runner, []
+        self.sizes = []  # (KV tokens after the pass, new tokens) of each record
         orig = runner.forward
 
         def timed(fb):
@@ -43,6 +46,7 @@ class ForwardRecorder:
             logits = orig(fb)
             e.record()
             self.records.append((fb.mode.value, fb.batch_size, s, e, time.perf_counter()))
+            self.sizes.append((sum(fb.seq_lens_list), fb.num_tokens))
             return logits
 
         runner.forward = timed
@@ -66,28 +70,44 @@ class ForwardRecorder:
             out["gpu_window_s"] = first[2].elapsed_time(last[3]) / 1e3
         return out
 
+    def decode_steps(self) -> list:
+        """(batch, KV tokens read, GPU ms) of every decode step."""
+        return [(r[1], kv, r[2].elapsed_time(r[3])) for r, (kv, _) in zip(self.records, self.sizes) if r[0] == "decode"]
 
-def _offline_pass(eng, reqs: list) -> dict:
+    def extend_steps(self) -> list:
+        """(new tokens, KV tokens after the pass, GPU ms) of every extend step."""
+        return [(n, kv, r[2].elapsed_time(r[3])) for r, (kv, n) in zip(self.records, self.sizes) if r[0] == "extend"]
+
+
+def _offline_pass(eng, reqs: list, steps: bool = False) -> dict:
     rec = ForwardRecorder(eng.runner)
     try:
         res = run_batch(eng, [p for p, _ in reqs], [greedy(o) for _, o in reqs])
     finally:
         rec.close()
     res.update(rec.summary())
+    if steps:
+        # benchmarks/offline_steps.py reads the decode steps under this key
+        res["decode_steps_bs_kv_ms"] = [(b, kv, round(ms, 3)) for b, kv, ms in rec.decode_steps()]
+        res["extend_steps_tokens_kv_ms"] = [(t, kv, round(ms, 3)) for t, kv, ms in rec.extend_steps()]
     return res
 
 
 def sec_offline() -> dict:
-    """The workload twice; the second pass is the figure. The first pass of a process compiles
-    Triton kernels for shapes it has not seen (s6 run 4: 9,318 out tok/s first, then 10,385 and
-    10,428), which a server pays once at start-up, not per workload; it is kept as "cold"."""
+    """A cold pass, then a warm pass per seed; the warm passes are the figures. The first pass of a
+    process compiles Triton kernels for shapes it has not seen (noticeably slower), which a server pays
+    once at start-up, not per workload; it is kept as "cold". Seeds after the first that would start
+    past --deadline-s are skipped."""
     eng = OPTS.bench_engine
     seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
     cold = _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None])
     res = {"cold": {k: cold[k] for k in ("s", "out_tokens", "out_tok_s", "extend_gpu_s", "decode_gpu_s") if k in cold}}
-    for seed in seeds:
-        res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed))
-    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds]
+    for i, seed in enumerate(seeds):
+        if i and past_deadline():
+            res[f"seed{seed}"] = {"skipped": "past --deadline-s"}
+            continue
+        res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed), steps=i == 0)
+    rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds if "out_tok_s" in res[f"seed{seed}"]]
     res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return res
 
@@ -100,7 +120,7 @@ def sec_offline_1k() -> dict:
     n, length, out_len = SZ["k1_n"], SZ["k1_len"], SZ["k1_len"]
     run_batch(eng, [rand_ids(rng, length) for _ in range(min(n, 64))], [greedy(32)] * min(n, 64))
     reqs = [(rand_ids(rng, length), out_len) for _ in range(n)]
-    res = _offline_pass(eng, reqs)
+    res = _offline_pass(eng, reqs, steps=True)
     res["kv_pool_tokens"] = eng.runner.kv_pool.allocator.capacity_slots
     return res
 
@@ -138,9 +158,23 @@ def sec_offline_p_parts_ab() -> dict:
     return _offline_settings_ab("attention_p_parts", (("p2", 2), ("p1", 1), ("p2_again", 2)))
 
 
+def sec_offline_flash_ab() -> dict:
+    """`offline` with prompt-only prefill rows through torch's flash kernel (the default where it runs),
+    then through the Triton extend kernel."""
+    eng = OPTS.bench_engine
+    out = {"flash_enabled": flash_prefill_on(eng)}
+    try:
+        for label, on in (("flash_on", True), ("flash_off", False)):
+            set_flash_prefill(eng, on)
+            out[label] = sec_offline()
+    finally:
+        set_flash_prefill(eng, True)
+    return out
+
+
 def sec_shared() -> dict:
     """Radix cache on (twice: the first pass of a fresh engine compiles Triton kernels for the
-    long-prefix shapes, s9 run 5: 6.24 s, then 5.28 s warm in s9 run 6; kept as "radix_on_cold"),
+    long-prefix shapes, and is kept as "radix_on_cold"),
     then off in a fresh engine of the same process (the kernels compiled by then)."""
     rng = random.Random(5)
     common = rand_ids(rng, SZ["shared_len"])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from gpubench.common import OPTS, RESULTS, SZ, decode_rate, free, greedy, make_engine, prefill_flops, rand_ids, weight_bytes
+from gpubench.common import OPTS, RESULTS, SZ, decode_rate, flash_prefill_on, free, greedy, set_flash_prefill, make_engine, prefill_flops, rand_ids, weight_bytes
 from gpubench.offline import run_batch
 
 
@@ -30,16 +30,28 @@ def sec_prefill() -> dict:
         out["pct_of_matmul_rate"] = 100 * out["tflops"] * 1e12 / rate
         out["pct_of_matmul_rate_old_count"] = 100 * out["tflops_old_count"] * 1e12 / rate
     if OPTS.prefill_p_parts_ab:
-        out.update(_prefill_p_parts_ab(eng, n, length))
+        out.update(_prefill_settings_ab(eng, n, length, "attention_p_parts",
+                                        (("p1", 1), ("p2", 2), ("default_again", eng.runner.settings.attention_p_parts))))
+    if OPTS.prefill_flash_ab:
+        out["flash_enabled"] = flash_prefill_on(eng)
+        ab = {}
+        for label, on in (("flash_off", False), ("flash_on", True), ("flash_off_again", False)):
+            set_flash_prefill(eng, on)
+            ab[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, random.Random(17), n, length)
+        set_flash_prefill(eng, True)
+        out.update(ab)
+        if rate:
+            out.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in ab.items()})
     return out
 
 
-def _prefill_p_parts_ab(eng, n: int, length: int) -> dict:
-    """Prefill tok/s with p in 1 and 2 bf16 parts, then the engine's setting again, in the same engine."""
+def _prefill_settings_ab(eng, n: int, length: int, field: str, values: tuple) -> dict:
+    """Prefill tok/s with the kernel setting `field` at each (label, value), then the engine's settings
+    back, in the same engine."""
     rng, out, before = random.Random(17), {}, eng.runner.settings
     try:
-        for label, parts in (("p1", 1), ("p2", 2), ("default_again", before.attention_p_parts)):
-            eng.runner.set_kernel_settings(dataclasses.replace(before, attention_p_parts=parts))
+        for label, value in values:
+            eng.runner.set_kernel_settings(dataclasses.replace(before, **{field: value}))
             out[f"tok_s_{label}"] = n * length / _prefill_seconds(eng, rng, n, length)
     finally:
         eng.runner.set_kernel_settings(before)

@@ -12,13 +12,21 @@ tokens on its threads in one call instead of one Python call per row.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 
-def new_bitmask(batch: int, words: int, pinned: bool) -> torch.Tensor:
-    """All ones (every token allowed); pinned for an asynchronous host-to-GPU copy."""
+def new_bitmask(batch: int, words: int, pinned: bool, free: Optional[list] = None) -> torch.Tensor:
+    """Pinned for an asynchronous host-to-GPU copy (torch's host allocator reuses a block once its
+    copy is done). Every token allowed in the rows `free` (None: all rows); the other rows are left
+    unwritten, for `fill_bitmask_rows` to fill."""
     out = torch.empty((batch, words), dtype=torch.int32, pin_memory=pinned)
-    out.numpy().fill(-1)  # one thread: torch's fill_ wakes its thread pool, which then competes with the grammar threads
+    rows = out.numpy()  # one thread: torch's fill_ wakes its thread pool, which then competes with the grammar threads
+    if free is None:
+        rows.fill(-1)
+    elif free:
+        rows[free] = -1
     return out
 
 

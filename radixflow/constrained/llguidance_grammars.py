@@ -37,7 +37,7 @@ from llguidance.gbnf_to_lark import any_to_lark
 from radixflow.constrained.closing_hints import hint_strings
 from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.grammar_errors import grammar_error
-from radixflow.constrained.llguidance_threads import executor, max_builds
+from radixflow.constrained.llguidance_threads import by_build, executor, max_builds
 from radixflow.constrained.llguidance_tokenizer import ll_tokenizer
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
 from radixflow.constrained.spec_checks import check_spec, strip_anchors
@@ -121,7 +121,9 @@ class LLGuidanceMatcher:
         self.search = search
         self.req = req  # for the token budget; None = unlimited
         self.eos_ids = eos_ids
-        self.m = (grammar.compiled if root is None else root).deep_copy()
+        root = grammar.compiled if root is None else root
+        self.m = root.deep_copy()
+        self.root_id = id(root)  # rows of one build are handed to llguidance's threads together (by_build)
         self.ended = False
         self.rejected_token = None
         self.budget_closed = False  # the budget left out tokens the grammar allowed
@@ -149,7 +151,7 @@ class LLGuidanceMatcher:
         assert bitmask.is_cpu and bitmask.is_contiguous() and bitmask.dtype == torch.int32
         words = bitmask.shape[1]
         assert pairs[0][0].grammar.words == words, "the bitmask is sized for another vocabulary"
-        executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in pairs], bitmask.data_ptr(), words * 4, bitmask.shape[0])
+        executor().unsafe_compute_mask_ptr([(m.m, row) for m, row in by_build(pairs)], bitmask.data_ptr(), words * 4, bitmask.shape[0])
         for m, row in pairs:
             if m.path is not None and not m.since:  # only a verified path can hold the budget (_budget_token)
                 m._apply_budget(bitmask, row)
@@ -164,7 +166,7 @@ class LLGuidanceMatcher:
         """(matcher, token) pairs: the tokens are consumed on llguidance's threads in one call
         (the GIL released), then each row's closing path is followed (inline when the token
         is the path's next one: most rows, most steps)."""
-        batch = [(m, t) for m, t in pairs if m._takes(t)]
+        batch = by_build([(m, t) for m, t in pairs if m._takes(t)])
         if not batch:
             return
         done = executor().consume_token_par([(m.m, t) for m, t in batch])

@@ -56,3 +56,11 @@ def executor() -> LLExecutor:
     if not _EXECUTORS:
         _EXECUTORS.append(LLExecutor(num_threads=pool_threads()))
     return _EXECUTORS[0]
+
+
+def by_build(pairs: list) -> list:
+    """(matcher, x) pairs with the rows of each build next to each other (a matcher's `root_id`
+    is its build's id). llguidance's pool splits a batched call's list into contiguous runs, one
+    per thread; rows that copy one build wait on its lexer's lock, so runs that mix builds
+    (requests take the builds in turn) keep every thread waiting on the others' locks."""
+    return sorted(pairs, key=lambda p: p[0].root_id)

@@ -16,10 +16,11 @@ import triton.language as tl
 from radixflow import env
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
-from radixflow.kernels.reference import FP8, FP8_MAX, MIN_SCALE, quantize_rows_torch  # noqa: F401 (re-exported)
+from radixflow.kernels.reference import FP8, FP8_MAX, INV_FP8_MAX, MIN_SCALE, quantize_rows_torch  # noqa: F401 (re-exported)
 
 # Triton picks its CPU interpreter or the compiler when a kernel is decorated (at import), so this is fixed too.
 INTERPRETED = tl.constexpr(env.triton_interpret())
+INV_448 = tl.constexpr(INV_FP8_MAX)  # the scale multiplies by it, as quantize_rows_torch does (see there)
 
 
 @triton.jit
@@ -58,14 +59,14 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, O
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:  # the whole row in registers: read once
         x = tl.load(X + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), 448.0), 1e-12)
+        scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_448, 1e-12)
         tl.store(Q + row * stride_q + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty), mask=offs < K)
     else:
         amax = tl.zeros([BLOCK], tl.float32)
         for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
             x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             amax = tl.maximum(amax, tl.abs(x))
-        scale = tl.maximum(tl.math.div_rn(tl.max(amax, axis=0), 448.0), 1e-12)
+        scale = tl.maximum(tl.max(amax, axis=0) * INV_448, 1e-12)
         for k0 in range(0, K, BLOCK):  # pass 2: the row again (from L2), scaled and rounded
             x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             tl.store(Q + row * stride_q + k0 + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty),

@@ -67,7 +67,7 @@ def fp8_linear_ref(x: torch.Tensor, wq: torch.Tensor, w_scale: torch.Tensor, bia
     """kernels/fp8.py's GEMM: x quantized to e4m3 per row (scale max|x|/448), times the e4m3 weight [N, K],
     both scales applied to the float32 product, + bias, rounded once to x's dtype."""
     xf = x.float()
-    xs = (xf.abs().amax(dim=-1, keepdim=True) / 448.0).clamp(min=1e-12)
+    xs = (xf.abs().amax(dim=-1, keepdim=True) * INV_FP8_MAX).clamp(min=1e-12)
     xq = (xf / xs).clamp(-448, 448).to(torch.float8_e4m3fn).float()
     out = (xq @ wq.float().t()) * xs * w_scale.float().view(1, -1)
     return (out if bias is None else out + bias.float()).to(x.dtype)
@@ -111,12 +111,17 @@ def extend_attention_ref(q, k_buf, v_buf, req_to_token, req_pool_indices, prefix
 # -- FP8 (e4m3): torch-only, so loading an FP8 model needs no Triton -------------------------------
 FP8 = torch.float8_e4m3fn
 FP8_MAX = 448.0
+# Scales are max|x| times this float32 reciprocal, not max|x| / 448: torch on CUDA divides a tensor by a
+# Python number that way while torch on the CPU divides exactly, and the two differ by an ulp in about
+# half the rows, which moves quantized values that sit on a rounding boundary. Multiplying gives the same
+# bits on both devices and in the Triton kernel.
+INV_FP8_MAX = 1.0 / FP8_MAX
 MIN_SCALE = 1e-12  # an all-zero row keeps a positive scale (and quantizes to zeros)
 
 
 def quantize_rows_torch(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [R, K] -> (q [R, K] float8_e4m3fn, s [R] float32) with x ~ q * s[:, None]."""
     xf = x.float()
-    scale = (xf.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    scale = (xf.abs().amax(dim=-1) * INV_FP8_MAX).clamp(min=MIN_SCALE)
     q = (xf / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8)
     return q, scale

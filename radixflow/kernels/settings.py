@@ -21,6 +21,9 @@ class KernelSettings:
     # 16-bit parts the Triton attention kernels multiply the softmax weights p in: 2 keeps bf16
     # attention close to float32, 1 rounds p once (kernels/attention_common.py).
     attention_p_parts: int = 2
+    # Prompt-only rows of an extend pass through torch's variable-length flash kernel where the device
+    # has it (kernels/flash_varlen.py); False: the Triton extend kernel for every row.
+    flash_prefill: bool = True
     # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
     fused_kernels: bool = True
     # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).

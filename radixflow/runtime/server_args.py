@@ -71,6 +71,8 @@ _HELP = {
     "pdl_late_trigger": "under PDL, let the next kernel be scheduled only after a kernel's wait (default: before it)",
     "attention_p_parts": "Triton attention multiplies the softmax weights p as this many 16-bit parts: 2 keeps "
     "bf16 attention close to float32, 1 rounds p once",
+    "disable_flash_prefill": "triton attention backend: run prompt-only rows of a prefill through the Triton extend "
+    "kernel too, instead of torch's variable-length flash kernel (used where the GPU and torch have it)",
     "disable_fused_kernels": "run RMSNorm, rotary and SiLU-and-mul in torch even with the triton attention backend",
     "fused_rotary_max_batch": "decode batches up to this size rotate q/k and store K/V inside the Triton attention "
     "kernel (one launch a layer fewer); 0 = a separate kernel always",
@@ -122,6 +124,7 @@ class ServerArgs:
     disable_pdl: bool = False
     pdl_late_trigger: bool = False
     attention_p_parts: int = 2
+    disable_flash_prefill: bool = False
     disable_fused_kernels: bool = False
     fused_rotary_max_batch: int = 8
     bf16_residual: bool = False
@@ -247,6 +250,8 @@ class ServerArgs:
             pdl=not self.disable_pdl,
             pdl_early_trigger=not self.pdl_late_trigger,
             attention_p_parts=self.attention_p_parts,
+            # deterministic: one kernel for every extend row, whether or not a prefix was cached
+            flash_prefill=not (det or self.disable_flash_prefill),
             fused_kernels=not self.disable_fused_kernels,
             # deterministic: the separate rotary kernel at every batch size, one rounding of q and k for all
             fused_rotary_max_batch=0 if det else self.fused_rotary_max_batch,

@@ -105,8 +105,9 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
         for i in rows:  # one add beats a table lookup over the whole vocabulary at this size
             logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
         return
-    bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda)
-    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # free rows stay all ones
+    free = [i for i, r in enumerate(reqs) if r.grammar is None]
+    bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda, free=free)
+    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # every other row
     apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
 
 

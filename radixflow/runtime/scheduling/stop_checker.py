@@ -20,9 +20,10 @@ class StopChecker:
         p = req.sampling
         last = req.output_ids[-1]
         stop_token = (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids)
-        if req.grammar is not None and (stop_token or req.grammar.is_terminated()) and self._grammar_failed(req):
+        grammar_done = req.grammar is not None and req.grammar.is_terminated()  # asked once: every row, every step
+        if req.grammar is not None and (stop_token or grammar_done) and self._grammar_failed(req):
             return
-        if req.grammar is not None and req.grammar.budget_closed and (stop_token or req.grammar.is_terminated()):
+        if req.grammar is not None and req.grammar.budget_closed and (stop_token or grammar_done):
             # complete for the grammar, but cut short to fit max_new_tokens: a length finish
             req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True,
                         "matched": last if stop_token else None})  # fmt: skip
@@ -30,7 +31,7 @@ class StopChecker:
         if stop_token:
             req.finish({"type": "stop", "matched": last})
             return
-        if req.grammar is not None and req.grammar.is_terminated():
+        if grammar_done:
             # the last token is part of the grammar's output (not a stop token): keep it
             req.finish({"type": "stop", "matched": None})
             return

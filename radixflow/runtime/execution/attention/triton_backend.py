@@ -2,20 +2,57 @@
 
 Decode reads only tensors of the ForwardBatch and a split count fixed per batch
 size, so a decode pass can be captured in a CUDA graph and replayed with new
-contents in the same buffers.
+contents in the same buffers. An extend batch with prompt-only rows (no cached
+prefix) runs torch's variable-length flash kernel over the step's own K/V where the
+device has it (kernels/flash_varlen.py); the rows with a cached prefix are then
+computed again by the Triton extend kernel over the pool, into the same output.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from radixflow.host_copy import to_device_async
 from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits
 from radixflow.kernels.extend_attention import extend_attention
+from radixflow.kernels.flash_varlen import FLASH_DTYPES, flash_varlen_attention, flash_varlen_supported
 from radixflow.kernels.kv_store import store_kv
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv
 from radixflow.runtime.execution.attention.base import AttentionBackend
 from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
+
+
+@dataclass
+class RowSet:
+    """Some rows of an extend batch, as the Triton extend kernel takes them."""
+    req_pool_indices: torch.Tensor
+    prefix_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    q_start: torch.Tensor
+    max_extend: int
+
+
+@dataclass
+class ExtendPlan:
+    """How an extend pass attends. Without `flash_cu`: the Triton kernel over all rows. With it: the flash
+    kernel over every row's new tokens, then the Triton kernel over the `cached` rows (those with a
+    cached prefix, if any), overwriting the flash results for them."""
+    all_rows: RowSet
+    cached: Optional[RowSet] = None
+    flash_cu: Optional[torch.Tensor] = None  # int32 [B + 1] cumulative new tokens per row
+
+
+def cached_rows(prefix_lens: list[int]) -> list[int]:
+    """Rows that attend to a cached prefix: the flash path (own tokens only) cannot compute them."""
+    return [i for i, p in enumerate(prefix_lens) if p > 0]
+
+
+def takes_flash(enabled: bool, prefix_lens: list[int]) -> bool:
+    """Whether a pass runs the flash kernel: it is enabled and at least one row is prompt-only."""
+    return enabled and len(cached_rows(prefix_lens)) < len(prefix_lens)
 
 
 class TritonBackend(AttentionBackend):
@@ -28,17 +65,36 @@ class TritonBackend(AttentionBackend):
         cuda = device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
         self.decode_config = DETERMINISTIC_CONFIG if self.deterministic else None  # None: tuned per batch size
+        self.flash_ok = flash_varlen_supported(str(device), self.num_q_heads, self.num_kv_heads, self.head_dim)
+
+    def flash_enabled(self) -> bool:
+        return self.flash_ok and self.settings.flash_prefill
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
             fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config)
             return
+        fb.attn_metadata = self.plan_extend(fb)
+
+    def plan_extend(self, fb: ForwardBatch) -> ExtendPlan:
+        """Which rows take which kernel, with the row tensors each needs, built once per pass on the host."""
         starts, acc = [], 0
         for n in fb.extend_lens_list:
             starts.append(acc)
             acc += n
-        q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), fb.input_ids.device)
-        fb.attn_metadata = (q_start, max(fb.extend_lens_list))
+        dev = fb.input_ids.device
+        q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), dev)
+        all_rows = RowSet(fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max(fb.extend_lens_list))
+        if not takes_flash(self.flash_enabled(), fb.prefix_lens_list):
+            return ExtendPlan(all_rows)
+        cu = to_device_async(torch.tensor(starts + [acc], dtype=torch.int32), dev)
+        rows = cached_rows(fb.prefix_lens_list)
+        if not rows:
+            return ExtendPlan(all_rows, None, cu)
+        idx = to_device_async(torch.tensor(rows, dtype=torch.int64), dev)
+        cached = RowSet(fb.req_pool_indices[idx], fb.prefix_lens[idx], fb.extend_lens[idx], q_start[idx],
+                        max(fb.extend_lens_list[i] for i in rows))
+        return ExtendPlan(all_rows, cached, cu)
 
     def _scales(self, layer: int):
         """An FP8 pool's per-head scales for the kernels (None otherwise)."""
@@ -47,7 +103,7 @@ class TritonBackend(AttentionBackend):
 
     def forward(self, q, k, v, layer, fb):
         store_kv(self.kv_pool.k[layer], self.kv_pool.v[layer], fb.out_cache_loc, k, v, self._scales(layer), self.settings)
-        return self._attend(q, layer, fb)
+        return self._attend(q, k, v, layer, fb)
 
     def rotary_in_attention(self, fb: ForwardBatch) -> bool:
         """Whether this pass's rotary and KV store run inside the decode-attention kernel: one launch a
@@ -65,17 +121,24 @@ class TritonBackend(AttentionBackend):
             return self.forward(q, k, v, layer, fb)
         k_buf, v_buf = self.kv_pool.k[layer], self.kv_pool.v[layer]
         apply_rotary_store_kv(positions, q, k, v, rotary.cos, rotary.sin, k_buf, v_buf, fb.out_cache_loc, self.settings)
-        return self._attend(q, layer, fb)
+        return self._attend(q, k, v, layer, fb)
 
-    def _attend(self, q, layer, fb):
-        """Attention over the pool, which already holds this batch's K/V."""
+    def _attend(self, q, k, v, layer, fb):
+        """Attention for q; the pool already holds this batch's K/V, and k/v are the same (rotated) new K/V."""
         if fb.mode == ForwardMode.DECODE:
             return self._decode(q, layer, fb)
-        q_start, max_extend = fb.attn_metadata
+        plan: ExtendPlan = fb.attn_metadata
+        if plan.flash_cu is None or q.dtype not in FLASH_DTYPES:  # float32 models keep the Triton kernel
+            return self._extend(q, layer, plan.all_rows)
+        out = flash_varlen_attention(q, k, v, plan.flash_cu, plan.all_rows.max_extend, self.scale)
+        return out if plan.cached is None else self._extend(q, layer, plan.cached, out)
+
+    def _extend(self, q, layer, rows: RowSet, out: torch.Tensor | None = None):
+        """The Triton extend kernel over the pool for `rows`, into `out` (a new tensor if None)."""
         return extend_attention(
-            q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table, fb.req_pool_indices,
-            fb.prefix_lens, fb.extend_lens, q_start, max_extend, self.scale, scales=self._scales(layer),
-            settings=self.settings,
+            q, self.kv_pool.k[layer], self.kv_pool.v[layer], self.req_to_token.table, rows.req_pool_indices,
+            rows.prefix_lens, rows.extend_lens, rows.q_start, rows.max_extend, self.scale, out=out,
+            scales=self._scales(layer), settings=self.settings,
         )
 
     def _decode(self, q, layer, fb, rope: DecodeRope | None = None):
