@@ -106,14 +106,34 @@ def test_input_logprobs_from_start_len_with_cached_prefix(engine, hf_model, toke
     engine.generate(prompt, {"max_new_tokens": 1})  # cache the whole prompt
     start = 10
     out = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=start)
-    ids = tokenizer.encode(prompt)
+    _check_input_logprobs(out, tokenizer.encode(prompt), start, hf_model)
+    assert out["meta_info"]["cached_tokens"] == start - 1
+
+
+def _check_input_logprobs(out: dict, ids: list, start: int, hf_model) -> torch.Tensor:
+    """out's input logprobs from `start` match transformers'; returns transformers' log-softmax."""
     with torch.no_grad():
         ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
     inp = out["meta_info"]["input_token_logprobs"]
     assert [t[1] for t in inp] == ids[start:]
     for k, (lp, tid, _) in enumerate(inp):
         assert abs(lp - ref[start + k - 1, tid].item()) < 1e-3
-    assert out["meta_info"]["cached_tokens"] == start - 1
+    return ref
+
+
+def test_input_logprobs_from_start_len_compute_only_the_logits_they_use(engine, hf_model, tokenizer, monkeypatch):
+    """An uncached prompt with logprob_start_len = start computes the whole prompt but the logits
+    of positions start-1 .. end only (a select's scoring request needs those of its choice)."""
+    prompt, start = " ".join(PROMPTS[:4]), 9
+    ids = tokenizer.encode(prompt)
+    rows = []
+    forward = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda fb: rows.append(fb.logits_indices.numel()) or forward(fb))
+    engine.flush_cache()
+    out = engine.generate(prompt, {"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=start)
+    assert out["meta_info"]["cached_tokens"] == 0 and rows == [len(ids) - start + 1]
+    ref = _check_input_logprobs(out, ids, start, hf_model)
+    assert out["output_ids"] == [int(ref[-1].argmax())]
 
 
 def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenizer, monkeypatch):

@@ -185,3 +185,40 @@ def test_prompt_logprobs_still_make_the_program_eager(backend):
     bad["ops"][1]["top_logprobs_num"] = -1
     with pytest.raises(rf.RadixflowError, match="top_logprobs_num"):
         backend.engine.run_program(bad)
+
+
+def _tree_nodes(root) -> list:
+    out, stack = [], [root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        stack.extend(node.children.values())
+    return out
+
+
+def test_a_finished_program_and_a_flushed_tree_leave_no_cyclic_garbage(engine, backend, monkeypatch):
+    """A request graph's strands point back to their run, and radix tree nodes to their parent: once
+    the run finishes or the cache is flushed, refcounting frees them. Left as cycles, a full garbage
+    collection freed thousands at once, in one pause during whatever pass was running."""
+    import gc
+    import weakref
+
+    strands: list = []
+    submit = engine.programs.submit
+
+    def spy(*args, **kwargs):
+        run = submit(*args, **kwargs)
+        strands.append(weakref.ref(run.strands[0]))
+        return run
+
+    monkeypatch.setattr(engine.programs, "submit", spy)
+    gc.collect()
+    gc.disable()
+    try:
+        state = name_then_three.run(backend=backend, topic="fruit", **GREEDY)
+        nodes = [weakref.ref(n) for n in _tree_nodes(engine.scheduler.tree.root)]
+        engine.flush_cache()
+        assert state.mode == "graph" and len(strands) == 1 and strands[0]() is None
+        assert len(nodes) > 1 and all(ref() is None for ref in nodes)
+    finally:
+        gc.enable()

@@ -49,7 +49,9 @@ class Model:
             self.tree.dec_lock(match.node)
             return
         slots = torch.cat([match.slots, self.alloc.slots_of(pages)])
-        cached = self.tree.insert(key, slots)
+        cached, inserted = self.tree.insert_matched(key, slots)
+        after = self.tree.match_prefix(key)  # insert_matched's match is the one a new walk finds
+        assert inserted.node is after.node and torch.equal(inserted.slots, after.slots)
         if cached > match.length:
             self.alloc.free_slots(slots[match.length : cached])
         self.tree.dec_lock(match.node)

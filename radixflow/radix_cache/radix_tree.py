@@ -57,6 +57,17 @@ def _common_prefix_len(a: list, b: list) -> int:
     return int(diff.argmax())
 
 
+def _unlink(root: TreeNode) -> None:
+    """Break the tree's parent <-> child cycles so that refcounting frees a dropped tree at once.
+    Left to the cyclic garbage collector, a flushed tree (thousands of nodes, each with a list of
+    token ids and a tensor) is freed in one full collection, during whatever pass is running."""
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        stack.extend(node.children.values())
+        node.children, node.parent = {}, None
+
+
 class RadixCache:
     def __init__(self, allocator: PageAllocator, page_size: int = 1, disable: bool = False):
         self.allocator = allocator
@@ -65,6 +76,8 @@ class RadixCache:
         self.reset()
 
     def reset(self) -> None:
+        if getattr(self, "root", None) is not None:
+            _unlink(self.root)
         self.root = TreeNode()
         self.root.lock_ref = 1
         self.evictable_size = 0
@@ -113,11 +126,16 @@ class RadixCache:
         """Insert `key` with its KV `slots`; returns how many leading tokens were
         already cached. The caller owns (and must free) its duplicates of those slots.
         Only the page-aligned part of `key` is inserted; the caller keeps the rest."""
+        return self.insert_matched(key, slots)[0]
+
+    def insert_matched(self, key: list, slots: torch.Tensor) -> tuple[int, MatchResult]:
+        """insert(), and what match_prefix(key) would return right after it (the tree's slots
+        for the page-aligned key and its deepest node), from the same walk."""
         if self.disable:
-            return 0
+            return 0, MatchResult(torch.empty(0, dtype=torch.int64), self.root)
         n_aligned = self._page_align(len(key))
         key, slots = key[:n_aligned], slots[:n_aligned]
-        node, done = self.root, 0
+        node, done, parts = self.root, 0, []
         node.touch()
         while done < len(key):
             rest = key[done:]
@@ -127,13 +145,16 @@ class RadixCache:
                 leaf.touch()
                 node.children[self._child_key(rest)] = leaf
                 self.evictable_size += len(rest)
-                break
+                parts.append(leaf.value)
+                return done, MatchResult(torch.cat(parts), leaf)
             n = self._page_align(_common_prefix_len(child.key, rest))
             if n < len(child.key):
                 child = self._split(child, n)
             child.touch()
+            parts.append(child.value)
             node, done = child, done + n
-        return min(done, len(key))
+        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return min(done, len(key)), MatchResult(matched, node)
 
     def inc_lock(self, node: TreeNode) -> None:
         while node is not self.root:

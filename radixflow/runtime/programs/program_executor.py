@@ -369,6 +369,7 @@ class ProgramExecutor:
         self.runs.remove(run)
         run.output = {"results": run.results, "meta_info": run_meta(run), "error": run.error,
                       "status_code": run.status_code}  # fmt: skip
+        run.strands = []  # each strand points back to its run: left as a cycle, a full collection frees them
         if run.on_done is not None:
             run.on_done(run.output)
 

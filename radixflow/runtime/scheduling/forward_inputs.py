@@ -12,11 +12,19 @@ from radixflow.runtime.scheduling.req import Req
 
 
 def logit_rows_for(req: Req, n: int, start: int) -> list:
-    """Rows of this chunk whose logits we need: all (input logprobs) or the last (sampling)."""
+    """Rows of this chunk whose logits we need: those from the first position whose input
+    logprob is still due (logprob_rows_from), or the last (sampling). A select's scoring
+    request recomputes part of its prompt but needs the logits of its choice tokens only."""
     done = req.kv_len + n >= req.seq_len
     if req.needs_input_logprobs:
-        return list(range(start, start + n))
+        return list(range(start + logprob_rows_from(req) - req.kv_len, start + n))
     return [start + n - 1] if done else []
+
+
+def logprob_rows_from(req: Req) -> int:
+    """The first position of this chunk whose logits input logprobs use: the one before the
+    next logprob due (it predicts that token), never before the chunk."""
+    return max(req.kv_len, req.input_logprob_next - 1)
 
 
 def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:

@@ -99,21 +99,20 @@ class KVManager:
         return pages
 
     # -- giving slots back -----------------------------------------------------------------
-    def _insert(self, req: Req) -> int:
+    def _insert(self, req: Req) -> tuple[int, MatchResult]:
         """Hand the request's computed KV to the tree; free its duplicates.
-        Returns the page-aligned length now owned by the tree."""
+        Returns the page-aligned length now owned by the tree, and the tree's match for it."""
         slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)
-        cached = self.tree.insert(req.fill_ids[: req.kv_len], slots)
+        cached, match = self.tree.insert_matched(req.fill_ids[: req.kv_len], slots)
         if cached > req.tree_len:  # another request inserted these tokens first
             self.allocator.free_slots(slots[req.tree_len : cached])
-        return req.kv_len - req.kv_len % self.page_size if not self.tree.disable else 0
+        return (req.kv_len - req.kv_len % self.page_size if not self.tree.disable else 0), match
 
     def cache_unfinished(self, req: Req) -> None:
         """After a prefill chunk: share what is computed so far and lock it."""
         if self.tree.disable:
             return
-        aligned = self._insert(req)
-        match = self.tree.match_prefix(req.fill_ids[:aligned])
+        aligned, match = self._insert(req)
         assert match.length == aligned, (match.length, aligned)
         self.req_to_token.write(req.req_pool_idx, 0, match.slots)
         self.tree.inc_lock(match.node)
@@ -144,7 +143,7 @@ class KVManager:
             return
         slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)
         if cache and not self.tree.disable:
-            aligned = self._insert(req)
+            aligned, _ = self._insert(req)
             tail = slots[aligned:]
         else:
             tail = slots[req.tree_len :]
