@@ -370,12 +370,32 @@ def test_batched_calls_hand_llguidance_each_builds_rows_together(backend, eight_
         assert len(builds) == 7 and sum(a != b for a, b in zip(builds, builds[1:])) == 2, builds  # one run per build
 
 
-def test_a_bitmask_sets_its_free_rows_to_all_ones():
-    """The grammar rows are left for the fill to write whole; free rows allow every token."""
-    from radixflow.constrained.batch_mask import new_bitmask
+def test_a_bitmask_s_grammar_rows_are_written_whole_whatever_the_matcher_s_state(engine):
+    """Free rows allow every token; the grammar rows are left for the fill, which must write each
+    one whole over whatever the reused block held, for matchers of both backends that are fresh,
+    complete, errored or ended by EOS."""
+    from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask
 
-    assert (new_bitmask(4, 3, pinned=False, free=[1, 3])[[1, 3]] == -1).all()
     assert (new_bitmask(2, 3, pinned=False) == -1).all()
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    matchers = []
+    for name in ("llguidance", "outlines"):
+        g = Grammar.from_regex("ab", engine.tokenizer, backend=name)
+        fresh, complete, errored, ended = (g.matcher() for _ in range(4))
+        for token in encode("a") + encode("b"):
+            complete.accept_token(token)
+        errored.accept_token(encode("b")[0])
+        ended.accept_token(engine.tokenizer.eos_token_id)
+        assert complete.is_terminated() and errored.error() and ended.ended and not fresh.is_terminated()
+        matchers += [fresh, complete, errored, ended]
+    free = [1, 5, 10]
+    rows = [i for i in range(len(matchers) + len(free)) if i not in free]
+    bitmask = new_bitmask(len(rows) + len(free), matchers[0].grammar.words, pinned=False, free=free)
+    bitmask.numpy()[rows] = 0x5A5A5A5A  # what a reused pinned block may hold
+    fill_bitmask_rows(bitmask, list(zip(rows, matchers)))
+    assert (bitmask[free] == -1).all()
+    for row, m in zip(rows, matchers):
+        assert np.array_equal(bitmask[row].numpy(), m.current_mask()), (row, type(m).__name__)
 
 
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
