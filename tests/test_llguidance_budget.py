@@ -398,6 +398,33 @@ def test_a_bitmask_s_grammar_rows_are_written_whole_whatever_the_matcher_s_state
         assert np.array_equal(bitmask[row].numpy(), m.current_mask()), (row, type(m).__name__)
 
 
+def test_the_host_timeline_times_only_the_scheduler_thread(monkeypatch):
+    """benchmarks/host_timeline.py: a grammar compile's closing-path search on a pool thread,
+    during a step, is not the step's search."""
+    import os
+    import threading
+    import time
+
+    from radixflow.constrained.closing_path import ClosingSearch
+    from radixflow.runtime.scheduling.scheduler import Scheduler
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from host_timeline import HostTimeline
+
+    monkeypatch.setattr(ClosingSearch, "find", lambda self, seconds: time.sleep(seconds))
+
+    def step(self):
+        ClosingSearch.find(None, 0.01)  # the step's own search
+        compile_thread = threading.Thread(target=ClosingSearch.find, args=(None, 0.3))
+        compile_thread.start()
+        compile_thread.join()
+
+    monkeypatch.setattr(Scheduler, "step", step)
+    with HostTimeline() as timeline:
+        Scheduler.step(None)
+    assert 0.01 <= timeline.steps[0]["search"] < 0.2 and timeline.steps[0]["step"] >= 0.3
+
+
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):
     """`[0-9]{5}` anywhere in a string: each digit leaves the mask as it was, so the search
     takes a token again before it passes it over (it used to find no completion)."""
