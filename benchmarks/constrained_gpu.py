@@ -53,9 +53,11 @@ SCHEMA = {"type": "object", "properties": {
     "role": {"enum": ["engineer", "manager", "sales", "other"]},
     "skills": {"type": "array", "items": {"type": "string", "maxLength": 20}, "maxItems": 5},
     "address": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
-                                                   "zip": {"type": "string", "pattern": "[0-9]{5}"}},
-                "required": ["city", "zip"]}},
-    "required": ["name", "age", "email", "role", "skills", "address"]}  # fmt: skip
+                                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                "required": ["city", "zip"], "additionalProperties": False}},
+    "required": ["name", "age", "email", "role", "skills", "address"], "additionalProperties": False}  # fmt: skip
+# anchored and closed: llguidance reads patterns and objects as JSON Schema does (a pattern matches
+# anywhere, other keys are allowed), outlines anchors patterns and emits only the listed keys
 # [0-9], not \d: llguidance's \d is Unicode 16's digits, Python 3.11's re (the validity check) knows Unicode 15
 REGEX = r"[0-9]{3}-[0-9]{3}-[0-9]{4} \((home|work|cell)\), [A-Z][a-z]{2,12} [A-Z][a-z]{2,12}"
 MAX_NEW = 160

@@ -11,11 +11,12 @@ GPU: host work is off the critical path); `advance` the per-request work after a
 `accept`: grammars take the sampled tokens, which on llguidance includes the budget check after
 each sampled token (the closing path followed, or searched): of it `follow`, the rows whose token
 was not simply the path's next one, and of that `search`, closing-path searches (searches after
-forced tokens count under `jump` too); `jump`: jump-forward, the check
+forced tokens count under `jump` too: `search` is not all under `accept`); `jump`: jump-forward, the check
 after forced tokens, and a failed check's cut-back);
 `fill` the grammar masks; `sample` the sampling launch (masks included); `launch` the forward
 pass launch; `chained_ids` the next pass's input ids; `gc` Python's garbage collector;
-`host_busy` = step - wait_gpu. With overlap scheduling, while the host is busy the GPU runs the
+`host_busy` = step - wait_gpu. Only the calls on the thread running `Scheduler.step` count: grammar
+compiles on the compile pool's threads also search closing paths, off the step. With overlap scheduling, while the host is busy the GPU runs the
 next forward pass, so the GPU idles once `host_busy` exceeds the forward pass. `summary()` adds
 the 90th percentile and the sum over the run of `step` and `host_busy`, the steps that read no
 decode pass back (the prefill's), and the run's time outside `Scheduler.step` (requests built and
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import gc
 import statistics
+import threading
 import time
 
 from radixflow.constrained.closing_path import ClosingSearch
@@ -61,6 +63,7 @@ class HostTimeline:
         self.steps: list = []  # per step: {label: seconds}
         self._now: dict = {}
         self._saved: list = []
+        self._thread = None  # the thread running Scheduler.step
 
     def __enter__(self) -> "HostTimeline":
         for label, (owner, name) in PARTS.items():
@@ -88,6 +91,10 @@ class HostTimeline:
         self._saved.append((owner, name, fn))
 
         def timed(*args, **kw):
+            if last:
+                self._thread = threading.get_ident()
+            elif threading.get_ident() != self._thread:
+                return fn(*args, **kw)
             t = time.perf_counter()
             try:
                 return fn(*args, **kw)

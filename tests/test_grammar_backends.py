@@ -391,6 +391,25 @@ def test_llguidance_refuses_a_tokenizer_whose_bytes_it_misreads(monkeypatch):
         Grammar.from_regex("(yes|no)", tokenizer=_byte_fallback_tokenizer(), backend="llguidance")
 
 
+def test_outlines_jumps_encode_without_a_tokenizer_json_s_padding():
+    """A tokenizer.json that pads leaves padding on in the fast tokenizer's Rust side: the
+    jump's direct encode once added pad tokens to the forced text."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from radixflow.constrained.options import TokenizerInfo
+    from radixflow.constrained.outlines_grammars import OutlinesGrammars
+
+    doc = json.loads(tokenizer_info().tokenizer.backend_tokenizer.to_str())
+    doc["padding"] = {"strategy": {"Fixed": 8}, "direction": "Right", "pad_to_multiple_of": None, "pad_id": 2,
+                      "pad_type_id": 0, "pad_token": "<|im_end|>"}  # fmt: skip
+    doc["truncation"] = {"direction": "Right", "max_length": 2, "strategy": "LongestFirst", "stride": 0}
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(doc)), eos_token="<|im_end|>")
+    outlines = OutlinesGrammars(TokenizerInfo(tok, len(tok), (tok.eos_token_id,)))
+    for text in ('"name": "', '}\n', "x"):
+        assert outlines._encode(text) == tok.encode(text, add_special_tokens=False) == tokenizer_info().tokenizer.encode(text, add_special_tokens=False)
+
+
 def test_the_gpu_benchmark_switches_the_up_front_check_with_the_backend(engine, monkeypatch):
     """benchmarks/constrained_gpu.py runs both backends in one engine: an outlines run must
     check its requests up front as an outlines server does, not with llguidance's check."""

@@ -291,58 +291,138 @@ def test_a_backend_without_grammar_threads_resets_the_pool_size(engine):
     assert llguidance_threads.pool_threads() == llguidance_threads.default_threads()
 
 
-def test_rows_of_different_builds_mask_and_accept_as_one_matcher(backend, engine, eight_cpus):
+def test_rows_of_different_builds_mask_and_accept_as_their_own_matchers(backend, engine, eight_cpus):
     """Requests of one grammar copy independently built matchers (deep copies of one share its
-    lexer's lock); the masks and accepts, batched over rows of different builds, are those of
-    one matcher alone."""
+    lexer's lock). Batched over rows of different builds, handed in shuffled, each row taking its
+    own token (some rejected, some EOS), every row's mask and state are those of its own matcher
+    fed alone: a row mixed up in the batched calls' reordering shows as another row's mask or state."""
     from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask
 
-    reference = start(backend, 80)
-    if reference.grammar.grammar.building is not None:  # a build the real pool was asked for
-        reference.grammar.grammar.building.result()
+    first = start(backend, 80)
+    if first.grammar.grammar.building is not None:  # a build the real pool was asked for
+        first.grammar.grammar.building.result()
     real_pool, backend.cache.pool = backend.cache.pool, InlinePool()  # only the builds use it: SCHEMA is compiled
     try:
-        rows = [start(backend, 80) for _ in range(4)]
+        rows, refs = [start(backend, 80) for _ in range(6)], [start(backend, 80) for _ in range(6)]
     finally:
         backend.cache.pool = real_pool
-    assert len(rows[0].grammar.grammar.builds) >= 3  # more only where the CPUs let earlier tests build more
-    bitmask = new_bitmask(len(rows), reference.grammar.grammar.words, pinned=False)
-    for step in range(12):  # the path's next token, then the highest allowed id (off the path)
-        fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
-        mask = reference.grammar.current_mask()
-        for i in range(len(rows)):
-            assert np.array_equal(bitmask[i].numpy(), mask)
-        allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
-        token = reference.grammar.path[0] if step % 2 == 0 else int(allowed[allowed != backend.info.eos_ids[0]].max())
-        for r in [reference, *rows]:
-            r.output_ids.append(token)
-        reference.grammar.accept_token(token)
-        accept_tokens([(r.grammar, token) for r in rows])
-    assert not reference.grammar.ended and reference.grammar.since > 0
-    assert all((r.grammar.path, r.grammar.since, r.grammar.ended) == (reference.grammar.path, reference.grammar.since, False) for r in rows)
+    assert len({r.grammar.root_id for r in rows}) >= 3  # more only where the CPUs let earlier tests build more
+    eos, rng = backend.info.eos_ids[0], np.random.default_rng(0)
+    bitmask = new_bitmask(len(rows) + 1, first.grammar.grammar.words, pinned=False, free=[len(rows)])
+    for step in range(14):
+        bitmask.numpy()[: len(rows)] = 0x5A5A5A5A  # what a reused pinned block may hold
+        order = [int(i) for i in rng.permutation(len(rows))]
+        fill_bitmask_rows(bitmask, [(i, rows[i].grammar) for i in order])
+        tokens = []
+        for i in order:
+            mask = refs[i].grammar.current_mask()
+            assert np.array_equal(bitmask[i].numpy(), mask), (step, i)
+            allowed = np.flatnonzero(np.unpackbits(mask.view(np.uint8), bitorder="little"))
+            allowed = allowed[allowed != eos]
+            if refs[i].grammar.ended or not len(allowed):
+                tokens.append(eos)
+            elif (step, i) in ((4, 0), (9, 1)):  # a token the grammar refuses
+                tokens.append(int(np.setdiff1d(np.arange(1000), allowed)[0]))
+            elif (step, i) == (7, 2):
+                tokens.append(eos)
+            else:
+                tokens.append(int(rng.choice(allowed)))
+        for i, token in zip(order, tokens):
+            rows[i].output_ids.append(token)
+            refs[i].output_ids.append(token)
+            refs[i].grammar.accept_token(token)
+        accept_tokens([(rows[i].grammar, token) for i, token in zip(order, tokens)])
+        state = lambda g: (g.path, g.since, g.ended, g.rejected_token)  # noqa: E731
+        assert [state(r.grammar) for r in rows] == [state(r.grammar) for r in refs], step
+    assert sum(r.grammar.rejected_token is not None for r in refs) == 2 and sum(r.grammar.ended for r in refs) >= 3
+    assert any(r.grammar.path is not None and r.grammar.since > 0 for r in refs)  # some rows left their path
 
 
-def test_batched_calls_get_each_builds_rows_together(backend, eight_cpus):
-    """Requests take the builds in turn; a batched fill or accept hands llguidance the rows of
-    each build side by side (its threads take contiguous runs), every row once."""
-    from radixflow.constrained.llguidance_threads import by_build
+def test_batched_calls_hand_llguidance_each_builds_rows_together(backend, eight_cpus, monkeypatch):
+    """Requests take the builds in turn; a batched fill or accept hands llguidance's threads (which
+    take contiguous runs) the rows of each build side by side, every row once."""
+    from radixflow.constrained import llguidance_grammars
+    from radixflow.constrained.batch_mask import accept_tokens, fill_bitmask_rows, new_bitmask
 
     g = backend.compile("regex", "[ij]{3,8}")
-    pool = InlinePool()
-    matchers = [backend.impl_for("regex").matcher(g, None, pool) for _ in range(7)]
-    pairs = [(m, row) for row, m in enumerate(matchers)]
-    ordered = by_build(pairs)
-    builds = [m.root_id for m, _ in ordered]
-    assert sorted(row for _, row in ordered) == list(range(7)) and len(set(builds)) == 3
-    assert all(a == b or b not in builds[:i] for i, (a, b) in enumerate(zip(builds, builds[1:]), 1))
+    matchers = [backend.impl_for("regex").matcher(g, None, InlinePool()) for _ in range(7)]
+    build_of = {id(m.m): m.root_id for m in matchers}
+    calls = []
+
+    class Recording:
+        def __init__(self, real):
+            self.real = real
+
+        def unsafe_compute_mask_ptr(self, rows, *args):
+            calls.append([build_of[id(m)] for m, _ in rows])
+            return self.real.unsafe_compute_mask_ptr(rows, *args)
+
+        def consume_token_par(self, rows):
+            calls.append([build_of[id(m)] for m, _ in rows])
+            return self.real.consume_token_par(rows)
+
+    real = llguidance_grammars.executor()
+    monkeypatch.setattr(llguidance_grammars, "executor", lambda: Recording(real))
+    fill_bitmask_rows(new_bitmask(7, g.words, pinned=False), list(enumerate(matchers)))
+    accept_tokens([(m, backend.info.tokenizer.encode("i", add_special_tokens=False)[0]) for m in matchers])
+    assert len(calls) == 2 and len(set(calls[0])) == 3
+    for builds in calls:
+        assert len(builds) == 7 and sum(a != b for a, b in zip(builds, builds[1:])) == 2, builds  # one run per build
 
 
-def test_a_bitmask_sets_its_free_rows_to_all_ones():
-    """The grammar rows are left for the fill to write whole; free rows allow every token."""
-    from radixflow.constrained.batch_mask import new_bitmask
+def test_a_bitmask_s_grammar_rows_are_written_whole_whatever_the_matcher_s_state(engine):
+    """Free rows allow every token; the grammar rows are left for the fill, which must write each
+    one whole over whatever the reused block held, for matchers of both backends that are fresh,
+    complete, errored or ended by EOS."""
+    from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask
 
-    assert (new_bitmask(4, 3, pinned=False, free=[1, 3])[[1, 3]] == -1).all()
     assert (new_bitmask(2, 3, pinned=False) == -1).all()
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    matchers = []
+    for name in ("llguidance", "outlines"):
+        g = Grammar.from_regex("ab", engine.tokenizer, backend=name)
+        fresh, complete, errored, ended = (g.matcher() for _ in range(4))
+        for token in encode("a") + encode("b"):
+            complete.accept_token(token)
+        errored.accept_token(encode("b")[0])
+        ended.accept_token(engine.tokenizer.eos_token_id)
+        assert complete.is_terminated() and errored.error() and ended.ended and not fresh.is_terminated()
+        matchers += [fresh, complete, errored, ended]
+    free = [1, 5, 10]
+    rows = [i for i in range(len(matchers) + len(free)) if i not in free]
+    bitmask = new_bitmask(len(rows) + len(free), matchers[0].grammar.words, pinned=False, free=free)
+    bitmask.numpy()[rows] = 0x5A5A5A5A  # what a reused pinned block may hold
+    fill_bitmask_rows(bitmask, list(zip(rows, matchers)))
+    assert (bitmask[free] == -1).all()
+    for row, m in zip(rows, matchers):
+        assert np.array_equal(bitmask[row].numpy(), m.current_mask()), (row, type(m).__name__)
+
+
+def test_the_host_timeline_times_only_the_scheduler_thread(monkeypatch):
+    """benchmarks/host_timeline.py: a grammar compile's closing-path search on a pool thread,
+    during a step, is not the step's search."""
+    import os
+    import threading
+    import time
+
+    from radixflow.constrained.closing_path import ClosingSearch
+    from radixflow.runtime.scheduling.scheduler import Scheduler
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from host_timeline import HostTimeline
+
+    monkeypatch.setattr(ClosingSearch, "find", lambda self, seconds: time.sleep(seconds))
+
+    def step(self):
+        ClosingSearch.find(None, 0.01)  # the step's own search
+        compile_thread = threading.Thread(target=ClosingSearch.find, args=(None, 0.3))
+        compile_thread.start()
+        compile_thread.join()
+
+    monkeypatch.setattr(Scheduler, "step", step)
+    with HostTimeline() as timeline:
+        Scheduler.step(None)
+    assert 0.01 <= timeline.steps[0]["search"] < 0.2 and timeline.steps[0]["step"] >= 0.3
 
 
 def test_an_unanchored_pattern_gets_a_closing_path(backend, engine):

@@ -17,7 +17,7 @@ from typing import Optional
 import torch
 
 
-def new_bitmask(batch: int, words: int, pinned: bool, free: Optional[list] = None) -> torch.Tensor:
+def new_bitmask(batch: int, words: int, pinned: bool, free: Optional[list[int]] = None) -> torch.Tensor:
     """Pinned for an asynchronous host-to-GPU copy (torch's host allocator reuses a block once its
     copy is done). Every token allowed in the rows `free` (None: all rows); the other rows are left
     unwritten, for `fill_bitmask_rows` to fill."""

@@ -11,10 +11,13 @@ than CPUs (more could not run at once).
 from __future__ import annotations
 
 import os
+from typing import Any, TypeVar
 
 from llguidance import LLExecutor
 
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS
+
+X = TypeVar("X")  # what rides with each matcher: its bitmask row, or its sampled token
 
 _EXECUTORS: list = []
 _THREADS = [0]  # --grammar-threads; 0: llguidance's default
@@ -58,7 +61,7 @@ def executor() -> LLExecutor:
     return _EXECUTORS[0]
 
 
-def by_build(pairs: list) -> list:
+def by_build(pairs: list[tuple[Any, X]]) -> list[tuple[Any, X]]:
     """(matcher, x) pairs with the rows of each build next to each other (a matcher's `root_id`
     is its build's id). llguidance's pool splits a batched call's list into contiguous runs, one
     per thread; rows that copy one build wait on its lexer's lock, so runs that mix builds

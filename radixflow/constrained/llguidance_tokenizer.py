@@ -3,12 +3,12 @@ from the fast tokenizer's JSON, checked to read every token as the bytes it deco
 
 from __future__ import annotations
 
-import copy
 import json
 
 from llguidance import LLTokenizer
 
 from radixflow.constrained.options import TokenizerInfo
+from radixflow.constrained.vocabulary import plain_rust_tokenizer
 from radixflow.errors import GrammarError
 
 _TOKENIZERS: dict = {}
@@ -19,12 +19,9 @@ def ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
     key = (id(info.tokenizer), info.vocab_size, info.eos_ids)
     hit = _TOKENIZERS.get(key)
     if hit is None:
-        backend = getattr(info.tokenizer, "backend_tokenizer", None)
+        backend = plain_rust_tokenizer(info.tokenizer)
         if backend is None:
             raise GrammarError("the llguidance grammar backend needs a fast (tokenizer.json) tokenizer")
-        backend = copy.copy(backend)
-        backend.no_padding()
-        backend.no_truncation()
         ll = LLTokenizer(_without_byte_fallback(backend.to_str()), n_vocab=info.vocab_size, eos_token=list(info.eos_ids))
         _check_token_bytes(ll, info.tokenizer)
         hit = (info.tokenizer, ll)

@@ -9,6 +9,7 @@ EOS only in accepting states, and no grammar can produce the others.
 from __future__ import annotations
 
 import bisect
+import copy
 import hashlib
 import json
 import re
@@ -93,6 +94,19 @@ def _outlines_vocabulary(eos_id: int, by_bytes: dict) -> Vocabulary:
 def _sorted_by_bytes(token_bytes: list) -> tuple:
     pairs = sorted((b, i) for i, b in enumerate(token_bytes) if b is not None)
     return [b for b, _ in pairs], np.array([i for _, i in pairs], dtype=np.int32)
+
+
+def plain_rust_tokenizer(tokenizer):
+    """A copy of a fast tokenizer's Rust side with padding and truncation off, or None for a
+    slow tokenizer. A tokenizer.json that sets either leaves it on in the Rust side at load;
+    the Python wrapper's encode switches it off on every call, a direct call would not."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    backend = copy.copy(backend)
+    backend.no_padding()
+    backend.no_truncation()
+    return backend
 
 
 def tokenizer_kind(tokenizer) -> str:

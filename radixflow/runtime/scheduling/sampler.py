@@ -107,7 +107,7 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
         return
     free = [i for i, r in enumerate(reqs) if r.grammar is None]
     bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda, free=free)
-    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # every other row
+    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # the grammar rows
     apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
 
 
