@@ -141,3 +141,19 @@ def test_match_splits_and_shares():
     tree.inc_lock(tree.match_prefix([1, 2, 3, 7, 8]).node)
     assert tree.evict(100) == 2  # only the unlocked [4, 5] leaf can go
     assert tree.match_prefix([1, 2, 3, 4, 5]).length == 3
+
+
+def test_insert_joins_no_slot_tensors(monkeypatch):
+    """insert() runs per finished request and per admission candidate per step: it must not
+    pay insert_matched's join of the path's slots, which its callers would throw away."""
+    alloc = PageAllocator(32, 1)
+    tree = RadixCache(alloc, 1)
+    a = alloc.slots_of(alloc.alloc(6))
+    tree.insert([1, 2, 3], a[:3])
+
+    def no_cat(*args, **kwargs):
+        raise AssertionError("insert() joined slot tensors")
+
+    monkeypatch.setattr(torch, "cat", no_cat)
+    assert tree.insert([1, 2, 3, 4, 5, 6], a) == 3  # walks the cached node, then adds a leaf
+    assert tree.insert([1, 2, 3, 4], a[:4]) == 4  # splits the leaf, ends inside the path

@@ -126,13 +126,21 @@ class RadixCache:
         """Insert `key` with its KV `slots`; returns how many leading tokens were
         already cached. The caller owns (and must free) its duplicates of those slots.
         Only the page-aligned part of `key` is inserted; the caller keeps the rest."""
-        return self.insert_matched(key, slots)[0]
+        return self._insert_walk(key, slots)[0]
 
     def insert_matched(self, key: list, slots: torch.Tensor) -> tuple[int, MatchResult]:
         """insert(), and what match_prefix(key) would return right after it (the tree's slots
         for the page-aligned key and its deepest node), from the same walk."""
+        cached, node, parts = self._insert_walk(key, slots)
+        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return cached, MatchResult(matched, node)
+
+    def _insert_walk(self, key: list, slots: torch.Tensor) -> tuple[int, TreeNode, list]:
+        """insert()'s walk: returns how many leading tokens were already cached, the deepest
+        node of the page-aligned key's path, and the slot tensors along that path (joined
+        only by insert_matched, since insert's callers don't need them)."""
         if self.disable:
-            return 0, MatchResult(torch.empty(0, dtype=torch.int64), self.root)
+            return 0, self.root, []
         n_aligned = self._page_align(len(key))
         key, slots = key[:n_aligned], slots[:n_aligned]
         node, done, parts = self.root, 0, []
@@ -146,15 +154,14 @@ class RadixCache:
                 node.children[self._child_key(rest)] = leaf
                 self.evictable_size += len(rest)
                 parts.append(leaf.value)
-                return done, MatchResult(torch.cat(parts), leaf)
+                return done, leaf, parts
             n = self._page_align(_common_prefix_len(child.key, rest))
             if n < len(child.key):
                 child = self._split(child, n)
             child.touch()
             parts.append(child.value)
             node, done = child, done + n
-        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return min(done, len(key)), MatchResult(matched, node)
+        return min(done, len(key)), node, parts
 
     def inc_lock(self, node: TreeNode) -> None:
         while node is not self.root:
