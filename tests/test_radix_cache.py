@@ -65,19 +65,12 @@ class Model:
         assert owned.numel() == NUM_PAGES - 1, "a page leaked"
         assert 0 not in owned.tolist(), "the scratch page was handed out"
         assert self.tree.protected_size == sum(self._locked_sizes())
-        for node in self._nodes():
+        for node in self.tree.nodes():
             if node is not self.tree.root:
                 assert len(node.key) == node.value.numel() and len(node.key) % self.ps == 0
 
-    def _nodes(self):
-        stack = [self.tree.root]
-        while stack:
-            n = stack.pop()
-            yield n
-            stack.extend(n.children.values())
-
     def _locked_sizes(self):
-        return [len(n.key) for n in self._nodes() if n is not self.tree.root and n.lock_ref > 0]
+        return [len(n.key) for n in self.tree.nodes() if n is not self.tree.root and n.lock_ref > 0]
 
 
 def run_ops(page_size: int, operations: list) -> None:
@@ -98,7 +91,7 @@ def run_ops(page_size: int, operations: list) -> None:
             assert m.alloc.num_free_slots - before == freed
         m.check()
     locked_nodes = set(m.locks)
-    for node in m._nodes():
+    for node in m.tree.nodes():
         if node.lock_ref > 0 and node is not m.tree.root:
             assert node in locked_nodes or any(_is_ancestor(node, l) for l in locked_nodes)
     while m.locks:
@@ -141,3 +134,19 @@ def test_match_splits_and_shares():
     tree.inc_lock(tree.match_prefix([1, 2, 3, 7, 8]).node)
     assert tree.evict(100) == 2  # only the unlocked [4, 5] leaf can go
     assert tree.match_prefix([1, 2, 3, 4, 5]).length == 3
+
+
+def test_insert_joins_no_slot_tensors(monkeypatch):
+    """insert() runs per finished request and per admission candidate per step: it must not
+    pay insert_matched's join of the path's slots, which its callers would throw away."""
+    alloc = PageAllocator(32, 1)
+    tree = RadixCache(alloc, 1)
+    a = alloc.slots_of(alloc.alloc(6))
+    tree.insert([1, 2, 3], a[:3])
+
+    def no_cat(*args, **kwargs):
+        raise AssertionError("insert() joined slot tensors")
+
+    monkeypatch.setattr(torch, "cat", no_cat)
+    assert tree.insert([1, 2, 3, 4, 5, 6], a) == 3  # walks the cached node, then adds a leaf
+    assert tree.insert([1, 2, 3, 4], a[:4]) == 4  # splits the leaf, ends inside the path

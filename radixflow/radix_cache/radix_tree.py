@@ -13,7 +13,7 @@ from __future__ import annotations
 import heapq
 import itertools
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -57,17 +57,6 @@ def _common_prefix_len(a: list, b: list) -> int:
     return int(diff.argmax())
 
 
-def _unlink(root: TreeNode) -> None:
-    """Break the tree's parent <-> child cycles so that refcounting frees a dropped tree at once.
-    Left to the cyclic garbage collector, a flushed tree (thousands of nodes, each with a list of
-    token ids and a tensor) is freed in one full collection, during whatever pass is running."""
-    stack = [root]
-    while stack:
-        node = stack.pop()
-        stack.extend(node.children.values())
-        node.children, node.parent = {}, None
-
-
 class RadixCache:
     def __init__(self, allocator: PageAllocator, page_size: int = 1, disable: bool = False):
         self.allocator = allocator
@@ -77,7 +66,7 @@ class RadixCache:
 
     def reset(self) -> None:
         if getattr(self, "root", None) is not None:
-            _unlink(self.root)
+            self.discard()
         self.root = TreeNode()
         self.root.lock_ref = 1
         self.evictable_size = 0
@@ -126,13 +115,21 @@ class RadixCache:
         """Insert `key` with its KV `slots`; returns how many leading tokens were
         already cached. The caller owns (and must free) its duplicates of those slots.
         Only the page-aligned part of `key` is inserted; the caller keeps the rest."""
-        return self.insert_matched(key, slots)[0]
+        return self._insert_walk(key, slots)[0]
 
     def insert_matched(self, key: list, slots: torch.Tensor) -> tuple[int, MatchResult]:
         """insert(), and what match_prefix(key) would return right after it (the tree's slots
         for the page-aligned key and its deepest node), from the same walk."""
+        cached, node, parts = self._insert_walk(key, slots)
+        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return cached, MatchResult(matched, node)
+
+    def _insert_walk(self, key: list, slots: torch.Tensor) -> tuple[int, TreeNode, list]:
+        """insert()'s walk: returns how many leading tokens were already cached, the deepest
+        node of the page-aligned key's path, and the slot tensors along that path (joined
+        only by insert_matched, since insert's callers don't need them)."""
         if self.disable:
-            return 0, MatchResult(torch.empty(0, dtype=torch.int64), self.root)
+            return 0, self.root, []
         n_aligned = self._page_align(len(key))
         key, slots = key[:n_aligned], slots[:n_aligned]
         node, done, parts = self.root, 0, []
@@ -146,15 +143,14 @@ class RadixCache:
                 node.children[self._child_key(rest)] = leaf
                 self.evictable_size += len(rest)
                 parts.append(leaf.value)
-                return done, MatchResult(torch.cat(parts), leaf)
+                return done, leaf, parts
             n = self._page_align(_common_prefix_len(child.key, rest))
             if n < len(child.key):
                 child = self._split(child, n)
             child.touch()
             parts.append(child.value)
             node, done = child, done + n
-        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return min(done, len(key)), MatchResult(matched, node)
+        return min(done, len(key)), node, parts
 
     def inc_lock(self, node: TreeNode) -> None:
         while node is not self.root:
@@ -190,23 +186,28 @@ class RadixCache:
                 heapq.heappush(heap, parent)
         return freed
 
-    def _leaves(self) -> list:
-        out, stack = [], [self.root]
+    def nodes(self) -> Iterator[TreeNode]:
+        """Every node, the root first, depth first. A node's children are read before it is
+        yielded, so the caller may detach them."""
+        stack = [self.root]
         while stack:
             node = stack.pop()
-            if not node.children and node is not self.root:
-                out.append(node)
             stack.extend(node.children.values())
-        return out
+            yield node
+
+    def discard(self) -> None:
+        """Break the tree's parent <-> child cycles so that refcounting frees its nodes at once;
+        left to the cyclic garbage collector, a dropped tree is freed in one full collection,
+        during whatever pass is running. For a tree about to be dropped or reset."""
+        for node in self.nodes():
+            node.children, node.parent = {}, None
+
+    def _leaves(self) -> list:
+        return [n for n in self.nodes() if not n.children and n is not self.root]
 
     def all_slots(self) -> torch.Tensor:
         """Every slot owned by the tree (for invariant checks)."""
-        parts, stack = [], [self.root]
-        while stack:
-            node = stack.pop()
-            parts.append(node.value)
-            stack.extend(node.children.values())
-        return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
+        return torch.cat([n.value for n in self.nodes()])
 
     @property
     def total_size(self) -> int:

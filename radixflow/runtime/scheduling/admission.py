@@ -97,7 +97,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
             sched.chunked = req
             break
     sched.waiting = [r for r in sched.waiting if id(r) not in admitted]
-    in_batch.reset()  # frees its nodes now, not in a later full garbage collection
+    in_batch.discard()  # frees its nodes now, not in a later full garbage collection
     return batch
 
 

@@ -3,6 +3,8 @@ KV slots and which rows need logits, packed into one host-to-device copy."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from radixflow.host_copy import to_device_async
@@ -11,26 +13,28 @@ from radixflow.runtime.scheduling.kv_manager import KVManager
 from radixflow.runtime.scheduling.req import Req
 
 
-def logit_rows_for(req: Req, n: int, start: int) -> list:
-    """Rows of this chunk whose logits we need: those from the first position whose input
-    logprob is still due (logprob_rows_from), or the last (sampling). A select's scoring
-    request recomputes part of its prompt but needs the logits of its choice tokens only."""
-    done = req.kv_len + n >= req.seq_len
+def logit_rows_for(req: Req, n: int, start: int) -> range:
+    """Rows of the pass whose logits this chunk needs (its rows begin at `start`): with input
+    logprobs, those from first_logit_pos(req) to the chunk's end; else the last, for sampling,
+    if the prompt ends here. A select's scoring request recomputes part of its prompt but
+    needs the logits of its choice tokens only."""
     if req.needs_input_logprobs:
-        return list(range(start + logprob_rows_from(req) - req.kv_len, start + n))
-    return [start + n - 1] if done else []
+        return range(start + first_logit_pos(req) - req.kv_len, start + n)
+    done = req.kv_len + n >= req.seq_len
+    return range(start + n - 1, start + n) if done else range(0)
 
 
-def logprob_rows_from(req: Req) -> int:
-    """The first position of this chunk whose logits input logprobs use: the one before the
-    next logprob due (it predicts that token), never before the chunk."""
+def first_logit_pos(req: Req) -> int:
+    """The first prompt position of this chunk whose logits input logprobs use: the one just
+    before the next token whose logprob is due (its logits predict that token), but not before
+    the chunk's first position (req.kv_len)."""
     return max(req.kv_len, req.input_logprob_next - 1)
 
 
 def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:
     """`ids`: a list, or a tensor already on the device (overlapped decode); the rest host-side."""
     seq = [p + e for p, e in zip(prefix, ext)]
-    flat_rows = [i for r in rows for i in r] or [0]
+    flat_rows = list(itertools.chain.from_iterable(rows)) or [0]
     pool_rows = [r.req_pool_idx for r, _ in batch]
     host_ids = ids if isinstance(ids, list) else []
     # one asynchronous host-to-device copy for all of the pass's index tensors

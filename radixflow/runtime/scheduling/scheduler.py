@@ -32,7 +32,7 @@ from radixflow.runtime.scheduling.sampler import SampleResult, record_sampled, s
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
-from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, logit_rows_for, logprob_rows_from, pending_tokens
+from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for, pending_tokens
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
@@ -181,8 +181,8 @@ class Scheduler:
         for req_rows in rows:
             views.append(logits[offset : offset + len(req_rows)])
             offset += len(req_rows)
-        self.logprobs.add_inputs([(r, v, logprob_rows_from(r), r.kv_len + n - logprob_rows_from(r))
-                                  for (r, n), v in zip(batch, views) if r.needs_input_logprobs])  # fmt: skip
+        items = [(r, v, first_logit_pos(r), len(v)) for (r, _), v in zip(batch, views) if r.needs_input_logprobs]
+        self.logprobs.add_inputs(items)
         finishing = []
         for (req, n), req_logits in zip(batch, views):
             req.kv_len += n
