@@ -11,7 +11,10 @@ few uniformly drawn tokens, then, with the matchers held at that state:
 - `fill`: `fill_bitmask_rows` over every row with llguidance's batched mask fill a no-op.
 
 `compute_ff_tokens_first_call_us` is llguidance's forced-token call at each walk step's new
-states (its cost in a real step, where every state is new).
+states (its cost in a real step, where every state is new). `fill_ms_without_ff` / `fill_ms_after_ff`:
+the same 30-step walk twice each, the batched mask fill's median per step when the forced-token
+call runs on every row before it (as the scheduler's jump hook does) and when it does not: what
+leaving the call out on a row would save (the forced tokens are not consumed: the walks are alike).
 
     python benchmarks/host_row_cost.py            # medians of 300 repeats, microseconds per row
 """
@@ -73,6 +76,27 @@ def walked_rows(backend: GrammarBackend, spec: str, first_ff: list) -> list:
     return [r for r in rows if not r.grammar.is_terminated()]
 
 
+def fill_ms(backend: GrammarBackend, spec: str, with_ff: bool) -> float:
+    rows = [Row("json_schema", spec, MAX_NEW) for _ in range(ROWS)]
+    for r in rows:
+        backend.submit(r)
+        assert backend.poll(r) is True, r.finish_reason
+    rng = np.random.default_rng(1)
+    bitmask = new_bitmask(ROWS, (VOCAB + 31) // 32, pinned=False)
+    fills = []
+    for _ in range(30):
+        t = time.perf_counter()
+        fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
+        fills.append(time.perf_counter() - t)
+        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :VOCAB]
+        picks = [int(rng.choice(np.flatnonzero(bits[i]))) for i in range(ROWS)]
+        accept_tokens([(r.grammar, t) for r, t in zip(rows, picks)])
+        if with_ff:
+            for r in rows:
+                r.grammar.m.compute_ff_tokens()
+    return 1e3 * statistics.median(fills[1:])
+
+
 class NoWork:
     """llguidance's executor with no work done: what is left is the Python around it."""
 
@@ -94,6 +118,7 @@ def main() -> None:
     backend = GrammarBackend(tok, VOCAB, {2}, args)
     spec = json.dumps(SCHEMA)
     backend.compile("json_schema", spec)
+    fills = {ff: [round(fill_ms(backend, spec, ff), 3) for _ in range(2)] for ff in (False, True)}
     first_ff: list = []
     rows = walked_rows(backend, spec, first_ff)
     # rows the hook would move (forced tokens, a pending cut) are left out: the state must stay put
@@ -117,7 +142,8 @@ def main() -> None:
     print(json.dumps({"jump_rows": len(still), "jump_hook_us": round(hook, 3), "compute_ff_tokens_us": round(ff, 3),
                       "jump_python_us": round(hook - ff, 3),
                       "compute_ff_tokens_first_call_us": round(1e6 * statistics.median(first_ff), 3),
-                      "fill_python_us": round(fill, 3), "accept_rows": len(far), "accept_python_us": round(loop, 3)}))  # fmt: skip
+                      "fill_python_us": round(fill, 3),
+                      "fill_ms_without_ff": fills[False], "fill_ms_after_ff": fills[True], "accept_rows": len(far), "accept_python_us": round(loop, 3)}))  # fmt: skip
     backend.cache.pool.shutdown(wait=False)
 
 
