@@ -52,48 +52,48 @@ def us_per_row(fn, rows: int) -> float:
     return 1e6 * statistics.median(once() for _ in range(REPEATS)) / rows
 
 
-def walked_rows(backend: GrammarBackend, spec: str, first_ff: list) -> list:
-    """ROWS rows, WALK uniformly drawn tokens each (off the grammar's first forced run); appends to
-    `first_ff` the seconds per row of `compute_ff_tokens` at each step's new states (its first call)."""
+def walk(backend: GrammarBackend, spec: str, steps: int, seed: int, after_accept) -> tuple:
+    """ROWS rows, `steps` uniformly drawn tokens each; `after_accept(rows)` runs after each step's
+    accept. Returns the rows still live and the fill's seconds per step."""
     rows = [Row("json_schema", spec, MAX_NEW) for _ in range(ROWS)]
     for r in rows:
         backend.submit(r)
         assert backend.poll(r) is True, r.finish_reason
-    rng = np.random.default_rng(0)
-    bitmask = new_bitmask(ROWS, (VOCAB + 31) // 32, pinned=False)
-    for _ in range(WALK):
-        fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
-        bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :VOCAB]
-        picks = [int(rng.choice(np.flatnonzero(bits[i]))) for i in range(ROWS)]
-        for r, t in zip(rows, picks):
-            r.output_ids.append(t)
-        accept_tokens([(r.grammar, t) for r, t in zip(rows, picks)])
-        live = [r.grammar.m for r in rows if not r.grammar.is_terminated()]
-        t = time.perf_counter()
-        for m in live:
-            m.compute_ff_tokens()
-        first_ff.append((time.perf_counter() - t) / len(live))
-    return [r for r in rows if not r.grammar.is_terminated()]
-
-
-def fill_ms(backend: GrammarBackend, spec: str, with_ff: bool) -> float:
-    rows = [Row("json_schema", spec, MAX_NEW) for _ in range(ROWS)]
-    for r in rows:
-        backend.submit(r)
-        assert backend.poll(r) is True, r.finish_reason
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     bitmask = new_bitmask(ROWS, (VOCAB + 31) // 32, pinned=False)
     fills = []
-    for _ in range(30):
+    for _ in range(steps):
         t = time.perf_counter()
         fill_bitmask_rows(bitmask, [(i, r.grammar) for i, r in enumerate(rows)])
         fills.append(time.perf_counter() - t)
         bits = np.unpackbits(bitmask.numpy().view(np.uint8), axis=1, bitorder="little")[:, :VOCAB]
         picks = [int(rng.choice(np.flatnonzero(bits[i]))) for i in range(ROWS)]
+        for r, t in zip(rows, picks):
+            r.output_ids.append(t)
         accept_tokens([(r.grammar, t) for r, t in zip(rows, picks)])
-        if with_ff:
-            for r in rows:
-                r.grammar.m.compute_ff_tokens()
+        after_accept([r for r in rows if not r.grammar.is_terminated()])
+    return [r for r in rows if not r.grammar.is_terminated()], fills
+
+
+def forced_tokens(rows: list) -> None:
+    for r in rows:
+        r.grammar.m.compute_ff_tokens()
+
+
+def walked_rows(backend: GrammarBackend, spec: str, first_ff: list) -> list:
+    """WALK steps (off the grammar's first forced run); appends to `first_ff` the seconds per row of
+    `compute_ff_tokens` at each step's new states (its first call there)."""
+
+    def timed_ff(rows: list) -> None:
+        t = time.perf_counter()
+        forced_tokens(rows)
+        first_ff.append((time.perf_counter() - t) / len(rows))
+
+    return walk(backend, spec, WALK, 0, timed_ff)[0]
+
+
+def fill_ms(backend: GrammarBackend, spec: str, with_ff: bool) -> float:
+    fills = walk(backend, spec, 30, 1, forced_tokens if with_ff else lambda rows: None)[1]
     return 1e3 * statistics.median(fills[1:])
 
 
