@@ -103,7 +103,7 @@ class GrammarBackend:
             )
         impl = self.impl_for(req.sampling.grammar[0])
         req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
-        if self.jump_enabled:
+        if self.jump_enabled and not req.grammar.is_terminated():
             forced = impl.jump(req.grammar, req, first=True)
             if forced:
                 req.output_ids.extend(forced)

@@ -324,7 +324,7 @@ class LLGuidanceGrammars:
         swap = matcher.take_replacement()
         if swap is not None:
             return (len(req.output_ids) - swap[0], [swap[1]])
-        if not forced or matcher.is_terminated():
+        if not forced:  # the caller checked that the matcher is not terminated
             return []
         room = req.sampling.max_new_tokens - req.segment_len
         tokens = matcher.m.compute_ff_tokens()[: max(room - (1 if first else 0), 0)]

@@ -100,8 +100,8 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
         return
-    cached = all(reqs[i].grammar.masks_cached for i in rows)  # masks that live as long as their grammar
-    if cached and not logits.is_cuda and len(rows) <= SMALL_MASK_BATCH and logits.dtype == torch.float32:
+    small = not logits.is_cuda and len(rows) <= SMALL_MASK_BATCH and logits.dtype == torch.float32
+    if small and all(reqs[i].grammar.masks_cached for i in rows):  # masks that live as long as their grammar
         for i in rows:  # one add beats a table lookup over the whole vocabulary at this size
             logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
         return
