@@ -83,7 +83,7 @@ def sec_matmul_rate() -> dict:
 
 
 def sec_pytest() -> dict:
-    """tests/test_fp8.py first (its GPU-only tests have never run on a GPU), tests/test_flash_prefill.py, then
+    """tests/test_fp8.py first (GPU-only tests that compare bits with torch), tests/test_flash_prefill.py, then
     tests/test_kernels.py, until --pytest-timeout (0: no limit); verbose, so a stopped run names the tests it ran."""
     env = dict(os.environ, RADIXFLOW_TOKENIZER=OPTS.tokenizer, PYTHONPATH=ROOT)
     cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", "tests/test_fp8.py", "tests/test_flash_prefill.py",

@@ -95,8 +95,10 @@ class TritonBackend(AttentionBackend):
         dev = fb.input_ids.device
         q_start = to_device_async(torch.tensor(starts, dtype=torch.int64), dev)
         all_rows = RowSet(fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max(fb.extend_lens_list))
+        if not self.flash_enabled():  # the CPU, float32 and FP8 pools, deterministic mode: no row lists to build
+            return ExtendPlan(all_rows)
         rows = cached_rows(fb.prefix_lens_list)
-        if not takes_flash(self.flash_enabled(), fb.extend_lens_list, rows):
+        if not takes_flash(True, fb.extend_lens_list, rows):
             return ExtendPlan(all_rows)
         cu = to_device_async(torch.tensor(starts + [acc], dtype=torch.int32), dev)
         if not rows:
