@@ -161,17 +161,26 @@ def check_decode_attention(pdl: int) -> None:
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
-    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": False, "KV_F16": False},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, "KV_FP8": False, "KV_F16": False},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, "KV_FP8": False, "KV_F16": False},
-                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False}):
-        ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig, {**extra, **consts},
-                       num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl > 0)
+    off = {"KV_FP8": False, "KV_F16": False, "V_REGS": False}
+    for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, **off},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 3, **off},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 1, **off},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True, "V_REGS": True},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True, "V_REGS": True},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, "KV_FP8": True, "KV_F16": True, "V_REGS": False},
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False, "V_REGS": False}):
+        launch = decode_attention.resolve_config(256, fp8=extra["KV_FP8"])
+        ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig,
+                       {**extra, **consts, "BLOCK_N": launch["block_n"]},
+                       num_warps=launch["num_warps"], num_stages=launch["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
         if extra["KV_F16"]:  # e4m3 -> float16 in one step, no float16 -> bf16 conversions left
             assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx
+        # V of p @ v: with V_REGS the float16 tile reaches the operand through the transposing ldmatrix, as
+        # a 16-bit pool's does; without it Triton reads the 8-bit tile a byte at a time
+        byte_reads = "ld.shared.b8" in ptx or "ld.shared.u8" in ptx
+        assert byte_reads == (extra["KV_FP8"] and not extra["V_REGS"]), extra
+        assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (not byte_reads), extra
         if extra["KV_FP8"] and extra["ROPE"]:  # the new token's K and V stored as KVPool.store rounds them
             assert "div.rn" in ptx and "cvt.rmi" not in ptx
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,

@@ -340,6 +340,52 @@ def test_fp8_kv_attention_with_bf16_queries(magnitude, f16):
     torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("v_regs", [True, False])
+def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
+    """decode_attention's two places for an FP8 pool's V conversion (`fp8_v_regs`: inline PTX in registers
+    on the GPU, a cast in the interpreter; or where Triton puts it) with bf16 queries, and a larger FP8 block
+    through the `fp8` entry, against the dequantized reference."""
+    from radixflow.kernels.decode_attention import decode_attention
+
+    seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
+    bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
+    q = torch.randn(len(seq_lens), hq, d, device=DEV).to(torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 0.25)
+    for config in ({"fp8_v_regs": v_regs}, {"fp8_v_regs": v_regs, "fp8": {"block_n": 128, "num_warps": 8}}):
+        for splits in (1, 4):
+            got = decode_attention(q, *bufs, table, req_idx, lens, 0.25, splits, scales=scales, config=config)
+            torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
+# Launches of an FP8 pool besides DECODE_CONFIG's: V widened after shared memory (as before), other blocks
+GPU_FP8_DECODE_VARIANTS = [{"fp8_v_regs": False}, {"fp8": {"block_n": 128, "num_warps": 8, "num_stages": 2}},
+                           {"fp8": {"block_n": 32, "num_warps": 4, "num_stages": 5}}]
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads: too slow for the CPU interpreter")
+@pytest.mark.parametrize("seq_lens", [[1, 200, 4097, 33], [130] * 64])
+def test_gpu_fp8_kv_decode_attention_llama_shapes(seq_lens):
+    """An FP8 pool at Llama-3-8B heads (8 KV heads of 128, groups of 4), bf16 queries, per-head scales, through
+    DECODE_CONFIG and each variant at 1, the tuned and 16 splits, against the float32 reference over the
+    dequantized pool."""
+    from test_kernels import _paged_pool
+
+    from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
+
+    k, v, table, req_idx = _paged_pool(seq_lens, 8, 128, torch.float32, rows=len(seq_lens) + 1)
+    scales = tuple(torch.rand(8, device=DEV) + 0.05 for _ in range(2))
+    k8, v8 = ((t / s[:, None]).to(FP8) for t, s in zip((k, v), scales))
+    deq = [t.float() * s[:, None] for t, s in zip((k8, v8), scales)]
+    q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 128**-0.5)
+    for splits in (1, num_kv_splits(len(seq_lens), 8, fp8=True), 16):
+        for config in [None] + GPU_FP8_DECODE_VARIANTS:
+            got = decode_attention(q, k8, v8, table, req_idx, lens, 128**-0.5, splits, config=config, scales=scales)
+            torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
 def test_fp8_kv_cache_engine_stays_near_the_full_precision_cache(tmp_path, model_dir, tokenizer):
     """--kv-cache-dtype fp8_e4m3 (torch-native on CPU), with the checkpoint's calibrated per-layer scales:
     teacher-forced logprobs near those of the float32 cache, not equal to them."""

@@ -8,9 +8,11 @@
 - GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
   with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
-- Decode attention at large batches: a bf16 pool, an FP8 pool read through float16 products (the
-  default) and through bf16 ones (the path before, DECODE_CONFIG's fp8_f16=False); TB/s of the
-  pool bytes each reads, and each output's largest difference from the bf16 pool's.
+- Decode attention at large batches: a bf16 pool, an FP8 pool as DECODE_CONFIG launches it (float16
+  products, V widened in registers, its `fp8` entry), with the bf16 pool's launch and V widened after
+  shared memory (the path of 2026-12-01/02), and through bf16 products (DECODE_CONFIG's fp8_f16=False);
+  TB/s of the pool bytes each reads, and each output's largest difference from the bf16 pool's.
+  benchmarks/fp8_attn_bench.py sweeps the FP8 launches.
 """
 
 from __future__ import annotations
@@ -142,7 +144,7 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
     return out
 
 
-def _fp8_pool(x: dict) -> tuple:
+def fp8_pool(x: dict) -> tuple:
     """The bench inputs' bf16 K / V as an FP8 pool with one scale per KV head (amax / 448)."""
     from radixflow.kernels.reference import FP8, FP8_MAX
 
@@ -157,22 +159,25 @@ def _attention_rates(bs: int, length: int) -> dict:
 
     lens = [length] * bs
     x = attn.make_inputs(lens)
-    (k8, v8), scales = _fp8_pool(x)
+    (k8, v8), scales = fp8_pool(x)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = num_kv_splits(bs, attn.KV_HEADS, sms)
     nbytes = attn.kv_bytes(lens)
-    variants = {"bf16": (x["k"], x["v"], None, True, nbytes),
-                "fp8_f16": (k8, v8, scales, True, nbytes // 2), "fp8_bf16": (k8, v8, scales, False, nbytes // 2)}
+    fp8_splits = num_kv_splits(bs, attn.KV_HEADS, sms, fp8=True)
+    variants = {"bf16": (x["k"], x["v"], None, {}, splits, nbytes),
+                "fp8_f16": (k8, v8, scales, {}, fp8_splits, nbytes // 2),
+                "fp8_f16_v_after_smem": (k8, v8, scales, {"fp8": {}, "fp8_v_regs": False}, splits, nbytes // 2),
+                "fp8_bf16": (k8, v8, scales, {"fp8": {}, "fp8_f16": False}, splits, nbytes // 2)}
     out, ref_out = {"batch": bs, "len": length, "splits": splits}, None
-    for label, (kb, vb, sc, f16, size) in variants.items():
-        def run(i: int, kb=kb, vb=vb, sc=sc, f16=f16):
+    for label, (kb, vb, sc, cfg, n_splits, size) in variants.items():
+        def run(i: int, kb=kb, vb=vb, sc=sc, cfg=cfg, n_splits=n_splits):
             return decode_attention(x["q"], kb, vb, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE,
-                                    splits, config={"fp8_f16": f16}, scales=sc)
+                                    n_splits, config=cfg, scales=sc)
 
         got = run(0).float()
         ref_out = got if ref_out is None else ref_out
         us = time_graph_us(run, max(x["copies"], 4))
-        out[label] = {"us": round(us, 1), "TBps": round(size / us / 1e6, 3),
+        out[label] = {"splits": n_splits, "us": round(us, 1), "TBps": round(size / us / 1e6, 3),
                       "max_abs_diff_vs_bf16": round((got - ref_out).abs().max().item(), 5)}
     log(f"attention bs {bs} x {length}: {out}")
     return out

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.fp8 import scaled_to_e4m3
+from radixflow.kernels.fp8 import INTERPRETED, scaled_to_e4m3
 from radixflow.kernels.settings import KernelSettings
 
 
@@ -77,6 +77,24 @@ def as_f16_pow2(q):
     down = ((127 - e) << 23).to(tl.float32, bitcast=True)
     up = ((127 + e) << 23).to(tl.float32, bitcast=True)
     return (q.to(tl.float32) * down).to(tl.float16), up
+
+
+@triton.jit
+def e4m3_to_f16_in_registers(x):
+    """x (e4m3) widened to float16 where this call stands, for an FP8 pool's V tile before p @ v.
+
+    A plain `x.to(float16)` of a tile headed for tl.dot is moved by Triton after the tile's shared-memory
+    read, into the layout the tensor-core operand needs. For V (p @ v sums over tokens) that layout packs
+    consecutive tokens, which lie a row apart in shared memory, and with no 8-bit transposing ldmatrix on
+    sm_90 Triton reads them a byte at a time (64 one-byte loads and ~70 moves a thread per 64-token tile at
+    Llama-3-8B heads). The same conversion as inline PTX, marked impure so it stays put, is done in registers
+    after 16-byte shared loads; the float16 tile then reaches the operand through the 16-bit transposing
+    ldmatrix, as a bf16 pool's V does (tests/sm90_compile.py checks both). The CPU interpreter casts."""
+    if INTERPRETED:
+        return x.to(tl.float16)
+    return tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+        "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit

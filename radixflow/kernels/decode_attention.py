@@ -13,8 +13,11 @@ stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, s
 the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
 multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph); `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8
-pool's K / V are widened to float16 for the products (False: to q's dtype, as before; kept for A/B).
+graph); `fp8`: overrides for an FP8 pool at the batch sizes `small` leaves alone (an FP8 block of tokens
+is half the bytes of a bf16 one); `fixed_splits`: when set, every batch size uses this many splits;
+`fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype, as
+before; kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through
+shared memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -37,7 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.attention_common import as_f16_pow2, dot, load_kv_block, online_softmax_step, p_parts, to_kv_dtype
+from radixflow.kernels.attention_common import (
+    as_f16_pow2, dot, e4m3_to_f16_in_registers, load_kv_block, online_softmax_step, p_parts, to_kv_dtype,
+)
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -50,6 +55,7 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
+    "fp8_v_regs": True, "fp8": {},
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
@@ -74,7 +80,7 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    KV_F16: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, V_REGS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -122,6 +128,8 @@ def _decode_stage1(
         mask_n = offs_n < end
         k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
                              offs_d, mask_d)
+        if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
+            v = e4m3_to_f16_in_registers(v)
         qk = dot(q, k.to(q.dtype), IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
         m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS)
@@ -192,24 +200,27 @@ class DecodeRope:
     loc: torch.Tensor
 
 
-def resolve_config(batch: int, config: dict | None = None) -> dict:
+def resolve_config(batch: int, config: dict | None = None, fp8: bool = False) -> dict:
     """The launch parameters for this batch size: DECODE_CONFIG, or `config` over its keys
-    (without DECODE_CONFIG's `small` unless `config` brings its own), then `small` if it applies."""
+    (without DECODE_CONFIG's `small` unless `config` brings its own), then `small` if it applies,
+    else for an FP8 pool (`fp8`) the `fp8` entry."""
     unknown = set(config or ()) - set(DECODE_CONFIG)
     if unknown:
         raise ValueError(f"decode_attention: unknown config keys {sorted(unknown)}")
     cfg = dict(DECODE_CONFIG) if config is None else {**DECODE_CONFIG, "small": {}, **config}
-    small = cfg.pop("small")
+    small, fp8_overrides = cfg.pop("small"), cfg.pop("fp8")
     if batch <= small.get("max_batch", 0):
         cfg.update({k: v for k, v in small.items() if k != "max_batch"})
+    elif fp8:
+        cfg.update(fp8_overrides)
     return cfg
 
 
 def num_kv_splits(batch: int, kv_heads: int, num_sms: int = 132, waves: int | None = None,
-                  config: dict | None = None) -> int:
+                  config: dict | None = None, fp8: bool = False) -> int:
     """Enough (request, KV head, split) programs to cover the SMs `waves` times, a power of two
-    capped at max_splits. Depends on the batch size and head count only (CUDA graphs)."""
-    cfg = resolve_config(batch, config)
+    capped at max_splits. Depends on the batch size, head count and pool dtype only (CUDA graphs)."""
+    cfg = resolve_config(batch, config, fp8)
     if cfg["fixed_splits"]:
         return cfg["fixed_splits"]
     waves = cfg["waves"] if waves is None else waves
@@ -248,7 +259,8 @@ def decode_attention(
     them and stores k / v (what `rotary.apply_rotary_store_kv` does), saving a launch per layer.
     An FP8 pool needs `scales` (k_scale, v_scale: float32 [Hkv]; kv_store.py)."""
     bsz, hq, d = q.shape
-    cfg = resolve_config(bsz, config)
+    fp8 = k_buf.dtype == torch.float8_e4m3fn
+    cfg = resolve_config(bsz, config, fp8)
     hkv = k_buf.shape[1]
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
@@ -258,7 +270,6 @@ def decode_attention(
     block_d = triton.next_power_of_2(d)
     mid_o, mid_lse, mid_strides = _partials(out, num_splits, direct)
     r = rope or DecodeRope(seq_lens, q, q, q, q, seq_lens)  # unused without ROPE
-    fp8 = k_buf.dtype == torch.float8_e4m3fn
     kv_f16 = fp8 and q.dtype != torch.float32 and cfg["fp8_f16"]
     assert scales is not None or not fp8
     k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
@@ -274,7 +285,7 @@ def decode_attention(
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
-        KV_F16=kv_f16, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](

@@ -82,7 +82,8 @@ class TritonBackend(AttentionBackend):
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
-            fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config)
+            fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config,
+                                            fp8=self.kv_pool.fp8)
             return
         fb.attn_metadata = self.plan_extend(fb)
 

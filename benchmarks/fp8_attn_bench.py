@@ -1,0 +1,227 @@
+"""Decode attention over an FP8 KV pool: launch variants against the bf16 pool, Llama-3-8B heads, one GPU:
+
+    python3 benchmarks/fp8_attn_bench.py --out $OUT/fp8attn [--cases 256x1536,512x660] [--variants REGEX]
+
+Cases: batch 256 and 512 at 660 and 1,536 tokens a request, KV slots a random permutation of the pool's
+(gpu_attn_bench.make_inputs; every case's pool outgrows the L2). The FP8 pool holds the same K / V
+with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool).
+
+Labels: `bf16` the bf16 pool with DECODE_CONFIG; `fp8_before` the FP8 pool as it was launched before
+this sweep (the bf16 launch, V widened after its shared-memory read); `fp8_default` the FP8 pool with
+DECODE_CONFIG as it stands; every other label an `fp8` launch entry (block_n / num_warps / num_stages,
+`_wv` waves) with V widened in registers (DECODE_CONFIG's fp8_v_regs), and `bf16_*` the bf16 pool with
+another launch (information only). Each variant is checked against
+the float32 reference over the pool it reads (the dequantized FP8 pool: the kernel's error, not
+e4m3's; max abs error > 2e-2 fails loudly: listed, not timed, exit 1), then timed per layer call in a
+CUDA graph: us, and TB/s of the pool bytes read. Kernels are compiled first in --jobs processes.
+Writes DIR/fp8_attn_bench.json, prints a table, and the FP8 entry with the lowest geometric mean
+time over the cases; with --write-config also puts that entry into DECODE_CONFIG in
+radixflow/kernels/decode_attention.py (for an engine benchmark that follows in the same call).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing as mp
+import os
+import re
+import sys
+from concurrent.futures import ProcessPoolExecutor
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+import gpu_attn_bench as attn  # noqa: E402
+from gpubench.fp8_kernels import fp8_pool  # noqa: E402
+from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.decode_attention import DECODE_CONFIG, decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.gemv import time_graph_us  # noqa: E402
+
+CASES = {"256x660": (256, 660), "256x1536": (256, 1536), "512x660": (512, 660), "512x1536": (512, 1536)}
+BEFORE = {"fp8": {}, "fp8_v_regs": False}  # DECODE_CONFIG's FP8 launch before this sweep
+# `fp8` entries timed: (block_n, num_warps, num_stages, other keys)
+# (Triton pipelines the gathered K / V one block ahead below 5 stages, two blocks ahead at 5: more bytes in flight.)
+SWEEP = [
+    (64, 4, 3, {}), (64, 4, 2, {}), (64, 4, 5, {}), (64, 8, 3, {}), (64, 8, 5, {}), (32, 4, 3, {}), (32, 4, 5, {}),
+    (128, 4, 3, {}), (128, 4, 5, {}), (128, 8, 3, {}), (128, 8, 5, {}), (256, 8, 3, {}),
+    (64, 4, 5, {"waves": 16}), (128, 4, 3, {"waves": 16}),
+]
+# the bf16 pool with 5 stages too (not swept for bf16 since gpu_attn_bench's n64w8s5): does the deeper pipeline help it?
+BF16_EXTRA = {"bf16_n64w4s5": {"num_stages": 5}}
+
+
+def _entry(v: tuple) -> dict:
+    n, w, s, extra = v
+    return {"block_n": n, "num_warps": w, "num_stages": s, **extra}
+
+
+def _label(entry: dict) -> str:
+    tail = f"_wv{entry['waves']}" if "waves" in entry else ""
+    return f"n{entry['block_n']}w{entry['num_warps']}s{entry['num_stages']}{tail}"
+
+
+def variants(pattern: str) -> list[tuple[str, bool, dict | None]]:
+    """(label, FP8 pool?, config) to time; bf16, fp8_before and fp8_default always."""
+    sweep = [(_label(e), True, {"fp8": e}) for e in map(_entry, SWEEP)]
+    sweep += [(lab, False, cfg) for lab, cfg in BF16_EXTRA.items()]
+    return [("bf16", False, None), ("fp8_before", True, BEFORE), ("fp8_default", True, None)] + [
+        s for s in sweep if re.search(pattern, s[0])]
+
+
+def fp8_pool_dequantized(x: dict) -> tuple:
+    """fp8_kernels.fp8_pool's FP8 pool of the inputs' K / V, its scales, and the pool dequantized (float32)."""
+    pool, scales = fp8_pool(x)
+    return pool, scales, [p.float() * s[None, :, None] for p, s in zip(pool, scales)]
+
+
+def _splits(bs: int, fp8: bool, cfg: dict | None, sms: int) -> int:
+    return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, fp8=fp8)
+
+
+def _compile_worker(tasks: list) -> None:
+    """Each (FP8?, config, splits) once on tiny inputs of the same specialisation (Triton's disk cache)."""
+    x = attn.make_inputs([40, 5])
+    (k8, v8), scales = fp8_pool(x)
+    for fp8, cfg, splits in tasks:
+        kv = (k8, v8) if fp8 else (x["k"], x["v"])
+        try:
+            decode_attention(x["q"], *kv, x["table"], x["idx"][0], x["lens"], attn.SCALE, splits, config=cfg,
+                             scales=scales if fp8 else None)
+        except Exception:
+            pass
+    try:
+        torch.cuda.synchronize()
+    except Exception:
+        pass
+
+
+def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
+    tasks = {}
+    for name in names:
+        bs = CASES[name][0]
+        for _, fp8, cfg in variants(pattern):
+            splits = _splits(bs, fp8, cfg, sms)
+            tasks[json.dumps([fp8, cfg, splits])] = (fp8, cfg, splits)
+    todo = list(tasks.values())
+    if jobs <= 1 or not todo:
+        return
+    try:  # a worker that dies (a compiler crash) breaks the pool instead of hanging it
+        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
+            list(pool.map(_compile_worker, [todo[i::jobs] for i in range(jobs)]))
+    except Exception as e:
+        print(f"precompile failed ({e!r}); compiling in this process instead", flush=True)
+
+
+def bench_case(name: str, pattern: str, sms: int) -> dict:
+    bs, length = CASES[name]
+    lens = [length] * bs
+    x = attn.make_inputs(lens)
+    (k8, v8), scales, deq = fp8_pool_dequantized(x)
+    idx, q = x["idx"][0], x["q"]
+    want = {False: ref.decode_attention_ref(q.float(), x["k"], x["v"], x["table"], idx, x["lens"], attn.SCALE),
+            True: ref.decode_attention_ref(q.float(), *deq, x["table"], idx, x["lens"], attn.SCALE)}
+    del deq
+    nbytes = attn.kv_bytes(lens)  # the bf16 pool's; the FP8 pool's is half
+    res = {"batch": bs, "len": length, "bf16_kv_mb": nbytes / 1e6, "runs": {}}
+    for label, fp8, cfg in variants(pattern):
+        splits = _splits(bs, fp8, cfg, sms)
+        kv, sc = ((k8, v8), scales) if fp8 else ((x["k"], x["v"]), None)
+
+        def run(i: int, kv=kv, sc=sc, cfg=cfg, splits=splits):
+            return decode_attention(q, *kv, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE, splits,
+                                    config=cfg, scales=sc)
+
+        r = res["runs"][label] = {"splits": splits}
+        try:
+            r["err"] = (run(0).float() - want[fp8]).abs().max().item()
+            if not r["err"] <= attn.TOL:
+                print(f"FAIL {name} {label}: max abs error {r['err']:.4f} > {attn.TOL}", flush=True)
+                continue
+            r["us"] = time_graph_us(run, max(x["copies"], 4))
+            r["tbs"] = (nbytes // 2 if fp8 else nbytes) / r["us"] / 1e6
+        except Exception as e:  # a config the compiler or the GPU rejects: report it, keep sweeping
+            r["failed"] = repr(e)[:300]
+    return res
+
+
+def best_entry(cases: list[dict]) -> tuple[str | None, dict | None]:
+    """The swept `fp8` entry with the lowest geometric mean time over `cases` (timed in all of them)."""
+    entries = {_label(e): e for e in map(_entry, SWEEP)}
+    timed = [lab for lab in entries if all("us" in c["runs"].get(lab, {}) for c in cases)]
+    score = {lab: sum(math.log(c["runs"][lab]["us"]) for c in cases) for lab in timed}
+    lab = min(score, key=score.get) if score else None
+    return lab, entries.get(lab)
+
+
+CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "radixflow", "kernels",
+                           "decode_attention.py")
+
+
+def write_config(entry: dict) -> None:
+    """DECODE_CONFIG's `"fp8": {...}` entry in the source replaced by `entry` (one entry, one line)."""
+    text = open(CONFIG_FILE).read()
+    new, count = re.subn(r'"fp8": \{[^{}]*\}', '"fp8": ' + json.dumps(entry), text, count=1)
+    assert count == 1, "DECODE_CONFIG's fp8 entry not found"
+    with open(CONFIG_FILE, "w") as f:
+        f.write(new)
+
+
+def print_table(res: dict) -> None:
+    print(f"\n{res['gpu']}  torch {res['torch']}  triton {res['triton']}")
+    for name, c in res["cases"].items():
+        runs = c["runs"]
+        base, before = runs["bf16"].get("us"), runs["fp8_before"].get("us")  # the ratios' baselines
+        print(f"\n{name}: batch {c['batch']} x {c['len']} tokens, bf16 K+V {c['bf16_kv_mb']:.0f} MB")
+        print(f"  {'variant':16} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16':>7} {'vs before':>9} {'err':>7}")
+        for lab, r in sorted(runs.items(), key=lambda kv: kv[1].get("us", 1e9)):
+            if "us" in r:
+                print(f"  {lab:16} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {base / r['us'] if base else 0:7.2f} "
+                      f"{before / r['us'] if before else 0:9.2f} {r['err']:7.4f}")
+            else:
+                print(f"  {lab:16} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")
+    print(f"\nbest fp8 entry over the cases: {res['best']}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help="directory for fp8_attn_bench.json")
+    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
+    ap.add_argument("--variants", default=".", help="regex over swept labels (bf16, fp8_before, fp8_default always run)")
+    ap.add_argument("--jobs", type=int, default=12, help="processes compiling kernels up front (1: none)")
+    ap.add_argument("--write-config", action="store_true", help="put the best FP8 entry into DECODE_CONFIG's source")
+    opts = ap.parse_args()
+    assert torch.cuda.is_available(), "CUDA only"
+    os.makedirs(opts.out, exist_ok=True)
+    import triton
+
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    names = opts.cases.split(",")
+    precompile(names, opts.variants, sms, opts.jobs)
+    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                 "decode_config": DECODE_CONFIG, "cases": {}}
+    for name in names:
+        out["cases"][name] = bench_case(name, opts.variants, sms)
+        torch.cuda.empty_cache()
+        print(f"{name} done", flush=True)
+    label, entry = best_entry(list(out["cases"].values()))
+    out["best"] = {"label": label, "fp8": entry}
+    out["failures"] = [f"{c} {lab}: {r.get('failed') or r['err']}" for c, res in out["cases"].items()
+                       for lab, r in res["runs"].items() if "us" not in r]
+    with open(os.path.join(opts.out, "fp8_attn_bench.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    print_table(out)
+    for f in out["failures"]:
+        print("FAILED:", f)
+    if opts.write_config and entry is not None:
+        write_config(entry)
+        print(f"DECODE_CONFIG's fp8 entry written: {entry}")
+    if out["failures"]:
+        sys.exit("FAIL: variants failed or above the error tolerance (see failures)")
+
+
+if __name__ == "__main__":
+    main()
