@@ -11,6 +11,7 @@ Run as its own process: TRITON_INTERPRET must be unset when the kernels are impo
 from __future__ import annotations
 
 import os
+import re
 import sys
 import traceback
 
@@ -181,6 +182,8 @@ def check_decode_attention(pdl: int) -> None:
         byte_reads = "ld.shared.b8" in ptx or "ld.shared.u8" in ptx
         assert byte_reads == (extra["KV_FP8"] and not extra["V_REGS"]), extra
         assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (not byte_reads), extra
+        if extra["KV_FP8"]:  # DECODE_CONFIG's FP8 launch keeps the next block's K / V copies in flight in the loop
+            assert re.search(r"cp\.async\.wait_group\s+[1-9]", ptx), extra
         if extra["KV_FP8"] and extra["ROPE"]:  # the new token's K and V stored as KVPool.store rounds them
             assert "div.rn" in ptx and "cvt.rmi" not in ptx
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,

@@ -52,10 +52,15 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
+# - FP8 pools above batch 1 (`fp8`, chosen by benchmarks/fp8_attn_bench.py, batch 256 / 512 x 660 / 1,536
+#   tokens): 128-token blocks, 5 stages. Below 5 stages the sm_90 code (Triton 3.9, compiled without a
+#   GPU) requests a block's gathered K / V after the previous block's products and then waits for every
+#   copy in flight (the slots' load is first in the chain); at 5 the next block's copies stay in flight.
+#   It paid at 1,536-token contexts, less at 660, where 64-token blocks were as fast.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8": {},
+    "fp8_v_regs": True, "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5},
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
