@@ -343,9 +343,8 @@ def test_fp8_kv_attention_with_bf16_queries(magnitude, f16):
 @pytest.mark.parametrize("v_regs", [True, False])
 def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
     """decode_attention's two places for an FP8 pool's V conversion (`fp8_v_regs`: inline PTX in registers
-    on the GPU, a cast in the interpreter; or where Triton puts it) with bf16 queries, a larger FP8 block
-    through the `fp8` entry, and K widened in registers with log2-unit scores (`fp8_k_regs`, `fp8_exp2`;
-    4 splits: merged by stage 2 in natural-log units) against the dequantized reference."""
+    on the GPU, a cast in the interpreter; or where Triton puts it) with bf16 queries, and a larger FP8 block
+    through the `fp8` entry, against the dequantized reference."""
     from radixflow.kernels.decode_attention import decode_attention
 
     seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
@@ -353,8 +352,7 @@ def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
     q = torch.randn(len(seq_lens), hq, d, device=DEV).to(torch.bfloat16)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 0.25)
-    for config in ({"fp8_v_regs": v_regs}, {"fp8_v_regs": v_regs, "fp8": {"block_n": 128, "num_warps": 8}},
-                   {"fp8_v_regs": v_regs, "fp8_k_regs": True, "fp8_exp2": True}):
+    for config in ({"fp8_v_regs": v_regs}, {"fp8_v_regs": v_regs, "fp8": {"block_n": 128, "num_warps": 8}}):
         for splits in (1, 4):
             got = decode_attention(q, *bufs, table, req_idx, lens, 0.25, splits, scales=scales, config=config)
             torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
@@ -362,12 +360,11 @@ def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
 
 # Launches of an FP8 pool besides DECODE_CONFIG's: V widened after shared memory (as before), other blocks
 GPU_FP8_DECODE_VARIANTS = [{"fp8_v_regs": False}, {"fp8": {"block_n": 128, "num_warps": 8, "num_stages": 2}},
-                           {"fp8": {"block_n": 32, "num_warps": 4, "num_stages": 5}},
-                           {"fp8_k_regs": True, "fp8_exp2": True}, {"fp8": {"block_n": 64, "fp8_exp2": True}}]
+                           {"fp8": {"block_n": 32, "num_warps": 4, "num_stages": 5}}]
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads: too slow for the CPU interpreter")
-@pytest.mark.parametrize("seq_lens", [[1, 200, 4097, 33], [130] * 64, [3000]])
+@pytest.mark.parametrize("seq_lens", [[1, 200, 4097, 33], [130] * 64])
 def test_gpu_fp8_kv_decode_attention_llama_shapes(seq_lens):
     """An FP8 pool at Llama-3-8B heads (8 KV heads of 128, groups of 4), bf16 queries, per-head scales, through
     DECODE_CONFIG and each variant at 1, the tuned and 16 splits, against the float32 reference over the

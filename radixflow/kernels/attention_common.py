@@ -38,27 +38,12 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def exp2_ftz(x):
-    """2^x in one instruction (ex2.approx.ftz): a result below float32's normal range is 0. Triton's tl.exp
-    and tl.exp2 take ex2.approx without ftz, which ptxas wraps in a range test and two multiplies per value
-    to keep such results. A softmax weight that small is 0 after its float16 rounding anyway."""
-    if INTERPRETED:
-        return tl.exp2(x)
-    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True, pack=1)
-
-
-@triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, LOG2: tl.constexpr = False):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
-    running max m_i, denominator l_i and unnormalised output acc. LOG2: qk (so m_i) is in log2 units,
-    the softmax scale times log2(e), and the weights are exp2_ftz of it."""
+    running max m_i, denominator l_i and unnormalised output acc."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    if LOG2:
-        alpha = exp2_ftz(m_i - m_new)
-        p = exp2_ftz(qk - m_new[:, None])
-    else:
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(qk - m_new[:, None])
+    alpha = tl.exp(m_i - m_new)
+    p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     part = p.to(v.dtype)

@@ -17,9 +17,7 @@ graph); `fp8`: overrides for an FP8 pool at the batch sizes `small` leaves alone
 is half the bytes of a bf16 one); `fixed_splits`: when set, every batch size uses this many splits;
 `fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype, as
 before; kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through
-shared memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B);
-`fp8_k_regs`: with fp8_v_regs, K too; `fp8_exp2`: with fp8_f16, scores in log2 units through a
-one-instruction exp2 (attention_common.online_softmax_step's LOG2).
+shared memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -62,7 +60,7 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8_k_regs": False, "fp8_exp2": False, "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5},
+    "fp8_v_regs": True, "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5},
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
@@ -87,7 +85,7 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    KV_F16: tl.constexpr, V_REGS: tl.constexpr, K_REGS: tl.constexpr, LOG2: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, V_REGS: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -95,8 +93,6 @@ def _decode_stage1(
     pdl_wait(USE_PDL)
     if KV_FP8:  # the pool holds K / k_scale: fold the head's scale into the softmax scale (V's: into the output)
         scale = scale * tl.load(KScale + kvh)
-    if LOG2:  # scores in log2 units (attention_common.online_softmax_step)
-        scale = scale * 1.4426950408889634
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     row = tl.load(ReqIdx + b).to(tl.int64)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), split_align) * split_align
@@ -139,11 +135,9 @@ def _decode_stage1(
                              offs_d, mask_d)
         if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
             v = e4m3_to_f16_in_registers(v)
-        if K_REGS:  # and K too
-            k = e4m3_to_f16_in_registers(k)
         qk = dot(q, k.to(q.dtype), IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, LOG2)
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS)
 
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -154,8 +148,6 @@ def _decode_stage1(
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_o)
     else:
-        if LOG2:
-            m_i = m_i * 0.6931471805599453  # back to natural-log units for stage 2
         lse = tl.where(nonempty, m_i + tl.log(tl.where(nonempty, l_i, 1.0)), float("-inf"))
         tl.store(MidO + b * stride_mb + heads[:, None] * stride_mh + split * stride_ms + offs_d[None, :],
                  out, mask=mask_o)
@@ -298,8 +290,7 @@ def decode_attention(
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
-        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], K_REGS=kv_f16 and cfg["fp8_v_regs"] and cfg["fp8_k_regs"],
-        LOG2=kv_f16 and cfg["fp8_exp2"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
