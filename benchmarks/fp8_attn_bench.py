@@ -21,14 +21,11 @@ radixflow/kernels/decode_attention.py (for an engine benchmark that follows in t
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import multiprocessing as mp
 import os
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
 
 import torch
 
@@ -38,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gpu_attn_bench as attn  # noqa: E402
 from gpubench.fp8_kernels import fp8_pool  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
-from radixflow.kernels.decode_attention import DECODE_CONFIG, decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 CASES = {"256x660": (256, 660), "256x1536": (256, 1536), "512x660": (512, 660), "512x1536": (512, 1536)}
@@ -82,38 +79,14 @@ def _splits(bs: int, fp8: bool, cfg: dict | None, sms: int) -> int:
     return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, fp8=fp8)
 
 
-def _compile_worker(tasks: list) -> None:
-    """Each (FP8?, config, splits) once on tiny inputs of the same specialisation (Triton's disk cache)."""
-    x = attn.make_inputs([40, 5])
-    (k8, v8), scales = fp8_pool(x)
-    for fp8, cfg, splits in tasks:
-        kv = (k8, v8) if fp8 else (x["k"], x["v"])
-        try:
-            decode_attention(x["q"], *kv, x["table"], x["idx"][0], x["lens"], attn.SCALE, splits, config=cfg,
-                             scales=scales if fp8 else None)
-        except Exception:
-            pass
-    try:
-        torch.cuda.synchronize()
-    except Exception:
-        pass
-
-
 def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
     tasks = {}
     for name in names:
         bs = CASES[name][0]
         for _, fp8, cfg in variants(pattern):
             splits = _splits(bs, fp8, cfg, sms)
-            tasks[json.dumps([fp8, cfg, splits])] = (fp8, cfg, splits)
-    todo = list(tasks.values())
-    if jobs <= 1 or not todo:
-        return
-    try:  # a worker that dies (a compiler crash) breaks the pool instead of hanging it
-        with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(_compile_worker, [todo[i::jobs] for i in range(jobs)]))
-    except Exception as e:
-        print(f"precompile failed ({e!r}); compiling in this process instead", flush=True)
+            tasks[json.dumps([fp8, cfg, splits])] = (cfg, splits, True, fp8)
+    attn.compile_in_processes(list(tasks.values()), jobs)
 
 
 def bench_case(name: str, pattern: str, sms: int) -> dict:
@@ -187,30 +160,12 @@ def print_table(res: dict) -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for fp8_attn_bench.json")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
-    ap.add_argument("--variants", default=".", help="regex over swept labels (bf16, fp8_before, fp8_default always run)")
-    ap.add_argument("--jobs", type=int, default=12, help="processes compiling kernels up front (1: none)")
+    ap = attn.arg_parser(__doc__, CASES, "fp8_attn_bench.json", "bf16, fp8_before and fp8_default")
     ap.add_argument("--write-config", action="store_true", help="put the best FP8 entry into DECODE_CONFIG's source")
     opts = ap.parse_args()
-    assert torch.cuda.is_available(), "CUDA only"
-    os.makedirs(opts.out, exist_ok=True)
-    import triton
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    names = opts.cases.split(",")
-    precompile(names, opts.variants, sms, opts.jobs)
-    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                 "decode_config": DECODE_CONFIG, "cases": {}}
-    for name in names:
-        out["cases"][name] = bench_case(name, opts.variants, sms)
-        torch.cuda.empty_cache()
-        print(f"{name} done", flush=True)
+    out = attn.run_sweep(opts, precompile, bench_case)
     label, entry = best_entry(list(out["cases"].values()))
     out["best"] = {"label": label, "fp8": entry}
-    out["failures"] = [f"{c} {lab}: {r.get('failed') or r['err']}" for c, res in out["cases"].items()
-                       for lab, r in res["runs"].items() if "us" not in r]
     with open(os.path.join(opts.out, "fp8_attn_bench.json"), "w") as f:
         json.dump(out, f, indent=1)
     print_table(out)

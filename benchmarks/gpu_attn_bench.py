@@ -31,6 +31,7 @@ from concurrent.futures import ProcessPoolExecutor
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpubench (compile_worker's FP8 pools)
 
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.settings import KernelSettings  # noqa: E402
@@ -112,14 +113,17 @@ def _splits(bs: int, cfg: dict | None, sms: int) -> int:
     return num_kv_splits(bs, KV_HEADS, sms, config=cfg)
 
 
-def _compile_worker(tasks: list) -> None:
-    """Run each (config, splits, pdl) once on tiny inputs of the same specialisation, which
+def compile_worker(tasks: list) -> None:
+    """Run each (config, splits, pdl, FP8 pool?) once on tiny inputs of the same specialisation, which
     puts its kernels in Triton's disk cache. Errors are left for the main process to report."""
+    from gpubench.fp8_kernels import fp8_pool
+
     x = make_inputs([40, 5])
-    for cfg, splits, on in tasks:
+    pools = {False: ((x["k"], x["v"]), None), True: fp8_pool(x)}
+    for cfg, splits, on, fp8 in tasks:
         try:
-            decode_attention(x["q"], x["k"], x["v"], x["table"], x["idx"][0], x["lens"], SCALE, splits, config=cfg,
-                             settings=KernelSettings(pdl=on))
+            decode_attention(x["q"], *pools[fp8][0], x["table"], x["idx"][0], x["lens"], SCALE, splits, config=cfg,
+                             scales=pools[fp8][1], settings=KernelSettings(pdl=on))
         except Exception:
             pass
     try:
@@ -133,15 +137,41 @@ def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
     for name in names:
         bs = CASES[name][0]
         for _, cfg, on in variants(bs, pattern):
-            tasks[json.dumps([cfg, _splits(bs, cfg, sms), on])] = (cfg, _splits(bs, cfg, sms), on)
-    todo = list(tasks.values())
+            tasks[json.dumps([cfg, _splits(bs, cfg, sms), on])] = (cfg, _splits(bs, cfg, sms), on, False)
+    compile_in_processes(list(tasks.values()), jobs)
+
+
+def compile_in_processes(todo: list, jobs: int) -> None:
+    """compile_worker over `todo` dealt out to `jobs` spawned processes, which fills Triton's disk cache."""
     if jobs <= 1 or not todo:
         return
     try:  # a worker that dies (a compiler crash) breaks the pool instead of hanging it
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(_compile_worker, [todo[i::jobs] for i in range(jobs)]))
+            list(pool.map(compile_worker, [todo[i::jobs] for i in range(jobs)]))
     except Exception as e:
         print(f"precompile failed ({e!r}); compiling in this process instead", flush=True)
+
+
+def run_sweep(opts: argparse.Namespace, precompile, bench_case) -> dict:
+    """arg_parser's options parsed: compile every kernel up front, then bench_case(name, pattern, SMs) for
+    each case. Returns the run's header (GPU, versions, DECODE_CONFIG), the cases, and the variants that
+    failed or missed the tolerance."""
+    import triton
+
+    assert torch.cuda.is_available(), "CUDA only"
+    os.makedirs(opts.out, exist_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    names = opts.cases.split(",")
+    precompile(names, opts.variants, sms, opts.jobs)
+    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                 "decode_config": DECODE_CONFIG, "cases": {}}
+    for name in names:
+        out["cases"][name] = bench_case(name, opts.variants, sms)
+        torch.cuda.empty_cache()
+        print(f"{name} done", flush=True)
+    out["failures"] = [f"{c} {lab}: {r.get('failed') or r['err']}" for c, res in out["cases"].items()
+                       for lab, r in res["runs"].items() if "us" not in r]
+    return out
 
 
 def bench_case(name: str, pattern: str, sms: int) -> dict:
@@ -192,30 +222,22 @@ def suggest(results: dict) -> dict:
     return {"config": out, "large_pick": big, "batch1_pick": one}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True, help="directory for attn_bench.json")
-    ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of " + ",".join(CASES))
-    ap.add_argument("--variants", default=".", help="regex over variant labels (old and default always run)")
+def arg_parser(doc: str, cases: dict, json_name: str, always: str) -> argparse.ArgumentParser:
+    """The options both attention sweeps take: --out, --cases, --variants, --jobs."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True, help=f"directory for {json_name}")
+    ap.add_argument("--cases", default=",".join(cases), help="comma-separated subset of " + ",".join(cases))
+    ap.add_argument("--variants", default=".", help=f"regex over variant labels ({always} always run)")
     ap.add_argument("--jobs", type=int, default=12, help="processes compiling kernels up front (1: none)")
+    return ap
+
+
+def main() -> None:
+    ap = arg_parser(__doc__, CASES, "attn_bench.json", "old and default")
     ap.add_argument("--top", type=int, default=12, help="fastest variants printed per case (the JSON has all)")
     opts = ap.parse_args()
-    assert torch.cuda.is_available(), "CUDA only"
-    os.makedirs(opts.out, exist_ok=True)
-    import triton
-
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    names = opts.cases.split(",")
-    precompile(names, opts.variants, sms, opts.jobs)
-    out: dict = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-                 "decode_config": DECODE_CONFIG, "cases": {}}
-    for name in names:
-        out["cases"][name] = bench_case(name, opts.variants, sms)
-        torch.cuda.empty_cache()
-        print(f"{name} done", flush=True)
+    out = run_sweep(opts, precompile, bench_case)
     out["suggested"] = suggest(out["cases"])
-    out["failures"] = [f"{c} {lab}: {r.get('failed') or r['err']}" for c, res in out["cases"].items()
-                       for lab, r in res["runs"].items() if "us" not in r]
     with open(os.path.join(opts.out, "attn_bench.json"), "w") as f:
         json.dump(out, f, indent=1)
     print_table(out, opts.top)
