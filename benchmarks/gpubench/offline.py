@@ -69,6 +69,12 @@ class ForwardRecorder:
         if len(self.records) > 1:
             first, last = self.records[0], self.records[-1]
             out["gpu_window_s"] = first[2].elapsed_time(last[3]) / 1e3
+            # GPU time from one pass's end to the next one's start (sampling kernels, and idle): by the next pass's kind
+            between = {"extend": 0.0, "decode": 0.0}
+            for a, b in zip(self.records, self.records[1:]):
+                between[b[0]] += a[3].elapsed_time(b[2]) / 1e3
+            out["between_passes_before_extend_s"] = between["extend"]
+            out["between_passes_before_decode_s"] = between["decode"]
         return out
 
     def decode_steps(self) -> list:
@@ -167,6 +173,49 @@ def sec_offline_flash_ab() -> dict:
     out = {"flash_enabled": flash_prefill_on(OPTS.bench_engine)}
     ab = _offline_settings_ab("flash_prefill", (("flash_on", True), ("flash_off", False)), apply=set_extend_settings)
     out.update(ab)
+    return out
+
+
+def sec_offline_arms() -> dict:
+    """`offline`'s first seed in three arms of one engine: as built (base); the merged gate/up projection as
+    two GEMMs (split_gate_up; the decode graphs captured again); prefill chunks of 16,384 tokens instead of
+    the engine's, with the faster of the first two arms' kernel settings (chunk16k). Then the fastest arm on
+    the other seeds (skipped past --deadline-s). Every arm records its steps. The engine is left in the
+    fastest arm's kernel settings, its chunk size restored."""
+    eng = OPTS.bench_engine
+    runner, args = eng.runner, eng.scheduler.args
+    base, base_chunk = runner.settings, args.chunked_prefill_size
+    seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
+    first = f"seed{seeds[0]}"
+    arms = {"base": (base, base_chunk), "split_gate_up": (dataclasses.replace(base, split_gate_up=True), base_chunk)}
+    out: dict = {"cold": {k: v for k, v in _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None]).items()
+                          if k in ("s", "out_tok_s")}}
+
+    def run_arm(arm: str, seed: int, steps: bool) -> dict:
+        settings, chunk = arms[arm]
+        if runner.settings != settings:
+            runner.set_kernel_settings(settings)
+        args.chunked_prefill_size = chunk
+        res = _offline_pass(eng, offline_requests(seed), steps=steps)
+        log(f"offline_arms {arm} seed {seed}: {res['out_tok_s']:.0f} out tok/s, {res['s']:.2f} s")
+        return res
+
+    def fastest(names) -> str:
+        return max(names, key=lambda a: out[a][first]["out_tok_s"])
+
+    try:
+        for arm in ("base", "split_gate_up", "chunk16k"):
+            if arm == "chunk16k":
+                arms[arm] = (arms[fastest(("base", "split_gate_up"))][0], 16384)
+            out[arm] = {first: run_arm(arm, seeds[0], steps=True)} if not past_deadline() else {"skipped": "past --deadline-s"}
+        best = fastest([a for a in arms if first in out[a]])
+        out["fastest"] = best
+        for seed in seeds[1:]:
+            out[best][f"seed{seed}"] = run_arm(best, seed, steps=False) if not past_deadline() else {"skipped": "past --deadline-s"}
+    finally:
+        args.chunked_prefill_size = base_chunk
+    rates = [v["out_tok_s"] for k, v in out[best].items() if k.startswith("seed") and "out_tok_s" in v]
+    out.update(out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return out
 
 
