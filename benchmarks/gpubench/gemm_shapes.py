@@ -1,6 +1,6 @@
 """Section gemm_shapes: the bf16 linear layers' GEMMs (Llama-3-8B shapes) in other forms, alone.
 
-At decode-sized and prefill-sized M, each shape as the engine runs it (`F.linear`, cuBLAS) against:
+At decode-sized M and a prefill chunk's, each shape as the engine runs it (`F.linear`, cuBLAS) against:
 the weight's rows in two GEMMs into the halves of one output (`split_linear`, what --split-gate-up does
 to the merged gate/up projection); the weight stored transposed (a K x N product, another cuBLAS
 layout); and `F.linear` with cuBLASLt as torch's preferred BLAS. us per call in a CUDA graph, weights
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from gpubench.common import free, log
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-MS = (544, 1024, 8192, 16384)
+MS = (544, 1024, 8192)
 L2 = 60 << 20
 
 
