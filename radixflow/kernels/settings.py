@@ -24,9 +24,6 @@ class KernelSettings:
     # Prompt-only rows of an extend pass through torch's variable-length flash kernel where the device
     # has it (kernels/flash_varlen.py); False: the Triton extend kernel for every row.
     flash_prefill: bool = True
-    # The merged gate/up projection as two cuBLAS GEMMs, one per half, into the halves of one output,
-    # where it would otherwise be one GEMM (16-bit weights, batches above the GEMV's; layers/parallel_linear.py).
-    split_gate_up: bool = False
     # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
     fused_kernels: bool = True
     # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).

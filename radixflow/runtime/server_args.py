@@ -73,8 +73,6 @@ _HELP = {
     "bf16 attention close to float32, 1 rounds p once",
     "disable_flash_prefill": "triton attention backend: run prompt-only rows of a prefill through the Triton extend "
     "kernel too, instead of torch's variable-length flash kernel (used where the GPU and torch have it)",
-    "split_gate_up": "run the merged gate/up projection as two GEMMs (gate, up) into one output instead of one "
-    "GEMM twice as wide (16-bit weights, batches past the small-batch GEMV; an A/B option for the GEMM's shape)",
     "disable_fused_kernels": "run RMSNorm, rotary and SiLU-and-mul in torch even with the triton attention backend",
     "fused_rotary_max_batch": "decode batches up to this size rotate q/k and store K/V inside the Triton attention "
     "kernel (one launch a layer fewer); 0 = a separate kernel always",
@@ -127,7 +125,6 @@ class ServerArgs:
     pdl_late_trigger: bool = False
     attention_p_parts: int = 2
     disable_flash_prefill: bool = False
-    split_gate_up: bool = False
     disable_fused_kernels: bool = False
     fused_rotary_max_batch: int = 8
     bf16_residual: bool = False
@@ -256,7 +253,6 @@ class ServerArgs:
             # deterministic: one kernel for every extend row, whether or not a prefix was cached
             flash_prefill=not (det or self.disable_flash_prefill),
             fused_kernels=not self.disable_fused_kernels,
-            split_gate_up=self.split_gate_up and not det,
             # deterministic: the separate rotary kernel at every batch size, one rounding of q and k for all
             fused_rotary_max_batch=0 if det else self.fused_rotary_max_batch,
             fp32_residual=not self.bf16_residual,

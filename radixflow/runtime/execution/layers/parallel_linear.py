@@ -113,7 +113,6 @@ class SmallBatchMatmul:
 
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
-    gemm_parts = 1  # >1: the cuBLAS product as this many GEMMs over equal row blocks of the weight (split_gate_up)
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
     kernels: KernelSettings = DEFAULT_KERNEL_SETTINGS  # how its kernels launch (the model runner's settings)
     weight: torch.Tensor
@@ -129,8 +128,6 @@ class SmallBatchMatmul:
             from radixflow.kernels.gemv import gemv
 
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
-        if self.gemm_parts > 1 and bias is None and x.dim() == 2:
-            return split_linear(x, self.weight, self.gemm_parts)
         return cpu_linear.linear(x, self.weight, bias)
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -154,18 +151,6 @@ class SmallBatchMatmul:
         if cached is None or cached.dtype != x.dtype:
             cached = self._dequantized = fp8.dequantize(w, scale, x.dtype)
         return F.linear(x, cached, bias)
-
-
-def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
-    """x @ weight.T as `parts` GEMMs, each over one equal block of weight rows, written into its columns
-    of one output (cuBLAS takes the column slice's row stride as is: no copy): the same product, in
-    GEMMs of another shape, which cuBLAS may run at a different rate."""
-    n = weight.shape[0] // parts
-    assert n * parts == weight.shape[0], (weight.shape, parts)
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    for i in range(parts):
-        torch.mm(x, weight[i * n : (i + 1) * n].t(), out=out[:, i * n : (i + 1) * n])
-    return out
 
 
 _MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)

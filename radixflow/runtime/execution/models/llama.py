@@ -172,8 +172,6 @@ class LlamaForCausalLM(nn.Module):
                 m.kernels = settings if fused or (settings.batch_invariant and isinstance(m, RMSNorm)) else None
             if isinstance(m, DecoderLayer):
                 m.residual_dtype = torch.float32 if settings.fp32_residual else None
-            if isinstance(m, MLP):
-                m.gate_up_proj.gemm_parts = 2 if settings.split_gate_up else 1
             if isinstance(m, (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding)):
                 m.kernels = settings
                 m.batch_invariant = settings.batch_invariant
