@@ -1,10 +1,11 @@
 """Section gemm_shapes: the bf16 linear layers' GEMMs (Llama-3-8B shapes) in other forms, alone.
 
 At decode-sized M and a prefill chunk's, each shape as the engine runs it (`F.linear`, cuBLAS) against:
-the weight's rows in two GEMMs into the halves of one output (`split_linear`, what --split-gate-up does
-to the merged gate/up projection); the weight stored transposed (a K x N product, another cuBLAS
-layout); and `F.linear` with cuBLASLt as torch's preferred BLAS. us per call in a CUDA graph, weights
-rotating over copies that outgrow the L2, and the largest difference from `F.linear`'s output.
+the weight's rows in two GEMMs into the halves of one output (for the merged gate/up projection: gate
+and up apart); the weight stored transposed (a K x N product, another cuBLAS layout); and `F.linear`
+with cuBLASLt as torch's preferred BLAS. us per call in a CUDA graph, weights rotating over copies that
+outgrow the L2, and the largest difference from `F.linear`'s output. (Session 8 of 2026-12-02: none of
+the three was faster across the offline workload's batch sizes.)
 """
 
 from __future__ import annotations
@@ -33,9 +34,18 @@ def _cublaslt(fn):
     return run
 
 
+def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
+    """x @ weight.T as `parts` GEMMs over equal blocks of weight rows, each written into its columns of one
+    output (cuBLAS takes the column slice's row stride as is: no copy)."""
+    n = weight.shape[0] // parts
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    for i in range(parts):
+        torch.mm(x, weight[i * n : (i + 1) * n].t(), out=out[:, i * n : (i + 1) * n])
+    return out
+
+
 def _shape_rates(n: int, k: int) -> dict:
     from radixflow.kernels.gemv import time_graph_us
-    from radixflow.runtime.execution.layers.parallel_linear import split_linear
 
     copies = max(2, math.ceil(2 * L2 / (2 * n * k)))
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
