@@ -489,3 +489,57 @@ def test_a_failed_late_check_undoes_at_most_64_tokens(backend, engine):
         raise AssertionError("the output was never cut back")
     assert 0 < len(req.output_ids) - keep <= 64, len(req.output_ids) - keep
     assert req.grammar.budget_closed and tokens
+
+
+def test_a_background_fill_writes_the_masks_the_scheduler_thread_would(backend, engine):
+    """batch_mask.BackgroundFill: rows handed over in parts are filled on worker threads (budget
+    rows narrowed to their closing path's next token there too), the rows it did not take and the
+    free rows when it is finished; the bitmask equals the one-thread fill. A fill's error is
+    re-raised at the join."""
+    import threading
+
+    from radixflow.constrained.batch_mask import BackgroundFill, fill_bitmask_rows, new_bitmask
+
+    first = start(backend, 80)
+    tight = start(backend, first.grammar.grammar.min_tokens)  # the budget holds only the closing path
+    outlines = Grammar.from_regex("ab|cd", engine.tokenizer, backend="outlines").matcher()
+    rows = [start(backend, 80).grammar for _ in range(4)] + [tight.grammar, first.grammar, outlines]
+    for m, text in zip(rows, ['{"name":"', '{"na', "", '{"name":"ab","tags":[', "", ""]):
+        for token in engine.tokenizer.encode(text, add_special_tokens=False):
+            m.accept_token(token)
+    assert tight.grammar._budget_token() is not None
+    words = first.grammar.grammar.words
+    free = [2, 8]
+    pairs = [(i, m) for i, m in zip([0, 1, 3, 4, 5, 6, 7], rows)]
+    want = new_bitmask(9, words, pinned=False, free=free)
+    fill_bitmask_rows(want, pairs)
+    threads = set()
+    real_fill = BackgroundFill._fill
+
+    def recorded(self, part, started):
+        threads.add(threading.get_ident())
+        real_fill(self, part, started)
+
+    BackgroundFill._fill = recorded
+    try:
+        fill = BackgroundFill(9, words, pinned=False)
+        fill.bitmask.numpy()[:] = 0x5A5A5A5A  # what a reused block may hold
+        fill.add(pairs[:2])
+        fill.add(pairs[2:5])
+        got = fill.fill_rest(pairs, free)  # pairs[5:] (a build's own matcher, outlines) filled here
+    finally:
+        BackgroundFill._fill = real_fill
+    assert torch.equal(got, want) and fill.rows == {0, 1, 3, 4, 5}
+    assert threads and threading.get_ident() not in threads
+
+    class Broken:
+        masks_cached = False
+
+        @staticmethod
+        def fill_rows(pairs, bitmask):
+            raise ValueError("fill failed")
+
+    fill = BackgroundFill(1, words, pinned=False)
+    fill.add([(0, Broken())])
+    with pytest.raises(ValueError, match="fill failed"):
+        fill.join()
