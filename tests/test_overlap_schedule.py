@@ -267,11 +267,26 @@ def test_constrained_masks_filled_in_the_background_give_the_same_outputs(engine
     assert threading.get_ident() not in threads
 
 
-def test_the_read_back_parts_cover_every_row_once():
+def test_the_read_back_parts_cover_every_row_once_by_whole_builds():
+    """Each part holds whole grammar builds (copies of one build share a lexer lock, which the
+    background fill of one part would hold against the forced-token calls of the next)."""
+    from types import SimpleNamespace
+
     from radixflow.runtime.scheduling.overlap import MAX_PARTS, PART_ROWS, NextMasks
 
-    assert NextMasks.parts([]) == []  # a pass whose rows all fed forced tokens or finished
-    assert NextMasks.parts([3, 5]) == [[3, 5]]
-    for n in (PART_ROWS, 2 * PART_ROWS + 1, 256, 1000):
-        parts = NextMasks.parts(list(range(n)))
-        assert sum(parts, []) == list(range(n)) and len(parts) == min(MAX_PARTS, n // PART_ROWS)
+    def rows(builds: list) -> list:
+        return [SimpleNamespace(grammar=None if b is None else SimpleNamespace(root_id=b)) for b in builds]
+
+    assert NextMasks.parts([], []) == []  # a pass whose rows all fed forced tokens or finished
+    assert NextMasks.parts([0, 1], rows([7, 8])) == [[0, 1]]
+    one_build = rows([7] * 256)
+    assert NextMasks.parts(list(range(256)), one_build) == [list(range(256))]
+    for n, builds in ((PART_ROWS, 12), (2 * PART_ROWS + 1, 12), (256, 12), (256, 3), (1000, 16), (300, 300)):
+        reqs = rows([None if i % 5 == 0 else i % builds for i in range(n)])  # requests take the builds in turn
+        parts = NextMasks.parts(list(range(n)), reqs)
+        assert sorted(sum(parts, [])) == list(range(n))
+        most = min(MAX_PARTS, n // PART_ROWS, builds + 1)  # groups are not split: a part may take two
+        assert most - 1 <= len(parts) <= most and (len(parts) > 1) == (most > 1), (n, builds, [len(p) for p in parts])
+        owners = [{getattr(reqs[i].grammar, "root_id", None) for i in p} for p in parts]
+        assert all(not (a & b) for j, a in enumerate(owners) for b in owners[j + 1 :])  # no build in two parts
+        assert max(map(len, parts)) <= 2 * n / len(parts)

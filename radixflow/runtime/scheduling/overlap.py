@@ -76,13 +76,28 @@ class NextMasks:
         return any(r.grammar is not None and not r.grammar.masks_cached for r in reqs)
 
     @staticmethod
-    def parts(live: list) -> list:
-        """`live` split into up to MAX_PARTS contiguous parts of at least PART_ROWS rows (none: no rows)."""
-        if not live:
-            return []
-        k = max(1, min(MAX_PARTS, len(live) // PART_ROWS))
-        size = -(-len(live) // k)
-        return [live[j : j + size] for j in range(0, len(live), size)]
+    def parts(live: list, reqs: list) -> list:
+        """The rows `live` (indices into `reqs`) in up to MAX_PARTS parts of at least PART_ROWS rows,
+        each part the rows of whole grammar builds: copies of one build share its lexer's lock, so
+        the scheduler thread's forced-token calls on one part would otherwise wait on the fill of
+        the part before."""
+        groups: dict = {}
+        for i in live:
+            groups.setdefault(getattr(reqs[i].grammar, "root_id", None), []).append(i)
+        k = max(1, min(MAX_PARTS, len(live) // PART_ROWS, len(groups)))
+        return NextMasks._split(list(groups.values()), len(live), k)
+
+    @staticmethod
+    def _split(groups: list, n: int, k: int) -> list:
+        """Consecutive groups into k parts of about n / k rows each (no group split)."""
+        parts, part, done = [], [], 0
+        for rows in groups:
+            part += rows
+            if len(parts) < k - 1 and done + len(part) >= n * (len(parts) + 1) / k:
+                parts.append(part)
+                done += len(part)
+                part = []
+        return parts + [part] if part else parts
 
     def add(self, reqs: list) -> None:
         self.fill.add([(self.row[id(r)], r.grammar) for r in reqs if id(r) in self.row and not r.finished

@@ -298,8 +298,9 @@ class Scheduler:
         """Append each request's sampled token; check stops; retire finished requests.
         A request finished before its token arrived (aborted, or done while an overlapped
         pass computed one token more) drops it, as does a row that only fed a pending
-        token (`real` False). With `masks` (the next pass's), the rows go a part at a time after
-        the batched accept, each part's masks filled in the background while the next part is advanced.
+        token (`real` False). With `masks` (the next pass's), the rows go a part at a time (by grammar
+        build) after the batched accept, each part's masks filled in the background while the next
+        part is advanced.
         Returns the requests advanced."""
         live = [i for i, r in enumerate(reqs) if not r.finished and (real is None or real[i])]
         record_sampled([reqs[i] for i in live], [next_ids[i] for i in live])
@@ -312,7 +313,7 @@ class Scheduler:
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
-        for part in [live] if masks is None else masks.parts(live):
+        for part in [live] if masks is None else masks.parts(live, reqs):
             for i in part:
                 req = reqs[i]
                 self.stops.check(req, self.runner.context_len)
