@@ -17,7 +17,6 @@ labels are prefixed with the backend.
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
     python benchmarks/constrained_gpu.py --sections threads --threads 4,8,16 ...   # llguidance's pool size and builds, in the engine
-    python benchmarks/constrained_gpu.py --sections background ...   # masks filled in the background or not (A/B)
 
 DIR (tokenizer): tokenizer.json, tokenizer_config.json (and chat_template.jinja) of the default
 model, e.g. its converted cache folder; default: that folder. Needs jsonschema.
@@ -267,26 +266,6 @@ def thread_sweep(a: argparse.Namespace, eng: Engine, n: int) -> None:
     set_threads(eng.scheduler.args.grammar_threads)
 
 
-def background_ab(a, eng, n: int) -> None:
-    """llguidance JSON at batch `n`, greedy, with the next pass's masks filled in the background
-    during the read-back (the default) and on the scheduler thread at sampling (before), in turn,
-    `a.repeats` times each: tok/s and the host's mean ms per step by part."""
-    from radixflow.runtime.scheduling import overlap
-
-    ps = prompts(n)
-    pre = use_backend(eng, "llguidance")
-    params = [grammar_params("json", 0.0)] * n
-    eng.generate(ps, [dict(p, max_new_tokens=64) for p in params])
-    try:
-        for _ in range(a.repeats):
-            for on in (True, False):
-                overlap.BACKGROUND_MASKS = on
-                outs, dt, st = timed(eng, ps, params)
-                record(a, f"{pre}background_{'on' if on else 'off'}_json_bs{n}_T0", outs, dt, st, "json")
-    finally:
-        overlap.BACKGROUND_MASKS = True
-
-
 def correctness(a, eng) -> None:
     """Greedy outputs with overlap scheduling on and off, one request at a time (in a batch,
     overlap changes which rows share a pass, and with random weights bf16 rounding of another
@@ -330,14 +309,6 @@ def table(a) -> None:
         log(a.out, f"| {b} | {n} | {temp:g} | {j['tok_s']:.0f} | {fj['tok_s']:.0f} | {j['tok_s'] / fj['tok_s']:.2f}x | "
             f"{j['valid']}/{j['checked']} | {r['tok_s']:.0f} | {fr['tok_s']:.0f} | {r['tok_s'] / fr['tok_s']:.2f}x | "
             f"{r['valid']}/{r['checked']} | {half} |")  # fmt: skip
-    for key in sorted(k for k in RESULTS if "/background" in k):
-        e = RESULTS[key]
-        means = [r["host_ms"].get("mean", {}) for r in e["runs"]]
-        runs = ", ".join(f"{r['tok_s']:.0f}" for r in e["runs"])
-        log(a.out, f"{key}: {e['tok_s']:.0f} tok/s (runs {runs}), "
-            f"{e['valid']}/{e['checked']} valid; host mean ms/step (per run): step {[m.get('step') for m in means]}, "
-            f"host_busy {[m.get('host_busy') for m in means]}, fill {[m.get('fill') for m in means]}, "
-            f"mask_add {[m.get('mask_add') for m in means]}, mask_rest {[m.get('mask_rest') for m in means]}")
     for key in sorted(k for k in RESULTS if "/threads" in k):
         e = RESULTS[key]
         mean = e["runs"][-1]["host_ms"].get("mean", {})
@@ -384,9 +355,6 @@ def main() -> None:
         late = lambda: a.deadline_s and time.perf_counter() - t > a.deadline_s  # noqa: E731
         if "threads" in sections:
             thread_sweep(a, eng, max(a.sizes))
-        if "background" in sections:
-            for n in sorted({max(a.sizes), 64 if not a.smoke else 4}, reverse=True):
-                background_ab(a, eng, n)
         if "idle" in sections:
             for b in a.idle_backends:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)

@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from constrained_gpu import MAX_NEW, SCHEMA, model_config, prompts  # noqa: E402
 from host_timeline import HostTimeline  # noqa: E402
 
-PARTS = ("step", "host_busy", "advance", "accept", "search", "jump", "fill", "mask_add", "mask_rest", "sample", "launch", "untimed")
+PARTS = ("step", "host_busy", "advance", "accept", "search", "jump", "fill", "sample", "launch", "untimed")
 
 
 def main() -> None:

@@ -13,9 +13,7 @@ each sampled token (the closing path followed, or searched): of it `follow`, the
 was not simply the path's next one, and of that `search`, closing-path searches (searches after
 forced tokens count under `jump` too: `search` is not all under `accept`); `jump`: jump-forward, the check
 after forced tokens, and a failed check's cut-back);
-`fill` the grammar masks filled on the scheduler thread; on the overlapped path the read-back hands
-each part of its rows to a background fill (`mask_add`: the hand-over) and the sampling launch joins it
-(`mask_rest`: the wait for it, and the rows it did not take, filled then); `sample` the sampling launch (masks included); `launch` the forward
+`fill` the grammar masks; `sample` the sampling launch (masks included); `launch` the forward
 pass launch; `chained_ids` the next pass's input ids; `gc` Python's garbage collector;
 `host_busy` = step - wait_gpu. Only the calls on the thread running `Scheduler.step` count: grammar
 compiles on the compile pool's threads also search closing paths, off the step. With overlap scheduling, while the host is busy the GPU runs the
@@ -36,7 +34,6 @@ import statistics
 import threading
 import time
 
-from radixflow.constrained.batch_mask import BackgroundFill
 from radixflow.constrained.closing_path import ClosingSearch
 from radixflow.constrained.llguidance_grammars import LLGuidanceMatcher
 from radixflow.runtime.scheduling import overlap, sampler, scheduler
@@ -51,8 +48,6 @@ PARTS = {
     "search": (ClosingSearch, "find"),
     "jump": (Scheduler, "_apply_jump_forward"),
     "fill": (sampler, "fill_bitmask_rows"),
-    "mask_add": (BackgroundFill, "add"),
-    "mask_rest": (BackgroundFill, "fill_rest"),
     "sample": (overlap, "sample_flight"),
     "launch": (overlap, "launch_decode"),
     "chained_ids": (overlap, "_chained_ids"),

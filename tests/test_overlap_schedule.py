@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import pytest
-
 from conftest import PROMPTS
 from radixflow import Engine
 
@@ -222,71 +220,3 @@ def test_a_graphs_last_segment_overlaps(engine):
         _settle(sched)
     assert got["meta_info"]["continued_segments"] == 1
     assert {k: v["text"] for k, v in got["results"].items()} == {k: v["text"] for k, v in ref["results"].items()}
-
-
-@pytest.mark.parametrize("when", ["late", "at_hand_over"])
-def test_constrained_masks_filled_in_the_background_give_the_same_outputs(engine, monkeypatch, when):
-    """The read-back hands each part of its rows to a background fill once their tokens are taken
-    (stop checks and jump-forward done), and sampling joins it. One row a part, and a fill that
-    starts late (a scheduler thread that touched a row after handing it over would change its mask,
-    or find its matcher borrowed) or runs at the hand-over (a row handed over before its state is
-    final would get a stale mask): greedy outputs equal the non-overlapped path's."""
-    import threading
-    import time
-
-    from radixflow.constrained.batch_mask import BackgroundFill, fill_bitmask_rows
-    from radixflow.runtime.scheduling import overlap
-
-    prompts, params = _constrained_batch()
-    ref = engine.generate(prompts, params)
-    handed, threads = [], set()
-    real_fill = BackgroundFill._fill
-
-    def late(self, rows, started):
-        threads.add(threading.get_ident())
-        handed.append(len(rows))
-        started.set()
-        time.sleep(0.005)
-        real_fill(self, rows, threading.Event())
-
-    def at_hand_over(self, rows):
-        handed.append(len(rows))
-        self.rows.update(row for row, _ in rows)
-        fill_bitmask_rows(self.bitmask, rows)
-
-    monkeypatch.setattr(overlap, "PART_ROWS", 1)
-    if when == "late":
-        monkeypatch.setattr(BackgroundFill, "_fill", late)
-    else:
-        monkeypatch.setattr(BackgroundFill, "add", at_hand_over)
-    with overlap_on(engine) as sched:
-        got = engine.generate(prompts, params)
-        _settle(sched)
-    assert _outputs(got) == _outputs(ref)
-    assert sum(handed) > 20 and max(handed) <= 2, handed  # several parts a step, of a row or two
-    assert threading.get_ident() not in threads
-
-
-def test_the_read_back_parts_cover_every_row_once_by_whole_builds():
-    """Each part holds whole grammar builds (copies of one build share a lexer lock, which the
-    background fill of one part would hold against the forced-token calls of the next)."""
-    from types import SimpleNamespace
-
-    from radixflow.runtime.scheduling.overlap import MAX_PARTS, PART_ROWS, NextMasks
-
-    def rows(builds: list) -> list:
-        return [SimpleNamespace(grammar=None if b is None else SimpleNamespace(root_id=b)) for b in builds]
-
-    assert NextMasks.parts([], []) == []  # a pass whose rows all fed forced tokens or finished
-    assert NextMasks.parts([0, 1], rows([7, 8])) == [[0, 1]]
-    one_build = rows([7] * 256)
-    assert NextMasks.parts(list(range(256)), one_build) == [list(range(256))]
-    for n, builds in ((PART_ROWS, 12), (2 * PART_ROWS + 1, 12), (256, 12), (256, 3), (1000, 16), (300, 300)):
-        reqs = rows([None if i % 5 == 0 else i % builds for i in range(n)])  # requests take the builds in turn
-        parts = NextMasks.parts(list(range(n)), reqs)
-        assert sorted(sum(parts, [])) == list(range(n))
-        most = min(MAX_PARTS, n // PART_ROWS, builds + 1)  # groups are not split: a part may take two
-        assert most - 1 <= len(parts) <= most and (len(parts) > 1) == (most > 1), (n, builds, [len(p) for p in parts])
-        owners = [{getattr(reqs[i].grammar, "root_id", None) for i in p} for p in parts]
-        assert all(not (a & b) for j, a in enumerate(owners) for b in owners[j + 1 :])  # no build in two parts
-        assert max(map(len, parts)) <= 2 * n / len(parts)

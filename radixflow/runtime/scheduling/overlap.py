@@ -8,10 +8,7 @@ Rows whose sampling reads the host's view of the previous token (grammar masks, 
 counts, the min_new_tokens stop mask) still overlap: their pass's forward is launched
 first, and it is sampled once the previous pass has been read back. While the GPU runs the
 forward pass, each grammar advances by the previous token and the masks are filled into one
-pinned bitmask, copied asynchronously and applied right before sampling. The read-back goes a
-part of the rows at a time (`NextMasks`): once a part's rows have taken their tokens (stop
-checks and jump-forward done), their masks are filled on a worker thread (llguidance releases
-the GIL) while the scheduler thread advances the next part; sampling joins the fill.
+pinned bitmask, copied asynchronously and applied right before sampling.
 
 Tokens a request holds on the host (a jump-forward's forced tokens) are fed one a pass, so
 every pass stays a decode pass (CUDA graphs): such a row's sample is dropped until its last
@@ -27,7 +24,6 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixflow.constrained.batch_mask import MAX_PARTS, BackgroundFill
 from radixflow.host_copy import to_device_async
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.sampling_params import SamplingParams
@@ -39,8 +35,6 @@ if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
 MAX_FED_TOKENS = 16
-PART_ROWS = 32  # the fewest rows a read-back part has (each part costs two thread hand-offs)
-BACKGROUND_MASKS = True  # False: masks filled on the scheduler thread when the pass is sampled (benchmarks' A/B)
 # stand-ins that sample a row whose token is dropped: greedy, or sampled when the batch samples
 # (so a sampled batch does not also pay for greedy rows)
 IDLE_GREEDY = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=0.0))
@@ -57,51 +51,6 @@ class InflightDecode:
     result: Optional[SampleResult] = None  # next_ids on the device: the next pass's input
     host_ids: Optional[torch.Tensor] = None  # [B] their host copy, valid once `ready` has completed
     ready: Optional[torch.cuda.Event] = None
-
-
-class NextMasks:
-    """The next pass's grammar masks, filled in the background while the previous pass is read
-    back. A row is handed to the fill once the read-back is done with it (its next state is then
-    known): a row that samples in the next pass (`seq_len == kv_len`: no pending forced token)
-    whose masks are computed afresh (llguidance). `Scheduler._advance` hands its rows over a part
-    at a time; the rest are filled when the pass is sampled."""
-
-    def __init__(self, flight: InflightDecode):
-        self.row = {id(r): i for i, r in enumerate(flight.reqs)}
-        words = (flight.logits.shape[1] + 31) // 32
-        self.fill = BackgroundFill(len(flight.reqs), words, pinned=flight.logits.is_cuda)
-
-    @staticmethod
-    def wanted(reqs: list) -> bool:
-        return any(r.grammar is not None and not r.grammar.masks_cached for r in reqs)
-
-    @staticmethod
-    def parts(live: list, reqs: list) -> list:
-        """The rows `live` (indices into `reqs`) in up to MAX_PARTS parts of at least PART_ROWS rows,
-        each part the rows of whole grammar builds: copies of one build share its lexer's lock, so
-        the scheduler thread's forced-token calls on one part would otherwise wait on the fill of
-        the part before."""
-        groups: dict = {}
-        for i in live:
-            groups.setdefault(getattr(reqs[i].grammar, "root_id", None), []).append(i)
-        k = max(1, min(MAX_PARTS, len(live) // PART_ROWS, len(groups)))
-        return NextMasks._split(list(groups.values()), len(live), k)
-
-    @staticmethod
-    def _split(groups: list, n: int, k: int) -> list:
-        """Consecutive groups into k parts of about n / k rows each (no group split)."""
-        parts, part, done = [], [], 0
-        for rows in groups:
-            part += rows
-            if len(parts) < k - 1 and done + len(part) >= n * (len(parts) + 1) / k:
-                parts.append(part)
-                done += len(part)
-                part = []
-        return parts + [part] if part else parts
-
-    def add(self, reqs: list) -> None:
-        self.fill.add([(self.row[id(r)], r.grammar) for r in reqs if id(r) in self.row and not r.finished
-                       and r.seq_len == r.kv_len and r.grammar is not None and not r.grammar.masks_cached])  # fmt: skip
 
 
 def overlappable(req: Req, pending: int) -> bool:
@@ -137,14 +86,14 @@ def launch_decode(sched: Scheduler, reqs: list[Req], ids=None) -> InflightDecode
     return InflightDecode(reqs, logits)
 
 
-def sample_flight(sched: Scheduler, flight: InflightDecode, real: list, masks: Optional[NextMasks] = None) -> None:
+def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
     """Sample a launched pass and start copying its ids to the host. Rows that are not
     `real` (finished meanwhile, or only feeding a pending token) sample as idle greedy rows."""
     sampled = any(ok and not r.sampling.is_greedy for r, ok in zip(flight.reqs, real))
     idle = IDLE_SAMPLED if sampled else IDLE_GREEDY
     rows = [r if ok else idle for r, ok in zip(flight.reqs, real)]
     sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
-    result = sched.sample(flight.logits, rows, None if masks is None else masks.fill)
+    result = sched.sample(flight.logits, rows)
     flight.logits, flight.real, flight.result = None, real, result
     flight.host_ids = result.next_ids.to("cpu", non_blocking=True)
     if result.next_ids.is_cuda:
@@ -179,9 +128,8 @@ def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
     flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
     sched.stats.chained_decode_steps += 1
     if any(needs_host_view(r) for r in reqs):
-        masks = NextMasks(flight) if BACKGROUND_MASKS and NextMasks.wanted(reqs) else None
-        touched = sched.read_back(prev, masks)
-        sample_flight(sched, flight, [not r.finished and r.seq_len == r.kv_len for r in reqs], masks)
+        touched = sched.read_back(prev)
+        sample_flight(sched, flight, [not r.finished and r.seq_len == r.kv_len for r in reqs])
     else:
         sample_flight(sched, flight, [n == 0 or r.seq_len == r.kv_len for r, n in zip(reqs, pending)])
         touched = sched.read_back(prev)

@@ -22,7 +22,7 @@ from typing import Optional
 
 import torch
 
-from radixflow.constrained.batch_mask import BackgroundFill, fill_bitmask_rows, new_bitmask
+from radixflow.constrained.batch_mask import fill_bitmask_rows, new_bitmask
 from radixflow.host_copy import to_device_async
 from radixflow.kernels.bitmask import BiasRowCache, apply_token_bitmask
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
@@ -96,10 +96,7 @@ SMALL_MASK_BATCH = 2  # up to this many constrained rows on CPU: add cached bias
 _BIAS_ROWS = BiasRowCache()
 
 
-def apply_grammar_masks(logits: torch.Tensor, reqs: list, prefilled: Optional[BackgroundFill] = None) -> None:
-    """`prefilled`: a bitmask some of whose grammar rows were filled in the background (joined here)."""
-    if prefilled is not None:
-        prefilled.join()  # the matchers are this thread's again
+def apply_grammar_masks(logits: torch.Tensor, reqs: list) -> None:
     rows = [i for i, r in enumerate(reqs) if r.grammar is not None]
     if not rows:
         return
@@ -109,11 +106,8 @@ def apply_grammar_masks(logits: torch.Tensor, reqs: list, prefilled: Optional[Ba
             logits[i].add_(_BIAS_ROWS.get(reqs[i].grammar.current_mask(), logits.shape[1]))
         return
     free = [i for i, r in enumerate(reqs) if r.grammar is None]
-    if prefilled is not None:
-        bitmask = prefilled.fill_rest([(i, reqs[i].grammar) for i in rows], free)
-    else:
-        bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda, free=free)
-        fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # the grammar rows
+    bitmask = new_bitmask(len(reqs), (logits.shape[1] + 31) // 32, pinned=logits.is_cuda, free=free)
+    fill_bitmask_rows(bitmask, [(i, reqs[i].grammar) for i in rows])  # the grammar rows
     apply_token_bitmask(logits, bitmask.to(logits.device, non_blocking=True))
 
 
@@ -257,15 +251,15 @@ def keyed_uniforms(seeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor
     return (h >> 8).to(torch.float32) * 2.0**-24
 
 
-def sample(logits: torch.Tensor, reqs: list, eos_ids: set, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
-           masks: Optional[BackgroundFill] = None) -> SampleResult:
+def sample(logits: torch.Tensor, reqs: list, eos_ids: set,
+           settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> SampleResult:
     """logits: [B, V] float32, modified in place. `settings`: batch_invariant and triton_sampling (see
-    `sample_from`). `masks`: grammar masks filled in the background (overlap.py)."""
+    `sample_from`)."""
     want_lp = any(r.logprob.return_logprob for r in reqs)
     raw_lp = torch.log_softmax(logits, dim=-1) if want_lp else None
     apply_penalties(logits, reqs)
     mask_stop_tokens(logits, reqs, eos_ids)
-    apply_grammar_masks(logits, reqs, masks)
+    apply_grammar_masks(logits, reqs)
     apply_logit_bias(logits, reqs)
     next_ids = sample_from(logits, reqs, settings.batch_invariant, settings.triton_sampling)
     chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None

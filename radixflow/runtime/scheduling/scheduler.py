@@ -21,7 +21,7 @@ from typing import Callable, Optional
 import torch
 
 from radixflow.constrained.backend import jump_parts
-from radixflow.constrained.batch_mask import BackgroundFill, accept_tokens
+from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
@@ -35,7 +35,7 @@ from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for, pending_tokens
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
-from radixflow.runtime.scheduling.overlap import InflightDecode, NextMasks, chain_decode, launch_decode, sample_flight, start_decode
+from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
 from radixflow.runtime.distributed.step_channel import agree_ids
@@ -227,11 +227,11 @@ class Scheduler:
         prev, self.inflight = self.inflight, None
         return self.read_back(prev)
 
-    def read_back(self, done: InflightDecode, masks: Optional[NextMasks] = None) -> list[Req]:
-        """Per-request work for a completed decode pass; `masks`: the next pass's, filled meanwhile."""
+    def read_back(self, done: InflightDecode) -> list[Req]:
+        """Per-request work for a completed decode pass."""
         if done.ready is not None:
             done.ready.synchronize()
-        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result, done.real, masks)
+        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result, done.real)
         self.running = [r for r in self.running if not r.finished]
         self.stats.decode_tokens += len(reqs)
         return reqs
@@ -287,21 +287,17 @@ class Scheduler:
         result = self.sample(logits, reqs)
         self._advance(reqs, result.next_ids.tolist(), result)
 
-    def sample(self, logits: torch.Tensor, reqs: list, masks: Optional[BackgroundFill] = None) -> SampleResult:
-        result = sample(logits, reqs, self.eos_ids, self.runner.settings, masks)
+    def sample(self, logits: torch.Tensor, reqs: list) -> SampleResult:
+        result = sample(logits, reqs, self.eos_ids, self.runner.settings)
         if self.replica is not None:
             agree_ids(result.next_ids, self.runner.tp)  # every rank takes rank 0's tokens
         return result
 
-    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult, real: Optional[list] = None,
-                 masks: Optional[NextMasks] = None) -> list[Req]:
+    def _advance(self, reqs: list[Req], next_ids: list, result: SampleResult, real: Optional[list] = None) -> list[Req]:
         """Append each request's sampled token; check stops; retire finished requests.
         A request finished before its token arrived (aborted, or done while an overlapped
         pass computed one token more) drops it, as does a row that only fed a pending
-        token (`real` False). With `masks` (the next pass's), the rows go a part at a time (by grammar
-        build) after the batched accept, each part's masks filled in the background while the next
-        part is advanced.
-        Returns the requests advanced."""
+        token (`real` False). Returns the requests advanced."""
         live = [i for i, r in enumerate(reqs) if not r.finished and (real is None or real[i])]
         record_sampled([reqs[i] for i in live], [next_ids[i] for i in live])
         now = time.time()
@@ -313,18 +309,15 @@ class Scheduler:
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
-        for part in [live] if masks is None else masks.parts(live, reqs):
-            for i in part:
-                req = reqs[i]
-                self.stops.check(req, self.runner.context_len)
-                if not req.finished and req.grammar is not None and self.jump_forward is not None:
-                    self._apply_jump_forward(req)
-                if req.finished and self.continue_request is not None and self.continue_request(req):
-                    assert not req.finished, "a continued request must be unfinished"
-                if req.finished:
-                    self._retire(req)
-            if masks is not None:
-                masks.add([reqs[i] for i in part])  # from here on the fill owns these rows' matchers
+        for i in live:
+            req = reqs[i]
+            self.stops.check(req, self.runner.context_len)
+            if not req.finished and req.grammar is not None and self.jump_forward is not None:
+                self._apply_jump_forward(req)
+            if req.finished and self.continue_request is not None and self.continue_request(req):
+                assert not req.finished, "a continued request must be unfinished"
+            if req.finished:
+                self._retire(req)
         return [reqs[i] for i in live]
 
     def _apply_jump_forward(self, req: Req) -> None:
