@@ -200,6 +200,8 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
     ps = prompts(n)
     tag = f"bs{n}_T{temp:g}"
     pre = use_backend(eng, backend)
+    if a.no_jump_forward:  # as a server started with --disable-jump-forward
+        eng.scheduler.jump_forward, BACKENDS[backend].jump_enabled = None, False
     for kind in ("json", "regex"):
         warm_params = [dict(grammar_params(kind, temp), max_new_tokens=64)] * n  # above both backends' shortest output
         eng.generate(ps, warm_params)  # compile the grammar, warm kernels at this batch's shapes
@@ -335,6 +337,7 @@ def main() -> None:
                     "size); each also sets the grammar's builds (min(size, CPUs)), made before the timed batch")
     ap.add_argument("--idle-backends", default=None, help="backends of the idle section, comma-separated (default: --grammar-backends)")
     ap.add_argument("--grammar-threads", type=int, default=0, help="the engine's --grammar-threads (0: llguidance's default)")
+    ap.add_argument("--no-jump-forward", action="store_true", help="throughput: grammar rows without jump-forward (--disable-jump-forward)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args()
     a.backends = a.grammar_backends.split(",")
