@@ -103,10 +103,15 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
 
 def fresh_enough(req: Req, match, in_batch: RadixCache) -> bool:
     """In-batch prefix sharing: if this request shares a long uncached prefix with one
-    already admitted this round, wait a round and reuse its KV instead."""
+    already admitted this round, wait a round and reuse its KV instead. A prompt-only
+    request (a select's scoring) has no first token to delay, so it also waits when the
+    shared part is most of what it would compute: a select's choices after a short
+    uncached context would otherwise each recompute that context."""
     key = req.fill_ids
-    shared = in_batch.match_prefix(key).length
-    if shared - match.length > IN_BATCH_PREFIX_THRESHOLD:
+    shared = in_batch.match_prefix(key).length - match.length
+    if shared > IN_BATCH_PREFIX_THRESHOLD:
+        return False
+    if req.sampling.max_new_tokens == 0 and shared > 0 and 2 * shared >= len(key) - match.length:
         return False
     in_batch.insert(key, torch.zeros(len(key), dtype=torch.int64))
     return True
