@@ -10,7 +10,8 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved, and the table gives medians (graph / eager with the range of the rounds). Every
+interleaved (no radix, then graph and eager in an order swapped every round), and the table
+gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
 mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
 programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
@@ -128,8 +129,8 @@ def run_mode(
 def run_workload(
     engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0
 ) -> dict:  # fmt: skip
-    """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
-    of a shared machine fall on every mode); the optimal hit rate from the first eager run.
+    """Each mode `repeats` times, interleaved (round_order: graph and eager adjacent, their
+    order swapped every round); the optimal hit rate from the first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
     for every mode)."""
@@ -145,7 +146,7 @@ def run_workload(
     runs: dict = {m: [] for m in MODES}
     out: dict = {"programs_per_round": len(inputs), "in_flight": n}
     for r in range(repeats):
-        for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+        for mode in round_order(r):
             rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
             try:
                 runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
@@ -167,6 +168,14 @@ def run_workload(
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
     return out
+
+
+def round_order(r: int) -> tuple:
+    """The modes of round r: no radix first, then graph and eager back to back, their order
+    swapped every round. So each of the two compared modes follows the no-radix round (whose
+    churned KV pool and garbage the next round inherits) as often as the other, and each
+    round's graph / eager ratio pairs two adjacent runs."""
+    return ("eager-noradix", "graph", "eager") if r % 2 == 0 else ("eager-noradix", "eager", "graph")
 
 
 def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8) -> int:
