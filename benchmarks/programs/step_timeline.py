@@ -3,8 +3,9 @@ steps, inside the program executor (request graphs' per-step work), and idle bet
 (waiting for program threads to hand it work), per mode, one interleaved round after a
 full-size warm-up of each; and the model's own time: on CUDA the GPU time of the forward passes
 (events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
-is the rest of the wall time per pass: what the host adds to the model's work. Same engine
-arguments as run.py.
+is the rest of the wall time per pass: what the host adds to the model's work; the phase
+columns split the engine thread's part of it (pass_timer.PHASES; on CUDA each forward pass is
+waited for first, so the phases hold no GPU time). Same engine arguments as run.py.
 
     python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
     python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
@@ -23,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from run import run_mode  # noqa: E402
-from pass_timer import Timeline  # noqa: E402
+from pass_timer import PHASES, Timeline  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     inputs = w.inputs(random.Random(0), n, size)
     for mode in ("graph", "eager"):  # warm-up, untimed
         run_mode(engine, w, inputs, mode, sampling)
-    tl = Timeline(engine)
+    tl = Timeline(engine, phases=True)
     out = {}
     try:
         for mode in ("graph", "eager"):
@@ -43,18 +44,20 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
             model = tl.model_seconds()
             out[mode] = {"wall_s": wall, "step_s": tl.step_s, "executor_s": tl.executor_s, "steps": tl.steps,
                          "idle_s": wall - tl.step_s - tl.executor_s, "model_s": model,
-                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1)}  # fmt: skip
+                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1),
+                         "phase_ms_per_pass": {k: 1000 * v / max(tl.steps, 1) for k, v in tl.phase_s.items()}}  # fmt: skip
     finally:
         tl.close()
     return out
 
 
 def print_rows(name: str, result: dict) -> None:
-    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass | "
+          + " | ".join(f"{p} ms / pass" for p in PHASES) + " |\n" + "| --- " * (9 + len(PHASES)) + "|")
     for mode, r in result.items():
+        phases = " | ".join(f"{r.get('phase_ms_per_pass', {}).get(p, 0.0):.1f}" for p in PHASES)
         print(f"| {name} | {mode} | {r['wall_s']:.3f} | {r['step_s']:.3f} | {r['executor_s']:.3f} | "
-              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} |", flush=True)  # fmt: skip
+              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} | {phases} |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:
