@@ -271,7 +271,7 @@ def main(argv=None) -> str:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
-    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine")
+    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
@@ -294,6 +294,10 @@ def main(argv=None) -> str:
         print(table(results))
         for name in filter(None, args.timeline.split(",")):
             from step_timeline import print_rows, timeline
+
+            if deadline is not None and time.time() > deadline:
+                print(f"timeline {name}: skipped (past the deadline)", file=sys.stderr, flush=True)
+                continue
 
             results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results["timelines"][name])
