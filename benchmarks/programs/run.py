@@ -199,11 +199,26 @@ def run_all(
             continue
         t = time.perf_counter()
         results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s)
-        print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+        results[name]["tracked_after"] = tracked_objects()
+        print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
+              file=sys.stderr, flush=True)  # fmt: skip
         print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
         if on_workload is not None:
             on_workload(results)
     return results
+
+
+def tracked_objects(top: int = 8) -> dict:
+    """What a full garbage collection would walk now: the objects the collector tracks (frozen
+    ones apart) and the most common types among them."""
+    import gc
+    from collections import Counter
+
+    objs = gc.get_objects()
+    out = {"tracked": len(objs), "frozen": gc.get_freeze_count(),
+           "types": Counter(type(o).__name__ for o in objs).most_common(top)}  # fmt: skip
+    del objs
+    return out
 
 
 def table(results: dict) -> str:
