@@ -159,13 +159,15 @@ def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenize
 
 def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer):
     """A select scores each choice as prompt + choice (prompt-only requests, logprobs from the
-    choice on). With the prompt uncached and shorter than the in-batch sharing threshold,
-    each choice used to compute the whole prompt again; now the first computes it and the
+    choice on). With the prompt uncached, over a handful of tokens and shorter than the
+    in-batch sharing threshold, each choice used to compute the whole prompt again; now the first computes it and the
     others wait a pass and compute the position before their choice and the choice only.
     The logprobs still match transformers."""
-    prompt = tokenizer.encode("The weather today in the mountains is")
+    from radixflow.runtime.scheduling import admission
+
+    prompt = tokenizer.encode("The weather report for the small villages high up in the northern mountains this coming weekend says that it will be")
     choices = [tokenizer.encode(c, add_special_tokens=False) for c in (" sunny and warm", " cold", " windy", " rainy again")]
-    assert len(prompt) < 32
+    assert admission.SCORING_SHARE_MIN <= len(prompt) - 1 < admission.IN_BATCH_PREFIX_THRESHOLD
     engine.flush_cache()
     before = engine.scheduler.stats.extend_tokens
     outs = engine.generate(input_ids=[prompt + c for c in choices], sampling_params={"max_new_tokens": 0},
