@@ -76,6 +76,9 @@ class PageAllocator:
         except a request's tail page, which it owns alone and which is freed whole."""
         if slots.numel() == 0:
             return
+        if self.page_size == 1:  # every slot is its own page, and a request's slots are distinct
+            self.free(slots)
+            return
         pages = torch.unique(slots.cpu() // self.page_size)
         self.free(pages)
 
@@ -139,14 +142,19 @@ class ReqToTokenPool:
         self.table = torch.zeros(size, max_context, dtype=torch.int32, device=device)
         on_host = self.table.device.type == "cpu"
         self.host = self.table if on_host else torch.zeros(size, max_context, dtype=torch.int32)
-        self._free_rows = list(range(size))
         self.size = size
+        self.clear()
 
     def alloc(self) -> int | None:
-        return self._free_rows.pop() if self._free_rows else None
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self._is_free[row] = False
+        return row
 
     def free(self, row: int) -> None:
-        assert row not in self._free_rows
+        assert not self._is_free[row], "a row freed twice"  # a flag, not a scan of the free list per request
+        self._is_free[row] = True
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
@@ -172,3 +180,4 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self._free_rows = list(range(self.size))
+        self._is_free = [True] * self.size

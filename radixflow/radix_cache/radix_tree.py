@@ -15,7 +15,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-import numpy as np
 import torch
 
 from radixflow.radix_cache.memory_pool import PageAllocator
@@ -57,14 +56,22 @@ class MatchResult:
 
 
 def _common_prefix_len(node_key: list, key: list, start: int) -> int:
-    """How many tokens of `node_key` equal key[start:], compared in C where they all do
-    (slicing only as much of `key` as the node holds, so a walk copies the key once)."""
+    """How many tokens of `node_key` equal key[start:], compared in C (slicing only as much of
+    `key` as the node holds, so a walk copies the key once). Where they differ, a binary search
+    over slice comparisons finds the first difference: O(n) in C in all, where converting the
+    lists to arrays cost a Python-level conversion of every token."""
     n = min(len(node_key), len(key) - start)
     head = key[start : start + n]
     if (node_key if n == len(node_key) else node_key[:n]) == head:  # the common case
         return n
-    diff = np.asarray(node_key[:n]) != np.asarray(head)
-    return int(diff.argmax())
+    lo, hi = 0, n - 1  # node_key[:lo] == head[:lo], and they differ before index hi + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if node_key[lo:mid] == head[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class RadixCache:
