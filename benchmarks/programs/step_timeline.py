@@ -10,6 +10,8 @@ waited for first, so the phases hold no GPU time). Same engine arguments as run.
     python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
     python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
         --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0
+    python benchmarks/programs/step_timeline.py --config benchmarks/configs/smollm2-tiny.json --load-format dummy \\
+        --n 64 --size 1.0 --workloads hellaswag --stand-in-model --max-total-tokens 800000   # host time alone
 """
 
 from __future__ import annotations
@@ -51,6 +53,17 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     return out
 
 
+def stand_in_forward(engine, token: int = 1000) -> None:
+    """Replace the model's forward pass by fixed logits (`token` first on every row): the
+    scheduler, the radix cache, the executor and the callers run as usual (gens run to their
+    length, a select takes its first choice), so a round's wall time is the host's work."""
+    import torch
+
+    row = torch.zeros(1, engine.runner.vocab_size, device=engine.runner.device)
+    row[0, token] = 1.0
+    engine.runner.forward = lambda fb: row.expand(fb.logits_indices.numel(), -1)
+
+
 def print_rows(name: str, result: dict) -> None:
     print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass | "
           + " | ".join(f"{p} ms / pass" for p in PHASES) + " |\n" + "| --- " * (9 + len(PHASES)) + "|")
@@ -71,13 +84,21 @@ def main(argv=None) -> None:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (the H200's Llama-3-8B pool: ~800000)")
+    ap.add_argument("--stand-in-model", action="store_true",
+                    help="the forward pass returns fixed logits (one token always first) and computes nothing: "
+                         "a round's time is the host's alone")
     args = ap.parse_args(argv)
     kw = {"device": args.device, "load_format": args.load_format}
     if args.tokenizer:
         kw["tokenizer_path"] = args.tokenizer
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     results = {}
     with rf.Engine(args.config, **kw) as engine:
+        if args.stand_in_model:
+            stand_in_forward(engine)
         for name in args.workloads.split(","):
             results[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results[name])
