@@ -39,6 +39,9 @@ Sections (each isolated: a failure is logged and the next one runs):
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
                --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
+  offline_arms offline's first seed as built and with 16,384-token prefill chunks, the faster on the other seeds
+  gemm_shapes  the bf16 linears' GEMMs alone (Llama-3-8B shapes, M 544 to 8,192): F.linear against the weight in
+               two GEMMs (split_linear), stored transposed, and through cuBLASLt
   fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
                per Llama-3-8B weight shape at batch 1 (FP8 and bf16 weights), the FP8 GEMM and its parts
                against bf16 at batches 256-1,024 and 8,192, the activation quantization alone, decode
@@ -80,11 +83,12 @@ from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, pa
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
+from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
 from gpubench.offline import (  # noqa: E402
-    sec_idle, sec_offline, sec_offline_1k, sec_offline_flash_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
+    sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
@@ -99,6 +103,7 @@ SECTIONS = {
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
     "offline_p_parts_ab": sec_offline_p_parts_ab, "offline_flash_ab": sec_offline_flash_ab,
+    "offline_arms": sec_offline_arms, "gemm_shapes": sec_gemm_shapes,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
@@ -106,7 +111,7 @@ SECTIONS = {
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
-NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 
 

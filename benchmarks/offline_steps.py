@@ -4,7 +4,8 @@
 
 gpu_bench's offline sections (offline, offline_1k, in any variant) record every decode step of their
 first seed's pass: (batch, KV tokens read, GPU ms). Arms of one run that run the same greedy workload
-(--arms; by default offline, offline@fp8, offline@fp8kv8) have steps that pair one to one. This prints,
+(--arms; by default offline, offline@fp8, offline@fp8kv8; offline_arms's as offline_arms/base) have steps
+that pair one to one. This prints,
 by batch-size band, each arm's mean step and the differences between arms (FP8 weights: what the
 linear layers save; the FP8 KV cache: what attention saves), then a least-squares fit of each arm's
 large-batch steps (batch >= --min-bs) on (1, batch, KV tokens), with the batch as is and rounded up to
@@ -25,8 +26,11 @@ BANDS = ((1, 64), (65, 256), (257, 512), (513, 768), (769, 1024))
 
 
 def steps_of(results: dict, arm: str) -> np.ndarray | None:
-    """An arm's decode steps: those of its first seed's pass (offline), else of its one pass (offline_1k)."""
-    res = results.get(arm, {})
+    """An arm's decode steps: those of its first seed's pass (offline), else of its one pass (offline_1k).
+    `section/arm` names an arm inside a section that runs several (offline_arms/base)."""
+    res = results
+    for key in arm.split("/"):
+        res = res.get(key, {}) if isinstance(res, dict) else {}
     run = next((v for k, v in res.items() if k.startswith("seed") and isinstance(v, dict)), res)
     rows = run.get("decode_steps_bs_kv_ms", run.get("decode_steps_bs_ctx_ms"))  # the second: its former name
     return np.array(rows, dtype=float) if rows else None

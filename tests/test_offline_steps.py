@@ -62,11 +62,15 @@ def test_the_script_takes_the_arms_it_is_given(tmp_path, capsys, monkeypatch):
 
     steps = _steps(128, 0.016, 0.028, 2.0)
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"offline_1k@fp8": {"decode_steps_bs_kv_ms": steps, "out_tok_s": 1.0}}))
+    path.write_text(json.dumps({"offline_1k@fp8": {"decode_steps_bs_kv_ms": steps, "out_tok_s": 1.0},
+                                "offline_arms": {"base": {"seed2024": {"decode_steps_bs_kv_ms": steps}}}}))
     monkeypatch.setattr(sys, "argv", ["offline_steps.py", str(path), "--arms", "offline_1k@fp8,offline_1k@fp8kv8"])
     offline_steps.main()
     out = capsys.readouterr().out
     assert "left out: offline_1k@fp8kv8" in out and "| batch | steps | mean batch | KV tokens (k) | offline_1k@fp8 ms |" in out
+    monkeypatch.setattr(sys, "argv", ["offline_steps.py", str(path), "--arms", "offline_arms/base,offline_1k@fp8"])
+    offline_steps.main()  # an arm inside a section of several arms
+    assert "| offline_arms/base ms | offline_1k@fp8 ms |" in capsys.readouterr().out
     monkeypatch.setattr(sys, "argv", ["offline_steps.py", str(path)])  # the default arms are not in this run
     with pytest.raises(SystemExit, match="has per-step records"):
         offline_steps.main()

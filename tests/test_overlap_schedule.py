@@ -220,3 +220,60 @@ def test_a_graphs_last_segment_overlaps(engine):
         _settle(sched)
     assert got["meta_info"]["continued_segments"] == 1
     assert {k: v["text"] for k, v in got["results"].items()} == {k: v["text"] for k, v in ref["results"].items()}
+
+
+def test_extend_passes_are_read_back_after_the_next_pass_is_launched(engine):
+    """With overlap on, a prompt that ends in an extend pass gets its first token once the next step has
+    launched its own pass, not before; outputs as without overlap."""
+    from radixflow.runtime.scheduling.req import Req
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    text = engine.tokenizer.encode(" ".join(PROMPTS))
+    prompts = [text[0:30], text[30:60], text[60:90]]  # passes of 24 tokens: the first ends in pass 2, the second in 3
+    sched = engine.scheduler
+    chunk = sched.args.chunked_prefill_size
+    try:
+        sched.args.chunked_prefill_size = 24
+        ref = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
+        _settle(sched)
+        with overlap_on(engine):
+            got = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
+            _settle(sched)
+            reqs = [Req(rid=f"x{i}", origin_input_ids=p, sampling=SamplingParams(**params)) for i, p in enumerate(prompts)]
+            assert engine.stepper.exclusive(sched.flush_cache)  # no radix hits: every prompt computed whole
+            engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
+            for _ in range(2):
+                engine.stepper.exclusive(sched.step)
+            assert sched.pending_extend is not None and sched.pending_extend.reqs == [reqs[0]]
+            assert reqs[0].output_ids == [] and reqs[0] in sched.running  # admitted, its token still on the device
+            engine.stepper.exclusive(sched.step)  # launches pass 3, then reads the first prompt's token back
+            assert len(reqs[0].output_ids) == 1 and reqs[1].output_ids == [] and sched.pending_extend.reqs == [reqs[1]]
+            while sched.has_work():
+                engine.stepper.exclusive(sched.step)
+            sched.check_invariants()
+    finally:
+        sched.args.chunked_prefill_size = chunk
+    assert got == ref
+    assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
+
+
+def test_abort_while_an_extend_pass_is_pending(engine):
+    """A request aborted between its extend pass and the read-back drops its first token; nothing leaks."""
+    from radixflow.runtime.scheduling.req import Req
+    from radixflow.runtime.sampling_params import SamplingParams
+
+    text = engine.tokenizer.encode(" ".join(reversed(PROMPTS)))
+    reqs = [Req(rid=f"a{i}", origin_input_ids=text[i * 30 : i * 30 + 30], sampling=SamplingParams(max_new_tokens=4))
+            for i in range(2)]
+    sched = engine.scheduler
+    with overlap_on(engine):
+        engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
+        engine.stepper.exclusive(sched.step)  # both prompts in one pass: read back by the next step
+        assert sched.pending_extend is not None and sched.pending_extend.reqs == reqs
+        assert engine.stepper.exclusive(lambda: sched.abort("a0")) is reqs[0]
+        engine.stepper.exclusive(sched.step)  # reads the pass back first, then launches a decode pass
+        assert sched.pending_extend is None and len(reqs[1].output_ids) == 1 and sched.inflight.reqs == [reqs[1]]
+        assert reqs[0].output_ids == [] and reqs[0].finish_reason["type"] == "abort"
+        _settle(sched)
+    assert len(reqs[1].output_ids) == 4

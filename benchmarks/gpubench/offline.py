@@ -69,6 +69,12 @@ class ForwardRecorder:
         if len(self.records) > 1:
             first, last = self.records[0], self.records[-1]
             out["gpu_window_s"] = first[2].elapsed_time(last[3]) / 1e3
+            # GPU time from one pass's end to the next one's start (sampling kernels, and idle): by the next pass's kind
+            between = {"extend": 0.0, "decode": 0.0}
+            for a, b in zip(self.records, self.records[1:]):
+                between[b[0]] += a[3].elapsed_time(b[2]) / 1e3
+            out["between_passes_before_extend_s"] = between["extend"]
+            out["between_passes_before_decode_s"] = between["decode"]
         return out
 
     def decode_steps(self) -> list:
@@ -167,6 +173,42 @@ def sec_offline_flash_ab() -> dict:
     out = {"flash_enabled": flash_prefill_on(OPTS.bench_engine)}
     ab = _offline_settings_ab("flash_prefill", (("flash_on", True), ("flash_off", False)), apply=set_extend_settings)
     out.update(ab)
+    return out
+
+
+def sec_offline_arms() -> dict:
+    """`offline`'s first seed as built (base), then with prefill chunks of 16,384 tokens (chunk16k; half the
+    extend passes, each twice the rows), in one engine; the faster arm on the other seeds (skipped past
+    --deadline-s). Each arm's first-seed pass records its steps. The chunk size is restored after.
+    (Session 8 of 2026-12-02 ran a third arm, the merged gate/up projection as two GEMMs, from an option
+    removed after it measured no gain.)"""
+    eng = OPTS.bench_engine
+    args = eng.scheduler.args
+    base_chunk = args.chunked_prefill_size
+    seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
+    first = f"seed{seeds[0]}"
+    chunks = {"base": base_chunk, "chunk16k": 16384}
+    cold = _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None])
+    out: dict = {"cold": {k: cold[k] for k in ("s", "out_tok_s")}}
+
+    def run_arm(arm: str, seed: int, steps: bool) -> dict:
+        if seed != seeds[0] and past_deadline():
+            return {"skipped": "past --deadline-s"}
+        args.chunked_prefill_size = chunks[arm]
+        res = _offline_pass(eng, offline_requests(seed), steps=steps)
+        log(f"offline_arms {arm} seed {seed}: {res['out_tok_s']:.0f} out tok/s, {res['s']:.2f} s")
+        return res
+
+    try:
+        for arm in chunks:
+            out[arm] = {first: run_arm(arm, seeds[0], steps=True)}
+        best = out["fastest"] = max(chunks, key=lambda a: out[a][first]["out_tok_s"])
+        for seed in seeds[1:]:
+            out[best][f"seed{seed}"] = run_arm(best, seed, steps=False)
+    finally:
+        args.chunked_prefill_size = base_chunk
+    rates = [v["out_tok_s"] for v in out[best].values() if "out_tok_s" in v]
+    out.update(out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return out
 
 

@@ -9,6 +9,7 @@ their KV goes into the radix tree, so a resume often re-prefills nothing.
 Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n
 is read back, constrained rows included (their masks are filled while the GPU runs the
 forward pass). A request that finishes this way has had one extra token computed; it is dropped.
+Extend passes overlap too (extend_overlap.py): their first tokens are read back by the next step.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for, pending_tokens
+from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
@@ -76,6 +78,7 @@ class Scheduler:
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
         self.inflight: Optional[InflightDecode] = None
+        self.pending_extend: Optional[PendingExtend] = None  # an extend pass's first tokens, not yet read back
         self.replica: Optional[ReplicaSync] = None  # tensor parallelism with a scheduler on every rank
 
     # -- requests in and out --------------------------------------------------------------
@@ -130,7 +133,7 @@ class Scheduler:
             self.replica.record("flush")
         if self.has_work():
             return False
-        self.inflight = None  # only finished requests' extra tokens were in flight
+        self.inflight = self.pending_extend = None  # only finished requests' tokens were in flight
         self.tree.reset()
         self.runner.kv_pool.allocator.clear()
         self.runner.req_to_token.clear()
@@ -144,7 +147,7 @@ class Scheduler:
         touched = poll_grammars(self)
         batch = form_extend_batch(self)
         if self.inflight is not None:
-            chained = None if batch else self._chain_decode()
+            chained = None if batch or self.pending_extend else self._chain_decode()
             if chained is not None:
                 self.stats.forward_steps += 1
                 return self._outputs(touched + chained)
@@ -152,7 +155,9 @@ class Scheduler:
         if batch:
             self.stats.forward_steps += 1
             touched += self._run_extend(batch)
-        elif self.running:
+            return self._outputs(touched)
+        touched += self._read_back_extend()
+        if self.running:
             self.stats.forward_steps += 1
             touched += self._decode()
         return self._outputs(touched)
@@ -196,14 +201,31 @@ class Scheduler:
                 continue
             finishing.append((req, req_logits[-1:]))
         touched = [r for r, _ in batch if r.finished]
+        reqs = [r for r, _ in finishing]
+        if finishing and defers_extends(self):  # read back by the next step, after it launches its pass
+            pending = sample_deferred(self, reqs, torch.cat([lg for _, lg in finishing]))
+            self.running += reqs
+            touched += self._read_back_extend()  # the previous pass's, now that this one is queued behind it
+            self.pending_extend = pending
+            return touched
+        touched += self._read_back_extend()
         if finishing:
-            reqs = [r for r, _ in finishing]
             self._sample_and_advance(reqs, torch.cat([lg for _, lg in finishing]))
-            for r in reqs:
-                if not r.finished:
-                    self.running.append(r)
+            self.running += [r for r in reqs if not r.finished]
             touched += reqs
         return touched
+
+    def _read_back_extend(self) -> list[Req]:
+        """Advance the pending extend pass's requests by their first tokens (those aborted meanwhile drop
+        theirs); returns the requests advanced (none pending: [])."""
+        pending, self.pending_extend = self.pending_extend, None
+        if pending is None:
+            return []
+        if pending.ready is not None:
+            pending.ready.synchronize()
+        advanced = self._advance(pending.reqs, pending.host_ids.tolist(), pending.result)
+        self.running = [r for r in self.running if not r.finished]
+        return advanced
 
     # -- decode (overlapped passes: overlap.py) --------------------------------------------------
     def _decode(self) -> list[Req]:
