@@ -155,3 +155,24 @@ def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenize
         for k, ((lp, tid, _), best) in enumerate(zip(inp, top)):
             assert abs(lp - ref[k + 1, tid].item()) < 1e-3
             assert [t[1] for t in best] == ref[k + 1].topk(2).indices.tolist()
+
+
+def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer):
+    """A select scores each choice as prompt + choice (prompt-only requests, logprobs from the
+    choice on). With the prompt uncached, over a handful of tokens and shorter than the
+    in-batch sharing threshold, each choice used to compute the whole prompt again; now the first computes it and the
+    others wait a pass and compute the position before their choice and the choice only.
+    The logprobs still match transformers."""
+    from radixflow.runtime.scheduling import admission
+
+    prompt = tokenizer.encode("The weather report for the small villages high up in the northern mountains this coming weekend says that it will be")
+    choices = [tokenizer.encode(c, add_special_tokens=False) for c in (" sunny and warm", " cold", " windy", " rainy again")]
+    assert admission.SCORING_SHARE_MIN <= len(prompt) - 1 < admission.IN_BATCH_PREFIX_THRESHOLD
+    engine.flush_cache()
+    before = engine.scheduler.stats.extend_tokens
+    outs = engine.generate(input_ids=[prompt + c for c in choices], sampling_params={"max_new_tokens": 0},
+                           return_logprob=True, logprob_start_len=len(prompt))  # fmt: skip
+    computed = engine.scheduler.stats.extend_tokens - before
+    assert computed == len(prompt) + len(choices[0]) + sum(1 + len(c) for c in choices[1:])
+    for c, out in zip(choices, outs):
+        _check_input_logprobs(out, prompt + c, len(prompt), hf_model)

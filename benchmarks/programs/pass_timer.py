@@ -8,10 +8,16 @@ from __future__ import annotations
 import time
 
 
-class Timeline:
-    """Wraps the scheduler's step and the executor's on_step with timers (engine thread only)."""
+PHASES = ("admission", "input_logprobs", "cache_unfinished", "release", "sample")
 
-    def __init__(self, engine):
+
+class Timeline:
+    """Wraps the scheduler's step and the executor's on_step with timers (engine thread only).
+    With `phases`, also the wall time of the scheduler's parts in PHASES (`phase_s`); on CUDA
+    each forward pass is then waited for, so that no part's time includes the GPU's (this
+    changes what overlaps: for attributing host time, not for the suite's figures)."""
+
+    def __init__(self, engine, phases: bool = False):
         self.reset()
         sched, programs, runner = engine.scheduler, engine.programs, engine.runner
         self.cuda = str(runner.device).startswith("cuda")
@@ -19,9 +25,32 @@ class Timeline:
                          (runner, "forward", runner.forward)]  # fmt: skip
         sched.step = self._timed(sched.step, "step_s", count=True)
         programs.on_step = self._timed(programs.on_step, "executor_s")
-        runner.forward = self._gpu_timed(runner.forward) if self.cuda else self._timed(runner.forward, "model_s")
+        runner.forward = self._gpu_timed(runner.forward, phases) if self.cuda else self._timed(runner.forward, "model_s")
+        if phases:
+            self._time_phases(sched)
 
-    def _gpu_timed(self, fn):
+    def _time_phases(self, sched) -> None:
+        from radixflow.runtime.scheduling import scheduler as scheduler_module
+
+        parts = [(scheduler_module, "form_extend_batch", "admission"), (sched.logprobs, "add_inputs", "input_logprobs"),
+                 (sched.kv, "cache_unfinished", "cache_unfinished"), (sched.kv, "release", "release"),
+                 (sched, "_sample_and_advance", "sample")]  # fmt: skip
+        for obj, name, phase in parts:
+            fn = getattr(obj, name)
+            self._restore.append((obj, name, fn))
+            setattr(obj, name, self._phase_timed(fn, phase))
+
+    def _phase_timed(self, fn, phase: str):
+        def wrapped(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.phase_s[phase] = self.phase_s.get(phase, 0.0) + time.perf_counter() - t
+
+        return wrapped
+
+    def _gpu_timed(self, fn, wait: bool = False):
         import torch
 
         def wrapped(*a, **k):
@@ -32,6 +61,8 @@ class Timeline:
             finally:
                 end.record()
                 self.events.append((start, end))
+                if wait:
+                    end.synchronize()
 
         return wrapped
 
@@ -56,6 +87,7 @@ class Timeline:
     def reset(self) -> None:
         self.step_s = self.executor_s = self.model_s = 0.0
         self.steps = 0
+        self.phase_s: dict = {}
         self.events: list = []
 
     def close(self) -> None:

@@ -10,7 +10,8 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved, and the table gives medians (graph / eager with the range of the rounds). Every
+interleaved (no radix, then graph and eager in an order swapped every round), and the table
+gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
 mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
 programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
@@ -128,8 +129,8 @@ def run_mode(
 def run_workload(
     engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0
 ) -> dict:  # fmt: skip
-    """Each mode `repeats` times, interleaved (the order rotates every round, so slow phases
-    of a shared machine fall on every mode); the optimal hit rate from the first eager run.
+    """Each mode `repeats` times, interleaved (round_order: graph and eager adjacent, their
+    order swapped every round); the optimal hit rate from the first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
     for every mode)."""
@@ -145,7 +146,7 @@ def run_workload(
     runs: dict = {m: [] for m in MODES}
     out: dict = {"programs_per_round": len(inputs), "in_flight": n}
     for r in range(repeats):
-        for mode in MODES[r % len(MODES) :] + MODES[: r % len(MODES)]:
+        for mode in round_order(r):
             rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
             try:
                 runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
@@ -169,6 +170,14 @@ def run_workload(
     return out
 
 
+def round_order(r: int) -> tuple:
+    """The modes of round r: no radix first, then graph and eager back to back, their order
+    swapped every round. So each of the two compared modes follows the no-radix round (whose
+    churned KV pool and garbage the next round inherits) as often as the other, and each
+    round's graph / eager ratio pairs two adjacent runs."""
+    return ("eager-noradix", "graph", "eager") if r % 2 == 0 else ("eager-noradix", "eager", "graph")
+
+
 def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8) -> int:
     """How many times n programs a round needs to last min_round_s at programs_per_s (1 to `most`)."""
     return max(1, min(most, math.ceil(min_round_s * programs_per_s / n))) if min_round_s > 0 else 1
@@ -190,11 +199,26 @@ def run_all(
             continue
         t = time.perf_counter()
         results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s)
-        print(f"{name}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+        results[name]["tracked_after"] = tracked_objects()
+        print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
+              file=sys.stderr, flush=True)  # fmt: skip
         print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
         if on_workload is not None:
             on_workload(results)
     return results
+
+
+def tracked_objects(top: int = 8) -> dict:
+    """What a full garbage collection would walk now: the objects the collector tracks (frozen
+    ones apart) and the most common types among them."""
+    import gc
+    from collections import Counter
+
+    objs = gc.get_objects()
+    out = {"tracked": len(objs), "frozen": gc.get_freeze_count(),
+           "types": Counter(type(o).__name__ for o in objs).most_common(top)}  # fmt: skip
+    del objs
+    return out
 
 
 def table(results: dict) -> str:
@@ -262,7 +286,7 @@ def main(argv=None) -> str:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
-    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine")
+    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
@@ -285,6 +309,10 @@ def main(argv=None) -> str:
         print(table(results))
         for name in filter(None, args.timeline.split(",")):
             from step_timeline import print_rows, timeline
+
+            if deadline is not None and time.time() > deadline:
+                print(f"timeline {name}: skipped (past the deadline)", file=sys.stderr, flush=True)
+                continue
 
             results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results["timelines"][name])

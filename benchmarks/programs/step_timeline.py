@@ -3,12 +3,15 @@ steps, inside the program executor (request graphs' per-step work), and idle bet
 (waiting for program threads to hand it work), per mode, one interleaved round after a
 full-size warm-up of each; and the model's own time: on CUDA the GPU time of the forward passes
 (events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
-is the rest of the wall time per pass: what the host adds to the model's work. Same engine
-arguments as run.py.
+is the rest of the wall time per pass: what the host adds to the model's work; the phase
+columns split the engine thread's part of it (pass_timer.PHASES; on CUDA each forward pass is
+waited for first, so the phases hold no GPU time). Same engine arguments as run.py.
 
     python benchmarks/programs/step_timeline.py --workloads mmlu,generative_agents --n 16 --size 0.15
     python3 benchmarks/programs/step_timeline.py --device cuda --config benchmarks/configs/llama3-8b.json \\
         --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0
+    python benchmarks/programs/step_timeline.py --config benchmarks/configs/smollm2-tiny.json --load-format dummy \\
+        --n 64 --size 1.0 --workloads hellaswag --stand-in-model --max-total-tokens 800000   # host time alone
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from run import run_mode  # noqa: E402
-from pass_timer import Timeline  # noqa: E402
+from pass_timer import PHASES, Timeline  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
@@ -32,7 +35,7 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     inputs = w.inputs(random.Random(0), n, size)
     for mode in ("graph", "eager"):  # warm-up, untimed
         run_mode(engine, w, inputs, mode, sampling)
-    tl = Timeline(engine)
+    tl = Timeline(engine, phases=True)
     out = {}
     try:
         for mode in ("graph", "eager"):
@@ -43,18 +46,31 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
             model = tl.model_seconds()
             out[mode] = {"wall_s": wall, "step_s": tl.step_s, "executor_s": tl.executor_s, "steps": tl.steps,
                          "idle_s": wall - tl.step_s - tl.executor_s, "model_s": model,
-                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1)}  # fmt: skip
+                         "host_ms_per_pass": 1000 * (wall - model) / max(tl.steps, 1),
+                         "phase_ms_per_pass": {k: 1000 * v / max(tl.steps, 1) for k, v in tl.phase_s.items()}}  # fmt: skip
     finally:
         tl.close()
     return out
 
 
+def stand_in_forward(engine, token: int = 1000) -> None:
+    """Replace the model's forward pass by fixed logits (`token` first on every row): the
+    scheduler, the radix cache, the executor and the callers run as usual (gens run to their
+    length, a select takes its first choice), so a round's wall time is the host's work."""
+    import torch
+
+    row = torch.zeros(1, engine.runner.vocab_size, device=engine.runner.device)
+    row[0, token] = 1.0
+    engine.runner.forward = lambda fb: row.expand(fb.logits_indices.numel(), -1)
+
+
 def print_rows(name: str, result: dict) -> None:
-    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass |\n"
-          "| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| workload | mode | wall s | in steps s | in executor s | idle s | model s | steps | host ms / pass | "
+          + " | ".join(f"{p} ms / pass" for p in PHASES) + " |\n" + "| --- " * (9 + len(PHASES)) + "|")
     for mode, r in result.items():
+        phases = " | ".join(f"{r.get('phase_ms_per_pass', {}).get(p, 0.0):.1f}" for p in PHASES)
         print(f"| {name} | {mode} | {r['wall_s']:.3f} | {r['step_s']:.3f} | {r['executor_s']:.3f} | "
-              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} |", flush=True)  # fmt: skip
+              f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} | {phases} |", flush=True)  # fmt: skip
 
 
 def main(argv=None) -> None:
@@ -68,13 +84,21 @@ def main(argv=None) -> None:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (the H200's Llama-3-8B pool: ~800000)")
+    ap.add_argument("--stand-in-model", action="store_true",
+                    help="the forward pass returns fixed logits (one token always first) and computes nothing: "
+                         "a round's time is the host's alone")
     args = ap.parse_args(argv)
     kw = {"device": args.device, "load_format": args.load_format}
     if args.tokenizer:
         kw["tokenizer_path"] = args.tokenizer
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     results = {}
     with rf.Engine(args.config, **kw) as engine:
+        if args.stand_in_model:
+            stand_in_forward(engine)
         for name in args.workloads.split(","):
             results[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results[name])

@@ -24,15 +24,18 @@ class PageAllocator:
 
     def clear(self) -> None:
         self._free = torch.arange(1, self.num_pages, dtype=torch.int64)
+        self._returned: list[torch.Tensor] = []  # freed since the last gather, in order
+        self._num_returned = 0
 
     @property
     def free_pages(self) -> torch.Tensor:
         """The free page ids (int64, on the host; do not modify)."""
+        self._gather()
         return self._free
 
     @property
     def num_free_pages(self) -> int:
-        return int(self._free.numel())
+        return int(self._free.numel()) + self._num_returned
 
     @property
     def num_free_slots(self) -> int:
@@ -43,15 +46,26 @@ class PageAllocator:
         return (self.num_pages - 1) * self.page_size
 
     def alloc(self, n_pages: int) -> torch.Tensor | None:
-        """Return `n_pages` page ids, or None if not enough are free."""
+        """Return `n_pages` page ids, or None if not enough are free. Pages come in the order
+        they were freed (the initial ones first)."""
         if n_pages > self._free.numel():
-            return None
+            if n_pages > self.num_free_pages:
+                return None
+            self._gather()
         pages, self._free = self._free[:n_pages], self._free[n_pages:]
         return pages
 
     def free(self, pages: torch.Tensor) -> None:
+        """Queue pages behind the free list. Appending them to it at once would copy the whole
+        list (hundreds of thousands of pages on a GPU) for every request that frees a few."""
         if pages.numel():
-            self._free = torch.cat([self._free, pages.to(torch.int64).cpu()])
+            self._returned.append(pages.to(torch.int64).cpu())
+            self._num_returned += int(pages.numel())
+
+    def _gather(self) -> None:
+        if self._returned:
+            self._free = torch.cat([self._free, *self._returned])
+            self._returned, self._num_returned = [], 0
 
     def slots_of(self, pages: torch.Tensor) -> torch.Tensor:
         offs = torch.arange(self.page_size, dtype=torch.int64)
@@ -61,6 +75,9 @@ class PageAllocator:
         """Free the pages that `slots` start or cover. Slots must cover whole pages,
         except a request's tail page, which it owns alone and which is freed whole."""
         if slots.numel() == 0:
+            return
+        if self.page_size == 1:  # every slot is its own page, and a request's slots are distinct
+            self.free(slots)
             return
         pages = torch.unique(slots.cpu() // self.page_size)
         self.free(pages)
@@ -125,14 +142,19 @@ class ReqToTokenPool:
         self.table = torch.zeros(size, max_context, dtype=torch.int32, device=device)
         on_host = self.table.device.type == "cpu"
         self.host = self.table if on_host else torch.zeros(size, max_context, dtype=torch.int32)
-        self._free_rows = list(range(size))
         self.size = size
+        self.clear()
 
     def alloc(self) -> int | None:
-        return self._free_rows.pop() if self._free_rows else None
+        if not self._free_rows:
+            return None
+        row = self._free_rows.pop()
+        self._is_free[row] = False
+        return row
 
     def free(self, row: int) -> None:
-        assert row not in self._free_rows
+        assert not self._is_free[row], "a row freed twice"  # a flag, not a scan of the free list per request
+        self._is_free[row] = True
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
@@ -158,3 +180,4 @@ class ReqToTokenPool:
 
     def clear(self) -> None:
         self._free_rows = list(range(self.size))
+        self._is_free = [True] * self.size

@@ -15,7 +15,6 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
-import numpy as np
 import torch
 
 from radixflow.radix_cache.memory_pool import PageAllocator
@@ -39,22 +38,40 @@ class TreeNode:
         return self.last_access < other.last_access
 
 
-@dataclass
 class MatchResult:
-    slots: torch.Tensor  # KV slots of the matched prefix, in position order
-    node: TreeNode  # deepest matched node (lock this while using the prefix)
+    """A matched prefix: its length, its deepest node (lock this while using the prefix) and
+    its KV slots in position order, joined from the path's nodes on first use (admission
+    matches every waiting request to order them, and uses the slots of the few it admits)."""
+
+    def __init__(self, parts: list, node: TreeNode):
+        self.parts, self.node = parts, node
+        self.length = sum(int(p.numel()) for p in parts)
+        self._slots: Optional[torch.Tensor] = None
 
     @property
-    def length(self) -> int:
-        return int(self.slots.numel())
+    def slots(self) -> torch.Tensor:
+        if self._slots is None:
+            self._slots = torch.cat(self.parts) if self.parts else torch.empty(0, dtype=torch.int64)
+        return self._slots
 
 
-def _common_prefix_len(a: list, b: list) -> int:
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the common case, done in C
+def _common_prefix_len(node_key: list, key: list, start: int) -> int:
+    """How many tokens of `node_key` equal key[start:], compared in C (slicing only as much of
+    `key` as the node holds, so a walk copies the key once). Where they differ, a binary search
+    over slice comparisons finds the first difference: O(n) in C in all, where converting the
+    lists to arrays cost a Python-level conversion of every token."""
+    n = min(len(node_key), len(key) - start)
+    head = key[start : start + n]
+    if (node_key if n == len(node_key) else node_key[:n]) == head:  # the common case
         return n
-    diff = np.asarray(a[:n]) != np.asarray(b[:n])
-    return int(diff.argmax())
+    lo, hi = 0, n - 1  # node_key[:lo] == head[:lo], and they differ before index hi + 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if node_key[lo:mid] == head[lo:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 class RadixCache:
@@ -73,8 +90,8 @@ class RadixCache:
         self.protected_size = 0
 
     # -- helpers -----------------------------------------------------------------------
-    def _child_key(self, key: list):
-        return key[0] if self.page_size == 1 else tuple(key[: self.page_size])
+    def _child_key(self, key: list, start: int = 0):
+        return key[start] if self.page_size == 1 else tuple(key[start : start + self.page_size])
 
     def _page_align(self, n: int) -> int:
         return n - n % self.page_size
@@ -92,24 +109,24 @@ class RadixCache:
     def match_prefix(self, key: list) -> MatchResult:
         """Longest cached prefix of `key` (page aligned). Touches the matched path."""
         if self.disable:
-            return MatchResult(torch.empty(0, dtype=torch.int64), self.root)
-        key = key[: self._page_align(len(key))]
-        node, parts = self.root, []
+            return MatchResult([], self.root)
+        end = self._page_align(len(key))
+        key = key if end == len(key) else key[:end]
+        node, done, parts = self.root, 0, []
         node.touch()
-        while key:
-            child = node.children.get(self._child_key(key))
+        while done < end:
+            child = node.children.get(self._child_key(key, done))
             if child is None:
                 break
-            n = self._page_align(_common_prefix_len(child.key, key))
+            n = self._page_align(_common_prefix_len(child.key, key, done))
             if n == 0:
                 break
             if n < len(child.key):
                 child = self._split(child, n)
             child.touch()
             parts.append(child.value)
-            node, key = child, key[n:]
-        slots = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return MatchResult(slots, node)
+            node, done = child, done + n
+        return MatchResult(parts, node)
 
     def insert(self, key: list, slots: torch.Tensor) -> int:
         """Insert `key` with its KV `slots`; returns how many leading tokens were
@@ -121,8 +138,7 @@ class RadixCache:
         """insert(), and what match_prefix(key) would return right after it (the tree's slots
         for the page-aligned key and its deepest node), from the same walk."""
         cached, node, parts = self._insert_walk(key, slots)
-        matched = torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
-        return cached, MatchResult(matched, node)
+        return cached, MatchResult(parts, node)
 
     def _insert_walk(self, key: list, slots: torch.Tensor) -> tuple[int, TreeNode, list]:
         """insert()'s walk: returns how many leading tokens were already cached, the deepest
@@ -131,20 +147,20 @@ class RadixCache:
         if self.disable:
             return 0, self.root, []
         n_aligned = self._page_align(len(key))
-        key, slots = key[:n_aligned], slots[:n_aligned]
+        if n_aligned < len(key):
+            key, slots = key[:n_aligned], slots[:n_aligned]
         node, done, parts = self.root, 0, []
         node.touch()
         while done < len(key):
-            rest = key[done:]
-            child = node.children.get(self._child_key(rest))
+            child = node.children.get(self._child_key(key, done))
             if child is None:
-                leaf = TreeNode(key=list(rest), value=slots[done:].clone(), parent=node)
+                leaf = TreeNode(key=key[done:], value=slots[done:].clone(), parent=node)
                 leaf.touch()
-                node.children[self._child_key(rest)] = leaf
-                self.evictable_size += len(rest)
+                node.children[self._child_key(key, done)] = leaf
+                self.evictable_size += len(leaf.key)
                 parts.append(leaf.value)
                 return done, leaf, parts
-            n = self._page_align(_common_prefix_len(child.key, rest))
+            n = self._page_align(_common_prefix_len(child.key, key, done))
             if n < len(child.key):
                 child = self._split(child, n)
             child.touch()

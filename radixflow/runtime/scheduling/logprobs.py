@@ -2,53 +2,50 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.scheduling.sampler import SampleResult
 
-CHUNK_ROWS = 512  # rows per log-softmax in add_inputs (a float copy of 512 x vocab)
+CHUNK_ROWS = 512  # rows per logsumexp in add_inputs (bounds its temporaries: 512 x vocab floats)
 
 
 class LogprobCollector:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def add_inputs(self, items: list) -> None:
-        """Input logprobs for one pass's requests: `items` are (req, logits, start_pos, n), where
-        `logits[j]` is the distribution after position start_pos + j (predicting token +1). One
-        log-softmax per chunk of rows and one copy to the host for all requests: a select's
-        scoring requests (hundreds a pass) would each wait for the GPU otherwise."""
+    def add_inputs(self, logits: torch.Tensor, items: list) -> None:
+        """Input logprobs for one pass's requests: `items` are (req, row, start_pos, n), where
+        `logits[row + j]` is the distribution after position start_pos + j (predicting token +1).
+        A logprob is the target's logit minus its row's logsumexp: taken on the pass's rows in
+        place (no copy of rows, no vocabulary-wide log-softmax written out; float32 already),
+        in chunks of rows, and copied to the host once for all requests: a select's scoring
+        requests (hundreds a pass) would each wait for the GPU otherwise."""
         spans, rows, targets = [], [], []
-        for req, logits, start_pos, n in items:
+        for req, row, start_pos, n in items:
             first, last = self._span(req, start_pos, n)
             if last < first:
                 continue
             spans.append((req, first, last))
-            rows.append(logits[first - 1 - start_pos : last - start_pos])
+            rows.append(range(row + first - 1 - start_pos, row + last - start_pos))
             targets.extend(req.origin_input_ids[first : last + 1])
         if not spans:
             return
-        device = rows[0].device
-        chosen, tops, row, at = [], {}, 0, 0
-        target_ids = torch.tensor(targets, device=device)
-        for chunk in _chunks(rows):
-            lp = torch.log_softmax(torch.cat([rows[i] for i in chunk]).float(), dim=-1)
-            m = lp.shape[0]
-            chosen.append(lp.gather(1, target_ids[row : row + m].unsqueeze(1)).squeeze(1))
-            for i in chunk:
-                req, first, last = spans[i]
-                if req.logprob.top_logprobs_num:
-                    tops[i] = lp[at - row : at - row + last + 1 - first].topk(req.logprob.top_logprobs_num, dim=-1)
-                at += last + 1 - first
-            row += m
-        values = torch.cat(chosen).tolist()
+        lo, hi = rows[0].start, rows[-1].stop
+        lse = torch.cat([torch.logsumexp(logits[a : min(a + CHUNK_ROWS, hi)], dim=-1) for a in range(lo, hi, CHUNK_ROWS)])
+        row_ids = torch.tensor(list(itertools.chain.from_iterable(rows)), device=logits.device)
+        target_ids = torch.tensor(targets, device=logits.device)
+        values = (logits[row_ids, target_ids] - lse[row_ids - lo]).tolist()
         at = 0
-        for i, (req, first, last) in enumerate(spans):
+        for (req, first, last), span_rows in zip(spans, rows):
             m = last + 1 - first
             req.input_token_logprobs.extend(zip(values[at : at + m], req.origin_input_ids[first : last + 1]))
-            if i in tops:
-                req.input_top_logprobs.extend(_pairs(*tops[i]))
+            if req.logprob.top_logprobs_num:
+                a, b = span_rows.start, span_rows.stop
+                span_lp = logits[a:b] - lse[a - lo : b - lo, None]
+                req.input_top_logprobs.extend(_pairs(*span_lp.topk(req.logprob.top_logprobs_num, dim=-1)))
             req.input_logprob_next = last + 1
             at += m
 
@@ -75,18 +72,6 @@ class LogprobCollector:
         if not want_text:
             return [[lp, tid, None] for lp, tid in pairs]
         return [[lp, tid, self.tokenizer.decode([tid])] for lp, tid in pairs]
-
-
-def _chunks(rows: list) -> list:
-    """Indices of `rows` grouped into chunks of about CHUNK_ROWS rows (bounding the float copy)."""
-    out, cur, size = [], [], 0
-    for i, r in enumerate(rows):
-        if cur and size + r.shape[0] > CHUNK_ROWS:
-            out.append(cur)
-            cur, size = [], 0
-        cur.append(i)
-        size += r.shape[0]
-    return out + [cur] if cur else out
 
 
 def _pairs(vals: torch.Tensor, ids: torch.Tensor) -> list:

@@ -182,12 +182,13 @@ class Scheduler:
         logits = self.runner.forward(fb)
         self.stats.extend_tokens += len(ids)
 
-        views, offset = [], 0
+        views, offsets, offset = [], [], 0
         for req_rows in rows:
             views.append(logits[offset : offset + len(req_rows)])
+            offsets.append(offset)
             offset += len(req_rows)
-        items = [(r, v, first_logit_pos(r), len(v)) for (r, _), v in zip(batch, views) if r.needs_input_logprobs]
-        self.logprobs.add_inputs(items)
+        items = [(r, at, first_logit_pos(r), len(v)) for (r, _), v, at in zip(batch, views, offsets) if r.needs_input_logprobs]
+        self.logprobs.add_inputs(logits, items)
         finishing = []
         for (req, n), req_logits in zip(batch, views):
             req.kv_len += n
