@@ -176,3 +176,28 @@ def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, to
     assert computed == len(prompt) + len(choices[0]) + sum(1 + len(c) for c in choices[1:])
     for c, out in zip(choices, outs):
         _check_input_logprobs(out, prompt + c, len(prompt), hf_model)
+
+
+def test_select_choices_sharing_leading_tokens_are_scored_in_one_pass(engine, hf_model, tokenizer, monkeypatch):
+    """A select's scoring requests (prompt + choice from the choice on, and with
+    unconditional_likelihood_normalized each choice alone from its start) whose choices share
+    a long leading part: those tokens are scored again for every choice, so none of them waits
+    for another's KV: one pass admits them all. The logprobs match transformers."""
+    shared = tokenizer.encode(" in the large old house at the end of the quiet street where the river meets the sea,", add_special_tokens=False)
+    assert len(shared) >= 16
+    choices = [shared + tokenizer.encode(c, add_special_tokens=False) for c in (" yes", " no", " maybe so")]
+    prompt = tokenizer.encode("They lived")
+    passes: list[int] = []
+    forward = engine.runner.forward
+    monkeypatch.setattr(engine.runner, "forward", lambda fb: passes.append(1) or forward(fb))
+    engine.flush_cache()
+    inputs = [prompt + c for c in choices] + choices
+    outs = engine.generate(input_ids=inputs, sampling_params={"max_new_tokens": 0}, return_logprob=True,
+                           logprob_start_len=[len(prompt)] * len(choices) + [0] * len(choices))  # fmt: skip
+    assert len(passes) == 1
+    for c, out in zip(choices, outs):
+        _check_input_logprobs(out, prompt + c, len(prompt), hf_model)
+    for c, out in zip(choices, outs[len(choices):]):
+        inp = out["meta_info"]["input_token_logprobs"]
+        assert inp[0][0] is None and [t[1] for t in inp] == c
+        _check_input_logprobs({"meta_info": {"input_token_logprobs": inp[1:]}}, c, 1, hf_model)

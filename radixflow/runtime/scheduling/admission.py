@@ -9,14 +9,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixflow.radix_cache.radix_tree import RadixCache
+from radixflow.radix_cache.radix_tree import MatchResult, RadixCache
 from radixflow.runtime.scheduling.req import Req, ReqState
 
 if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
 IN_BATCH_PREFIX_THRESHOLD = 32  # defer a request sharing this many uncached tokens with one being admitted
-SCORING_SHARE_MIN = 16  # a prompt-only request also waits for one sharing this many, if they are most of its work
+SCORING_SHARE_MIN = 16  # a prompt-only request also waits for one sharing this many, if they are half or more of its work
 LPM_MAX_WAITING = 128  # above this, lpm falls back to fcfs (matching every request costs)
 
 
@@ -102,19 +102,22 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     return batch
 
 
-def fresh_enough(req: Req, match, in_batch: RadixCache) -> bool:
+def fresh_enough(req: Req, match: MatchResult, in_batch: RadixCache) -> bool:
     """In-batch prefix sharing: if this request shares a long uncached prefix with one
     already admitted this round, wait a round and reuse its KV instead. A prompt-only
     request (a select's scoring) has no first token to delay, so it also waits when the
-    shared part is most of what it would compute and more than a handful of tokens: a
-    select's choices after a short uncached context would otherwise each recompute it (a
-    few tokens, such as the text between a gen and a select, cost less to recompute than
-    a pass of latency)."""
-    key = req.fill_ids
+    shared part is at least SCORING_SHARE_MIN tokens and at least half of what it would
+    compute: a select's choices after a short uncached context would otherwise each
+    recompute it (a few tokens, such as the text between a gen and a select, cost less
+    to recompute than a pass of latency). Only the reusable part counts (up to
+    `match_limit`): tokens whose input logprobs are wanted are computed again anyway, so
+    waiting for them would gain nothing and cost a pass."""
+    key = req.fill_ids[: match_limit(req)]
     shared = in_batch.match_prefix(key).length - match.length
     if shared > IN_BATCH_PREFIX_THRESHOLD:
         return False
-    if req.sampling.max_new_tokens == 0 and shared >= SCORING_SHARE_MIN and 2 * shared >= len(key) - match.length:
+    rest = len(req.fill_ids) - match.length
+    if req.sampling.max_new_tokens == 0 and shared >= SCORING_SHARE_MIN and 2 * shared >= rest:
         return False
     in_batch.insert(key, torch.zeros(len(key), dtype=torch.int64))
     return True
