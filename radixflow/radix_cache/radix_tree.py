@@ -43,7 +43,7 @@ class MatchResult:
     its KV slots in position order, joined from the path's nodes on first use (admission
     matches every waiting request to order them, and uses the slots of the few it admits)."""
 
-    def __init__(self, parts: list, node: TreeNode):
+    def __init__(self, parts: list, node: TreeNode) -> None:
         self.parts, self.node = parts, node
         self.length = sum(int(p.numel()) for p in parts)
         self._slots: Optional[torch.Tensor] = None
@@ -167,6 +167,12 @@ class RadixCache:
             parts.append(child.value)
             node, done = child, done + n
         return min(done, len(key)), node, parts
+
+    def is_attached(self, node: TreeNode) -> bool:
+        """Whether `node` is still in the tree: eviction detaches leaves, so a match taken
+        before an allocation may name a node whose slots were freed since."""
+        parent = node.parent
+        return node is self.root or (parent is not None and parent.children.get(self._child_key(node.key)) is node)
 
     def inc_lock(self, node: TreeNode) -> None:
         while node is not self.root:

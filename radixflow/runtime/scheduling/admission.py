@@ -68,7 +68,8 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     for req, match in ordered_waiting(sched):
         if sched.num_running + len(admitted) >= sched.args.max_running_requests or budget <= 0:
             break
-        match = match if match is not None else sched.kv.match(req, match_limit(req))
+        if match is None or not sched.tree.is_attached(match.node):  # an earlier alloc may have evicted it
+            match = sched.kv.match(req, match_limit(req))
         if not sched.tree.disable and not fresh_enough(req, match, in_batch):
             continue
         extend = req.seq_len - match.length

@@ -41,6 +41,7 @@ class KVManager:
 
     def admit(self, req: Req, match: MatchResult) -> bool:
         """Give `req` a req_to_token row holding its cached prefix; lock the prefix."""
+        assert self.tree.is_attached(match.node), "admitting a match whose node was evicted"
         row = self.req_to_token.alloc()
         if row is None:
             return False
