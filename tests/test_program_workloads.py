@@ -17,6 +17,12 @@ def test_optimal_hit_rate_counts_shared_prefixes_and_earlier_outputs():
     assert program_bench.optimal_hit_rate(calls) == (0 + 3 + 5 + 0) / (4 + 4 + 6 + 1)
 
 
+def test_programs_per_s_is_programs_over_total_time():
+    """Two rounds of 64 programs at 128 and 64 programs/s: 128 programs in 1.5 s, not the mean 96."""
+    rounds = [{"throughput": 128.0}, {"throughput": 64.0}]
+    assert abs(program_bench.programs_per_s(rounds) - 128 / 1.5) < 1e-9
+
+
 def test_workloads_run_three_ways(engine):
     sampling = {"max_new_tokens": 2, "temperature": 0}
     results = program_bench.run_all(engine, ["generative_agents", "dspy_rag"], n=2, size=0.05, sampling=sampling)
@@ -27,6 +33,10 @@ def test_workloads_run_three_ways(engine):
         assert 0.0 < r["optimal_hit"] <= 1.0
         assert r["eager"]["hit"] <= r["optimal_hit"] + 1e-9
         assert all(r[m]["throughput"] > 0 for m in program_bench.MODES)
+        for run in (x for m in program_bench.MODES for x in r[m]["runs"]):  # the round = model + host time
+            assert run["model_s"] > 0
+            round_s = r["programs_per_round"] / run["throughput"]
+            assert abs(run["model_s"] + run["host_ms_per_pass"] * run["scheduler_steps"] / 1000 - round_s) < 1e-6
     assert "Geometric mean" in program_bench.table(results)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
 

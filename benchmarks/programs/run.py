@@ -108,7 +108,7 @@ def run_mode(
         with Timeline(engine) as tl, GcPauses() as gcs:
             states = asyncio.run(all_of())
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            host_ms = tl.host_ms_per_pass(wall)
+            host_ms, model_s, steps = tl.host_ms_per_pass(wall), tl.model_seconds(), tl.steps
     finally:
         sched.tree.disable = engine.server_args.disable_radix_cache
     prompt = sched.stats.prompt_tokens - before[0]
@@ -121,6 +121,8 @@ def run_mode(
         "hit": cached / prompt if prompt else 0.0,
         "forward_steps": sched.stats.forward_steps - before[2],
         "host_ms_per_pass": host_ms,
+        "model_s": model_s,  # GPU time of the forward passes on CUDA (pass_timer), wall inside them on CPU
+        "scheduler_steps": steps,  # what host_ms_per_pass divides by: model_s + host_ms x steps = the round
         "gc_full": gcs.full,
         "gc_ms": 1000 * gcs.seconds,
     }
@@ -157,17 +159,26 @@ def run_workload(
     for mode, rs in runs.items():
         out[mode] = {
             "mode": rs[0]["mode"],
-            "throughput": statistics.median(r["throughput"] for r in rs),
+            "throughput": programs_per_s(rs),
             "p50": statistics.median(r["p50"] for r in rs),
             "cpu_per_program": statistics.median(r["cpu_per_program"] for r in rs),
             "hit": statistics.median(r["hit"] for r in rs),
             "forward_steps": statistics.median(r["forward_steps"] for r in rs),
             "host_ms_per_pass": statistics.median(r["host_ms_per_pass"] for r in rs),
+            "model_s": statistics.median(r["model_s"] for r in rs),
             "gc_ms": statistics.median(r["gc_ms"] for r in rs),
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
     return out
+
+
+def programs_per_s(rounds: list) -> float:
+    """A mode's programs over its total time across rounds (each round runs the same
+    programs, so: the harmonic mean of the rounds' throughputs). The mean of the rounds'
+    throughputs would let one fast round outweigh a slow one, e.g. a round with a full
+    garbage collection."""
+    return len(rounds) / sum(1 / r["throughput"] for r in rounds)
 
 
 def round_order(r: int) -> tuple:
@@ -222,7 +233,8 @@ def tracked_objects(top: int = 8) -> dict:
 
 
 def table(results: dict) -> str:
-    """Medians over the repeats; graph / eager also gives the range of the per-round ratios.
+    """Programs/s: programs over total time across the repeats; the other columns are medians
+    over the repeats; graph / eager is the median of the per-round ratios, with their range.
     CPU s / program: this process's CPU time (all threads) per program, which a shared
     machine's load disturbs far less than wall time. Forward passes: the scheduler steps that
     ran the model (median over rounds), the work itself, which load does not change. Host ms /

@@ -61,7 +61,7 @@ def stand_in_forward(engine, token: int = 1000) -> None:
 
     row = torch.zeros(1, engine.runner.vocab_size, device=engine.runner.device)
     row[0, token] = 1.0
-    engine.runner.forward = lambda fb: row.expand(fb.logits_indices.numel(), -1)
+    engine.runner.forward = lambda fb: row.repeat(fb.logits_indices.numel(), 1)  # the sampler writes into its rows
 
 
 def print_rows(name: str, result: dict) -> None:
