@@ -160,9 +160,9 @@ def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenize
 def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer):
     """A select scores each choice as prompt + choice (prompt-only requests, logprobs from the
     choice on). With the prompt uncached, over a handful of tokens and shorter than the
-    in-batch sharing threshold, each choice used to compute the whole prompt again; now the first computes it and the
-    others wait a pass and compute the position before their choice and the choice only.
-    The logprobs still match transformers."""
+    in-batch sharing threshold, the first choice computes it and the others wait a pass and
+    compute the position before their choice and the choice only. The logprobs match
+    transformers."""
     from radixflow.runtime.scheduling import admission
 
     prompt = tokenizer.encode("The weather report for the small villages high up in the northern mountains this coming weekend says that it will be")

@@ -172,5 +172,17 @@ def test_freeing_pages_does_not_copy_the_free_list(monkeypatch):
             alloc.free(freed)
             reference += freed.tolist()
     assert alloc.num_free_pages == len(reference)
-    assert sum(copied) < 100_000  # eager appends copied ~100 x 100,000 page ids
+    assert sum(copied) < 100_000  # appending at each free would copy the whole list each time
     assert alloc.alloc(alloc.num_free_pages).tolist() == reference
+
+
+def test_free_slots_frees_each_page_once_at_page_size_1_and_4():
+    """free_slots gives back the pages its slots start or cover: at page size 1 each slot as
+    it is (no unique pass), at page size 4 each page once, a partly used tail page whole."""
+    for page_size, slots, pages in ((1, [7, 3, 5], [7, 3, 5]), (4, [8, 9, 10, 11, 20, 21], [2, 5])):
+        alloc = PageAllocator(16, page_size)
+        taken = alloc.alloc(alloc.num_free_pages)
+        alloc.free_slots(torch.tensor(slots, dtype=torch.int64))
+        assert alloc.num_free_pages == len(pages)
+        assert alloc.alloc(len(pages)).tolist() == pages and alloc.alloc(1) is None
+        assert set(pages) <= set(taken.tolist())

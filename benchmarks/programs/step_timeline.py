@@ -84,7 +84,7 @@ def main(argv=None) -> None:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--json", default=None)
-    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (the H200's Llama-3-8B pool: ~800000)")
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (e.g. a GPU's, to time the host's work with a pool that large)")
     ap.add_argument("--stand-in-model", action="store_true",
                     help="the forward pass returns fixed logits (one token always first) and computes nothing: "
                          "a round's time is the host's alone")

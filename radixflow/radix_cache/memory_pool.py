@@ -57,7 +57,7 @@ class PageAllocator:
 
     def free(self, pages: torch.Tensor) -> None:
         """Queue pages behind the free list. Appending them to it at once would copy the whole
-        list (hundreds of thousands of pages on a GPU) for every request that frees a few."""
+        list, as large as the KV pool, for every request that frees a few."""
         if pages.numel():
             self._returned.append(pages.to(torch.int64).cpu())
             self._num_returned += int(pages.numel())

@@ -19,10 +19,10 @@ class LogprobCollector:
     def add_inputs(self, logits: torch.Tensor, items: list) -> None:
         """Input logprobs for one pass's requests: `items` are (req, row, start_pos, n), where
         `logits[row + j]` is the distribution after position start_pos + j (predicting token +1).
-        A logprob is the target's logit minus its row's logsumexp: taken on the pass's rows in
-        place (no copy of rows, no vocabulary-wide log-softmax written out; float32 already),
-        in chunks of rows, and copied to the host once for all requests: a select's scoring
-        requests (hundreds a pass) would each wait for the GPU otherwise."""
+        A logprob is the target's logit minus its row's logsumexp, read from the pass's rows
+        without copying them (no vocabulary-wide log-softmax written out; float32 already), in
+        chunks of rows, and copied to the host once for all requests: a select's many scoring
+        requests in a pass would each wait for the GPU otherwise."""
         spans, rows, targets = [], [], []
         for req, row, start_pos, n in items:
             first, last = self._span(req, start_pos, n)
