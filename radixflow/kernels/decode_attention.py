@@ -56,9 +56,9 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
 # - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py, which timed batch 256 and 512
-#   only; smaller batches keep the bf16 launch, since 128-token splits leave more SMs idle there and were
-#   not timed): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight during the
-#   products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
+#   only; smaller batches, not timed, keep the bf16 launch: there, splits cut at 128-token multiples would
+#   leave more SMs idle): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
+#   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
 #   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
