@@ -55,9 +55,9 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
-# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py, which timed batch 256 and 512
-#   only; smaller batches, not timed, keep the bf16 launch: there, splits cut at 128-token multiples would
-#   leave more SMs idle): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
+# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py; below 256 it was slower than
+#   the bf16 launch on short contexts, where splits cut at 128-token multiples leave more SMs idle, and
+#   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
 #   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
 #   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
 DECODE_CONFIG = {
