@@ -90,7 +90,8 @@ def model_config(smoke: bool) -> str:
     return path
 
 
-def make_engine(a):
+def make_engine(a, **overrides):
+    """The benchmark's engine (GPU, or the tiny CPU one); `overrides` replace Engine arguments."""
     import radixflow
 
     if CUDA:
@@ -106,6 +107,7 @@ def make_engine(a):
     kw["grammar_backend"] = a.backends[0]
     kw["grammar_threads"] = a.grammar_threads
     kw["grammar_compile_timeout_s"] = 120.0  # the first compile of SCHEMA, on a busy host
+    kw.update(overrides)
     return radixflow.Engine(model_config(a.smoke), load_format="dummy", tokenizer_path=tok, **kw)
 
 
@@ -193,6 +195,7 @@ def use_backend(eng, name: str) -> str:
 
 
 BACKENDS: dict = {}
+SECTIONS = ("correctness", "threads", "idle", "throughput")
 
 
 def run_size(a, eng, n: int, temp: float, backend: str) -> None:
@@ -323,14 +326,14 @@ def table(a) -> None:
             log(a.out, f"{key}: idle {100 * e['idle_fraction']:.1f}% (median gap {e['gap_ms']:.2f} ms, forward {e['gpu_forward_ms']:.2f} ms, {e['decode_passes']} passes); host ms/step {e['host_ms']}")
 
 
-def main() -> None:
+def parse_args(argv: list | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokenizer", help="the default model's tokenizer folder (default: its converted cache folder)")
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="CPU, tiny model: the script's plumbing only")
     ap.add_argument("--sizes", default=None, help="batch sizes, comma-separated (default 1,64,256; smoke 1,4)")
     ap.add_argument("--temps", default="0,1", help="temperatures, comma-separated")
-    ap.add_argument("--sections", default="correctness,throughput,idle")
+    ap.add_argument("--sections", default="correctness,throughput,idle", help=f"comma-separated, of: {', '.join(SECTIONS)}")
     ap.add_argument("--repeats", type=int, default=3, help="runs of each configuration, in turn (the median is reported)")
     ap.add_argument("--grammar-backends", default="llguidance,outlines", help="comma-separated; the first also runs correctness")
     ap.add_argument("--threads", default="4,8,16", help="llguidance pool sizes for the `threads` section (batch 256, or the largest "
@@ -339,30 +342,39 @@ def main() -> None:
     ap.add_argument("--grammar-threads", type=int, default=0, help="the engine's --grammar-threads (0: llguidance's default)")
     ap.add_argument("--no-jump-forward", action="store_true", help="throughput: grammar rows without jump-forward (--disable-jump-forward)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     a.backends = a.grammar_backends.split(",")
     a.idle_backends = a.idle_backends.split(",") if a.idle_backends else a.backends
     a.temps = [float(t) for t in a.temps.split(",")]
     a.threads = [int(t) for t in a.threads.split(",")]
     a.sizes = [int(s) for s in (a.sizes or ("1,4" if a.smoke else "1,64,256")).split(",")]
+    sections = a.sections.split(",")
+    unknown = [s for s in sections if s not in SECTIONS]
+    if unknown:
+        ap.error(f"--sections: unknown {', '.join(unknown)}; choose from {', '.join(SECTIONS)}")
+    a.sections = sections
+    return a
+
+
+def main() -> None:
+    a = parse_args()
     os.makedirs(a.out, exist_ok=True)
     t = time.perf_counter()
     eng = make_engine(a)
     RESULTS["env"] = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
                       "engine_s": time.perf_counter() - t, "grammar_backend": eng.scheduler.args.grammar_backend}  # fmt: skip
     log(a.out, "env", json.dumps(RESULTS["env"]))
-    sections = a.sections.split(",")
     try:
-        if "correctness" in sections:
+        if "correctness" in a.sections:
             correctness(a, eng)
         late = lambda: a.deadline_s and time.perf_counter() - t > a.deadline_s  # noqa: E731
-        if "threads" in sections:
+        if "threads" in a.sections:
             thread_sweep(a, eng, max(a.sizes))
-        if "idle" in sections:
+        if "idle" in a.sections:
             for b in a.idle_backends:
                 idle(a, eng, 4 if a.smoke else 64, "json", b)
                 idle(a, eng, 4 if a.smoke else 256, "regex", b)
-        if "throughput" in sections:
+        if "throughput" in a.sections:
             for b, n, temp in ((b, n, temp) for b in a.backends for n in a.sizes for temp in a.temps):
                 if late():
                     log(a.out, f"skipped {b} bs{n} T{temp:g}: past --deadline-s")

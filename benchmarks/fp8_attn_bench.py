@@ -2,21 +2,24 @@
 
     python3 benchmarks/fp8_attn_bench.py --out $OUT/fp8attn [--cases 256x1536,512x660] [--variants REGEX]
 
-Cases: batch 256 and 512 at 660 and 1,536 tokens a request, KV slots a random permutation of the pool's
-(gpu_attn_bench.make_inputs; every case's pool outgrows the L2). The FP8 pool holds the same K / V
-with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool).
+Cases: batch 8, 32, 64, 256 and 512 at 660 and 1,536 tokens a request (by default the sweep's: batch 256
+and 512), KV slots a random permutation of the pool's (gpu_attn_bench.make_inputs). The FP8 pool holds the
+same K / V with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool).
 
-Labels: `bf16` the bf16 pool with DECODE_CONFIG; `fp8_before` the FP8 pool as it was launched before
-this sweep (the bf16 launch, V widened after its shared-memory read); `fp8_default` the FP8 pool with
-DECODE_CONFIG as it stands; every other label an `fp8` launch entry (block_n / num_warps / num_stages,
-`_wv` waves) with V widened in registers (DECODE_CONFIG's fp8_v_regs), and `bf16_*` the bf16 pool with
-another launch (information only). Each variant is checked against
+Labels always timed (LAUNCHES): `bf16` the bf16 pool with DECODE_CONFIG; `fp8_bf16_launch` the FP8 pool
+through the bf16 pool's launch with V widened after its shared-memory read; `fp8_bf16_launch_v_regs` the
+same launch with V widened in registers (DECODE_CONFIG's fp8_v_regs); `fp8_entry` DECODE_CONFIG's `fp8`
+entry at every batch size (its min_batch set aside); `fp8_default` the FP8 pool with DECODE_CONFIG as it
+stands (the entry from its min_batch up). Every other label (--variants picks them; '^$' for none) is an
+`fp8` entry swept (block_n / num_warps / num_stages, `_wv` waves) with V widened in registers, and
+`bf16_*` the bf16 pool with another launch (information only). Each variant is checked against
 the float32 reference over the pool it reads (the dequantized FP8 pool: the kernel's error, not
 e4m3's; max abs error > 2e-2 fails loudly: listed, not timed, exit 1), then timed per layer call in a
 CUDA graph: us, and TB/s of the pool bytes read. Kernels are compiled first in --jobs processes.
-Writes DIR/fp8_attn_bench.json, prints a table, and the FP8 entry with the lowest geometric mean
-time over the cases; with --write-config also puts that entry into DECODE_CONFIG in
-radixflow/kernels/decode_attention.py (for an engine benchmark that follows in the same call).
+Writes DIR/fp8_attn_bench.json, prints a table, and the swept entry with the lowest geometric mean
+time over the cases from the entry's min_batch up, scored against fp8_default; with --write-config, if it
+beats fp8_default, also puts that entry into DECODE_CONFIG in radixflow/kernels/decode_attention.py
+(for an engine benchmark that follows in the same call).
 """
 
 from __future__ import annotations
@@ -35,11 +38,16 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gpu_attn_bench as attn  # noqa: E402
 from gpubench.fp8_kernels import fp8_pool  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
-from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.decode_attention import DECODE_CONFIG, ENTRY_GATES, decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
-CASES = {"256x660": (256, 660), "256x1536": (256, 1536), "512x660": (512, 660), "512x1536": (512, 1536)}
-BEFORE = {"fp8": {}, "fp8_v_regs": False}  # DECODE_CONFIG's FP8 launch before this sweep
+CASES = {f"{bs}x{length}": (bs, length) for bs in (8, 32, 64, 256, 512) for length in (660, 1536)}
+SWEEP_CASES = "256x660,256x1536,512x660,512x1536"
+FP8_BF16_LAUNCH = {"fp8": {}, "fp8_v_regs": False}  # the FP8 pool through the bf16 pool's launch, V after shared memory
+LAUNCHES = {  # label: (FP8 pool?, config), timed in every case
+    "bf16": (False, None), "fp8_bf16_launch": (True, FP8_BF16_LAUNCH), "fp8_bf16_launch_v_regs": (True, {"fp8": {}}),
+    "fp8_entry": (True, {"fp8": {**DECODE_CONFIG["fp8"], "min_batch": 0}}), "fp8_default": (True, None),
+}
 # `fp8` entries timed: (block_n, num_warps, num_stages, other keys)
 # (Triton pipelines the gathered K / V one block ahead below 5 stages, two blocks ahead at 5: more bytes in flight.)
 SWEEP = [
@@ -47,7 +55,7 @@ SWEEP = [
     (128, 4, 3, {}), (128, 4, 5, {}), (128, 8, 3, {}), (128, 8, 5, {}), (256, 8, 3, {}),
     (64, 4, 5, {"waves": 16}), (128, 4, 3, {"waves": 16}),
 ]
-# the bf16 pool with 5 stages too (not swept for bf16 since gpu_attn_bench's n64w8s5): does the deeper pipeline help it?
+# the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
 BF16_EXTRA = {"bf16_n64w4s5": {"num_stages": 5}}
 
 
@@ -62,11 +70,10 @@ def _label(entry: dict) -> str:
 
 
 def variants(pattern: str) -> list[tuple[str, bool, dict | None]]:
-    """(label, FP8 pool?, config) to time; bf16, fp8_before and fp8_default always."""
+    """(label, FP8 pool?, config) to time: LAUNCHES, then the swept variants whose label matches `pattern`."""
     sweep = [(_label(e), True, {"fp8": e}) for e in map(_entry, SWEEP)]
     sweep += [(lab, False, cfg) for lab, cfg in BF16_EXTRA.items()]
-    return [("bf16", False, None), ("fp8_before", True, BEFORE), ("fp8_default", True, None)] + [
-        s for s in sweep if re.search(pattern, s[0])]
+    return [(lab, fp8, cfg) for lab, (fp8, cfg) in LAUNCHES.items()] + [s for s in sweep if re.search(pattern, s[0])]
 
 
 def fp8_pool_dequantized(x: dict) -> tuple:
@@ -122,9 +129,11 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
 
 
 def best_entry(cases: list[dict]) -> tuple[str | None, dict | None]:
-    """The swept `fp8` entry with the lowest geometric mean time over `cases` (timed in all of them)."""
+    """The swept `fp8` entry, or fp8_default (entry None), with the lowest geometric mean time over the
+    `cases` from DECODE_CONFIG's fp8 min_batch up (where a written entry would apply), timed in all of them."""
+    cases = [c for c in cases if c["batch"] >= DECODE_CONFIG["fp8"].get("min_batch", 0)]
     entries = {_label(e): e for e in map(_entry, SWEEP)}
-    timed = [lab for lab in entries if all("us" in c["runs"].get(lab, {}) for c in cases)]
+    timed = [lab for lab in [*entries, "fp8_default"] if cases and all("us" in c["runs"].get(lab, {}) for c in cases)]
     score = {lab: sum(math.log(c["runs"][lab]["us"]) for c in cases) for lab in timed}
     lab = min(score, key=score.get) if score else None
     return lab, entries.get(lab)
@@ -135,32 +144,50 @@ CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
 
 
 def write_config(entry: dict) -> None:
-    """DECODE_CONFIG's `"fp8": {...}` entry in the source replaced by `entry` (one entry, one line)."""
+    """DECODE_CONFIG's `"fp8": {...}` entry in the source replaced by `entry` with the current entry's gates
+    (min_batch, min_shared_memory; one entry, one line)."""
+    gates = {k: v for k, v in DECODE_CONFIG["fp8"].items() if k in ENTRY_GATES["fp8"]}
     text = open(CONFIG_FILE).read()
-    new, count = re.subn(r'"fp8": \{[^{}]*\}', '"fp8": ' + json.dumps(entry), text, count=1)
+    new, count = re.subn(r'"fp8": \{[^{}]*\}', '"fp8": ' + json.dumps({**entry, **gates}), text, count=1)
     assert count == 1, "DECODE_CONFIG's fp8 entry not found"
     with open(CONFIG_FILE, "w") as f:
         f.write(new)
 
 
+RATIO_BASES = ("bf16", "fp8_bf16_launch", "fp8_bf16_launch_v_regs")  # the table's "vs" columns, in order
+
+
 def print_table(res: dict) -> None:
     print(f"\n{res['gpu']}  torch {res['torch']}  triton {res['triton']}")
+    print("ratios: a base's time / the variant's (above 1: the variant is faster); bases: " + ", ".join(RATIO_BASES))
     for name, c in res["cases"].items():
         runs = c["runs"]
-        base, before = runs["bf16"].get("us"), runs["fp8_before"].get("us")  # the ratios' baselines
+        bases = [runs[b].get("us") for b in RATIO_BASES]
         print(f"\n{name}: batch {c['batch']} x {c['len']} tokens, bf16 K+V {c['bf16_kv_mb']:.0f} MB")
-        print(f"  {'variant':16} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16':>7} {'vs before':>9} {'err':>7}")
+        print(f"  {'variant':22} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16':>7} {'vs launch':>9} {'vs v_regs':>9} {'err':>7}")
         for lab, r in sorted(runs.items(), key=lambda kv: kv[1].get("us", 1e9)):
             if "us" in r:
-                print(f"  {lab:16} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {base / r['us'] if base else 0:7.2f} "
-                      f"{before / r['us'] if before else 0:9.2f} {r['err']:7.4f}")
+                ratios = " ".join(f"{b / r['us'] if b else 0:{w}.2f}" for b, w in zip(bases, (7, 9, 9)))
+                print(f"  {lab:22} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratios} {r['err']:7.4f}")
             else:
-                print(f"  {lab:16} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")
-    print(f"\nbest fp8 entry over the cases: {res['best']}")
+                print(f"  {lab:22} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")
+    print(f"\nbest fp8 entry over the cases from min_batch {DECODE_CONFIG['fp8'].get('min_batch', 0)} up: {res['best']}")
+
+
+def print_summary(res: dict) -> None:
+    """One line a case: us of the bf16 pool, the FP8 pool through the bf16 launch with V in registers, the
+    fp8 entry, the default; and the entry's speed-up over the bf16 launch with V in registers."""
+    labels = ("bf16", "fp8_bf16_launch_v_regs", "fp8_entry", "fp8_default")
+    print(f"\n{'case':10} " + " ".join(f"{lab:>22}" for lab in labels) + f" {'entry vs v_regs':>15}")
+    for name, c in res["cases"].items():
+        us = [c["runs"][lab].get("us") for lab in labels]
+        ratio = us[1] / us[2] if us[1] and us[2] else float("nan")
+        print(f"{name:10} " + " ".join(f"{u or float('nan'):22.1f}" for u in us) + f" {ratio:15.2f}")
 
 
 def main() -> None:
-    ap = attn.arg_parser(__doc__, CASES, "fp8_attn_bench.json", "bf16, fp8_before and fp8_default")
+    ap = attn.arg_parser(__doc__, CASES, "fp8_attn_bench.json", ", ".join(LAUNCHES))
+    ap.set_defaults(cases=SWEEP_CASES)
     ap.add_argument("--write-config", action="store_true", help="put the best FP8 entry into DECODE_CONFIG's source")
     opts = ap.parse_args()
     out = attn.run_sweep(opts, precompile, bench_case)
@@ -169,11 +196,14 @@ def main() -> None:
     with open(os.path.join(opts.out, "fp8_attn_bench.json"), "w") as f:
         json.dump(out, f, indent=1)
     print_table(out)
+    print_summary(out)
     for f in out["failures"]:
         print("FAILED:", f)
     if opts.write_config and entry is not None:
         write_config(entry)
         print(f"DECODE_CONFIG's fp8 entry written: {entry}")
+    elif opts.write_config:
+        print(f"DECODE_CONFIG's fp8 entry kept: no swept entry beat it ({label})")
     if out["failures"]:
         sys.exit("FAIL: variants failed or above the error tolerance (see failures)")
 

@@ -26,6 +26,7 @@ import multiprocessing as mp
 import os
 import re
 import sys
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 
 import torch
@@ -152,7 +153,8 @@ def compile_in_processes(todo: list, jobs: int) -> None:
         print(f"precompile failed ({e!r}); compiling in this process instead", flush=True)
 
 
-def run_sweep(opts: argparse.Namespace, precompile, bench_case) -> dict:
+def run_sweep(opts: argparse.Namespace, precompile: Callable[[list[str], str, int, int], None],
+              bench_case: Callable[[str, str, int], dict]) -> dict:
     """arg_parser's options parsed: compile every kernel up front, then bench_case(name, pattern, SMs) for
     each case. Returns the run's header (GPU, versions, DECODE_CONFIG), the cases, and the variants that
     failed or missed the tolerance."""

@@ -39,7 +39,7 @@ Sections (each isolated: a failure is logged and the next one runs):
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
                --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
-  offline_arms offline's first seed as built and with 16,384-token prefill chunks, the faster on the other seeds
+  offline_arms offline (every seed) as built, then with 16,384-token prefill chunks
   gemm_shapes  the bf16 linears' GEMMs alone (Llama-3-8B shapes, M 544 to 8,192): F.linear against the weight in
                two GEMMs (split_linear), stored transposed, and through cuBLASLt
   fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config

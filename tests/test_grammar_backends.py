@@ -427,3 +427,16 @@ def test_the_gpu_benchmark_switches_the_up_front_check_with_the_backend(engine, 
                 backend.cache.pool.shutdown(wait=False)
         constrained_gpu.BACKENDS.clear()
         sched.args, sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
+
+
+def test_the_gpu_benchmark_refuses_an_unknown_section(monkeypatch, capsys):
+    """A misspelled or retired --sections name (e.g. `background`) would otherwise run nothing
+    for it and say nothing: it is refused up front, naming the sections there are."""
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    import constrained_gpu
+
+    assert constrained_gpu.parse_args(["--out", "x", "--sections", "idle,throughput"]).sections == ["idle", "throughput"]
+    with pytest.raises(SystemExit):
+        constrained_gpu.parse_args(["--out", "x", "--sections", "background,throughput"])
+    err = capsys.readouterr().err
+    assert "unknown background" in err and "correctness, threads, idle, throughput" in err

@@ -594,19 +594,6 @@ def test_decode_config_small_batch_overrides(monkeypatch):
         da.resolve_config(1, {"kv_per_prog": 2})
 
 
-def test_decode_config_fp8_entry_applies_to_fp8_pools_above_small(monkeypatch):
-    """DECODE_CONFIG's `fp8` entry launches an FP8 pool's large batches (and their split count), never a
-    16-bit pool's, and `small` wins at its batch sizes."""
-    import radixflow.kernels.decode_attention as da
-
-    monkeypatch.setitem(da.DECODE_CONFIG, "fp8", {"block_n": 128, "waves": 64})
-    fp8, bf16 = da.resolve_config(256, fp8=True), da.resolve_config(256)
-    assert (fp8["block_n"], bf16["block_n"]) == (128, da.DECODE_CONFIG["block_n"]) and "fp8" not in fp8
-    assert da.resolve_config(1, fp8=True)["block_n"] == da.DECODE_CONFIG["block_n"]  # `small` applies
-    assert da.resolve_config(256, {"fp8": {}}, fp8=True)["block_n"] == da.DECODE_CONFIG["block_n"]
-    assert num_kv_splits(256, 8, 132, fp8=True) == 8 and num_kv_splits(256, 8, 132) == 1
-
-
 # -- the Triton backend inside the engine ----------------------------------------------------
 def test_triton_backend_matches_torch_native_in_the_engine(tmp_path):
     """Mixed batch (fresh, cache hits, chunked prefill) plus decode, teacher-forced."""

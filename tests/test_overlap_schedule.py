@@ -8,7 +8,9 @@ on (it is the default on CUDA) and compare with the same engine's outputs with i
 from __future__ import annotations
 
 from contextlib import contextmanager
+from typing import Optional
 
+import pytest
 from conftest import PROMPTS
 from radixflow import Engine
 
@@ -25,15 +27,24 @@ MIXED = [
 
 
 @contextmanager
-def overlap_on(engine):
+def overlap_on(engine, cold_chunk: Optional[int] = None):
+    """Overlap on for the block. `cold_chunk`: first flush the radix cache and chunk prefills to this many
+    tokens, so that prompts end in extend passes read back after the next one is launched (with the cache
+    left by a reference run, every prompt extends by one token and is read back before a decode pass)."""
     sched = engine.scheduler
-    before = sched.stats.chained_decode_steps
+    chained, late = sched.stats.chained_decode_steps, sched.stats.late_extend_read_backs
+    chunk = sched.args.chunked_prefill_size
+    if cold_chunk:
+        assert engine.stepper.exclusive(sched.flush_cache), "the engine must be idle"
+        sched.args.chunked_prefill_size = cold_chunk
     sched.overlap = True
     try:
         yield sched
     finally:
         sched.overlap = False
-        assert sched.stats.chained_decode_steps > before, "overlap was never used"
+        sched.args.chunked_prefill_size = chunk
+        assert sched.stats.chained_decode_steps > chained, "overlap was never used"
+        assert not cold_chunk or sched.stats.late_extend_read_backs > late, "no extend pass was read back late"
 
 
 def _outputs(results: list) -> list:
@@ -50,7 +61,7 @@ def _settle(sched) -> None:
 
 def test_overlap_gives_the_same_outputs(engine):
     ref = _outputs(engine.generate(PROMPTS, MIXED))
-    with overlap_on(engine) as sched:
+    with overlap_on(engine, cold_chunk=16) as sched:
         got = _outputs(engine.generate(PROMPTS, MIXED))
         _settle(sched)
     assert got == ref
@@ -63,7 +74,7 @@ def test_penalty_and_logprob_rows_overlap_with_the_same_outputs(engine):
     params[1]["repetition_penalty"] = 1.3
     params[1]["max_new_tokens"] = params[2]["max_new_tokens"] = 10
     ref = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
-    with overlap_on(engine) as sched:
+    with overlap_on(engine, cold_chunk=16) as sched:
         before = sched.stats.chained_decode_steps
         got = engine.generate(PROMPTS[:4], params, return_logprob=[False, False, True, False])
         _settle(sched)
@@ -78,7 +89,7 @@ def test_penalty_and_logprob_rows_overlap_with_the_same_outputs(engine):
 def test_abort_while_a_pass_is_in_flight(engine):
     params = {"max_new_tokens": 30, "temperature": 0, "ignore_eos": True}
     ref = _outputs(engine.generate(PROMPTS[:3], params))
-    with overlap_on(engine) as sched:
+    with overlap_on(engine, cold_chunk=16) as sched:
         stream = engine.generate(PROMPTS[:3], params, stream=True)
         for _ in range(12):
             next(stream)
@@ -102,8 +113,6 @@ def test_overlap_under_kv_pressure_retracts_and_keeps_outputs(engine):
 
 
 def test_overlap_and_batch_defaults_follow_the_device():
-    import pytest
-
     from radixflow import ServerArgs
     from radixflow.errors import RadixflowError
 
@@ -148,7 +157,7 @@ def test_constrained_rows_overlap_with_the_same_outputs(engine):
     prompts, params = _constrained_batch()
     ref = engine.generate(prompts, params)
     assert sum(o["meta_info"].get("jump_forward_tokens", 0) for o in ref) > 0, "the batch must exercise jump-forward"
-    with overlap_on(engine) as sched:
+    with overlap_on(engine, cold_chunk=16) as sched:
         fed = sched.stats.fed_rows
         got = engine.generate(prompts, params, return_logprob=[False] * 7 + [True])
         _settle(sched)
@@ -200,7 +209,7 @@ def test_request_graphs_overlap_with_the_same_outputs(engine):
     """A graph's gen whose request retires after it (the last gen, one before a select or a
     fork) overlaps its passes like any request; only one that the next gen continues cannot."""
     ref = engine.run_program(GRAPHS)
-    with overlap_on(engine) as sched:
+    with overlap_on(engine, cold_chunk=8) as sched:
         got = engine.run_program(GRAPHS)
         _settle(sched)
     texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731
@@ -222,49 +231,127 @@ def test_a_graphs_last_segment_overlaps(engine):
     assert {k: v["text"] for k, v in got["results"].items()} == {k: v["text"] for k, v in ref["results"].items()}
 
 
+class _ThreePrompts:
+    """Three 30-token prompts in 24-token passes on a flushed cache: the first prompt ends in pass 2, the
+    second in pass 3. Records, at each forward call, how many tokens the first prompt has read back."""
+
+    PARAMS = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+
+    def __init__(self, engine):
+        from radixflow.runtime.sampling_params import SamplingParams
+        from radixflow.runtime.scheduling.req import Req
+
+        text = engine.tokenizer.encode(" ".join(PROMPTS))
+        self.prompts = [text[0:30], text[30:60], text[60:90]]
+        self.reqs = [Req(rid=f"x{i}", origin_input_ids=p, sampling=SamplingParams(**self.PARAMS)) for i, p in enumerate(self.prompts)]
+        self.engine, self.sched, self.seen = engine, engine.scheduler, []
+
+    def run_two_passes(self) -> None:
+        """Admit the prompts and run passes 1 and 2 (overlap on, prefills chunked to 24)."""
+        sched, forward = self.sched, self.sched.runner.forward
+        sched.runner.forward = lambda fb: (self.seen.append(len(self.reqs[0].output_ids)), forward(fb))[1]
+        assert self.engine.stepper.exclusive(sched.flush_cache)  # no radix hits: every prompt computed whole
+        self.engine.stepper.exclusive(lambda: [sched.add_request(r) for r in self.reqs])
+        for _ in range(2):
+            self.engine.stepper.exclusive(sched.step)
+        assert sched.pending_extend is not None and sched.pending_extend.reqs == [self.reqs[0]]
+        assert self.reqs[0].output_ids == [] and self.reqs[0] in sched.running  # admitted, its token on the device
+
+    def finish(self) -> list:
+        while self.sched.has_work():
+            self.engine.stepper.exclusive(self.sched.step)
+        self.sched.check_invariants()
+        return [(r.output_ids, r.finish_reason) for r in self.reqs]
+
+    def restore(self) -> None:
+        self.sched.runner.__dict__.pop("forward", None)
+
+
+@contextmanager
+def _three_prompts(engine):
+    sched = engine.scheduler
+    chunk, sched.args.chunked_prefill_size = sched.args.chunked_prefill_size, 24
+    run = _ThreePrompts(engine)
+    try:
+        with overlap_on(engine):
+            yield run
+    finally:
+        run.restore()
+        sched.args.chunked_prefill_size = chunk
+
+
+def _reference(engine) -> list:
+    sched = engine.scheduler
+    chunk, sched.args.chunked_prefill_size = sched.args.chunked_prefill_size, 24
+    try:
+        return _outputs(engine.generate(input_ids=_ThreePrompts(engine).prompts, sampling_params=_ThreePrompts.PARAMS))
+    finally:
+        sched.args.chunked_prefill_size = chunk
+
+
 def test_extend_passes_are_read_back_after_the_next_pass_is_launched(engine):
     """With overlap on, a prompt that ends in an extend pass gets its first token once the next step has
     launched its own pass, not before; outputs as without overlap."""
-    from radixflow.runtime.scheduling.req import Req
-    from radixflow.runtime.sampling_params import SamplingParams
+    ref = _reference(engine)
+    with _three_prompts(engine) as run:
+        run.run_two_passes()
+        run.engine.stepper.exclusive(run.sched.step)  # launches pass 3, then reads the first prompt's token back
+        assert run.seen == [0, 0, 0], "pass 3 must be launched before the first prompt's token is read back"
+        assert len(run.reqs[0].output_ids) == 1 and run.reqs[1].output_ids == [] and run.sched.pending_extend.reqs == [run.reqs[1]]
+        assert run.finish() == ref
 
-    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-    text = engine.tokenizer.encode(" ".join(PROMPTS))
-    prompts = [text[0:30], text[30:60], text[60:90]]  # passes of 24 tokens: the first ends in pass 2, the second in 3
-    sched = engine.scheduler
-    chunk = sched.args.chunked_prefill_size
-    try:
-        sched.args.chunked_prefill_size = 24
-        ref = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
-        _settle(sched)
-        with overlap_on(engine):
-            got = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
-            _settle(sched)
-            reqs = [Req(rid=f"x{i}", origin_input_ids=p, sampling=SamplingParams(**params)) for i, p in enumerate(prompts)]
-            assert engine.stepper.exclusive(sched.flush_cache)  # no radix hits: every prompt computed whole
-            engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
-            for _ in range(2):
-                engine.stepper.exclusive(sched.step)
-            assert sched.pending_extend is not None and sched.pending_extend.reqs == [reqs[0]]
-            assert reqs[0].output_ids == [] and reqs[0] in sched.running  # admitted, its token still on the device
-            engine.stepper.exclusive(sched.step)  # launches pass 3, then reads the first prompt's token back
-            assert len(reqs[0].output_ids) == 1 and reqs[1].output_ids == [] and sched.pending_extend.reqs == [reqs[1]]
-            while sched.has_work():
-                engine.stepper.exclusive(sched.step)
-            sched.check_invariants()
-    finally:
-        sched.args.chunked_prefill_size = chunk
-    assert got == ref
-    assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
+
+class _Arrived:
+    """Stands in for the copy's CUDA event, already completed."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        pass
+
+
+def test_tokens_already_on_the_host_are_read_back_before_the_next_pass(engine):
+    """When the pending pass's copy has completed by the next step, its tokens are read back first (the
+    first token need not wait for the next pass to be built and launched)."""
+    ref = _reference(engine)
+    with _three_prompts(engine) as run:
+        run.run_two_passes()
+        run.sched.pending_extend.ready = _Arrived()
+        run.engine.stepper.exclusive(run.sched.step)
+        assert run.seen == [0, 0, 1] and run.sched.pending_extend.reqs == [run.reqs[1]]
+        assert run.finish() == ref
+
+
+def test_a_failed_read_back_keeps_the_new_pass(engine):
+    """If advancing the previous pass's requests raises (a grammar, a continue hook, a stop check), the pass
+    just launched stays pending: its requests still get their first tokens."""
+    with _three_prompts(engine) as run:
+        sched = run.sched
+
+        def fail(*args, **kw):
+            raise RuntimeError("advance failed")
+
+        run.run_two_passes()
+        sched._advance = fail
+        try:
+            with pytest.raises(RuntimeError, match="advance failed"):
+                run.engine.stepper.exclusive(sched.step)
+        finally:
+            del sched._advance
+        assert sched.pending_extend is not None and sched.pending_extend.reqs == [run.reqs[1]]
+        run.engine.stepper.exclusive(lambda: sched.abort("x0"))  # its token was lost with the failure
+        outs = run.finish()
+    assert [len(ids) for ids, _ in outs] == [0, 6, 6]
 
 
 def test_abort_while_an_extend_pass_is_pending(engine):
     """A request aborted between its extend pass and the read-back drops its first token; nothing leaks."""
-    from radixflow.runtime.scheduling.req import Req
     from radixflow.runtime.sampling_params import SamplingParams
+    from radixflow.runtime.scheduling.req import Req
 
     text = engine.tokenizer.encode(" ".join(reversed(PROMPTS)))
-    reqs = [Req(rid=f"a{i}", origin_input_ids=text[i * 30 : i * 30 + 30], sampling=SamplingParams(max_new_tokens=4))
+    reqs = [Req(rid=f"a{i}", origin_input_ids=text[i * 30 : i * 30 + 30], sampling=SamplingParams(max_new_tokens=4, temperature=0, ignore_eos=True))
             for i in range(2)]
     sched = engine.scheduler
     with overlap_on(engine):

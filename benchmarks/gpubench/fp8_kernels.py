@@ -9,10 +9,10 @@
   with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
 - Decode attention at large batches: a bf16 pool, an FP8 pool as DECODE_CONFIG launches it (float16
-  products, V widened in registers, its `fp8` entry), with the bf16 pool's launch and V widened after
-  shared memory (the path of 2026-12-01/02), and through bf16 products (DECODE_CONFIG's fp8_f16=False);
-  TB/s of the pool bytes each reads, and each output's largest difference from the bf16 pool's.
-  benchmarks/fp8_attn_bench.py sweeps the FP8 launches.
+  products, V widened in registers, its `fp8` entry), through the bf16 pool's launch with V widened after
+  shared memory, and through bf16 products (DECODE_CONFIG's fp8_f16=False); labels as in
+  benchmarks/fp8_attn_bench.py (LAUNCHES), which sweeps the FP8 launches; TB/s of the pool bytes each
+  reads, and each output's largest difference from the bf16 pool's.
 """
 
 from __future__ import annotations
@@ -153,6 +153,7 @@ def fp8_pool(x: dict) -> tuple:
 
 
 def _attention_rates(bs: int, length: int) -> dict:
+    import fp8_attn_bench as fab
     import gpu_attn_bench as attn
     from radixflow.kernels.decode_attention import decode_attention, num_kv_splits
     from radixflow.kernels.gemv import time_graph_us
@@ -161,15 +162,14 @@ def _attention_rates(bs: int, length: int) -> dict:
     x = attn.make_inputs(lens)
     (k8, v8), scales = fp8_pool(x)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    splits = num_kv_splits(bs, attn.KV_HEADS, sms)
     nbytes = attn.kv_bytes(lens)
-    fp8_splits = num_kv_splits(bs, attn.KV_HEADS, sms, fp8=True)
-    variants = {"bf16": (x["k"], x["v"], None, {}, splits, nbytes),
-                "fp8_f16": (k8, v8, scales, {}, fp8_splits, nbytes // 2),
-                "fp8_f16_v_after_smem": (k8, v8, scales, {"fp8": {}, "fp8_v_regs": False}, splits, nbytes // 2),
-                "fp8_bf16": (k8, v8, scales, {"fp8": {}, "fp8_f16": False}, splits, nbytes // 2)}
-    out, ref_out = {"batch": bs, "len": length, "splits": splits}, None
-    for label, (kb, vb, sc, cfg, n_splits, size) in variants.items():
+    launches = {lab: fab.LAUNCHES[lab] for lab in ("bf16", "fp8_default", "fp8_bf16_launch")}
+    launches["fp8_bf16_products"] = (True, {"fp8": {}, "fp8_f16": False})
+    out, ref_out = {"batch": bs, "len": length}, None
+    for label, (fp8, cfg) in launches.items():
+        (kb, vb), sc = ((k8, v8), scales) if fp8 else ((x["k"], x["v"]), None)
+        n_splits = num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, fp8=fp8)
+
         def run(i: int, kb=kb, vb=vb, sc=sc, cfg=cfg, n_splits=n_splits):
             return decode_attention(x["q"], kb, vb, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE,
                                     n_splits, config=cfg, scales=sc)
@@ -177,7 +177,7 @@ def _attention_rates(bs: int, length: int) -> dict:
         got = run(0).float()
         ref_out = got if ref_out is None else ref_out
         us = time_graph_us(run, max(x["copies"], 4))
-        out[label] = {"splits": n_splits, "us": round(us, 1), "TBps": round(size / us / 1e6, 3),
+        out[label] = {"splits": n_splits, "us": round(us, 1), "TBps": round((nbytes // 2 if fp8 else nbytes) / us / 1e6, 3),
                       "max_abs_diff_vs_bf16": round((got - ref_out).abs().max().item(), 5)}
     log(f"attention bs {bs} x {length}: {out}")
     return out

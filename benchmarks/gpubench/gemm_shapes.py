@@ -4,8 +4,7 @@ At decode-sized M and a prefill chunk's, each shape as the engine runs it (`F.li
 the weight's rows in two GEMMs into the halves of one output (for the merged gate/up projection: gate
 and up apart); the weight stored transposed (a K x N product, another cuBLAS layout); and `F.linear`
 with cuBLASLt as torch's preferred BLAS. us per call in a CUDA graph, weights rotating over copies that
-outgrow the L2, and the largest difference from `F.linear`'s output. (Session 8 of 2026-12-02: none of
-the three was faster across the offline workload's batch sizes.)
+outgrow the L2, and the largest difference from `F.linear`'s output.
 """
 
 from __future__ import annotations
@@ -16,10 +15,10 @@ import torch
 import torch.nn.functional as F
 
 from gpubench.common import free, log
+from gpubench.fp8_kernels import L2
 
 SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 MS = (544, 1024, 8192)
-L2 = 60 << 20
 
 
 def _cublaslt(fn):

@@ -177,38 +177,18 @@ def sec_offline_flash_ab() -> dict:
 
 
 def sec_offline_arms() -> dict:
-    """`offline`'s first seed as built (base), then with prefill chunks of 16,384 tokens (chunk16k; half the
-    extend passes, each twice the rows), in one engine; the faster arm on the other seeds (skipped past
-    --deadline-s). Each arm's first-seed pass records its steps. The chunk size is restored after.
-    (Session 8 of 2026-12-02 ran a third arm, the merged gate/up projection as two GEMMs, from an option
-    removed after it measured no gain.)"""
-    eng = OPTS.bench_engine
-    args = eng.scheduler.args
-    base_chunk = args.chunked_prefill_size
-    seeds = [int(x) for x in OPTS.offline_seeds.split(",")]
-    first = f"seed{seeds[0]}"
-    chunks = {"base": base_chunk, "chunk16k": 16384}
-    cold = _offline_pass(eng, offline_requests(seeds[0])[: OPTS.offline_warmup or None])
-    out: dict = {"cold": {k: cold[k] for k in ("s", "out_tok_s")}}
-
-    def run_arm(arm: str, seed: int, steps: bool) -> dict:
-        if seed != seeds[0] and past_deadline():
-            return {"skipped": "past --deadline-s"}
-        args.chunked_prefill_size = chunks[arm]
-        res = _offline_pass(eng, offline_requests(seed), steps=steps)
-        log(f"offline_arms {arm} seed {seed}: {res['out_tok_s']:.0f} out tok/s, {res['s']:.2f} s")
-        return res
-
+    """`offline` (its cold pass, every seed, its deadline) as built (base), then with prefill chunks of 16,384
+    tokens (chunk16k: half the extend passes, each twice the rows), in one engine; each arm's first-seed pass
+    records its steps. The chunk size is restored after."""
+    args = OPTS.bench_engine.scheduler.args
+    base_chunk, out = args.chunked_prefill_size, {}
     try:
-        for arm in chunks:
-            out[arm] = {first: run_arm(arm, seeds[0], steps=True)}
-        best = out["fastest"] = max(chunks, key=lambda a: out[a][first]["out_tok_s"])
-        for seed in seeds[1:]:
-            out[best][f"seed{seed}"] = run_arm(best, seed, steps=False)
+        for arm, chunk in (("base", base_chunk), ("chunk16k", 16384)):
+            args.chunked_prefill_size = chunk
+            out[arm] = sec_offline()
+            log(f"offline_arms {arm}: {out[arm]['out_tok_s']:.0f} out tok/s (median over seeds)")
     finally:
         args.chunked_prefill_size = base_chunk
-    rates = [v["out_tok_s"] for v in out[best].values() if "out_tok_s" in v]
-    out.update(out_tok_s_min=min(rates), out_tok_s_max=max(rates))
     return out
 
 

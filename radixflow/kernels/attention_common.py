@@ -69,8 +69,7 @@ def as_f16_pow2(q):
 
     An FP8 pool's K and V are widened to float16 for the tensor-core products, not to q's bf16: e4m3 ->
     float16 is one conversion instruction per two values on Hopper (every e4m3 value is a float16 one),
-    e4m3 -> bf16 three (through float16, then float16 -> bf16 one value at a time). On the H200 that alone
-    made the FP8 decode attention 1.15x faster at batch 256-512."""
+    e4m3 -> bf16 three (through float16, then float16 -> bf16 one value at a time)."""
     amax = tl.max(tl.max(tl.abs(q.to(tl.float32)), axis=1), axis=0)
     e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 141  # floor(log2(amax)) - 14
     e = tl.minimum(tl.maximum(e, -100), 100)  # an all-zero tile: any e will do
@@ -86,8 +85,7 @@ def e4m3_to_f16_in_registers(x):
     A plain `x.to(float16)` of a tile headed for tl.dot is moved by Triton after the tile's shared-memory
     read, into the layout the tensor-core operand needs. For V (p @ v sums over tokens) that layout packs
     consecutive tokens, which lie a row apart in shared memory, and with no 8-bit transposing ldmatrix on
-    sm_90 Triton reads them a byte at a time (64 one-byte loads and ~70 moves a thread per 64-token tile at
-    Llama-3-8B heads). The same conversion as inline PTX, marked impure so it stays put, is done in registers
+    sm_90 Triton reads them a byte at a time (benchmarks/history/2026-12-02.md counts it). The same conversion as inline PTX, marked impure so it stays put, is done in registers
     after 16-byte shared loads; the float16 tile then reaches the operand through the 16-bit transposing
     ldmatrix, as a bf16 pool's V does (tests/sm90_compile.py checks both). The CPU interpreter casts."""
     if INTERPRETED:

@@ -13,11 +13,14 @@ stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, s
 the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
 multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph); `fp8`: overrides for an FP8 pool at the batch sizes `small` leaves alone (an FP8 block of tokens
-is half the bytes of a bf16 one); `fixed_splits`: when set, every batch size uses this many splits;
-`fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype, as
-before; kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through
-shared memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
+graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
+half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
+shared memory per block (`fp8_entry_fits`); `fixed_splits`: when set, every batch size uses this many
+splits; `fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype;
+kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through shared
+memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
+A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` / `fp8` entries win over
+its top-level keys at their batch sizes, DECODE_CONFIG's `fp8` entry does not (`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -52,15 +55,16 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
-# - FP8 pools above batch 1 (`fp8`, chosen by benchmarks/fp8_attn_bench.py, batch 256 / 512 x 660 / 1,536
-#   tokens): 128-token blocks, 5 stages. Below 5 stages the sm_90 code (Triton 3.9, compiled without a
-#   GPU) requests a block's gathered K / V after the previous block's products and then waits for every
-#   copy in flight (the slots' load is first in the chain); at 5 the next block's copies stay in flight.
-#   It paid at 1,536-token contexts, less at 660, where 64-token blocks were as fast.
+# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py; below 256 it was slower than
+#   the bf16 launch on short contexts, where splits cut at 128-token multiples leave more SMs idle, and
+#   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
+#   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
+#   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5},
+    "fp8_v_regs": True,
+    "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
@@ -205,20 +209,53 @@ class DecodeRope:
     loc: torch.Tensor
 
 
-def resolve_config(batch: int, config: dict | None = None, fp8: bool = False) -> dict:
-    """The launch parameters for this batch size: DECODE_CONFIG, or `config` over its keys
-    (without DECODE_CONFIG's `small` unless `config` brings its own), then `small` if it applies,
-    else for an FP8 pool (`fp8`) the `fp8` entry."""
-    unknown = set(config or ()) - set(DECODE_CONFIG)
+ENTRY_GATES = {"small": ("max_batch",), "fp8": ("min_batch", "min_shared_memory")}
+LAUNCH_KEYS = set(DECODE_CONFIG) - set(ENTRY_GATES)
+
+
+def _check_keys(config: dict) -> None:
+    """ValueError for a key DECODE_CONFIG does not have, at the top level or in its `small` / `fp8` entries."""
+    unknown = set(config) - set(DECODE_CONFIG)
+    for name, gates in ENTRY_GATES.items():
+        unknown |= {f"{name}.{k}" for k in set(config.get(name, ())) - LAUNCH_KEYS - set(gates)}
     if unknown:
         raise ValueError(f"decode_attention: unknown config keys {sorted(unknown)}")
-    cfg = dict(DECODE_CONFIG) if config is None else {**DECODE_CONFIG, "small": {}, **config}
-    small, fp8_overrides = cfg.pop("small"), cfg.pop("fp8")
+
+
+def fp8_entry_fits(entry: dict) -> bool:
+    """Whether the current CUDA device gives a block the `fp8` entry's min_shared_memory bytes of shared
+    memory (true on the CPU, where the interpreter has no such limit)."""
+    need = entry.get("min_shared_memory", 0)
+    if not need or not torch.cuda.is_available():
+        return True
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    have = getattr(props, "shared_memory_per_block_optin", None)
+    return have >= need if have is not None else props.major >= 9  # sm_90 / sm_100 give 227 KiB
+
+
+def _entry(batch: int, fp8: bool, small: dict, fp8_entry: dict) -> tuple[str | None, dict]:
+    """The name and launch overrides (gates left out) of the entry that applies at this batch size, or (None, {})."""
     if batch <= small.get("max_batch", 0):
-        cfg.update({k: v for k, v in small.items() if k != "max_batch"})
-    elif fp8:
-        cfg.update(fp8_overrides)
-    return cfg
+        name, entry = "small", small
+    elif fp8 and batch >= fp8_entry.get("min_batch", 0) and fp8_entry_fits(fp8_entry):
+        name, entry = "fp8", fp8_entry
+    else:
+        return None, {}
+    return name, {k: v for k, v in entry.items() if k not in ENTRY_GATES[name]}
+
+
+def resolve_config(batch: int, config: dict | None = None, fp8: bool = False) -> dict:
+    """The launch parameters for this batch size and pool (`fp8`: an FP8 pool). From the bottom up:
+    DECODE_CONFIG's top-level keys, DECODE_CONFIG's entry that applies (`small`, or for an FP8 pool `fp8`),
+    `config`'s top-level keys, `config`'s own entry that applies. A `config` without `small` has none
+    (sweeps give whole launches); one without `fp8` keeps DECODE_CONFIG's."""
+    config = config or {}
+    _check_keys(config)
+    small = config.get("small", {} if config else DECODE_CONFIG["small"])
+    name, entry = _entry(batch, fp8, small, config.get("fp8", DECODE_CONFIG["fp8"]))
+    base = {k: v for k, v in DECODE_CONFIG.items() if k in LAUNCH_KEYS}
+    own = {k: v for k, v in config.items() if k in LAUNCH_KEYS}
+    return {**base, **own, **entry} if name in config else {**base, **entry, **own}
 
 
 def num_kv_splits(batch: int, kv_heads: int, num_sms: int = 132, waves: int | None = None,

@@ -39,7 +39,7 @@ _HELP = {
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
-    "overlap_schedule": "launch the next decode pass before reading back the last one; auto = on CUDA",
+    "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
     "outputs, e.g. '[ ]?' or '[\\n\\t ]*'; default: none (compact JSON)",

@@ -95,10 +95,18 @@ def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
     sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
     result = sched.sample(flight.logits, rows)
     flight.logits, flight.real, flight.result = None, real, result
-    flight.host_ids = result.next_ids.to("cpu", non_blocking=True)
-    if result.next_ids.is_cuda:
-        flight.ready = torch.cuda.Event()
-        flight.ready.record()
+    flight.host_ids, flight.ready = copy_to_host(result.next_ids)
+
+
+def copy_to_host(ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.cuda.Event]]:
+    """Start copying sampled `ids` to the host without waiting; the copy is valid once the returned
+    event has completed (None on CPU, where it already is)."""
+    host = ids.to("cpu", non_blocking=True)
+    if not ids.is_cuda:
+        return host, None
+    ready = torch.cuda.Event()
+    ready.record()
+    return host, ready
 
 
 def start_decode(sched: Scheduler) -> Optional[InflightDecode]:

@@ -34,7 +34,7 @@ from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for, pending_tokens
-from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred
+from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
@@ -145,9 +145,12 @@ class Scheduler:
         if self.replica is not None and self.replica.leader:
             self.replica.publish_step()  # the other ranks receive it in replica_follower.py
         touched = poll_grammars(self)
+        if tokens_arrived(self.pending_extend):  # no need to hold them while the next pass is built
+            touched += self._read_back_extend()
         batch = form_extend_batch(self)
         if self.inflight is not None:
-            chained = None if batch or self.pending_extend else self._chain_decode()
+            assert self.pending_extend is None, "a pending extend pass is read back before any decode pass"
+            chained = None if batch else self._chain_decode()
             if chained is not None:
                 self.stats.forward_steps += 1
                 return self._outputs(touched + chained)
@@ -205,9 +208,9 @@ class Scheduler:
         if finishing and defers_extends(self):  # read back by the next step, after it launches its pass
             pending = sample_deferred(self, reqs, torch.cat([lg for _, lg in finishing]))
             self.running += reqs
-            touched += self._read_back_extend()  # the previous pass's, now that this one is queued behind it
-            self.pending_extend = pending
-            return touched
+            prev, self.pending_extend = self.pending_extend, pending  # kept even if reading `prev` back fails
+            self.stats.late_extend_read_backs += prev is not None
+            return touched + self._advance_pending(prev)  # now that this pass is queued behind it
         touched += self._read_back_extend()
         if finishing:
             self._sample_and_advance(reqs, torch.cat([lg for _, lg in finishing]))
@@ -219,13 +222,12 @@ class Scheduler:
         """Advance the pending extend pass's requests by their first tokens (those aborted meanwhile drop
         theirs); returns the requests advanced (none pending: [])."""
         pending, self.pending_extend = self.pending_extend, None
+        return self._advance_pending(pending)
+
+    def _advance_pending(self, pending: Optional[PendingExtend]) -> list[Req]:
         if pending is None:
             return []
-        if pending.ready is not None:
-            pending.ready.synchronize()
-        advanced = self._advance(pending.reqs, pending.host_ids.tolist(), pending.result)
-        self.running = [r for r in self.running if not r.finished]
-        return advanced
+        return self._advance_host(pending.reqs, pending.host_ids, pending.ready, pending.result)
 
     # -- decode (overlapped passes: overlap.py) --------------------------------------------------
     def _decode(self) -> list[Req]:
@@ -252,12 +254,18 @@ class Scheduler:
 
     def read_back(self, done: InflightDecode) -> list[Req]:
         """Per-request work for a completed decode pass."""
-        if done.ready is not None:
-            done.ready.synchronize()
-        reqs = self._advance(done.reqs, done.host_ids.tolist(), done.result, done.real)
-        self.running = [r for r in self.running if not r.finished]
+        reqs = self._advance_host(done.reqs, done.host_ids, done.ready, done.result, done.real)
         self.stats.decode_tokens += len(reqs)
         return reqs
+
+    def _advance_host(self, reqs: list[Req], host_ids: torch.Tensor, ready: Optional[torch.cuda.Event],
+                      result: SampleResult, real: Optional[list] = None) -> list[Req]:
+        """Wait for a pass's ids to reach the host, advance its requests, drop the finished from `running`."""
+        if ready is not None:
+            ready.synchronize()
+        advanced = self._advance(reqs, host_ids.tolist(), result, real)
+        self.running = [r for r in self.running if not r.finished]
+        return advanced
 
     def _run_decode(self) -> list[Req]:
         """One token per running request, read back at once; requests holding several
