@@ -50,11 +50,21 @@ def test_row_split():
     prefix, which the Triton kernel computes again (a chunked prompt's later chunk beside a few short
     fresh prompts: the Triton kernel alone)."""
     assert cached_rows([0, 12, 0, 3]) == [1, 3]
-    assert takes_flash(True, [7], []) and takes_flash(True, [5, 3], [1]) and takes_flash(True, [4, 4], [1])
-    assert not takes_flash(True, [3, 5], [1])  # 3 fresh tokens against 5 computed twice
-    assert not takes_flash(True, [2048, 30, 40], [0])  # a chunk's remainder first, short fresh prompts after
-    assert not takes_flash(True, [5, 12], [0, 1])  # every row has a prefix
-    assert not takes_flash(False, [5, 5], [])
+    assert takes_flash([7], []) and takes_flash([5, 3], [1]) and takes_flash([4, 4], [1])
+    assert not takes_flash([3, 5], [1])  # 3 fresh tokens against 5 computed twice
+    assert not takes_flash([2048, 30, 40], [0])  # a chunk's remainder first, short fresh prompts after
+    assert not takes_flash([5, 12], [0, 1])  # every row has a prefix
+
+
+def test_plan_takes_no_flash_when_the_settings_turn_it_off(monkeypatch):
+    """A 16-bit pool on a device with the op, the flash path off in the settings (--disable-flash-prefill):
+    the Triton kernel for every row."""
+    monkeypatch.setattr(tb, "flash_varlen_supported", lambda *a: True)
+    backend = _backend("cpu", torch.bfloat16)
+    backend.settings = dataclasses.replace(backend.settings, flash_prefill=False)
+    fb = _extend_batch(backend.req_to_token, [0, 0], [5, 5], "cpu")
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata.flash_cu is None
 
 
 def test_flash_off_where_the_op_is_missing_and_under_deterministic_inference():

@@ -7,6 +7,8 @@ Without CUDA the kernels run in the interpreter at tiny shapes; the Llama-3-8B s
 
 from __future__ import annotations
 
+import functools
+
 import os
 from types import SimpleNamespace
 
@@ -168,6 +170,8 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    # a fresh per-device cache for this fake device, the real one restored afterwards
+    monkeypatch.setattr(da, "_block_shared_memory_fits", functools.lru_cache(da._block_shared_memory_fits.__wrapped__))
 
 
 @pytest.mark.parametrize("major,minor,optin,fits", [

@@ -37,6 +37,7 @@ kernels, so each program waits before its first load. Reference: `reference.deco
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -228,7 +229,13 @@ def fp8_entry_fits(entry: dict) -> bool:
     need = entry.get("min_shared_memory", 0)
     if not need or not torch.cuda.is_available():
         return True
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return _block_shared_memory_fits(torch.cuda.current_device(), need)
+
+
+@functools.lru_cache(maxsize=None)
+def _block_shared_memory_fits(device: int, need: int) -> bool:
+    """Asked once per device: resolve_config runs for every decode launch (every layer of an eager pass)."""
+    props = torch.cuda.get_device_properties(device)
     have = getattr(props, "shared_memory_per_block_optin", None)
     return have >= need if have is not None else props.major >= 9  # sm_90 / sm_100 give 227 KiB
 

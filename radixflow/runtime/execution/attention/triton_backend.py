@@ -51,13 +51,13 @@ def cached_rows(prefix_lens: list[int]) -> list[int]:
     return [i for i, p in enumerate(prefix_lens) if p > 0]
 
 
-def takes_flash(enabled: bool, extend_lens: list[int], cached: list[int]) -> bool:
-    """Whether a pass runs the flash kernel: it is enabled and the prompt-only rows carry at least as many
+def takes_flash(extend_lens: list[int], cached: list[int]) -> bool:
+    """Whether a pass with the flash path enabled runs it: the prompt-only rows carry at least as many
     new tokens as the `cached` rows, whose new tokens the flash kernel computes for nothing (the Triton
     kernel computes them again)."""
     again = sum(extend_lens[i] for i in cached)
     fresh = sum(extend_lens) - again
-    return enabled and fresh > 0 and fresh >= again
+    return fresh > 0 and fresh >= again
 
 
 class TritonBackend(AttentionBackend):
@@ -99,7 +99,7 @@ class TritonBackend(AttentionBackend):
         if not self.flash_enabled():  # the CPU, float32 and FP8 pools, deterministic mode: no row lists to build
             return ExtendPlan(all_rows)
         rows = cached_rows(fb.prefix_lens_list)
-        if not takes_flash(True, fb.extend_lens_list, rows):
+        if not takes_flash(fb.extend_lens_list, rows):
             return ExtendPlan(all_rows)
         cu = to_device_async(torch.tensor(starts + [acc], dtype=torch.int32), dev)
         if not rows:
