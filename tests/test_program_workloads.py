@@ -38,6 +38,10 @@ def test_workloads_run_three_ways(engine):
             round_s = r["programs_per_round"] / run["throughput"]
             assert abs(run["model_s"] + run["host_ms_per_pass"] * run["scheduler_steps"] / 1000 - round_s) < 1e-6
     assert "Geometric mean" in program_bench.table(results)
+    assert program_bench.bound_table(results) == program_bench.BOUND_NOTE  # no GPU time on the CPU
+    for r in results.values():
+        assert "frozen_after_warm_up" in r
+        assert all(r[m]["extend_tokens"] > 0 and r[m]["total_s"] > 0 for m in program_bench.MODES)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
 
 
@@ -64,3 +68,19 @@ def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, mo
     r = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, min_round_s=1000.0)
     assert r["programs_per_round"] == 4 and r["in_flight"] == 2 and peak[0] == 2
     assert r["graph"]["mode"] == "graph" and all(len(r[m]["runs"]) == 1 for m in program_bench.MODES)
+
+
+def _mode(total_s: float, gpu_s, rounds: int = 2) -> dict:
+    return {"total_s": total_s, "total_gpu_s": gpu_s, "runs": [{}] * rounds, "extend_tokens": 100, "decode_tokens": 8}
+
+
+def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
+    """graph: 1.0 s of wall, 0.5 s GPU busy; no radix: 4.0 s wall, 1.5 s GPU busy (two rounds):
+    measured 4x, graph's host-only time zero 8x, both zero 3x; and on the CPU no bound at all."""
+    results = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(4.0, 1.5)}}
+    out = program_bench.bound_table(results)
+    assert "| w | 0.500 / 0.600 / 2.000 | 0.250 / 0.300 / 0.750 | 0.250 / 0.300 / 1.250 |" in out
+    assert "| 4.00x | 8.00x | 3.00x |" in out
+    assert "measured **4.00x**; graph mode's host-only time zero **8.00x**; both columns' host-only time zero **3.00x**" in out
+    cpu = {"w": {m: _mode(1.0, None) for m in program_bench.MODES}}
+    assert program_bench.bound_table(cpu) == program_bench.BOUND_NOTE

@@ -41,6 +41,22 @@ def freeze_startup_objects() -> bool:
         return True
 
 
+def freeze_warm_objects(owner: bool) -> int:
+    """The owner's freeze again, after warm-up: what the first requests made and keep (kernels
+    compiled for new shapes, their caches, the tokenizer's) would otherwise be walked by every
+    full collection. Returns how many objects this froze (0 for an engine that does not own the
+    freeze: see the module's note). Cycles among them that die later are kept until the owner's
+    release, as start-up's are."""
+    if not owner:
+        return 0
+    gc.collect()
+    with _lock:
+        assert _state.held, "the freeze was released"
+        before = gc.get_freeze_count()
+        gc.freeze()
+        return gc.get_freeze_count() - before
+
+
 def release_startup_objects(owner: bool) -> None:
     """The owner's release unfreezes, so what the engines left behind can be collected."""
     if not owner:
