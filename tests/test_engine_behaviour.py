@@ -297,3 +297,19 @@ def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collection
     assert _seen_by_gc(made_by_warm_up)  # the owner's release thaws it with start-up's objects
     with pytest.raises(RuntimeError, match="shut down"):
         owner.freeze_gc()
+
+
+def test_an_earlier_freeze_by_someone_else_does_not_stop_the_engines(monkeypatch):
+    """On the H200 machines a few hundred objects were frozen before any engine was made; the
+    engine then froze nothing and every full collection walked ~450,000 objects (~300 ms)."""
+    gc.unfreeze()
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    theirs = [_Cycle()]
+    gc.freeze()  # someone else's freeze, before the engine
+    eng = Engine(max_total_tokens=160)
+    model = eng.runner.model
+    try:
+        assert not _seen_by_gc(model) and gc_freeze._state.held
+    finally:
+        eng.shutdown()
+    assert _seen_by_gc(model) and _seen_by_gc(theirs)  # the release thaws everything
