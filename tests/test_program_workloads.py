@@ -7,6 +7,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
+import bound_floor  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
 
@@ -84,3 +85,16 @@ def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
     assert "measured **4.00x**; graph mode's host-only time zero **8.00x**; both columns' host-only time zero **3.00x**" in out
     cpu = {"w": {m: _mode(1.0, None) for m in program_bench.MODES}}
     assert program_bench.bound_table(cpu) == program_bench.BOUND_NOTE
+
+
+def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
+    """1 GB of weights at 1 GB/s, 1 GFLOP a token at 10 GFLOP/s: 4 passes of 20 tokens are 4 s
+    (weights), 2 passes of 100 tokens 10 s (FLOPs); graph 8 s wall over 2 rounds, 6 s GPU busy."""
+    chip = bound_floor.Chip(weight_bytes=1e9, bytes_per_s=1e9, flops_per_token=1e9, flops_per_s=1e10)
+    run = lambda steps, tokens, s, gpu, gc: {"forward_steps": steps, "extend_tokens": tokens, "decode_tokens": 0,
+                                            "round_s": s, "gpu_s": gpu, "gc_ms": gc}  # fmt: skip
+    graph = {"runs": [run(4, 20, 4.0, 3.0, 1000.0), run(4, 20, 4.0, 3.0, 0.0)], "total_s": 8.0, "total_gpu_s": 6.0}
+    noradix = {"runs": [run(2, 100, 20.0, 18.0, 0.0)] * 2, "total_s": 40.0, "total_gpu_s": 36.0}
+    r = bound_floor.ratios(chip, {"graph": graph, "eager-noradix": noradix})
+    assert r == {"measured": 5.0, "no_gc": 40.0 / 7.0, "graph_host_zero": 40.0 / 6.0, "both_host_zero": 6.0,
+                 "floor": 20.0 / 8.0}  # fmt: skip

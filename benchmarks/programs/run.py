@@ -19,6 +19,10 @@ programs, n in flight, the same k for every mode), so one pause cannot decide a 
     python benchmarks/programs/run.py --smoke               # two programs of each, a few tokens
     python benchmarks/programs/run.py --device cuda --config benchmarks/configs/llama3-8b.json \\
         --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2 --min-round-s 0.5
+
+On CUDA a second table gives each mode's GPU busy time (events around every forward pass,
+summed), its host-only time (the rest of the wall time) and graph / no radix with either
+column's host-only time zero (bound_table); bound_floor.py adds the roofline floors.
 """
 
 from __future__ import annotations
