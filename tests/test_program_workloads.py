@@ -8,6 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
+import pass_shapes  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
 
@@ -98,3 +99,13 @@ def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_long
     r = bound_floor.ratios(chip, {"graph": graph, "eager-noradix": noradix})
     assert r == {"measured": 5.0, "no_gc": 40.0 / 7.0, "graph_host_zero": 40.0 / 6.0, "both_host_zero": 6.0,
                  "floor": 20.0 / 8.0}  # fmt: skip
+
+
+def test_a_pass_floor_counts_the_kv_it_reads_and_the_attention_it_computes():
+    """Weights 1 byte, KV 1 byte a token, 1 byte/s; 1 FLOP a token, attention 1 FLOP a pair, 1 FLOP/s."""
+    model = pass_shapes.Model(weight_bytes=1, linear_flops_per_token=1, kv_bytes_per_token=1, attn_flops_per_pair=1)
+    chip = pass_shapes.Chip(bytes_per_s=1, flops_per_s=1)
+    # decode, contexts 9 and 99 before the new token: reads 1 + 10 + 100; computes 2 + 110 pairs
+    assert pass_shapes.pass_floor(model, chip, True, [9, 99], [1, 1]) == 112
+    # extend 3 tokens after a 10-token prefix: reads 1 + 10; computes 3 + (3 x 10 + 6) pairs
+    assert pass_shapes.pass_floor(model, chip, False, [10], [3]) == 39
