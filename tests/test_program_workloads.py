@@ -9,6 +9,7 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
 import pass_shapes  # noqa: E402
+import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
 
@@ -109,3 +110,18 @@ def test_a_pass_floor_counts_the_kv_it_reads_and_the_attention_it_computes():
     assert pass_shapes.pass_floor(model, chip, True, [9, 99], [1, 1]) == 112
     # extend 3 tokens after a 10-token prefix: reads 1 + 10; computes 3 + (3 x 10 + 6) pairs
     assert pass_shapes.pass_floor(model, chip, False, [10], [3]) == 39
+
+
+def test_kernel_busy_time_counts_overlapping_kernels_once():
+    """Kernels at 0-10, 5-12 and 20-25 us (a copy overlapping a kernel): 17 us busy, not 22."""
+    assert abs(pass_timer.busy_union_s([(20, 25), (0, 10), (5, 12)]) - 17e-6) < 1e-15
+    assert pass_timer.busy_union_s([]) == 0.0
+
+
+def test_the_bound_table_adds_kernel_time_when_it_was_traced():
+    results = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(4.0, 1.5)}}
+    assert "kernel" not in program_bench.bound_table(results)
+    for m, k in (("graph", 0.2), ("eager", 0.25), ("eager-noradix", 0.7)):
+        results["w"][m]["kernel_s"] = k
+    out = program_bench.bound_table(results)
+    assert "| w | 0.200 / 0.250 / 0.700 | 0.80 / 0.93 | 3.50x |" in out and "kernel time: **3.50x**" in out

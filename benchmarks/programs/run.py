@@ -22,7 +22,8 @@ programs, n in flight, the same k for every mode), so one pause cannot decide a 
 
 On CUDA a second table gives each mode's GPU busy time (events around every forward pass,
 summed), its host-only time (the rest of the wall time) and graph / no radix with either
-column's host-only time zero (bound_table); bound_floor.py adds the roofline floors.
+column's host-only time zero (bound_table); bound_floor.py adds the roofline floors. With
+--kernel-time, one more round per mode under torch.profiler gives the kernels' own busy time.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Callable, Optional
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
-from pass_timer import GcPauses, Timeline  # noqa: E402
+from pass_timer import GcPauses, KernelTime, Timeline  # noqa: E402
 from workloads import BY_NAME, WORKLOADS, Workload  # noqa: E402
 
 MODES = ("graph", "eager", "eager-noradix")
@@ -139,13 +140,14 @@ def run_mode(
 
 def run_workload(
     engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0,
-    freeze_gc: bool = True,
+    freeze_gc: bool = True, kernel_time: bool = False,
 ) -> dict:  # fmt: skip
     """Each mode `repeats` times, interleaved (round_order: graph and eager adjacent, their
     order swapped every round); the optimal hit rate from the first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
-    for every mode). With freeze_gc, the engine's freeze_gc() after the warm-ups."""
+    for every mode). With freeze_gc, the engine's freeze_gc() after the warm-ups; with
+    kernel_time, one more round per mode under the profiler (kernel_round_s)."""
     inputs = workload.inputs(random.Random(seed), n, size)
     # warm-up, untimed, every mode through the timed path: first-use costs (kernel compiles of
     # this workload's shapes, the process's first run_async) stay out of the rounds
@@ -182,7 +184,18 @@ def run_workload(
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
+    if kernel_time:
+        for mode in MODES:
+            out[mode]["kernel_s"] = kernel_round_s(engine, workload, inputs, mode, sampling, n)
     return out
+
+
+def kernel_round_s(engine, workload, inputs: list, mode: str, sampling: dict, in_flight: int) -> Optional[float]:
+    """One more round of `mode`, untimed, under the profiler: the GPU's kernel-busy seconds in
+    it (None without CUDA)."""
+    with KernelTime(str(engine.runner.device).startswith("cuda")) as kt:
+        run_mode(engine, workload, inputs, mode, sampling, in_flight=in_flight)
+    return kt.seconds
 
 
 def programs_per_s(rounds: list) -> float:
@@ -221,7 +234,7 @@ def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8
 def run_all(
     engine, names: list, n: int, size: float, sampling: dict, seed: int = 0, repeats: int = 1,
     deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None, min_round_s: float = 0.0,
-    freeze_gc: bool = True,
+    freeze_gc: bool = True, kernel_time: bool = False,
 ) -> dict:  # fmt: skip
     """Each workload in turn; none is started after `deadline` (time.time()); on_workload
     gets the results so far after each."""
@@ -234,7 +247,8 @@ def run_all(
             print(f"{name}: skipped (past the deadline)", file=sys.stderr, flush=True)
             continue
         t = time.perf_counter()
-        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s, freeze_gc)
+        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s, freeze_gc,
+                                     kernel_time)
         results[name]["tracked_after"] = tracked_objects()
         print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -329,9 +343,29 @@ def bound_table(results: dict) -> str:
             f"{_tokens(g)} / {_tokens(x)} | {row[0]:.2f}x | {row[1]:.2f}x | {row[2]:.2f}x |"
         )
     geo = [math.exp(sum(math.log(r[i]) for r in ratios) / len(ratios)) for i in range(3)]
-    return "\n".join(lines + ["", f"Geometric means over {len(ratios)} workloads, graph vs eager without radix cache: "
+    text = "\n".join(lines + ["", f"Geometric means over {len(ratios)} workloads, graph vs eager without radix cache: "
                                    f"measured **{geo[0]:.2f}x**; graph mode's host-only time zero **{geo[1]:.2f}x**; "
                                    f"both columns' host-only time zero **{geo[2]:.2f}x**."])  # fmt: skip
+    return text + kernel_lines(rows)
+
+
+def kernel_lines(rows: dict) -> str:
+    """With --kernel-time: each mode's kernel-busy seconds in its profiled round against its GPU
+    busy time a round (events around passes), and graph / no radix on kernel time alone."""
+    have = {k: r for k, r in rows.items() if all(r[m].get("kernel_s") for m in MODES)}
+    if not have:
+        return ""
+    lines = ["", "| workload | kernel-busy s graph / eager / no radix | kernel / GPU busy graph / no radix | both at kernel time |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    ratios = []
+    for name, r in have.items():
+        g, e, x = r["graph"], r["eager"], r["eager-noradix"]
+        ratios.append(x["kernel_s"] / g["kernel_s"])
+        share = lambda m: m["kernel_s"] / (m["total_gpu_s"] / len(m["runs"]))  # noqa: E731
+        lines.append(f"| {name} | {g['kernel_s']:.3f} / {e['kernel_s']:.3f} / {x['kernel_s']:.3f} | "
+                     f"{share(g):.2f} / {share(x):.2f} | {ratios[-1]:.2f}x |")  # fmt: skip
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return "\n".join(lines + ["", f"Geometric mean over {len(ratios)} workloads at kernel time: **{geo:.2f}x**."])
 
 
 def _per_round(seconds: Callable[[dict], float], *modes: dict) -> str:
@@ -372,6 +406,9 @@ def main(argv=None) -> str:
                          "warm-up round of graph and eager")
     ap.add_argument("--no-freeze-gc", action="store_true",
                     help="do not call the engine's freeze_gc() after each workload's warm-up rounds")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
+                         "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
     ap.add_argument("--device", default="auto")
@@ -400,7 +437,7 @@ def main(argv=None) -> str:
 
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
-                          args.min_round_s, not args.no_freeze_gc)
+                          args.min_round_s, not args.no_freeze_gc, args.kernel_time)
         extra["frozen_garbage"] = frozen_garbage()
         print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
               f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
