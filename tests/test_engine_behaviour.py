@@ -300,8 +300,8 @@ def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collection
 
 
 def test_an_earlier_freeze_by_someone_else_does_not_stop_the_engines(monkeypatch):
-    """On the H200 machines a few hundred objects were frozen before any engine was made; the
-    engine then froze nothing and every full collection walked ~450,000 objects (~300 ms)."""
+    """Objects frozen before the engine (a library's or a site hook's freeze) must not stop its
+    own: without it every full collection walks the model, the tokenizer and every module."""
     gc.unfreeze()
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     theirs = [_Cycle()]

@@ -9,10 +9,9 @@ Several engines may live in one process (tests, benchmarks, an application with 
 when no freeze was in place. An engine made while another's freeze is in place is not frozen:
 freezing it would keep its reference cycles (scheduler, runner, KV pool) out of reach of the
 collector until the owner goes, long after its own shutdown. The owner's release unfreezes
-everything: objects something else froze before it (a library or site hook; on the H200
-machines 375 objects were frozen before any engine, by what is not known) are thawed with it.
-Declining to freeze whenever anything was frozen first left the whole process's start-up objects
-in every full collection's walk there.
+everything, so objects that something else froze before it (a library's or a site hook's freeze)
+are thawed with it: declining to freeze whenever anything was frozen first would leave every
+start-up object in every full collection's walk.
 """
 
 from __future__ import annotations
