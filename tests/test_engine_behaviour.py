@@ -273,3 +273,43 @@ def test_engine_dropped_without_shutdown_gives_back_its_freeze(monkeypatch):
     assert not gc_freeze._state.held
     gc.collect()
     assert runner() is None
+
+
+def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collections(monkeypatch):
+    """Kernels compiled for new shapes and their caches are made by the first requests, after
+    start-up's freeze; a full collection would walk them in every later step. Only the freeze's
+    owner freezes again: another engine's objects must stay collectable after its shutdown."""
+    gc.unfreeze()
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    owner = Engine(max_total_tokens=160)
+    try:
+        owner.generate("1, 2,", {"max_new_tokens": 2})
+        made_by_warm_up = [_Cycle()]  # stands in for what the warm-up requests keep
+        other = Engine(max_total_tokens=160)
+        try:
+            assert other.freeze_gc() == 0 and _seen_by_gc(made_by_warm_up) and _seen_by_gc(other.runner.model)
+        finally:
+            other.shutdown()
+        frozen = owner.freeze_gc()
+        assert frozen > 0 and not _seen_by_gc(made_by_warm_up)
+    finally:
+        owner.shutdown()
+    assert _seen_by_gc(made_by_warm_up)  # the owner's release thaws it with start-up's objects
+    with pytest.raises(RuntimeError, match="shut down"):
+        owner.freeze_gc()
+
+
+def test_an_earlier_freeze_by_someone_else_does_not_stop_the_engines(monkeypatch):
+    """Objects frozen before the engine (a library's or a site hook's freeze) must not stop its
+    own: without it every full collection walks the model, the tokenizer and every module."""
+    gc.unfreeze()
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    theirs = [_Cycle()]
+    gc.freeze()  # someone else's freeze, before the engine
+    eng = Engine(max_total_tokens=160)
+    model = eng.runner.model
+    try:
+        assert not _seen_by_gc(model) and gc_freeze._state.held
+    finally:
+        eng.shutdown()
+    assert _seen_by_gc(model) and _seen_by_gc(theirs)  # the release thaws everything

@@ -7,6 +7,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
+import bound_floor  # noqa: E402
+import pass_shapes  # noqa: E402
+import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
 
@@ -38,6 +41,10 @@ def test_workloads_run_three_ways(engine):
             round_s = r["programs_per_round"] / run["throughput"]
             assert abs(run["model_s"] + run["host_ms_per_pass"] * run["scheduler_steps"] / 1000 - round_s) < 1e-6
     assert "Geometric mean" in program_bench.table(results)
+    assert program_bench.bound_table(results) == program_bench.BOUND_NOTE  # no GPU time on the CPU
+    for r in results.values():
+        assert "frozen_after_warm_up" in r
+        assert all(r[m]["extend_tokens"] > 0 and r[m]["total_s"] > 0 for m in program_bench.MODES)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
 
 
@@ -64,3 +71,57 @@ def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, mo
     r = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, min_round_s=1000.0)
     assert r["programs_per_round"] == 4 and r["in_flight"] == 2 and peak[0] == 2
     assert r["graph"]["mode"] == "graph" and all(len(r[m]["runs"]) == 1 for m in program_bench.MODES)
+
+
+def _mode(total_s: float, gpu_s, rounds: int = 2) -> dict:
+    return {"total_s": total_s, "total_gpu_s": gpu_s, "runs": [{}] * rounds, "extend_tokens": 100, "decode_tokens": 8}
+
+
+def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
+    """graph: 1.0 s of wall, 0.5 s GPU busy; no radix: 4.0 s wall, 1.5 s GPU busy (two rounds):
+    measured 4x, graph's host-only time zero 8x, both zero 3x; and on the CPU no bound at all."""
+    results = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(4.0, 1.5)}}
+    out = program_bench.bound_table(results)
+    assert "| w | 0.500 / 0.600 / 2.000 | 0.250 / 0.300 / 0.750 | 0.250 / 0.300 / 1.250 |" in out
+    assert "| 4.00x | 8.00x | 3.00x |" in out
+    assert "measured **4.00x**; graph mode's host-only time zero **8.00x**; both columns' host-only time zero **3.00x**" in out
+    cpu = {"w": {m: _mode(1.0, None) for m in program_bench.MODES}}
+    assert program_bench.bound_table(cpu) == program_bench.BOUND_NOTE
+
+
+def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
+    """1 GB of weights at 1 GB/s, 1 GFLOP a token at 10 GFLOP/s: 4 passes of 20 tokens are 4 s
+    (weights), 2 passes of 100 tokens 10 s (FLOPs); graph 8 s wall over 2 rounds, 6 s GPU busy."""
+    chip = bound_floor.Chip(weight_bytes=1e9, bytes_per_s=1e9, flops_per_token=1e9, flops_per_s=1e10)
+    run = lambda steps, tokens, s, gpu, gc: {"forward_steps": steps, "extend_tokens": tokens, "decode_tokens": 0,
+                                            "round_s": s, "gpu_s": gpu, "gc_ms": gc}  # fmt: skip
+    graph = {"runs": [run(4, 20, 4.0, 3.0, 1000.0), run(4, 20, 4.0, 3.0, 0.0)], "total_s": 8.0, "total_gpu_s": 6.0}
+    noradix = {"runs": [run(2, 100, 20.0, 18.0, 0.0)] * 2, "total_s": 40.0, "total_gpu_s": 36.0}
+    r = bound_floor.ratios(chip, {"graph": graph, "eager-noradix": noradix})
+    assert r == {"measured": 5.0, "no_gc": 40.0 / 7.0, "graph_host_zero": 40.0 / 6.0, "both_host_zero": 6.0,
+                 "floor": 20.0 / 8.0}  # fmt: skip
+
+
+def test_a_pass_floor_counts_the_kv_it_reads_and_the_attention_it_computes():
+    """Weights 1 byte, KV 1 byte a token, 1 byte/s; 1 FLOP a token, attention 1 FLOP a pair, 1 FLOP/s."""
+    model = pass_shapes.Model(weight_bytes=1, linear_flops_per_token=1, kv_bytes_per_token=1, attn_flops_per_pair=1)
+    chip = pass_shapes.Chip(bytes_per_s=1, flops_per_s=1)
+    # decode, contexts 9 and 99 before the new token: reads 1 + 10 + 100; computes 2 + 110 pairs
+    assert pass_shapes.pass_floor(model, chip, True, [9, 99], [1, 1]) == 112
+    # extend 3 tokens after a 10-token prefix: reads 1 + 10; computes 3 + (3 x 10 + 6) pairs
+    assert pass_shapes.pass_floor(model, chip, False, [10], [3]) == 39
+
+
+def test_kernel_busy_time_counts_overlapping_kernels_once():
+    """Kernels at 0-10, 5-12 and 20-25 us (a copy overlapping a kernel): 17 us busy, not 22."""
+    assert abs(pass_timer.busy_union_s([(20, 25), (0, 10), (5, 12)]) - 17e-6) < 1e-15
+    assert pass_timer.busy_union_s([]) == 0.0
+
+
+def test_the_bound_table_adds_kernel_time_when_it_was_traced():
+    results = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(4.0, 1.5)}}
+    assert "kernel" not in program_bench.bound_table(results)
+    for m, k in (("graph", 0.2), ("eager", 0.25), ("eager-noradix", 0.7)):
+        results["w"][m]["kernel_s"] = k
+    out = program_bench.bound_table(results)
+    assert "| w | 0.200 / 0.250 / 0.700 | 0.80 / 0.93 | 3.50x |" in out and "kernel time: **3.50x**" in out

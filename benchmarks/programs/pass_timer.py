@@ -130,3 +130,43 @@ class GcPauses:
         import gc
 
         gc.callbacks.remove(self._callback)
+
+
+def busy_union_s(intervals) -> float:
+    """Seconds covered by the union of (start, end) intervals given in microseconds: the time
+    the GPU had at least one kernel or copy running, overlapping ones counted once."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total / 1e6
+
+
+class KernelTime:
+    """The GPU's own busy time while open: the union of its kernels' and copies' intervals,
+    traced by torch.profiler (CUPTI). Unlike events around each forward pass, it leaves out the
+    gaps inside a pass while the host launches its kernels one by one. `seconds` is None without
+    CUDA."""
+
+    def __init__(self, cuda: bool) -> None:
+        self.cuda, self.seconds, self._prof = cuda, None, None
+
+    def __enter__(self) -> "KernelTime":
+        if self.cuda:
+            from torch.profiler import ProfilerActivity, profile
+
+            self._prof = profile(activities=[ProfilerActivity.CUDA])
+            self._prof.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._prof is None:
+            return
+        import torch
+        from torch.autograd import DeviceType
+
+        torch.cuda.synchronize()
+        self._prof.__exit__(*exc)
+        spans = [(e.time_range.start, e.time_range.end) for e in self._prof.events() if e.device_type == DeviceType.CUDA]
+        self.seconds = busy_union_s(spans)

@@ -19,6 +19,11 @@ programs, n in flight, the same k for every mode), so one pause cannot decide a 
     python benchmarks/programs/run.py --smoke               # two programs of each, a few tokens
     python benchmarks/programs/run.py --device cuda --config benchmarks/configs/llama3-8b.json \\
         --load-format dummy --tokenizer .gpu_assets/tokenizer --n 64 --size 1.0 --repeats 2 --min-round-s 0.5
+
+On CUDA a second table gives each mode's GPU busy time (events around every forward pass,
+summed), its host-only time (the rest of the wall time) and graph / no radix with either
+column's host-only time zero (bound_table); bound_floor.py adds the roofline floors. With
+--kernel-time, one more round per mode under torch.profiler gives the kernels' own busy time.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from typing import Callable, Optional
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
-from pass_timer import GcPauses, Timeline  # noqa: E402
+from pass_timer import GcPauses, KernelTime, Timeline  # noqa: E402
 from workloads import BY_NAME, WORKLOADS, Workload  # noqa: E402
 
 MODES = ("graph", "eager", "eager-noradix")
@@ -88,7 +93,8 @@ def run_mode(
     sched = engine.scheduler
     engine.stepper.exclusive(sched.flush_cache)
     sched.tree.disable = mode == "eager-noradix"  # the tree is empty: as --disable-radix-cache
-    before = (sched.stats.prompt_tokens, sched.stats.cached_tokens, sched.stats.forward_steps)
+    stats = sched.stats
+    before = (stats.prompt_tokens, stats.cached_tokens, stats.forward_steps, stats.extend_tokens, stats.decode_tokens)
     run_mode_name = "eager" if mode.startswith("eager") else "auto"
     lat: list = []
 
@@ -111,17 +117,21 @@ def run_mode(
             host_ms, model_s, steps = tl.host_ms_per_pass(wall), tl.model_seconds(), tl.steps
     finally:
         sched.tree.disable = engine.server_args.disable_radix_cache
-    prompt = sched.stats.prompt_tokens - before[0]
-    cached = sched.stats.cached_tokens - before[1]
+    prompt = stats.prompt_tokens - before[0]
+    cached = stats.cached_tokens - before[1]
     return {
         "mode": states[0].mode,
         "throughput": len(inputs) / wall,
         "cpu_per_program": cpu / len(inputs),
         "p50": statistics.median(lat),
         "hit": cached / prompt if prompt else 0.0,
-        "forward_steps": sched.stats.forward_steps - before[2],
+        "forward_steps": stats.forward_steps - before[2],
+        "extend_tokens": stats.extend_tokens - before[3],
+        "decode_tokens": stats.decode_tokens - before[4],
         "host_ms_per_pass": host_ms,
         "model_s": model_s,  # GPU time of the forward passes on CUDA (pass_timer), wall inside them on CPU
+        "gpu_s": model_s if tl.cuda else None,  # the GPU's busy time; not measured on the CPU
+        "round_s": wall,
         "scheduler_steps": steps,  # what host_ms_per_pass divides by: model_s + host_ms x steps = the round
         "gc_full": gcs.full,
         "gc_ms": 1000 * gcs.seconds,
@@ -129,13 +139,15 @@ def run_mode(
 
 
 def run_workload(
-    engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0
+    engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0,
+    freeze_gc: bool = True, kernel_time: bool = False,
 ) -> dict:  # fmt: skip
     """Each mode `repeats` times, interleaved (round_order: graph and eager adjacent, their
     order swapped every round); the optimal hit rate from the first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
-    for every mode)."""
+    for every mode). With freeze_gc, the engine's freeze_gc() after the warm-ups; with
+    kernel_time, one more round per mode under the profiler (kernel_round_s)."""
     inputs = workload.inputs(random.Random(seed), n, size)
     # warm-up, untimed, every mode through the timed path: first-use costs (kernel compiles of
     # this workload's shapes, the process's first run_async) stay out of the rounds
@@ -145,8 +157,9 @@ def run_workload(
         inputs = workload.inputs(random.Random(seed), waves * n, size)
     for mode in MODES if waves > 1 else MODES[2:]:
         run_mode(engine, workload, inputs, mode, sampling, in_flight=n)
+    frozen = engine.freeze_gc() if freeze_gc else 0  # what the warm-ups made: no full collection walks it in the rounds
     runs: dict = {m: [] for m in MODES}
-    out: dict = {"programs_per_round": len(inputs), "in_flight": n}
+    out: dict = {"programs_per_round": len(inputs), "in_flight": n, "frozen_after_warm_up": frozen}
     for r in range(repeats):
         for mode in round_order(r):
             rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
@@ -167,10 +180,22 @@ def run_workload(
             "host_ms_per_pass": statistics.median(r["host_ms_per_pass"] for r in rs),
             "model_s": statistics.median(r["model_s"] for r in rs),
             "gc_ms": statistics.median(r["gc_ms"] for r in rs),
+            **busy_totals(rs),
             "runs": rs,
         }
     out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
+    if kernel_time:
+        for mode in MODES:
+            out[mode]["kernel_s"] = kernel_round_s(engine, workload, inputs, mode, sampling, n)
     return out
+
+
+def kernel_round_s(engine, workload, inputs: list, mode: str, sampling: dict, in_flight: int) -> Optional[float]:
+    """One more round of `mode`, untimed, under the profiler: the GPU's kernel-busy seconds in
+    it (None without CUDA)."""
+    with KernelTime(str(engine.runner.device).startswith("cuda")) as kt:
+        run_mode(engine, workload, inputs, mode, sampling, in_flight=in_flight)
+    return kt.seconds
 
 
 def programs_per_s(rounds: list) -> float:
@@ -179,6 +204,18 @@ def programs_per_s(rounds: list) -> float:
     throughputs would let one fast round outweigh a slow one, e.g. a round with a full
     garbage collection."""
     return len(rounds) / sum(1 / r["throughput"] for r in rounds)
+
+
+def busy_totals(rounds: list) -> dict:
+    """A mode's wall and GPU-busy seconds summed over its rounds, and the tokens its passes
+    computed a round (median). gpu_s is None on the CPU, where the GPU's time is not measured."""
+    gpu = None if any(r.get("gpu_s") is None for r in rounds) else sum(r["gpu_s"] for r in rounds)
+    return {
+        "total_s": sum(r["round_s"] for r in rounds),
+        "total_gpu_s": gpu,
+        "extend_tokens": statistics.median(r["extend_tokens"] for r in rounds),
+        "decode_tokens": statistics.median(r["decode_tokens"] for r in rounds),
+    }
 
 
 def round_order(r: int) -> tuple:
@@ -197,6 +234,7 @@ def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8
 def run_all(
     engine, names: list, n: int, size: float, sampling: dict, seed: int = 0, repeats: int = 1,
     deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None, min_round_s: float = 0.0,
+    freeze_gc: bool = True, kernel_time: bool = False,
 ) -> dict:  # fmt: skip
     """Each workload in turn; none is started after `deadline` (time.time()); on_workload
     gets the results so far after each."""
@@ -209,7 +247,8 @@ def run_all(
             print(f"{name}: skipped (past the deadline)", file=sys.stderr, flush=True)
             continue
         t = time.perf_counter()
-        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s)
+        results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s, freeze_gc,
+                                     kernel_time)
         results[name]["tracked_after"] = tracked_objects()
         print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -217,6 +256,19 @@ def run_all(
         if on_workload is not None:
             on_workload(results)
     return results
+
+
+def frozen_garbage() -> dict:
+    """What freezing kept: objects frozen alive that died in reference cycles since, which only a
+    collection after unfreezing frees (their count), then frozen again as before."""
+    import gc
+
+    gc.collect()  # the garbage that was never frozen
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()
+    freed = gc.collect()
+    gc.freeze()
+    return {"frozen": frozen, "freed_after_unfreezing": freed}
 
 
 def tracked_objects(top: int = 8) -> dict:
@@ -263,6 +315,67 @@ def table(results: dict) -> str:
     return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
 
 
+BOUND_NOTE = ("GPU busy time: not measured (no CUDA device; the model's time on the CPU is the wall time "
+              "inside its forward passes, model_s), so no zero-host bound.")
+
+
+def bound_table(results: dict) -> str:
+    """Where the time goes, per mode and workload, over all rounds: a round's wall time, the GPU's
+    busy time (CUDA events around each forward pass, summed) and the rest (host-only time: the
+    wall time with no forward pass on the GPU), and graph / no radix three ways: measured; with
+    graph mode's host-only time zero; with both columns' host-only time zero (GPU busy against
+    GPU busy: what the forward passes' own work allows)."""
+    rows = {k: r for k, r in results.items() if r["graph"].get("total_gpu_s") is not None}
+    if not rows:
+        return BOUND_NOTE
+    lines = [
+        "| workload | round s graph / eager / no radix | GPU busy s a round graph / eager / no radix | host-only s a round graph / eager / no radix | tokens computed a round graph / no radix (prefill + decode) | graph / no radix, measured | graph host-only zero | both host-only zero |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    ratios: list = []
+    for name, r in rows.items():
+        g, e, x = r["graph"], r["eager"], r["eager-noradix"]
+        row = (x["total_s"] / g["total_s"], x["total_s"] / g["total_gpu_s"], x["total_gpu_s"] / g["total_gpu_s"])
+        ratios.append(row)
+        lines.append(
+            f"| {name} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
+            f"{_per_round(lambda m: m['total_s'] - m['total_gpu_s'], g, e, x)} | "
+            f"{_tokens(g)} / {_tokens(x)} | {row[0]:.2f}x | {row[1]:.2f}x | {row[2]:.2f}x |"
+        )
+    geo = [math.exp(sum(math.log(r[i]) for r in ratios) / len(ratios)) for i in range(3)]
+    text = "\n".join(lines + ["", f"Geometric means over {len(ratios)} workloads, graph vs eager without radix cache: "
+                                   f"measured **{geo[0]:.2f}x**; graph mode's host-only time zero **{geo[1]:.2f}x**; "
+                                   f"both columns' host-only time zero **{geo[2]:.2f}x**."])  # fmt: skip
+    return text + kernel_lines(rows)
+
+
+def kernel_lines(rows: dict) -> str:
+    """With --kernel-time: each mode's kernel-busy seconds in its profiled round against its GPU
+    busy time a round (events around passes), and graph / no radix on kernel time alone."""
+    have = {k: r for k, r in rows.items() if all(r[m].get("kernel_s") for m in MODES)}
+    if not have:
+        return ""
+    lines = ["", "| workload | kernel-busy s graph / eager / no radix | kernel / GPU busy graph / no radix | both at kernel time |",
+             "| --- | --- | --- | --- |"]  # fmt: skip
+    ratios = []
+    for name, r in have.items():
+        g, e, x = r["graph"], r["eager"], r["eager-noradix"]
+        ratios.append(x["kernel_s"] / g["kernel_s"])
+        share = lambda m: m["kernel_s"] / (m["total_gpu_s"] / len(m["runs"]))  # noqa: E731
+        lines.append(f"| {name} | {g['kernel_s']:.3f} / {e['kernel_s']:.3f} / {x['kernel_s']:.3f} | "
+                     f"{share(g):.2f} / {share(x):.2f} | {ratios[-1]:.2f}x |")  # fmt: skip
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    return "\n".join(lines + ["", f"Geometric mean over {len(ratios)} workloads at kernel time: **{geo:.2f}x**."])
+
+
+def _per_round(seconds: Callable[[dict], float], *modes: dict) -> str:
+    return " / ".join(f"{seconds(m) / len(m['runs']):.3f}" for m in modes)
+
+
+def _tokens(r: dict) -> str:
+    return f"{r['extend_tokens']:g} + {r['decode_tokens']:g}"
+
+
 def _cpu(r: dict) -> str:
     return f"{r['cpu_per_program']:.3f}" if "cpu_per_program" in r else "-"
 
@@ -291,6 +404,11 @@ def main(argv=None) -> str:
     ap.add_argument("--min-round-s", type=float, default=0.0,
                     help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from the faster "
                          "warm-up round of graph and eager")
+    ap.add_argument("--no-freeze-gc", action="store_true",
+                    help="do not call the engine's freeze_gc() after each workload's warm-up rounds")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
+                         "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
     ap.add_argument("--device", default="auto")
@@ -310,15 +428,22 @@ def main(argv=None) -> str:
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
 
+    extra: dict = {}
+
     def save(results: dict) -> None:
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "results": results}, f, indent=1)
+                json.dump({"args": vars(args), "results": results, **extra}, f, indent=1)
 
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
-                          args.min_round_s)
+                          args.min_round_s, not args.no_freeze_gc, args.kernel_time)
+        extra["frozen_garbage"] = frozen_garbage()
+        print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
+              f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
+        save(results)
         print(table(results))
+        print(bound_table(results))
         for name in filter(None, args.timeline.split(",")):
             from step_timeline import print_rows, timeline
 
@@ -329,7 +454,8 @@ def main(argv=None) -> str:
             results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results["timelines"][name])
             save(results)
-    return table({k: v for k, v in results.items() if k != "timelines"})
+    kept = {k: v for k, v in results.items() if k != "timelines"}
+    return table(kept) + "\n\n" + bound_table(kept)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
 from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
-from radixflow.runtime.gc_freeze import freeze_startup_objects, release_startup_objects
+from radixflow.runtime.gc_freeze import freeze_startup_objects, freeze_warm_objects, release_startup_objects
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
@@ -48,7 +48,7 @@ class Engine:
         )
         self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
-        froze = freeze_startup_objects()
+        froze = self._owns_gc_freeze = freeze_startup_objects()
         # the freeze, if this Engine made it, is given back by shutdown() or, if it is dropped without one, when it is freed
         self._gc_freeze = weakref.finalize(self, release_startup_objects, froze)
 
@@ -190,6 +190,13 @@ class Engine:
         failure = self.tp.wait_failure(timeout=2.0)  # a collective can fail before the monitor looks
         if failure:
             raise TPRankFailed(failure) from err
+
+    def freeze_gc(self) -> int:
+        """As SGLang's freeze_gc: call after warm-up requests, so that full garbage collections,
+        which pause a step, walk only what was made since. Returns how many objects it froze: 0
+        unless this Engine holds the process's freeze (the first Engine made, normally)."""
+        self._check_open()
+        return freeze_warm_objects(self._owns_gc_freeze)
 
     def shutdown(self) -> None:
         self._gc_freeze()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection

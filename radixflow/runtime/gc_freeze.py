@@ -8,8 +8,10 @@ Several engines may live in one process (tests, benchmarks, an application with 
 `gc.unfreeze()` thaws everything at once. So the freeze has one owner: the engine that made it,
 when no freeze was in place. An engine made while another's freeze is in place is not frozen:
 freezing it would keep its reference cycles (scheduler, runner, KV pool) out of reach of the
-collector until the owner goes, long after its own shutdown. The owner's release unfreezes. If
-objects were frozen by the host application before, no engine freezes or unfreezes.
+collector until the owner goes, long after its own shutdown. The owner's release unfreezes
+everything, so objects that something else froze before it (a library's or a site hook's freeze)
+are thawed with it: declining to freeze whenever anything was frozen first would leave every
+start-up object in every full collection's walk.
 """
 
 from __future__ import annotations
@@ -34,11 +36,27 @@ def freeze_startup_objects() -> bool:
     release_startup_objects(True)."""
     gc.collect()  # garbage alive now (a dropped engine's cycles, with its KV pool) would be kept for good
     with _lock:
-        if _state.held or gc.get_freeze_count() > 0:
+        if _state.held:
             return False
         _state.held = True
         gc.freeze()
         return True
+
+
+def freeze_warm_objects(owner: bool) -> int:
+    """The owner's freeze again, after warm-up: what the first requests made and keep (kernels
+    compiled for new shapes, their caches, the tokenizer's) would otherwise be walked by every
+    full collection. Returns how many objects this froze (0 for an engine that does not own the
+    freeze: see the module's note). Cycles among them that die later are kept until the owner's
+    release, as start-up's are."""
+    if not owner:
+        return 0
+    gc.collect()
+    with _lock:
+        assert _state.held, "the freeze was released"
+        before = gc.get_freeze_count()
+        gc.freeze()
+        return gc.get_freeze_count() - before
 
 
 def release_startup_objects(owner: bool) -> None:
