@@ -71,3 +71,18 @@ def test_decode_attention_under_the_bf16_entry_matches_reference(monkeypatch, dt
     for splits in (1, da.num_kv_splits(len(seq_lens), hkv, 8)):
         got = da.decode_attention(q, k, v, table, req_idx, lens, 0.25, splits)
         torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads at batch 256: too slow for the CPU interpreter")
+def test_gpu_bf16_entry_llama_shapes():
+    """DECODE_CONFIG's `bf16` entry as committed, at Llama-3-8B heads (8 KV heads of 128, groups of 4) and a batch
+    it covers, lengths 1 to 1,500: at its own split count, one and 16 against the float32 reference."""
+    seq_lens = torch.randint(1, 1500, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    assert da.resolve_config(len(seq_lens)) != da.resolve_config(len(seq_lens), pool="float32")  # the entry applies
+    k, v, table, req_idx = _paged_pool(seq_lens, 8, 128, torch.bfloat16, rows=len(seq_lens) + 1)
+    q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q.float(), k.float(), v.float(), table, req_idx, lens, 128**-0.5)
+    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8), 16}):
+        got = da.decode_attention(q, k, v, table, req_idx, lens, 128**-0.5, splits)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)

@@ -194,8 +194,8 @@ def sec_offline_arms() -> dict:
 
 
 def decode_entry() -> dict | None:
-    """--decode-entry's `bf16` entry for DECODE_CONFIG (benchmarks/bf16_attn_bench.py's bf16_attn_best.json), or None
-    (no file given or found, or the sweep's best launch was the default's)."""
+    """--decode-entry's `bf16` entry for DECODE_CONFIG (benchmarks/bf16_attn_bench.py's bf16_attn_best.json; {}: none,
+    against the entry as built), or None (no file given or found, or the sweep's best launch was the default's)."""
     path = OPTS.decode_entry
     if not path or not os.path.exists(path):
         return None
@@ -224,7 +224,7 @@ def sec_offline_decode_ab() -> dict:
 
     runner, entry = OPTS.bench_engine.runner, decode_entry()
     built = da.DECODE_CONFIG["bf16"]
-    arms = [("default", built), ("entry" if entry else "default_again", entry or built)]
+    arms = [("default", built), ("default_again", built) if entry is None else ("entry", entry)]
     out: dict = {"decode_entry": entry}
     RESULTS[OPTS.section_key] = out
     try:

@@ -61,14 +61,18 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 #   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
 #   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
 #   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
+# - 16-bit pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
+#   sizes and contexts; smaller batches were not timed, so they keep the launch above): 2 warps. min_shared_memory
+#   is what Triton 3.6 compiled it to at 128-dim heads (timed only there), below what any GPU gives a block.
+#   benchmarks/history/2026-12-02.md has the sweep.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
     "fp8_v_regs": True,
     "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
-    "bf16": {},
+    "bf16": {"num_warps": 2, "min_batch": 256, "min_shared_memory": 40_192},
 }
-DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
+DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
 
 @triton.jit
