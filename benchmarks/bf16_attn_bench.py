@@ -164,7 +164,8 @@ def entry_for(label: str, cases: list[dict], min_batch: int) -> dict | None:
     if cfg is None or all(cfg[k] == default[k] for k in ENTRY_KEYS):
         return None
     shared = max((c["runs"][label].get("shared", 0) for c in cases), default=0)
-    return {**{k: cfg[k] for k in ENTRY_KEYS if cfg[k] != default[k]}, "min_batch": min_batch,
+    # an entry replaces DECODE_CONFIG's whole `bf16` entry: the keys where the launch differs from the top level
+    return {**{k: cfg[k] for k in ENTRY_KEYS if cfg[k] != da.DECODE_CONFIG[k]}, "min_batch": min_batch,
             "min_shared_memory": shared + 1024 if shared else 0}
 
 
