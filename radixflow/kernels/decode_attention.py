@@ -8,19 +8,20 @@ launch parameter depend on the batch size and head counts only, never on sequenc
 the launch can be captured in a CUDA graph; how a sequence is cut into its splits is computed
 in-kernel.
 
-DECODE_CONFIG (benchmarks/gpu_attn_bench.py sweeps it): block_n / num_warps / num_stages of
-stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, stage 1 writes
+DECODE_CONFIG (benchmarks/gpu_attn_bench.py, fp8_attn_bench.py and bf16_attn_bench.py sweep it):
+block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, stage 1 writes
 the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
 multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
 graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
 half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
-shared memory per block (`entry_fits`); `bf16`: the same for 16-bit pools (bf16 / fp16; `pool_kind`); `fixed_splits`: when set, every batch size uses this many
-splits; `fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype;
-kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through shared
-memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
-A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` / `fp8` / `bf16` entries win over
-its top-level keys at their batch sizes, DECODE_CONFIG's pool entries do not (`resolve_config`).
+shared memory per block (`entry_fits`); `bf16`: the same for 16-bit pools (bf16 / fp16: `pool_kind`);
+`fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
+widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
+is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
+False: where Triton puts it, kept for A/B). A caller's `config` replaces DECODE_CONFIG's keys it names;
+its own `small` / `fp8` / `bf16` entries win over its top-level keys at their batch sizes, DECODE_CONFIG's
+pool entries do not (`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
