@@ -174,11 +174,13 @@ def print_table(res: dict) -> None:
     for name, c in res["cases"].items():
         base = c["runs"]["default"].get("us")
         print(f"\n{name}: batch {c['batch']}, mean length {c['mean_len']:.0f}, K+V {c['kv_mb']:.0f} MB")
-        print(f"  {'variant':22} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs dflt':>7} {'spread':>6} {'err':>7} {'smem':>7} {'regs':>4}")
+        print(f"  {'variant':22} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs dflt':>7} {'spread':>6} {'err':>7} "
+              f"{'smem':>7} {'regs':>4}")
         for lab, r in sorted(c["runs"].items(), key=lambda kv: kv[1].get("us", 1e9)):
             if "us" in r:
                 spread = (max(r["rounds_us"]) - min(r["rounds_us"])) / r["us"]
-                print(f"  {lab:22} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {(base or 0) / r['us']:7.3f} {spread:6.3f} "
+                ratio = (base or 0) / r["us"]
+                print(f"  {lab:22} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratio:7.3f} {spread:6.3f} "
                       f"{r['err']:7.4f} {r.get('shared', 0):7} {r.get('regs', 0):4}")
             else:
                 print(f"  {lab:22} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")

@@ -57,7 +57,8 @@ def test_bf16_entry_only_where_the_device_holds_its_shared_memory(monkeypatch, m
     assert da.num_kv_splits(512, 8, 132) == da.num_kv_splits(512, 8, 132, config=got)
 
 
-@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=needs_cuda)])  # no bf16 interpreter
+# the interpreter computes bf16 wrongly (with any launch): bf16 on a GPU only
+@pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=needs_cuda)])
 def test_decode_attention_under_the_bf16_entry_matches_reference(monkeypatch, dtype):
     """A 16-bit pool at a batch size the entry covers runs its launch (here a 16-token block, more stages and a
     larger split count than the default launch) and matches the float32 reference, at its own split count and one."""

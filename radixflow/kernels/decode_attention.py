@@ -9,9 +9,9 @@ the launch can be captured in a CUDA graph; how a sequence is cut into its split
 in-kernel.
 
 DECODE_CONFIG (benchmarks/gpu_attn_bench.py, fp8_attn_bench.py and bf16_attn_bench.py sweep it):
-block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, stage 1 writes
-the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
-multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
+block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv_splits; `direct`:
+with one split, stage 1 writes the normalised output itself and stage 2 is skipped; `split_align`:
+splits are cut at multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
 graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
 half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
