@@ -83,7 +83,7 @@ def fp8_pool_dequantized(x: dict) -> tuple:
 
 
 def _splits(bs: int, fp8: bool, cfg: dict | None, sms: int) -> int:
-    return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, fp8=fp8)
+    return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool="fp8" if fp8 else "bf16")
 
 
 def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:

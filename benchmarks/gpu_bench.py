@@ -40,6 +40,8 @@ Sections (each isolated: a failure is logged and the next one runs):
                --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
   offline_arms offline (every seed) as built, then with 16,384-token prefill chunks
+  offline_decode_ab  offline (every seed) with DECODE_CONFIG as built, then with --decode-entry's `bf16` entry
+               (bf16_attn_bench.py's pick; without one, as built again), decode graphs recaptured per arm
   gemm_shapes  the bf16 linears' GEMMs alone (Llama-3-8B shapes, M 544 to 8,192): F.linear against the weight in
                two GEMMs (split_linear), stored transposed, and through cuBLASLt
   fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
@@ -88,7 +90,7 @@ from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # no
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
 from gpubench.offline import (  # noqa: E402
-    sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
+    sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
@@ -103,7 +105,7 @@ SECTIONS = {
     "gemv_config_search": sec_gemv_config_search,
     "offline": sec_offline, "offline_pdl_ab": sec_offline_pdl_ab, "offline_residual_ab": sec_offline_residual_ab,
     "offline_p_parts_ab": sec_offline_p_parts_ab, "offline_flash_ab": sec_offline_flash_ab,
-    "offline_arms": sec_offline_arms, "gemm_shapes": sec_gemm_shapes,
+    "offline_arms": sec_offline_arms, "offline_decode_ab": sec_offline_decode_ab, "gemm_shapes": sec_gemm_shapes,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
@@ -111,7 +113,7 @@ SECTIONS = {
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
-NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 
 
@@ -133,6 +135,9 @@ def main() -> None:
     p.add_argument("--offline-seeds", default="2024,2025,2026", help="offline: one warm pass per workload seed")
     p.add_argument("--offline-warmup", type=int, default=0,
                    help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
+    p.add_argument("--decode-entry", default="",
+                   help="offline_decode_ab: a JSON file whose `entry` is a `bf16` entry for DECODE_CONFIG "
+                        "(benchmarks/bf16_attn_bench.py writes bf16_attn_best.json)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--prefill-flash-ab", action="store_true",
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")

@@ -115,7 +115,7 @@ def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 0.25)
     for config in ({"fp8_v_regs": v_regs}, {"fp8_v_regs": v_regs, "fp8": {"block_n": 128, "num_warps": 8}}):
-        assert da.resolve_config(len(seq_lens), config, fp8=True)["block_n"] == config.get("fp8", {}).get("block_n", 64)
+        assert da.resolve_config(len(seq_lens), config, pool="fp8")["block_n"] == config.get("fp8", {}).get("block_n", 64)
         for splits in (1, 4):
             got = da.decode_attention(q, *bufs, table, req_idx, lens, 0.25, splits, scales=scales, config=config)
             torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
@@ -143,7 +143,7 @@ def test_gpu_fp8_kv_decode_attention_llama_shapes(seq_lens):
     q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 128**-0.5)
-    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, fp8=True), 16}):
+    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, pool="fp8"), 16}):
         for config in [None] + GPU_FP8_DECODE_VARIANTS:
             got = da.decode_attention(q, k8, v8, table, req_idx, lens, 128**-0.5, splits, config=config, scales=scales)
             torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
@@ -154,16 +154,16 @@ def test_decode_config_fp8_entry_applies_to_fp8_pools_from_min_batch(monkeypatch
     """DECODE_CONFIG's `fp8` entry launches an FP8 pool's batches from its min_batch up (and their split
     count), never a 16-bit pool's, and `small` wins at its batch sizes."""
     monkeypatch.setitem(da.DECODE_CONFIG, "fp8", {"block_n": 128, "waves": 64, "min_batch": 200})
-    fp8, bf16 = da.resolve_config(256, fp8=True), da.resolve_config(256)
+    fp8, bf16 = da.resolve_config(256, pool="fp8"), da.resolve_config(256)
     assert (fp8["block_n"], bf16["block_n"]) == (128, da.DECODE_CONFIG["block_n"]) and "fp8" not in fp8
-    assert "min_batch" not in fp8 and da.resolve_config(199, fp8=True)["block_n"] == da.DECODE_CONFIG["block_n"]
-    assert da.resolve_config(1, fp8=True)["block_n"] == da.DECODE_CONFIG["block_n"]  # `small` applies
-    assert da.resolve_config(256, {"fp8": {}}, fp8=True)["block_n"] == da.DECODE_CONFIG["block_n"]
-    assert da.num_kv_splits(256, 8, 132, fp8=True) == 8 and da.num_kv_splits(256, 8, 132) == 1
+    assert "min_batch" not in fp8 and da.resolve_config(199, pool="fp8")["block_n"] == da.DECODE_CONFIG["block_n"]
+    assert da.resolve_config(1, pool="fp8")["block_n"] == da.DECODE_CONFIG["block_n"]  # `small` applies
+    assert da.resolve_config(256, {"fp8": {}}, pool="fp8")["block_n"] == da.DECODE_CONFIG["block_n"]
+    assert da.num_kv_splits(256, 8, 132, pool="fp8") == 8 and da.num_kv_splits(256, 8, 132) == 1
 
 
 def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
-    """A CUDA device with these properties as far as fp8_entry_fits can tell (no GPU needed)."""
+    """A CUDA device with these properties as far as entry_fits can tell (no GPU needed)."""
     props = SimpleNamespace(major=major, minor=minor)
     if optin is not None:
         props.shared_memory_per_block_optin = optin
@@ -184,22 +184,22 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
 def test_fp8_entry_only_where_the_device_holds_its_shared_memory(monkeypatch, major, minor, optin, fits):
     _device(monkeypatch, major, minor, optin)
     entry = da.DECODE_CONFIG["fp8"]
-    assert da.fp8_entry_fits(entry) == fits
-    got = da.resolve_config(512, fp8=True)
+    assert da.entry_fits(entry) == fits
+    got = da.resolve_config(512, pool="fp8")
     assert (got["block_n"], got["num_stages"]) == ((entry["block_n"], entry["num_stages"]) if fits else
                                                    (da.DECODE_CONFIG["block_n"], da.DECODE_CONFIG["num_stages"]))
-    assert da.num_kv_splits(512, 8, 132, fp8=True) == da.num_kv_splits(512, 8, 132, config=got)
+    assert da.num_kv_splits(512, 8, 132, pool="fp8") == da.num_kv_splits(512, 8, 132, config=got)
 
 
 def test_callers_config_wins_over_the_fp8_entry_and_nested_keys_are_checked():
     """A caller's top-level keys beat DECODE_CONFIG's `fp8` entry; the caller's own `fp8` entry beats them;
     a misspelt key inside `small` or `fp8` is refused like a top-level one."""
-    got = da.resolve_config(256, {"block_n": 32, "num_stages": 2}, fp8=True)
+    got = da.resolve_config(256, {"block_n": 32, "num_stages": 2}, pool="fp8")
     assert (got["block_n"], got["num_stages"]) == (32, 2)
-    assert da.resolve_config(256, {"fp8_f16": False}, fp8=True)["block_n"] == da.DECODE_CONFIG["fp8"]["block_n"]
-    got = da.resolve_config(8, {"block_n": 32, "fp8": {"block_n": 16}}, fp8=True)
+    assert da.resolve_config(256, {"fp8_f16": False}, pool="fp8")["block_n"] == da.DECODE_CONFIG["fp8"]["block_n"]
+    got = da.resolve_config(8, {"block_n": 32, "fp8": {"block_n": 16}}, pool="fp8")
     assert got["block_n"] == 16 and da.resolve_config(8, {"block_n": 32, "fp8": {"block_n": 16}})["block_n"] == 32
     for bad, key in (({"fp8": {"blok_n": 32}}, "fp8.blok_n"), ({"small": {"max_bach": 1}}, "small.max_bach"),
                      ({"small": {"min_batch": 1}}, "small.min_batch"), ({"fp8": {"fp8": {}}}, "fp8.fp8")):
         with pytest.raises(ValueError, match=key):
-            da.resolve_config(256, bad, fp8=True)
+            da.resolve_config(256, bad, pool="fp8")

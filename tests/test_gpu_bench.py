@@ -63,3 +63,42 @@ def test_offline_skips_later_seeds_past_the_deadline(monkeypatch):
     assert res["out_tok_s"] == res["out_tok_s_min"] == res["out_tok_s_max"] == 24.0
     monkeypatch.setattr(OPTS, "deadline_s", 600)
     assert offline.sec_offline()["out_tok_s"] == 25.0  # in time: all three seeds, their median
+
+
+def test_offline_decode_ab_runs_each_arm_under_its_entry_and_restores_it(tmp_path, monkeypatch):
+    """offline_decode_ab: every pass of the `entry` arm runs with --decode-entry's entry in DECODE_CONFIG, the
+    others with the entry as built; the graphs are captured again only when the entry changes; the entry as
+    built is back afterwards. Without a file the second arm is an A/A."""
+    monkeypatch.syspath_prepend(BENCH)
+    from types import SimpleNamespace
+
+    from gpubench import offline
+    from gpubench.common import OPTS, RESULTS
+    from radixflow.kernels import decode_attention as da
+
+    built, entry = da.DECODE_CONFIG["bf16"], {"num_warps": 8, "min_batch": 2}
+    path = tmp_path / "best.json"
+    path.write_text(json.dumps({"entry": entry}))
+    seen, recaptures = [], []
+    runner = SimpleNamespace(settings=None, set_kernel_settings=lambda s: recaptures.append(da.DECODE_CONFIG["bf16"]))
+    monkeypatch.setattr(offline, "offline_requests", lambda seed: [seed])
+    monkeypatch.setattr(offline, "_offline_pass", lambda eng, reqs, steps=False: seen.append(
+        (reqs[0] if reqs else None, da.DECODE_CONFIG["bf16"])) or {"out_tok_s": 1.0})
+    monkeypatch.setattr(offline, "save", lambda: None)
+    opts = dict(bench_engine=SimpleNamespace(runner=runner), offline_seeds="2024,2025", offline_warmup=0,
+                deadline_s=600, start=time.perf_counter(), decode_entry=str(path), section_key="offline_decode_ab")
+    for name, value in opts.items():
+        monkeypatch.setattr(OPTS, name, value, raising=False)
+    try:
+        res = offline.sec_offline_decode_ab()
+    finally:
+        RESULTS.clear()
+    assert set(res) == {"decode_entry", "default", "entry", "default_2", "entry_2"} and res["decode_entry"] == entry
+    # per arm: the cold pass, then seeds 2024 and 2025; then each arm on 2024 again
+    arm = [(2024, built), (2024, built), (2025, built)]
+    assert seen == arm + [(s, entry) for s, _ in arm] + [(2024, built), (2024, entry)]
+    assert recaptures == [entry, built, entry, built] and da.DECODE_CONFIG["bf16"] == built
+    monkeypatch.setattr(OPTS, "decode_entry", str(tmp_path / "missing.json"))
+    seen.clear()
+    assert "default_again" in offline.sec_offline_decode_ab() and all(e == built for _, e in seen)
+    RESULTS.clear()

@@ -96,9 +96,9 @@ def make_engine(config: str, **kw):
     return engine
 
 
-def past_deadline() -> bool:
-    """Whether gpu_bench's --deadline-s has passed (counted from the script's start, OPTS.start)."""
-    return bool(getattr(OPTS, "deadline_s", 0)) and time.perf_counter() - OPTS.start > OPTS.deadline_s
+def past_deadline(margin_s: float = 0) -> bool:
+    """Whether gpu_bench's --deadline-s, less `margin_s`, has passed (counted from the script's start, OPTS.start)."""
+    return bool(getattr(OPTS, "deadline_s", 0)) and time.perf_counter() - OPTS.start > OPTS.deadline_s - margin_s
 
 
 def free(*objs) -> None:

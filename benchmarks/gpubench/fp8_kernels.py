@@ -168,7 +168,7 @@ def _attention_rates(bs: int, length: int) -> dict:
     out, ref_out = {"batch": bs, "len": length}, None
     for label, (fp8, cfg) in launches.items():
         (kb, vb), sc = ((k8, v8), scales) if fp8 else ((x["k"], x["v"]), None)
-        n_splits = num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, fp8=fp8)
+        n_splits = num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool="fp8" if fp8 else "bf16")
 
         def run(i: int, kb=kb, vb=vb, sc=sc, cfg=cfg, n_splits=n_splits):
             return decode_attention(x["q"], kb, vb, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE,

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import random
 import statistics
 import time
 
 from gpubench.common import (
-    Event, OPTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, set_extend_settings,
-    sync,
+    Event, OPTS, RESULTS, SZ, flash_prefill_on, free, greedy, log, make_engine, past_deadline, rand_ids, save,
+    set_extend_settings, sync,
 )
 
 
@@ -189,6 +190,59 @@ def sec_offline_arms() -> dict:
             log(f"offline_arms {arm}: {out[arm]['out_tok_s']:.0f} out tok/s (median over seeds)")
     finally:
         args.chunked_prefill_size = base_chunk
+    return out
+
+
+def decode_entry() -> dict | None:
+    """--decode-entry's `bf16` entry for DECODE_CONFIG (benchmarks/bf16_attn_bench.py's bf16_attn_best.json; {}: none,
+    against the entry as built), or None (no file given or found, or the sweep's best launch was the default's)."""
+    path = OPTS.decode_entry
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return json.load(f).get("entry")
+
+
+def _with_bf16_entry(runner, entry: dict) -> None:
+    """DECODE_CONFIG's `bf16` entry set to `entry` and, if that changed it, the decode graphs captured again (they
+    bake the launch in)."""
+    from radixflow.kernels import decode_attention as da
+
+    if da.DECODE_CONFIG["bf16"] == entry:
+        return
+    da.DECODE_CONFIG["bf16"] = entry
+    runner.set_kernel_settings(runner.settings)
+
+
+def sec_offline_decode_ab() -> dict:
+    """`offline` (cold pass, every seed) with DECODE_CONFIG as built (`default`), then with --decode-entry's
+    `bf16` entry (`entry`; without one, as built again: `default_again`, an A/A of the pass's noise), in one
+    engine, the decode graphs captured again for each arm. Then, while --deadline-s allows a recapture and a
+    pass (~45 s), each arm once more on the first seed alone (`default_2`, `entry_2`), so a drift over the run
+    shows. Results are saved after every arm; the entry is restored after."""
+    from radixflow.kernels import decode_attention as da
+
+    runner, entry = OPTS.bench_engine.runner, decode_entry()
+    built = da.DECODE_CONFIG["bf16"]
+    arms = [("default", built), ("default_again", built) if entry is None else ("entry", entry)]
+    out: dict = {"decode_entry": entry}
+    RESULTS[OPTS.section_key] = out
+    try:
+        for label, arm_entry in arms:
+            _with_bf16_entry(runner, arm_entry)
+            out[label] = sec_offline()
+            save()
+            log(f"offline_decode_ab {label}: {out[label]['out_tok_s']:.0f} out tok/s (median over seeds)")
+        seed = int(OPTS.offline_seeds.split(",")[0])
+        for label, arm_entry in arms:
+            if past_deadline(margin_s=45):
+                break
+            _with_bf16_entry(runner, arm_entry)
+            out[f"{label}_2"] = _offline_pass(OPTS.bench_engine, offline_requests(seed))
+            save()
+            log(f"offline_decode_ab {label}_2 (seed {seed}): {out[f'{label}_2']['out_tok_s']:.0f} out tok/s")
+    finally:
+        _with_bf16_entry(runner, built)
     return out
 
 

@@ -8,19 +8,20 @@ launch parameter depend on the batch size and head counts only, never on sequenc
 the launch can be captured in a CUDA graph; how a sequence is cut into its splits is computed
 in-kernel.
 
-DECODE_CONFIG (benchmarks/gpu_attn_bench.py sweeps it): block_n / num_warps / num_stages of
-stage 1; `waves` and `max_splits` for num_kv_splits; `direct`: with one split, stage 1 writes
-the normalised output itself and stage 2 is skipped; `split_align`: splits are cut at
-multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
+DECODE_CONFIG (benchmarks/gpu_attn_bench.py, fp8_attn_bench.py and bf16_attn_bench.py sweep it):
+block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv_splits; `direct`:
+with one split, stage 1 writes the normalised output itself and stage 2 is skipped; `split_align`:
+splits are cut at multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
 graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
 half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
-shared memory per block (`fp8_entry_fits`); `fixed_splits`: when set, every batch size uses this many
-splits; `fp8_f16`: an FP8 pool's K / V are widened to float16 for the products (False: to q's dtype;
-kept for A/B); `fp8_v_regs`: with fp8_f16, V is widened in registers before it goes through shared
-memory (attention_common.e4m3_to_f16_in_registers; False: where Triton puts it, kept for A/B).
-A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` / `fp8` entries win over
-its top-level keys at their batch sizes, DECODE_CONFIG's `fp8` entry does not (`resolve_config`).
+shared memory per block (`entry_fits`); `bf16`: the same for 16-bit pools (bf16 / fp16: `pool_kind`);
+`fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
+widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
+is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
+False: where Triton puts it, kept for A/B). A caller's `config` replaces DECODE_CONFIG's keys it names;
+its own `small` / `fp8` / `bf16` entries win over its top-level keys at their batch sizes, DECODE_CONFIG's
+pool entries do not (`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -61,13 +62,18 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 #   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
 #   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
 #   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
+# - 16-bit pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
+#   sizes and contexts; smaller batches were not timed, so they keep the launch above): 2 warps. min_shared_memory
+#   is what Triton 3.6 compiled it to at 128-dim heads (timed only there), below what any GPU gives a block.
+#   benchmarks/history/2026-12-02.md has the sweep.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
     "fp8_v_regs": True,
     "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
+    "bf16": {"num_warps": 2, "min_batch": 256, "min_shared_memory": 40_192},
 }
-DETERMINISTIC_CONFIG = {"small": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
+DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
 
 @triton.jit
@@ -210,12 +216,21 @@ class DecodeRope:
     loc: torch.Tensor
 
 
-ENTRY_GATES = {"small": ("max_batch",), "fp8": ("min_batch", "min_shared_memory")}
+ENTRY_GATES = {"small": ("max_batch",), "fp8": ("min_batch", "min_shared_memory"),
+               "bf16": ("min_batch", "min_shared_memory")}
+POOL_ENTRIES = ("fp8", "bf16")  # entries named after the pool kind (pool_kind) they launch
 LAUNCH_KEYS = set(DECODE_CONFIG) - set(ENTRY_GATES)
 
 
+def pool_kind(dtype: torch.dtype) -> str:
+    """The KV pool's kind as DECODE_CONFIG's entries name it: "fp8", "bf16" (any 16-bit pool), or "float32"."""
+    if dtype == torch.float8_e4m3fn:
+        return "fp8"
+    return "bf16" if dtype.itemsize == 2 else "float32"
+
+
 def _check_keys(config: dict) -> None:
-    """ValueError for a key DECODE_CONFIG does not have, at the top level or in its `small` / `fp8` entries."""
+    """ValueError for a key DECODE_CONFIG does not have, at the top level or in its `small` / pool entries."""
     unknown = set(config) - set(DECODE_CONFIG)
     for name, gates in ENTRY_GATES.items():
         unknown |= {f"{name}.{k}" for k in set(config.get(name, ())) - LAUNCH_KEYS - set(gates)}
@@ -223,8 +238,8 @@ def _check_keys(config: dict) -> None:
         raise ValueError(f"decode_attention: unknown config keys {sorted(unknown)}")
 
 
-def fp8_entry_fits(entry: dict) -> bool:
-    """Whether the current CUDA device gives a block the `fp8` entry's min_shared_memory bytes of shared
+def entry_fits(entry: dict) -> bool:
+    """Whether the current CUDA device gives a block the entry's min_shared_memory bytes of shared
     memory (true on the CPU, where the interpreter has no such limit)."""
     need = entry.get("min_shared_memory", 0)
     if not need or not torch.cuda.is_available():
@@ -240,36 +255,36 @@ def _block_shared_memory_fits(device: int, need: int) -> bool:
     return have >= need if have is not None else props.major >= 9  # sm_90 / sm_100 give 227 KiB
 
 
-def _entry(batch: int, fp8: bool, small: dict, fp8_entry: dict) -> tuple[str | None, dict]:
+def _entry(batch: int, pool: str, small: dict, pool_entry: dict) -> tuple[str | None, dict]:
     """The name and launch overrides (gates left out) of the entry that applies at this batch size, or (None, {})."""
     if batch <= small.get("max_batch", 0):
         name, entry = "small", small
-    elif fp8 and batch >= fp8_entry.get("min_batch", 0) and fp8_entry_fits(fp8_entry):
-        name, entry = "fp8", fp8_entry
+    elif pool in POOL_ENTRIES and batch >= pool_entry.get("min_batch", 0) and entry_fits(pool_entry):
+        name, entry = pool, pool_entry
     else:
         return None, {}
     return name, {k: v for k, v in entry.items() if k not in ENTRY_GATES[name]}
 
 
-def resolve_config(batch: int, config: dict | None = None, fp8: bool = False) -> dict:
-    """The launch parameters for this batch size and pool (`fp8`: an FP8 pool). From the bottom up:
-    DECODE_CONFIG's top-level keys, DECODE_CONFIG's entry that applies (`small`, or for an FP8 pool `fp8`),
+def resolve_config(batch: int, config: dict | None = None, pool: str = "bf16") -> dict:
+    """The launch parameters for this batch size and pool kind (`pool_kind`). From the bottom up:
+    DECODE_CONFIG's top-level keys, DECODE_CONFIG's entry that applies (`small`, or the pool's: `fp8` / `bf16`),
     `config`'s top-level keys, `config`'s own entry that applies. A `config` without `small` has none
-    (sweeps give whole launches); one without `fp8` keeps DECODE_CONFIG's."""
+    (sweeps give whole launches); one without the pool's entry keeps DECODE_CONFIG's."""
     config = config or {}
     _check_keys(config)
     small = config.get("small", {} if config else DECODE_CONFIG["small"])
-    name, entry = _entry(batch, fp8, small, config.get("fp8", DECODE_CONFIG["fp8"]))
+    name, entry = _entry(batch, pool, small, config.get(pool, DECODE_CONFIG.get(pool, {})))
     base = {k: v for k, v in DECODE_CONFIG.items() if k in LAUNCH_KEYS}
     own = {k: v for k, v in config.items() if k in LAUNCH_KEYS}
     return {**base, **own, **entry} if name in config else {**base, **entry, **own}
 
 
 def num_kv_splits(batch: int, kv_heads: int, num_sms: int = 132, waves: int | None = None,
-                  config: dict | None = None, fp8: bool = False) -> int:
+                  config: dict | None = None, pool: str = "bf16") -> int:
     """Enough (request, KV head, split) programs to cover the SMs `waves` times, a power of two
-    capped at max_splits. Depends on the batch size, head count and pool dtype only (CUDA graphs)."""
-    cfg = resolve_config(batch, config, fp8)
+    capped at max_splits. Depends on the batch size, head count and pool kind only (CUDA graphs)."""
+    cfg = resolve_config(batch, config, pool)
     if cfg["fixed_splits"]:
         return cfg["fixed_splits"]
     waves = cfg["waves"] if waves is None else waves
@@ -309,7 +324,7 @@ def decode_attention(
     An FP8 pool needs `scales` (k_scale, v_scale: float32 [Hkv]; kv_store.py)."""
     bsz, hq, d = q.shape
     fp8 = k_buf.dtype == torch.float8_e4m3fn
-    cfg = resolve_config(bsz, config, fp8)
+    cfg = resolve_config(bsz, config, pool_kind(k_buf.dtype))
     hkv = k_buf.shape[1]
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out

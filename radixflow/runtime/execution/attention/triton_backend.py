@@ -17,7 +17,9 @@ from typing import Optional
 import torch
 
 from radixflow.host_copy import to_device_async
-from radixflow.kernels.decode_attention import DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits
+from radixflow.kernels.decode_attention import (
+    DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits, pool_kind,
+)
 from radixflow.kernels.extend_attention import extend_attention
 from radixflow.kernels.flash_varlen import FLASH_DTYPES, flash_varlen_attention, flash_varlen_supported
 from radixflow.kernels.kv_store import store_kv
@@ -83,7 +85,7 @@ class TritonBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
             fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config,
-                                            fp8=self.kv_pool.fp8)
+                                            pool=pool_kind(self.kv_pool.dtype))
             return
         fb.attn_metadata = self.plan_extend(fb)
 
