@@ -194,3 +194,28 @@ def test_gpu_graph_replay_matches_eager(runner):
     for case in CASES.values():
         compare(runner, Batches(runner, *case))
     compare(runner, Batches(runner, [0], [5]))  # a small bucket after the largest one
+
+
+def test_engine_generates_the_same_tokens_with_padded_extend_passes():
+    """End to end on the CPU: programs-like traffic (a shared prefix, then continuations) through the
+    scheduler, with the padded passes and without them; greedy, so the same tokens (the padded engine
+    ran some of its passes padded, so the comparison is not of one path with itself)."""
+    from radixflow import Engine
+
+    prefix = list(range(100, 140))
+    prompts = [prefix + [200 + i] * (1 + 3 * i) for i in range(5)]
+    sampling = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for max_tokens in (0, MAX_TOKENS):
+        with Engine(TINY, load_format="dummy", device="cpu", max_running_requests=8,
+                    cuda_graph_extend_max_tokens=max_tokens) as engine:
+            calls = []
+            if max_tokens:
+                runner = engine.runner.extend_graphs
+                replay = runner.replay
+                runner.replay = lambda fb, b: calls.append(b) or replay(fb, b)
+            first = engine.generate(input_ids=prompts[0], sampling_params=sampling)  # caches the prefix
+            rest = engine.generate(input_ids=prompts[1:], sampling_params=sampling)
+            outs[max_tokens] = [o["output_ids"] for o in [first] + rest]
+            assert calls or not max_tokens
+    assert outs[0] == outs[MAX_TOKENS]

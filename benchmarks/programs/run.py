@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -38,6 +39,8 @@ import statistics
 import sys
 import time
 from typing import Callable, Optional
+
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
@@ -392,6 +395,76 @@ def _steps(r: dict) -> str:
     return f"{r['forward_steps']:g}" if "forward_steps" in r else "-"
 
 
+def extend_graph_settings(text: str) -> list:
+    """--extend-graph-tokens: engine settings of --cuda-graph-extend-max-tokens, each >= 0."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--extend-graph-tokens {text!r}: comma-separated integers, e.g. 0,256") from None
+    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise SystemExit(f"--extend-graph-tokens {text!r}: distinct values >= 0 (0: no extend graphs)")
+    return values
+
+
+def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict) -> dict:
+    """One engine through every workload (and the timelines), its memory freed afterwards, so that the
+    next engine of --extend-graph-tokens sizes its KV pool from the same free memory."""
+    with rf.Engine(args.config, **kw) as engine:
+        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
+                          args.min_round_s, not args.no_freeze_gc, args.kernel_time)
+        extra["frozen_garbage"] = frozen_garbage()
+        print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
+              f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
+        save(results)
+        print(table(results))
+        print(bound_table(results))
+        for name in filter(None, args.timeline.split(",")):
+            from step_timeline import print_rows, timeline
+
+            if deadline is not None and time.time() > deadline:
+                print(f"timeline {name}: skipped (past the deadline)", file=sys.stderr, flush=True)
+                continue
+
+            results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
+            print_rows(name, results["timelines"][name])
+            save(results)
+        graphs = engine.runner.extend_graphs
+        if graphs is not None:  # every mode's passes together, warm-up rounds included
+            extra.setdefault("extend_graph_passes", {})[kw["cuda_graph_extend_max_tokens"]] = passes = {
+                "extend_passes": graphs.extend_passes, "padded": graphs.replays}
+            print(f"extend passes in a bucket (graphs on CUDA): {passes['padded']} of {passes['extend_passes']}",
+                  file=sys.stderr, flush=True)
+            save(results)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def extend_graph_table(by_setting: dict) -> str:
+    """Each --extend-graph-tokens setting (an engine each; the extend graphs serve every mode) against
+    the first: graph mode's programs/s, graph / no radix (issue 29's ratio) and graph mode's GPU busy
+    seconds over its rounds (CUDA: events around each pass)."""
+    keys = list(by_setting)
+    base = by_setting[keys[0]]
+    lines = [f"By --cuda-graph-extend-max-tokens: graph programs/s (ratio to {keys[0]}); graph / no radix; "
+             "graph GPU busy s", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
+             "| --- |" + " --- |" * len(keys)]  # fmt: skip
+    for name, r0 in base.items():
+        if name == "timelines" or any(name not in by_setting[k] for k in keys):
+            continue
+        cells = []
+        for k in keys:
+            r = by_setting[k][name]
+            g = r["graph"]
+            gpu = g.get("total_gpu_s")
+            cells.append(f"{g['throughput']:.2f} ({g['throughput'] / r0['graph']['throughput']:.2f}x); "
+                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x"
+                         + (f"; {gpu:.3f} s" if gpu is not None else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> str:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
@@ -416,6 +489,10 @@ def main(argv=None) -> str:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
+    ap.add_argument("--extend-graph-tokens", default="0",
+                    help="engine --cuda-graph-extend-max-tokens; several, comma-separated (e.g. 0,256), run every "
+                         "workload once per value, one engine after another in this process, and print graph mode's "
+                         "programs/s and GPU busy time for each")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -435,27 +512,22 @@ def main(argv=None) -> str:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "results": results, **extra}, f, indent=1)
 
-    with rf.Engine(args.config, **kw) as engine:
-        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
-                          args.min_round_s, not args.no_freeze_gc, args.kernel_time)
-        extra["frozen_garbage"] = frozen_garbage()
-        print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
-              f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
-        save(results)
-        print(table(results))
-        print(bound_table(results))
-        for name in filter(None, args.timeline.split(",")):
-            from step_timeline import print_rows, timeline
+    settings = extend_graph_settings(args.extend_graph_tokens)
+    by_setting: dict = {}
+    for max_tokens in settings:
+        def save_setting(results: dict, key: int = max_tokens) -> None:
+            by_setting[key] = results
+            if len(settings) > 1:
+                extra["by_extend_graph_tokens"] = by_setting
+            save(by_setting[settings[0]])
 
-            if deadline is not None and time.time() > deadline:
-                print(f"timeline {name}: skipped (past the deadline)", file=sys.stderr, flush=True)
-                continue
-
-            results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
-            print_rows(name, results["timelines"][name])
-            save(results)
+        results = run_engine(args, {**kw, "cuda_graph_extend_max_tokens": max_tokens}, sampling, deadline, save_setting, extra)
+    results = by_setting[settings[0]]
+    if len(settings) > 1:
+        print(extend_graph_table(by_setting))
     kept = {k: v for k, v in results.items() if k != "timelines"}
-    return table(kept) + "\n\n" + bound_table(kept)
+    out = table(kept) + "\n\n" + bound_table(kept)
+    return out + ("\n\n" + extend_graph_table(by_setting) if len(settings) > 1 else "")
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ class ExtendGraphRunner:
         self.use_graphs = use_graphs
         self.graphs: dict[ExtendBucket, torch.cuda.CUDAGraph] = {}
         self.logits: dict[ExtendBucket, torch.Tensor] = {}
+        self.extend_passes = self.replays = 0  # how many extend passes asked, how many a bucket took
         if use_graphs:
             self._capture_all()
 
@@ -53,10 +54,12 @@ class ExtendGraphRunner:
         """The bucket whose graph runs `fb`, or None: eager."""
         if fb.mode != ForwardMode.EXTEND:
             return None
+        self.extend_passes += 1
         return pick_bucket(self.buckets, fb.num_tokens, fb.batch_size, fb.logits_indices.numel())
 
     def replay(self, fb: ForwardBatch, bucket: ExtendBucket) -> torch.Tensor:
         """Logits of fb's `logits_indices` rows, from the padded pass in `bucket`."""
+        self.replays += 1
         lists = self.inputs.fill(fb, bucket)
         n = fb.logits_indices.numel()
         if not self.use_graphs:
