@@ -493,6 +493,8 @@ def main(argv=None) -> str:
                     help="engine --cuda-graph-extend-max-tokens; several, comma-separated (e.g. 0,256), run every "
                          "workload once per value, one engine after another in this process, and print graph mode's "
                          "programs/s and GPU busy time for each")
+    ap.add_argument("--extend-graph-reqs", type=int, default=None,
+                    help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -502,6 +504,8 @@ def main(argv=None) -> str:
         kw["tokenizer_path"] = args.tokenizer
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
+    if args.extend_graph_reqs is not None:
+        kw["cuda_graph_extend_max_reqs"] = args.extend_graph_reqs
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
 

@@ -160,7 +160,7 @@ class ModelRunner:
     def _init_extend_graphs(self):
         """--cuda-graph-extend-max-tokens: graphs for small extend passes on CUDA (triton attention), the
         same padded passes without graphs on the CPU (a correctness check, no speed-up)."""
-        max_tokens = self.args.cuda_graph_extend_max_tokens
+        max_tokens = min(self.args.cuda_graph_extend_max_tokens, self.context_len)  # the pad request's row is that wide
         if max_tokens <= 0 or self.args.disable_cuda_graph:
             return None
         graphs = self.device == "cuda"
