@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
+import extend_shapes  # noqa: E402
 import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
@@ -139,3 +140,12 @@ def test_extend_graph_settings_and_their_table():
     on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 0.5}, "eager-noradix": {"throughput": 1.5}}}
     out = program_bench.extend_graph_table({0: off, 256: on})
     assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out
+
+
+def test_extend_shapes_counts_the_passes_each_setting_would_take():
+    shapes = {"w": [(20, 2), (300, 8), (100, 80)], "none": []}
+    out = extend_shapes.report(shapes, extend_shapes.parse_limits("256/64,512/128"))
+    assert "| w | 3 | 100 / 300 | 8 / 80 | 1 | 3 |" in out
+    assert "| none | 0 | 0 / 0 | 0 / 0 | 0 | 0 |" in out
+    with pytest.raises(SystemExit):
+        extend_shapes.parse_limits("256")

@@ -483,7 +483,8 @@ def main(argv=None) -> str:
                     help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
                          "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
-    ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no workload after this many seconds (with several --extend-graph-tokens: an equal share each)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
     ap.add_argument("--load-format", default="auto")
@@ -525,6 +526,8 @@ def main(argv=None) -> str:
                 extra["by_extend_graph_tokens"] = by_setting
             save(by_setting[settings[0]])
 
+        if args.deadline_s is not None:  # each engine its share, so that every setting runs the same workloads
+            deadline = time.time() + args.deadline_s / len(settings)
         results = run_engine(args, {**kw, "cuda_graph_extend_max_tokens": max_tokens}, sampling, deadline, save_setting, extra)
     results = by_setting[settings[0]]
     if len(settings) > 1:
