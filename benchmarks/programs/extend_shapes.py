@@ -90,8 +90,8 @@ def main(argv=None) -> str:
         gpu = json.load(f)
     size = args.size if args.size is not None else gpu["args"]["size"]
     sampling = {"max_new_tokens": args.max_new_tokens or gpu["args"]["max_new_tokens"], "temperature": 0}
-    kw = {"device": args.device, "load_format": args.load_format, "cuda_graph_extend_max_tokens": args.extend_graph_tokens,
-          "cuda_graph_extend_max_reqs": args.extend_graph_reqs}  # fmt: skip
+    kw = {"device": args.device, "load_format": args.load_format,
+          "cuda_graph_extend_max_tokens": args.extend_graph_tokens, "cuda_graph_extend_max_reqs": args.extend_graph_reqs}
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
     with rf.Engine(args.config, **kw) as engine:

@@ -23,12 +23,14 @@ eagerly: what the tests compare with unpadded eager passes.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
+from radixflow.runtime.execution.cuda_graph_runner import capture_graphs
 from radixflow.runtime.execution.extend_static_batch import (
     ExtendBucket, StaticExtendInputs, extend_buckets, pick_bucket,
 )  # fmt: skip
@@ -75,23 +77,12 @@ class ExtendGraphRunner:
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         return self.model.compute_logits(self.model(fb, self.backend))
 
-    @torch.inference_mode()
+    def _prepare(self, bucket: ExtendBucket) -> Callable[[], torch.Tensor]:
+        fb = self._static_batch(bucket, self.inputs.fill(None, bucket))  # padding only: writes slot 0
+        return functools.partial(self._forward, fb)
+
     def _capture_all(self) -> None:
         start = time.perf_counter()
-        pool = None
-        stream = torch.cuda.Stream()
-        for bucket in reversed(self.buckets):  # largest first: smaller graphs reuse its memory
-            fb = self._static_batch(bucket, self.inputs.fill(None, bucket))  # padding only: writes slot 0
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile Triton kernels, settle cuBLAS workspaces
-                    self._forward(fb)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.logits[bucket] = self._forward(fb)
-            pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.logits = capture_graphs(self.buckets, self._prepare)
         log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs", len(self.buckets),
                  self.buckets[-1].tokens, max(b.reqs for b in self.buckets), time.perf_counter() - start)
