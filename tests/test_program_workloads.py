@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import sys
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
+import extend_shapes  # noqa: E402
 import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
@@ -125,3 +128,24 @@ def test_the_bound_table_adds_kernel_time_when_it_was_traced():
         results["w"][m]["kernel_s"] = k
     out = program_bench.bound_table(results)
     assert "| w | 0.200 / 0.250 / 0.700 | 0.80 / 0.93 | 3.50x |" in out and "kernel time: **3.50x**" in out
+
+
+def test_extend_graph_settings_and_their_table():
+    """--extend-graph-tokens 0,256: one engine per value; the table sets each against the first."""
+    assert program_bench.extend_graph_settings("0,256") == [0, 256]
+    for bad in ("0,x", "-1", "64,64"):
+        with pytest.raises(SystemExit):
+            program_bench.extend_graph_settings(bad)
+    off = {"w": {"graph": {"throughput": 2.0, "total_gpu_s": 1.0}, "eager-noradix": {"throughput": 1.0}}}
+    on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 0.5}, "eager-noradix": {"throughput": 1.5}}}
+    out = program_bench.extend_graph_table({0: off, 256: on})
+    assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out
+
+
+def test_extend_shapes_counts_the_passes_each_setting_would_take():
+    shapes = {"w": [(20, 2), (300, 8), (100, 80)], "none": []}
+    out = extend_shapes.report(shapes, extend_shapes.parse_limits("256/64,512/128"))
+    assert "| w | 3 | 100 / 300 | 8 / 80 | 1 | 3 |" in out
+    assert "| none | 0 | 0 / 0 | 0 / 0 | 0 | 0 |" in out
+    with pytest.raises(SystemExit):
+        extend_shapes.parse_limits("256")

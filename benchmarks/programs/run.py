@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -38,6 +39,8 @@ import statistics
 import sys
 import time
 from typing import Callable, Optional
+
+import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
@@ -392,49 +395,20 @@ def _steps(r: dict) -> str:
     return f"{r['forward_steps']:g}" if "forward_steps" in r else "-"
 
 
-def main(argv=None) -> str:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
-    ap.add_argument("--n", type=int, default=8, help="programs per workload, all in flight at once")
-    ap.add_argument("--size", type=float, default=0.25, help="scale of the shared texts (1.0: the paper's)")
-    ap.add_argument("--max-new-tokens", type=int, default=8, help="default cap of each gen")
-    ap.add_argument("--smoke", action="store_true", help="2 programs per workload, tiny sizes")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
-    ap.add_argument("--min-round-s", type=float, default=0.0,
-                    help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from the faster "
-                         "warm-up round of graph and eager")
-    ap.add_argument("--no-freeze-gc", action="store_true",
-                    help="do not call the engine's freeze_gc() after each workload's warm-up rounds")
-    ap.add_argument("--kernel-time", action="store_true",
-                    help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
-                         "time, without the launch gaps inside a pass (CUDA only)")
-    ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
-    ap.add_argument("--deadline-s", type=float, default=None, help="start no workload after this many seconds")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
-    ap.add_argument("--load-format", default="auto")
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
-    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
-    args = ap.parse_args(argv)
-    if args.smoke:
-        args.n, args.size, args.max_new_tokens = 2, 0.05, 2
-    kw = {"device": args.device, "load_format": args.load_format}
-    if args.tokenizer:
-        kw["tokenizer_path"] = args.tokenizer
-    if args.max_total_tokens:
-        kw["max_total_tokens"] = args.max_total_tokens
-    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
-    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
+def extend_graph_settings(text: str) -> list:
+    """--extend-graph-tokens: engine settings of --cuda-graph-extend-max-tokens, each >= 0."""
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--extend-graph-tokens {text!r}: comma-separated integers, e.g. 0,256") from None
+    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise SystemExit(f"--extend-graph-tokens {text!r}: distinct values >= 0 (0: no extend graphs)")
+    return values
 
-    extra: dict = {}
 
-    def save(results: dict) -> None:
-        if args.json:
-            with open(args.json, "w") as f:
-                json.dump({"args": vars(args), "results": results, **extra}, f, indent=1)
-
+def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict) -> dict:
+    """One engine through every workload (and the timelines), its memory freed afterwards, so that the
+    next engine of --extend-graph-tokens sizes its KV pool from the same free memory."""
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
                           args.min_round_s, not args.no_freeze_gc, args.kernel_time)
@@ -454,8 +428,113 @@ def main(argv=None) -> str:
             results.setdefault("timelines", {})[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results["timelines"][name])
             save(results)
+        graphs = engine.runner.extend_graphs
+        if graphs is not None:  # every mode's passes together, warm-up rounds included
+            extra.setdefault("extend_graph_passes", {})[kw["cuda_graph_extend_max_tokens"]] = passes = {
+                "extend_passes": graphs.extend_passes, "padded": graphs.replays}
+            print(f"extend passes in a bucket (graphs on CUDA): {passes['padded']} of {passes['extend_passes']}",
+                  file=sys.stderr, flush=True)
+            save(results)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    return results
+
+
+def extend_graph_table(by_setting: dict) -> str:
+    """Each --extend-graph-tokens setting (an engine each; the extend graphs serve every mode) against
+    the first: graph mode's programs/s, graph / no radix (issue 29's ratio) and graph mode's GPU busy
+    seconds over its rounds (CUDA: events around each pass)."""
+    keys = list(by_setting)
+    base = by_setting[keys[0]]
+    lines = [f"By --cuda-graph-extend-max-tokens: graph programs/s (ratio to {keys[0]}); graph / no radix; "
+             "graph GPU busy s", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
+             "| --- |" + " --- |" * len(keys)]  # fmt: skip
+    for name, r0 in base.items():
+        if name == "timelines" or any(name not in by_setting[k] for k in keys):
+            continue
+        cells = []
+        for k in keys:
+            r = by_setting[k][name]
+            g = r["graph"]
+            gpu = g.get("total_gpu_s")
+            cells.append(f"{g['throughput']:.2f} ({g['throughput'] / r0['graph']['throughput']:.2f}x); "
+                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x"
+                         + (f"; {gpu:.3f} s" if gpu is not None else ""))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=",".join(w.name for w in WORKLOADS))
+    ap.add_argument("--n", type=int, default=8, help="programs per workload, all in flight at once")
+    ap.add_argument("--size", type=float, default=0.25, help="scale of the shared texts (1.0: the paper's)")
+    ap.add_argument("--max-new-tokens", type=int, default=8, help="default cap of each gen")
+    ap.add_argument("--smoke", action="store_true", help="2 programs per workload, tiny sizes")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
+    ap.add_argument("--min-round-s", type=float, default=0.0,
+                    help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from the faster "
+                         "warm-up round of graph and eager")
+    ap.add_argument("--no-freeze-gc", action="store_true",
+                    help="do not call the engine's freeze_gc() after each workload's warm-up rounds")
+    ap.add_argument("--kernel-time", action="store_true",
+                    help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
+                         "time, without the launch gaps inside a pass (CUDA only)")
+    ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
+    ap.add_argument("--deadline-s", type=float, default=None,
+                    help="start no workload after this many seconds (with several --extend-graph-tokens: an equal share each)")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
+    ap.add_argument("--extend-graph-tokens", default="0",
+                    help="engine --cuda-graph-extend-max-tokens; several, comma-separated (e.g. 0,256), run every "
+                         "workload once per value, one engine after another in this process, and print graph mode's "
+                         "programs/s and GPU busy time for each")
+    ap.add_argument("--extend-graph-reqs", type=int, default=None,
+                    help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
+    ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        args.n, args.size, args.max_new_tokens = 2, 0.05, 2
+    kw = {"device": args.device, "load_format": args.load_format}
+    if args.tokenizer:
+        kw["tokenizer_path"] = args.tokenizer
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
+    if args.extend_graph_reqs is not None:
+        kw["cuda_graph_extend_max_reqs"] = args.extend_graph_reqs
+    sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
+    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
+
+    extra: dict = {}
+
+    def save(results: dict) -> None:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results, **extra}, f, indent=1)
+
+    settings = extend_graph_settings(args.extend_graph_tokens)
+    by_setting: dict = {}
+    for max_tokens in settings:
+        def save_setting(results: dict, key: int = max_tokens) -> None:
+            by_setting[key] = results
+            if len(settings) > 1:
+                extra["by_extend_graph_tokens"] = by_setting
+            save(by_setting[settings[0]])
+
+        if args.deadline_s is not None:  # each engine its share, so that every setting runs the same workloads
+            deadline = time.time() + args.deadline_s / len(settings)
+        results = run_engine(args, {**kw, "cuda_graph_extend_max_tokens": max_tokens}, sampling, deadline, save_setting, extra)
+    results = by_setting[settings[0]]
+    if len(settings) > 1:
+        print(extend_graph_table(by_setting))
     kept = {k: v for k, v in results.items() if k != "timelines"}
-    return table(kept) + "\n\n" + bound_table(kept)
+    out = table(kept) + "\n\n" + bound_table(kept)
+    return out + ("\n\n" + extend_graph_table(by_setting) if len(settings) > 1 else "")
 
 
 if __name__ == "__main__":

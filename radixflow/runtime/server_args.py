@@ -39,6 +39,11 @@ _HELP = {
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
+    "cuda_graph_extend_max_tokens": "also replay extend (prefill) passes of up to this many new tokens from CUDA "
+    "graphs, padded to token buckets (triton attention backend; 0 = off, eager extend passes). On CPU the padded "
+    "passes run without graphs (a correctness check). See docs/gpu.md",
+    "cuda_graph_extend_max_reqs": "most requests in an extend pass replayed from a CUDA graph "
+    "(--cuda-graph-extend-max-tokens); passes with more run eagerly",
     "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
@@ -117,6 +122,8 @@ class ServerArgs:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: Optional[int] = None
+    cuda_graph_extend_max_tokens: int = 0
+    cuda_graph_extend_max_reqs: int = 64
     enable_deterministic_inference: bool = False
     quantization: Optional[str] = None
     kv_cache_dtype: str = "auto"
@@ -179,6 +186,7 @@ class ServerArgs:
             raise RadixflowError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
             raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
+        self._check_extend_graphs()
         if self.enable_deterministic_inference and (self.tp_size > 1 or self.attention_backend == "flashinfer"):
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
@@ -211,6 +219,20 @@ class ServerArgs:
                 check_regex(self.constrained_json_whitespace_pattern)
             except RadixflowError as e:
                 raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
+
+    def _check_extend_graphs(self) -> None:
+        if self.cuda_graph_extend_max_tokens < 0:
+            raise RadixflowError("cuda_graph_extend_max_tokens must be >= 0 (0: extend passes run eagerly)")
+        if self.cuda_graph_extend_max_reqs < 1:
+            raise RadixflowError("cuda_graph_extend_max_reqs must be >= 1")
+        if self.cuda_graph_extend_max_tokens == 0:
+            return
+        if self.attention_backend == "flashinfer":
+            raise RadixflowError("cuda_graph_extend_max_tokens needs the triton attention backend (FlashInfer plans "
+                                 "each extend pass on the host, which a graph cannot replay)")
+        if self.enable_deterministic_inference:
+            raise RadixflowError("cuda_graph_extend_max_tokens pads extend passes, which enable_deterministic_inference "
+                                 "does not allow for; drop one of them")
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -9,8 +9,10 @@ of the static logits.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from typing import Any, Callable
 
 import torch
 
@@ -27,6 +29,34 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
         sizes.append(s)
         s += 8 if s < 64 else 16
     return sizes + [max_bs]
+
+
+def capture(forward: Callable[[], torch.Tensor], stream: torch.cuda.Stream, pool) -> tuple:
+    """`forward` run twice on `stream` (compiles Triton kernels, settles cuBLAS workspaces), then captured
+    into a graph that allocates from `pool` (None: a new one); returns (the CUDAGraph, its output)."""
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):
+            forward()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool, stream=stream):
+        out = forward()
+    return graph, out
+
+
+@torch.inference_mode()
+def capture_graphs(keys: list, prepare: Callable[[Any], Callable[[], torch.Tensor]]) -> tuple[dict, dict]:
+    """A graph per key of the sorted `keys`, the largest first (the smaller graphs then reuse its memory),
+    all in one memory pool: `prepare(key)` sets up the key's static batch and returns the pass to capture.
+    Returns the graphs and their outputs, by key."""
+    graphs, outputs, pool = {}, {}, None
+    stream = torch.cuda.Stream()
+    for key in reversed(keys):
+        graphs[key], outputs[key] = capture(prepare(key), stream, pool)
+        pool = graphs[key].pool()
+    torch.cuda.synchronize()
+    return graphs, outputs
 
 
 class CudaGraphRunner:
@@ -66,25 +96,14 @@ class CudaGraphRunner:
         self.backend.init_forward_metadata(fb)
         return self.model.compute_logits(self.model(fb, self.backend))
 
-    @torch.inference_mode()
+    def _prepare(self, bs: int) -> Callable[[], torch.Tensor]:
+        fb = self._static_batch(bs)
+        self.backend.init_cuda_graph_capture(fb)  # outside the capture: host-side planning
+        return functools.partial(self._forward, fb)
+
     def _capture_all(self) -> None:
         start = time.perf_counter()
-        pool = None
-        stream = torch.cuda.Stream()
-        for bs in reversed(self.sizes):  # largest first: smaller graphs reuse its memory
-            fb = self._static_batch(bs)
-            self.backend.init_cuda_graph_capture(fb)  # outside the capture: host-side planning
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):  # compile Triton kernels, settle cuBLAS workspaces
-                    self._forward(fb)
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=stream):
-                self.logits[bs] = self._forward(fb)
-            pool = graph.pool()
-            self.graphs[bs] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.logits = capture_graphs(self.sizes, self._prepare)
         log.info("captured %d CUDA graphs (bs %s) in %.1fs", len(self.sizes), self.sizes, time.perf_counter() - start)
 
     def can_run(self, fb: ForwardBatch) -> bool:

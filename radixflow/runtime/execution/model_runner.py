@@ -57,6 +57,7 @@ class ModelRunner:
         if args.enable_one_shot_allreduce:  # before graph capture: the graphs bake in the all-reduce path
             self._init_one_shot_allreduce()
         self.graph_runner = self._init_cuda_graphs()
+        self.extend_graphs = self._init_extend_graphs()
 
     def _init_one_shot_allreduce(self) -> None:
         from radixflow.runtime.distributed.one_shot_allreduce import make_one_shot
@@ -156,6 +157,21 @@ class ModelRunner:
         max_bs = self.args.graph_max_bs(self.device) if max_bs is None else max_bs
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
+    def _init_extend_graphs(self):
+        """--cuda-graph-extend-max-tokens: graphs for small extend passes on CUDA (triton attention), the
+        same padded passes without graphs on the CPU (a correctness check, no speed-up)."""
+        max_tokens = min(self.args.cuda_graph_extend_max_tokens, self.context_len)  # the pad request's row is that wide
+        if max_tokens <= 0 or self.args.disable_cuda_graph:
+            return None
+        graphs = self.device == "cuda"
+        if graphs and not self.backend.supports_extend_graph:
+            raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
+                                 "passes from CUDA graphs; use attention_backend=triton")
+        from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
+
+        max_reqs = min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
+        return ExtendGraphRunner(self.model, self.backend, max_tokens, max_reqs, self.device, use_graphs=graphs)
+
     def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:
         """Switch kernel settings: the model's layers and the attention backend take them, and the CUDA
         graphs, which baked in the old ones, are captured again (up to `graph_max_bs` rows; default:
@@ -166,11 +182,13 @@ class ModelRunner:
         self.backend.settings = settings
         self.model.set_kernel_settings(settings, self._fused())
         self.graph_runner = self._init_cuda_graphs(graph_max_bs)
+        self.extend_graphs = self._init_extend_graphs()
 
     def release_cuda_graphs(self) -> None:
-        if self.graph_runner is not None:
-            torch.cuda.synchronize()
-            self.graph_runner = None
+        if self.graph_runner is not None or self.extend_graphs is not None:
+            if self.device == "cuda":
+                torch.cuda.synchronize()
+            self.graph_runner = self.extend_graphs = None
             gc.collect()
 
     @torch.inference_mode()
@@ -180,6 +198,9 @@ class ModelRunner:
             self.pass_hook(fb)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
             return self.graph_runner.replay(fb)
+        bucket = self.extend_graphs.bucket_for(fb) if self.extend_graphs is not None else None
+        if bucket is not None:
+            return self.extend_graphs.replay(fb, bucket)
         self.backend.init_forward_metadata(fb)
         hidden = self.model(fb, self.backend)
         return self.model.compute_logits(hidden)

@@ -15,6 +15,7 @@ from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
 
 
 class AttentionBackend:
+    supports_extend_graph = False  # init_static_extend's metadata can be captured in a CUDA graph
     deterministic = False  # batch-invariant: a request's result may not depend on its batch
     settings: KernelSettings = DEFAULT_KERNEL_SETTINGS  # each backend gets the runner's at construction
 
@@ -44,6 +45,13 @@ class AttentionBackend:
 
     def init_cuda_graph_replay(self, fb: ForwardBatch, padded_bs: int) -> None:
         """Before the graph of `padded_bs` is replayed for the real batch `fb`, outside the graph."""
+
+    def init_static_extend(self, fb: ForwardBatch, q_start: torch.Tensor, max_extend: int) -> None:
+        """Metadata for a padded extend pass of fixed shapes (extend_graph_runner.py): some requests may have
+        no new tokens; `q_start` [B] holds each request's first row, `max_extend` bounds any request's new
+        tokens. This default plans from fb's host lists, which is right without a graph only: a backend that
+        sets `supports_extend_graph` must read nothing but fb's tensors and these."""
+        self.init_forward_metadata(fb)
 
     def forward_rotary(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -64,6 +64,7 @@ def takes_flash(extend_lens: list[int], cached: list[int]) -> bool:
 
 class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
+    supports_extend_graph = True
     fused_kernels = True  # the model's norm / rotary / SiLU can run as Triton kernels too
 
     def __init__(self, **kwargs):
@@ -110,6 +111,12 @@ class TritonBackend(AttentionBackend):
         cached = RowSet(fb.req_pool_indices[idx], fb.prefix_lens[idx], fb.extend_lens[idx], q_start[idx],
                         max(fb.extend_lens_list[i] for i in rows))
         return ExtendPlan(all_rows, cached, cu)
+
+    def init_static_extend(self, fb: ForwardBatch, q_start: torch.Tensor, max_extend: int) -> None:
+        """The Triton extend kernel over every row, with a grid bound by `max_extend`: rows with fewer new
+        tokens, and padding rows with none, exit at once. No flash path: which rows could take it changes
+        from pass to pass, while a graph's kernels are fixed when it is captured."""
+        fb.attn_metadata = ExtendPlan(RowSet(fb.req_pool_indices, fb.prefix_lens, fb.extend_lens, q_start, max_extend))
 
     def _scales(self, layer: int):
         """An FP8 pool's per-head scales for the kernels (None otherwise)."""

@@ -1,0 +1,126 @@
+"""Extend passes padded to fixed shapes, so that a CUDA graph can replay them (extend_graph_runner.py).
+
+A graph reads fixed buffers of fixed shapes. An extend pass of T new tokens over B requests
+runs in a bucket of Tp >= T token rows and Rp request rows:
+
+- the Tp - T padding tokens form one more request, the *pad request*: no cached prefix, its K/V
+  written to the scratch slot 0, and it attends over the first Tp - T slots of whatever
+  req_to_token row its index holds; its output rows are never read;
+- the request rows after it are empty (no new tokens, nothing to attend): the attention
+  kernel's programs for them exit at once;
+- the graph computes logits for Rp hidden rows: the pass's `logits_indices`, then row 0.
+
+Every other layer works row by row (linear layers, norms, rotary, the MLP), so no real row
+sees the padding: its outputs and K/V are the unpadded pass's (up to the kernels a matmul
+picks for the padded row count). Index buffers are only partly rewritten: the stale entries
+are token ids, positions and req_to_token rows of earlier passes, always valid indices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from radixflow.host_copy import to_device_async
+from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
+
+MIN_TOKEN_BUCKET = 16
+
+
+@dataclass(frozen=True, order=True)
+class ExtendBucket:
+    tokens: int  # token rows, padding included
+    reqs: int  # request rows, the pad request and empty ones included; also the most logits rows
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """16, 24, 32, 48, 64, 96, ...: powers of two and the midpoints between them, so that padding
+    is at most a third of a pass; then max_tokens itself."""
+    sizes, p = [], MIN_TOKEN_BUCKET
+    while p < max_tokens:
+        sizes += [s for s in (p, p + p // 2) if s < max_tokens]
+        p *= 2
+    return sizes + [max_tokens]
+
+
+def request_buckets(max_reqs: int) -> list[int]:
+    """1, 2, 4, ... below max_reqs, then max_reqs."""
+    sizes = [1 << i for i in range(max_reqs.bit_length()) if 1 << i < max_reqs]
+    return sizes + [max_reqs]
+
+
+def extend_buckets(max_tokens: int, max_reqs: int) -> list[ExtendBucket]:
+    """Every (token, request) bucket pair a pass can need, sorted: a pass has at least one new token
+    per request, so a token bucket takes request buckets up to the first that holds as many rows."""
+    reqs = request_buckets(max_reqs)
+    out = []
+    for t in token_buckets(max_tokens):
+        fit = next((r for r in reqs if r >= t), reqs[-1])
+        out += [ExtendBucket(t, r) for r in reqs if r <= fit]
+    return sorted(out)
+
+
+def pick_bucket(buckets: list[ExtendBucket], num_tokens: int, num_reqs: int, num_logits: int) -> Optional[ExtendBucket]:
+    """The smallest bucket (fewest token rows, then request rows) that holds the pass, else None."""
+    for b in buckets:
+        needed = num_reqs + (num_tokens < b.tokens)  # the pad request, when there are padding tokens
+        if b.tokens >= num_tokens and b.reqs >= max(needed, num_logits):
+            return b
+    return None
+
+
+class StaticExtendInputs:
+    """The fixed buffers every extend graph reads, sized for the largest bucket; a bucket's graph
+    reads their first `tokens` / `reqs` rows."""
+
+    def __init__(self, buckets: list[ExtendBucket], device):
+        self.device = torch.device(device)
+        t, r = max(b.tokens for b in buckets), max(b.reqs for b in buckets)
+        i64 = {"dtype": torch.int64, "device": device}
+        self.input_ids, self.positions, self.out_cache_loc = (torch.zeros(t, **i64) for _ in range(3))
+        # per request row: rows of req_to_token, KV lengths, first q row; then the logits rows
+        self.req_pool_indices, self.prefix_lens, self.extend_lens, self.seq_lens, self.q_start, self.logits_indices = (
+            torch.zeros(r, **i64) for _ in range(6))
+
+    def batch(self, b: ExtendBucket, lists: tuple[list, list, list] = ([], [], [])) -> ForwardBatch:
+        """The bucket's static batch. `lists`: host (prefix, extend, seq) lengths, which only a backend
+        running without a graph reads (AttentionBackend.init_static_extend)."""
+        prefix, ext, seq = lists
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND, input_ids=self.input_ids[: b.tokens], positions=self.positions[: b.tokens],
+            out_cache_loc=self.out_cache_loc[: b.tokens], req_pool_indices=self.req_pool_indices[: b.reqs],
+            seq_lens=self.seq_lens[: b.reqs], prefix_lens=self.prefix_lens[: b.reqs],
+            extend_lens=self.extend_lens[: b.reqs], logits_indices=self.logits_indices[: b.reqs],
+            seq_lens_list=seq, prefix_lens_list=prefix, extend_lens_list=ext,
+        )  # fmt: skip
+
+    def fill(self, fb: Optional[ForwardBatch], b: ExtendBucket) -> tuple[list, list, list]:
+        """Write `fb` (None: a pass of padding only, for capture) into the buffers, padded to `b`, with
+        one host-to-device copy and one multi-tensor copy; returns the padded host lengths."""
+        t = fb.num_tokens if fb is not None else 0
+        n = fb.logits_indices.numel() if fb is not None else 0
+        pad = b.tokens - t
+        prefix, ext = (list(fb.prefix_lens_list), list(fb.extend_lens_list)) if fb is not None else ([], [])
+        if pad:
+            prefix, ext = prefix + [0], ext + [pad]
+        empty = b.reqs - len(ext)
+        prefix, ext = prefix + [0] * empty, ext + [0] * empty
+        seq = [p + e for p, e in zip(prefix, ext)]
+        q_start = list(itertools.accumulate(ext[:-1], initial=0))
+        # lengths, first rows, then zeros for the padding's KV slots (the scratch slot) and logits rows
+        host = torch.tensor(prefix + ext + seq + q_start + [0] * (pad + b.reqs - n), dtype=torch.int64)
+        staged = torch.split(to_device_async(host, self.device), [b.reqs] * 4 + [pad, b.reqs - n])
+        dst = [self.prefix_lens[: b.reqs], self.extend_lens[: b.reqs], self.seq_lens[: b.reqs], self.q_start[: b.reqs],
+               self.out_cache_loc[t : b.tokens], self.logits_indices[n : b.reqs]]  # fmt: skip
+        src = list(staged)
+        if fb is not None:
+            bs = fb.batch_size
+            dst += [self.input_ids[:t], self.positions[:t], self.out_cache_loc[:t], self.req_pool_indices[:bs],
+                    self.logits_indices[:n]]  # fmt: skip
+            src += [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.logits_indices]
+        keep = [i for i, d in enumerate(dst) if d.numel()]
+        torch._foreach_copy_([dst[i] for i in keep], [src[i] for i in keep])
+        return prefix, ext, seq

@@ -1,0 +1,255 @@
+"""Extend passes padded to a bucket (--cuda-graph-extend-max-tokens): on the CPU the padded, static-shaped
+pass runs without a graph and must give each request's logits and K/V as the unpadded eager pass does,
+with the torch-native backend and with the Triton one (in Triton's interpreter); on a GPU the captured
+graphs must too."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+import torch
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.execution.attention.triton_backend import TritonBackend
+from radixflow.runtime.execution.extend_static_batch import (
+    ExtendBucket, extend_buckets, pick_bucket, request_buckets, token_buckets,
+)  # fmt: skip
+from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
+from radixflow.runtime.execution.model_runner import ModelRunner
+from radixflow.runtime.server_args import ServerArgs
+
+TINY = str(Path(__file__).resolve().parents[1] / "benchmarks" / "configs" / "smollm2-tiny.json")
+MAX_TOKENS, MAX_REQS = 48, 8
+DEV = "cuda" if torch.cuda.is_available() else "cpu"
+# cuBLAS may pick another algorithm for the padded row count; the CPU's float32 matmuls came out equal
+# but for one-request passes (5 rows against 16: last bits)
+TOL = {"rtol": 1e-4, "atol": 1e-4} if DEV == "cuda" else {"rtol": 1e-5, "atol": 1e-5}
+
+
+# -- buckets ------------------------------------------------------------------------------------------------
+def test_buckets():
+    assert token_buckets(48) == [16, 24, 32, 48]
+    assert token_buckets(100) == [16, 24, 32, 48, 64, 96, 100]
+    assert token_buckets(10) == [10]
+    assert request_buckets(8) == [1, 2, 4, 8] and request_buckets(6) == [1, 2, 4, 6] and request_buckets(1) == [1]
+    b = extend_buckets(48, 64)
+    assert b == sorted(b) and ExtendBucket(16, 16) in b and ExtendBucket(16, 32) not in b
+    assert ExtendBucket(24, 32) in b and ExtendBucket(24, 64) not in b  # 24 one-token requests need 32 rows
+
+
+def test_pick_bucket():
+    b = extend_buckets(MAX_TOKENS, MAX_REQS)
+    assert pick_bucket(b, 16, 4, 4) == ExtendBucket(16, 4)  # the bucket's edge: no padding, no pad request
+    assert pick_bucket(b, 15, 4, 4) == ExtendBucket(16, 8)  # 15 tokens: a pad request makes 5 rows
+    assert pick_bucket(b, 1, 1, 1) == ExtendBucket(16, 2)
+    assert pick_bucket(b, 17, 2, 2) == ExtendBucket(24, 4)
+    assert pick_bucket(b, 48, 8, 8) == ExtendBucket(48, 8)
+    assert pick_bucket(b, 47, 8, 8) is None  # 8 requests and the pad request: more rows than any bucket
+    assert pick_bucket(b, 49, 2, 2) is None  # more tokens than the largest bucket
+    assert pick_bucket(b, 20, 2, 9) is None  # logits for 9 rows (input logprobs): more than any bucket holds
+
+
+def test_server_args_reject_what_cannot_be_captured():
+    with pytest.raises(RadixflowError, match="triton"):
+        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer")
+    with pytest.raises(RadixflowError, match="deterministic"):
+        ServerArgs(cuda_graph_extend_max_tokens=64, enable_deterministic_inference=True)
+    with pytest.raises(RadixflowError, match=">= 0"):
+        ServerArgs(cuda_graph_extend_max_tokens=-1)
+    with pytest.raises(RadixflowError, match=">= 1"):
+        ServerArgs(cuda_graph_extend_max_reqs=0)
+    parser_help = ServerArgs.__dataclass_fields__  # the CLI is generated from the fields
+    assert "cuda_graph_extend_max_tokens" in parser_help
+
+
+# -- padded passes against unpadded ones ---------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def runner() -> ModelRunner:
+    args = ServerArgs(model_path=TINY, load_format="dummy", device=DEV, dtype="float32", max_total_tokens=4096,
+                      max_running_requests=16, attention_backend="torch_native" if DEV == "cpu" else "triton",
+                      cuda_graph_extend_max_tokens=MAX_TOKENS, cuda_graph_extend_max_reqs=MAX_REQS)
+    r = ModelRunner(args)
+    assert r.extend_graphs is not None and r.extend_graphs.use_graphs == (DEV == "cuda")
+    return r
+
+
+class Batches:
+    """Requests with KV already cached for their prefixes: row r of req_to_token holds request r's slots."""
+
+    seeds = itertools.count()  # each batch its own tokens: a pass never rewrites the K/V a previous one left
+
+    def __init__(self, runner: ModelRunner, prefix: list[int], new: list[int]):
+        g = torch.Generator().manual_seed(next(Batches.seeds))
+        self.prefix, self.new = prefix, new
+        self.rows = list(range(1, len(new) + 1))
+        self.ids = [torch.randint(0, runner.vocab_size, (p + n,), generator=g) for p, n in zip(prefix, new)]
+        slot, self.slots = 1, []
+        for r, (p, n) in zip(self.rows, zip(prefix, new)):
+            self.slots.append(torch.arange(slot, slot + p + n))
+            runner.req_to_token.table[r, : p + n] = self.slots[-1].to(torch.int32)
+            slot += p + n
+        cached = [i for i, p in enumerate(prefix) if p]
+        if cached:  # the prefixes' K/V, from an eager pass of their own
+            eager(runner, self._batch([i for i in cached], [0] * len(cached), [prefix[i] for i in cached], 0))
+
+    def _batch(self, reqs: list[int], start: list[int], count: list[int], tail: int) -> ForwardBatch:
+        """Requests `reqs`, each extended by `count` tokens after its first `start`; logits for each request's
+        last `tail` tokens (0: the last one only)."""
+        ids = torch.cat([self.ids[i][s : s + c] for i, s, c in zip(reqs, start, count)])
+        pos = torch.cat([torch.arange(s, s + c) for s, c in zip(start, count)])
+        locs = torch.cat([self.slots[i][s : s + c] for i, s, c in zip(reqs, start, count)])
+        ends = torch.tensor(count).cumsum(0)
+        logits = torch.cat([torch.arange(e - max(tail, 1), e) for e in ends.tolist()])
+        seq = [s + c for s, c in zip(start, count)]
+        t = lambda xs: torch.as_tensor(xs, dtype=torch.int64).to(DEV)  # noqa: E731
+        return ForwardBatch(
+            mode=ForwardMode.EXTEND, input_ids=t(ids), positions=t(pos), out_cache_loc=t(locs),
+            req_pool_indices=t([self.rows[i] for i in reqs]), seq_lens=t(seq), prefix_lens=t(start),
+            extend_lens=t(count), logits_indices=t(logits), seq_lens_list=seq, prefix_lens_list=list(start),
+            extend_lens_list=list(count),
+        )  # fmt: skip
+
+    def extend(self, tail: int = 0) -> ForwardBatch:
+        return self._batch(list(range(len(self.new))), self.prefix, self.new, tail)
+
+
+def eager(runner: ModelRunner, fb: ForwardBatch) -> torch.Tensor:
+    with torch.inference_mode():
+        runner.backend.init_forward_metadata(fb)
+        return runner.model.compute_logits(runner.model(fb, runner.backend))
+
+
+def kv_snapshot(runner: ModelRunner) -> list[torch.Tensor]:
+    return [t.clone() for t in runner.kv_pool.k + runner.kv_pool.v]
+
+
+def restore(runner: ModelRunner, snap: list[torch.Tensor]) -> None:
+    for t, s in zip(runner.kv_pool.k + runner.kv_pool.v, snap):
+        t.copy_(s)
+
+
+def compare(runner: ModelRunner, batches: Batches, tail: int = 0, expect_bucket: bool = True) -> None:
+    """The pass through runner.forward (padded, in a bucket) against the unpadded eager pass: the same
+    logits, the same K/V in every slot but the scratch slot 0."""
+    before = kv_snapshot(runner)
+    want = eager(runner, batches.extend(tail))
+    want_kv = kv_snapshot(runner)
+    restore(runner, before)
+    fb = batches.extend(tail)
+    assert (runner.extend_graphs.bucket_for(fb) is not None) == expect_bucket
+    got = runner.forward(fb)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, **TOL)
+    for g, w, b in zip(kv_snapshot(runner), want_kv, before):
+        torch.testing.assert_close(g[1:], w[1:], **TOL)
+        assert not torch.equal(w[1:], b[1:])  # the pass wrote K/V: the comparison can fail
+
+
+CASES = {
+    "one request, no prefix": ([0], [5]),
+    "one request, prefix hit": ([7], [3]),
+    "mixed lengths and prefix hits": ([9, 0, 4, 0], [2, 11, 1, 6]),
+    "the bucket's edge (16 tokens, no padding)": ([3, 0, 5, 2], [4, 4, 4, 4]),
+    "the largest bucket, full": ([2] * 8, [6] * 8),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_padded_pass_matches_eager(runner, case):
+    prefix, new = CASES[case]
+    compare(runner, Batches(runner, prefix, new))
+
+
+def test_logits_for_several_rows_per_request(runner):
+    """Input logprobs ask for the logits of a request's last tokens: padded up to the bucket's request rows."""
+    compare(runner, Batches(runner, [4, 0], [5, 3]), tail=3)
+
+
+def test_passes_that_do_not_fit_run_eagerly(runner):
+    compare(runner, Batches(runner, [1] * 8, [2] * 7 + [1]), expect_bucket=False)  # 8 requests + the pad request
+    compare(runner, Batches(runner, [0, 3], [30, 20]), expect_bucket=False)  # 50 tokens
+    compare(runner, Batches(runner, [0, 3], [5, 6]), tail=5, expect_bucket=False)  # 10 logits rows
+
+
+@pytest.mark.skipif(DEV != "cpu", reason="the Triton backend under Triton's CPU interpreter")
+def test_triton_backend_padded_pass_matches_eager(runner):
+    """The metadata a graph would capture (AttentionBackend.init_static_extend): the Triton extend kernel's
+    grid bound by the bucket, padding and empty request rows exiting at once."""
+    native = runner.backend
+    runner.backend = runner.extend_graphs.backend = TritonBackend(
+        kv_pool=native.kv_pool, req_to_token=native.req_to_token, num_q_heads=native.num_q_heads,
+        num_kv_heads=native.num_kv_heads, head_dim=native.head_dim)  # fmt: skip
+    try:
+        for prefix, new in ([7, 0, 2], [3, 9, 1]), ([5, 0], [40, 2]):  # 40 tokens: two of the kernel's row blocks
+            compare(runner, Batches(runner, prefix, new))
+    finally:
+        runner.backend = runner.extend_graphs.backend = native
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
+def test_gpu_graph_replay_matches_eager(runner):
+    """On a GPU the fixture's runner captured the graphs (triton backend, float32): replaying them must
+    give the unpadded eager pass's logits and K/V, also after other buckets' replays rewrote the static
+    buffers."""
+    assert runner.extend_graphs.graphs
+    for case in CASES.values():
+        compare(runner, Batches(runner, *case))
+    compare(runner, Batches(runner, [0], [5]))  # a small bucket after the largest one
+    compare(runner, Batches(runner, [4, 0], [5, 3]), tail=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
+def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly():
+    """bfloat16, where eager passes may take the flash kernel for prompt-only rows and the graphs do not:
+    the graph's replay against the same padded pass launched kernel by kernel (use_graphs=False), which
+    runs the same kernels on the same shapes."""
+    from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
+
+    args = ServerArgs(model_path=TINY, load_format="dummy", device="cuda", dtype="bfloat16", max_total_tokens=4096,
+                      max_running_requests=16, cuda_graph_extend_max_tokens=MAX_TOKENS,
+                      cuda_graph_extend_max_reqs=MAX_REQS)  # fmt: skip
+    r = ModelRunner(args)
+    plain = ExtendGraphRunner(r.model, r.backend, MAX_TOKENS, MAX_REQS, "cuda", use_graphs=False)
+    for prefix, new in list(CASES.values()) + [([0], [5])]:
+        batches = Batches(r, prefix, new)
+        before = kv_snapshot(r)
+        fb = batches.extend()
+        bucket = r.extend_graphs.bucket_for(fb)
+        with torch.inference_mode():
+            want = plain.replay(fb, bucket).clone()
+        want_kv = kv_snapshot(r)
+        restore(r, before)
+        with torch.inference_mode():
+            got = r.extend_graphs.replay(batches.extend(), bucket)
+        torch.testing.assert_close(got, want)
+        for g, w in zip(kv_snapshot(r), want_kv):
+            torch.testing.assert_close(g[1:], w[1:])
+
+
+def test_engine_generates_the_same_tokens_with_padded_extend_passes():
+    """End to end on the CPU: programs-like traffic (a shared prefix, then continuations) through the
+    scheduler, with the padded passes and without them; greedy, so the same tokens (the padded engine
+    ran some of its passes padded, so the comparison is not of one path with itself)."""
+    from radixflow import Engine
+
+    prefix = list(range(100, 140))
+    prompts = [prefix + [200 + i] * (1 + 3 * i) for i in range(5)]
+    sampling = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    outs = {}
+    for max_tokens in (0, MAX_TOKENS):
+        with Engine(TINY, load_format="dummy", device="cpu", max_running_requests=8,
+                    cuda_graph_extend_max_tokens=max_tokens) as engine:
+            calls = []
+            if max_tokens:
+                runner = engine.runner.extend_graphs
+                replay = runner.replay
+                runner.replay = lambda fb, b: calls.append(b) or replay(fb, b)
+            first = engine.generate(input_ids=prompts[0], sampling_params=sampling)  # caches the prefix
+            rest = engine.generate(input_ids=prompts[1:], sampling_params=sampling)
+            outs[max_tokens] = [o["output_ids"] for o in [first] + rest]
+            assert calls or not max_tokens
+    assert outs[0] == outs[MAX_TOKENS]
