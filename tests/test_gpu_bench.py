@@ -102,3 +102,20 @@ def test_offline_decode_ab_runs_each_arm_under_its_entry_and_restores_it(tmp_pat
     seen.clear()
     assert "default_again" in offline.sec_offline_decode_ab() and all(e == built for _, e in seen)
     RESULTS.clear()
+
+
+def test_attention_bench_baselines_name_the_launch_they_run(monkeypatch):
+    """fp8_attn_bench's 4-warp baselines stay 4-warp launches where DECODE_CONFIG's `bf16` entry applies (batch
+    256 and up at Llama-3-8B heads; on the CPU every device gate passes), `bf16` is the entry's launch, and every
+    `bf16_*` sweep label is the launch its config resolves to."""
+    monkeypatch.syspath_prepend(BENCH)
+    import fp8_attn_bench as fab
+    import gpu_attn_bench as attn
+
+    for bs in (256, 512):
+        assert attn.launch_label(bs, fab.LAUNCHES["bf16_4w"][1]) == "n64w4s3"
+        assert attn.launch_label(bs, fab.LAUNCHES["bf16"][1]) == "n64w2s3"  # DECODE_CONFIG's `bf16` entry
+        for lab in ("fp8_bf16_launch", "fp8_bf16_launch_v_regs"):
+            assert attn.launch_label(bs, fab.LAUNCHES[lab][1], "fp8") == "n64w4s3", lab
+        extra = [(lab, cfg) for lab, fp8, cfg in fab.variants("^bf16_n") if lab.startswith("bf16_n")]
+        assert extra and all(lab == "bf16_" + attn.launch_label(bs, cfg) for lab, cfg in extra), extra
