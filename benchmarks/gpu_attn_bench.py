@@ -36,7 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpubench (comp
 
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.settings import KernelSettings  # noqa: E402
-from radixflow.kernels.decode_attention import DECODE_CONFIG, decode_attention, num_kv_splits, resolve_config  # noqa: E402
+from radixflow.kernels.decode_attention import (  # noqa: E402
+    DECODE_CONFIG, decode_attention, num_kv_splits, resolve_config,
+)
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE, DEV = 32, 8, 128, torch.bfloat16, "cuda"
