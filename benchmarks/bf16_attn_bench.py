@@ -7,18 +7,22 @@ Cases: Llama-3-8B heads (32 q / 8 KV of 128), batch 256-768 at the contexts of g
 lengths drawn uniformly per case (seeded) or fixed, KV slots a random permutation of the pool's
 (gpu_attn_bench.make_inputs: a pool after churn, one token per page as the engine's default page size).
 
-`default` is DECODE_CONFIG as it stands; every other label a launch of the bf16 pool (block_n / num_warps /
-num_stages, `_wv` waves, i.e. split count; gpu_attn_bench._name). Each variant is checked against the
-float32 reference (max abs error > 2e-2 fails loudly: listed, not timed, exit 1), captured per layer call in
+`default` is DECODE_CONFIG as it stands (its `bf16` entry included where its gates pass); every other label a
+whole launch of the bf16 pool (block_n / num_warps / num_stages, `_wv` waves, i.e. split count;
+gpu_attn_bench._name); each run records the launch it resolved to (`launch`). Each variant is checked against the
+float32 reference (max abs error > 2e-2 fails loudly: listed, not timed, exit 1) and its largest difference from
+the default's output is recorded (`vs_default`: every launch rounds to the same bf16 outputs, so the error
+against the reference hardly tells launches apart), captured per layer call in
 a CUDA graph, and the graphs of a case are replayed in --rounds interleaved rounds (forward, then reverse
 order) so a drift of the machine falls on every variant alike: the median round is the figure (us, TB/s of
 K+V read). Kernels are compiled first in --jobs processes. Stage 1's shared memory and registers per program
 are read from Triton's compiled kernel where its API allows.
 
 Writes DIR/bf16_attn_bench.json and DIR/bf16_attn_best.json: the variant with the lowest geometric mean time
-over the cases from --min-batch up, with its ratio to `default` and, when it is not the default's launch, a
-`bf16` entry for DECODE_CONFIG (its launch keys, min_batch, and min_shared_memory from its measured shared
-memory) that gpu_bench.py --decode-entry applies in its `offline_decode_ab` section.
+over the cases from --min-batch up, with its ratio to `default` and, when it is not DECODE_CONFIG's top-level
+launch, a `bf16` entry for DECODE_CONFIG (its launch keys, gated on what was timed: min_batch, the head size, the
+KV head count and this GPU's compute capability major) that gpu_bench.py --decode-entry times against no entry
+in its `offline_decode_ab` section (null: the top-level launch won).
 """
 
 from __future__ import annotations
@@ -72,7 +76,7 @@ def variants(pattern: str) -> list[tuple[str, dict | None]]:
 
 
 def _splits(bs: int, cfg: dict | None, sms: int) -> int:
-    return da.num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg)
+    return da.num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool="bf16", head_dim=attn.HEAD_DIM)
 
 
 def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
@@ -113,17 +117,19 @@ def bench_case(name: str, pattern: str, sms: int, rounds: int = 3) -> dict:
     want = ref.decode_attention_ref(x["q"].float(), *args[1:], x["idx"][0], x["lens"], attn.SCALE)
     nbytes = attn.kv_bytes(lens)
     res = {"batch": bs, "mean_len": sum(lens) / bs, "kv_mb": nbytes / 1e6, "copies": x["copies"], "runs": {}}
-    graphs, calls = {}, max(x["copies"], 4)
+    graphs, calls, default_out = {}, max(x["copies"], 4), None
     for label, cfg in variants(pattern):
         splits = _splits(bs, cfg, sms)
 
         def run(i: int, cfg=cfg, splits=splits):
             return da.decode_attention(*args, x["idx"][i % x["copies"]], x["lens"], attn.SCALE, splits, config=cfg)
 
-        r = res["runs"][label] = {"splits": splits}
+        r = res["runs"][label] = {"splits": splits, "launch": attn.launch_label(bs, cfg)}
         try:
             before = _compiled()
-            r["err"] = (run(0).float() - want).abs().max().item()
+            got = run(0).float()
+            default_out = got if default_out is None else default_out  # `default` runs first
+            r["err"], r["vs_default"] = (got - want).abs().max().item(), (got - default_out).abs().max().item()
             r.update(_kernel_stats(before))
             if not r["err"] <= attn.TOL:
                 print(f"FAIL {name} {label}: max abs error {r['err']:.4f} > {attn.TOL}", flush=True)
@@ -144,29 +150,32 @@ def bench_case(name: str, pattern: str, sms: int, rounds: int = 3) -> dict:
 
 def best(cases: list[dict], min_batch: int) -> dict:
     """The label (`default` or a swept launch) with the lowest geometric mean time over the cases from
-    `min_batch` up, timed in all of them; its ratio to `default` there, per case and overall."""
+    `min_batch` up, timed in all of them (gpu_attn_bench._geomean_best); its ratio to `default` there, per case
+    and overall."""
     cases = [c for c in cases if c["batch"] >= min_batch]
-    labels = [lab for lab in cases[0]["runs"] if all("us" in c["runs"].get(lab, {}) for c in cases)] if cases else []
-    score = {lab: sum(math.log(c["runs"][lab]["us"]) for c in cases) / len(cases) for lab in labels}
-    if "default" not in score:
+    timed = lambda lab: all("us" in c["runs"].get(lab, {}) for c in cases)  # noqa: E731
+    lab = attn._geomean_best(cases, lambda _: True) if cases else None
+    if lab is None or not timed("default"):
         return {"label": None}
-    lab = min(score, key=score.get)
-    return {"label": lab, "geomean_speedup": math.exp(score["default"] - score[lab]),
+    log_ratio = sum(math.log(c["runs"]["default"]["us"] / c["runs"][lab]["us"]) for c in cases) / len(cases)
+    return {"label": lab, "geomean_speedup": math.exp(log_ratio),
             "per_case_speedup": {f"{c['batch']}x{c['mean_len']:.0f}": c["runs"]["default"]["us"] / c["runs"][lab]["us"]
                                  for c in cases}}
 
 
-def entry_for(label: str, cases: list[dict], min_batch: int) -> dict | None:
-    """A `bf16` entry for DECODE_CONFIG giving `label`'s launch from min_batch up (None: `label` is the default's
-    launch), gated on the most shared memory its kernels were measured to need (Triton's figure, 1 KiB spare)."""
-    cfg = sweep_configs().get(label)
-    default = da.resolve_config(max(min_batch, 2))
-    if cfg is None or all(cfg[k] == default[k] for k in ENTRY_KEYS):
+def entry_for(label: str, min_batch: int, sm_major: int) -> dict | None:
+    """A `bf16` entry for DECODE_CONFIG giving `label`'s launch (`default`: the launch DECODE_CONFIG gave it) from
+    min_batch up, gated on the shape and GPU it was timed at (None: that launch is DECODE_CONFIG's top-level one,
+    i.e. no entry won). The keys are where the launch differs from the top level (no pool entry): the same entry
+    whatever DECODE_CONFIG's `bf16` entry is when the sweep runs."""
+    bs = max(min_batch, 2)
+    ran = da.resolve_config(bs, pool="bf16", head_dim=attn.HEAD_DIM, kv_heads=attn.KV_HEADS)
+    cfg = ran if label == "default" else sweep_configs().get(label)
+    top = da.resolve_config(bs)
+    if cfg is None or all(cfg[k] == top[k] for k in ENTRY_KEYS):
         return None
-    shared = max((c["runs"][label].get("shared", 0) for c in cases), default=0)
-    # an entry replaces DECODE_CONFIG's whole `bf16` entry: the keys where the launch differs from the top level
-    return {**{k: cfg[k] for k in ENTRY_KEYS if cfg[k] != da.DECODE_CONFIG[k]}, "min_batch": min_batch,
-            "min_shared_memory": shared + 1024 if shared else 0}
+    return {**{k: cfg[k] for k in ENTRY_KEYS if cfg[k] != top[k]}, "min_batch": min_batch,
+            "head_dim": attn.HEAD_DIM, "min_kv_heads": attn.KV_HEADS, "sm_major": sm_major}
 
 
 def print_table(res: dict) -> None:
@@ -174,14 +183,15 @@ def print_table(res: dict) -> None:
     for name, c in res["cases"].items():
         base = c["runs"]["default"].get("us")
         print(f"\n{name}: batch {c['batch']}, mean length {c['mean_len']:.0f}, K+V {c['kv_mb']:.0f} MB")
-        print(f"  {'variant':22} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs dflt':>7} {'spread':>6} {'err':>7} "
-              f"{'smem':>7} {'regs':>4}")
+        print(f"  {'variant':22} {'launch':>10} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs dflt':>7} {'spread':>6} "
+              f"{'err':>7} {'vs dflt out':>11} {'smem':>7} {'regs':>4}")
         for lab, r in sorted(c["runs"].items(), key=lambda kv: kv[1].get("us", 1e9)):
             if "us" in r:
                 spread = (max(r["rounds_us"]) - min(r["rounds_us"])) / r["us"]
                 ratio = (base or 0) / r["us"]
-                print(f"  {lab:22} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratio:7.3f} {spread:6.3f} "
-                      f"{r['err']:7.4f} {r.get('shared', 0):7} {r.get('regs', 0):4}")
+                print(f"  {lab:22} {r['launch']:>10} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratio:7.3f} "
+                      f"{spread:6.3f} {r['err']:7.4f} {r['vs_default']:11.5f} {r.get('shared', 0):7} "
+                      f"{r.get('regs', 0):4}")
             else:
                 print(f"  {lab:22} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")
     print(f"\nbest: {json.dumps(res['best'])}\nentry: {json.dumps(res['entry'])}")
@@ -198,7 +208,8 @@ def main() -> None:
     out = attn.run_sweep(opts, precompile, lambda name, pattern, sms: bench_case(name, pattern, sms, opts.rounds))
     cases = list(out["cases"].values())
     out["best"] = best(cases, opts.min_batch)
-    out["entry"] = entry_for(out["best"]["label"], cases, opts.min_batch) if out["best"]["label"] else None
+    sm_major = torch.cuda.get_device_capability()[0]
+    out["entry"] = entry_for(out["best"]["label"], opts.min_batch, sm_major) if out["best"]["label"] else None
     with open(os.path.join(opts.out, "bf16_attn_bench.json"), "w") as f:
         json.dump(out, f, indent=1)
     with open(os.path.join(opts.out, "bf16_attn_best.json"), "w") as f:

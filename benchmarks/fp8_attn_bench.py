@@ -6,13 +6,16 @@ Cases: batch 8, 32, 64, 256 and 512 at 660 and 1,536 tokens a request (by defaul
 and 512), KV slots a random permutation of the pool's (gpu_attn_bench.make_inputs). The FP8 pool holds the
 same K / V with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool).
 
-Labels always timed (LAUNCHES): `bf16` the bf16 pool with DECODE_CONFIG; `fp8_bf16_launch` the FP8 pool
-through the bf16 pool's launch with V widened after its shared-memory read; `fp8_bf16_launch_v_regs` the
-same launch with V widened in registers (DECODE_CONFIG's fp8_v_regs); `fp8_entry` DECODE_CONFIG's `fp8`
+Labels always timed (LAUNCHES): `bf16` the bf16 pool with DECODE_CONFIG as it stands (since issue 28, 2 warps
+from batch 256 on an H200: its `bf16` entry); `bf16_4w` the bf16 pool's 4-warp launch spelt out (64-token
+blocks, 3 stages, no pool entry: the ratios' baseline, the launch `bf16` was before issue 28);
+`fp8_bf16_launch` the FP8 pool through that 4-warp launch with V widened after its shared-memory read;
+`fp8_bf16_launch_v_regs` the same launch with V widened in registers (DECODE_CONFIG's fp8_v_regs); `fp8_entry` DECODE_CONFIG's `fp8`
 entry at every batch size (its min_batch set aside); `fp8_default` the FP8 pool with DECODE_CONFIG as it
 stands (the entry from its min_batch up). Every other label (--variants picks them; '^$' for none) is an
 `fp8` entry swept (block_n / num_warps / num_stages, `_wv` waves) with V widened in registers, and
-`bf16_*` the bf16 pool with another launch (information only). Each variant is checked against
+`bf16_*` the bf16 pool with another whole launch (information only). Every run also records `launch`, what
+its config resolved to (gpu_attn_bench.launch_label). Each variant is checked against
 the float32 reference over the pool it reads (the dequantized FP8 pool: the kernel's error, not
 e4m3's; max abs error > 2e-2 fails loudly: listed, not timed, exit 1), then timed per layer call in a
 CUDA graph: us, and TB/s of the pool bytes read. Kernels are compiled first in --jobs processes.
@@ -43,10 +46,15 @@ from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 CASES = {f"{bs}x{length}": (bs, length) for bs in (8, 32, 64, 256, 512) for length in (660, 1536)}
 SWEEP_CASES = "256x660,256x1536,512x660,512x1536"
-FP8_BF16_LAUNCH = {"fp8": {}, "fp8_v_regs": False}  # the FP8 pool through the bf16 pool's launch, V after shared memory
-LAUNCHES = {  # label: (FP8 pool?, config), timed in every case
-    "bf16": (False, None), "fp8_bf16_launch": (True, FP8_BF16_LAUNCH), "fp8_bf16_launch_v_regs": (True, {"fp8": {}}),
-    "fp8_entry": (True, {"fp8": {**DECODE_CONFIG["fp8"], "min_batch": 0}}), "fp8_default": (True, None),
+# The 16-bit pool's launch before issue 28's `bf16` entry (2 warps from batch 256 on an H200), spelt out with
+# no pool entry so it stays the same launch whatever DECODE_CONFIG's entries become: the FP8 row's baseline.
+BF16_4W = {"block_n": 64, "num_warps": 4, "num_stages": 3, "bf16": {}}
+FP8_4W = {"block_n": 64, "num_warps": 4, "num_stages": 3, "fp8": {}}  # the FP8 pool through that launch
+FP8_BF16_LAUNCH = {**FP8_4W, "fp8_v_regs": False}  # ... with V widened after shared memory
+LAUNCHES = {  # label: (FP8 pool?, config), timed in every case; `bf16` / `fp8_default`: DECODE_CONFIG as it stands
+    "bf16": (False, None), "bf16_4w": (False, BF16_4W), "fp8_bf16_launch": (True, FP8_BF16_LAUNCH),
+    "fp8_bf16_launch_v_regs": (True, FP8_4W), "fp8_entry": (True, {"fp8": {**DECODE_CONFIG["fp8"], "min_batch": 0}}),
+    "fp8_default": (True, None),
 }
 # `fp8` entries timed: (block_n, num_warps, num_stages, other keys)
 # (Triton pipelines the gathered K / V one block ahead below 5 stages, two blocks ahead at 5: more bytes in flight.)
@@ -56,7 +64,7 @@ SWEEP = [
     (64, 4, 5, {"waves": 16}), (128, 4, 3, {"waves": 16}),
 ]
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
-BF16_EXTRA = {"bf16_n64w4s5": {"num_stages": 5}}
+BF16_EXTRA = [{**BF16_4W, "num_stages": 5}]  # whole launches, no pool entry: labelled `bf16_` + _label
 
 
 def _entry(v: tuple) -> dict:
@@ -69,10 +77,14 @@ def _label(entry: dict) -> str:
     return f"n{entry['block_n']}w{entry['num_warps']}s{entry['num_stages']}{tail}"
 
 
+def _pool(fp8: bool) -> str:
+    return "fp8" if fp8 else "bf16"
+
+
 def variants(pattern: str) -> list[tuple[str, bool, dict | None]]:
     """(label, FP8 pool?, config) to time: LAUNCHES, then the swept variants whose label matches `pattern`."""
     sweep = [(_label(e), True, {"fp8": e}) for e in map(_entry, SWEEP)]
-    sweep += [(lab, False, cfg) for lab, cfg in BF16_EXTRA.items()]
+    sweep += [(f"bf16_{_label(cfg)}", False, cfg) for cfg in BF16_EXTRA]
     return [(lab, fp8, cfg) for lab, (fp8, cfg) in LAUNCHES.items()] + [s for s in sweep if re.search(pattern, s[0])]
 
 
@@ -83,7 +95,7 @@ def fp8_pool_dequantized(x: dict) -> tuple:
 
 
 def _splits(bs: int, fp8: bool, cfg: dict | None, sms: int) -> int:
-    return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool="fp8" if fp8 else "bf16")
+    return num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool=_pool(fp8), head_dim=attn.HEAD_DIM)
 
 
 def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
@@ -115,7 +127,7 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
             return decode_attention(q, *kv, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE, splits,
                                     config=cfg, scales=sc)
 
-        r = res["runs"][label] = {"splits": splits}
+        r = res["runs"][label] = {"splits": splits, "launch": attn.launch_label(bs, cfg, _pool(fp8))}
         try:
             r["err"] = (run(0).float() - want[fp8]).abs().max().item()
             if not r["err"] <= attn.TOL:
@@ -154,7 +166,9 @@ def write_config(entry: dict) -> None:
         f.write(new)
 
 
-RATIO_BASES = ("bf16", "fp8_bf16_launch", "fp8_bf16_launch_v_regs")  # the table's "vs" columns, in order
+# the table's "vs" columns, in order: the bf16 pool's 4-warp launch (the FP8 row's baseline before and after
+# issue 28), the FP8 pool through it with V after shared memory, and with V in registers
+RATIO_BASES = ("bf16_4w", "fp8_bf16_launch", "fp8_bf16_launch_v_regs")
 
 
 def print_table(res: dict) -> None:
@@ -164,20 +178,22 @@ def print_table(res: dict) -> None:
         runs = c["runs"]
         bases = [runs[b].get("us") for b in RATIO_BASES]
         print(f"\n{name}: batch {c['batch']} x {c['len']} tokens, bf16 K+V {c['bf16_kv_mb']:.0f} MB")
-        print(f"  {'variant':22} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16':>7} {'vs launch':>9} {'vs v_regs':>9} {'err':>7}")
+        print(f"  {'variant':22} {'launch':>10} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16_4w':>10} {'vs launch':>9} "
+              f"{'vs v_regs':>9} {'err':>7}")
         for lab, r in sorted(runs.items(), key=lambda kv: kv[1].get("us", 1e9)):
             if "us" in r:
-                ratios = " ".join(f"{b / r['us'] if b else 0:{w}.2f}" for b, w in zip(bases, (7, 9, 9)))
-                print(f"  {lab:22} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratios} {r['err']:7.4f}")
+                ratios = " ".join(f"{b / r['us'] if b else 0:{w}.2f}" for b, w in zip(bases, (10, 9, 9)))
+                print(f"  {lab:22} {r['launch']:>10} {r['splits']:6} {r['us']:8.1f} {r['tbs']:5.2f} {ratios} "
+                      f"{r['err']:7.4f}")
             else:
                 print(f"  {lab:22} {r['splits']:6}  FAILED {r.get('failed') or 'error %.4f' % r['err']}")
     print(f"\nbest fp8 entry over the cases from min_batch {DECODE_CONFIG['fp8'].get('min_batch', 0)} up: {res['best']}")
 
 
 def print_summary(res: dict) -> None:
-    """One line a case: us of the bf16 pool, the FP8 pool through the bf16 launch with V in registers, the
-    fp8 entry, the default; and the entry's speed-up over the bf16 launch with V in registers."""
-    labels = ("bf16", "fp8_bf16_launch_v_regs", "fp8_entry", "fp8_default")
+    """One line a case: us of the bf16 pool's 4-warp launch, the FP8 pool through it with V in registers, the
+    fp8 entry, the default; and the entry's speed-up over the 4-warp launch with V in registers."""
+    labels = ("bf16_4w", "fp8_bf16_launch_v_regs", "fp8_entry", "fp8_default")
     print(f"\n{'case':10} " + " ".join(f"{lab:>22}" for lab in labels) + f" {'entry vs v_regs':>15}")
     for name, c in res["cases"].items():
         us = [c["runs"][lab].get("us") for lab in labels]

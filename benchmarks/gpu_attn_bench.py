@@ -36,7 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # gpubench (comp
 
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.settings import KernelSettings  # noqa: E402
-from radixflow.kernels.decode_attention import DECODE_CONFIG, decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.decode_attention import (  # noqa: E402
+    DECODE_CONFIG, decode_attention, num_kv_splits, resolve_config,
+)
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, DTYPE, DEV = 32, 8, 128, torch.bfloat16, "cuda"
@@ -111,7 +113,13 @@ def make_inputs(lens: list[int]) -> dict:
 
 
 def _splits(bs: int, cfg: dict | None, sms: int) -> int:
-    return num_kv_splits(bs, KV_HEADS, sms, config=cfg)
+    return num_kv_splits(bs, KV_HEADS, sms, config=cfg, pool="bf16", head_dim=HEAD_DIM)
+
+
+def launch_label(bs: int, cfg: dict | None, pool: str = "bf16") -> str:
+    """`_name` of the launch `cfg` resolves to at this batch size, pool kind and the bench's heads on this GPU
+    (DECODE_CONFIG's entries included): what ran, whatever the variant's label says."""
+    return _name(resolve_config(bs, cfg, pool=pool, head_dim=HEAD_DIM, kv_heads=KV_HEADS))
 
 
 def compile_worker(tasks: list) -> None:
@@ -189,7 +197,7 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
             return decode_attention(*args, x["idx"][i % x["copies"]], x["lens"], SCALE, splits, config=cfg,
                                     settings=settings)
 
-        r = res["runs"][label] = {"splits": splits, "pdl": on}
+        r = res["runs"][label] = {"splits": splits, "pdl": on, "launch": launch_label(bs, cfg)}
         try:
             r["err"] = (run(0).float() - want.float()).abs().max().item()
             if not r["err"] <= TOL:

@@ -40,8 +40,8 @@ Sections (each isolated: a failure is logged and the next one runs):
                --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
   offline_arms offline (every seed) as built, then with 16,384-token prefill chunks
-  offline_decode_ab  offline (every seed) with DECODE_CONFIG as built, then with --decode-entry's `bf16` entry
-               (bf16_attn_bench.py's pick; without one, as built again), decode graphs recaptured per arm
+  offline_decode_ab  offline (every seed) with no `bf16` entry in DECODE_CONFIG (4 warps), then with --decode-entry's
+               (bf16_attn_bench.py's pick; without the flag, DECODE_CONFIG's own), decode graphs recaptured per arm
   gemm_shapes  the bf16 linears' GEMMs alone (Llama-3-8B shapes, M 544 to 8,192): F.linear against the weight in
                two GEMMs (split_linear), stored transposed, and through cuBLASLt
   fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
@@ -90,7 +90,7 @@ from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # no
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
 from gpubench.offline import (  # noqa: E402
-    sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
+    decode_entry, sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
@@ -136,8 +136,9 @@ def main() -> None:
     p.add_argument("--offline-warmup", type=int, default=0,
                    help="offline: the cold pass runs only the first N requests of the first seed (0: all of them)")
     p.add_argument("--decode-entry", default="",
-                   help="offline_decode_ab: a JSON file whose `entry` is a `bf16` entry for DECODE_CONFIG "
-                        "(benchmarks/bf16_attn_bench.py writes bf16_attn_best.json)")
+                   help="offline_decode_ab: a JSON file whose `entry` is the `bf16` entry for DECODE_CONFIG to time "
+                        "against no entry (benchmarks/bf16_attn_bench.py writes bf16_attn_best.json; default: "
+                        "DECODE_CONFIG's own)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--prefill-flash-ab", action="store_true",
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")
@@ -151,6 +152,11 @@ def main() -> None:
     p.add_argument("--hf-compile", default="generate,loop", help="hf_compile approaches, tried in order until one runs")
     p.parse_args(namespace=OPTS)
     fp8_kernel_parts(OPTS.fp8_kernels)  # a misspelt part ends the run before any section
+    if any(label.partition("@")[0] == "offline_decode_ab" for label in OPTS.sections.split(",")):
+        try:  # so does a missing or bad --decode-entry file
+            decode_entry(OPTS.decode_entry)
+        except ValueError as e:
+            p.error(str(e))
     SZ.update(SMOKE if OPTS.smoke else {})
     os.makedirs(OPTS.out, exist_ok=True)
     OPTS.bench_engine = None

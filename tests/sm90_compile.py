@@ -170,7 +170,8 @@ def check_decode_attention(pdl: int) -> None:
                   {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True, "V_REGS": True},
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, "KV_FP8": True, "KV_F16": True, "V_REGS": False},
                   {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False, "V_REGS": False}):
-        launch = decode_attention.resolve_config(256, pool="fp8" if extra["KV_FP8"] else "bf16")
+        launch = decode_attention.resolve_config(256, pool="fp8" if extra["KV_FP8"] else "bf16", head_dim=128,
+                                                 kv_heads=8)
         ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig,
                        {**extra, **consts, "BLOCK_N": launch["block_n"]},
                        num_warps=launch["num_warps"], num_stages=launch["num_stages"], launch_pdl=pdl > 0)

@@ -1,5 +1,6 @@
-"""DECODE_CONFIG's `bf16` entry: which pools and batch sizes it launches, on which devices, and that the
-kernel under it matches the reference (the FP8 pool's `fp8` entry: tests/test_fp8_attention.py).
+"""DECODE_CONFIG's pool entries (`bf16`, `fp16`; `fp8`: tests/test_fp8_attention.py): which pools, batch sizes,
+shapes and devices the committed `bf16` entry launches, that the kernel and the Triton backend run under the
+entry that applies, and that the kernel under it matches the reference.
 
 Without CUDA the kernel runs in the interpreter at tiny shapes; the Llama-3-8B shapes run on a GPU only.
 """
@@ -7,6 +8,7 @@ Without CUDA the kernel runs in the interpreter at tiny shapes; the Llama-3-8B s
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -22,56 +24,128 @@ from test_kernels import _paged_pool  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 needs_cuda = pytest.mark.skipif(DEV != "cuda", reason="needs a CUDA device")
-ENTRY = {"block_n": 32, "num_stages": 4, "waves": 64, "min_batch": 200, "min_shared_memory": 150_000}
+ENTRY = {"block_n": 32, "num_stages": 4, "waves": 64, "min_batch": 200}
+LLAMA = {"head_dim": 128, "kv_heads": 8}  # the shape the committed `bf16` entry was timed at
 
 
-def test_pool_kind_names_the_entry_a_pool_takes():
-    assert [da.pool_kind(t) for t in (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32)] == \
-        ["fp8", "bf16", "bf16", "float32"]
+def test_pool_kind_names_the_entry_a_pool_takes_and_refuses_other_dtypes():
+    kinds = [da.pool_kind(t) for t in (torch.float8_e4m3fn, torch.bfloat16, torch.float16, torch.float32)]
+    assert kinds == ["fp8", "bf16", "fp16", "float32"]
+    for dtype in (torch.float8_e5m2, torch.int8, torch.float64):
+        with pytest.raises(ValueError, match="no KV pool of"):
+            da.pool_kind(dtype)
 
 
-def test_bf16_entry_applies_to_16_bit_pools_from_min_batch(monkeypatch):
-    """The `bf16` entry launches a 16-bit pool's batches from its min_batch up (and sets their split count), never
-    an FP8 or float32 pool's; `small` wins at its batch sizes; a caller's empty `bf16` entry turns it off."""
+def test_pool_is_keyword_only_and_checked():
+    """The pool kind is named, never positional (the old `fp8` flag would land there), and must be one of
+    pool_kind's; left out, no pool entry applies."""
+    with pytest.raises(TypeError):
+        da.resolve_config(256, None, "bf16")
+    with pytest.raises(TypeError):
+        da.num_kv_splits(256, 8, 132, None, None, "bf16")
+    for bad in ("fp17", "16bit", True):
+        with pytest.raises(ValueError, match="pool"):
+            da.resolve_config(256, pool=bad, **LLAMA)
+    assert da.resolve_config(256, **LLAMA) == da.resolve_config(256, pool="float32", **LLAMA)
+
+
+def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
+    """A `bf16` entry launches a bf16 pool's batches from its min_batch up (and sets their split count), never an
+    FP8, fp16 or float32 pool's; `small` wins at its batch sizes; a caller's empty `bf16` entry turns it off."""
     monkeypatch.setitem(da.DECODE_CONFIG, "bf16", ENTRY)
-    got = da.resolve_config(256)
+    got = da.resolve_config(256, pool="bf16")
     assert (got["block_n"], got["num_stages"], got["waves"]) == (32, 4, 64) and "min_batch" not in got
     assert da.resolve_config(256, pool="fp8")["block_n"] == da.DECODE_CONFIG["fp8"]["block_n"]
-    for batch, pool in ((256, "float32"), (199, "bf16"), (1, "bf16")):
+    for batch, pool in ((256, "float32"), (256, "fp16"), (256, None), (199, "bf16"), (1, "bf16")):
         assert da.resolve_config(batch, pool=pool)["block_n"] == da.DECODE_CONFIG["block_n"], (batch, pool)
-    assert da.resolve_config(256, {"bf16": {}})["block_n"] == da.DECODE_CONFIG["block_n"]
-    assert da.num_kv_splits(256, 8, 132) == 8 and da.num_kv_splits(256, 8, 132, pool="float32") == 1
+    assert da.resolve_config(256, {"bf16": {}}, pool="bf16")["block_n"] == da.DECODE_CONFIG["block_n"]
+    assert da.num_kv_splits(256, 8, 132, pool="bf16") == 8 and da.num_kv_splits(256, 8, 132, pool="float32") == 1
     with pytest.raises(ValueError, match="bf16.blok_n"):
-        da.resolve_config(256, {"bf16": {"blok_n": 32}})
+        da.resolve_config(256, {"bf16": {"blok_n": 32}}, pool="bf16")
 
 
-@pytest.mark.parametrize("major,minor,optin,fits", [
-    (9, 0, 232_448, True), (10, 0, 232_448, True), (8, 9, 101_376, False), (12, 0, 101_376, False),
-    (9, 0, None, True), (8, 9, None, False),
+@pytest.mark.parametrize("batch,pool,head_dim,kv_heads,applies", [
+    (256, "bf16", 128, 8, True), (1024, "bf16", 128, 32, True),
+    (255, "bf16", 128, 8, False),  # below min_batch (with CUDA graphs 241-255 replay the 256 graph)
+    (256, "bf16", 64, 8, False), (256, "bf16", 256, 8, False), (256, "bf16", None, 8, False),  # head sizes
+    (256, "bf16", 128, 4, False), (512, "bf16", 128, 1, False), (256, "bf16", 128, None, False),  # TP ranks
+    (256, "fp16", 128, 8, False), (256, "float32", 128, 8, False), (256, None, 128, 8, False),  # pools
 ])
-def test_bf16_entry_only_where_the_device_holds_its_shared_memory(monkeypatch, major, minor, optin, fits):
-    monkeypatch.setitem(da.DECODE_CONFIG, "bf16", ENTRY)
-    _device(monkeypatch, major, minor, optin)
-    got = da.resolve_config(512)
-    assert got["block_n"] == (ENTRY["block_n"] if fits else da.DECODE_CONFIG["block_n"])
-    assert da.num_kv_splits(512, 8, 132) == da.num_kv_splits(512, 8, 132, config=got)
+def test_committed_bf16_entry_only_at_the_shapes_it_was_timed(batch, pool, head_dim, kv_heads, applies):
+    """The committed entry (2 warps) at an H200's shape and nowhere else; the split count follows the same
+    shape (num_kv_splits given decode_attention's arguments)."""
+    got = da.resolve_config(batch, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
+    want = da.DECODE_CONFIG["bf16"]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"]
+    assert got["num_warps"] == want and "head_dim" not in got and "min_kv_heads" not in got
+    assert da.num_kv_splits(batch, kv_heads or 1, 132, pool=pool, head_dim=head_dim) == \
+        da.num_kv_splits(batch, kv_heads or 1, 132, config=got)
 
 
-# the interpreter computes bf16 wrongly (with any launch): bf16 on a GPU only
+@pytest.mark.parametrize("major,minor,applies", [
+    (9, 0, True),  # H100 / H200: where it was timed
+    (8, 0, False), (8, 6, False), (8, 9, False),  # A100, A10 / RTX 30x0, L4 / L40S / RTX 4090
+    (10, 0, False), (12, 0, False),  # B200, RTX 5090: not timed
+])
+def test_committed_bf16_entry_only_on_the_gpus_it_was_timed_on(monkeypatch, major, minor, applies):
+    _device(monkeypatch, major, minor, 232_448)
+    got = da.resolve_config(512, pool="bf16", **LLAMA)
+    assert got["num_warps"] == (da.DECODE_CONFIG["bf16"]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"])
+
+
+def _spy_resolve(monkeypatch) -> list:
+    """Every resolve_config call from here on: (its keyword arguments, what it returned)."""
+    calls, real = [], da.resolve_config
+
+    def spy(*args, **kw):
+        got = real(*args, **kw)
+        calls.append((kw, got))
+        return got
+
+    monkeypatch.setattr(da, "resolve_config", spy)
+    return calls
+
+
+# the interpreter computes bf16 wrongly (with any launch): its entry on a GPU only, the fp16 pool's on the CPU
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=needs_cuda)])
-def test_decode_attention_under_the_bf16_entry_matches_reference(monkeypatch, dtype):
-    """A 16-bit pool at a batch size the entry covers runs its launch (here a 16-token block, more stages and a
-    larger split count than the default launch) and matches the float32 reference, at its own split count and one."""
-    monkeypatch.setitem(da.DECODE_CONFIG, "bf16", {**ENTRY, "block_n": 16, "min_batch": 3, "min_shared_memory": 0})
+def test_decode_attention_runs_under_its_pool_entry_and_matches_reference(monkeypatch, dtype):
+    """A 16-bit pool at a batch size and shape its entry covers launches the entry (here a 16-token block, more
+    stages and a larger split count than the default launch: decode_attention resolves it with the pool's kind,
+    head size and KV heads) and matches the float32 reference, at its own split count and one."""
+    kind = da.pool_kind(dtype)
     seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
+    monkeypatch.setitem(da.DECODE_CONFIG, kind, {**ENTRY, "block_n": 16, "min_batch": 3, "head_dim": d,
+                                                  "min_kv_heads": hkv})
     k, v, table, req_idx = _paged_pool(seq_lens, hkv, d, dtype)
     q = torch.randn(len(seq_lens), hq, d, device=DEV).to(dtype)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), k.float(), v.float(), table, req_idx, lens, 0.25)
-    assert da.resolve_config(len(seq_lens))["block_n"] == 16
-    for splits in (1, da.num_kv_splits(len(seq_lens), hkv, 8)):
+    calls = _spy_resolve(monkeypatch)
+    for splits in (1, da.num_kv_splits(len(seq_lens), hkv, 8, pool=kind, head_dim=d)):
+        calls.clear()
         got = da.decode_attention(q, k, v, table, req_idx, lens, 0.25, splits)
         torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+        assert [(kw, cfg["block_n"]) for kw, cfg in calls] == [(dict(pool=kind, head_dim=d, kv_heads=hkv), 16)]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.float32])
+def test_triton_backend_plans_decode_splits_with_its_pools_entry(monkeypatch, dtype):
+    """The Triton backend's decode split count comes from its pool's entry at its head size: an entry that sets
+    `waves` (and is gated on the head size) changes it for that pool kind; a float32 pool has no entry."""
+    from radixflow.radix_cache.memory_pool import KVPool, ReqToTokenPool
+    from radixflow.runtime.execution.attention.triton_backend import TritonBackend
+    from radixflow.runtime.execution.forward_batch import ForwardMode
+
+    kind = da.pool_kind(dtype)
+    backend = TritonBackend(kv_pool=KVPool(64, 1, 1, 2, 16, dtype, DEV), req_to_token=ReqToTokenPool(2, 32, DEV),
+                            num_q_heads=4, num_kv_heads=2, head_dim=16)
+    fb = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=4)
+    backend.init_forward_metadata(fb)
+    plain = fb.attn_metadata
+    if kind in da.POOL_ENTRIES:
+        monkeypatch.setitem(da.DECODE_CONFIG, kind, {"waves": 64, "min_batch": 2, "head_dim": 16})
+    backend.init_forward_metadata(fb)
+    assert fb.attn_metadata == da.num_kv_splits(4, 2, backend.num_sms, pool=kind, head_dim=16)
+    assert (fb.attn_metadata > plain) == (kind != "float32"), (plain, fb.attn_metadata)
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads at batch 256: too slow for the CPU interpreter")
@@ -79,11 +153,12 @@ def test_gpu_bf16_entry_llama_shapes():
     """DECODE_CONFIG's `bf16` entry as committed, at Llama-3-8B heads (8 KV heads of 128, groups of 4) and a batch
     it covers, lengths 1 to 1,500: at its own split count, one and 16 against the float32 reference."""
     seq_lens = torch.randint(1, 1500, (256,), generator=torch.Generator().manual_seed(0)).tolist()
-    assert da.resolve_config(len(seq_lens)) != da.resolve_config(len(seq_lens), pool="float32")  # the entry applies
+    if torch.cuda.get_device_capability()[0] == da.DECODE_CONFIG["bf16"].get("sm_major", 9):
+        assert da.resolve_config(256, pool="bf16", **LLAMA) != da.resolve_config(256, **LLAMA)  # the entry applies
     k, v, table, req_idx = _paged_pool(seq_lens, 8, 128, torch.bfloat16, rows=len(seq_lens) + 1)
     q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), k.float(), v.float(), table, req_idx, lens, 128**-0.5)
-    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8), 16}):
+    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, pool="bf16", head_dim=128), 16}):
         got = da.decode_attention(q, k, v, table, req_idx, lens, 128**-0.5, splits)
         torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)

@@ -143,7 +143,7 @@ def test_gpu_fp8_kv_decode_attention_llama_shapes(seq_lens):
     q = torch.randn(len(seq_lens), 32, 128, device=DEV, dtype=torch.bfloat16)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 128**-0.5)
-    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, pool="fp8"), 16}):
+    for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, pool="fp8", head_dim=128), 16}):
         for config in [None] + GPU_FP8_DECODE_VARIANTS:
             got = da.decode_attention(q, k8, v8, table, req_idx, lens, 128**-0.5, splits, config=config, scales=scales)
             torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
@@ -171,7 +171,7 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     # a fresh per-device cache for this fake device, the real one restored afterwards
-    monkeypatch.setattr(da, "_block_shared_memory_fits", functools.lru_cache(da._block_shared_memory_fits.__wrapped__))
+    monkeypatch.setattr(da, "_device_limits", functools.lru_cache(da._device_limits.__wrapped__))
 
 
 @pytest.mark.parametrize("major,minor,optin,fits", [

@@ -65,18 +65,21 @@ def test_offline_skips_later_seeds_past_the_deadline(monkeypatch):
     assert offline.sec_offline()["out_tok_s"] == 25.0  # in time: all three seeds, their median
 
 
-def test_offline_decode_ab_runs_each_arm_under_its_entry_and_restores_it(tmp_path, monkeypatch):
-    """offline_decode_ab: every pass of the `entry` arm runs with --decode-entry's entry in DECODE_CONFIG, the
-    others with the entry as built; the graphs are captured again only when the entry changes; the entry as
-    built is back afterwards. Without a file the second arm is an A/A."""
+def test_offline_decode_ab_runs_no_entry_then_the_entry_and_restores_it(tmp_path, monkeypatch):
+    """offline_decode_ab: every pass of the `no_entry` arm runs with no `bf16` entry in DECODE_CONFIG and every
+    pass of the `entry` arm with --decode-entry's (without the flag: DECODE_CONFIG's own), whatever DECODE_CONFIG
+    held; the graphs are captured again only when the entry changes; DECODE_CONFIG's entry is back afterwards. A
+    missing file, an empty or null entry and a misspelt key are refused before any pass."""
     monkeypatch.syspath_prepend(BENCH)
     from types import SimpleNamespace
 
+    import pytest
     from gpubench import offline
     from gpubench.common import OPTS, RESULTS
     from radixflow.kernels import decode_attention as da
 
     built, entry = da.DECODE_CONFIG["bf16"], {"num_warps": 8, "min_batch": 2}
+    assert built, "DECODE_CONFIG has a `bf16` entry (the flag-less run times it)"
     path = tmp_path / "best.json"
     path.write_text(json.dumps({"entry": entry}))
     seen, recaptures = [], []
@@ -90,15 +93,67 @@ def test_offline_decode_ab_runs_each_arm_under_its_entry_and_restores_it(tmp_pat
     for name, value in opts.items():
         monkeypatch.setattr(OPTS, name, value, raising=False)
     try:
-        res = offline.sec_offline_decode_ab()
+        for flag, want in ((str(path), entry), ("", built)):
+            monkeypatch.setattr(OPTS, "decode_entry", flag)
+            seen.clear(), recaptures.clear()
+            res = offline.sec_offline_decode_ab()
+            assert set(res) == {"decode_entry", "no_entry", "entry", "no_entry_2", "entry_2"}
+            assert res["decode_entry"] == want
+            # per arm: the cold pass, then seeds 2024 and 2025; then each arm on 2024 again
+            arm = [(2024, {}), (2024, {}), (2025, {})]
+            assert seen == arm + [(s, want) for s, _ in arm] + [(2024, {}), (2024, want)]
+            assert recaptures == [{}, want, {}, want] + ([] if want == built else [built])
+            assert da.DECODE_CONFIG["bf16"] == built
+        for body, match in (({"entry": {"num_warp": 2}}, "bf16.num_warp"), ({"entry": None}, "not an entry"),
+                            ({"entry": {}}, "not an entry"), ({}, "not an entry")):
+            path.write_text(json.dumps(body))
+            with pytest.raises(ValueError, match=match):
+                offline.decode_entry(str(path))
+        with pytest.raises(ValueError, match="no such file"):
+            offline.decode_entry(str(tmp_path / "missing.json"))
     finally:
         RESULTS.clear()
-    assert set(res) == {"decode_entry", "default", "entry", "default_2", "entry_2"} and res["decode_entry"] == entry
-    # per arm: the cold pass, then seeds 2024 and 2025; then each arm on 2024 again
-    arm = [(2024, built), (2024, built), (2025, built)]
-    assert seen == arm + [(s, entry) for s, _ in arm] + [(2024, built), (2024, entry)]
-    assert recaptures == [entry, built, entry, built] and da.DECODE_CONFIG["bf16"] == built
-    monkeypatch.setattr(OPTS, "decode_entry", str(tmp_path / "missing.json"))
-    seen.clear()
-    assert "default_again" in offline.sec_offline_decode_ab() and all(e == built for _, e in seen)
-    RESULTS.clear()
+
+
+def test_gpu_bench_refuses_a_missing_decode_entry_before_any_section(tmp_path, monkeypatch, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit):
+        _run(tmp_path, monkeypatch, lambda: {}, "--sections", "offline_decode_ab",
+             "--decode-entry", str(tmp_path / "missing.json"))
+    assert "no such file" in capsys.readouterr().err and not (tmp_path / "results.json").exists()
+
+
+def test_attention_bench_baselines_name_the_launch_they_run(monkeypatch):
+    """fp8_attn_bench's 4-warp baselines stay 4-warp launches where DECODE_CONFIG's `bf16` entry applies (batch
+    256 and up at Llama-3-8B heads; on the CPU every device gate passes), `bf16` is the entry's launch, and every
+    `bf16_*` sweep label is the launch its config resolves to."""
+    monkeypatch.syspath_prepend(BENCH)
+    import fp8_attn_bench as fab
+    import gpu_attn_bench as attn
+
+    for bs in (256, 512):
+        assert attn.launch_label(bs, fab.LAUNCHES["bf16_4w"][1]) == "n64w4s3"
+        assert attn.launch_label(bs, fab.LAUNCHES["bf16"][1]) == "n64w2s3"  # DECODE_CONFIG's `bf16` entry
+        for lab in ("fp8_bf16_launch", "fp8_bf16_launch_v_regs"):
+            assert attn.launch_label(bs, fab.LAUNCHES[lab][1], "fp8") == "n64w4s3", lab
+        extra = [(lab, cfg) for lab, fp8, cfg in fab.variants("^bf16_n") if lab.startswith("bf16_n")]
+        assert extra and all(lab == "bf16_" + attn.launch_label(bs, cfg) for lab, cfg in extra), extra
+
+
+def test_bf16_sweep_writes_the_entry_gated_on_what_it_timed(monkeypatch):
+    """bf16_attn_bench.entry_for: the winning launch's keys over DECODE_CONFIG's top level, gated on the sweep's
+    batch, head size, KV heads and GPU; the same whatever DECODE_CONFIG's `bf16` entry is when the sweep runs;
+    None when the top-level launch won. The committed entry is what the session-9 sweep's winner gives."""
+    monkeypatch.syspath_prepend(BENCH)
+    import bf16_attn_bench as bab
+    from radixflow.kernels import decode_attention as da
+
+    committed = dict(da.DECODE_CONFIG["bf16"])
+    assert bab.entry_for("n64w2s3", 256, 9) == committed
+    assert bab.entry_for("default", 256, 9) == committed  # on the CPU the entry's device gates pass
+    assert bab.entry_for("n64w4s3", 256, 9) is None
+    monkeypatch.setitem(da.DECODE_CONFIG, "bf16", {})
+    assert bab.entry_for("n64w2s3", 256, 9) == committed and bab.entry_for("default", 256, 9) is None
+    assert bab.entry_for("n128w4s3", 512, 10) == {"block_n": 128, "min_batch": 512, "head_dim": 128,
+                                                   "min_kv_heads": 8, "sm_major": 10}

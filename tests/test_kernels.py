@@ -571,9 +571,10 @@ def test_deterministic_decode_config_is_the_same_at_every_batch_size():
     from radixflow.runtime.execution.forward_batch import ForwardMode
     from radixflow.runtime.server_args import ServerArgs
 
-    for pool in ("bf16", "fp8", "float32"):  # no entry of DECODE_CONFIG (`small`, the pools') applies
-        configs = {str(resolve_config(b, DETERMINISTIC_CONFIG, pool)) for b in (1, 2, 8, 64, 256, 1024)}
-        splits = {num_kv_splits(b, 8, 132, config=DETERMINISTIC_CONFIG, pool=pool) for b in (1, 2, 8, 64, 256, 1024)}
+    for pool in ("bf16", "fp16", "fp8", "float32"):  # no entry of DECODE_CONFIG (`small`, the pools') applies
+        shape = dict(pool=pool, head_dim=128)  # the shape the `bf16` entry was timed at
+        configs = {str(resolve_config(b, DETERMINISTIC_CONFIG, kv_heads=8, **shape)) for b in (1, 2, 8, 64, 256, 1024)}
+        splits = {num_kv_splits(b, 8, 132, config=DETERMINISTIC_CONFIG, **shape) for b in (1, 2, 8, 64, 256, 1024)}
         assert len(configs) == 1 and splits == {DETERMINISTIC_CONFIG["fixed_splits"]}, pool
     kw = dict(kv_pool=KVPool(64, 1, 1, 2, 16, torch.float32, DEV), req_to_token=ReqToTokenPool(2, 32, DEV),
               num_q_heads=4, num_kv_heads=2, head_dim=16)

@@ -8,11 +8,13 @@
 - GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
   with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
-- Decode attention at large batches: a bf16 pool, an FP8 pool as DECODE_CONFIG launches it (float16
-  products, V widened in registers, its `fp8` entry), through the bf16 pool's launch with V widened after
-  shared memory, and through bf16 products (DECODE_CONFIG's fp8_f16=False); labels as in
-  benchmarks/fp8_attn_bench.py (LAUNCHES), which sweeps the FP8 launches; TB/s of the pool bytes each
-  reads, and each output's largest difference from the bf16 pool's.
+- Decode attention at large batches: a bf16 pool through its 4-warp launch (`bf16_4w`, the baseline) and as
+  DECODE_CONFIG launches it (`bf16`: 2 warps from batch 256 on an H200 since issue 28), an FP8 pool as
+  DECODE_CONFIG launches it (float16 products, V widened in registers, its `fp8` entry), through the 4-warp
+  launch with V widened after shared memory, and through bf16 products (DECODE_CONFIG's fp8_f16=False);
+  labels as in benchmarks/fp8_attn_bench.py (LAUNCHES), which sweeps the FP8 launches, each with the launch
+  it resolved to (`launch`); TB/s of the pool bytes each reads, and each output's largest difference from
+  the 4-warp bf16 launch's.
 """
 
 from __future__ import annotations
@@ -163,12 +165,12 @@ def _attention_rates(bs: int, length: int) -> dict:
     (k8, v8), scales = fp8_pool(x)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     nbytes = attn.kv_bytes(lens)
-    launches = {lab: fab.LAUNCHES[lab] for lab in ("bf16", "fp8_default", "fp8_bf16_launch")}
-    launches["fp8_bf16_products"] = (True, {"fp8": {}, "fp8_f16": False})
+    launches = {lab: fab.LAUNCHES[lab] for lab in ("bf16_4w", "bf16", "fp8_default", "fp8_bf16_launch")}
+    launches["fp8_bf16_products"] = (True, {**fab.FP8_4W, "fp8_f16": False})
     out, ref_out = {"batch": bs, "len": length}, None
     for label, (fp8, cfg) in launches.items():
         (kb, vb), sc = ((k8, v8), scales) if fp8 else ((x["k"], x["v"]), None)
-        n_splits = num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool="fp8" if fp8 else "bf16")
+        n_splits = num_kv_splits(bs, attn.KV_HEADS, sms, config=cfg, pool=fab._pool(fp8), head_dim=attn.HEAD_DIM)
 
         def run(i: int, kb=kb, vb=vb, sc=sc, cfg=cfg, n_splits=n_splits):
             return decode_attention(x["q"], kb, vb, x["table"], x["idx"][i % x["copies"]], x["lens"], attn.SCALE,
@@ -177,7 +179,7 @@ def _attention_rates(bs: int, length: int) -> dict:
         got = run(0).float()
         ref_out = got if ref_out is None else ref_out
         us = time_graph_us(run, max(x["copies"], 4))
-        out[label] = {"splits": n_splits, "us": round(us, 1), "TBps": round((nbytes // 2 if fp8 else nbytes) / us / 1e6, 3),
+        out[label] = {"launch": attn.launch_label(bs, cfg, fab._pool(fp8)), "splits": n_splits, "us": round(us, 1), "TBps": round((nbytes // 2 if fp8 else nbytes) / us / 1e6, 3),
                       "max_abs_diff_vs_bf16": round((got - ref_out).abs().max().item(), 5)}
     log(f"attention bs {bs} x {length}: {out}")
     return out

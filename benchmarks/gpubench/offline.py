@@ -193,14 +193,25 @@ def sec_offline_arms() -> dict:
     return out
 
 
-def decode_entry() -> dict | None:
-    """--decode-entry's `bf16` entry for DECODE_CONFIG (benchmarks/bf16_attn_bench.py's bf16_attn_best.json; {}: none,
-    against the entry as built), or None (no file given or found, or the sweep's best launch was the default's)."""
-    path = OPTS.decode_entry
-    if not path or not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f).get("entry")
+def decode_entry(path: str) -> dict:
+    """The `bf16` entry for DECODE_CONFIG that `offline_decode_ab` times against no entry: `path`'s `entry`
+    (benchmarks/bf16_attn_bench.py's bf16_attn_best.json), or without a path DECODE_CONFIG's own. ValueError for
+    a path that is missing, an entry that is missing, empty or not an object, or one with a key DECODE_CONFIG
+    does not know (either would make the A/B an A/A)."""
+    from radixflow.kernels import decode_attention as da
+
+    if not path:
+        entry, source = da.DECODE_CONFIG["bf16"], "DECODE_CONFIG's `bf16` entry"
+    elif not os.path.isfile(path):
+        raise ValueError(f"--decode-entry {path}: no such file")
+    else:
+        with open(path) as f:
+            entry, source = json.load(f).get("entry"), f"--decode-entry {path}"
+    if not entry or not isinstance(entry, dict):
+        raise ValueError(f"offline_decode_ab: {source} is {entry!r}, not an entry to time against no entry "
+                         "(bf16_attn_bench.py writes null when the 4-warp launch won)")
+    da._check_keys({"bf16": entry})
+    return entry
 
 
 def _with_bf16_entry(runner, entry: dict) -> None:
@@ -215,16 +226,16 @@ def _with_bf16_entry(runner, entry: dict) -> None:
 
 
 def sec_offline_decode_ab() -> dict:
-    """`offline` (cold pass, every seed) with DECODE_CONFIG as built (`default`), then with --decode-entry's
-    `bf16` entry (`entry`; without one, as built again: `default_again`, an A/A of the pass's noise), in one
-    engine, the decode graphs captured again for each arm. Then, while --deadline-s allows a recapture and a
-    pass (~45 s), each arm once more on the first seed alone (`default_2`, `entry_2`), so a drift over the run
-    shows. Results are saved after every arm; the entry is restored after."""
+    """`offline` (cold pass, every seed) with no `bf16` entry in DECODE_CONFIG (`no_entry`: the 4-warp launch at
+    every batch size), then with `decode_entry`'s (`entry`), in one engine, the decode graphs captured again for
+    each arm: the same two arms whatever DECODE_CONFIG holds when it runs. Then, while --deadline-s allows a
+    recapture and a pass (~45 s), each arm once more on the first seed alone (`no_entry_2`, `entry_2`), so a drift
+    over the run shows. Results are saved after every arm; DECODE_CONFIG's entry is restored after."""
     from radixflow.kernels import decode_attention as da
 
-    runner, entry = OPTS.bench_engine.runner, decode_entry()
+    runner, entry = OPTS.bench_engine.runner, decode_entry(OPTS.decode_entry)
     built = da.DECODE_CONFIG["bf16"]
-    arms = [("default", built), ("default_again", built) if entry is None else ("entry", entry)]
+    arms = [("no_entry", {}), ("entry", entry)]
     out: dict = {"decode_entry": entry}
     RESULTS[OPTS.section_key] = out
     try:

@@ -15,12 +15,14 @@ splits are cut at multiples of this many tokens (0: block_n), so a short sequenc
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
 graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
 half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
-shared memory per block (`entry_fits`); `bf16`: the same for 16-bit pools (bf16 / fp16: `pool_kind`);
+shared memory per block (`entry_fits`); `bf16` / `fp16`: the same for bf16 / fp16 pools (`pool_kind`). A pool
+entry's gates (POOL_GATES) limit it to what was timed: min_batch, min_shared_memory, head_dim, min_kv_heads
+(the KV heads a rank holds), sm_major (the device's compute capability major);
 `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
 False: where Triton puts it, kept for A/B). A caller's `config` replaces DECODE_CONFIG's keys it names;
-its own `small` / `fp8` / `bf16` entries win over its top-level keys at their batch sizes, DECODE_CONFIG's
+its own `small` / pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's
 pool entries do not (`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
@@ -62,18 +64,25 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 #   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
 #   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
 #   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
-# - 16-bit pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
-#   sizes and contexts; smaller batches were not timed, so they keep the launch above): 2 warps. min_shared_memory
-#   is what Triton 3.6 compiled it to at 128-dim heads (timed only there), below what any GPU gives a block.
-#   benchmarks/history/2026-12-02.md has the sweep.
+# - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
+#   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
+#   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
+#   compiles it to 255 registers: at the register cliff. Hence the gates: other head sizes (256 spills at 2
+#   warps), other GPUs, and tensor-parallel ranks with fewer than 8 KV heads (more splits and stage 2, a grid
+#   not timed with 2 warps) keep the launch above, as do smaller batches (not timed). Warps cost registers,
+#   not shared memory: no min_shared_memory. With CUDA graphs a real batch of 241-255 replays the 256 graph,
+#   so it runs this entry too. fp16 pools (`fp16`) were not timed: no entry. benchmarks/history/2026-12-02.md
+#   has the sweep.
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
     "fp8_v_regs": True,
     "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
-    "bf16": {"num_warps": 2, "min_batch": 256, "min_shared_memory": 40_192},
+    "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
+    "fp16": {},
 }
-DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
+DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16,
+                        "direct": False}
 
 
 @triton.jit
@@ -216,17 +225,18 @@ class DecodeRope:
     loc: torch.Tensor
 
 
-ENTRY_GATES = {"small": ("max_batch",), "fp8": ("min_batch", "min_shared_memory"),
-               "bf16": ("min_batch", "min_shared_memory")}
-POOL_ENTRIES = ("fp8", "bf16")  # entries named after the pool kind (pool_kind) they launch
+POOL_KINDS = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
+POOL_ENTRIES = ("fp8", "bf16", "fp16")  # entries named after the pool kind (pool_kind) they launch
+POOL_GATES = ("min_batch", "min_shared_memory", "head_dim", "min_kv_heads", "sm_major")
+ENTRY_GATES = {"small": ("max_batch",), **{name: POOL_GATES for name in POOL_ENTRIES}}
 LAUNCH_KEYS = set(DECODE_CONFIG) - set(ENTRY_GATES)
 
 
 def pool_kind(dtype: torch.dtype) -> str:
-    """The KV pool's kind as DECODE_CONFIG's entries name it: "fp8", "bf16" (any 16-bit pool), or "float32"."""
-    if dtype == torch.float8_e4m3fn:
-        return "fp8"
-    return "bf16" if dtype.itemsize == 2 else "float32"
+    """The KV pool's kind as DECODE_CONFIG's entries name it: "fp8", "bf16", "fp16" or "float32"."""
+    if dtype not in POOL_KINDS:
+        raise ValueError(f"decode_attention: no KV pool of {dtype}; pools: {', '.join(map(str, POOL_KINDS))}")
+    return POOL_KINDS[dtype]
 
 
 def _check_keys(config: dict) -> None:
@@ -239,52 +249,69 @@ def _check_keys(config: dict) -> None:
 
 
 def entry_fits(entry: dict) -> bool:
-    """Whether the current CUDA device gives a block the entry's min_shared_memory bytes of shared
-    memory (true on the CPU, where the interpreter has no such limit)."""
-    need = entry.get("min_shared_memory", 0)
-    if not need or not torch.cuda.is_available():
+    """Whether the current CUDA device passes the entry's device gates: a block may have min_shared_memory bytes
+    of shared memory, its compute capability major is sm_major (true on the CPU: the interpreter has neither)."""
+    if not torch.cuda.is_available():
         return True
-    return _block_shared_memory_fits(torch.cuda.current_device(), need)
+    major, optin = _device_limits(torch.cuda.current_device())
+    need = entry.get("min_shared_memory", 0)
+    fits = not need or (optin >= need if optin is not None else major >= 9)  # sm_90 / sm_100 give 227 KiB
+    return fits and entry.get("sm_major", major) == major
 
 
 @functools.lru_cache(maxsize=None)
-def _block_shared_memory_fits(device: int, need: int) -> bool:
-    """Asked once per device: resolve_config runs for every decode launch (every layer of an eager pass)."""
+def _device_limits(device: int) -> tuple[int, int | None]:
+    """(compute capability major, shared memory a block may opt into or None), asked once per device:
+    resolve_config runs for every decode launch (every layer of an eager pass)."""
     props = torch.cuda.get_device_properties(device)
-    have = getattr(props, "shared_memory_per_block_optin", None)
-    return have >= need if have is not None else props.major >= 9  # sm_90 / sm_100 give 227 KiB
+    return props.major, getattr(props, "shared_memory_per_block_optin", None)
 
 
-def _entry(batch: int, pool: str, small: dict, pool_entry: dict) -> tuple[str | None, dict]:
+def _shape_fits(entry: dict, head_dim: int | None, kv_heads: int | None) -> bool:
+    """Whether the entry's shape gates pass; an unknown head size or KV head count fails a gate that names it."""
+    if "head_dim" in entry and entry["head_dim"] != head_dim:
+        return False
+    return "min_kv_heads" not in entry or (kv_heads or 0) >= entry["min_kv_heads"]
+
+
+def _entry(batch: int, pool: str | None, small: dict, pool_entry: dict, head_dim: int | None,
+           kv_heads: int | None) -> tuple[str | None, dict]:
     """The name and launch overrides (gates left out) of the entry that applies at this batch size, or (None, {})."""
     if batch <= small.get("max_batch", 0):
         name, entry = "small", small
-    elif pool in POOL_ENTRIES and batch >= pool_entry.get("min_batch", 0) and entry_fits(pool_entry):
+    elif (pool in POOL_ENTRIES and batch >= pool_entry.get("min_batch", 0)
+          and _shape_fits(pool_entry, head_dim, kv_heads) and entry_fits(pool_entry)):
         name, entry = pool, pool_entry
     else:
         return None, {}
     return name, {k: v for k, v in entry.items() if k not in ENTRY_GATES[name]}
 
 
-def resolve_config(batch: int, config: dict | None = None, pool: str = "bf16") -> dict:
-    """The launch parameters for this batch size and pool kind (`pool_kind`). From the bottom up:
-    DECODE_CONFIG's top-level keys, DECODE_CONFIG's entry that applies (`small`, or the pool's: `fp8` / `bf16`),
-    `config`'s top-level keys, `config`'s own entry that applies. A `config` without `small` has none
-    (sweeps give whole launches); one without the pool's entry keeps DECODE_CONFIG's."""
+def resolve_config(batch: int, config: dict | None = None, *, pool: str | None = None, head_dim: int | None = None,
+                   kv_heads: int | None = None) -> dict:
+    """The launch parameters for this batch size, pool kind (`pool_kind`; None: no pool entry), head size and KV
+    head count (None: unknown, so no entry gated on it applies). From the bottom up: DECODE_CONFIG's top-level
+    keys, DECODE_CONFIG's entry that applies (`small`, or the pool's), `config`'s top-level keys, `config`'s own
+    entry that applies. A `config` without `small` has none (sweeps give whole launches); one without the pool's
+    entry keeps DECODE_CONFIG's."""
+    if pool is not None and pool not in POOL_KINDS.values():
+        raise ValueError(f"decode_attention: pool {pool!r} is none of {sorted(POOL_KINDS.values())}")
     config = config or {}
     _check_keys(config)
     small = config.get("small", {} if config else DECODE_CONFIG["small"])
-    name, entry = _entry(batch, pool, small, config.get(pool, DECODE_CONFIG.get(pool, {})))
+    pool_entry = config.get(pool, DECODE_CONFIG.get(pool, {})) if pool else {}
+    name, entry = _entry(batch, pool, small, pool_entry, head_dim, kv_heads)
     base = {k: v for k, v in DECODE_CONFIG.items() if k in LAUNCH_KEYS}
     own = {k: v for k, v in config.items() if k in LAUNCH_KEYS}
     return {**base, **own, **entry} if name in config else {**base, **entry, **own}
 
 
 def num_kv_splits(batch: int, kv_heads: int, num_sms: int = 132, waves: int | None = None,
-                  config: dict | None = None, pool: str = "bf16") -> int:
-    """Enough (request, KV head, split) programs to cover the SMs `waves` times, a power of two
-    capped at max_splits. Depends on the batch size, head count and pool kind only (CUDA graphs)."""
-    cfg = resolve_config(batch, config, pool)
+                  config: dict | None = None, *, pool: str | None = None, head_dim: int | None = None) -> int:
+    """Enough (request, KV head, split) programs to cover the SMs `waves` times, a power of two capped at
+    max_splits. Depends on the batch size, head counts, head size and pool kind only (CUDA graphs); give
+    decode_attention's pool and head size, so an entry that changes the split count applies to both alike."""
+    cfg = resolve_config(batch, config, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
     if cfg["fixed_splits"]:
         return cfg["fixed_splits"]
     waves = cfg["waves"] if waves is None else waves
@@ -324,8 +351,8 @@ def decode_attention(
     An FP8 pool needs `scales` (k_scale, v_scale: float32 [Hkv]; kv_store.py)."""
     bsz, hq, d = q.shape
     fp8 = k_buf.dtype == torch.float8_e4m3fn
-    cfg = resolve_config(bsz, config, pool_kind(k_buf.dtype))
     hkv = k_buf.shape[1]
+    cfg = resolve_config(bsz, config, pool=pool_kind(k_buf.dtype), head_dim=d, kv_heads=hkv)
     group = hq // hkv
     out = torch.empty_like(q) if out is None else out
     if bsz == 0:

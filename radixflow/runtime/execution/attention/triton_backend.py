@@ -86,7 +86,7 @@ class TritonBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
             fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config,
-                                            pool=pool_kind(self.kv_pool.dtype))
+                                            pool=pool_kind(self.kv_pool.dtype), head_dim=self.head_dim)
             return
         fb.attn_metadata = self.plan_extend(fb)
 
