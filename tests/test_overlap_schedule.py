@@ -200,14 +200,16 @@ def test_large_overlapped_batches_jump_only_at_admission(engine):
 
 
 def test_constrained_overlap_on_outlines(engine):
-    """The outlines backend (llguidance is the default, covered above) gathers its rows' masks
-    from per-state masks; outputs match without overlap."""
+    """The outlines backend (llguidance is the engine's here, covered above) gathers its rows'
+    masks from per-state masks; outputs match without overlap. Its rows jump in any batch (a
+    jump is cheap there and can shorten the output): with --jump-forward-max-batch 0 they still
+    take every jump the non-overlapped path takes."""
     import dataclasses
 
     from radixflow.constrained.backend import GrammarBackend
 
     sched = engine.scheduler
-    saved = (sched.grammar_backend, sched.jump_forward)
+    saved = (sched.grammar_backend, sched.jump_forward, sched.args)
     args = dataclasses.replace(sched.args, grammar_backend="outlines")
     sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
     sched.jump_forward = sched.grammar_backend.jump_forward
@@ -215,12 +217,15 @@ def test_constrained_overlap_on_outlines(engine):
         prompts, params = _constrained_batch()
         ref = engine.generate(prompts[:3], params[:3])
         with overlap_on(engine):
+            sched.args = dataclasses.replace(sched.args, jump_forward_max_batch=0)
             got = engine.generate(prompts[:3], params[:3])
             _settle(sched)
     finally:
         sched.grammar_backend.cache.pool.shutdown(wait=False)
-        sched.grammar_backend, sched.jump_forward = saved
+        sched.grammar_backend, sched.jump_forward, sched.args = saved
     assert _outputs(got) == _outputs(ref)
+    jumped = [o["meta_info"].get("jump_forward_tokens", 0) for o in got]
+    assert jumped == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref] and sum(jumped) > 0
 
 
 def _gen(i: int, **sp) -> dict:

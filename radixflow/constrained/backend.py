@@ -4,7 +4,7 @@ compiled (or failed), and jump forward after sampled tokens.
     backend = GrammarBackend(tokenizer, vocab_size, eos_ids, server_args)
     backend.submit(req)          # starts compiling on the worker pool (or finds it in the cache)
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
-    backend.jump_forward(req)    # after each sampled token: [] / [tokens] / (keep, [tokens])
+    backend.jump_forward(req, forced)  # after each sampled token: [] / [tokens] / (keep, [tokens])
 
 The grammar backend (`--grammar-backend`: auto, outlines or llguidance) compiles through
 `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (the default)
