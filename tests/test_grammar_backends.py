@@ -206,8 +206,8 @@ def _matcher_class(backend: GrammarBackend, kind: str, spec) -> str:
 def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
     """auto (the server default): a grammar's requests start on llguidance; from its
     PROMOTE_AFTER-th request it is compiled on outlines in the background, and once that is done
-    its new requests run on outlines. ebnf, grammars outlines refuses and tensor-parallel servers
-    stay on llguidance."""
+    its new requests run on outlines. ebnf, grammars outlines refuses, tensor-parallel servers and
+    CPU schedulers stay on llguidance."""
     from radixflow.constrained.backend import PROMOTE_AFTER
 
     backend = _backend(engine, grammar_backend="auto")
@@ -226,6 +226,13 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
         assert _matcher_class(backend, "ebnf", 'start: "a" | "b"') == "LLGuidanceMatcher"
     backend.cache.pool.shutdown(wait=False)
     assert _backend(engine, grammar_backend="auto", tp_size=2).promotions is None
+    from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
+
+    for device, moves in (("cpu", False), ("cuda:0", True)):  # what the scheduler builds: moves only on a GPU
+        sched = SimpleNamespace(grammar_backend=None, tokenizer=engine.tokenizer, runner=engine.runner, eos_ids=engine.eos_ids,
+                                args=SimpleNamespace(grammar_backend="auto"), device=device)  # fmt: skip
+        assert (start_grammar_backend(sched).promotions is not None) == moves, device
+        sched.grammar_backend.cache.pool.shutdown(wait=False)
 
 
 def test_auto_serves_both_backends_in_one_batch(engine):

@@ -14,9 +14,12 @@ a pool of its own (so it never delays a request's compile), and once that compil
 grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
 llguidance's per-step mask work is what bounds a GPU step. A grammar outlines refuses (or whose
 DFA check runs past the compile time limit) stays on llguidance. outlines-core holds the GIL for
-much of its compile (the benchmark's JSON schema on a loaded 2-core CPU: a 6.7 s compile held another
-thread up to 3.1 s at a time), so a promotion can pause the scheduler that long, once per grammar. Under tensor parallelism auto stays on
-llguidance (each rank would switch at its own time). A compile that
+much of its compile (the benchmark's JSON schema on a loaded 2-core CPU: a 6.7 s compile held
+another thread up to 3.1 s at a time), so a promotion can pause the scheduler that long, once per
+grammar. auto stays on llguidance under tensor parallelism (each rank would switch at its own
+time) and on a CPU scheduler (what motivates the move was measured on a GPU, where the host's
+grammar work bounds a large batch's step; on a CPU the compile would take time from the forward
+passes). A compile that
 runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
 submission) fails only its own request; the worker finishes
 it in the background (outlines-core cannot be interrupted), and a later request for the
@@ -48,9 +51,11 @@ MAX_COUNTED = 4096  # grammars whose requests `auto` counts; the counts restart 
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None,
+                 promote: bool = True):
         """`whitespace`: the JSON whitespace pattern; None takes the server's
-        constrained_json_whitespace_pattern (itself None = compact JSON)."""
+        constrained_json_whitespace_pattern (itself None = compact JSON). `promote`: auto may move
+        busy grammars to outlines (the scheduler passes False off the GPU)."""
         if whitespace is None:
             whitespace = getattr(server_args, "constrained_json_whitespace_pattern", None)
         self.options = GrammarOptions(whitespace or None, getattr(server_args, "constrained_json_any_depth", DEFAULT_DEPTH))
@@ -59,7 +64,8 @@ class GrammarBackend:
         self.jump_enabled = not getattr(server_args, "disable_jump_forward", False)
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
         # auto's outlines compiles of busy grammars: one at a time, behind no request's compile
-        self.promotions = GrammarCache(1) if self.name == "auto" and getattr(server_args, "tp_size", 1) == 1 else None
+        single = getattr(server_args, "tp_size", 1) == 1
+        self.promotions = GrammarCache(1) if promote and self.name == "auto" and single else None
         self._uses: collections.Counter = collections.Counter()
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it

@@ -56,9 +56,9 @@ _HELP = {
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
     "grammar_backend": "what compiles regex / json_schema grammars: auto (the default) compiles each on llguidance "
-    "(millisecond compiles, the most JSON-schema keywords) and, once a grammar has had 8 requests, on outlines too "
-    "in the background; its later requests then run on outlines (masks cached per state: cheaper steps at large "
-    "batches). llguidance or outlines (outlines-core: exact shortest outputs, slower compiles) force one; ebnf "
+    "(millisecond compiles, the most JSON-schema keywords) and, on a GPU, once a grammar has had 8 requests, on "
+    "outlines too in the background; its later requests then run on outlines (masks cached per state: cheaper "
+    "steps at large batches). llguidance or outlines (outlines-core: exact shortest outputs, slower compiles) force one; ebnf "
     "always runs on llguidance; see docs/grammars.md",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them",
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
