@@ -12,7 +12,11 @@ correctness section first compares greedy outputs with overlap scheduling on and
 batch (JSON, regex, free). Every grammar backend named by --grammar-backends runs in the same
 engine (each keeps its compiled grammars), one backend after another (all sizes and temperatures
 of the first, then the next: --deadline-s skips the last ones), each with its own free runs;
-labels are prefixed with the backend.
+labels are prefixed with the backend. `auto` (the server's default) starts each grammar on
+llguidance and moves it to outlines once busy: the benchmark waits for that move after its
+warm-up batch and warms once more, so the timed runs show the steady state (which backend each
+kind ran on is recorded as `auto/promoted_KIND`, with outlines' compile time). The engine's --jump-forward-max-batch is
+--jump-forward-max-batch here too (default: the engine's).
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
@@ -107,6 +111,8 @@ def make_engine(a, **overrides):
     kw["grammar_backend"] = a.backends[0]
     kw["grammar_threads"] = a.grammar_threads
     kw["grammar_compile_timeout_s"] = 120.0  # the first compile of SCHEMA, on a busy host
+    if a.jump_forward_max_batch is not None:
+        kw["jump_forward_max_batch"] = a.jump_forward_max_batch
     kw.update(overrides)
     return radixflow.Engine(model_config(a.smoke), load_format="dummy", tokenizer_path=tok, **kw)
 
@@ -208,6 +214,8 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
     for kind in ("json", "regex"):
         warm_params = [dict(grammar_params(kind, temp), max_new_tokens=64)] * n  # above both backends' shortest output
         eng.generate(ps, warm_params)  # compile the grammar, warm kernels at this batch's shapes
+        if settle(eng, backend, kind):
+            eng.generate(ps, warm_params)  # the promoted grammar's first masks
         eng.generate(ps, [free_params(temp, 16)] * n)
     for _ in range(a.repeats):
         for kind in ("json", "regex"):
@@ -220,6 +228,21 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
                 params = [grammar_params("json", temp) if i % 2 == 0 else free_params(temp, L) for i, L in enumerate(lens)]
                 outs, dt, st = timed(eng, ps, params)
                 record(a, f"{pre}half_{tag}", outs, dt, st, "json", check=slice(0, None, 2))
+
+
+def settle(eng, backend: str, kind: str) -> bool:
+    """auto: wait for the grammars' outlines compiles under way, and record whether `kind`'s
+    grammar now runs on outlines. True when it does (then the caller warms it once more)."""
+    promotions = BACKENDS[backend].promotions
+    if promotions is None:
+        return False
+    BACKENDS[backend].wait_for_promotions()
+    spec = json.dumps(SCHEMA) if kind == "json" else REGEX
+    done = promotions.peek(("outlines", "json_schema" if kind == "json" else "regex", spec, BACKENDS[backend].options))
+    promoted = done is not None and done.exception() is None
+    # the outlines compile: it holds the GIL for much of this, so it bounds the scheduler's one pause
+    RESULTS[f"{backend}/promoted_{kind}"] = {"promoted": promoted, "compile_s": done.result().compile_s if promoted else None}
+    return promoted
 
 
 def idle(a, eng, n: int, kind: str, backend: str) -> None:
@@ -237,6 +260,8 @@ def idle(a, eng, n: int, kind: str, backend: str) -> None:
         finally:
             rec.close()
         outs = outs if outs is not None else outs_now
+        if label == "cold":
+            settle(eng, backend, kind)
         dec = [r for r in rec.records if r[0] == "decode" and r[1] == n]
         busy = [s.elapsed_time(e) for _, _, s, e, _ in dec]
         gaps = [x[3].elapsed_time(y[2]) for x, y in zip(dec, dec[1:])]
@@ -341,6 +366,8 @@ def parse_args(argv: list | None = None) -> argparse.Namespace:
     ap.add_argument("--idle-backends", default=None, help="backends of the idle section, comma-separated (default: --grammar-backends)")
     ap.add_argument("--grammar-threads", type=int, default=0, help="the engine's --grammar-threads (0: llguidance's default)")
     ap.add_argument("--no-jump-forward", action="store_true", help="throughput: grammar rows without jump-forward (--disable-jump-forward)")
+    ap.add_argument("--jump-forward-max-batch", type=int, default=None, help="the engine's --jump-forward-max-batch "
+                    "(default: the engine's default; e.g. 1024: jump forward in every batch, as before session 9)")
     ap.add_argument("--deadline-s", type=float, default=0, help="skip configurations that would start after this many seconds (0: none)")
     a = ap.parse_args(argv)
     a.backends = a.grammar_backends.split(",")
@@ -362,7 +389,8 @@ def main() -> None:
     t = time.perf_counter()
     eng = make_engine(a)
     RESULTS["env"] = {"device": torch.cuda.get_device_name() if CUDA else "cpu", "torch": torch.__version__,
-                      "engine_s": time.perf_counter() - t, "grammar_backend": eng.scheduler.args.grammar_backend}  # fmt: skip
+                      "engine_s": time.perf_counter() - t, "grammar_backend": eng.scheduler.args.grammar_backend,
+                      "jump_forward_max_batch": eng.scheduler.args.jump_forward_max_batch}  # fmt: skip
     log(a.out, "env", json.dumps(RESULTS["env"]))
     try:
         if "correctness" in a.sections:

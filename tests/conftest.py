@@ -32,7 +32,9 @@ PROMPTS = [
 def engine():
     from radixflow import Engine
 
-    e = Engine()
+    # llguidance, not the server default auto: a test comparing two runs of one grammar must not see it move to
+    # outlines in between (auto has its own tests, with backends of their own)
+    e = Engine(grammar_backend="llguidance")
     yield e
     e.shutdown()
 

@@ -13,6 +13,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import jsonschema
 import pytest
 
 from radixflow import GrammarError, RadixflowError
@@ -193,6 +194,75 @@ def test_jump_forward_on_llguidance(engine):
     forced = backend.jump_forward(req)
     assert forced and decode(req.output_ids + forced).startswith('{"name":"Bo","a')
     backend.cache.pool.shutdown(wait=False)
+
+
+def _matcher_class(backend: GrammarBackend, kind: str, spec) -> str:
+    req = FakeReq(kind, spec)
+    backend.submit(req)
+    assert _poll(backend, req) is True, req.finish_reason
+    return type(req.grammar).__name__
+
+
+def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
+    """auto (the server default): a grammar's requests start on llguidance; from its
+    PROMOTE_AFTER-th request it is compiled on outlines in the background, and once that is done
+    its new requests run on outlines. ebnf, grammars outlines refuses, tensor-parallel servers and
+    CPU schedulers stay on llguidance."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    regex = r"[0-9]{3}-[0-9]{4}"
+    assert [_matcher_class(backend, "regex", regex) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
+    backend.wait_for_promotions()
+    assert _matcher_class(backend, "regex", regex) == "GrammarMatcher"
+    assert _matcher_class(backend, "regex", r"[a-z]{3}") == "LLGuidanceMatcher", "another grammar is not busy yet"
+
+    monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
+    for _ in range(PROMOTE_AFTER):
+        _matcher_class(backend, "regex", "[0-9]{2}")
+    backend.wait_for_promotions()
+    assert _matcher_class(backend, "regex", "[0-9]{2}") == "LLGuidanceMatcher", "outlines refused it"
+    for _ in range(PROMOTE_AFTER + 1):
+        assert _matcher_class(backend, "ebnf", 'start: "a" | "b"') == "LLGuidanceMatcher"
+    backend.cache.pool.shutdown(wait=False)
+    assert _backend(engine, grammar_backend="auto", tp_size=2).promotions is None
+    from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
+
+    for device, moves in (("cpu", False), ("cuda:0", True)):  # what the scheduler builds: moves only on a GPU
+        sched = SimpleNamespace(grammar_backend=None, tokenizer=engine.tokenizer, runner=engine.runner, eos_ids=engine.eos_ids,
+                                args=SimpleNamespace(grammar_backend="auto"), device=device)  # fmt: skip
+        assert (start_grammar_backend(sched).promotions is not None) == moves, device
+        sched.grammar_backend.cache.pool.shutdown(wait=False)
+
+
+def test_auto_serves_both_backends_in_one_batch(engine):
+    """Through the engine: a batch whose schema has been promoted beside a newer one still on
+    llguidance; every output is valid, and both backends' rows jump forward."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    backend = _backend(engine, grammar_backend="auto")
+    sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = backend, backend.jump_forward, "auto"
+    schemas = [{"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["name", "age"], "additionalProperties": False},
+               {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}]  # fmt: skip
+    params = lambda i: {"temperature": 0, "max_new_tokens": 40, "json_schema": json.dumps(schemas[i])}  # noqa: E731
+    seen = []
+    poll = backend.poll
+    backend.poll = lambda req: (ok := poll(req), ok and seen.append(type(req.grammar).__name__))[0]  # noqa: E731
+    try:
+        engine.generate(["Person:"] * PROMOTE_AFTER, [params(0)] * PROMOTE_AFTER)
+        backend.wait_for_promotions()
+        seen.clear()
+        outs = engine.generate(["Person:", "Another person:", "Status:"], [params(0), params(0), params(1)])
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
+    assert sorted(seen) == ["GrammarMatcher", "GrammarMatcher", "LLGuidanceMatcher"]
+    for out, i in zip(outs, (0, 0, 1)):
+        jsonschema.validate(json.loads(out["text"]), schemas[i])
+        assert out["meta_info"].get("jump_forward_tokens", 0) > 0
 
 
 def test_a_matcher_in_error_fails_its_request_with_the_matchers_message(engine, monkeypatch):

@@ -167,15 +167,49 @@ def test_constrained_rows_overlap_with_the_same_outputs(engine):
     assert len(got[7]["meta_info"]["output_token_logprobs"]) == got[7]["meta_info"]["completion_tokens"]
 
 
+def test_large_overlapped_batches_jump_only_at_admission(engine):
+    """Under overlap a batch above --jump-forward-max-batch takes no jump after a sampled token
+    (its forced tokens would be fed one a pass anyway): with the limit at 0, greedy outputs equal
+    the non-overlapped path with those jumps turned off too, and the batch jumps less than with
+    them on (the first jump, before the prefill, stays)."""
+    import dataclasses
+
+    prompts, params = _constrained_batch()
+    sched = engine.scheduler
+    full = engine.generate(prompts, params)
+    sched.jumps_after_sampling = lambda rows: False
+    try:
+        ref = engine.generate(prompts, params)
+    finally:
+        del sched.jumps_after_sampling
+    saved = sched.args
+    try:
+        sched.args = dataclasses.replace(saved, jump_forward_max_batch=4)
+        with overlap_on(engine, cold_chunk=16) as sched:
+            assert sched.jumps_after_sampling(4) and not sched.jumps_after_sampling(5)
+            sched.args = dataclasses.replace(sched.args, jump_forward_max_batch=0)  # keeps the cold chunk size
+            got = engine.generate(prompts, params)
+            _settle(sched)
+    finally:
+        sched.args = saved
+    assert sched.jumps_after_sampling(len(prompts)), "without overlap every jump is taken"
+    assert _outputs(got) == _outputs(ref)
+    jumped = lambda outs: [o["meta_info"].get("jump_forward_tokens", 0) for o in outs]  # noqa: E731
+    assert jumped(got) == jumped(ref)
+    assert 0 < sum(jumped(got)) < sum(jumped(full)), "admission jumps stay, later ones go"
+
+
 def test_constrained_overlap_on_outlines(engine):
-    """The outlines backend (llguidance is the default, covered above) gathers its rows' masks
-    from per-state masks; outputs match without overlap."""
+    """The outlines backend (llguidance is the engine's here, covered above) gathers its rows'
+    masks from per-state masks; outputs match without overlap. Its rows jump in any batch (a
+    jump is cheap there and can shorten the output): with --jump-forward-max-batch 0 they still
+    take every jump the non-overlapped path takes."""
     import dataclasses
 
     from radixflow.constrained.backend import GrammarBackend
 
     sched = engine.scheduler
-    saved = (sched.grammar_backend, sched.jump_forward)
+    saved = (sched.grammar_backend, sched.jump_forward, sched.args)
     args = dataclasses.replace(sched.args, grammar_backend="outlines")
     sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
     sched.jump_forward = sched.grammar_backend.jump_forward
@@ -183,12 +217,15 @@ def test_constrained_overlap_on_outlines(engine):
         prompts, params = _constrained_batch()
         ref = engine.generate(prompts[:3], params[:3])
         with overlap_on(engine):
+            sched.args = dataclasses.replace(sched.args, jump_forward_max_batch=0)
             got = engine.generate(prompts[:3], params[:3])
             _settle(sched)
     finally:
         sched.grammar_backend.cache.pool.shutdown(wait=False)
-        sched.grammar_backend, sched.jump_forward = saved
+        sched.grammar_backend, sched.jump_forward, sched.args = saved
     assert _outputs(got) == _outputs(ref)
+    jumped = [o["meta_info"].get("jump_forward_tokens", 0) for o in got]
+    assert jumped == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref] and sum(jumped) > 0
 
 
 def _gen(i: int, **sp) -> dict:

@@ -4,10 +4,22 @@ compiled (or failed), and jump forward after sampled tokens.
     backend = GrammarBackend(tokenizer, vocab_size, eos_ids, server_args)
     backend.submit(req)          # starts compiling on the worker pool (or finds it in the cache)
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
-    backend.jump_forward(req)    # after each sampled token: [] / [tokens] / (keep, [tokens])
+    backend.jump_forward(req, forced)  # after each sampled token: [] / [tokens] / (keep, [tokens])
 
-The grammar backend (`--grammar-backend`: outlines or llguidance) compiles through
-`grammar.compile_grammar`, the path the public `Grammar` API takes too. A compile that
+The grammar backend (`--grammar-backend`: auto, outlines or llguidance) compiles through
+`grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (the default)
+compiles every grammar on llguidance (milliseconds, the widest coverage); a json_schema / regex
+grammar that has had PROMOTE_AFTER requests is also compiled on outlines, in the background on
+a pool of its own (so it never delays a request's compile), and once that compile is done the
+grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
+llguidance's per-step mask work is what bounds a GPU step. A grammar outlines refuses (or whose
+DFA check runs past the compile time limit) stays on llguidance. outlines-core holds the GIL for
+much of its compile (the benchmark's JSON schema on a loaded 2-core CPU: a 6.7 s compile held
+another thread up to 3.1 s at a time), so a promotion can pause the scheduler that long, once per
+grammar. auto stays on llguidance under tensor parallelism (each rank would switch at its own
+time) and on a CPU scheduler (what motivates the move was measured on a GPU, where the host's
+grammar work bounds a large batch's step; on a CPU the compile would take time from the forward
+passes). A compile that
 runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
 submission) fails only its own request; the worker finishes
 it in the background (outlines-core cannot be interrupted), and a later request for the
@@ -16,6 +28,7 @@ same grammar uses the result if it ever completes.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import time
@@ -31,12 +44,18 @@ from radixflow.errors import RadixflowError
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT_FACTOR = 30  # a grammar still queued after this many compile time limits fails (503)
+# `auto`: requests of one json_schema / regex grammar before it is compiled on outlines too. A busy
+# grammar (a batch job's schema) pays outlines' compile once; a schema per request never does
+PROMOTE_AFTER = 8
+MAX_COUNTED = 4096  # grammars whose requests `auto` counts; the counts restart past it
 
 
 class GrammarBackend:
-    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None):
+    def __init__(self, tokenizer, vocab_size: int, eos_ids: set, server_args=None, whitespace: Optional[str] = None,
+                 promote: bool = True):
         """`whitespace`: the JSON whitespace pattern; None takes the server's
-        constrained_json_whitespace_pattern (itself None = compact JSON)."""
+        constrained_json_whitespace_pattern (itself None = compact JSON). `promote`: auto may move
+        busy grammars to outlines (the scheduler passes False off the GPU)."""
         if whitespace is None:
             whitespace = getattr(server_args, "constrained_json_whitespace_pattern", None)
         self.options = GrammarOptions(whitespace or None, getattr(server_args, "constrained_json_any_depth", DEFAULT_DEPTH))
@@ -44,6 +63,10 @@ class GrammarBackend:
         self.timeout_s = getattr(server_args, "grammar_compile_timeout_s", DEFAULT_COMPILE_TIMEOUT_S)
         self.jump_enabled = not getattr(server_args, "disable_jump_forward", False)
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
+        # auto's outlines compiles of busy grammars: one at a time, behind no request's compile
+        single = getattr(server_args, "tp_size", 1) == 1
+        self.promotions = GrammarCache(1) if promote and self.name == "auto" and single else None
+        self._uses: collections.Counter = collections.Counter()
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
@@ -51,31 +74,60 @@ class GrammarBackend:
 
         set_threads(getattr(server_args, "grammar_threads", 0))  # also 0: resets the size an earlier Engine set
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
-        self._impls = {self.name: self.cache.pool.submit(grammar_backend, self.name, self.info)}  # name -> Future
-        self._impl = None  # the configured backend, once built (the jump hook asks for it every row and step)
+        first = self.backend_for("regex")
+        self._impls = {first: self.cache.pool.submit(grammar_backend, first, self.info)}  # name -> Future
+        self._jump_impls: dict = {}  # matcher class -> its backend (the jump hook's, every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property
     def impl(self):
-        """The configured backend (ebnf grammars always run on llguidance: `impl_for`)."""
+        """The configured backend (auto's first one, llguidance; ebnf grammars always run on llguidance)."""
         return self.impl_for("regex")
 
+    def backend_for(self, kind: str) -> str:
+        """The backend a new grammar of `kind` compiles on (auto: llguidance, until promoted)."""
+        return "llguidance" if kind == "ebnf" or self.name == "auto" else self.name
+
     def impl_for(self, kind: str):
-        name = "llguidance" if kind == "ebnf" else self.name
-        if name != self.name:  # built where first needed (in a compile job: not waiting on the pool)
-            return grammar_backend(name, self.info)
-        if self._impl is None:
-            self._impl = self._impls[name].result()
-        return self._impl
+        return self._impl_named(self.backend_for(kind))
+
+    def _impl_named(self, name: str):
+        built = self._impls.get(name)  # else built where first needed (in a compile job: not waiting on the pool)
+        return grammar_backend(name, self.info) if built is None else built.result()
 
     # -- compile ---------------------------------------------------------------------------------
     def submit(self, req) -> None:
         kind, spec = req.sampling.grammar
-        self._jobs[req] = (self.compile_async(kind, spec), time.monotonic())
+        promoted = self._promoted(kind, spec)
+        name = "outlines" if promoted is not None else self.backend_for(kind)
+        job = promoted if promoted is not None else self.compile_async(kind, spec)
+        self._jobs[req] = (job, time.monotonic(), name)
 
     def compile_async(self, kind: str, spec) -> Future:
-        key = (self.name, kind, spec, self.options)
-        return self.cache.get(key, lambda: compile_grammar(self.impl_for(kind), kind, spec, self.options, self.timeout_s))
+        name = self.backend_for(kind)
+        key = (name, kind, spec, self.options)
+        return self.cache.get(key, lambda: compile_grammar(self._impl_named(name), kind, spec, self.options, self.timeout_s))
+
+    def _promoted(self, kind: str, spec) -> Optional[Future]:
+        """auto: the grammar's finished outlines compile, if it has one; else counts the request,
+        and from the PROMOTE_AFTER-th request of a json_schema / regex grammar on, that compile is started."""
+        if self.promotions is None or kind == "ebnf":
+            return None
+        key = ("outlines", kind, spec, self.options)
+        done = self.promotions.peek(key)
+        if done is not None and done.done() and done.exception() is None:
+            return done
+        if len(self._uses) > MAX_COUNTED:
+            self._uses.clear()
+        self._uses[key] += 1
+        if self._uses[key] >= PROMOTE_AFTER:  # a hit once started; after an eviction, again
+            self.promotions.get(key, lambda: compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s))
+        return None
+
+    def wait_for_promotions(self) -> None:
+        """Blocks until the outlines compiles under way are done (benchmarks: before timing)."""
+        if self.promotions is not None:
+            concurrent.futures.wait(list(self.promotions.entries.values()))
 
     def compile(self, kind: str, spec):
         """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""
@@ -86,7 +138,7 @@ class GrammarBackend:
         job = self._jobs.get(req)
         if job is None:
             return None
-        fut, submitted = job
+        fut, submitted, name = job
         if not fut.done():
             return self._check_clock(req, fut, submitted)
         del self._jobs[req]
@@ -101,8 +153,9 @@ class GrammarBackend:
                 f"max_new_tokens={req.sampling.max_new_tokens} is too small for this grammar: the shortest "
                 f"output it could find takes {grammar.min_tokens} tokens; raise max_new_tokens to at least {grammar.min_tokens}",
             )
-        impl = self.impl_for(req.sampling.grammar[0])
+        impl = self._impl_named(name)
         req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
+        self._jump_impls[type(req.grammar)] = impl
         if self.jump_enabled and not req.grammar.is_terminated():
             forced = impl.jump(req.grammar, req, first=True)
             if forced:
@@ -145,12 +198,13 @@ class GrammarBackend:
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def jump_forward(self, req) -> Union[list, tuple]:
-        """Forced tokens to append (when jump-forward is on), or on llguidance the
-        replacement of a sampled token that left no completion within the budget."""
+    def jump_forward(self, req, forced: bool = True) -> Union[list, tuple]:
+        """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`),
+        or on llguidance the replacement of a sampled token that left no completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
-        return self.impl_for(req.sampling.grammar[0]).jump(req.grammar, req, forced=self.jump_enabled)
+        impl = self._jump_impls.get(type(req.grammar)) or self.impl_for(req.sampling.grammar[0])
+        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:

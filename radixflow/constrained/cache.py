@@ -39,6 +39,11 @@ class GrammarCache:
             self._evict()
             return fut
 
+    def peek(self, key: Hashable) -> Optional[Future]:
+        """The compile of `key` if one was started (and not evicted), without starting one."""
+        with self._lock:
+            return self.entries.get(key)
+
     def _timed(self, compile_fn: Callable[[], object], box: list) -> object:
         with self._lock:  # held by get() until the future is in the box
             self._started[box[0]] = time.monotonic()

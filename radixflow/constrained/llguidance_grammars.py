@@ -114,6 +114,9 @@ class LLGuidanceMatcher:
     """Per-request state (what `req.grammar` is), with GrammarMatcher's interface."""
 
     masks_cached = False  # each mask is computed afresh, straight into the bitmask row
+    # a jump is a serial compute_ff_tokens per row and step, and its tokens are the ones the masks allow
+    # anyway (outputs as long with jumps off): in a large overlapped batch it only costs (--jump-forward-max-batch)
+    jumps_in_any_batch = False
 
     def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root: Optional[LLMatcher] = None):
         """`root`: the build to copy (default: the grammar's compiled one)."""

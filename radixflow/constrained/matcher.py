@@ -17,6 +17,9 @@ from radixflow.constrained.fsm import CompiledGrammar
 
 class GrammarMatcher:
     masks_cached = True  # current_mask() returns arrays cached per FSM state (the sampler keys bias rows by them)
+    # a jump reads forced bytes cached per state and re-tokenizes them (cached per text): cheap, and it can
+    # shorten the output (the tokenizer's own split of the forced text), so it is taken in any batch
+    jumps_in_any_batch = True
 
     def __init__(self, grammar: CompiledGrammar, req=None):
         self.grammar = grammar

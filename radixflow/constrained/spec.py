@@ -52,7 +52,7 @@ def _validate_text(kind: str, spec: str, backend: str) -> None:
 
 
 def _validate(kind: str, spec: Any, backend: str) -> None:
-    if backend == "llguidance" or kind == "ebnf":
+    if backend in ("llguidance", "auto") or kind == "ebnf":  # auto serves a grammar's first requests on llguidance
         from radixflow.constrained.llguidance_grammars import validate_grammar
 
         return validate_grammar(kind, spec)

@@ -22,7 +22,7 @@ _CHOICES = {
     "overlap_schedule": ("auto", "on", "off"),
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
-    "grammar_backend": ("outlines", "llguidance"),
+    "grammar_backend": ("auto", "outlines", "llguidance"),
     "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
     "attention_p_parts": (1, 2),
     "tp_scheduler": ("replicated", "leader"),
@@ -60,9 +60,16 @@ _HELP = {
     "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
-    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: more JSON-schema "
-    "keywords, millisecond compiles) or outlines (outlines-core: exact shortest outputs, slower compiles); both "
-    "do jump-forward and budget-aware completion; ebnf always runs on llguidance; see docs/grammars.md",
+    "grammar_backend": "what compiles regex / json_schema grammars: auto (the default) compiles each on llguidance "
+    "(millisecond compiles, the most JSON-schema keywords) and, on a GPU, once a grammar has had 8 requests, on "
+    "outlines too in the background; its later requests then run on outlines (masks cached per state: cheaper "
+    "steps at large batches). llguidance or outlines (outlines-core: exact shortest outputs, slower compiles) force one; ebnf "
+    "always runs on llguidance; see docs/grammars.md",
+    "disable_jump_forward": "never append the tokens a grammar forces without sampling them",
+    "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
+    "decode batches of at most this many rows (forced tokens are then fed one a pass, so such a jump saves no pass "
+    "while its host work slows every step of a large batch); outlines rows, a request's first jump (before its "
+    "prefill) and every jump without overlap are always taken",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
     "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "
@@ -140,8 +147,9 @@ class ServerArgs:
     native_attention_dtype: str = "float32"
 
     # constrained decoding
-    grammar_backend: str = "llguidance"
+    grammar_backend: str = "auto"
     disable_jump_forward: bool = False
+    jump_forward_max_batch: int = 16
     grammar_compile_workers: int = 2
     grammar_threads: int = 0
     grammar_compile_timeout_s: float = 10.0
@@ -205,6 +213,8 @@ class ServerArgs:
                                  "host and put sglang-router in front (docs/scale_out.md)")
         if self.fused_rotary_max_batch < 0:
             raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
+        if self.jump_forward_max_batch < 0:
+            raise RadixflowError("jump_forward_max_batch must be >= 0 (0: only a request's first jump, before its prefill)")
         if self.grammar_compile_timeout_s <= 0:
             raise RadixflowError("grammar_compile_timeout_s must be positive")
         if not 0 <= self.grammar_threads <= MAX_GRAMMAR_THREADS:

@@ -17,7 +17,10 @@ def start_grammar_backend(sched: Scheduler) -> GrammarBackend:
     if sched.grammar_backend is None:
         from radixflow.constrained.backend import GrammarBackend
 
-        sched.grammar_backend = GrammarBackend(sched.tokenizer, sched.runner.vocab_size, sched.eos_ids, sched.args)
+        on_gpu = str(sched.device).startswith("cuda")  # auto's move to outlines pays where the host bounds a step
+        sched.grammar_backend = GrammarBackend(
+            sched.tokenizer, sched.runner.vocab_size, sched.eos_ids, sched.args, promote=on_gpu
+        )
         # always: besides jump-forward (--disable-jump-forward is the backend's to apply), the
         # hook repairs a sampled token that left no completion within the budget (llguidance)
         sched.jump_forward = sched.grammar_backend.jump_forward

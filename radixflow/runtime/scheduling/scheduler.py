@@ -73,7 +73,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs
-        self.jump_forward: Optional[Callable[[Req], object]] = None  # set with the grammar backend
+        self.jump_forward: Optional[Callable[[Req, bool], object]] = None  # set with the grammar backend
         self.continue_request = continue_request
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
@@ -340,23 +340,33 @@ class Scheduler:
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
+        forced = self.jumps_after_sampling(len(reqs))
         for i in live:
             req = reqs[i]
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
-                self._apply_jump_forward(req)
+                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch)
             if req.finished and self.continue_request is not None and self.continue_request(req):
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
                 self._retire(req)
         return [reqs[i] for i in live]
 
-    def _apply_jump_forward(self, req: Req) -> None:
-        """Append tokens the grammar forces, without sampling them; their KV is computed
-        by the next pass (which becomes an extend). The hook returns the tokens to
-        append, or (keep, tokens) to first cut the output back to `keep` tokens
+    def jumps_after_sampling(self, rows: int) -> bool:
+        """Whether a batch of `rows` jumps forward after its sampled tokens (rows whose matcher
+        says `jumps_in_any_batch` always do). Without overlap a jump's tokens go in one extend
+        pass, saving passes. With it they are fed one a decode pass, so an llguidance jump saves
+        none (its forced tokens are the ones its masks allow anyway) while its host work (every
+        row, every step) bounds a large batch's step: there only the jump at admission is taken."""
+        return not self.overlap or rows <= self.args.jump_forward_max_batch
+
+    def _apply_jump_forward(self, req: Req, allowed: bool = True) -> None:
+        """Append tokens the grammar forces, without sampling them (`allowed`: the step may
+        jump; a replacement that keeps the output within its budget is applied regardless);
+        their KV is computed by the next pass (which becomes an extend). The hook returns the
+        tokens to append, or (keep, tokens) to first cut the output back to `keep` tokens
         (re-tokenizing at the boundary)."""
-        forced = self.jump_forward(req)
+        forced = self.jump_forward(req, allowed)
         if not forced:
             return
         keep, tokens = jump_parts(forced, len(req.output_ids))
