@@ -39,6 +39,8 @@ _HELP = {
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
+    "disable_gc_freeze": "do not gc.freeze() what start-up made (nor Engine.freeze_gc() what warm-up made): full "
+    "garbage collections then walk the model's objects too; for applications that freeze for their own reasons",
     "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
@@ -116,6 +118,7 @@ class ServerArgs:
     # kernels
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
+    disable_gc_freeze: bool = False
     cuda_graph_max_bs: Optional[int] = None
     enable_deterministic_inference: bool = False
     quantization: Optional[str] = None
