@@ -4,7 +4,10 @@ each and two tokens per gen, three ways on the shared Engine."""
 from __future__ import annotations
 
 import os
+import random
 import sys
+
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
@@ -114,6 +117,36 @@ def test_a_pass_floor_counts_the_kv_it_reads_and_the_attention_it_computes():
     assert pass_shapes.pass_floor(model, chip, True, [9, 99], [1, 1]) == 112
     # extend 3 tokens after a 10-token prefix: reads 1 + 10; computes 3 + (3 x 10 + 6) pairs
     assert pass_shapes.pass_floor(model, chip, False, [10], [3]) == 39
+
+
+def _gpu_workload(graph_passes: float, noradix_passes: float, graph_gpu_s, noradix_gpu_s) -> dict:
+    mode = lambda passes, gpu_s: {"runs": [{}], "total_gpu_s": gpu_s, "forward_steps": passes,  # noqa: E731
+                                  "decode_tokens": 0}
+    return {"graph": mode(graph_passes, graph_gpu_s), "eager-noradix": mode(noradix_passes, noradix_gpu_s)}
+
+
+def test_the_floor_report_leaves_out_replays_that_ran_other_passes():
+    """A replay whose pass count is off by more than 10% prices other passes: not in the geomean."""
+    gpu = {"a": _gpu_workload(10, 20, 1.0, 4.0), "b": _gpu_workload(30, 20, 1.0, 9.0)}
+    floors = {"a": {"graph": {"passes": 11, "floor_s": 0.5, "decode_rows": 0},
+                    "eager-noradix": {"passes": 18, "floor_s": 3.0, "decode_rows": 0}},
+              "b": {"graph": {"passes": 10, "floor_s": 0.1, "decode_rows": 0},  # 10 passes against 30
+                    "eager-noradix": {"passes": 20, "floor_s": 8.0, "decode_rows": 0}}}  # fmt: skip
+    out = pass_shapes.report(gpu, floors)
+    assert "over the 1 workloads" in out and "**4.00x**" in out and "**6.00x**" in out  # a's 4 / 1 and 3 / 0.5
+    assert "Left out (replay ran other passes): b." in out
+
+
+def test_the_floor_report_refuses_a_cpu_run_clearly():
+    with pytest.raises(SystemExit, match="no GPU busy time for a"):
+        pass_shapes.check_gpu_json("cpu.json", {"a": _gpu_workload(1, 1, None, None)})
+
+
+def test_kernel_time_is_absent_without_cuda(engine):
+    workload = program_bench.BY_NAME["dspy_rag"]
+    inputs = workload.inputs(random.Random(0), 2, 0.05)
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    assert program_bench.kernel_round_s(engine, workload, inputs, "graph", sampling, in_flight=2) is None
 
 
 def test_kernel_busy_time_counts_overlapping_kernels_once():
