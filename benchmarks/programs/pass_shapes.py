@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.runtime.execution.forward_batch import ForwardMode  # noqa: E402
+from bound_floor import geomean  # noqa: E402
 from run import MODES, run_mode  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
@@ -112,10 +112,6 @@ def replay_matches(here: float, gpu: float) -> bool:
     return abs(here - gpu) <= PASS_TOLERANCE * gpu
 
 
-def geomean(values: list) -> float:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
-
-
 def report(gpu_results: dict, floors: dict) -> str:
     """One row a workload; the geometric means leave out workloads whose replay ran a different
     number of passes than the GPU run in either column (marked "no"): their floors price other passes."""
@@ -137,6 +133,8 @@ def report(gpu_results: dict, floors: dict) -> str:
         lines.append(f"| {name} | {f['graph']['passes']} / {f['eager-noradix']['passes']} ({g['forward_steps']:g} / "
                      f"{x['forward_steps']:g}) | {'yes' if ok else 'no'} | {f['graph']['decode_rows']} ({g['decode_tokens']:g}) | {fg:.3f} / {fx:.3f} | {gb / fg:.2f} / {xb / fx:.2f} | {xb / gb:.2f}x | "
                      f"{fx / fg:.2f}x |")  # fmt: skip
+    if not busy:
+        return "\n".join(lines + ["", "No workload's replay ran the GPU run's pass counts: no geometric mean."])
     out = (f"Geometric means over the {len(busy)} workloads whose replay ran the GPU run's pass counts within "
            f"{PASS_TOLERANCE:.0%}, graph vs eager without radix cache: both host-only zero (GPU busy) "
            f"**{geomean(busy):.2f}x**; both at the floor with attention **{geomean(floor):.2f}x**.")
