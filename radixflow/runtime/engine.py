@@ -207,12 +207,21 @@ class Engine:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
         self._closed = True
-        self.stepper.close()
         if self.runner is not None:
-            # a frozen cycle (someone else's freeze kept) or a caller's reference may keep the runner: not its device memory
-            self.runner.release_device_memory()
+            self._release_device_memory()
+        self.stepper.close()
         self.scheduler = None  # type: ignore[assignment]
         self.runner = None  # type: ignore[assignment]
+
+    def _release_device_memory(self) -> None:
+        """A frozen cycle (someone else's freeze is kept) or a caller's reference may keep the
+        runner after shutdown: not its KV pool, graphs or weights. Between steps, so that another
+        thread's request still in flight fails at its next step, not inside one."""
+        try:
+            self.stepper.exclusive(self.runner.release_device_memory)
+        except Exception:  # the step loop failed (a TP rank, a step's error): nothing steps now
+            log.debug("releasing device memory outside the step loop", exc_info=True)
+            self.runner.release_device_memory()
 
     def __enter__(self) -> "Engine":
         return self
