@@ -277,8 +277,8 @@ def test_engine_dropped_without_shutdown_gives_back_its_freeze(monkeypatch):
 
 def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collections(monkeypatch):
     """Kernels compiled for new shapes and their caches are made by the first requests, after
-    start-up's freeze; a full collection would walk them in every later step. Only the freeze's
-    owner freezes again: another engine's objects must stay collectable after its shutdown."""
+    start-up's freeze; a full collection would walk them in every later step. No engine freezes
+    while another is alive: the other's runner and KV pool must go at its shutdown."""
     gc.unfreeze()
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     owner = Engine(max_total_tokens=160)
@@ -286,12 +286,24 @@ def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collection
         owner.generate("1, 2,", {"max_new_tokens": 2})
         made_by_warm_up = [_Cycle()]  # stands in for what the warm-up requests keep
         other = Engine(max_total_tokens=160)
+        runner = weakref.ref(other.runner)
         try:
-            assert other.freeze_gc() == 0 and _seen_by_gc(made_by_warm_up) and _seen_by_gc(other.runner.model)
+            assert other.freeze_gc() == 0 and owner.freeze_gc() == 0  # other is alive
+            assert _seen_by_gc(made_by_warm_up) and _seen_by_gc(other.runner.model)
         finally:
             other.shutdown()
-        frozen = owner.freeze_gc()
-        assert frozen > 0 and not _seen_by_gc(made_by_warm_up)
+        del other
+        gc.collect()
+        assert runner() is None
+        garbage = _Cycle()
+        garbage.me, dropped = garbage, weakref.ref(garbage)
+        del garbage
+        gc.disable()  # so only freeze_gc's own collection can free the garbage before it is frozen
+        try:
+            frozen = owner.freeze_gc()
+        finally:
+            gc.enable()
+        assert frozen > 0 and not _seen_by_gc(made_by_warm_up) and dropped() is None
     finally:
         owner.shutdown()
     assert _seen_by_gc(made_by_warm_up)  # the owner's release thaws it with start-up's objects
@@ -299,17 +311,77 @@ def test_freeze_gc_after_warm_up_takes_what_requests_made_out_of_full_collection
         owner.freeze_gc()
 
 
-def test_an_earlier_freeze_by_someone_else_does_not_stop_the_engines(monkeypatch):
-    """Objects frozen before the engine (a library's or a site hook's freeze) must not stop its
-    own: without it every full collection walks the model, the tokenizer and every module."""
+def test_the_only_live_engine_takes_the_freeze_once_its_owner_is_gone(monkeypatch):
+    """Swapping models (make the new engine, then shut the old one down) must not leave the new
+    one unfrozen for good; an engine made while another is alive must not freeze it."""
+    gc.unfreeze()
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    old = Engine(max_total_tokens=160)
+    new = Engine(max_total_tokens=160)
+    try:
+        assert _seen_by_gc(new.runner.model)
+        old.shutdown()
+        third = Engine(max_total_tokens=160)  # new is alive: third must not freeze it
+        runner = weakref.ref(third.runner)
+        assert _seen_by_gc(new.runner.model) and _seen_by_gc(third.runner.model)
+        third.shutdown()
+        del third
+        gc.collect()
+        assert runner() is None
+        assert new.freeze_gc() > 0 and not _seen_by_gc(new.runner.model)
+        model = new.runner.model
+    finally:
+        new.shutdown()
+    assert _seen_by_gc(model) and not gc_freeze._state.held and gc_freeze._state.live == 0
+
+
+def test_a_freeze_after_release_declines_without_raising(monkeypatch):
+    """freeze_gc() racing shutdown() on another thread: 0, not an AssertionError or an orphan freeze."""
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    part = gc_freeze.EngineFreeze()
+    part.release()
+    part.release()
+    assert part.freeze("freeze_gc") == 0 and gc_freeze._state == gc_freeze.FreezeState()
+
+
+def test_shutdown_frees_the_kv_pool_and_weights_whoever_keeps_the_runner(monkeypatch):
+    """A frozen cycle (someone else's freeze is never thawed) or a caller may keep the runner
+    after shutdown: on a GPU its KV pool is tens of GB."""
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    eng = Engine(max_total_tokens=160)
+    eng.generate("1, 2,", {"max_new_tokens": 2})
+    runner, pool = eng.runner, eng.runner.kv_pool
+    model = weakref.ref(runner.model)
+    eng.shutdown()
+    assert pool.k == [] and pool.v == [] and runner.model is None
+    gc.collect()
+    assert model() is None
+
+
+def test_an_earlier_freeze_by_someone_else_is_kept_and_the_engine_still_freezes(monkeypatch, caplog):
+    """Objects frozen before the engine (an application's freeze before fork) must not stop its
+    own (every full collection would walk the model), and its shutdown must not thaw theirs
+    (gc has no partial unfreeze: both stay frozen)."""
     gc.unfreeze()
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     theirs = [_Cycle()]
     gc.freeze()  # someone else's freeze, before the engine
-    eng = Engine(max_total_tokens=160)
-    model = eng.runner.model
     try:
-        assert not _seen_by_gc(model) and gc_freeze._state.held
+        with caplog.at_level("WARNING", logger=gc_freeze.__name__):
+            eng = Engine(max_total_tokens=160)
+        model = eng.runner.model
+        try:
+            assert not _seen_by_gc(model) and gc_freeze._state.held
+            assert "stay frozen" in caplog.text
+        finally:
+            eng.shutdown()
+        assert not _seen_by_gc(theirs) and not gc_freeze._state.held
     finally:
-        eng.shutdown()
-    assert _seen_by_gc(model) and _seen_by_gc(theirs)  # the release thaws everything
+        gc.unfreeze()
+
+
+def test_disable_gc_freeze_leaves_the_collector_alone(monkeypatch):
+    gc.unfreeze()
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    with Engine(max_total_tokens=160, disable_gc_freeze=True) as eng:
+        assert _seen_by_gc(eng.runner.model) and eng.freeze_gc() == 0 and gc.get_freeze_count() == 0

@@ -4,6 +4,7 @@ each and two tokens per gen, three ways on the shared Engine."""
 from __future__ import annotations
 
 import os
+import random
 import sys
 
 import pytest
@@ -15,6 +16,7 @@ import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
+from radixflow.runtime import gc_freeze  # noqa: E402
 
 
 def test_optimal_hit_rate_counts_shared_prefixes_and_earlier_outputs():
@@ -29,7 +31,9 @@ def test_programs_per_s_is_programs_over_total_time():
     assert abs(program_bench.programs_per_s(rounds) - 128 / 1.5) < 1e-9
 
 
-def test_workloads_run_three_ways(engine):
+def test_workloads_run_three_ways(engine, monkeypatch):
+    monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
+    monkeypatch.setattr(engine, "_gc", gc_freeze.EngineFreeze())  # the only live engine: its freeze_gc() freezes
     sampling = {"max_new_tokens": 2, "temperature": 0}
     results = program_bench.run_all(engine, ["generative_agents", "dspy_rag"], n=2, size=0.05, sampling=sampling)
     assert results["generative_agents"]["graph"]["mode"] == "graph"
@@ -46,9 +50,10 @@ def test_workloads_run_three_ways(engine):
     assert "Geometric mean" in program_bench.table(results)
     assert program_bench.bound_table(results) == program_bench.BOUND_NOTE  # no GPU time on the CPU
     for r in results.values():
-        assert "frozen_after_warm_up" in r
+        assert r["frozen_after_warm_up"] > 0
         assert all(r[m]["extend_tokens"] > 0 and r[m]["total_s"] > 0 for m in program_bench.MODES)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
+    engine._gc.release()
 
 
 def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, monkeypatch):
@@ -113,6 +118,36 @@ def test_a_pass_floor_counts_the_kv_it_reads_and_the_attention_it_computes():
     assert pass_shapes.pass_floor(model, chip, True, [9, 99], [1, 1]) == 112
     # extend 3 tokens after a 10-token prefix: reads 1 + 10; computes 3 + (3 x 10 + 6) pairs
     assert pass_shapes.pass_floor(model, chip, False, [10], [3]) == 39
+
+
+def _gpu_workload(graph_passes: float, noradix_passes: float, graph_gpu_s, noradix_gpu_s) -> dict:
+    mode = lambda passes, gpu_s: {"runs": [{}], "total_gpu_s": gpu_s, "forward_steps": passes,  # noqa: E731
+                                  "decode_tokens": 0}
+    return {"graph": mode(graph_passes, graph_gpu_s), "eager-noradix": mode(noradix_passes, noradix_gpu_s)}
+
+
+def test_the_floor_report_leaves_out_replays_that_ran_other_passes():
+    """A replay whose pass count is off by more than 10% prices other passes: not in the geomean."""
+    gpu = {"a": _gpu_workload(10, 20, 1.0, 4.0), "b": _gpu_workload(30, 20, 1.0, 9.0)}
+    floors = {"a": {"graph": {"passes": 11, "floor_s": 0.5, "decode_rows": 0},
+                    "eager-noradix": {"passes": 18, "floor_s": 3.0, "decode_rows": 0}},
+              "b": {"graph": {"passes": 10, "floor_s": 0.1, "decode_rows": 0},  # 10 passes against 30
+                    "eager-noradix": {"passes": 20, "floor_s": 8.0, "decode_rows": 0}}}  # fmt: skip
+    out = pass_shapes.report(gpu, floors)
+    assert "over the 1 workloads" in out and "**4.00x**" in out and "**6.00x**" in out  # a's 4 / 1 and 3 / 0.5
+    assert "Left out (replay ran other passes): b." in out
+
+
+def test_the_floor_report_refuses_a_cpu_run_clearly():
+    with pytest.raises(SystemExit, match="no GPU busy time for a"):
+        pass_shapes.check_gpu_json("cpu.json", {"a": _gpu_workload(1, 1, None, None)})
+
+
+def test_kernel_time_is_absent_without_cuda(engine):
+    workload = program_bench.BY_NAME["dspy_rag"]
+    inputs = workload.inputs(random.Random(0), 2, 0.05)
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    assert program_bench.kernel_round_s(engine, workload, inputs, "graph", sampling, in_flight=2) is None
 
 
 def test_kernel_busy_time_counts_overlapping_kernels_once():

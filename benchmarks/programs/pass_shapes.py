@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.runtime.execution.forward_batch import ForwardMode  # noqa: E402
+from bound_floor import geomean  # noqa: E402
 from run import MODES, run_mode  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
@@ -105,45 +105,53 @@ def replay(engine: rf.Engine, gpu_results: dict, size: float, sampling: dict, mo
     return out
 
 
+PASS_TOLERANCE = 0.10  # a replay whose pass count is further than this from the GPU run's prices other passes
+
+
+def replay_matches(here: float, gpu: float) -> bool:
+    return abs(here - gpu) <= PASS_TOLERANCE * gpu
+
+
 def report(gpu_results: dict, floors: dict) -> str:
-    lines = ["| workload | passes here graph / no radix (GPU run) | graph decode rows here (GPU run) | floor s a round graph / no radix | GPU busy / floor graph / no radix | both host-only zero (GPU run) | both at the floor |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    busy, floor = [], []
+    """One row a workload; the geometric means leave out workloads whose replay ran a different
+    number of passes than the GPU run in either column (marked "no"): their floors price other passes."""
+    lines = ["| workload | passes here graph / no radix (GPU run) | replay matches | graph decode rows here (GPU run) | floor s a round graph / no radix | GPU busy / floor graph / no radix | both host-only zero (GPU run) | both at the floor |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    busy, floor, left_out = [], [], []
     for name, f in floors.items():
         g, x = gpu_results[name]["graph"], gpu_results[name]["eager-noradix"]
         rounds = len(g["runs"])
         gb, xb = g["total_gpu_s"] / rounds, x["total_gpu_s"] / rounds
         fg, fx = f["graph"]["floor_s"], f["eager-noradix"]["floor_s"]
-        busy.append(xb / gb)
-        floor.append(fx / fg)
+        ok = replay_matches(f["graph"]["passes"], g["forward_steps"]) and replay_matches(
+            f["eager-noradix"]["passes"], x["forward_steps"])
+        if ok:
+            busy.append(xb / gb)
+            floor.append(fx / fg)
+        else:
+            left_out.append(name)
         lines.append(f"| {name} | {f['graph']['passes']} / {f['eager-noradix']['passes']} ({g['forward_steps']:g} / "
-                     f"{x['forward_steps']:g}) | {f['graph']['decode_rows']} ({g['decode_tokens']:g}) | {fg:.3f} / {fx:.3f} | {gb / fg:.2f} / {xb / fx:.2f} | {xb / gb:.2f}x | "
+                     f"{x['forward_steps']:g}) | {'yes' if ok else 'no'} | {f['graph']['decode_rows']} ({g['decode_tokens']:g}) | {fg:.3f} / {fx:.3f} | {gb / fg:.2f} / {xb / fx:.2f} | {xb / gb:.2f}x | "
                      f"{fx / fg:.2f}x |")  # fmt: skip
-    geo = lambda v: math.exp(sum(map(math.log, v)) / len(v))  # noqa: E731
-    return "\n".join(lines + ["", f"Geometric means over {len(floors)} workloads, graph vs eager without radix cache: "
-                                  f"both host-only zero (GPU busy) **{geo(busy):.2f}x**; both at the floor with "
-                                  f"attention **{geo(floor):.2f}x**."])  # fmt: skip
+    if not busy:
+        return "\n".join(lines + ["", "No workload's replay ran the GPU run's pass counts: no geometric mean."])
+    out = (f"Geometric means over the {len(busy)} workloads whose replay ran the GPU run's pass counts within "
+           f"{PASS_TOLERANCE:.0%}, graph vs eager without radix cache: both host-only zero (GPU busy) "
+           f"**{geomean(busy):.2f}x**; both at the floor with attention **{geomean(floor):.2f}x**.")
+    if left_out:
+        out += f" Left out (replay ran other passes): {', '.join(left_out)}."
+    return "\n".join(lines + ["", out])
 
 
-def main(argv=None) -> str:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("json", help="run.py --json output of a CUDA run (programs a round, in flight, GPU busy time)")
-    ap.add_argument("--config", default=None, help="the engine here (only its batches' shapes count)")
-    ap.add_argument("--load-format", default="auto")
-    ap.add_argument("--max-total-tokens", type=int, default=None)
-    ap.add_argument("--workloads", default=None, help="default: every workload of the JSON")
-    ap.add_argument("--out", default=None, help="also write the floors here as JSON")
-    ap.add_argument("--stand-in-model", action="store_true",
-                    help="fixed logits instead of the model (step_timeline.py's): gens run to their length, as "
-                         "with random weights on the GPU, and no model time is spent here")
-    args = ap.parse_args(argv)
-    saved = json.load(open(args.json))
-    gpu = {k: v for k, v in saved["results"].items() if k != "timelines"}
-    if args.workloads:
-        unknown = set(args.workloads.split(",")) - set(gpu)
-        if unknown:
-            raise SystemExit(f"not in {args.json}: {', '.join(sorted(unknown))}")
-        gpu = {k: gpu[k] for k in args.workloads.split(",")}
+def check_gpu_json(path: str, results: dict) -> None:
+    """A CPU run's JSON has no GPU busy time to compare floors with: say so, not a TypeError."""
+    missing = sorted(n for n, r in results.items() if any(r[m].get("total_gpu_s") is None for m in MODES))
+    if missing:
+        raise SystemExit(f"{path} has no GPU busy time for {', '.join(missing)} (a CPU run?): "
+                         "pass_shapes needs run.py --json from a CUDA run")
+
+
+def replay_saved(args: argparse.Namespace, saved: dict, gpu: dict) -> dict:
     sampling = {"max_new_tokens": saved["args"]["max_new_tokens"], "temperature": 0}
     kw = {"load_format": args.load_format}
     if args.max_total_tokens:
@@ -153,7 +161,38 @@ def main(argv=None) -> str:
             from step_timeline import stand_in_forward
 
             stand_in_forward(engine)
-        floors = replay(engine, gpu, saved["args"]["size"], sampling, Model(), Chip())
+        return replay(engine, gpu, saved["args"]["size"], sampling, Model(), Chip())
+
+
+def main(argv=None) -> str:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("json", help="run.py --json output of a CUDA run (programs a round, in flight, GPU busy time)")
+    ap.add_argument("--config", default=None, help="the engine here (only its batches' shapes count)")
+    ap.add_argument("--load-format", default="auto",
+                    help="the engine here's weights (dummy: random, enough with --stand-in-model)")
+    ap.add_argument("--max-total-tokens", type=int, default=None,
+                    help="KV pool of the engine here: big enough that no round retracts (the GPU run's did not)")
+    ap.add_argument("--floors", default=None,
+                    help="a floors JSON written by --out: report from it without replaying")
+    ap.add_argument("--workloads", default=None, help="default: every workload of the JSON")
+    ap.add_argument("--out", default=None, help="also write the floors here as JSON")
+    ap.add_argument("--stand-in-model", action="store_true",
+                    help="fixed logits instead of the model (step_timeline.py's): no model time is spent here; gens "
+                         "end where the stand-in's tokens end them, which need not be where the GPU run's "
+                         "did (the report flags workloads whose pass counts differ)")
+    args = ap.parse_args(argv)
+    saved = json.load(open(args.json))
+    gpu = {k: v for k, v in saved["results"].items() if k != "timelines"}
+    if args.workloads:
+        unknown = set(args.workloads.split(",")) - set(gpu)
+        if unknown:
+            raise SystemExit(f"not in {args.json}: {', '.join(sorted(unknown))}")
+        gpu = {k: gpu[k] for k in args.workloads.split(",")}
+    check_gpu_json(args.json, gpu)
+    if args.floors:
+        floors = {k: v for k, v in json.load(open(args.floors)).items() if k in gpu}
+    else:
+        floors = replay_saved(args, saved, gpu)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(floors, f, indent=1)

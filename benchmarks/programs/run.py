@@ -40,7 +40,8 @@ import sys
 import time
 from typing import Callable, Optional
 
-import torch
+FROZEN_AT_START = gc.get_freeze_count()  # before torch and radixflow: names who froze what the engine finds frozen
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
@@ -263,8 +264,8 @@ def run_all(
 
 def frozen_garbage() -> dict:
     """What freezing kept: objects frozen alive that died in reference cycles since, which only a
-    collection after unfreezing frees (their count), then frozen again as before."""
-    import gc
+    collection after unfreezing frees (their count). Then everything alive is frozen, more than
+    before (what the rounds made too): a --timeline after it runs with fewer objects walked."""
 
     gc.collect()  # the garbage that was never frozen
     frozen = gc.get_freeze_count()
@@ -277,7 +278,6 @@ def frozen_garbage() -> dict:
 def tracked_objects(top: int = 8) -> dict:
     """What a full garbage collection would walk now: the objects the collector tracks (frozen
     ones apart) and the most common types among them."""
-    import gc
     from collections import Counter
 
     objs = gc.get_objects()
@@ -510,7 +510,7 @@ def main(argv=None) -> str:
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     deadline = None if args.deadline_s is None else time.time() + args.deadline_s
 
-    extra: dict = {}
+    extra: dict = {"frozen_at_start": FROZEN_AT_START, "frozen_after_imports": gc.get_freeze_count()}
 
     def save(results: dict) -> None:
         if args.json:

@@ -112,6 +112,12 @@ class KVPool:
         self.dtype = dtype
         self.device = device
 
+    def release(self) -> None:
+        """Drops the buffers now (at shutdown), whoever still holds the pool: the readers index
+        these lists at each call and keep no buffer of their own."""
+        for bufs in (self.k, self.v, self.k_scale, self.v_scale):
+            bufs.clear()
+
     @staticmethod
     def bytes_per_token(num_layers: int, kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * kv_heads * head_dim * torch.tensor([], dtype=dtype).element_size()

@@ -17,7 +17,7 @@ from radixflow.runtime import sglang_fields
 from radixflow.runtime.engine_stepper import EngineStepper
 from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
-from radixflow.runtime.gc_freeze import freeze_startup_objects, freeze_warm_objects, release_startup_objects
+from radixflow.runtime.gc_freeze import EngineFreeze
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
@@ -48,9 +48,10 @@ class Engine:
         )
         self.lang_backend = None  # the DSL's backend for this Engine, made on first use (radixflow.lang)
         self._closed = False
-        froze = self._owns_gc_freeze = freeze_startup_objects()
-        # the freeze, if this Engine made it, is given back by shutdown() or, if it is dropped without one, when it is freed
-        self._gc_freeze = weakref.finalize(self, release_startup_objects, froze)
+        self._gc = EngineFreeze(enabled=not self.server_args.disable_gc_freeze)
+        # given back by shutdown() or, if the Engine is dropped without one, when it is freed
+        self._gc_release = weakref.finalize(self, self._gc.release)
+        self._gc.freeze("start-up")
 
     # -- generation ---------------------------------------------------------------------------
     def generate(
@@ -194,19 +195,33 @@ class Engine:
     def freeze_gc(self) -> int:
         """As SGLang's freeze_gc: call after warm-up requests, so that full garbage collections,
         which pause a step, walk only what was made since. Returns how many objects it froze: 0
-        unless this Engine holds the process's freeze (the first Engine made, normally)."""
+        (logged at info level) while another Engine is alive or holds the process's freeze, or
+        with disable_gc_freeze. Dead reference cycles among the frozen objects are kept until
+        shutdown (runtime/gc_freeze.py)."""
         self._check_open()
-        return freeze_warm_objects(self._owns_gc_freeze)
+        return self._gc.freeze("freeze_gc")
 
     def shutdown(self) -> None:
-        self._gc_freeze()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection
+        self._gc_release()  # first: frozen cycles that hold graph state can then go in release_cuda_graphs' collection
         if self.tp is not None and not self._closed:
             self.runner.release_cuda_graphs()  # graphs hold NCCL work; drop them before the group
             self.tp.shutdown()
         self._closed = True
+        if self.runner is not None:
+            self._release_device_memory()
         self.stepper.close()
         self.scheduler = None  # type: ignore[assignment]
         self.runner = None  # type: ignore[assignment]
+
+    def _release_device_memory(self) -> None:
+        """A frozen cycle (someone else's freeze is kept) or a caller's reference may keep the
+        runner after shutdown: not its KV pool, graphs or weights. Between steps, so that another
+        thread's request still in flight fails at its next step, not inside one."""
+        try:
+            self.stepper.exclusive(self.runner.release_device_memory)
+        except Exception:  # the step loop failed (a TP rank, a step's error): nothing steps now
+            log.debug("releasing device memory outside the step loop", exc_info=True)
+            self.runner.release_device_memory()
 
     def __enter__(self) -> "Engine":
         return self

@@ -44,6 +44,8 @@ _HELP = {
     "passes run without graphs (a correctness check). See docs/gpu.md",
     "cuda_graph_extend_max_reqs": "most requests in an extend pass replayed from a CUDA graph "
     "(--cuda-graph-extend-max-tokens); passes with more run eagerly",
+    "disable_gc_freeze": "do not gc.freeze() what start-up made (nor Engine.freeze_gc() what warm-up made): full "
+    "garbage collections then walk the model's objects too; for applications that freeze for their own reasons",
     "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
     "disable_overlap_schedule": "same as --overlap-schedule off (SGLang's flag)",
     "constrained_json_whitespace_pattern": "regex of the whitespace allowed between JSON tokens in json_schema "
@@ -128,6 +130,7 @@ class ServerArgs:
     # kernels
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
+    disable_gc_freeze: bool = False
     cuda_graph_max_bs: Optional[int] = None
     cuda_graph_extend_max_tokens: int = 0
     cuda_graph_extend_max_reqs: int = 64

@@ -191,6 +191,15 @@ class ModelRunner:
             self.graph_runner = self.extend_graphs = None
             gc.collect()
 
+    def release_device_memory(self) -> None:
+        """At the Engine's shutdown: drop the CUDA graphs, the KV buffers and the weights now, even
+        if a reference cycle kept frozen by gc.freeze (or a caller) still holds this runner."""
+        self.release_cuda_graphs()
+        self.kv_pool.release()
+        self.model = None  # type: ignore[assignment]
+        if self.device == "cuda":
+            torch.cuda.empty_cache()
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""

@@ -50,7 +50,8 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
         return
     ready_conn.send(("ok", loop.model_info()))
     ready_conn.close()
-    freeze_startup_objects()
+    if not args.disable_gc_freeze:
+        freeze_startup_objects()
     loop.run()
 
 
