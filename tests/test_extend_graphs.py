@@ -5,6 +5,7 @@ graphs must too."""
 
 from __future__ import annotations
 
+import os
 import itertools
 from pathlib import Path
 
@@ -67,7 +68,7 @@ def test_server_args_reject_what_cannot_be_captured():
 # -- padded passes against unpadded ones ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    args = ServerArgs(model_path=TINY, load_format="dummy", device=DEV, dtype="float32", max_total_tokens=4096,
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy", device=DEV, dtype="float32", max_total_tokens=4096,
                       max_running_requests=16, attention_backend="torch_native" if DEV == "cpu" else "triton",
                       cuda_graph_extend_max_tokens=MAX_TOKENS, cuda_graph_extend_max_reqs=MAX_REQS)
     r = ModelRunner(args)
@@ -209,7 +210,7 @@ def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly():
     runs the same kernels on the same shapes."""
     from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
 
-    args = ServerArgs(model_path=TINY, load_format="dummy", device="cuda", dtype="bfloat16", max_total_tokens=4096,
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy", device="cuda", dtype="bfloat16", max_total_tokens=4096,
                       max_running_requests=16, cuda_graph_extend_max_tokens=MAX_TOKENS,
                       cuda_graph_extend_max_reqs=MAX_REQS)  # fmt: skip
     r = ModelRunner(args)
