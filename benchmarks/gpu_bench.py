@@ -54,6 +54,9 @@ Sections (each isolated: a failure is logged and the next one runs):
                prefill chunk's per 1,000 tokens
   prefill_attention  the Triton extend kernel against torch's flash attention (packed, variable length) on
                prompt-only chunks (an offline-like 8,192-token chunk, 4 x 2,048): error vs the reference, us, TFLOP/s
+  extend_graph_buckets  small extend passes (64 x 7 tokens over 600 cached, ...) replayed from their extend CUDA
+               graph (512 tokens / 64 requests) against the same pass eagerly: CUDA-event ms, and kernel ms with the
+               Triton extend-attention kernel's share (is a bucket-bound grid's waste a cost?)
   decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
@@ -84,6 +87,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, past_deadline, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
+from gpubench.extend_graphs import sec_extend_graph_buckets  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
 from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
@@ -109,6 +113,7 @@ SECTIONS = {
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
+    "extend_graph_buckets": sec_extend_graph_buckets,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},

@@ -5,8 +5,10 @@ graphs must too."""
 
 from __future__ import annotations
 
-import os
+import argparse
 import itertools
+import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -42,14 +44,17 @@ def test_buckets():
 
 def test_pick_bucket():
     b = extend_buckets(MAX_TOKENS, MAX_REQS)
-    assert pick_bucket(b, 16, 4, 4) == ExtendBucket(16, 4)  # the bucket's edge: no padding, no pad request
-    assert pick_bucket(b, 15, 4, 4) == ExtendBucket(16, 8)  # 15 tokens: a pad request makes 5 rows
-    assert pick_bucket(b, 1, 1, 1) == ExtendBucket(16, 2)
-    assert pick_bucket(b, 17, 2, 2) == ExtendBucket(24, 4)
+    assert pick_bucket(b, 16, 4, 4) == ExtendBucket(16, 4)  # the bucket's edge: no padding
+    assert pick_bucket(b, 15, 4, 4) == ExtendBucket(16, 4)  # the pad request has its own row past the bucket
+    assert pick_bucket(b, 1, 1, 1) == ExtendBucket(16, 1)
+    assert pick_bucket(b, 17, 2, 2) == ExtendBucket(24, 2)
     assert pick_bucket(b, 48, 8, 8) == ExtendBucket(48, 8)
-    assert pick_bucket(b, 47, 8, 8) is None  # 8 requests and the pad request: more rows than any bucket
+    assert pick_bucket(b, 47, 8, 8) == ExtendBucket(48, 8)  # as many requests as the cap, and padding
+    assert pick_bucket(b, 20, 9, 9) is None  # more requests than the cap
     assert pick_bucket(b, 49, 2, 2) is None  # more tokens than the largest bucket
     assert pick_bucket(b, 20, 2, 9) is None  # logits for 9 rows (input logprobs): more than any bucket holds
+    # the programs' common pass: 64 continuations at the default cap of 64 requests
+    assert pick_bucket(extend_buckets(512, 64), 300, 64, 64) == ExtendBucket(384, 64)
 
 
 def test_server_args_reject_what_cannot_be_captured():
@@ -61,8 +66,25 @@ def test_server_args_reject_what_cannot_be_captured():
         ServerArgs(cuda_graph_extend_max_tokens=-1)
     with pytest.raises(RadixflowError, match=">= 1"):
         ServerArgs(cuda_graph_extend_max_reqs=0)
-    parser_help = ServerArgs.__dataclass_fields__  # the CLI is generated from the fields
-    assert "cuda_graph_extend_max_tokens" in parser_help
+    with pytest.raises(RadixflowError, match="triton"):  # before any weights load
+        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cuda")
+    ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cpu")
+
+
+def test_server_args_warn_when_disable_cuda_graph_turns_the_option_off(caplog):
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.server_args"):
+        ServerArgs(cuda_graph_extend_max_tokens=64, disable_cuda_graph=True)
+    assert "ignored with disable_cuda_graph" in caplog.text
+
+
+def test_the_options_are_in_the_cli_help():
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    text = parser.format_help()
+    for flag in ("--cuda-graph-extend-max-tokens", "--cuda-graph-extend-max-reqs"):
+        assert flag in text and "graph" in parser._option_string_actions[flag].help
+    args = parser.parse_args(["--cuda-graph-extend-max-tokens", "256", "--cuda-graph-extend-max-reqs", "32"])
+    assert (args.cuda_graph_extend_max_tokens, args.cuda_graph_extend_max_reqs) == (256, 32)
 
 
 # -- padded passes against unpadded ones ---------------------------------------------------------------------
@@ -74,6 +96,33 @@ def runner() -> ModelRunner:
     r = ModelRunner(args)
     assert r.extend_graphs is not None and r.extend_graphs.use_graphs == (DEV == "cuda")
     return r
+
+
+def test_graph_memory_is_checked_before_capture(runner, monkeypatch):
+    """More than the free memory: a clear error that names the options, not CUDA's out-of-memory error
+    halfway through the capture."""
+    from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+
+    monkeypatch.setattr(runner, "device", "cuda")
+    monkeypatch.setattr(runner.backend, "supports_extend_graph", True)
+    s = runner.model.shape
+    need = graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, MAX_TOKENS, MAX_REQS)
+    assert runner._extend_graph_bytes() == need > 2 * MAX_REQS * s.vocab_size * 4
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 10 * need))
+    with pytest.raises(RadixflowError, match="cuda_graph_extend_max_tokens=48, cuda_graph_extend_max_reqs=8"):
+        runner._check_extend_graph_memory()
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
+    runner._check_extend_graph_memory()
+
+
+def test_a_limit_above_the_context_is_cut_down_with_a_warning(caplog):
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cpu", dtype="float32", max_total_tokens=1024, max_running_requests=4, context_length=32,
+                      cuda_graph_extend_max_tokens=MAX_TOKENS, cuda_graph_extend_max_reqs=4)  # fmt: skip
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.execution.model_runner"):
+        r = ModelRunner(args)
+    assert r.extend_graphs.buckets[-1].tokens == 32
+    assert "above the context length" in caplog.text
 
 
 class Batches:
@@ -154,6 +203,7 @@ CASES = {
     "mixed lengths and prefix hits": ([9, 0, 4, 0], [2, 11, 1, 6]),
     "the bucket's edge (16 tokens, no padding)": ([3, 0, 5, 2], [4, 4, 4, 4]),
     "the largest bucket, full": ([2] * 8, [6] * 8),
+    "as many requests as the cap, with padding": ([1] * 8, [2] * 7 + [1]),
 }
 
 
@@ -169,7 +219,7 @@ def test_logits_for_several_rows_per_request(runner):
 
 
 def test_passes_that_do_not_fit_run_eagerly(runner):
-    compare(runner, Batches(runner, [1] * 8, [2] * 7 + [1]), expect_bucket=False)  # 8 requests + the pad request
+    compare(runner, Batches(runner, [1] * 9, [1] * 9), expect_bucket=False)  # more requests than the cap
     compare(runner, Batches(runner, [0, 3], [30, 20]), expect_bucket=False)  # 50 tokens
     compare(runner, Batches(runner, [0, 3], [5, 6]), tail=5, expect_bucket=False)  # 10 logits rows
 
@@ -198,6 +248,12 @@ def test_gpu_graph_replay_matches_eager(runner):
     assert runner.extend_graphs.graphs
     for case in CASES.values():
         compare(runner, Batches(runner, *case))
+    shared = runner.extend_graphs.out
+    assert shared.shape[0] == MAX_REQS  # one logits buffer for every bucket
+    for prefix, new in ([0], [5]), ([0, 0], [20, 20]):
+        with torch.inference_mode():
+            got = runner.forward(Batches(runner, prefix, new).extend())
+        assert got.data_ptr() == shared.data_ptr()
     compare(runner, Batches(runner, [0], [5]))  # a small bucket after the largest one
     compare(runner, Batches(runner, [4, 0], [5, 3]), tail=3)
 

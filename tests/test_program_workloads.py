@@ -178,9 +178,10 @@ def test_extend_graph_settings_and_their_table():
 
 
 def test_extend_shapes_counts_the_passes_each_setting_would_take():
-    shapes = {"w": [(20, 2), (300, 8), (100, 80)], "none": []}
+    # (new tokens, requests, logits rows): the last pass's 70 logits rows (input logprobs) fit no bucket of 64
+    shapes = {"w": [(20, 2, 2), (300, 8, 8), (100, 80, 80), (30, 4, 70)], "none": []}
     out = extend_shapes.report(shapes, extend_shapes.parse_limits("256/64,512/128"))
-    assert "| w | 3 | 100 / 300 | 8 / 80 | 1 | 3 |" in out
+    assert "| w | 4 | 65 / 300 | 6 / 80 | 1 | 4 |" in out
     assert "| none | 0 | 0 / 0 | 0 / 0 | 0 | 0 |" in out
     with pytest.raises(SystemExit):
         extend_shapes.parse_limits("256")

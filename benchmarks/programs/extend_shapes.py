@@ -19,19 +19,20 @@ import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
+from radixflow.runtime.execution.extend_static_batch import extend_buckets, pick_bucket  # noqa: E402
 from radixflow.runtime.execution.forward_batch import ForwardMode  # noqa: E402
 from run import MODES, run_mode  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
 def record(engine: rf.Engine, gpu_results: dict, mode: str, size: float, sampling: dict) -> dict:
-    """Per workload, (new tokens, requests) of each extend pass of one round of `mode`."""
+    """Per workload, (new tokens, requests, logits rows) of each extend pass of one round of `mode`."""
     shapes: list = []
     forward = engine.runner.forward
 
     def recording(fb):
         if fb.mode == ForwardMode.EXTEND:
-            shapes.append((fb.num_tokens, fb.batch_size))
+            shapes.append((fb.num_tokens, fb.batch_size, fb.logits_indices.numel()))
         return forward(fb)
 
     engine.runner.forward = recording
@@ -48,13 +49,15 @@ def record(engine: rf.Engine, gpu_results: dict, mode: str, size: float, samplin
 
 
 def report(shapes: dict, limits: list) -> str:
-    """One row per workload; a column per (max tokens, max requests) limit: the passes within it."""
+    """One row per workload; a column per (max tokens, max requests) limit: the passes a bucket takes
+    (the runner's own pick_bucket, so logits rows count as well)."""
     head = " | ".join(f"<= {t} tokens, {q} reqs" for t, q in limits)
     lines = [f"| workload | extend passes | new tokens median / max | requests median / max | {head} |",
              "| --- | --- | --- | --- |" + " --- |" * len(limits)]  # fmt: skip
     for name, s in shapes.items():
-        toks, reqs = [t for t, _ in s] or [0], [b for _, b in s] or [0]
-        fits = " | ".join(str(sum(t <= lt and b <= lq for t, b in s)) for lt, lq in limits)
+        toks, reqs = [t for t, _, _ in s] or [0], [b for _, b, _ in s] or [0]
+        fits = " | ".join(str(sum(pick_bucket(extend_buckets(lt, lq), *shape) is not None for shape in s))
+                          for lt, lq in limits)
         lines.append(f"| {name} | {len(s)} | {statistics.median(toks):g} / {max(toks)} | "
                      f"{statistics.median(reqs):g} / {max(reqs)} | {fits} |")  # fmt: skip
     return "\n".join(lines)

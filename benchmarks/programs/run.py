@@ -407,8 +407,11 @@ def extend_graph_settings(text: str) -> list:
 
 
 def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict) -> dict:
-    """One engine through every workload (and the timelines), its memory freed afterwards, so that the
-    next engine of --extend-graph-tokens sizes its KV pool from the same free memory."""
+    """One engine through every workload (and the timelines), its memory freed afterwards (Engine.shutdown
+    drops the runner; the allocator's cache is emptied), so that the next engine of --extend-graph-tokens
+    sizes its KV pool from about the same free memory; the free memory is logged before each engine."""
+    if torch.cuda.is_available():
+        print(f"free GPU memory before the engine: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB", file=sys.stderr)
     with rf.Engine(args.config, **kw) as engine:
         results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
                           args.min_round_s, not args.no_freeze_gc, args.kernel_time)

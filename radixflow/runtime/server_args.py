@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -12,6 +13,8 @@ from radixflow.errors import RadixflowError
 
 if TYPE_CHECKING:
     from radixflow.kernels.settings import KernelSettings
+
+log = logging.getLogger(__name__)
 
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -246,6 +249,11 @@ class ServerArgs:
         if self.enable_deterministic_inference:
             raise RadixflowError("cuda_graph_extend_max_tokens pads extend passes, which enable_deterministic_inference "
                                  "does not allow for; drop one of them")
+        if self.disable_cuda_graph:
+            log.warning("cuda_graph_extend_max_tokens is ignored with disable_cuda_graph: extend passes run eagerly")
+        elif self.attention_backend == "torch_native" and str(self.resolved_device()).startswith("cuda"):
+            raise RadixflowError("cuda_graph_extend_max_tokens on CUDA needs the triton attention backend (torch_native "
+                                 "plans each extend pass on the host, which a graph cannot replay)")
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -31,7 +31,8 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sizes + [max_bs]
 
 
-def capture(forward: Callable[[], torch.Tensor], stream: torch.cuda.Stream, pool) -> tuple:
+def capture(forward: Callable[[], torch.Tensor], stream: torch.cuda.Stream,
+            pool: Optional[tuple]) -> tuple[torch.cuda.CUDAGraph, torch.Tensor]:
     """`forward` run twice on `stream` (compiles Triton kernels, settles cuBLAS workspaces), then captured
     into a graph that allocates from `pool` (None: a new one); returns (the CUDAGraph, its output)."""
     stream.wait_stream(torch.cuda.current_stream())

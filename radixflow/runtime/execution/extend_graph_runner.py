@@ -13,9 +13,15 @@ pass to pass. Small passes are mostly continuations over a cached prefix, which 
 kernel computes anyway.
 
 A pass runs eagerly instead (`bucket_for` returns None) when it is a decode pass, has more new
-tokens than the largest bucket, more requests than the request cap (or as many with padding,
-which needs a row for the pad request), or more logits rows than its bucket has request rows
-(input logprobs over many prompt tokens).
+tokens than the largest bucket, more requests than the request cap, or more logits rows than its
+bucket has request rows (input logprobs over many prompt tokens).
+
+Every graph writes its logits into one shared buffer (`self.out`), so the graphs hold one
+[largest request bucket, vocab] float32 buffer instead of one per bucket. A replay's logits are
+valid until the next extend replay: every consumer (the scheduler's sampling, input logprobs and
+`torch.cat` of the finishing rows, deferred sampling under overlap scheduling included) enqueues
+its reads of them on the same stream before the next pass is launched, so the next replay's
+writes come after them on the GPU. The decode graphs keep their own logits.
 
 With `use_graphs=False` (the CPU, where graphs cannot be captured) the same padded passes run
 eagerly: what the tests compare with unpadded eager passes.
@@ -39,6 +45,13 @@ from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 log = logging.getLogger(__name__)
 
 
+def graph_memory_bytes(hidden: int, intermediate: int, vocab: int, max_tokens: int, max_reqs: int) -> int:
+    """An upper estimate of what the extend graphs hold on the device: the shared float32 logits, the
+    capture's own logits before they are copied there, and the largest bucket's activations in float32
+    (residual, norm, attention, and the MLP's gate, up and product)."""
+    return 2 * max_reqs * vocab * 4 + max_tokens * (6 * hidden + 3 * intermediate) * 4
+
+
 class ExtendGraphRunner:
     def __init__(self, model, backend, max_tokens: int, max_reqs: int, device: str = "cuda", use_graphs: bool = True):
         self.model = model
@@ -47,7 +60,8 @@ class ExtendGraphRunner:
         self.inputs = StaticExtendInputs(self.buckets, device)
         self.use_graphs = use_graphs
         self.graphs: dict[ExtendBucket, torch.cuda.CUDAGraph] = {}
-        self.logits: dict[ExtendBucket, torch.Tensor] = {}
+        # every graph's logits, in its first rows (with graphs only: the eager padded pass returns its own)
+        self.out: Optional[torch.Tensor] = None
         self.extend_passes = self.replays = 0  # how many extend passes asked, how many a bucket took
         if use_graphs:
             self._capture_all()
@@ -60,29 +74,39 @@ class ExtendGraphRunner:
         return pick_bucket(self.buckets, fb.num_tokens, fb.batch_size, fb.logits_indices.numel())
 
     def replay(self, fb: ForwardBatch, bucket: ExtendBucket) -> torch.Tensor:
-        """Logits of fb's `logits_indices` rows, from the padded pass in `bucket`."""
+        """Logits of fb's `logits_indices` rows, from the padded pass in `bucket`. With graphs they are a
+        view of the shared buffer: valid until the next extend replay (the module's docstring says why
+        the scheduler's reads come first)."""
         self.replays += 1
         lists = self.inputs.fill(fb, bucket)
         n = fb.logits_indices.numel()
         if not self.use_graphs:
             return self._forward(self._static_batch(bucket, lists))[:n]
         self.graphs[bucket].replay()
-        return self.logits[bucket][:n]
+        return self.out[:n]
 
     def _static_batch(self, bucket: ExtendBucket, lists: tuple[list, list, list]) -> ForwardBatch:
         fb = self.inputs.batch(bucket, lists)
-        self.backend.init_static_extend(fb, self.inputs.q_start[: bucket.reqs], bucket.tokens)
+        self.backend.init_static_extend(fb, self.inputs.q_start[: bucket.reqs + 1], bucket.tokens)
         return fb
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         return self.model.compute_logits(self.model(fb, self.backend))
 
+    def _forward_into_shared(self, fb: ForwardBatch) -> torch.Tensor:
+        """The captured pass: its logits copied into the shared buffer, so the capture's own are freed
+        for the next capture in the pool to reuse."""
+        logits = self._forward(fb)
+        return self.out[: logits.shape[0]].copy_(logits)
+
     def _prepare(self, bucket: ExtendBucket) -> Callable[[], torch.Tensor]:
         fb = self._static_batch(bucket, self.inputs.fill(None, bucket))  # padding only: writes slot 0
-        return functools.partial(self._forward, fb)
+        return functools.partial(self._forward_into_shared, fb)
 
     def _capture_all(self) -> None:
         start = time.perf_counter()
-        self.graphs, self.logits = capture_graphs(self.buckets, self._prepare)
+        vocab = self.model.shape.vocab_size
+        self.out = torch.zeros(max(b.reqs for b in self.buckets), vocab, dtype=torch.float32, device=self.inputs.device)
+        self.graphs, _ = capture_graphs(self.buckets, self._prepare)
         log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs", len(self.buckets),
                  self.buckets[-1].tokens, max(b.reqs for b in self.buckets), time.perf_counter() - start)

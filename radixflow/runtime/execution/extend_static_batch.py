@@ -3,11 +3,12 @@
 A graph reads fixed buffers of fixed shapes. An extend pass of T new tokens over B requests
 runs in a bucket of Tp >= T token rows and Rp request rows:
 
-- the Tp - T padding tokens form one more request, the *pad request*: no cached prefix, its K/V
-  written to the scratch slot 0, and it attends over the first Tp - T slots of whatever
-  req_to_token row its index holds; its output rows are never read;
-- the request rows after it are empty (no new tokens, nothing to attend): the attention
-  kernel's programs for them exit at once;
+- the request rows after the pass's B are empty (no new tokens, nothing to attend): the
+  attention kernel's programs for them exit at once;
+- the Tp - T padding tokens form one more request in row Rp, past the bucket's Rp rows (so a
+  pass of Rp requests still fits): the *pad request*, no cached prefix, its K/V written to the
+  scratch slot 0, attending over the first Tp - T slots of whatever req_to_token row its index
+  holds; its output rows are never read. Without padding it is one more empty row;
 - the graph computes logits for Rp hidden rows: the pass's `logits_indices`, then row 0.
 
 Every other layer works row by row (linear layers, norms, rotary, the MLP), so no real row
@@ -33,7 +34,7 @@ MIN_TOKEN_BUCKET = 16
 @dataclass(frozen=True, order=True)
 class ExtendBucket:
     tokens: int  # token rows, padding included
-    reqs: int  # request rows, the pad request and empty ones included; also the most logits rows
+    reqs: int  # request rows (empty ones included; the pad request's row comes after them); also the most logits rows
 
 
 def token_buckets(max_tokens: int) -> list[int]:
@@ -64,36 +65,39 @@ def extend_buckets(max_tokens: int, max_reqs: int) -> list[ExtendBucket]:
 
 
 def pick_bucket(buckets: list[ExtendBucket], num_tokens: int, num_reqs: int, num_logits: int) -> Optional[ExtendBucket]:
-    """The smallest bucket (fewest token rows, then request rows) that holds the pass, else None."""
+    """The smallest bucket (fewest token rows, then request rows) that holds the pass, else None. The pad
+    request has its own row past the bucket's, so a bucket of R request rows holds passes of R requests."""
     for b in buckets:
-        needed = num_reqs + (num_tokens < b.tokens)  # the pad request, when there are padding tokens
-        if b.tokens >= num_tokens and b.reqs >= max(needed, num_logits):
+        if b.tokens >= num_tokens and b.reqs >= max(num_reqs, num_logits):
             return b
     return None
 
 
 class StaticExtendInputs:
     """The fixed buffers every extend graph reads, sized for the largest bucket; a bucket's graph
-    reads their first `tokens` / `reqs` rows."""
+    reads their first `tokens` token rows, `reqs` + 1 request rows (the pad request's last) and `reqs`
+    logits rows."""
 
     def __init__(self, buckets: list[ExtendBucket], device):
         self.device = torch.device(device)
         t, r = max(b.tokens for b in buckets), max(b.reqs for b in buckets)
         i64 = {"dtype": torch.int64, "device": device}
         self.input_ids, self.positions, self.out_cache_loc = (torch.zeros(t, **i64) for _ in range(3))
-        # per request row: rows of req_to_token, KV lengths, first q row; then the logits rows
-        self.req_pool_indices, self.prefix_lens, self.extend_lens, self.seq_lens, self.q_start, self.logits_indices = (
-            torch.zeros(r, **i64) for _ in range(6))
+        # per request row: rows of req_to_token, KV lengths, first q row
+        self.req_pool_indices, self.prefix_lens, self.extend_lens, self.seq_lens, self.q_start = (
+            torch.zeros(r + 1, **i64) for _ in range(5))
+        self.logits_indices = torch.zeros(r, **i64)
 
-    def batch(self, b: ExtendBucket, lists: tuple[list, list, list] = ([], [], [])) -> ForwardBatch:
+    def batch(self, b: ExtendBucket, lists: Optional[tuple[list, list, list]] = None) -> ForwardBatch:
         """The bucket's static batch. `lists`: host (prefix, extend, seq) lengths, which only a backend
-        running without a graph reads (AttentionBackend.init_static_extend)."""
-        prefix, ext, seq = lists
+        running without a graph reads (AttentionBackend.init_static_extend); None: empty."""
+        prefix, ext, seq = lists if lists is not None else ([], [], [])
+        r = b.reqs + 1  # the pad request's row
         return ForwardBatch(
             mode=ForwardMode.EXTEND, input_ids=self.input_ids[: b.tokens], positions=self.positions[: b.tokens],
-            out_cache_loc=self.out_cache_loc[: b.tokens], req_pool_indices=self.req_pool_indices[: b.reqs],
-            seq_lens=self.seq_lens[: b.reqs], prefix_lens=self.prefix_lens[: b.reqs],
-            extend_lens=self.extend_lens[: b.reqs], logits_indices=self.logits_indices[: b.reqs],
+            out_cache_loc=self.out_cache_loc[: b.tokens], req_pool_indices=self.req_pool_indices[:r],
+            seq_lens=self.seq_lens[:r], prefix_lens=self.prefix_lens[:r],
+            extend_lens=self.extend_lens[:r], logits_indices=self.logits_indices[: b.reqs],
             seq_lens_list=seq, prefix_lens_list=prefix, extend_lens_list=ext,
         )  # fmt: skip
 
@@ -104,16 +108,15 @@ class StaticExtendInputs:
         n = fb.logits_indices.numel() if fb is not None else 0
         pad = b.tokens - t
         prefix, ext = (list(fb.prefix_lens_list), list(fb.extend_lens_list)) if fb is not None else ([], [])
-        if pad:
-            prefix, ext = prefix + [0], ext + [pad]
         empty = b.reqs - len(ext)
-        prefix, ext = prefix + [0] * empty, ext + [0] * empty
+        prefix, ext = prefix + [0] * (empty + 1), ext + [0] * empty + [pad]  # empty rows, then the pad request
         seq = [p + e for p, e in zip(prefix, ext)]
         q_start = list(itertools.accumulate(ext[:-1], initial=0))
+        r = b.reqs + 1
         # lengths, first rows, then zeros for the padding's KV slots (the scratch slot) and logits rows
         host = torch.tensor(prefix + ext + seq + q_start + [0] * (pad + b.reqs - n), dtype=torch.int64)
-        staged = torch.split(to_device_async(host, self.device), [b.reqs] * 4 + [pad, b.reqs - n])
-        dst = [self.prefix_lens[: b.reqs], self.extend_lens[: b.reqs], self.seq_lens[: b.reqs], self.q_start[: b.reqs],
+        staged = torch.split(to_device_async(host, self.device), [r] * 4 + [pad, b.reqs - n])
+        dst = [self.prefix_lens[:r], self.extend_lens[:r], self.seq_lens[:r], self.q_start[:r],
                self.out_cache_loc[t : b.tokens], self.logits_indices[n : b.reqs]]  # fmt: skip
         src = list(staged)
         if fb is not None:

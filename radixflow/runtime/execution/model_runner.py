@@ -108,7 +108,8 @@ class ModelRunner:
             num_slots = self.args.max_total_tokens
         elif self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
-            budget = free - (1 - self.args.mem_fraction_static) * total
+            # the extend graphs (captured after the pool) come out of the KV pool's share, not the headroom
+            budget = free - (1 - self.args.mem_fraction_static) * total - self._extend_graph_bytes()
             num_slots = max(int(budget // per_token), 1024)
         else:
             num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
@@ -157,20 +158,52 @@ class ModelRunner:
         max_bs = self.args.graph_max_bs(self.device) if max_bs is None else max_bs
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
+    def _extend_graph_limits(self) -> Optional[tuple[int, int]]:
+        """(most tokens, most requests) of the extend passes padded to buckets, or None when off."""
+        if self.args.cuda_graph_extend_max_tokens <= 0 or self.args.disable_cuda_graph:
+            return None  # ServerArgs warned about the disable_cuda_graph case
+        max_tokens = min(self.args.cuda_graph_extend_max_tokens, self.context_len)  # the pad request's row is that wide
+        return max_tokens, min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
+
+    def _extend_graph_bytes(self) -> int:
+        """What the extend graphs will hold on this device (an upper estimate; 0 when off or on the CPU)."""
+        from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+
+        limits = self._extend_graph_limits() if self.device == "cuda" else None
+        s = self.model.shape
+        return graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, *limits) if limits else 0
+
     def _init_extend_graphs(self):
         """--cuda-graph-extend-max-tokens: graphs for small extend passes on CUDA (triton attention), the
         same padded passes without graphs on the CPU (a correctness check, no speed-up)."""
-        max_tokens = min(self.args.cuda_graph_extend_max_tokens, self.context_len)  # the pad request's row is that wide
-        if max_tokens <= 0 or self.args.disable_cuda_graph:
+        limits = self._extend_graph_limits()
+        if limits is None:
             return None
+        max_tokens, max_reqs = limits
+        if max_tokens < self.args.cuda_graph_extend_max_tokens:
+            log.warning("cuda_graph_extend_max_tokens %d is above the context length: extend graphs up to %d tokens",
+                        self.args.cuda_graph_extend_max_tokens, max_tokens)
         graphs = self.device == "cuda"
-        if graphs and not self.backend.supports_extend_graph:
-            raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
-                                 "passes from CUDA graphs; use attention_backend=triton")
+        if graphs:
+            self._check_extend_graph_memory()
+        else:
+            log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
+                        "(a correctness check, slower than unpadded passes)", self.device)
         from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
 
-        max_reqs = min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
         return ExtendGraphRunner(self.model, self.backend, max_tokens, max_reqs, self.device, use_graphs=graphs)
+
+    def _check_extend_graph_memory(self) -> None:
+        if not self.backend.supports_extend_graph:
+            raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
+                                 "passes from CUDA graphs; use attention_backend=triton")
+        need, free = self._extend_graph_bytes(), torch.cuda.mem_get_info()[0]
+        log.info("extend CUDA graphs: up to %.0f MiB (%.0f MiB free)", need / 2**20, free / 2**20)
+        if need > free:
+            raise RadixflowError(
+                f"cuda_graph_extend_max_tokens={self.args.cuda_graph_extend_max_tokens}, cuda_graph_extend_max_reqs="
+                f"{self.args.cuda_graph_extend_max_reqs}: the extend graphs need up to {need / 2**20:.0f} MiB, "
+                f"{free / 2**20:.0f} MiB is free; lower them, or --max-total-tokens / --mem-fraction-static")
 
     def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:
         """Switch kernel settings: the model's layers and the attention backend take them, and the CUDA
