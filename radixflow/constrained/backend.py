@@ -237,13 +237,14 @@ class GrammarBackend:
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def jump_forward(self, req, forced: bool = True) -> Union[list, tuple]:
-        """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`),
-        or on llguidance the replacement of a sampled token that left no completion within the budget."""
+    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None) -> Union[list, tuple]:
+        """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`;
+        at most `limit`), or on llguidance the replacement of a sampled token that left no
+        completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
         impl = self._jump_impls.get(type(req.grammar)) or self.impl_for(req.sampling.grammar[0])
-        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled)
+        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:

@@ -47,9 +47,11 @@ class OutlinesGrammars:
         """`pool` is unused: copies of an outlines grammar share no lock."""
         return GrammarMatcher(grammar, req)
 
-    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
-        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs here)."""
-        return plan_jump(matcher, req, self._encode, first=first) if forced else []
+    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True,
+             limit: Optional[int] = None) -> Union[list, tuple]:
+        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs
+        here), at most `limit` tokens."""
+        return plan_jump(matcher, req, self._encode, first=first, limit=limit) if forced else []
 
     def _encode(self, text: str) -> list:
         return list(self._encode_cached(text))

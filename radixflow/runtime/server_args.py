@@ -72,7 +72,8 @@ _HELP = {
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
     "decode batches of at most this many rows (forced tokens are then fed one a pass, so such a jump saves no pass "
     "while its host work slows every step of a large batch); outlines rows, a request's first jump (before its "
-    "prefill) and every jump without overlap are always taken",
+    "prefill) and every jump without overlap are always taken; under overlap a jump is cut to what keeps its row "
+    "within 16 fed tokens (the rest is jumped over on later steps)",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
     "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "
