@@ -215,6 +215,7 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
     assert [_matcher_class(backend, "regex", regex) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
     backend.wait_for_promotions()
     assert _matcher_class(backend, "regex", regex) == "GrammarMatcher"
+    assert backend.promotion("regex", regex).result().compile_s > 0 and backend.promotion("regex", "[a-z]{3}") is None
     assert _matcher_class(backend, "regex", r"[a-z]{3}") == "LLGuidanceMatcher", "another grammar is not busy yet"
 
     monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
