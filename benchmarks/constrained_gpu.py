@@ -12,7 +12,7 @@ correctness section first compares greedy outputs with overlap scheduling on and
 batch (JSON, regex, free). Every grammar backend named by --grammar-backends runs in the same
 engine (each keeps its compiled grammars), one backend after another (all sizes and temperatures
 of the first, then the next: --deadline-s skips the last ones), each with its own free runs;
-labels are prefixed with the backend. `auto` (the server's default) starts each grammar on
+labels are prefixed with the backend. `auto` (opt-in; the server default is llguidance) starts each grammar on
 llguidance and moves it to outlines once busy: the benchmark waits for that move after its
 warm-up batch and warms once more, so the timed runs show the steady state (which backend each
 kind ran on is recorded as `auto/promoted_KIND`, with outlines' compile time). The engine's --jump-forward-max-batch is
@@ -233,14 +233,13 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
 def settle(eng, backend: str, kind: str) -> bool:
     """auto: wait for the grammars' outlines compiles under way, and record whether `kind`'s
     grammar now runs on outlines. True when it does (then the caller warms it once more)."""
-    promotions = BACKENDS[backend].promotions
-    if promotions is None:
+    if BACKENDS[backend].promotions is None:
         return False
     BACKENDS[backend].wait_for_promotions()
     spec = json.dumps(SCHEMA) if kind == "json" else REGEX
-    done = promotions.peek(("outlines", "json_schema" if kind == "json" else "regex", spec, BACKENDS[backend].options))
+    done = BACKENDS[backend].promotion("json_schema" if kind == "json" else "regex", spec)
     promoted = done is not None and done.exception() is None
-    # the outlines compile: it holds the GIL for much of this, so it bounds the scheduler's one pause
+    # the outlines compile: its get_transitions call holds the GIL, the scheduler's one pause
     RESULTS[f"{backend}/promoted_{kind}"] = {"promoted": promoted, "compile_s": done.result().compile_s if promoted else None}
     return promoted
 

@@ -204,7 +204,7 @@ def _matcher_class(backend: GrammarBackend, kind: str, spec) -> str:
 
 
 def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
-    """auto (the server default): a grammar's requests start on llguidance; from its
+    """auto (opt-in; the server default is llguidance): a grammar's requests start on llguidance; from its
     PROMOTE_AFTER-th request it is compiled on outlines in the background, and once that is done
     its new requests run on outlines. ebnf, grammars outlines refuses, tensor-parallel servers and
     CPU schedulers stay on llguidance."""
@@ -215,6 +215,7 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
     assert [_matcher_class(backend, "regex", regex) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
     backend.wait_for_promotions()
     assert _matcher_class(backend, "regex", regex) == "GrammarMatcher"
+    assert backend.promotion("regex", regex).result().compile_s > 0 and backend.promotion("regex", "[a-z]{3}") is None
     assert _matcher_class(backend, "regex", r"[a-z]{3}") == "LLGuidanceMatcher", "another grammar is not busy yet"
 
     monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
@@ -228,11 +229,92 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
     assert _backend(engine, grammar_backend="auto", tp_size=2).promotions is None
     from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
 
-    for device, moves in (("cpu", False), ("cuda:0", True)):  # what the scheduler builds: moves only on a GPU
+    from radixflow.runtime.server_args import ServerArgs
+
+    # what the scheduler builds: auto moves only on a GPU; the default (llguidance) never moves, a GPU's neither
+    for args, device, moves in ((SimpleNamespace(grammar_backend="auto"), "cpu", False), (SimpleNamespace(grammar_backend="auto"), "cuda:0", True),
+                                (ServerArgs(), "cuda:0", False)):  # fmt: skip
         sched = SimpleNamespace(grammar_backend=None, tokenizer=engine.tokenizer, runner=engine.runner, eos_ids=engine.eos_ids,
-                                args=SimpleNamespace(grammar_backend="auto"), device=device)  # fmt: skip
+                                args=args, device=device)  # fmt: skip
         assert (start_grammar_backend(sched).promotions is not None) == moves, device
+        assert sched.grammar_backend.name == args.grammar_backend
         sched.grammar_backend.cache.pool.shutdown(wait=False)
+
+
+def _busy(backend: GrammarBackend, regex: str, n: int = 0) -> list:
+    """Sends `regex` n times (PROMOTE_AFTER by default); the matcher class of each request."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    return [_matcher_class(backend, "regex", regex) for _ in range(n or PROMOTE_AFTER)]
+
+
+def test_auto_runs_one_background_compile_at_a_time(engine, monkeypatch):
+    """A second busy grammar waits for the first one's outlines compile (no queue of compiles,
+    each pausing the scheduler); its next request after that starts its own."""
+    backend = _backend(engine, grammar_backend="auto")
+    outlines, release, started = backend._impl_named("outlines"), threading.Event(), []
+    compile_fn = outlines.compile
+
+    def slow(kind, spec, *a, **k):
+        started.append(spec)
+        release.wait(60)
+        return compile_fn(kind, spec, *a, **k)
+
+    monkeypatch.setattr(outlines, "compile", slow)
+    try:
+        _busy(backend, r"[0-9]{3}")
+        _busy(backend, r"[a-z]{3}")
+        assert list(backend.promotions.entries) == [("outlines", "regex", r"[0-9]{3}", backend.options)]
+    finally:
+        release.set()
+    backend.wait_for_promotions()
+    assert _busy(backend, r"[a-z]{3}", 1) == ["LLGuidanceMatcher"], "this request starts its compile"
+    backend.wait_for_promotions()
+    assert started == [r"[0-9]{3}", r"[a-z]{3}"]
+    assert _busy(backend, r"[a-z]{3}", 1) == ["GrammarMatcher"] and _busy(backend, r"[0-9]{3}", 1) == ["GrammarMatcher"]
+    backend.cache.pool.shutdown(wait=False)
+
+
+def test_auto_keeps_the_most_recently_used_moved_grammars(engine):
+    """The moved grammars are a real LRU: a grammar in use is refreshed, so the one evicted is
+    the least recently used, not the first moved."""
+    backend = _backend(engine, grammar_backend="auto")
+    backend.promotions.capacity = 2
+    for regex in (r"[0-9]{2}", r"[0-9]{3}"):
+        _busy(backend, regex)
+        backend.wait_for_promotions()
+    assert _busy(backend, r"[0-9]{2}", 1) == ["GrammarMatcher"]  # used last: kept
+    _busy(backend, r"[0-9]{4}")
+    backend.wait_for_promotions()
+    kept = {key[2] for key in backend.promotions.entries}
+    assert kept == {r"[0-9]{2}", r"[0-9]{4}"}, kept
+    backend.cache.pool.shutdown(wait=False)
+
+
+def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
+    """A grammar whose byte-level DFA is over the state bound stays on llguidance without its
+    token index ever being built; a compile over the time or size bound is discarded; a refused
+    grammar is not compiled again."""
+    import radixflow.constrained.backend as backend_module
+    import radixflow.constrained.outlines_grammars as outlines_module
+
+    built = []
+    compile_regex = outlines_module.compile_regex
+    monkeypatch.setattr(outlines_module, "compile_regex", lambda rx, vocab: (built.append(rx), compile_regex(rx, vocab))[1])
+    backend = _backend(engine, grammar_backend="auto")
+    monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 5)
+    _busy(backend, r"[0-9]{3}-[0-9]{4}")
+    backend.wait_for_promotions()
+    assert _busy(backend, r"[0-9]{3}-[0-9]{4}", 2) == ["LLGuidanceMatcher"] * 2 and built == []
+    monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 10**6)
+    for limit, max_bytes, regex in ((0.0, 1 << 40, r"[a-z]{2}"), (60.0, 1, r"[a-z]{3}")):
+        backend.move_limit_s = limit
+        monkeypatch.setattr(backend_module, "PROMOTE_MAX_BYTES", max_bytes)
+        _busy(backend, regex)
+        backend.wait_for_promotions()
+        assert _busy(backend, regex, 3) == ["LLGuidanceMatcher"] * 3, (limit, max_bytes)
+    assert len(built) == 2, "each discarded grammar was compiled once, not again"
+    backend.cache.pool.shutdown(wait=False)
 
 
 def test_auto_serves_both_backends_in_one_batch(engine):

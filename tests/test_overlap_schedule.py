@@ -7,6 +7,7 @@ on (it is the default on CUDA) and compare with the same engine's outputs with i
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from typing import Optional
 
@@ -226,6 +227,43 @@ def test_constrained_overlap_on_outlines(engine):
     assert _outputs(got) == _outputs(ref)
     jumped = [o["meta_info"].get("jump_forward_tokens", 0) for o in got]
     assert jumped == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref] and sum(jumped) > 0
+
+
+def test_a_long_forced_run_does_not_drain_an_overlapped_batch(engine, monkeypatch):
+    """A forced run longer than a row may feed (a 40-token const between sampled values) is
+    jumped over in pieces under overlap, so the row never holds more than MAX_FED_TOKENS tokens
+    without KV (more would drain the whole batch for an extend pass); the text is the
+    non-overlapped path's and the output valid."""
+    import dataclasses
+
+    from radixflow.constrained.backend import GrammarBackend
+    from radixflow.runtime.scheduling import overlap
+
+    note = "the quick brown fox jumps over the lazy dog and " * 4
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "note": {"const": note}, "n": {"type": "integer"}},
+              "required": ["ok", "note", "n"], "additionalProperties": False}  # fmt: skip
+    prompts = ["Status:", "Another status:", PROMPTS[0]]
+    params = [{"temperature": 0, "max_new_tokens": 120, "json_schema": json.dumps(schema)}] * 2 + [{"temperature": 0, "max_new_tokens": 40, "ignore_eos": True}]
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, sched.args)
+    args = dataclasses.replace(sched.args, grammar_backend="outlines")
+    sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
+    sched.jump_forward = sched.grammar_backend.jump_forward
+    seen, check = [], overlap.overlappable
+    monkeypatch.setattr(overlap, "overlappable", lambda req, pending: (seen.append(pending), check(req, pending))[1])
+    try:
+        ref = engine.generate(prompts, params)
+        with overlap_on(engine):
+            got = engine.generate(prompts, params)
+            _settle(sched)
+    finally:
+        sched.grammar_backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward, sched.args = saved
+    assert seen and max(seen) <= overlap.MAX_FED_TOKENS, max(seen)
+    assert [o["text"] for o in got] == [o["text"] for o in ref]
+    for out in got[:2]:
+        assert json.loads(out["text"])["note"] == note
+        assert out["meta_info"]["jump_forward_tokens"] > overlap.MAX_FED_TOKENS, "the run was jumped over, in pieces"
 
 
 def _gen(i: int, **sp) -> dict:

@@ -6,20 +6,21 @@ compiled (or failed), and jump forward after sampled tokens.
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
     backend.jump_forward(req, forced)  # after each sampled token: [] / [tokens] / (keep, [tokens])
 
-The grammar backend (`--grammar-backend`: auto, outlines or llguidance) compiles through
-`grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (the default)
+The grammar backend (`--grammar-backend`: llguidance, the default, outlines or auto) compiles
+through `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (opt-in)
 compiles every grammar on llguidance (milliseconds, the widest coverage); a json_schema / regex
 grammar that has had PROMOTE_AFTER requests is also compiled on outlines, in the background on
 a pool of its own (so it never delays a request's compile), and once that compile is done the
 grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
-llguidance's per-step mask work is what bounds a GPU step. A grammar outlines refuses (or whose
-DFA check runs past the compile time limit) stays on llguidance. outlines-core holds the GIL for
-much of its compile (the benchmark's JSON schema on a loaded 2-core CPU: a 6.7 s compile held
-another thread up to 3.1 s at a time), so a promotion can pause the scheduler that long, once per
-grammar. auto stays on llguidance under tensor parallelism (each rank would switch at its own
-time) and on a CPU scheduler (what motivates the move was measured on a GPU, where the host's
-grammar work bounds a large batch's step; on a CPU the compile would take time from the forward
-passes). A compile that
+llguidance's per-step mask work is what bounds a GPU step. The move is bounded: one background
+compile at a time; a grammar whose byte-level DFA has more than PROMOTE_MAX_DFA_STATES states is
+refused before its token index is built; a compile that took longer than the compile time limit,
+or whose arrays exceed PROMOTE_MAX_BYTES, is discarded after it finishes (outlines-core cannot be
+interrupted: the check is after the fact); a refused grammar stays on llguidance and is not tried
+again; at most MAX_PROMOTED moved grammars are kept, least recently used evicted. outlines-core's
+`get_transitions` holds the GIL in one call (the benchmark's schema, 49k vocabulary: 0.8 s), so a
+move still pauses the scheduler once per grammar. auto stays on llguidance under tensor
+parallelism (each rank would switch at its own time) and on a CPU scheduler. A compile that
 runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
 submission) fails only its own request; the worker finishes
 it in the background (outlines-core cannot be interrupted), and a later request for the
@@ -40,7 +41,7 @@ from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
-from radixflow.errors import RadixflowError
+from radixflow.errors import GrammarError, RadixflowError
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT_FACTOR = 30  # a grammar still queued after this many compile time limits fails (503)
@@ -48,6 +49,11 @@ QUEUE_LIMIT_FACTOR = 30  # a grammar still queued after this many compile time l
 # grammar (a batch job's schema) pays outlines' compile once; a schema per request never does
 PROMOTE_AFTER = 8
 MAX_COUNTED = 4096  # grammars whose requests `auto` counts; the counts restart past it
+# bounds on auto's moves: the benchmark schema's byte DFA has 2,433 states (3.6 s, ~235 MiB kept on a 49k
+# vocabulary); a string of maxLength 500 has 5,010 (8.3 s, 1.5 GiB), so such a grammar stays on llguidance
+PROMOTE_MAX_DFA_STATES = 3000
+PROMOTE_MAX_BYTES = 512 << 20  # a moved grammar's token / next-distance arrays
+MAX_PROMOTED = 4  # moved grammars kept (each holds its arrays and outlines-core's index)
 
 
 class GrammarBackend:
@@ -65,8 +71,11 @@ class GrammarBackend:
         self.cache = GrammarCache(getattr(server_args, "grammar_compile_workers", 2))
         # auto's outlines compiles of busy grammars: one at a time, behind no request's compile
         single = getattr(server_args, "tp_size", 1) == 1
-        self.promotions = GrammarCache(1) if promote and self.name == "auto" and single else None
+        self.promotions = GrammarCache(1, MAX_PROMOTED) if promote and self.name == "auto" and single else None
         self._uses: collections.Counter = collections.Counter()
+        self._refused: set = set()  # keys auto will not move again (refused or discarded)
+        self._moving: Optional[Future] = None  # the one background compile allowed at a time
+        self.move_limit_s = self.timeout_s  # a move whose compile took longer is discarded
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
@@ -110,19 +119,49 @@ class GrammarBackend:
 
     def _promoted(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's finished outlines compile, if it has one; else counts the request,
-        and from the PROMOTE_AFTER-th request of a json_schema / regex grammar on, that compile is started."""
+        and from the PROMOTE_AFTER-th request of a json_schema / regex grammar on, that compile is
+        started, unless another one is running (a later request starts it then)."""
         if self.promotions is None or kind == "ebnf":
             return None
-        key = ("outlines", kind, spec, self.options)
-        done = self.promotions.peek(key)
-        if done is not None and done.done() and done.exception() is None:
-            return done
+        key = ("outlines", kind, spec, self.options)  # promotion() reads the same key
+        if key in self._refused:
+            return None
+        done = self.promotions.peek(key, touch=True)
+        if done is not None and done.done():
+            if done.exception() is None:
+                return done
+            self.promotions.discard(key)
+            self._refused.add(key)
+            return None
         if len(self._uses) > MAX_COUNTED:
             self._uses.clear()
+            self._refused.clear()
         self._uses[key] += 1
-        if self._uses[key] >= PROMOTE_AFTER:  # a hit once started; after an eviction, again
-            self.promotions.get(key, lambda: compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s))
+        idle = self._moving is None or self._moving.done()
+        if done is None and idle and self._uses[key] >= PROMOTE_AFTER:
+            self._moving = self.promotions.get(key, lambda: self._move(kind, spec))
         return None
+
+    def _move(self, kind: str, spec):
+        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them)."""
+        start = time.monotonic()
+        try:
+            grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s,
+                                      max_dfa_states=PROMOTE_MAX_DFA_STATES)
+        except RadixflowError as e:
+            log.info("auto: a %s grammar stays on llguidance: %s", kind, e)
+            raise
+        took, size = time.monotonic() - start, grammar.tokens.nbytes + grammar.next_dist.nbytes
+        if took > self.move_limit_s or size > PROMOTE_MAX_BYTES:
+            log.info("auto: a %s grammar stays on llguidance: its outlines compile took %.1f s (limit %g) and %d MiB (limit %d)",
+                     kind, took, self.move_limit_s, size >> 20, PROMOTE_MAX_BYTES >> 20)
+            raise GrammarError("discarded: over auto's time or size bound")
+        log.info("auto: a %s grammar moves to outlines (compiled in %.1f s, %d MiB)", kind, took, size >> 20)
+        return grammar
+
+    def promotion(self, kind: str, spec) -> Optional[Future]:
+        """auto: the grammar's outlines compile, if one was started and is still kept."""
+        return None if self.promotions is None else self.promotions.peek(("outlines", kind, spec, self.options))
 
     def wait_for_promotions(self) -> None:
         """Blocks until the outlines compiles under way are done (benchmarks: before timing)."""
@@ -198,13 +237,14 @@ class GrammarBackend:
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def jump_forward(self, req, forced: bool = True) -> Union[list, tuple]:
-        """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`),
-        or on llguidance the replacement of a sampled token that left no completion within the budget."""
+    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None) -> Union[list, tuple]:
+        """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`;
+        at most `limit`), or on llguidance the replacement of a sampled token that left no
+        completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
         impl = self._jump_impls.get(type(req.grammar)) or self.impl_for(req.sampling.grammar[0])
-        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled)
+        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:

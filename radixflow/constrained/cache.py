@@ -39,10 +39,18 @@ class GrammarCache:
             self._evict()
             return fut
 
-    def peek(self, key: Hashable) -> Optional[Future]:
-        """The compile of `key` if one was started (and not evicted), without starting one."""
+    def peek(self, key: Hashable, touch: bool = False) -> Optional[Future]:
+        """The compile of `key` if one was started (and not evicted), without starting one;
+        `touch`: count it as used (last to be evicted), as get() does."""
         with self._lock:
-            return self.entries.get(key)
+            fut = self.entries.get(key)
+            if fut is not None and touch:
+                self.entries.move_to_end(key)
+            return fut
+
+    def discard(self, key: Hashable) -> None:
+        with self._lock:
+            self.entries.pop(key, None)
 
     def _timed(self, compile_fn: Callable[[], object], box: list) -> object:
         with self._lock:  # held by get() until the future is in the box

@@ -18,7 +18,7 @@ cached per FSM state, re-tokenization is one tokenizer call per jump (cached per
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Callable, Optional, Union
 
 from radixflow.constrained.matcher import GrammarMatcher
 
@@ -36,10 +36,11 @@ def utf8_prefix(data: bytes) -> bytes:
     return b""
 
 
-def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False) -> Union[list, tuple]:
+def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False, limit: Optional[int] = None) -> Union[list, tuple]:
     """Advance `matcher` over the forced continuation and return what the scheduler
     appends: [] (nothing), [tokens] or (keep, [tokens]). `first`: before the segment's
-    first sample (nothing to re-tokenize; one sampled token must still fit the budget)."""
+    first sample (nothing to re-tokenize; one sampled token must still fit the budget).
+    `limit`: at most this many tokens (the rest of the forced text is jumped over later)."""
     forced = utf8_prefix(matcher.grammar.forced_bytes(matcher.state))
     if not forced:
         return []
@@ -52,7 +53,7 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False)
             continue
         common, tokens = planned
         keep = len(out) - len(boundary) + common
-        tokens = _apply(matcher, req, len(boundary) - common, tokens, keep, reserve)
+        tokens = _apply(matcher, req, len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)], keep, reserve)
         if tokens:
             return tokens if keep == len(out) else (keep, tokens)
     return []
@@ -79,6 +80,8 @@ def _retokenize(matcher: GrammarMatcher, boundary: list, forced: bytes, encode: 
 def _apply(matcher: GrammarMatcher, req, undo: int, tokens: list, keep: int, reserve: int) -> list:
     """Roll back `undo` accepted tokens and accept `tokens` (less an extendable last
     token), if that fits the budget. Returns the tokens accepted ([]: nothing changed)."""
+    if not tokens:
+        return []
     g = matcher.grammar
     undone = req.output_ids[len(req.output_ids) - undo :] if undo else []
     matcher.rollback(undo)

@@ -320,17 +320,19 @@ class LLGuidanceGrammars:
         """`pool`: where the grammar's further builds are made (None: it keeps the builds it has)."""
         return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_build(pool))
 
-    def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
+    def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True,
+             limit: Optional[int] = None) -> Union[list, tuple]:
         """After a failed budget check, the output cut back and a replacement ((keep, [token])),
         else the tokens the grammar forces next (`forced`: jump-forward is on), as many as the
-        budget allows."""
+        budget allows, and at most `limit`."""
         swap = matcher.take_replacement()
         if swap is not None:
             return (len(req.output_ids) - swap[0], [swap[1]])
         if not forced:  # the caller checked that the matcher is not terminated
             return []
         room = req.sampling.max_new_tokens - req.segment_len
-        tokens = matcher.m.compute_ff_tokens()[: max(room - (1 if first else 0), 0)]
+        most = room - (1 if first else 0) if limit is None else min(room - (1 if first else 0), limit)
+        tokens = matcher.m.compute_ff_tokens()[: max(most, 0)]
         if not tokens or not matcher.m.consume_tokens(tokens):
             return []
         if matcher.path is not None and not matcher.follow(tokens, room - len(tokens)):

@@ -5,13 +5,13 @@ distances, so it supports jump-forward and budget-aware completion (fsm.py)."""
 from __future__ import annotations
 
 import functools
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 from radixflow.constrained.fsm import CompiledGrammar, compile_regex
 from radixflow.constrained.jump_forward import plan_jump
 from radixflow.constrained.matcher import GrammarMatcher
 from radixflow.constrained.options import DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
-from radixflow.constrained.regex_guard import check_regex_dfa
+from radixflow.constrained.regex_guard import regex_dfa_size
 from radixflow.constrained.spec import regex_error, to_regex
 from radixflow.constrained.vocabulary import TokenVocab, build_token_vocab, plain_rust_tokenizer
 from radixflow.errors import GrammarError
@@ -26,13 +26,18 @@ class OutlinesGrammars:
         # a jump's few characters go straight to the fast tokenizer's Rust side, skipping the wrapper's per-call setup
         self._backend = plain_rust_tokenizer(info.tokenizer)
 
-    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> CompiledGrammar:
+    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+                max_dfa_states: Optional[int] = None) -> CompiledGrammar:
         """The regex's byte-level DFA is built first in a child process killed past `timeout_s`
-        (regex_guard.py): an exponential DFA fails this compile instead of holding its thread."""
+        (regex_guard.py): an exponential DFA fails this compile instead of holding its thread.
+        `max_dfa_states`: refuse (GrammarError) a regex whose byte-level DFA has more states,
+        before the token index (whose time, memory and GIL-held transitions grow with it) is built."""
         regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
-        error = check_regex_dfa(regex, timeout_s)
+        error, states = regex_dfa_size(regex, timeout_s)
         if error:
             raise GrammarError(regex_error(regex, error))
+        if max_dfa_states is not None and states > max_dfa_states:
+            raise GrammarError(f"its byte-level automaton has {states} states, over the {max_dfa_states} allowed here")
         try:
             return compile_regex(regex, self.vocab)
         except ValueError as e:
@@ -42,9 +47,11 @@ class OutlinesGrammars:
         """`pool` is unused: copies of an outlines grammar share no lock."""
         return GrammarMatcher(grammar, req)
 
-    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True) -> Union[list, tuple]:
-        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs here)."""
-        return plan_jump(matcher, req, self._encode, first=first) if forced else []
+    def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True,
+             limit: Optional[int] = None) -> Union[list, tuple]:
+        """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs
+        here), at most `limit` tokens."""
+        return plan_jump(matcher, req, self._encode, first=first, limit=limit) if forced else []
 
     def _encode(self, text: str) -> list:
         return list(self._encode_cached(text))

@@ -6,7 +6,8 @@ for hours and cannot be interrupted, so a compile thread that started one would 
 to every later grammar. The byte-level DFA (the same regex engine over a 256-token
 vocabulary) shows the blow-up first; building it in a child process lets the limit end it:
 
-    check_regex_dfa(regex, timeout_s)   # None, or GrammarError: invalid, or too large to build in time
+    check_regex_dfa(regex, timeout_s)   # "", or outlines-core's message; GrammarError: too large to build in time
+    regex_dfa_size(regex, timeout_s)    # (that message, the byte-level DFA's state count)
 
 Children import only outlines_core, say they are ready (their start does not count against
 the limit), take one regex per line and stay alive between checks (a few are kept idle);
@@ -36,10 +37,9 @@ vocab = Vocabulary(256, {{bytes([b]): [b] for b in range(256)}})
 print('"ready"', flush=True)
 for line in sys.stdin:
     try:
-        Index(json.loads(line), vocab)
-        out = ""
+        out = ["", len(Index(json.loads(line), vocab).get_transitions())]
     except ValueError as e:
-        out = str(e) or "cannot be compiled"
+        out = [str(e) or "cannot be compiled", 0]
     sys.stdout.write(json.dumps(out) + "\\n")
     sys.stdout.flush()
 """
@@ -51,6 +51,12 @@ _lock = threading.Lock()
 def check_regex_dfa(regex: str, timeout_s: float) -> str:
     """outlines-core's error message for `regex` ("" when it compiles). Raises
     GrammarError when its DFA is not built within `timeout_s` seconds or the memory limit."""
+    return regex_dfa_size(regex, timeout_s)[0]
+
+
+def regex_dfa_size(regex: str, timeout_s: float) -> tuple[str, int]:
+    """(check_regex_dfa's message, the byte-level DFA's state count: the token index's states
+    and compile time grow with it, so auto's background compile refuses large ones up front)."""
     child = _take()
     deadline = time.monotonic() + timeout_s
     ready: list = []
@@ -69,7 +75,8 @@ def check_regex_dfa(regex: str, timeout_s: float) -> str:
             "(a|b)*a(a|b){24}, grows it exponentially; simplify the regex or bound the repeats"
         )
     _give_back(child)
-    return json.loads(line)
+    error, states = json.loads(line)
+    return error, states
 
 
 def _take() -> subprocess.Popen:

@@ -25,7 +25,7 @@ _CHOICES = {
     "overlap_schedule": ("auto", "on", "off"),
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
-    "grammar_backend": ("auto", "outlines", "llguidance"),
+    "grammar_backend": ("llguidance", "outlines", "auto"),
     "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
     "attention_p_parts": (1, 2),
     "tp_scheduler": ("replicated", "leader"),
@@ -65,23 +65,26 @@ _HELP = {
     "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
-    "grammar_backend": "what compiles regex / json_schema grammars: auto (the default) compiles each on llguidance "
-    "(millisecond compiles, the most JSON-schema keywords) and, on a GPU, once a grammar has had 8 requests, on "
-    "outlines too in the background; its later requests then run on outlines (masks cached per state: cheaper "
-    "steps at large batches). llguidance or outlines (outlines-core: exact shortest outputs, slower compiles) force one; ebnf "
-    "always runs on llguidance; see docs/grammars.md",
+    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: millisecond compiles, "
+    "the most JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always "
+    "runs on llguidance. auto (opt-in) starts each grammar on llguidance and, on a single-GPU server, moves a "
+    "regex / JSON schema with 8 requests to outlines once a background compile of it is done (faster steps at "
+    "large batches; costs: a pause of the scheduler per move, memory per moved grammar, and the grammar's "
+    "language can change at the move: docs/grammars.md lists how)",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them",
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
     "decode batches of at most this many rows (forced tokens are then fed one a pass, so such a jump saves no pass "
     "while its host work slows every step of a large batch); outlines rows, a request's first jump (before its "
-    "prefill) and every jump without overlap are always taken",
+    "prefill) and every jump without overlap are always taken; under overlap a jump is cut to what keeps its row "
+    "within 16 fed tokens (the rest is jumped over on later steps)",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
     "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "
     "CPUs), one more per extra request, built in the background: requests of one grammar then do not wait on "
     "one lexer's lock (docs/constrained.md)",
     "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
-    "time queued behind other compiles) fails its request with a 400",
+    "time queued behind other compiles) fails its request with a 400; under --grammar-backend auto, a background "
+    "outlines compile that took longer is discarded after it ends (it is not interrupted)",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",
@@ -153,7 +156,7 @@ class ServerArgs:
     native_attention_dtype: str = "float32"
 
     # constrained decoding
-    grammar_backend: str = "auto"
+    grammar_backend: str = "llguidance"
     disable_jump_forward: bool = False
     jump_forward_max_batch: int = 16
     grammar_compile_workers: int = 2

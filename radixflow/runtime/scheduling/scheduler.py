@@ -37,7 +37,7 @@ from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, fir
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
-from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
+from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS, InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
 from radixflow.runtime.distributed.step_channel import agree_ids
@@ -73,7 +73,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs
-        self.jump_forward: Optional[Callable[[Req, bool], object]] = None  # set with the grammar backend
+        self.jump_forward: Optional[Callable[[Req, bool, Optional[int]], object]] = None  # set with the grammar backend
         self.continue_request = continue_request
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
@@ -345,7 +345,7 @@ class Scheduler:
             req = reqs[i]
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
-                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch)
+                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, self._jump_limit(req))
             if req.finished and self.continue_request is not None and self.continue_request(req):
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
@@ -360,13 +360,19 @@ class Scheduler:
         row, every step) bounds a large batch's step: there only the jump at admission is taken."""
         return not self.overlap or rows <= self.args.jump_forward_max_batch
 
-    def _apply_jump_forward(self, req: Req, allowed: bool = True) -> None:
+    def _jump_limit(self, req: Req) -> Optional[int]:
+        """With overlap scheduling, the most tokens a jump after a sampled token may append: a row
+        left with more than MAX_FED_TOKENS tokens without KV cannot overlap, and would drain
+        the whole batch for an extend pass (one slack token: a jump may first cut one back)."""
+        return MAX_FED_TOKENS - (req.seq_len - req.kv_len) - 1 if self.overlap else None
+
+    def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None) -> None:
         """Append tokens the grammar forces, without sampling them (`allowed`: the step may
         jump; a replacement that keeps the output within its budget is applied regardless);
         their KV is computed by the next pass (which becomes an extend). The hook returns the
         tokens to append, or (keep, tokens) to first cut the output back to `keep` tokens
         (re-tokenizing at the boundary)."""
-        forced = self.jump_forward(req, allowed)
+        forced = self.jump_forward(req, allowed, limit)
         if not forced:
             return
         keep, tokens = jump_parts(forced, len(req.output_ids))
