@@ -439,3 +439,25 @@ def test_abort_while_an_extend_pass_is_pending(engine):
         assert reqs[0].output_ids == [] and reqs[0].finish_reason["type"] == "abort"
         _settle(sched)
     assert len(reqs[1].output_ids) == 4
+
+
+def test_the_jump_limit_counts_the_whole_decode_batch(engine):
+    """Rows that finish their prefill while others decode join that batch: the jump decision counts
+    the batch they join (running rows and them), never just the rows advanced in this step."""
+    from radixflow.runtime.scheduling.jump_policy import jump_limit, jumps_after_sampling
+
+    assert jumps_after_sampling(False, 500, 16) and jumps_after_sampling(True, 16, 16)
+    assert not jumps_after_sampling(True, 17, 16)
+    assert jump_limit(False, 40, 10) is None and jump_limit(True, 12, 10) == 16 - 2 - 1
+    prompts, params = _constrained_batch()
+    seen = []
+    with overlap_on(engine, cold_chunk=16) as sched:
+        decide = sched.jumps_after_sampling
+        sched.jumps_after_sampling = lambda rows: seen.append((rows, len(sched.running))) or decide(rows)
+        try:
+            engine.generate(prompts, params)
+            _settle(sched)
+        finally:
+            del sched.jumps_after_sampling
+    assert seen and all(rows >= running for rows, running in seen), seen
+    assert max(rows for rows, _ in seen) <= len(prompts)

@@ -37,7 +37,8 @@ from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, fir
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
-from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS, InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
+from radixflow.runtime.scheduling.jump_policy import jump_limit, jumps_after_sampling
+from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
 from radixflow.runtime.distributed.step_channel import agree_ids
@@ -340,12 +341,14 @@ class Scheduler:
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
-        forced = self.jumps_after_sampling(len(reqs))
+        batch_rows = len({id(r) for r in self.running} | {id(r) for r in reqs})  # new rows join the running batch
+        forced = self.jumps_after_sampling(batch_rows)
         for i in live:
             req = reqs[i]
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
-                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, self._jump_limit(req))
+                limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
+                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit)
             if req.finished and self.continue_request is not None and self.continue_request(req):
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
@@ -353,18 +356,8 @@ class Scheduler:
         return [reqs[i] for i in live]
 
     def jumps_after_sampling(self, rows: int) -> bool:
-        """Whether a batch of `rows` jumps forward after its sampled tokens (rows whose matcher
-        says `jumps_in_any_batch` always do). Without overlap a jump's tokens go in one extend
-        pass, saving passes. With it they are fed one a decode pass, so an llguidance jump saves
-        none (its forced tokens are the ones its masks allow anyway) while its host work (every
-        row, every step) bounds a large batch's step: there only the jump at admission is taken."""
-        return not self.overlap or rows <= self.args.jump_forward_max_batch
-
-    def _jump_limit(self, req: Req) -> Optional[int]:
-        """With overlap scheduling, the most tokens a jump after a sampled token may append: a row
-        left with more than MAX_FED_TOKENS tokens without KV cannot overlap, and would drain
-        the whole batch for an extend pass (one slack token: a jump may first cut one back)."""
-        return MAX_FED_TOKENS - (req.seq_len - req.kv_len) - 1 if self.overlap else None
+        """Whether a step whose decode batch holds `rows` rows jumps forward after sampling (jump_policy)."""
+        return jumps_after_sampling(self.overlap, rows, self.args.jump_forward_max_batch)
 
     def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None) -> None:
         """Append tokens the grammar forces, without sampling them (`allowed`: the step may
