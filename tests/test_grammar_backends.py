@@ -592,3 +592,72 @@ def test_the_gpu_benchmark_refuses_an_unknown_section(monkeypatch, capsys):
         constrained_gpu.parse_args(["--out", "x", "--sections", "background,throughput"])
     err = capsys.readouterr().err
     assert "unknown background" in err and "correctness, threads, idle, throughput" in err
+
+
+# the review's cases where llguidance's reading of a spec and outlines' regex disagree (issue 23)
+DIVERGENT = [
+    ("json_schema", {"type": "object", "properties": {"x": {}}, "required": ["x"]}, {},
+     ['{"x":1}', '{"x":{"a":{"b":{"c":1}}}}', '{"x":[[[[[1]]]]]}']),
+    ("json_schema", {"type": "object", "properties": {"x": {"type": "object"}}, "required": ["x"]}, {},
+     ['{"x":{}}', '{"x":{"a":{"b":{"c":1}}}}']),
+    ("json_schema", {"type": "string", "format": "time"}, {}, ['"12:00:00Z"', '"12:00:00"', '"12:00:00+01:00"']),
+    ("json_schema", {"type": "string", "format": "date-time"}, {},
+     ['"2024-02-29T00:00:00Z"', '"2023-02-28T00:00:00.1234567Z"', '"2023-02-28t00:00:00z"']),
+    ("json_schema", {"type": "string", "format": "uuid"}, {},
+     ['"123e4567-e89b-12d3-a456-426614174000"', '"123E4567-E89B-12D3-A456-426614174000"']),
+    ("json_schema", {"type": "string", "format": "email"}, {}, ['"a@b.co"', '"a@b"']),
+    ("json_schema", {"type": "number"}, {}, ["1e5", "1E+5", "-1.5e-3", "01"]),
+    ("json_schema", {"type": "string"}, {}, ['"\\/"', '"\\u0041"', '"a\\tb"']),
+    ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+                     "required": ["a", "b"]}, {"whitespace": "[ \\n]*"},
+     ['{"a":1,"b":[1,2]}', '{"a": 1, "b": [1, 2]}', '{"a": 1, "b": [ 1 , 2 ]}', ' {"a":1,"b":[1,2]}']),
+    ("json_schema", {"type": "string", "pattern": "[0-9]{3}"}, {}, ['"123"', '"x123y"']),
+    ("regex", r"\d+", {}, ["123", "١٢٣"]),
+    ("regex", r"\w+", {}, ["abc", "é", "a_b"]),
+]  # fmt: skip
+
+
+def _same_language_pair(engine, kind, spec, opts):
+    """auto's llguidance compile of a grammar that may move, and the outlines grammar it moves to."""
+    from radixflow.constrained.grammar import compile_grammar, grammar_backend
+    from radixflow.constrained.spec import to_regex
+
+    options, info = GrammarOptions(**opts), tokenizer_info(engine.tokenizer)
+    backend = _backend(engine, grammar_backend="auto", constrained_json_whitespace_pattern=opts.get("whitespace"))
+    try:
+        before = backend.compile(kind, spec)
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert before.regex == to_regex(kind, spec, options.whitespace or "", options.any_depth), "compiled from outlines' regex"
+    ll, ol = grammar_backend("llguidance", info), grammar_backend("outlines", info)
+    return Grammar(kind, spec, options, ll, before), Grammar(kind, spec, options, ol, compile_grammar(ol, kind, spec, options))
+
+
+@pytest.mark.parametrize("kind,spec,opts,texts", DIVERGENT, ids=[f"{c[0]}-{i}" for i, c in enumerate(DIVERGENT)])
+def test_auto_keeps_a_grammars_language_across_its_move(engine, kind, spec, opts, texts):
+    """Under auto, a grammar that may move is compiled on llguidance from outlines' regex: both
+    backends' matchers, fed each string's tokens, accept and refuse the same strings (each case has
+    at least one string llguidance's own reading of the spec decides the other way)."""
+    spec = json.dumps(spec) if kind == "json_schema" else spec  # as requests carry it (hashable: the cache key)
+    before, after = _same_language_pair(engine, kind, spec, opts)
+    native = Grammar.compile(kind, spec, engine.tokenizer, backend="llguidance", **opts)
+    got = [(t, before.accepts(t), after.accepts(t)) for t in texts]
+    assert all(b == a for _, b, a in got), got
+    assert any(native.accepts(t) != a for t, _, a in got), ("not a divergent case", got)
+
+
+def test_auto_compiles_a_spec_without_outlines_regex_natively_and_never_moves_it(engine):
+    """A schema outlines cannot turn into a regex (`multipleOf`) is compiled by llguidance from the
+    spec itself (its own language) and is never compiled on outlines, however busy."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
+    try:
+        classes = [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER + 2)]
+        backend.wait_for_promotions()
+        classes.append(_matcher_class(backend, "json_schema", spec))
+        assert classes == ["LLGuidanceMatcher"] * (PROMOTE_AFTER + 3)
+        assert backend.promotion("json_schema", spec) is None and backend.compile("json_schema", spec).regex is None
+    finally:
+        backend.cache.pool.shutdown(wait=False)

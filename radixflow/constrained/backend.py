@@ -41,6 +41,7 @@ from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
+from radixflow.constrained.spec import to_regex
 from radixflow.errors import GrammarError, RadixflowError
 
 log = logging.getLogger(__name__)
@@ -115,7 +116,21 @@ class GrammarBackend:
     def compile_async(self, kind: str, spec) -> Future:
         name = self.backend_for(kind)
         key = (name, kind, spec, self.options)
+        if self.promotions is not None and kind != "ebnf":
+            return self.cache.get(key, lambda: self._compile_movable(kind, spec))
         return self.cache.get(key, lambda: compile_grammar(self._impl_named(name), kind, spec, self.options, self.timeout_s))
+
+    def _compile_movable(self, kind: str, spec):
+        """auto: a json_schema / regex grammar compiled on llguidance from the regex outlines will
+        compile, so a move to outlines keeps its language; one whose regex cannot be made, or that
+        llguidance refuses as a regex, compiles from its spec and never moves (its `regex` is None)."""
+        impl = self._impl_named("llguidance")
+        try:
+            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)
+            return compile_grammar(impl, kind, spec, self.options, self.timeout_s, regex=regex)
+        except RadixflowError as e:
+            log.info("auto: a %s grammar stays on llguidance (compiled from its spec): %s", kind, e)
+        return compile_grammar(impl, kind, spec, self.options, self.timeout_s)
 
     def _promoted(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's finished outlines compile, if it has one; else counts the request,
@@ -143,7 +158,11 @@ class GrammarBackend:
         return None
 
     def _move(self, kind: str, spec):
-        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them)."""
+        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them);
+        only for one whose llguidance compile was made from outlines' regex (its language stays)."""
+        if getattr(self.compile_async(kind, spec).result(), "regex", None) is None:
+            log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
+            raise GrammarError("compiled from its spec: not moved")
         start = time.monotonic()
         try:
             grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s,
