@@ -293,14 +293,14 @@ def test_auto_keeps_the_most_recently_used_moved_grammars(engine):
 
 def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     """A grammar whose byte-level DFA is over the state bound stays on llguidance without its
-    token index ever being built; a compile over the time or size bound is discarded; a refused
-    grammar is not compiled again."""
+    token index ever being built; a compile over the time bound is stopped (its process killed),
+    one over the size bound refused before its arrays are sent; a refused grammar is not compiled again."""
     import radixflow.constrained.backend as backend_module
     import radixflow.constrained.outlines_grammars as outlines_module
 
     built = []
-    compile_regex = outlines_module.compile_regex
-    monkeypatch.setattr(outlines_module, "compile_regex", lambda rx, vocab: (built.append(rx), compile_regex(rx, vocab))[1])
+    compile_isolated = outlines_module.compile_isolated
+    monkeypatch.setattr(outlines_module, "compile_isolated", lambda rx, *a: (built.append(rx), compile_isolated(rx, *a))[1])
     backend = _backend(engine, grammar_backend="auto")
     monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 5)
     _busy(backend, r"[0-9]{3}-[0-9]{4}")
@@ -313,7 +313,7 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
         _busy(backend, regex)
         backend.wait_for_promotions()
         assert _busy(backend, regex, 3) == ["LLGuidanceMatcher"] * 3, (limit, max_bytes)
-    assert len(built) == 2, "each discarded grammar was compiled once, not again"
+    assert len(built) == 2, "each refused grammar was compiled once, not again"
     backend.cache.pool.shutdown(wait=False)
 
 
@@ -661,3 +661,55 @@ def test_auto_compiles_a_spec_without_outlines_regex_natively_and_never_moves_it
         assert backend.promotion("json_schema", spec) is None and backend.compile("json_schema", spec).regex is None
     finally:
         backend.cache.pool.shutdown(wait=False)
+
+
+def _gil_holding_compile(regex, vocab):
+    """A slow outlines compile: one C call that holds the GIL (as outlines-core's get_transitions does)."""
+    from radixflow.constrained.fsm import compile_regex
+
+    re.match(r"(a+)+b", "a" * 24)
+    return compile_regex(regex, vocab)
+
+
+def _longest_pause(work) -> float:
+    """The longest a thread that wakes every millisecond (the scheduler's stand-in) waited while `work` ran."""
+    gaps, done = [0.0], threading.Event()
+
+    def tick():
+        last = time.perf_counter()
+        while not done.is_set():
+            time.sleep(0.001)
+            now = time.perf_counter()
+            gaps.append(now - last)
+            last = now
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    try:
+        work()
+    finally:
+        done.set()
+        ticker.join()
+    return max(gaps)
+
+
+def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(engine, monkeypatch):
+    """auto's outlines compile runs in a child process: a compile that holds its GIL for ~0.5 s
+    (here a fake slow one) leaves the server's threads running; the same work in-process pauses them."""
+    import functools
+
+    import radixflow.constrained.outlines_grammars as outlines_module
+
+    slow = functools.partial(outlines_module.compile_isolated, target=_gil_holding_compile)
+    monkeypatch.setattr(outlines_module, "compile_isolated", slow)
+    monkeypatch.setattr(outlines_module, "compile_regex", _gil_holding_compile)  # the same work, were it done in-process
+    backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[a-z]{2}"
+    vocab = backend._impl_named("outlines").vocab
+    try:
+        in_process = _longest_pause(lambda: _gil_holding_compile(regex, vocab))
+        moving = _longest_pause(lambda: (_busy(backend, regex), backend.wait_for_promotions()))
+        assert _busy(backend, regex, 1) == ["GrammarMatcher"], "it moved"
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert in_process > 0.3, f"the fake compile does not hold the GIL ({in_process:.2f} s)"
+    assert moving < 0.15, f"the scheduler's thread waited {moving:.2f} s during the move"
