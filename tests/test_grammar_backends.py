@@ -612,6 +612,7 @@ DIVERGENT = [
                      "required": ["a", "b"]}, {"whitespace": "[ \\n]*"},
      ['{"a":1,"b":[1,2]}', '{"a": 1, "b": [1, 2]}', '{"a": 1, "b": [ 1 , 2 ]}', ' {"a":1,"b":[1,2]}']),
     ("json_schema", {"type": "string", "pattern": "[0-9]{3}"}, {}, ['"123"', '"x123y"']),
+    ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}}, {}, ['{"a":1}', '{"a":1,"c":2}']),
     ("regex", r"\d+", {}, ["123", "١٢٣"]),
     ("regex", r"\w+", {}, ["abc", "é", "a_b"]),
 ]  # fmt: skip
@@ -671,28 +672,6 @@ def _gil_holding_compile(regex, vocab):
     return compile_regex(regex, vocab)
 
 
-def _longest_pause(work) -> float:
-    """The longest a thread that wakes every millisecond (the scheduler's stand-in) waited while `work` ran."""
-    gaps, done = [0.0], threading.Event()
-
-    def tick():
-        last = time.perf_counter()
-        while not done.is_set():
-            time.sleep(0.001)
-            now = time.perf_counter()
-            gaps.append(now - last)
-            last = now
-
-    ticker = threading.Thread(target=tick)
-    ticker.start()
-    try:
-        work()
-    finally:
-        done.set()
-        ticker.join()
-    return max(gaps)
-
-
 def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(engine, monkeypatch):
     """auto's outlines compile runs in a child process: a compile that holds its GIL for ~0.5 s
     (here a fake slow one) leaves the server's threads running; the same work in-process pauses them."""
@@ -700,16 +679,19 @@ def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(eng
 
     import radixflow.constrained.outlines_grammars as outlines_module
 
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from auto_language_cost_cpu import longest_pause  # the longest wait of a thread that wakes every millisecond
+
     slow = functools.partial(outlines_module.compile_isolated, target=_gil_holding_compile)
     monkeypatch.setattr(outlines_module, "compile_isolated", slow)
     monkeypatch.setattr(outlines_module, "compile_regex", _gil_holding_compile)  # the same work, were it done in-process
     backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[a-z]{2}"
     vocab = backend._impl_named("outlines").vocab
     try:
-        in_process = _longest_pause(lambda: _gil_holding_compile(regex, vocab))
-        moving = _longest_pause(lambda: (_busy(backend, regex), backend.wait_for_promotions()))
+        in_process = longest_pause(lambda: _gil_holding_compile(regex, vocab))[2]
+        moving = longest_pause(lambda: (_busy(backend, regex), backend.wait_for_promotions()))[2]
         assert _busy(backend, regex, 1) == ["GrammarMatcher"], "it moved"
     finally:
         backend.cache.pool.shutdown(wait=False)
     assert in_process > 0.3, f"the fake compile does not hold the GIL ({in_process:.2f} s)"
-    assert moving < 0.15, f"the scheduler's thread waited {moving:.2f} s during the move"
+    assert moving < 0.2, f"the scheduler's thread waited {moving:.2f} s during the move"

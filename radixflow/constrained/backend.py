@@ -8,18 +8,18 @@ compiled (or failed), and jump forward after sampled tokens.
 
 The grammar backend (`--grammar-backend`: llguidance, the default, outlines or auto) compiles
 through `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (opt-in)
-compiles every grammar on llguidance (milliseconds, the widest coverage); a json_schema / regex
-grammar that has had PROMOTE_AFTER requests is also compiled on outlines, in the background on
-a pool of its own (so it never delays a request's compile), and once that compile is done the
+compiles every grammar on llguidance (milliseconds); a json_schema / regex grammar from the regex
+outlines makes of it (so its language is the same on both backends; a spec without such a regex
+compiles from the spec and never moves). One that has had PROMOTE_AFTER requests is also compiled
+on outlines, in the background in a child process (isolated_compile.py: the scheduler's GIL is not
+held for it, and it never delays a request's compile), and once that compile is done the
 grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
 llguidance's per-step mask work is what bounds a GPU step. The move is bounded: one background
 compile at a time; a grammar whose byte-level DFA has more than PROMOTE_MAX_DFA_STATES states is
-refused before its token index is built; a compile that took longer than the compile time limit,
-or whose arrays exceed PROMOTE_MAX_BYTES, is discarded after it finishes (outlines-core cannot be
-interrupted: the check is after the fact); a refused grammar stays on llguidance and is not tried
-again; at most MAX_PROMOTED moved grammars are kept, least recently used evicted. outlines-core's
-`get_transitions` holds the GIL in one call (the benchmark's schema, 49k vocabulary: 0.8 s), so a
-move still pauses the scheduler once per grammar. auto stays on llguidance under tensor
+refused before its token index is built; the child is killed past the compile time limit or
+PROMOTE_MAX_MEMORY, and refuses arrays over PROMOTE_MAX_BYTES; a refused grammar stays on llguidance
+and is not tried again; at most MAX_PROMOTED moved grammars are kept, least recently used evicted.
+What still pauses the scheduler is unpickling the child's result (benchmark schema: ~0.16 s). auto stays on llguidance under tensor
 parallelism (each rank would switch at its own time) and on a CPU scheduler. A compile that
 runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
 submission) fails only its own request; the worker finishes
@@ -78,7 +78,7 @@ class GrammarBackend:
         self._uses: collections.Counter = collections.Counter()
         self._refused: set = set()  # keys auto will not move again (refused or discarded)
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
-        self.move_limit_s = self.timeout_s  # a move whose compile took longer is discarded
+        self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
