@@ -695,3 +695,21 @@ def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(eng
         backend.cache.pool.shutdown(wait=False)
     assert in_process > 0.3, f"the fake compile does not hold the GIL ({in_process:.2f} s)"
     assert moving < 0.2, f"the scheduler's thread waited {moving:.2f} s during the move"
+
+
+def test_isolated_compile_limits(engine):
+    """The child compile: the same grammar as in-process; refused past its memory cap and its byte cap
+    (GrammarError); outlines-core's refusal comes back as its ValueError."""
+    from radixflow.constrained.fsm import compile_regex
+    from radixflow.constrained.isolated_compile import Limits, compile_isolated
+    from radixflow.constrained.outlines_grammars import OutlinesGrammars
+
+    vocab, regex = OutlinesGrammars(tokenizer_info(engine.tokenizer)).vocab, r"[0-9]{3}-[a-z]{2}"
+    got, want = compile_isolated(regex, vocab, Limits(60, 1 << 30, 4 << 30)), compile_regex(regex, vocab)
+    assert (got.tokens == want.tokens).all() and (got.dist == want.dist).all() and got.vocab is vocab
+    with pytest.raises(GrammarError, match="memory"):
+        compile_isolated(r"[a-z]{1,200}", vocab, Limits(60, 1 << 30, 1 << 20))
+    with pytest.raises(GrammarError, match="MiB"):
+        compile_isolated(regex, vocab, Limits(60, 1, 4 << 30))
+    with pytest.raises(ValueError):
+        compile_isolated("a(?=b)", vocab, Limits(60, 1 << 30, 4 << 30))

@@ -43,9 +43,11 @@ try:
     g.vocab = None  # the parent has it
     out = ("ok", g) if size <= max_bytes else ("error", f"its arrays take {size >> 20} MiB, over the {max_bytes >> 20} MiB allowed")
 except ValueError as e:
-    out = ("error", str(e))
+    out = ("refused", str(e))
 except MemoryError:
-    out = ("error", "it ran out of the memory allowed")
+    out = ("error", "its outlines compile ran out of the memory allowed")
+except Exception as e:
+    out = ("error", f"its outlines compile failed ({type(e).__name__}: {e})")
 data = pickle.dumps(out, protocol=5)
 sys.stdout.buffer.write(len(data).to_bytes(8, "little") + data)
 """
@@ -81,10 +83,10 @@ def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
     if not out:
         raise GrammarError("its outlines compile ran out of the memory allowed (the compile process died)")
     status, result = pickle.loads(out)
-    if status != "ok":
-        if "MiB" in result or "memory" in result:
-            raise GrammarError(result)
+    if status == "refused":
         raise ValueError(result)
+    if status != "ok":
+        raise GrammarError(result)
     result.vocab = vocab
     return result
 
