@@ -293,14 +293,14 @@ def test_auto_keeps_the_most_recently_used_moved_grammars(engine):
 
 def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     """A grammar whose byte-level DFA is over the state bound stays on llguidance without its
-    token index ever being built; a compile over the time or size bound is discarded; a refused
-    grammar is not compiled again."""
+    token index ever being built; a compile over the time bound is stopped (its process killed),
+    one over the size bound refused before its arrays are sent; a refused grammar is not compiled again."""
     import radixflow.constrained.backend as backend_module
     import radixflow.constrained.outlines_grammars as outlines_module
 
     built = []
-    compile_regex = outlines_module.compile_regex
-    monkeypatch.setattr(outlines_module, "compile_regex", lambda rx, vocab: (built.append(rx), compile_regex(rx, vocab))[1])
+    compile_isolated = outlines_module.compile_isolated
+    monkeypatch.setattr(outlines_module, "compile_isolated", lambda rx, *a: (built.append(rx), compile_isolated(rx, *a))[1])
     backend = _backend(engine, grammar_backend="auto")
     monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 5)
     _busy(backend, r"[0-9]{3}-[0-9]{4}")
@@ -313,7 +313,7 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
         _busy(backend, regex)
         backend.wait_for_promotions()
         assert _busy(backend, regex, 3) == ["LLGuidanceMatcher"] * 3, (limit, max_bytes)
-    assert len(built) == 2, "each discarded grammar was compiled once, not again"
+    assert len(built) == 2, "each refused grammar was compiled once, not again"
     backend.cache.pool.shutdown(wait=False)
 
 
@@ -592,3 +592,124 @@ def test_the_gpu_benchmark_refuses_an_unknown_section(monkeypatch, capsys):
         constrained_gpu.parse_args(["--out", "x", "--sections", "background,throughput"])
     err = capsys.readouterr().err
     assert "unknown background" in err and "correctness, threads, idle, throughput" in err
+
+
+# the review's cases where llguidance's reading of a spec and outlines' regex disagree (issue 23)
+DIVERGENT = [
+    ("json_schema", {"type": "object", "properties": {"x": {}}, "required": ["x"]}, {},
+     ['{"x":1}', '{"x":{"a":{"b":{"c":1}}}}', '{"x":[[[[[1]]]]]}']),
+    ("json_schema", {"type": "object", "properties": {"x": {"type": "object"}}, "required": ["x"]}, {},
+     ['{"x":{}}', '{"x":{"a":{"b":{"c":1}}}}']),
+    ("json_schema", {"type": "string", "format": "time"}, {}, ['"12:00:00Z"', '"12:00:00"', '"12:00:00+01:00"']),
+    ("json_schema", {"type": "string", "format": "date-time"}, {},
+     ['"2024-02-29T00:00:00Z"', '"2023-02-28T00:00:00.1234567Z"', '"2023-02-28t00:00:00z"']),
+    ("json_schema", {"type": "string", "format": "uuid"}, {},
+     ['"123e4567-e89b-12d3-a456-426614174000"', '"123E4567-E89B-12D3-A456-426614174000"']),
+    ("json_schema", {"type": "string", "format": "email"}, {}, ['"a@b.co"', '"a@b"']),
+    ("json_schema", {"type": "number"}, {}, ["1e5", "1E+5", "-1.5e-3", "01"]),
+    ("json_schema", {"type": "string"}, {}, ['"\\/"', '"\\u0041"', '"a\\tb"']),
+    ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "array", "items": {"type": "integer"}}},
+                     "required": ["a", "b"]}, {"whitespace": "[ \\n]*"},
+     ['{"a":1,"b":[1,2]}', '{"a": 1, "b": [1, 2]}', '{"a": 1, "b": [ 1 , 2 ]}', ' {"a":1,"b":[1,2]}']),
+    ("json_schema", {"type": "string", "pattern": "[0-9]{3}"}, {}, ['"123"', '"x123y"']),
+    ("json_schema", {"type": "object", "properties": {"a": {"type": "integer"}}}, {}, ['{"a":1}', '{"a":1,"c":2}']),
+    ("regex", r"\d+", {}, ["123", "١٢٣"]),
+    ("regex", r"\w+", {}, ["abc", "é", "a_b"]),
+]  # fmt: skip
+
+
+def _same_language_pair(engine, kind, spec, opts):
+    """auto's llguidance compile of a grammar that may move, and the outlines grammar it moves to."""
+    from radixflow.constrained.grammar import compile_grammar, grammar_backend
+    from radixflow.constrained.spec import to_regex
+
+    options, info = GrammarOptions(**opts), tokenizer_info(engine.tokenizer)
+    backend = _backend(engine, grammar_backend="auto", constrained_json_whitespace_pattern=opts.get("whitespace"))
+    try:
+        before = backend.compile(kind, spec)
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert before.regex == to_regex(kind, spec, options.whitespace or "", options.any_depth), "compiled from outlines' regex"
+    ll, ol = grammar_backend("llguidance", info), grammar_backend("outlines", info)
+    return Grammar(kind, spec, options, ll, before), Grammar(kind, spec, options, ol, compile_grammar(ol, kind, spec, options))
+
+
+@pytest.mark.parametrize("kind,spec,opts,texts", DIVERGENT, ids=[f"{c[0]}-{i}" for i, c in enumerate(DIVERGENT)])
+def test_auto_keeps_a_grammars_language_across_its_move(engine, kind, spec, opts, texts):
+    """Under auto, a grammar that may move is compiled on llguidance from outlines' regex: both
+    backends' matchers, fed each string's tokens, accept and refuse the same strings (each case has
+    at least one string llguidance's own reading of the spec decides the other way)."""
+    spec = json.dumps(spec) if kind == "json_schema" else spec  # as requests carry it (hashable: the cache key)
+    before, after = _same_language_pair(engine, kind, spec, opts)
+    native = Grammar.compile(kind, spec, engine.tokenizer, backend="llguidance", **opts)
+    got = [(t, before.accepts(t), after.accepts(t)) for t in texts]
+    assert all(b == a for _, b, a in got), got
+    assert any(native.accepts(t) != a for t, _, a in got), ("not a divergent case", got)
+
+
+def test_auto_compiles_a_spec_without_outlines_regex_natively_and_never_moves_it(engine):
+    """A schema outlines cannot turn into a regex (`multipleOf`) is compiled by llguidance from the
+    spec itself (its own language) and is never compiled on outlines, however busy."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
+    try:
+        classes = [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER + 2)]
+        backend.wait_for_promotions()
+        classes.append(_matcher_class(backend, "json_schema", spec))
+        assert classes == ["LLGuidanceMatcher"] * (PROMOTE_AFTER + 3)
+        assert backend.promotion("json_schema", spec) is None and backend.compile("json_schema", spec).regex is None
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+
+
+def _gil_holding_compile(regex, vocab):
+    """A slow outlines compile: one C call that holds the GIL (as outlines-core's get_transitions does)."""
+    from radixflow.constrained.fsm import compile_regex
+
+    re.match(r"(a+)+b", "a" * 24)
+    return compile_regex(regex, vocab)
+
+
+def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(engine, monkeypatch):
+    """auto's outlines compile runs in a child process: a compile that holds its GIL for ~0.5 s
+    (here a fake slow one) leaves the server's threads running; the same work in-process pauses them."""
+    import functools
+
+    import radixflow.constrained.outlines_grammars as outlines_module
+
+    monkeypatch.syspath_prepend(os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+    from auto_language_cost_cpu import longest_pause  # the longest wait of a thread that wakes every millisecond
+
+    slow = functools.partial(outlines_module.compile_isolated, target=_gil_holding_compile)
+    monkeypatch.setattr(outlines_module, "compile_isolated", slow)
+    monkeypatch.setattr(outlines_module, "compile_regex", _gil_holding_compile)  # the same work, were it done in-process
+    backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[a-z]{2}"
+    vocab = backend._impl_named("outlines").vocab
+    try:
+        in_process = longest_pause(lambda: _gil_holding_compile(regex, vocab))[2]
+        moving = longest_pause(lambda: (_busy(backend, regex), backend.wait_for_promotions()))[2]
+        assert _busy(backend, regex, 1) == ["GrammarMatcher"], "it moved"
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert in_process > 0.3, f"the fake compile does not hold the GIL ({in_process:.2f} s)"
+    assert moving < 0.2, f"the scheduler's thread waited {moving:.2f} s during the move"
+
+
+def test_isolated_compile_limits(engine):
+    """The child compile: the same grammar as in-process; refused past its memory cap and its byte cap
+    (GrammarError); outlines-core's refusal comes back as its ValueError."""
+    from radixflow.constrained.fsm import compile_regex
+    from radixflow.constrained.isolated_compile import Limits, compile_isolated
+    from radixflow.constrained.outlines_grammars import OutlinesGrammars
+
+    vocab, regex = OutlinesGrammars(tokenizer_info(engine.tokenizer)).vocab, r"[0-9]{3}-[a-z]{2}"
+    got, want = compile_isolated(regex, vocab, Limits(60, 1 << 30, 4 << 30)), compile_regex(regex, vocab)
+    assert (got.tokens == want.tokens).all() and (got.dist == want.dist).all() and got.vocab is vocab
+    with pytest.raises(GrammarError, match="memory"):
+        compile_isolated(r"[a-z]{1,200}", vocab, Limits(60, 1 << 30, 1 << 20))
+    with pytest.raises(GrammarError, match="MiB"):
+        compile_isolated(regex, vocab, Limits(60, 1, 4 << 30))
+    with pytest.raises(ValueError):
+        compile_isolated("a(?=b)", vocab, Limits(60, 1 << 30, 4 << 30))

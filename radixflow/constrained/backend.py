@@ -8,18 +8,18 @@ compiled (or failed), and jump forward after sampled tokens.
 
 The grammar backend (`--grammar-backend`: llguidance, the default, outlines or auto) compiles
 through `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (opt-in)
-compiles every grammar on llguidance (milliseconds, the widest coverage); a json_schema / regex
-grammar that has had PROMOTE_AFTER requests is also compiled on outlines, in the background on
-a pool of its own (so it never delays a request's compile), and once that compile is done the
+compiles every grammar on llguidance (milliseconds); a json_schema / regex grammar from the regex
+outlines makes of it (so its language is the same on both backends; a spec without such a regex
+compiles from the spec and never moves). One that has had PROMOTE_AFTER requests is also compiled
+on outlines, in the background in a child process (isolated_compile.py: the scheduler's GIL is not
+held for it, and it never delays a request's compile), and once that compile is done the
 grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
 llguidance's per-step mask work is what bounds a GPU step. The move is bounded: one background
 compile at a time; a grammar whose byte-level DFA has more than PROMOTE_MAX_DFA_STATES states is
-refused before its token index is built; a compile that took longer than the compile time limit,
-or whose arrays exceed PROMOTE_MAX_BYTES, is discarded after it finishes (outlines-core cannot be
-interrupted: the check is after the fact); a refused grammar stays on llguidance and is not tried
-again; at most MAX_PROMOTED moved grammars are kept, least recently used evicted. outlines-core's
-`get_transitions` holds the GIL in one call (the benchmark's schema, 49k vocabulary: 0.8 s), so a
-move still pauses the scheduler once per grammar. auto stays on llguidance under tensor
+refused before its token index is built; the child is killed past the compile time limit or
+PROMOTE_MAX_MEMORY, and refuses arrays over PROMOTE_MAX_BYTES; a refused grammar stays on llguidance
+and is not tried again; at most MAX_PROMOTED moved grammars are kept, least recently used evicted.
+What still pauses the scheduler is unpickling the child's result (benchmark schema: ~0.16 s). auto stays on llguidance under tensor
 parallelism (each rank would switch at its own time) and on a CPU scheduler. A compile that
 runs past `--grammar-compile-timeout-s` (counted from when a worker starts it, not from
 submission) fails only its own request; the worker finishes
@@ -39,8 +39,10 @@ from typing import Optional, Union
 
 from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
+from radixflow.constrained.isolated_compile import Limits
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
+from radixflow.constrained.spec import to_regex
 from radixflow.errors import GrammarError, RadixflowError
 
 log = logging.getLogger(__name__)
@@ -53,6 +55,7 @@ MAX_COUNTED = 4096  # grammars whose requests `auto` counts; the counts restart 
 # vocabulary); a string of maxLength 500 has 5,010 (8.3 s, 1.5 GiB), so such a grammar stays on llguidance
 PROMOTE_MAX_DFA_STATES = 3000
 PROMOTE_MAX_BYTES = 512 << 20  # a moved grammar's token / next-distance arrays
+PROMOTE_MAX_MEMORY = 4 << 30  # the compile process's added address space (benchmark schema: ~0.9 GiB at its peak)
 MAX_PROMOTED = 4  # moved grammars kept (each holds its arrays and outlines-core's index)
 
 
@@ -75,7 +78,7 @@ class GrammarBackend:
         self._uses: collections.Counter = collections.Counter()
         self._refused: set = set()  # keys auto will not move again (refused or discarded)
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
-        self.move_limit_s = self.timeout_s  # a move whose compile took longer is discarded
+        self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
         self.info = TokenizerInfo(tokenizer, vocab_size, tuple(sorted(i for i in eos_ids if i < len(tokenizer))))
@@ -115,7 +118,21 @@ class GrammarBackend:
     def compile_async(self, kind: str, spec) -> Future:
         name = self.backend_for(kind)
         key = (name, kind, spec, self.options)
+        if self.promotions is not None and kind != "ebnf":
+            return self.cache.get(key, lambda: self._compile_movable(kind, spec))
         return self.cache.get(key, lambda: compile_grammar(self._impl_named(name), kind, spec, self.options, self.timeout_s))
+
+    def _compile_movable(self, kind: str, spec):
+        """auto: a json_schema / regex grammar compiled on llguidance from the regex outlines will
+        compile, so a move to outlines keeps its language; one whose regex cannot be made, or that
+        llguidance refuses as a regex, compiles from its spec and never moves (its `regex` is None)."""
+        impl = self._impl_named("llguidance")
+        try:
+            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)
+            return compile_grammar(impl, kind, spec, self.options, self.timeout_s, regex=regex)
+        except RadixflowError as e:
+            log.info("auto: a %s grammar stays on llguidance (compiled from its spec): %s", kind, e)
+        return compile_grammar(impl, kind, spec, self.options, self.timeout_s)
 
     def _promoted(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's finished outlines compile, if it has one; else counts the request,
@@ -143,20 +160,21 @@ class GrammarBackend:
         return None
 
     def _move(self, kind: str, spec):
-        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them)."""
+        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them);
+        only for one whose llguidance compile was made from outlines' regex (its language stays)."""
+        if getattr(self.compile_async(kind, spec).result(), "regex", None) is None:
+            log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
+            raise GrammarError("compiled from its spec: not moved")
         start = time.monotonic()
+        limits = Limits(time_s=self.move_limit_s, max_bytes=PROMOTE_MAX_BYTES, memory_bytes=PROMOTE_MAX_MEMORY)
         try:
             grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s,
-                                      max_dfa_states=PROMOTE_MAX_DFA_STATES)
+                                      max_dfa_states=PROMOTE_MAX_DFA_STATES, isolate=limits)
         except RadixflowError as e:
             log.info("auto: a %s grammar stays on llguidance: %s", kind, e)
             raise
-        took, size = time.monotonic() - start, grammar.tokens.nbytes + grammar.next_dist.nbytes
-        if took > self.move_limit_s or size > PROMOTE_MAX_BYTES:
-            log.info("auto: a %s grammar stays on llguidance: its outlines compile took %.1f s (limit %g) and %d MiB (limit %d)",
-                     kind, took, self.move_limit_s, size >> 20, PROMOTE_MAX_BYTES >> 20)
-            raise GrammarError("discarded: over auto's time or size bound")
-        log.info("auto: a %s grammar moves to outlines (compiled in %.1f s, %d MiB)", kind, took, size >> 20)
+        log.info("auto: a %s grammar moves to outlines (compiled in %.1f s, %d MiB)", kind, time.monotonic() - start,
+                 (grammar.tokens.nbytes + grammar.next_dist.nbytes) >> 20)
         return grammar
 
     def promotion(self, kind: str, spec) -> Optional[Future]:

@@ -68,6 +68,7 @@ class LLGuidanceGrammar:
     builds: list = field(default_factory=list)  # independently built matchers of `text`, `compiled` first
     handed_out: int = 0  # requests given a copy so far
     building: Optional[Future] = None  # the one build job under way on the compile pool
+    regex: Optional[str] = None  # the outlines regex it was compiled from (auto: the language a move keeps)
 
     def __post_init__(self):
         self.builds = self.builds or [self.compiled]
@@ -304,9 +305,12 @@ class LLGuidanceGrammars:
         self.limits = LLParserLimits()
         self.search = ClosingSearch(info)
 
-    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0) -> LLGuidanceGrammar:
-        """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work."""
-        text = self._grammar_text(kind, spec, options)
+    def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = 0.0,
+                regex: Optional[str] = None) -> LLGuidanceGrammar:
+        """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work.
+        `regex`: compile this regex (the one the outlines backend makes of the spec) instead of the
+        spec itself, so both backends accept one language (auto, for a grammar that may move)."""
+        text = self._grammar_text(kind, spec, options) if regex is None else LLMatcher.grammar_from_regex(regex)
         m = _built(self.tokenizer, text, self.limits, self.words)
         if m.is_error():
             raise _error(kind, spec, m.get_error())
@@ -314,7 +318,7 @@ class LLGuidanceGrammars:
         hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
         closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
         build = partial(_built, self.tokenizer, text, self.limits, self.words)
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, build=build)
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, build=build, regex=regex)
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None, pool: Optional[Executor] = None) -> LLGuidanceMatcher:
         """`pool`: where the grammar's further builds are made (None: it keeps the builds it has)."""

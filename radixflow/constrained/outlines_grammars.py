@@ -8,6 +8,7 @@ import functools
 from typing import Any, Optional, Union
 
 from radixflow.constrained.fsm import CompiledGrammar, compile_regex
+from radixflow.constrained.isolated_compile import Limits, compile_isolated
 from radixflow.constrained.jump_forward import plan_jump
 from radixflow.constrained.matcher import GrammarMatcher
 from radixflow.constrained.options import DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
@@ -27,11 +28,13 @@ class OutlinesGrammars:
         self._backend = plain_rust_tokenizer(info.tokenizer)
 
     def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
-                max_dfa_states: Optional[int] = None) -> CompiledGrammar:
+                max_dfa_states: Optional[int] = None, isolate: Optional[Limits] = None) -> CompiledGrammar:
         """The regex's byte-level DFA is built first in a child process killed past `timeout_s`
         (regex_guard.py): an exponential DFA fails this compile instead of holding its thread.
         `max_dfa_states`: refuse (GrammarError) a regex whose byte-level DFA has more states,
-        before the token index (whose time, memory and GIL-held transitions grow with it) is built."""
+        before the token index (whose time, memory and GIL-held transitions grow with it) is built.
+        `isolate`: build the token index in a child process within these limits (isolated_compile.py),
+        so this process's GIL is not held for it."""
         regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
         error, states = regex_dfa_size(regex, timeout_s)
         if error:
@@ -39,7 +42,7 @@ class OutlinesGrammars:
         if max_dfa_states is not None and states > max_dfa_states:
             raise GrammarError(f"its byte-level automaton has {states} states, over the {max_dfa_states} allowed here")
         try:
-            return compile_regex(regex, self.vocab)
+            return compile_regex(regex, self.vocab) if isolate is None else compile_isolated(regex, self.vocab, isolate)
         except ValueError as e:
             raise GrammarError(regex_error(regex, str(e))) from None
 

@@ -68,9 +68,10 @@ _HELP = {
     "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: millisecond compiles, "
     "the most JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always "
     "runs on llguidance. auto (opt-in) starts each grammar on llguidance and, on a single-GPU server, moves a "
-    "regex / JSON schema with 8 requests to outlines once a background compile of it is done (faster steps at "
-    "large batches; costs: a pause of the scheduler per move, memory per moved grammar, and the grammar's "
-    "language can change at the move: docs/grammars.md lists how)",
+    "regex / JSON schema with 8 requests to outlines once a background compile of it (in a child process) is "
+    "done (faster steps at large batches). Such a grammar is compiled on llguidance from outlines' regex, so its "
+    "language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the move, "
+    "a short pause per move, memory per moved grammar (docs/grammars.md)",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them",
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
     "decode batches of at most this many rows (forced tokens are then fed one a pass, so such a jump saves no pass "
@@ -84,7 +85,7 @@ _HELP = {
     "one lexer's lock (docs/constrained.md)",
     "grammar_compile_timeout_s": "a grammar whose compile runs longer (from when a worker starts it, not counting "
     "time queued behind other compiles) fails its request with a 400; under --grammar-backend auto, a background "
-    "outlines compile that took longer is discarded after it ends (it is not interrupted)",
+    "outlines compile running longer is stopped (its child process killed) and the grammar stays on llguidance",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",

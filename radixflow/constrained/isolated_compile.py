@@ -1,0 +1,108 @@
+"""An outlines compile (token index, transitions, distances) in a child process, for auto's moves.
+
+outlines-core's `get_transitions` is one call that holds the GIL for the whole transition table
+(0.8 s for the benchmark schema on a 49k vocabulary), and the Python that flattens it competes for
+the GIL too: run in the server's process, a move pauses the scheduler. Here a fresh child process
+(`python -c`, so no main module is re-imported) does the whole compile under a hard wall-clock limit
+(it is killed past it) and an address-space cap, and refuses arrays over a byte bound before sending
+them. The parent waits on the pipe without the GIL; what it still holds the GIL for is unpickling the
+result (outlines-core's index and the numpy arrays: tens of milliseconds for the benchmark schema).
+
+    grammar = compile_isolated(regex, vocab, Limits(time_s=10, max_bytes=512 << 20, memory_bytes=4 << 30))
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from radixflow.constrained.fsm import CompiledGrammar, compile_regex
+from radixflow.constrained.vocabulary import TokenVocab
+from radixflow.errors import GrammarError
+
+START_S = 60.0  # the child's start (python, numpy, outlines-core) is not counted against the compile's limit
+
+_CHILD = """
+import pickle, resource, sys
+sys.path[:0] = pickle.load(sys.stdin.buffer)
+target, regex, vocab, max_bytes, memory = pickle.load(sys.stdin.buffer)
+sys.stdout.buffer.write(b"R")  # imports done: the compile's clock starts
+sys.stdout.buffer.flush()
+with open("/proc/self/statm") as f:
+    used = int(f.read().split()[0]) * resource.getpagesize()
+resource.setrlimit(resource.RLIMIT_AS, (used + memory, used + memory))
+try:
+    g = target(regex, vocab)
+    size = g.tokens.nbytes + g.next_dist.nbytes
+    g.vocab = None  # the parent has it
+    out = ("ok", g) if size <= max_bytes else ("error", f"its arrays take {size >> 20} MiB, over the {max_bytes >> 20} MiB allowed")
+except ValueError as e:
+    out = ("refused", str(e))
+except MemoryError:
+    out = ("error", "its outlines compile ran out of the memory allowed")
+except Exception as e:
+    out = ("error", f"its outlines compile failed ({type(e).__name__}: {e})")
+data = pickle.dumps(out, protocol=5)
+sys.stdout.buffer.write(len(data).to_bytes(8, "little") + data)
+"""
+
+
+@dataclass(frozen=True)
+class Limits:
+    time_s: float  # wall clock of the compile, the child's start excluded
+    max_bytes: int  # the grammar's token / next-distance arrays
+    memory_bytes: int  # address space the child may add once started
+
+
+def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
+                     target: Callable[[str, TokenVocab], CompiledGrammar] = compile_regex) -> CompiledGrammar:
+    """`target(regex, vocab)` (a module-level function: it is pickled by name) run in a child process.
+    Raises GrammarError past the limits, ValueError with outlines-core's message when it refuses."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL)
+    try:
+        child.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps((target, regex, vocab, limits.max_bytes, limits.memory_bytes)))
+        child.stdin.close()
+        fd = child.stdout.fileno()
+        if _read(fd, time.monotonic() + START_S, 1) != b"R":
+            raise GrammarError("the outlines compile process did not start")
+        deadline = time.monotonic() + limits.time_s
+        size = int.from_bytes(_read(fd, deadline, 8) or b"\0", "little")
+        out = _read(fd, deadline, size) if size else b""
+    except TimeoutError:
+        raise GrammarError(f"its outlines compile ran past {limits.time_s:g} s and was stopped") from None
+    finally:
+        child.kill()
+        child.wait()
+    if not out:
+        raise GrammarError("its outlines compile ran out of the memory allowed (the compile process died)")
+    status, result = pickle.loads(out)
+    if status == "refused":
+        raise ValueError(result)
+    if status != "ok":
+        raise GrammarError(result)
+    result.vocab = vocab
+    return result
+
+
+def _read(fd: int, deadline: float, size: int) -> bytearray:
+    """`size` bytes from `fd` (fewer at its end), read in place without the GIL (no join of chunks:
+    a copy of the whole result would hold the GIL); TimeoutError past `deadline`."""
+    out = bytearray(size)
+    view, got = memoryview(out), 0
+    while got < size:
+        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+        if not ready:
+            raise TimeoutError
+        n = os.readv(fd, [view[got : got + (1 << 22)]])
+        if not n:
+            break
+        got += n
+    del view
+    return out[:got] if got < size else out
