@@ -225,10 +225,13 @@ class ModelRunner:
             gc.collect()
 
     def release_device_memory(self) -> None:
-        """At the Engine's shutdown: drop the CUDA graphs, the KV buffers and the weights now, even
-        if a reference cycle kept frozen by gc.freeze (or a caller) still holds this runner."""
+        """At the Engine's shutdown: drop the CUDA graphs, the KV buffers, the req_to_token table, the
+        attention backend's buffers and the weights now, even if a reference cycle kept frozen by
+        gc.freeze (or a caller) still holds this runner."""
         self.release_cuda_graphs()
         self.kv_pool.release()
+        self.req_to_token.release()
+        self.backend = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
         if self.device == "cuda":
             torch.cuda.empty_cache()
