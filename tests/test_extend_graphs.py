@@ -310,3 +310,35 @@ def test_engine_generates_the_same_tokens_with_padded_extend_passes():
             outs[max_tokens] = [o["output_ids"] for o in [first] + rest]
             assert calls or not max_tokens
     assert outs[0] == outs[MAX_TOKENS]
+
+
+def test_late_extend_read_backs_take_their_logits_before_the_next_pass_overwrites_the_shared_buffer():
+    """Every padded pass writes its logits into one shared buffer (on the GPU the graphs do), so a
+    consumer that read them after the next extend pass was launched would read that pass's logits.
+    Under overlap scheduling with late extend read-backs, each pass first poisons the buffer with NaN:
+    the outputs must still be those of the run without overlap."""
+    from radixflow import Engine
+    from test_overlap_schedule import _constrained_batch, _outputs, _settle, overlap_on
+
+    with Engine(grammar_backend="llguidance", cuda_graph_extend_max_tokens=64, cuda_graph_extend_max_reqs=16) as eng:
+        g = eng.runner.extend_graphs
+        forward, replay, aliased = g._forward, g.replay, []
+        g._forward = lambda fb: _poison_then(forward, fb, g.out)
+        g.replay = lambda fb, b: _note_aliased(replay(fb, b), g.out, aliased)
+        prompts, params = _constrained_batch()
+        ref = _outputs(eng.generate(prompts, params))
+        with overlap_on(eng, cold_chunk=16) as sched:
+            got = _outputs(eng.generate(prompts, params))
+            _settle(sched)
+        assert sched.stats.late_extend_read_backs > 0 and aliased and all(aliased)
+    assert got == ref
+
+
+def _poison_then(forward, fb: ForwardBatch, out: torch.Tensor) -> torch.Tensor:
+    out.fill_(float("nan"))  # what a reader late by one pass would see
+    return forward(fb)
+
+
+def _note_aliased(logits: torch.Tensor, out: torch.Tensor, aliased: list) -> torch.Tensor:
+    aliased.append(logits.data_ptr() == out.data_ptr())
+    return logits
