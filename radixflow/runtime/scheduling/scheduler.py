@@ -37,7 +37,9 @@ from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, fir
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
-from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS, InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
+from radixflow.runtime.scheduling.overlap import (
+    MAX_FED_TOKENS, InflightDecode, chain_decode, launch_decode, sample_flight, start_decode,
+)  # fmt: skip
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
 from radixflow.runtime.distributed.step_channel import agree_ids
