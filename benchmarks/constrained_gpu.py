@@ -16,7 +16,10 @@ labels are prefixed with the backend. `auto` (opt-in; the server default is llgu
 llguidance and moves it to outlines once busy: the benchmark waits for that move after its
 warm-up batch and warms once more, so the timed runs show the steady state (which backend each
 kind ran on is recorded as `auto/promoted_KIND`, with outlines' compile time). The engine's --jump-forward-max-batch is
---jump-forward-max-batch here too (default: the engine's).
+--jump-forward-max-batch here too (default: the engine's). After each size's warm-up (and the wait for
+auto's moves) the benchmark calls `Engine.freeze_gc()`, as a server's warm-up would, so full
+collections walk only what the timed runs make; how many objects each call froze is in
+`env.freeze_gc`, and each timed run records its full collections (`full_gc_ms`, one per collection).
 
     python benchmarks/constrained_gpu.py --tokenizer DIR --out DIR           # GPU
     python benchmarks/constrained_gpu.py --smoke --out /tmp/cg               # CPU, tiny model, plumbing only
@@ -29,6 +32,7 @@ model, e.g. its converted cache folder; default: that folder. Needs jsonschema.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -148,13 +152,35 @@ def timed(eng, ps: list, params: list) -> tuple:
     before = (st.chained_decode_steps, st.fed_rows, st.decode_tokens)
     sync()
     t = time.perf_counter()
-    with HostTimeline() as tl:
+    with HostTimeline() as tl, FullCollections() as full:
         outs = eng.generate(ps, params)
         sync()
     dt = time.perf_counter() - t
     stats = {"chained": st.chained_decode_steps - before[0], "fed_rows": st.fed_rows - before[1],
-             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.summary()}  # fmt: skip
+             "decode_tokens": st.decode_tokens - before[2], "host_ms": tl.summary(), "full_gc_ms": full.ms}  # fmt: skip
     return outs, dt, stats
+
+
+class FullCollections:
+    """The cyclic GC's full (generation 2) collections during the block: ms each (gc.callbacks),
+    to tell a slow run's pause from the engine's own work."""
+
+    def __enter__(self) -> "FullCollections":
+        self.ms: list[float] = []
+        self._start = 0.0
+        gc.callbacks.append(self._on_gc)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._on_gc)
+
+    def _on_gc(self, phase: str, info: dict) -> None:
+        if info["generation"] != 2:
+            return
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.ms.append(round((time.perf_counter() - self._start) * 1e3, 1))
 
 
 def record(a, label: str, outs: list, dt: float, stats: dict, kind=None, check=None) -> dict:
@@ -217,6 +243,7 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
         if settle(eng, backend, kind):
             eng.generate(ps, warm_params)  # the promoted grammar's first masks
         eng.generate(ps, [free_params(temp, 16)] * n)
+    RESULTS["env"].setdefault("freeze_gc", {})[f"{pre}{tag}"] = eng.freeze_gc()  # what warm-up made, out of the walk
     for _ in range(a.repeats):
         for kind in ("json", "regex"):
             outs, dt, st = timed(eng, ps, [grammar_params(kind, temp)] * n)

@@ -350,12 +350,13 @@ def test_shutdown_frees_the_kv_pool_and_weights_whoever_keeps_the_runner(monkeyp
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     eng = Engine(max_total_tokens=160)
     eng.generate("1, 2,", {"max_new_tokens": 2})
-    runner, pool = eng.runner, eng.runner.kv_pool
-    model = weakref.ref(runner.model)
+    runner, pool, table = eng.runner, eng.runner.kv_pool, eng.runner.req_to_token
+    model, backend = weakref.ref(runner.model), weakref.ref(runner.backend)
     eng.shutdown()
     assert pool.k == [] and pool.v == [] and runner.model is None
+    assert table.table.numel() == 0 and table.host.numel() == 0
     gc.collect()
-    assert model() is None
+    assert model() is None and backend() is None
 
 
 def test_an_earlier_freeze_by_someone_else_is_kept_and_the_engine_still_freezes(monkeypatch, caplog):

@@ -66,6 +66,8 @@ def test_server_args_reject_what_cannot_be_captured():
         ServerArgs(cuda_graph_extend_max_tokens=-1)
     with pytest.raises(RadixflowError, match=">= 1"):
         ServerArgs(cuda_graph_extend_max_reqs=0)
+    with pytest.raises(RadixflowError, match="tp_size > 1"):
+        ServerArgs(cuda_graph_extend_max_tokens=64, tp_size=2)
     with pytest.raises(RadixflowError, match="triton"):  # before any weights load
         ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cuda")
     ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cpu")
@@ -83,6 +85,10 @@ def test_the_options_are_in_the_cli_help():
     text = parser.format_help()
     for flag in ("--cuda-graph-extend-max-tokens", "--cuda-graph-extend-max-reqs"):
         assert flag in text and "graph" in parser._option_string_actions[flag].help
+    defaults = ServerArgs()
+    for flag, default in (("--cuda-graph-extend-max-reqs", defaults.cuda_graph_extend_max_reqs),
+                          ("--jump-forward-max-batch", defaults.jump_forward_max_batch)):
+        assert f"default {default}" in parser._option_string_actions[flag].help
     args = parser.parse_args(["--cuda-graph-extend-max-tokens", "256", "--cuda-graph-extend-max-reqs", "32"])
     assert (args.cuda_graph_extend_max_tokens, args.cuda_graph_extend_max_reqs) == (256, 32)
 
@@ -90,7 +96,8 @@ def test_the_options_are_in_the_cli_help():
 # -- padded passes against unpadded ones ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def runner() -> ModelRunner:
-    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy", device=DEV, dtype="float32", max_total_tokens=4096,
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device=DEV, dtype="float32", max_total_tokens=4096,
                       max_running_requests=16, attention_backend="torch_native" if DEV == "cpu" else "triton",
                       cuda_graph_extend_max_tokens=MAX_TOKENS, cuda_graph_extend_max_reqs=MAX_REQS)
     r = ModelRunner(args)
@@ -110,9 +117,9 @@ def test_graph_memory_is_checked_before_capture(runner, monkeypatch):
     assert runner._extend_graph_bytes() == need > 2 * MAX_REQS * s.vocab_size * 4
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 10 * need))
     with pytest.raises(RadixflowError, match="cuda_graph_extend_max_tokens=48, cuda_graph_extend_max_reqs=8"):
-        runner._check_extend_graph_memory()
+        runner._check_extend_graphs_fit()
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
-    runner._check_extend_graph_memory()
+    runner._check_extend_graphs_fit()
 
 
 def test_a_limit_above_the_context_is_cut_down_with_a_warning(caplog):
@@ -266,7 +273,8 @@ def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly():
     runs the same kernels on the same shapes."""
     from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
 
-    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy", device="cuda", dtype="bfloat16", max_total_tokens=4096,
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cuda", dtype="bfloat16", max_total_tokens=4096,
                       max_running_requests=16, cuda_graph_extend_max_tokens=MAX_TOKENS,
                       cuda_graph_extend_max_reqs=MAX_REQS)  # fmt: skip
     r = ModelRunner(args)
@@ -310,3 +318,35 @@ def test_engine_generates_the_same_tokens_with_padded_extend_passes():
             outs[max_tokens] = [o["output_ids"] for o in [first] + rest]
             assert calls or not max_tokens
     assert outs[0] == outs[MAX_TOKENS]
+
+
+def test_late_extend_read_backs_take_their_logits_before_the_next_pass_overwrites_the_shared_buffer():
+    """Every padded pass writes its logits into one shared buffer (on the GPU the graphs do), so a
+    consumer that read them after the next extend pass was launched would read that pass's logits.
+    Under overlap scheduling with late extend read-backs, each pass first poisons the buffer with NaN:
+    the outputs must still be those of the run without overlap."""
+    from radixflow import Engine
+    from test_overlap_schedule import _constrained_batch, _outputs, _settle, overlap_on
+
+    with Engine(grammar_backend="llguidance", cuda_graph_extend_max_tokens=64, cuda_graph_extend_max_reqs=16) as eng:
+        g = eng.runner.extend_graphs
+        forward, replay, aliased = g._forward, g.replay, []
+        g._forward = lambda fb: _poison_then(forward, fb, g.out)
+        g.replay = lambda fb, b: _note_aliased(replay(fb, b), g.out, aliased)
+        prompts, params = _constrained_batch()
+        ref = _outputs(eng.generate(prompts, params))
+        with overlap_on(eng, cold_chunk=16) as sched:
+            got = _outputs(eng.generate(prompts, params))
+            _settle(sched)
+        assert sched.stats.late_extend_read_backs > 0 and aliased and all(aliased)
+    assert got == ref
+
+
+def _poison_then(forward, fb: ForwardBatch, out: torch.Tensor) -> torch.Tensor:
+    out.fill_(float("nan"))  # what a reader late by one pass would see
+    return forward(fb)
+
+
+def _note_aliased(logits: torch.Tensor, out: torch.Tensor, aliased: list) -> torch.Tensor:
+    aliased.append(logits.data_ptr() == out.data_ptr())
+    return logits

@@ -40,7 +40,9 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False,
     """Advance `matcher` over the forced continuation and return what the scheduler
     appends: [] (nothing), [tokens] or (keep, [tokens]). `first`: before the segment's
     first sample (nothing to re-tokenize; one sampled token must still fit the budget).
-    `limit`: at most this many tokens (the rest of the forced text is jumped over later)."""
+    `limit`: at most this many tokens (the rest of the forced text is jumped over later). Precondition:
+    the limit keeps at least the tokens that re-spell a re-tokenized sampled token (the caller's
+    limits are >= 14 at a sample), so that a cut never drops text the model sampled."""
     forced = utf8_prefix(matcher.grammar.forced_bytes(matcher.state))
     if not forced:
         return []
@@ -53,7 +55,10 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False,
             continue
         common, tokens = planned
         keep = len(out) - len(boundary) + common
-        tokens = _apply(matcher, req, len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)], keep, reserve)
+        undo, cut = len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)]
+        assert not (undo and cut) or len(matcher.grammar.vocab.decode_bytes(cut)) >= len(
+            matcher.grammar.vocab.decode_bytes(boundary[common:])), "the jump's cut drops sampled text"
+        tokens = _apply(matcher, req, undo, cut, keep, reserve)
         if tokens:
             return tokens if keep == len(out) else (keep, tokens)
     return []

@@ -151,6 +151,11 @@ class ReqToTokenPool:
         self.size = size
         self.clear()
 
+    def release(self) -> None:
+        """Drops the table and its host copy now (at shutdown), whoever still holds the pool: with a
+        long context and many rows the table alone is hundreds of MB on the device."""
+        self.table = self.host = torch.empty(0, 0, dtype=torch.int32)
+
     def alloc(self) -> int | None:
         if not self._free_rows:
             return None

@@ -214,9 +214,10 @@ class Engine:
         self.runner = None  # type: ignore[assignment]
 
     def _release_device_memory(self) -> None:
-        """A frozen cycle (someone else's freeze is kept) or a caller's reference may keep the
-        runner after shutdown: not its KV pool, graphs or weights. Between steps, so that another
-        thread's request still in flight fails at its next step, not inside one."""
+        """A frozen cycle (someone else's freeze is kept) or a caller's reference may keep the runner
+        after shutdown: not its KV pool, req_to_token table, attention buffers, graphs or weights.
+        Between steps, so that another thread's request still in flight fails at its next step, not
+        inside one."""
         try:
             self.stepper.exclusive(self.runner.release_device_memory)
         except Exception:  # the step loop failed (a TP rank, a step's error): nothing steps now

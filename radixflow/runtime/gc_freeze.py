@@ -14,7 +14,8 @@ long as that walk takes. `gc.freeze()` moves them to a permanent generation that
   else froze first (an application's freeze before fork, a library's) cannot be told apart from the
   engine's (gc has no partial unfreeze), so then everything stays frozen: the application's freeze
   holds, and the engine's dead cycles are kept for the life of the process. Engine.shutdown() frees
-  the KV pool, CUDA graphs and weights explicitly, so what is kept is host memory only.
+  the KV pool, req_to_token table, attention buffers, CUDA graphs and weights explicitly, so what is
+  kept is the scheduler's and tokenizer's objects and small per-batch tensors.
 Engine(disable_gc_freeze=True) (--disable-gc-freeze) opts out.
 """
 

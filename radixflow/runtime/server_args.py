@@ -8,8 +8,10 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
+from radixflow.constrained.backend import PROMOTE_AFTER
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS
 from radixflow.errors import RadixflowError
+from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
 if TYPE_CHECKING:
     from radixflow.kernels.settings import KernelSettings
@@ -44,9 +46,9 @@ _HELP = {
     "(default: max_running_requests)",
     "cuda_graph_extend_max_tokens": "also replay extend (prefill) passes of up to this many new tokens from CUDA "
     "graphs, padded to token buckets (triton attention backend; 0 = off, eager extend passes). On CPU the padded "
-    "passes run without graphs (a correctness check). See docs/gpu.md",
+    "passes run without graphs (a correctness check); not with --tp-size > 1 yet. See docs/gpu.md",
     "cuda_graph_extend_max_reqs": "most requests in an extend pass replayed from a CUDA graph "
-    "(--cuda-graph-extend-max-tokens); passes with more run eagerly",
+    "(--cuda-graph-extend-max-tokens; default 64); passes with more run eagerly",
     "disable_gc_freeze": "do not gc.freeze() what start-up made (nor Engine.freeze_gc() what warm-up made): full "
     "garbage collections then walk the model's objects too; for applications that freeze for their own reasons",
     "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
@@ -68,16 +70,17 @@ _HELP = {
     "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: millisecond compiles, "
     "the most JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always "
     "runs on llguidance. auto (opt-in) starts each grammar on llguidance and, on a single-GPU server, moves a "
-    "regex / JSON schema with 8 requests to outlines once a background compile of it (in a child process) is "
-    "done (faster steps at large batches). Such a grammar is compiled on llguidance from outlines' regex, so its "
-    "language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the move, "
-    "a short pause per move, memory per moved grammar (docs/grammars.md)",
-    "disable_jump_forward": "never append the tokens a grammar forces without sampling them",
+    f"regex / JSON schema with {PROMOTE_AFTER} requests to outlines once a background compile of it (in a child "
+    "process) is done (faster steps at large batches). Such a grammar is compiled on llguidance from outlines' regex, "
+    "so its language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the "
+    "move, a short pause per move, memory per moved grammar (docs/grammars.md)",
+    "disable_jump_forward": "never append the tokens a grammar forces without sampling them (with jumps on, under "
+    f"overlap scheduling a jump is cut to what keeps its row within {MAX_FED_TOKENS} fed tokens; the rest is jumped "
+    "over on later steps)",
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
-    "decode batches of at most this many rows (forced tokens are then fed one a pass, so such a jump saves no pass "
-    "while its host work slows every step of a large batch); outlines rows, a request's first jump (before its "
-    "prefill) and every jump without overlap are always taken; under overlap a jump is cut to what keeps its row "
-    "within 16 fed tokens (the rest is jumped over on later steps)",
+    "decode batches of at most this many rows (default 16; 0: only a request's first jump, before its prefill); "
+    "forced tokens are then fed one a pass, so such a jump saves no pass while its host work slows every step of a "
+    "large batch. Outlines rows, a request's first jump and every jump without overlap are always taken",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
     "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "
@@ -133,11 +136,11 @@ class ServerArgs:
     disable_radix_cache: bool = False
     overlap_schedule: str = "auto"
     disable_overlap_schedule: bool = False
+    disable_gc_freeze: bool = False
 
     # kernels
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
-    disable_gc_freeze: bool = False
     cuda_graph_max_bs: Optional[int] = None
     cuda_graph_extend_max_tokens: int = 0
     cuda_graph_extend_max_reqs: int = 64
@@ -247,6 +250,9 @@ class ServerArgs:
             raise RadixflowError("cuda_graph_extend_max_reqs must be >= 1")
         if self.cuda_graph_extend_max_tokens == 0:
             return
+        if self.tp_size > 1:  # the graphs would capture all-reduces on every rank: never run on two GPUs yet
+            raise RadixflowError("cuda_graph_extend_max_tokens is not supported with tp_size > 1 yet (not measured on "
+                                 "several GPUs); extend passes run eagerly without it")
         if self.attention_backend == "flashinfer":
             raise RadixflowError("cuda_graph_extend_max_tokens needs the triton attention backend (FlashInfer plans "
                                  "each extend pass on the host, which a graph cannot replay)")

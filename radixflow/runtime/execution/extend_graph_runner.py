@@ -24,7 +24,8 @@ its reads of them on the same stream before the next pass is launched, so the ne
 writes come after them on the GPU. The decode graphs keep their own logits.
 
 With `use_graphs=False` (the CPU, where graphs cannot be captured) the same padded passes run
-eagerly: what the tests compare with unpadded eager passes.
+eagerly, into the same shared buffer: what the tests compare with unpadded eager passes, and the
+buffer's reuse is exercised by the CPU tests too (one copy a pass).
 """
 
 from __future__ import annotations
@@ -60,8 +61,9 @@ class ExtendGraphRunner:
         self.inputs = StaticExtendInputs(self.buckets, device)
         self.use_graphs = use_graphs
         self.graphs: dict[ExtendBucket, torch.cuda.CUDAGraph] = {}
-        # every graph's logits, in its first rows (with graphs only: the eager padded pass returns its own)
-        self.out: Optional[torch.Tensor] = None
+        # every padded pass's logits, in its first rows (graphs and the eager padded pass alike)
+        vocab = model.shape.vocab_size
+        self.out = torch.zeros(max(b.reqs for b in self.buckets), vocab, dtype=torch.float32, device=self.inputs.device)
         self.extend_passes = self.replays = 0  # how many extend passes asked, how many a bucket took
         if use_graphs:
             self._capture_all()
@@ -74,14 +76,14 @@ class ExtendGraphRunner:
         return pick_bucket(self.buckets, fb.num_tokens, fb.batch_size, fb.logits_indices.numel())
 
     def replay(self, fb: ForwardBatch, bucket: ExtendBucket) -> torch.Tensor:
-        """Logits of fb's `logits_indices` rows, from the padded pass in `bucket`. With graphs they are a
-        view of the shared buffer: valid until the next extend replay (the module's docstring says why
-        the scheduler's reads come first)."""
+        """Logits of fb's `logits_indices` rows, from the padded pass in `bucket`: a view of the shared
+        buffer, valid until the next extend replay (the module's docstring says why the scheduler's
+        reads come first)."""
         self.replays += 1
         lists = self.inputs.fill(fb, bucket)
         n = fb.logits_indices.numel()
         if not self.use_graphs:
-            return self._forward(self._static_batch(bucket, lists))[:n]
+            return self._forward_into_shared(self._static_batch(bucket, lists))[:n]
         self.graphs[bucket].replay()
         return self.out[:n]
 
@@ -105,8 +107,6 @@ class ExtendGraphRunner:
 
     def _capture_all(self) -> None:
         start = time.perf_counter()
-        vocab = self.model.shape.vocab_size
-        self.out = torch.zeros(max(b.reqs for b in self.buckets), vocab, dtype=torch.float32, device=self.inputs.device)
         self.graphs, _ = capture_graphs(self.buckets, self._prepare)
         log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs", len(self.buckets),
                  self.buckets[-1].tokens, max(b.reqs for b in self.buckets), time.perf_counter() - start)

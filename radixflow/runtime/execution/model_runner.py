@@ -185,7 +185,7 @@ class ModelRunner:
                         self.args.cuda_graph_extend_max_tokens, max_tokens)
         graphs = self.device == "cuda"
         if graphs:
-            self._check_extend_graph_memory()
+            self._check_extend_graphs_fit()
         else:
             log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
                         "(a correctness check, slower than unpadded passes)", self.device)
@@ -193,7 +193,7 @@ class ModelRunner:
 
         return ExtendGraphRunner(self.model, self.backend, max_tokens, max_reqs, self.device, use_graphs=graphs)
 
-    def _check_extend_graph_memory(self) -> None:
+    def _check_extend_graphs_fit(self) -> None:
         if not self.backend.supports_extend_graph:
             raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
                                  "passes from CUDA graphs; use attention_backend=triton")
@@ -225,10 +225,13 @@ class ModelRunner:
             gc.collect()
 
     def release_device_memory(self) -> None:
-        """At the Engine's shutdown: drop the CUDA graphs, the KV buffers and the weights now, even
-        if a reference cycle kept frozen by gc.freeze (or a caller) still holds this runner."""
+        """At the Engine's shutdown: drop the CUDA graphs, the KV buffers, the req_to_token table, the
+        attention backend's buffers and the weights now, even if a reference cycle kept frozen by
+        gc.freeze (or a caller) still holds this runner."""
         self.release_cuda_graphs()
         self.kv_pool.release()
+        self.req_to_token.release()
+        self.backend = None  # type: ignore[assignment]
         self.model = None  # type: ignore[assignment]
         if self.device == "cuda":
             torch.cuda.empty_cache()
