@@ -294,7 +294,8 @@ def test_auto_keeps_the_most_recently_used_moved_grammars(engine):
 def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     """A grammar whose byte-level DFA is over the state bound stays on llguidance without its
     token index ever being built; a compile over the time bound is stopped (its process killed),
-    one over the size bound refused before its arrays are sent; a refused grammar is not compiled again."""
+    one over the size bound refused before its arrays are sent; a refused grammar is not compiled again,
+    also after the request counts restart."""
     import radixflow.constrained.backend as backend_module
     import radixflow.constrained.outlines_grammars as outlines_module
 
@@ -314,6 +315,13 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
         backend.wait_for_promotions()
         assert _busy(backend, regex, 3) == ["LLGuidanceMatcher"] * 3, (limit, max_bytes)
     assert len(built) == 2, "each refused grammar was compiled once, not again"
+    backend._uses.update({("count", i): 1 for i in range(backend_module.MAX_COUNTED + 1)})
+    _busy(backend, r"[0-9]{2}", 1)  # a new grammar's request: the counts restart
+    assert len(backend._uses) == 1
+    n = backend_module.PROMOTE_AFTER + 1  # enough requests to start a move, were it not refused
+    assert _busy(backend, r"[a-z]{3}", n) == ["LLGuidanceMatcher"] * n
+    backend.wait_for_promotions()
+    assert len(built) == 2, "the request counts restarted (past MAX_COUNTED grammars); the refusals did not"
     backend.cache.pool.shutdown(wait=False)
 
 

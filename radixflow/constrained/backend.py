@@ -76,7 +76,7 @@ class GrammarBackend:
         single = getattr(server_args, "tp_size", 1) == 1
         self.promotions = GrammarCache(1, MAX_PROMOTED) if promote and self.name == "auto" and single else None
         self._uses: collections.Counter = collections.Counter()
-        self._refused: set = set()  # keys auto will not move again (refused or discarded)
+        self._refused: dict = {}  # keys auto will not move again (refused or discarded), oldest first
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
         self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
@@ -148,16 +148,21 @@ class GrammarBackend:
             if done.exception() is None:
                 return done
             self.promotions.discard(key)
-            self._refused.add(key)
+            self._refuse(key)
             return None
         if len(self._uses) > MAX_COUNTED:
-            self._uses.clear()
-            self._refused.clear()
+            self._uses.clear()  # refusals are kept apart: a refused grammar is never compiled again
         self._uses[key] += 1
         idle = self._moving is None or self._moving.done()
         if done is None and idle and self._uses[key] >= PROMOTE_AFTER:
             self._moving = self.promotions.get(key, lambda: self._move(kind, spec))
         return None
+
+    def _refuse(self, key) -> None:
+        """Remembers that `key` is not to be moved; past MAX_COUNTED refusals the oldest is forgotten."""
+        self._refused[key] = True
+        if len(self._refused) > MAX_COUNTED:
+            del self._refused[next(iter(self._refused))]
 
     def _move(self, kind: str, spec):
         """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them);
