@@ -41,15 +41,13 @@ from radixflow.constrained.cache import GrammarCache
 from radixflow.constrained.grammar import compile_grammar, grammar_backend
 from radixflow.constrained.isolated_compile import Limits
 from radixflow.constrained.json_any import DEFAULT_DEPTH
-from radixflow.constrained.options import DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, GrammarOptions, TokenizerInfo
-from radixflow.constrained.spec import to_regex
+from radixflow.constrained.options import (
+    DEFAULT_BACKEND, DEFAULT_COMPILE_TIMEOUT_S, PROMOTE_AFTER, GrammarOptions, TokenizerInfo,
+)  # fmt: skip
 from radixflow.errors import GrammarError, RadixflowError
 
 log = logging.getLogger(__name__)
 QUEUE_LIMIT_FACTOR = 30  # a grammar still queued after this many compile time limits fails (503)
-# `auto`: requests of one json_schema / regex grammar before it is compiled on outlines too. A busy
-# grammar (a batch job's schema) pays outlines' compile once; a schema per request never does
-PROMOTE_AFTER = 8
 MAX_COUNTED = 4096  # grammars whose requests `auto` counts; the counts restart past it
 # bounds on auto's moves: the benchmark schema's byte DFA has 2,433 states (3.6 s, ~235 MiB kept on a 49k
 # vocabulary); a string of maxLength 500 has 5,010 (8.3 s, 1.5 GiB), so such a grammar stays on llguidance
@@ -126,6 +124,8 @@ class GrammarBackend:
         """auto: a json_schema / regex grammar compiled on llguidance from the regex outlines will
         compile, so a move to outlines keeps its language; one whose regex cannot be made, or that
         llguidance refuses as a regex, compiles from its spec and never moves (its `regex` is None)."""
+        from radixflow.constrained.spec import to_regex  # outlines-core: only auto needs it here
+
         impl = self._impl_named("llguidance")
         try:
             regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)

@@ -20,11 +20,13 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable, Optional
 
-from radixflow.constrained.fsm import CompiledGrammar, compile_regex
-from radixflow.constrained.vocabulary import TokenVocab
 from radixflow.errors import GrammarError
+
+if TYPE_CHECKING:  # outlines-core behind them: imported where a compile runs, so ServerArgs and the engine load without it
+    from radixflow.constrained.fsm import CompiledGrammar
+    from radixflow.constrained.vocabulary import TokenVocab
 
 START_S = 60.0  # the child's start (python, numpy, outlines-core) is not counted against the compile's limit
 
@@ -61,9 +63,12 @@ class Limits:
 
 
 def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
-                     target: Callable[[str, TokenVocab], CompiledGrammar] = compile_regex) -> CompiledGrammar:
-    """`target(regex, vocab)` (a module-level function: it is pickled by name) run in a child process.
-    Raises GrammarError past the limits, ValueError with outlines-core's message when it refuses."""
+                     target: Optional[Callable[[str, TokenVocab], CompiledGrammar]] = None) -> CompiledGrammar:
+    """`target(regex, vocab)` (a module-level function: it is pickled by name; default fsm.compile_regex)
+    run in a child process. Raises GrammarError past the limits, ValueError with outlines-core's message when
+    it refuses."""
+    if target is None:
+        from radixflow.constrained.fsm import compile_regex as target
     child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.DEVNULL)
     try:

@@ -13,6 +13,10 @@ BACKENDS = ("outlines", "llguidance")
 # give budget-aware completion (outlines from exact per-state distances, llguidance from a searched closing path).
 DEFAULT_BACKEND = "llguidance"
 DEFAULT_COMPILE_TIMEOUT_S = 10.0  # --grammar-compile-timeout-s
+# `auto`: requests of one json_schema / regex grammar before it is compiled on outlines too. A busy
+# grammar (a batch job's schema) pays outlines' compile once; a schema per request never does.
+# Here, not in backend.py, so that ServerArgs' help can name it without importing outlines-core
+PROMOTE_AFTER = 8
 MAX_GRAMMAR_THREADS = 256  # --grammar-threads above this is refused (a thread per CPU is the useful most)
 
 

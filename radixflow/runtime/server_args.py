@@ -8,8 +8,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from radixflow.constrained.backend import PROMOTE_AFTER
-from radixflow.constrained.options import MAX_GRAMMAR_THREADS
+from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
 from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
