@@ -32,19 +32,15 @@ from typing import Any, Callable, Optional, Union
 import numpy as np
 import torch
 from llguidance import LLMatcher, LLParserLimits
-from llguidance.gbnf_to_lark import any_to_lark
 
 from radixflow.constrained.closing_hints import hint_strings
 from radixflow.constrained.closing_path import ClosingSearch
-from radixflow.constrained.grammar_errors import grammar_error
+from radixflow.constrained.llguidance_text import grammar_text, grammar_text_error
 from radixflow.constrained.llguidance_threads import by_build, executor, max_builds
 from radixflow.constrained.llguidance_tokenizer import ll_tokenizer
 from radixflow.constrained.options import GrammarOptions, TokenizerInfo
-from radixflow.constrained.spec_checks import check_spec, strip_anchors
-from radixflow.errors import GrammarError
 
 
-MAX_UPFRONT_CHARS = 20_000  # validate_grammar runs on the request path: keep it to milliseconds
 MAX_CLOSING_TOKENS = 4096  # the compile's search for a shortest output gives up past this
 # off-path tokens are checked by search once the budget is within VERIFY_MARGIN tokens of the
 # path's length plus a GROWTH-th of the tokens since it was verified (a token off the path rarely
@@ -310,10 +306,10 @@ class LLGuidanceGrammars:
         """`timeout_s` is unused: llguidance builds its lexer lazily and bounds each step's work.
         `regex`: compile this regex (the one the outlines backend makes of the spec) instead of the
         spec itself, so both backends accept one language (auto, for a grammar that may move)."""
-        text = self._grammar_text(kind, spec, options) if regex is None else LLMatcher.grammar_from_regex(regex)
+        text = grammar_text(kind, spec, options) if regex is None else LLMatcher.grammar_from_regex(regex)
         m = _built(self.tokenizer, text, self.limits, self.words)
         if m.is_error():
-            raise _error(kind, spec, m.get_error())
+            raise grammar_text_error(kind, spec, m.get_error())
         encode = self.info.tokenizer.encode
         hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
         closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
@@ -347,19 +343,6 @@ class LLGuidanceGrammars:
             return []
         return tokens
 
-    @staticmethod
-    def _grammar_text(kind: str, spec: Any, options: GrammarOptions) -> str:
-        if kind == "json_schema":
-            try:
-                return LLMatcher.grammar_from_json_schema(spec, defaults=_json_options(options))
-            except ValueError as e:
-                raise GrammarError(f"json_schema is not a valid JSON object: {e}") from None
-        if kind == "regex":
-            return LLMatcher.grammar_from_regex(strip_anchors(spec))
-        if kind == "ebnf":
-            return LLMatcher.grammar_from_lark(_lark(spec))
-        raise GrammarError(f"unknown grammar kind {kind!r}")
-
 
 def _built(tokenizer, text: str, limits: LLParserLimits, words: int) -> LLMatcher:
     """A matcher of `text` with its first mask computed (part of the compile)."""
@@ -369,35 +352,3 @@ def _built(tokenizer, text: str, limits: LLParserLimits, words: int) -> LLMatche
         m.unsafe_compute_mask_ptr(probe.ctypes.data, probe.nbytes)
         m.reset()
     return m
-
-
-def _lark(text: str) -> str:
-    try:
-        return any_to_lark(text) if "::=" in text else text  # GBNF (`root ::= ...`) is converted
-    except Exception as e:  # the converter's own parse errors
-        raise GrammarError(f"invalid ebnf grammar: {e}") from None
-
-
-def _json_options(options: GrammarOptions) -> dict:
-    if not options.whitespace:
-        return {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-    return {"whitespace_flexible": True, "whitespace_pattern": options.whitespace}
-
-
-def _error(kind: str, spec: Any, detail: str) -> GrammarError:
-    if kind == "json_schema":
-        return grammar_error(detail, spec)
-    first = (detail.strip().splitlines() or ["cannot be compiled"])[0]
-    what = {"regex": "regex", "ebnf": "ebnf grammar (llguidance Lark syntax, or GBNF)"}[kind]
-    return GrammarError(f"invalid or unsupported {what}: {first}")
-
-
-def validate_grammar(kind: str, spec: Any, options: GrammarOptions = GrammarOptions()) -> None:
-    """The up-front check (no tokenizer; milliseconds). Raises GrammarError."""
-    check_spec(kind, spec)
-    text = LLGuidanceGrammars._grammar_text(kind, spec, options)
-    if len(text) > MAX_UPFRONT_CHARS:  # large grammars are checked by their compile, on the worker pool
-        return
-    error = LLMatcher.validate_grammar(text)
-    if error:
-        raise _error(kind, spec, error)

@@ -53,7 +53,7 @@ def _validate_text(kind: str, spec: str, backend: str) -> None:
 
 def _validate(kind: str, spec: Any, backend: str) -> None:
     if backend in ("llguidance", "auto") or kind == "ebnf":  # auto serves a grammar's first requests on llguidance
-        from radixflow.constrained.llguidance_grammars import validate_grammar
+        from radixflow.constrained.llguidance_text import validate_grammar
 
         return validate_grammar(kind, spec)
     to_regex(kind, spec)
