@@ -71,9 +71,10 @@ def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
     (256, "bf16", 128, 4, False), (512, "bf16", 128, 1, False), (256, "bf16", 128, None, False),  # TP ranks
     (256, "fp16", 128, 8, False), (256, "float32", 128, 8, False), (256, None, 128, 8, False),  # pools
 ])
-def test_committed_bf16_entry_only_at_the_shapes_it_was_timed(batch, pool, head_dim, kv_heads, applies):
+def test_committed_bf16_entry_only_at_the_shapes_it_was_timed(monkeypatch, batch, pool, head_dim, kv_heads, applies):
     """The committed entry (2 warps) at an H200's shape and nowhere else; the split count follows the same
-    shape (num_kv_splits given decode_attention's arguments)."""
+    shape (num_kv_splits given decode_attention's arguments). The device is an H200's (sm_90) on any machine."""
+    _device(monkeypatch, 9, 0, 232_448)
     got = da.resolve_config(batch, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
     want = da.DECODE_CONFIG["bf16"]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"]
     assert got["num_warps"] == want and "head_dim" not in got and "min_kv_heads" not in got

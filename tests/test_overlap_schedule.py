@@ -444,20 +444,26 @@ def test_abort_while_an_extend_pass_is_pending(engine):
 def test_the_jump_limit_counts_the_whole_decode_batch(engine):
     """Rows that finish their prefill while others decode join that batch: the jump decision counts
     the batch they join (running rows and them), never just the rows advanced in this step."""
-    from radixflow.runtime.scheduling.jump_policy import jump_limit, jumps_after_sampling
+    from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
 
     assert jumps_after_sampling(False, 500, 16) and jumps_after_sampling(True, 16, 16)
     assert not jumps_after_sampling(True, 17, 16)
     assert jump_limit(False, 40, 10) is None and jump_limit(True, 12, 10) == 16 - 2 - 1
     prompts, params = _constrained_batch()
     seen = []
+    import radixflow.runtime.scheduling.scheduler as scheduler_module
+
+    def counted(running, reqs):
+        seen.append((decode_rows(running, reqs), len(reqs), len(running)))
+        return seen[-1][0]
+
     with overlap_on(engine, cold_chunk=16) as sched:
-        decide = sched.jumps_after_sampling
-        sched.jumps_after_sampling = lambda rows: seen.append((rows, len(sched.running))) or decide(rows)
+        scheduler_module.decode_rows = counted
         try:
             engine.generate(prompts, params)
             _settle(sched)
         finally:
-            del sched.jumps_after_sampling
-    assert seen and all(rows >= running for rows, running in seen), seen
-    assert max(rows for rows, _ in seen) <= len(prompts)
+            scheduler_module.decode_rows = decode_rows
+    assert seen and all(rows >= max(advanced, running) for rows, advanced, running in seen), seen
+    assert any(rows > advanced for rows, advanced, _ in seen), "new rows must be counted with the running ones"
+    assert max(rows for rows, _, _ in seen) <= len(prompts)

@@ -3,6 +3,7 @@ each and two tokens per gen, three ways on the shared Engine."""
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import sys
@@ -32,8 +33,16 @@ def test_programs_per_s_is_programs_over_total_time():
 
 
 def test_workloads_run_three_ways(engine, monkeypatch):
+    gc.unfreeze()  # whatever earlier tests froze: this engine's freeze then thaws at its release below
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     monkeypatch.setattr(engine, "_gc", gc_freeze.EngineFreeze())  # the only live engine: its freeze_gc() freezes
+    try:
+        _check_workloads_run_three_ways(engine)
+    finally:
+        engine._gc.release()
+
+
+def _check_workloads_run_three_ways(engine) -> None:
     sampling = {"max_new_tokens": 2, "temperature": 0}
     results = program_bench.run_all(engine, ["generative_agents", "dspy_rag"], n=2, size=0.05, sampling=sampling)
     assert results["generative_agents"]["graph"]["mode"] == "graph"
@@ -53,7 +62,6 @@ def test_workloads_run_three_ways(engine, monkeypatch):
         assert r["frozen_after_warm_up"] > 0
         assert all(r[m]["extend_tokens"] > 0 and r[m]["total_s"] > 0 for m in program_bench.MODES)
     assert not engine.scheduler.tree.disable  # the radix cache is back on
-    engine._gc.release()
 
 
 def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, monkeypatch):

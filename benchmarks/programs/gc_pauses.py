@@ -1,5 +1,5 @@
 """The cyclic garbage collector's pauses during program rounds, with the Engine's start-up
-objects frozen (what `Engine()` does: runtime/gc_freeze.py, freeze_startup_objects) and unfrozen
+objects frozen (what `Engine()` does: runtime/gc_freeze.py, EngineFreeze) and unfrozen
 (before), rounds alternating in one process: full collections and GC milliseconds per round,
 and the wall time of each round. The order of the two states alternates from one repeat to the
 next. The frozen state is `gc.freeze()` called between rounds, so it also freezes what the

@@ -40,11 +40,12 @@ _state = FreezeState()
 _lock = threading.Lock()
 
 
-def freeze_startup_objects() -> None:
+def freeze_startup_objects(enabled: bool = True) -> None:
     """A server process's freeze (scheduler, TP rank, replica follower): one model per process,
-    nothing to give back. Collect first: garbage alive now would be kept for good."""
-    gc.collect()
-    with _lock:
+    nothing to give back; `enabled` False (--disable-gc-freeze): nothing. Collect first: garbage
+    alive now would be kept for good."""
+    if enabled:
+        gc.collect()
         gc.freeze()
 
 
@@ -65,7 +66,7 @@ class EngineFreeze:
         note). Returns how many objects this froze; `what` names the call in the log."""
         if not self.enabled:
             return 0
-        gc.collect()  # garbage alive now (a dropped engine's cycles) would be kept while frozen
+        gc.collect()  # garbage alive now (a dropped engine's cycles, whose finalizer leaves `live`) would be kept
         with _lock:
             why_not = self._why_not()
             if why_not:

@@ -21,8 +21,7 @@ def follow_leader(args: ServerArgs) -> str:
         sched = Scheduler(args, runner, tokenizer, eos_token_ids(tokenizer_path, runner.config, tokenizer),
                           emit_outputs=False)  # fmt: skip
         sync = attach_replica(sched, None)
-        if not args.disable_gc_freeze:
-            freeze_startup_objects()  # a full collection on one rank would stall every rank's collective
+        freeze_startup_objects(not args.disable_gc_freeze)  # a full collection on one rank would stall every rank's collective
         while True:
             events = sync.receive_step()
             if events is None:

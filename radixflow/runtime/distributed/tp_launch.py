@@ -204,8 +204,7 @@ def _follow(args: ServerArgs) -> str:
     from radixflow.runtime.distributed.tp_worker import follow_steps
 
     runner = ModelRunner(args)
-    if not args.disable_gc_freeze:
-        freeze_startup_objects()  # a full collection on one rank would stall every rank's collective
+    freeze_startup_objects(not args.disable_gc_freeze)  # a full collection on one rank would stall every rank's collective
     try:
         return follow_steps(runner)
     finally:

@@ -13,6 +13,12 @@ from typing import Optional
 from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
 
+def decode_rows(running: list, advanced: list) -> int:
+    """The decode batch after a step: the running rows and the advanced ones that join them."""
+    ids = {id(r) for r in running}
+    return len(ids) + sum(id(r) not in ids for r in advanced)
+
+
 def jumps_after_sampling(overlap: bool, batch_rows: int, max_batch: int) -> bool:
     """Whether a decode batch of `batch_rows` rows jumps forward after its sampled tokens."""
     return not overlap or batch_rows <= max_batch

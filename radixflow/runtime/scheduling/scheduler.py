@@ -37,7 +37,7 @@ from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, fir
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
-from radixflow.runtime.scheduling.jump_policy import jump_limit, jumps_after_sampling
+from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
@@ -341,8 +341,8 @@ class Scheduler:
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
-        batch_rows = len({id(r) for r in self.running} | {id(r) for r in reqs})  # new rows join the running batch
-        forced = self.jumps_after_sampling(batch_rows)
+        grammars = any(reqs[i].grammar is not None for i in live)  # without overlap the rows do not matter
+        forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
             req = reqs[i]
             self.stops.check(req, self.runner.context_len)

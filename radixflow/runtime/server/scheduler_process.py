@@ -50,8 +50,7 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
         return
     ready_conn.send(("ok", loop.model_info()))
     ready_conn.close()
-    if not args.disable_gc_freeze:
-        freeze_startup_objects()
+    freeze_startup_objects(not args.disable_gc_freeze)
     loop.run()
 
 

@@ -73,6 +73,7 @@ class TritonBackend(AttentionBackend):
         cuda = device.type == "cuda"
         self.num_sms = torch.cuda.get_device_properties(device).multi_processor_count if cuda else 8
         self.decode_config = DETERMINISTIC_CONFIG if self.deterministic else None  # None: tuned per batch size
+        self.pool_kind = pool_kind(self.kv_pool.dtype)  # which DECODE_CONFIG pool entry its decode launches may take
         # The flash kernel takes 16-bit K/V straight from the step: a float32 pool, and an FP8 pool (its
         # prompt-only rows would skip the e4m3 rounding that every row read back from it has), keep the
         # Triton kernel, as does deterministic inference (one kernel for every row), whatever the settings.
@@ -86,7 +87,7 @@ class TritonBackend(AttentionBackend):
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         if fb.mode == ForwardMode.DECODE:
             fb.attn_metadata = num_kv_splits(fb.batch_size, self.num_kv_heads, self.num_sms, config=self.decode_config,
-                                            pool=pool_kind(self.kv_pool.dtype), head_dim=self.head_dim)
+                                            pool=self.pool_kind, head_dim=self.head_dim)
             return
         fb.attn_metadata = self.plan_extend(fb)
 
