@@ -24,14 +24,15 @@ def offline_requests(seed: int = 2024) -> list:
 def run_batch(eng, prompts: list, params: list) -> dict:
     eng.flush_cache()
     st = eng.scheduler.stats
-    before = (st.prompt_tokens, st.cached_tokens)
+    before = (st.prompt_tokens, st.cached_tokens, st.retractions)
     t = time.perf_counter()
     res = eng.generate(input_ids=prompts, sampling_params=params)
     dt = time.perf_counter() - t
     out_tokens = sum(r["meta_info"]["completion_tokens"] for r in res)
     prompt, cached = st.prompt_tokens - before[0], st.cached_tokens - before[1]
     return {"s": dt, "out_tokens": out_tokens, "out_tok_s": out_tokens / dt,
-            "total_tok_s": (out_tokens + sum(map(len, prompts))) / dt, "cache_hit": cached / max(prompt, 1)}
+            "total_tok_s": (out_tokens + sum(map(len, prompts))) / dt, "cache_hit": cached / max(prompt, 1),
+            "retractions": st.retractions - before[2]}
 
 
 class ForwardRecorder:
@@ -82,6 +83,25 @@ class ForwardRecorder:
         """(batch, KV tokens read, GPU ms) of every decode step."""
         return [(r[1], kv, r[2].elapsed_time(r[3])) for r, (kv, _) in zip(self.records, self.sizes) if r[0] == "decode"]
 
+    def mode_runs(self) -> list:
+        """[mode, passes] for each run of consecutive passes of one kind: whether extend passes interleave with decode."""
+        runs: list = []
+        for r in self.records:
+            if runs and runs[-1][0] == r[0]:
+                runs[-1][1] += 1
+            else:
+                runs.append([r[0], 1])
+        return runs
+
+    def gaps(self, min_ms: float) -> list:
+        """(pass index, kind, batch, GPU ms idle or sampling before it) for every gap over min_ms."""
+        out = []
+        for i, (a, b) in enumerate(zip(self.records, self.records[1:]), start=1):
+            ms = a[3].elapsed_time(b[2])
+            if ms > min_ms:
+                out.append((i, b[0], b[1], round(ms, 3)))
+        return out
+
     def extend_steps(self) -> list:
         """(new tokens, KV tokens after the pass, GPU ms) of every extend step."""
         return [(n, kv, r[2].elapsed_time(r[3])) for r, (kv, n) in zip(self.records, self.sizes) if r[0] == "extend"]
@@ -98,6 +118,7 @@ def _offline_pass(eng, reqs: list, steps: bool = False) -> dict:
         # benchmarks/offline_steps.py reads the decode steps under this key
         res["decode_steps_bs_kv_ms"] = [(b, kv, round(ms, 3)) for b, kv, ms in rec.decode_steps()]
         res["extend_steps_tokens_kv_ms"] = [(t, kv, round(ms, 3)) for t, kv, ms in rec.extend_steps()]
+        res["mode_runs"], res["gaps_over_1ms"] = rec.mode_runs(), rec.gaps(1.0)
     return res
 
 
