@@ -44,9 +44,7 @@ Sections (each isolated: a failure is logged and the next one runs):
                (bf16_attn_bench.py's pick; without the flag, DECODE_CONFIG's own), decode graphs recaptured per arm
   gemm_shapes  the bf16 linears' GEMMs alone (Llama-3-8B shapes, M 544 to 8,192): F.linear against the weight in
                two GEMMs (split_linear), stored transposed, and through cuBLASLt
-  gemm_row_blocks  the same shapes at 8,192 rows: one GEMM against one per block of 512-4,096 rows (row_blocked_linear)
-  offline_row_block_ab  offline's seeds with one GEMM per linear, then --row-block's row blocks (linear_row_block),
-               paired by seed, alternating which arm runs first; every pass's steps and GPU gaps recorded
+  gemm_row_blocks  the same shapes at 8,192 rows: one GEMM against one per block of 1,024-4,096 rows
   fp8_kernels  the FP8 kernels alone (--fp8-kernels picks gemv, gemm, gemm_m, attention, quantize): each GEMV config
                per Llama-3-8B weight shape at batch 1 (FP8 and bf16 weights), the FP8 GEMM and its parts
                against bf16 at batches 256-1,024 and 8,192, the activation quantization alone, decode
@@ -99,7 +97,7 @@ from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest 
 from gpubench.offline import (  # noqa: E402
     decode_entry, sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
-from gpubench.row_blocks import sec_gemm_row_blocks, sec_offline_row_block_ab  # noqa: E402
+from gpubench.row_blocks import sec_gemm_row_blocks  # noqa: E402
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
 from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
@@ -118,12 +116,12 @@ SECTIONS = {
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
-    "gemm_row_blocks": sec_gemm_row_blocks, "offline_row_block_ab": sec_offline_row_block_ab,
+    "gemm_row_blocks": sec_gemm_row_blocks,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
-NEEDS_BENCH_ENGINE = {"bs1", "offline_row_block_ab", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
+NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 
 
@@ -149,9 +147,6 @@ def main() -> None:
                    help="offline_decode_ab: a JSON file whose `entry` is the `bf16` entry for DECODE_CONFIG to time "
                         "against no entry (benchmarks/bf16_attn_bench.py writes bf16_attn_best.json; default: "
                         "DECODE_CONFIG's own)")
-    p.add_argument("--row-block", type=int, default=0,
-                   help="offline_row_block_ab: the linear_row_block to time against one GEMM (default: the fastest "
-                        "in this run's gemm_row_blocks that no decode graph exceeds, else 1,024)")
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--prefill-flash-ab", action="store_true",
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")

@@ -159,46 +159,15 @@ def test_bf16_sweep_writes_the_entry_gated_on_what_it_timed(monkeypatch):
                                                    "min_kv_heads": 8, "sm_major": 10}
 
 
-def test_offline_row_block_ab_pairs_seeds_alternating_and_restores_the_block(tmp_path, monkeypatch):
-    """offline_row_block_ab: each arm's cold pass, then per seed both arms, the first arm alternating (A B, B A,
-    A B); every pass runs under its arm's linear_row_block; the block is the fastest gemm_row_blocks block that
-    no decode graph exceeds; the engine's block is back afterwards; passes past the deadline are skipped."""
+
+def test_row_blocked_linear_equals_one_gemm(monkeypatch):
+    """gemm_row_blocks' product: one GEMM per block of rows, a last block shorter or not, gives x @ w.T."""
     monkeypatch.syspath_prepend(BENCH)
-    import dataclasses
-    from types import SimpleNamespace
+    import torch
+    from gpubench.row_blocks import row_blocked_linear
 
-    from gpubench import row_blocks
-    from gpubench.common import OPTS, RESULTS
-    from radixflow.kernels.settings import KernelSettings
-
-    seen = []
-    model = SimpleNamespace(set_kernel_settings=lambda s, fused: None)
-    runner = SimpleNamespace(settings=KernelSettings(linear_row_block=7), model=model, _fused=lambda: True,
-                             graph_runner=SimpleNamespace(max_bs=1024))
-    monkeypatch.setattr(row_blocks, "offline_requests", lambda seed: [seed])
-    monkeypatch.setattr(row_blocks, "_offline_pass", lambda eng, reqs, steps=False: seen.append(
-        (reqs[0] if reqs else None, runner.settings.linear_row_block)) or {"out_tok_s": 2.0 if runner.settings.linear_row_block else 1.0})
-    monkeypatch.setattr(row_blocks, "save", lambda: None)
-    opts = dict(bench_engine=SimpleNamespace(runner=runner), offline_seeds="2024,2025,2026", offline_warmup=0,
-                deadline_s=600, start=time.perf_counter(), row_block=0, section_key="offline_row_block_ab",
-                out=str(tmp_path))
-    for name, value in opts.items():
-        monkeypatch.setattr(OPTS, name, value, raising=False)
-    RESULTS.clear()
-    RESULTS["gemm_row_blocks"] = {"layer_us": {"0": 10.0, "512": 5.0, "1024": 8.0, "2048": 9.0}}
-    try:
-        res = row_blocks.sec_offline_row_block_ab()
-        assert res["block"] == 1024  # 512 is faster, but the batch-1,024 decode graph would need recapturing
-        assert seen == [(2024, 0), (2024, 1024), (2024, 0), (2024, 1024), (2025, 1024), (2025, 0),
-                        (2026, 0), (2026, 1024)]
-        assert res["ratio_seed2025"] == 2.0 and runner.settings.linear_row_block == 7
-        seen.clear()
-        monkeypatch.setattr(OPTS, "deadline_s", 1e-9)
-        res = row_blocks.sec_offline_row_block_ab()
-        assert len(seen) == 2 and len(res["skipped"]) == 6  # only the cold passes
-        runner.settings = dataclasses.replace(runner.settings, linear_row_block=0)
-        import pytest
-        with pytest.raises(AssertionError):
-            row_blocks._set_row_block(runner, 512)  # a decode graph of 1,024 rows would keep one GEMM
-    finally:
-        RESULTS.clear()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(24, 16, generator=g, dtype=torch.float64)
+    for rows in (10, 8, 3):
+        x = torch.randn(rows, 16, generator=g, dtype=torch.float64)
+        torch.testing.assert_close(row_blocked_linear(x, w, 4), x @ w.T, rtol=1e-12, atol=1e-12)

@@ -18,10 +18,10 @@ def test_server_args_derive_the_settings():
     assert ServerArgs().kernel_settings() == DEFAULT_KERNEL_SETTINGS
     s = ServerArgs(disable_pdl=True, pdl_late_trigger=True, attention_p_parts=1, disable_fused_kernels=True,
                    fused_rotary_max_batch=4, bf16_residual=True, disable_triton_sampling=True, fp8_weight_only=True,
-                   native_attention_dtype="float64", linear_row_block=1024).kernel_settings()
+                   native_attention_dtype="float64").kernel_settings()
     assert s == KernelSettings(pdl=False, pdl_early_trigger=False, attention_p_parts=1, fused_kernels=False,
                                fused_rotary_max_batch=4, fp32_residual=False, triton_sampling=False,
-                               fp8_activations=False, native_attention_dtype="float64", linear_row_block=1024)
+                               fp8_activations=False, native_attention_dtype="float64")
     det = ServerArgs(enable_deterministic_inference=True).kernel_settings()
     assert det.batch_invariant and det.fused_rotary_max_batch == 0  # one rotary kernel at every batch size
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -30,8 +30,7 @@ def test_server_args_derive_the_settings():
 
 @pytest.mark.parametrize("kw,needle", [({"attention_p_parts": 3}, "attention_p_parts"),
                                        ({"fused_rotary_max_batch": -1}, "fused_rotary_max_batch"),
-                                       ({"native_attention_dtype": "float16"}, "native_attention_dtype"),
-                                       ({"linear_row_block": -1}, "linear_row_block")])
+                                       ({"native_attention_dtype": "float16"}, "native_attention_dtype")])
 def test_bad_settings_are_refused(kw, needle):
     with pytest.raises(RadixflowError, match=needle):
         ServerArgs(**kw)
@@ -57,49 +56,3 @@ def test_changed_settings_reach_the_layers_and_the_backend(engine):
         engine.stepper.exclusive(lambda: runner.set_kernel_settings(before))
     assert runner.model.layers[0].residual_dtype == stream
     assert engine.generate("The capital of France is", params)["output_ids"] == want
-
-
-@pytest.mark.parametrize("rows,block", [(10, 4), (8, 4), (3, 4)])
-def test_row_blocked_linear_equals_one_gemm(rows, block):
-    from radixflow.runtime.execution.layers.parallel_linear import row_blocked_linear
-
-    g = torch.Generator().manual_seed(rows)
-    x, w, b = (torch.randn(*shape, generator=g, dtype=torch.float64) for shape in ((rows, 16), (24, 16), (24,)))
-    want = x @ w.T
-    torch.testing.assert_close(row_blocked_linear(x, w, None, block), want, rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(row_blocked_linear(x, w, b, block), want + b, rtol=1e-12, atol=1e-12)
-
-
-def test_linear_row_block_splits_only_larger_batches(monkeypatch):
-    """A layer with linear_row_block set runs one GEMM per block for more rows than the block, one GEMM otherwise."""
-    from radixflow.runtime.execution.layers import parallel_linear as pl
-
-    calls = []
-    real = pl.row_blocked_linear
-    monkeypatch.setattr(pl, "row_blocked_linear", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    layer = pl.SmallBatchMatmul()
-    layer.weight = torch.randn(24, 16, dtype=torch.float64)
-    layer.kernels = KernelSettings(linear_row_block=4)
-    x = torch.randn(9, 16, dtype=torch.float64)
-    torch.testing.assert_close(layer.matmul(x), x @ layer.weight.T)
-    layer.matmul(x[:4])
-    assert calls == [9]
-    layer.kernels = DEFAULT_KERNEL_SETTINGS
-    layer.matmul(x)
-    assert calls == [9]
-
-
-def test_engine_output_is_the_same_with_row_blocks(engine):
-    """Prefill through row-blocked linears gives the one-GEMM tokens (float32 on the CPU: the same sums)."""
-    runner = engine.runner
-    before = runner.settings
-    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-    prompt = "The capital of France is a city whose name everyone knows, and"
-    want = engine.generate(prompt, params)["output_ids"]
-    try:
-        engine.stepper.exclusive(lambda: runner.set_kernel_settings(dataclasses.replace(before, linear_row_block=3)))
-        assert all(m.kernels.linear_row_block == 3 for m in runner.model.modules() if hasattr(m, "gemv_max_m"))
-        engine.flush_cache()
-        assert engine.generate(prompt, params)["output_ids"] == want
-    finally:
-        engine.stepper.exclusive(lambda: runner.set_kernel_settings(before))

@@ -39,15 +39,11 @@ class KernelSettings:
     batch_invariant: bool = False
     # What the torch-native attention backend computes in ("float64": an exactness yardstick).
     native_attention_dtype: str = "float32"
-    # 16/32-bit linear layers with more rows than this run as one GEMM per block of this many rows (0: one
-    # GEMM): on an H200 cuBLAS ran the Llama-3-8B shapes faster at 1,024 rows than at a prefill chunk's 8,192.
-    linear_row_block: int = 0
 
     def __post_init__(self) -> None:
         assert self.attention_p_parts in (1, 2), self.attention_p_parts
         assert self.fused_rotary_max_batch >= 0, self.fused_rotary_max_batch
         assert self.native_attention_dtype in ("float32", "float64"), self.native_attention_dtype
-        assert self.linear_row_block >= 0, self.linear_row_block
 
 
 DEFAULT_KERNEL_SETTINGS = KernelSettings()

@@ -103,8 +103,6 @@ _HELP = {
     "disable_triton_sampling": "draw sampled tokens with torch's sort-based path instead of the Triton kernel",
     "fp8_weight_only": "FP8 weights: dequantize them for the GEMM instead of quantizing activations per token "
     "(slow; separates the two errors)",
-    "linear_row_block": "linear layers (bf16 / float32 weights) with more rows than this (prefill chunks) run as one cuBLAS GEMM "
-    "per block of this many rows; 0 = one GEMM",
     "native_attention_dtype": "what the torch_native attention backend computes in (float64: exact attention, "
     "a yardstick)",
     "tp_scheduler": "tensor parallelism: replicated = every rank runs the same scheduler on the same inputs (rank 0 "
@@ -159,7 +157,6 @@ class ServerArgs:
     disable_triton_sampling: bool = False
     fp8_weight_only: bool = False
     native_attention_dtype: str = "float32"
-    linear_row_block: int = 0
 
     # constrained decoding
     grammar_backend: str = "llguidance"
@@ -228,8 +225,6 @@ class ServerArgs:
                                  "host and put sglang-router in front (docs/scale_out.md)")
         if self.fused_rotary_max_batch < 0:
             raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
-        if self.linear_row_block < 0:
-            raise RadixflowError("linear_row_block must be >= 0 (0: one GEMM whatever the rows)")
         if self.jump_forward_max_batch < 0:
             raise RadixflowError("jump_forward_max_batch must be >= 0 (0: only a request's first jump, before its prefill)")
         if self.grammar_compile_timeout_s <= 0:
@@ -317,7 +312,6 @@ class ServerArgs:
             fp8_activations=not self.fp8_weight_only,
             batch_invariant=det,
             native_attention_dtype=self.native_attention_dtype,
-            linear_row_block=self.linear_row_block,
         )
 
     @classmethod

@@ -128,9 +128,6 @@ class SmallBatchMatmul:
             from radixflow.kernels.gemv import gemv
 
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
-        block = self.kernels.linear_row_block
-        if block and x.dim() == 2 and x.shape[0] > block:
-            return row_blocked_linear(x, self.weight, bias, block)
         return cpu_linear.linear(x, self.weight, bias)
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -154,21 +151,6 @@ class SmallBatchMatmul:
         if cached is None or cached.dtype != x.dtype:
             cached = self._dequantized = fp8.dequantize(w, scale, x.dtype)
         return F.linear(x, cached, bias)
-
-
-def row_blocked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, block: int) -> torch.Tensor:
-    """x @ weight.T (+ bias) as one GEMM per `block` rows of x, each written into its rows of one output
-    (a contiguous slice: no copy). Every row sees the same K reduction as in one GEMM, only cuBLAS may
-    pick another kernel for the smaller M."""
-    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    w = weight.t()
-    for start in range(0, x.shape[0], block):
-        rows = slice(start, start + block)
-        if bias is None:
-            torch.mm(x[rows], w, out=out[rows])
-        else:
-            torch.addmm(bias, x[rows], w, out=out[rows])
-    return out
 
 
 _MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)
