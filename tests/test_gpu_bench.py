@@ -171,3 +171,23 @@ def test_row_blocked_linear_equals_one_gemm(monkeypatch):
     for rows in (10, 8, 3):
         x = torch.randn(rows, 16, generator=g, dtype=torch.float64)
         torch.testing.assert_close(row_blocked_linear(x, w, 4), x @ w.T, rtol=1e-12, atol=1e-12)
+
+
+def test_mixed_projection_moves_rows_into_chunks_without_losing_any(monkeypatch):
+    """offline_mixed_projection: with no fixed step cost, mixed passes move decode rows into the chunks without
+    changing the total; with a fixed cost they save only the steps they remove (here: the early request's)."""
+    monkeypatch.syspath_prepend(BENCH)
+    import numpy as np
+    from offline_mixed_projection import StepCost, project
+
+    # two requests: 4 prompt tokens in chunk 0 with 3 outputs, 8 tokens ending in chunk 2 with 2 outputs
+    reqs = [(4, 3), (8, 2)]
+    steps = np.array([(b, kv, 1.0 + 2.0 * b) for b, kv in ((300, 1e3), (400, 5e3), (500, 2e3), (600, 9e3))])  # fixed 1, 2 a row
+    cost = StepCost(steps, min_bs=300)
+    assert abs(cost.fixed - 1.0) < 1e-9 and abs(cost.row - 2.0) < 1e-9 and abs(cost.kv) < 1e-9
+    cost.step_ms = lambda batch, kv: cost.fixed + cost.row * batch  # small batches priced by the fit too
+    first, mixed = project(reqs, cost, 0.0, 4, False), project(reqs, cost, 0.0, 4, True)
+    assert first["decode_steps"] == 2 and mixed["decode_steps"] == 1  # request 0 decoded its 2 in chunks 1 and 2
+    assert abs(first["total_s"] * 1e3 - (2 * 1.0 + 2.0 * 3)) < 1e-9  # steps of 2 and 1 rows
+    assert abs(mixed["decode_rows_in_chunks_s"] * 1e3 - 2 * 2.0) < 1e-9
+    assert abs(mixed["total_s"] * 1e3 - (2 * 2.0 + 1.0 + 2.0)) < 1e-9
