@@ -325,6 +325,57 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     backend.cache.pool.shutdown(wait=False)
 
 
+def test_auto_refuses_a_move_as_it_fails_or_before_it_starts(engine, monkeypatch):
+    """A move that fails is refused, and leaves the moved grammars' LRU, when it fails, not on the
+    grammar's next request; a grammar compiled from its spec (no outlines regex) is refused at its
+    PROMOTE_AFTER-th request without a move being started."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
+    spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
+    try:
+        _busy(backend, r"[0-9]{2}")
+        backend.wait_for_promotions()
+        assert ("outlines", "regex", r"[0-9]{2}", backend.options) in backend._refused and not backend.promotions.entries
+        assert backend.compile("json_schema", spec).regex is None
+        started: list = []
+        monkeypatch.setattr(backend, "_move", lambda *a: started.append(a))
+        assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
+        assert started == [] and ("outlines", "json_schema", spec, backend.options) in backend._refused
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+
+
+def test_auto_makes_and_checks_a_moved_grammars_regex_once(engine, monkeypatch):
+    """A grammar's llguidance compile and its move to outlines turn the spec into a regex once,
+    and check the spec once (the move compiles outlines from the regex its llguidance compile kept)."""
+    import collections
+
+    import radixflow.constrained.grammar as grammar_module
+    from radixflow.constrained.backend import PROMOTE_AFTER
+    import radixflow.constrained.outlines_grammars as outlines_module
+    import radixflow.constrained.spec as spec_module
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        return lambda *a, **k: (calls.update([name]), fn(*a, **k))[1]
+
+    to_regex, check_spec = counted("to_regex", spec_module.to_regex), counted("check_spec", spec_module.check_spec)
+    for module, name, fn in ((spec_module, "to_regex", to_regex), (outlines_module, "to_regex", to_regex),
+                             (spec_module, "check_spec", check_spec), (grammar_module, "check_spec", check_spec)):  # fmt: skip
+        monkeypatch.setattr(module, name, fn)
+    backend, spec = _backend(engine, grammar_backend="auto"), json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
+    try:
+        assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)][0] == "LLGuidanceMatcher"
+        backend.wait_for_promotions()
+        assert _matcher_class(backend, "json_schema", spec) == "GrammarMatcher"
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert calls == {"to_regex": 1, "check_spec": 1}, calls
+
+
 def test_auto_serves_both_backends_in_one_batch(engine):
     """Through the engine: a batch whose schema has been promoted beside a newer one still on
     llguidance; every output is valid, and both backends' rows jump forward."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import threading
 import time
 import weakref
 from concurrent.futures import Future
@@ -75,6 +76,7 @@ class GrammarBackend:
         self.promotions = GrammarCache(1, MAX_PROMOTED) if promote and self.name == "auto" and single else None
         self._uses: collections.Counter = collections.Counter()
         self._refused: dict = {}  # keys auto will not move again (refused or discarded), oldest first
+        self._refused_lock = threading.Lock()  # a move that fails records its refusal from its worker thread
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
         self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
@@ -86,7 +88,7 @@ class GrammarBackend:
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
         first = self.backend_for("regex")
         self._impls = {first: self.cache.pool.submit(grammar_backend, first, self.info)}  # name -> Future
-        self._jump_impls: dict = {}  # matcher class -> its backend (the jump hook's, every row and step)
+        self._built: dict = {}  # name -> backend, once built (the jump hook looks one up every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property
@@ -102,8 +104,11 @@ class GrammarBackend:
         return self._impl_named(self.backend_for(kind))
 
     def _impl_named(self, name: str):
-        built = self._impls.get(name)  # else built where first needed (in a compile job: not waiting on the pool)
-        return grammar_backend(name, self.info) if built is None else built.result()
+        impl = self._built.get(name)
+        if impl is None:
+            started = self._impls.get(name)  # else built where first needed (in a compile job: not waiting on the pool)
+            impl = self._built[name] = grammar_backend(name, self.info) if started is None else started.result()
+        return impl
 
     # -- compile ---------------------------------------------------------------------------------
     def submit(self, req) -> None:
@@ -128,7 +133,7 @@ class GrammarBackend:
 
         impl = self._impl_named("llguidance")
         try:
-            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)
+            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)  # checks the spec
             return compile_grammar(impl, kind, spec, self.options, self.timeout_s, regex=regex)
         except RadixflowError as e:
             log.info("auto: a %s grammar stays on llguidance (compiled from its spec): %s", kind, e)
@@ -137,7 +142,8 @@ class GrammarBackend:
     def _promoted(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's finished outlines compile, if it has one; else counts the request,
         and from the PROMOTE_AFTER-th request of a json_schema / regex grammar on, that compile is
-        started, unless another one is running (a later request starts it then)."""
+        started, unless another one is running (a later request starts it then). A grammar compiled
+        from its spec (no outlines regex) is refused then, without a move."""
         if self.promotions is None or kind == "ebnf":
             return None
         key = ("outlines", kind, spec, self.options)  # promotion() reads the same key
@@ -145,35 +151,46 @@ class GrammarBackend:
             return None
         done = self.promotions.peek(key, touch=True)
         if done is not None and done.done():
-            if done.exception() is None:
-                return done
-            self.promotions.discard(key)
-            self._refuse(key)
-            return None
+            return done if done.exception() is None else None  # a failed move refused itself (_move)
         if len(self._uses) > MAX_COUNTED:
             self._uses.clear()  # refusals are kept apart: a refused grammar is never compiled again
         self._uses[key] += 1
         idle = self._moving is None or self._moving.done()
         if done is None and idle and self._uses[key] >= PROMOTE_AFTER:
-            self._moving = self.promotions.get(key, lambda: self._move(kind, spec))
+            if _compiled_from_spec(self.cache.peek((self.backend_for(kind), kind, spec, self.options))):
+                log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
+                self._refuse(key)
+                return None
+            self._moving = self.promotions.get(key, lambda: self._move(key))
         return None
 
     def _refuse(self, key) -> None:
         """Remembers that `key` is not to be moved; past MAX_COUNTED refusals the oldest is forgotten."""
-        self._refused[key] = True
-        if len(self._refused) > MAX_COUNTED:
-            del self._refused[next(iter(self._refused))]
+        with self._refused_lock:
+            self._refused[key] = True
+            if len(self._refused) > MAX_COUNTED:
+                del self._refused[next(iter(self._refused))]
 
-    def _move(self, kind: str, spec):
-        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them);
-        only for one whose llguidance compile was made from outlines' regex (its language stays)."""
-        if getattr(self.compile_async(kind, spec).result(), "regex", None) is None:
+    def _move(self, key):
+        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them),
+        from the regex its llguidance compile was made from (its language stays). One that fails is refused
+        and leaves the moved grammars' LRU before its future is done, not on the grammar's next request."""
+        try:
+            return self._compile_moved(*key[1:3])
+        except Exception:
+            self._refuse(key)
+            self.promotions.discard(key)
+            raise
+
+    def _compile_moved(self, kind: str, spec):
+        regex = getattr(self.compile_async(kind, spec).result(), "regex", None)
+        if regex is None:
             log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
             raise GrammarError("compiled from its spec: not moved")
         start = time.monotonic()
         limits = Limits(time_s=self.move_limit_s, max_bytes=PROMOTE_MAX_BYTES, memory_bytes=PROMOTE_MAX_MEMORY)
         try:
-            grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s,
+            grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s, regex=regex,
                                       max_dfa_states=PROMOTE_MAX_DFA_STATES, isolate=limits)
         except RadixflowError as e:
             log.info("auto: a %s grammar stays on llguidance: %s", kind, e)
@@ -188,8 +205,8 @@ class GrammarBackend:
 
     def wait_for_promotions(self) -> None:
         """Blocks until the outlines compiles under way are done (benchmarks: before timing)."""
-        if self.promotions is not None:
-            concurrent.futures.wait(list(self.promotions.entries.values()))
+        if self.promotions is not None:  # a failed move leaves the LRU just before it is done: _moving too
+            concurrent.futures.wait([*self.promotions.entries.values(), *filter(None, [self._moving])])
 
     def compile(self, kind: str, spec):
         """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""
@@ -217,7 +234,6 @@ class GrammarBackend:
             )
         impl = self._impl_named(name)
         req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
-        self._jump_impls[type(req.grammar)] = impl
         if self.jump_enabled and not req.grammar.is_terminated():
             forced = impl.jump(req.grammar, req, first=True)
             if forced:
@@ -266,7 +282,7 @@ class GrammarBackend:
         completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
-        impl = self._jump_impls.get(type(req.grammar)) or self.impl_for(req.sampling.grammar[0])
+        impl = self._impl_named(req.grammar.backend)
         return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
 
     @staticmethod
@@ -289,6 +305,11 @@ def apply_jump(output_ids: list, forced: Union[list, tuple]) -> int:
     del output_ids[keep:]
     output_ids.extend(tokens)
     return cut
+
+
+def _compiled_from_spec(compiled: Optional[Future]) -> bool:
+    """auto: whether a grammar's finished llguidance compile was made from its spec (no outlines regex)."""
+    return compiled is not None and compiled.done() and compiled.exception() is None and compiled.result().regex is None
 
 
 def _message(error: BaseException) -> str:
