@@ -492,8 +492,8 @@ def test_exponential_regex_on_outlines_fails_only_its_request(engine, monkeypatc
     from radixflow.constrained import regex_guard
 
     killed = []
-    kill = regex_guard._kill
-    monkeypatch.setattr(regex_guard, "_kill", lambda child: killed.append(child) or kill(child))
+    kill = regex_guard.stop
+    monkeypatch.setattr(regex_guard, "stop", lambda child: killed.append(child) or kill(child))
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=1.0)
     try:
         bomb = FakeReq("regex", "(a|b)*a(a|b){24}")  # hours of DFA building
