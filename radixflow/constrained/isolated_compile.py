@@ -13,6 +13,7 @@ result (outlines-core's index and the numpy arrays: tens of milliseconds for the
 
 from __future__ import annotations
 
+import importlib
 import pickle
 import sys
 import time
@@ -26,11 +27,21 @@ if TYPE_CHECKING:  # outlines-core behind them: imported where a compile runs, s
     from radixflow.constrained.fsm import CompiledGrammar
     from radixflow.constrained.vocabulary import TokenVocab
 
+# the default target's modules (fsm.py, vocabulary.py) need numpy and outlines-core only; the packages' __init__
+# (radixflow's imports ServerArgs, and with it torch) would add seconds to every move's start
+BARE_PACKAGES = [(name, list(importlib.import_module(name).__path__)) for name in ("radixflow", "radixflow.constrained")]
 START_S = 60.0  # the child's start (python, numpy, outlines-core) is not counted against the compile's limit
 
-_CHILD = """
-import pickle, resource, sys
-sys.path[:0] = pickle.load(sys.stdin.buffer)
+# the parent's import path, and packages to import without their __init__
+PRELUDE = """
+import pickle, resource, sys, types
+paths, bare = pickle.load(sys.stdin.buffer)
+sys.path[:0] = paths
+for name, path in bare:
+    sys.modules[name] = module = types.ModuleType(name)
+    module.__path__ = path
+"""
+_CHILD = PRELUDE + """
 target, regex, vocab, max_bytes, memory = pickle.load(sys.stdin.buffer)
 sys.stdout.buffer.write(READY_LINE)  # imports done: the compile's clock starts
 sys.stdout.buffer.flush()
@@ -62,14 +73,17 @@ class Limits:
 
 def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
                      target: Optional[Callable[[str, TokenVocab], CompiledGrammar]] = None) -> CompiledGrammar:
-    """`target(regex, vocab)` (a module-level function: it is pickled by name; default fsm.compile_regex)
-    run in a child process. Raises GrammarError past the limits, ValueError with outlines-core's message when
+    """`target(regex, vocab)` (a module-level function: it is pickled by name; default fsm.compile_regex,
+    in a child that skips radixflow's package imports) run in a child process. Raises GrammarError past the limits, ValueError with outlines-core's message when
     it refuses."""
+    bare = []
     if target is None:
         from radixflow.constrained.fsm import compile_regex as target
+
+        bare = BARE_PACKAGES
     child = spawn(_CHILD)
     try:
-        child.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps((target, regex, vocab, limits.max_bytes, limits.memory_bytes)))
+        child.stdin.write(pickle.dumps((list(sys.path), bare)) + pickle.dumps((target, regex, vocab, limits.max_bytes, limits.memory_bytes)))
         child.stdin.close()
         if not wait_ready(child, START_S):
             raise GrammarError("the outlines compile process did not start")
