@@ -169,6 +169,10 @@ class FakeReq:
     def finish(self, reason: dict) -> None:
         self.finish_reason = reason
 
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
 
 def _poll(backend: GrammarBackend, req: FakeReq) -> bool:
     deadline = time.monotonic() + 120
@@ -374,6 +378,76 @@ def test_auto_makes_and_checks_a_moved_grammars_regex_once(engine, monkeypatch):
     finally:
         backend.cache.pool.shutdown(wait=False)
     assert calls == {"to_regex": 1, "check_spec": 1}, calls
+
+
+def _feed(req: FakeReq, ids: list) -> None:
+    for t in ids:
+        req.output_ids.append(t)
+        req.grammar.accept_token(t)
+
+
+def test_auto_switches_rows_that_started_before_the_move(engine):
+    """Requests on llguidance when their grammar's move finishes: one polled after it starts on outlines;
+    running rows go on on outlines from the state their tokens lead to, once (switch_moved), except a
+    row whose budget no longer fits outlines' shortest completion and rows of another grammar."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[0-9]{4}"
+    head = engine.tokenizer.encode("123-4", add_special_tokens=False)
+    try:
+        rows = [FakeReq("regex", regex) for _ in range(PROMOTE_AFTER)] + [FakeReq("regex", r"[a-z]{3}")]
+        for req in rows:
+            backend.submit(req)
+            assert _poll(backend, req) is True
+            _feed(req, head if req.sampling.grammar[1] == regex else [])
+        rows[0].sampling.max_new_tokens = len(head) + 1  # "567" takes more than one token
+        late = FakeReq("regex", regex)
+        backend.submit(late)  # before the move is done: its job is llguidance's
+        backend.wait_for_promotions()
+        assert _poll(backend, late) is True and type(late.grammar).__name__ == "GrammarMatcher"
+        assert backend.switch_moved(rows) == PROMOTE_AFTER - 1 and backend.switch_moved(rows) == 0
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    classes = [type(r.grammar).__name__ for r in rows]
+    assert classes == ["LLGuidanceMatcher"] + ["GrammarMatcher"] * (PROMOTE_AFTER - 1) + ["LLGuidanceMatcher"], classes
+    g = rows[1].grammar.grammar
+    assert all(r.grammar.state == g.walk(g.initial_state, head) for r in rows[1:-1])
+
+
+def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, monkeypatch):
+    """Through the engine: a batch that starts on llguidance while its grammar's move runs goes on on
+    outlines once the move finishes (here: made to finish after the batch's third step), every output valid."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    backend = _backend(engine, grammar_backend="auto")
+    sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = backend, backend.jump_forward, "auto"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
+              "required": ["name", "tags"], "additionalProperties": False}  # fmt: skip
+    release, calls, switched = threading.Event(), [], []
+    move, switch = backend._compile_moved, backend.switch_moved
+    monkeypatch.setattr(backend, "_compile_moved", lambda *a: (release.wait(120), move(*a))[1])
+
+    def counted(reqs):
+        calls.append(1)
+        if len(calls) == 3:
+            release.set()
+            backend.wait_for_promotions()
+        switched.append(switch(reqs))
+        return switched[-1]
+
+    monkeypatch.setattr(backend, "switch_moved", counted)
+    params = {"temperature": 1, "max_new_tokens": 60, "json_schema": json.dumps(schema)}
+    try:
+        outs = engine.generate([f"Person {i}:" for i in range(PROMOTE_AFTER)], [params] * PROMOTE_AFTER)
+    finally:
+        release.set()
+        backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
+    assert sum(switched) == PROMOTE_AFTER, switched
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), schema)
 
 
 def test_auto_serves_both_backends_in_one_batch(engine):

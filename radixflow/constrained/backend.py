@@ -78,6 +78,8 @@ class GrammarBackend:
         self._refused: dict = {}  # keys auto will not move again (refused or discarded), oldest first
         self._refused_lock = threading.Lock()  # a move that fails records its refusal from its worker thread
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
+        self._moving_spec: Optional[tuple] = None  # its (kind, spec)
+        self._switched: Optional[Future] = None  # the last finished move whose running rows were switched
         self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
@@ -161,7 +163,7 @@ class GrammarBackend:
                 log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
                 self._refuse(key)
                 return None
-            self._moving = self.promotions.get(key, lambda: self._move(key))
+            self._moving, self._moving_spec = self.promotions.get(key, lambda: self._move(key)), (kind, spec)
         return None
 
     def _refuse(self, key) -> None:
@@ -199,6 +201,37 @@ class GrammarBackend:
                  (grammar.tokens.nbytes + grammar.next_dist.nbytes) >> 20)
         return grammar
 
+    def switch_moved(self, reqs: list) -> int:
+        """auto: once a move has finished, the unfinished rows of `reqs` still on llguidance for that grammar go on
+        on outlines, their tokens walked through its FSM (one language), so a batch that arrived before the move
+        does not run to its end on llguidance's slower masks. A row whose tokens outlines cannot walk, whose
+        budget no longer fits outlines' shortest completion, or with a repair pending, stays. The scheduler calls
+        it after each step's tokens are accepted (none in flight for these rows); returns the rows switched."""
+        moving = self._moving
+        if moving is None or moving is self._switched or not moving.done():
+            return 0
+        self._switched = moving
+        if moving.exception() is not None:
+            return 0
+        from radixflow.constrained.matcher import GrammarMatcher
+
+        grammar, switched = moving.result(), 0
+        for req in reqs:
+            old = req.grammar
+            if req.finished or old is None or old.backend != "llguidance" or req.sampling.grammar != self._moving_spec:
+                continue
+            if old.undo or old.is_terminated():
+                continue
+            new = GrammarMatcher(grammar, req)
+            if new.advance_all(req.output_ids[req.segment_start :]) and new.distance() <= new.budget():
+                req.grammar, switched = new, switched + 1
+        return switched
+
+    def _moved(self, kind: str, spec):
+        """auto: the grammar's finished outlines compile; None while it has none."""
+        done = self.promotion(kind, spec)
+        return done.result() if done is not None and done.done() and done.exception() is None else None
+
     def promotion(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's outlines compile, if one was started and is still kept."""
         return None if self.promotions is None else self.promotions.peek(("outlines", kind, spec, self.options))
@@ -224,7 +257,8 @@ class GrammarBackend:
         error = fut.exception()
         if error is not None:
             return self._reject(req, _message(error))
-        grammar = fut.result()
+        moved = self._moved(*req.sampling.grammar) if name == "llguidance" else None
+        grammar, name = (moved, "outlines") if moved is not None else (fut.result(), name)  # auto: moved meanwhile
         budget = req.sampling.max_new_tokens - req.segment_len
         if grammar.min_tokens is not None and grammar.min_tokens > budget:
             return self._reject(
