@@ -13,8 +13,9 @@ outlines makes of it (so its language is the same on both backends; a spec witho
 compiles from the spec and never moves). One that has had PROMOTE_AFTER requests is also compiled
 on outlines, in the background in a child process (isolated_compile.py: the scheduler's GIL is not
 held for it, and it never delays a request's compile), and once that compile is done the
-grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
-llguidance's per-step mask work is what bounds a GPU step. The move is bounded: one background
+grammar's new requests run on outlines, whose masks are cached per FSM state (at large batches
+llguidance's per-step mask work is what bounds a GPU step), and its rows still running on llguidance
+switch to outlines after their step (switch_moved). The move is bounded: one background
 compile at a time; a grammar whose byte-level DFA has more than PROMOTE_MAX_DFA_STATES states is
 refused before its token index is built; the child is killed past the compile time limit or
 PROMOTE_MAX_MEMORY, and refuses arrays over PROMOTE_MAX_BYTES; a refused grammar stays on llguidance
