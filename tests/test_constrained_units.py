@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from constrained_corpus import REGEXES, SCHEMAS
 from radixflow.constrained import regex_for_choices, regex_for_dtype, regex_for_schema, validate
 from radixflow.constrained.options import GrammarOptions
-from radixflow.constrained.backend import GrammarBackend
+from radixflow.constrained.backend import GrammarBackend, jump_parts
 from radixflow.constrained.jump_forward import plan_jump, utf8_prefix
 from radixflow.constrained.matcher import GrammarMatcher
 from radixflow.constrained.regex_helpers import int_range_regex, number_range_regex
@@ -252,6 +252,34 @@ def test_jump_forward_at_start_and_after_a_sampled_token(backend, tokenizer):
     assert m.grammar.walk(g.initial_state, ids) == m.state
 
 
+def test_a_cut_jump_never_drops_the_sampled_text(backend, tokenizer):
+    """A jump after a sampled token that re-tokenizes it (`"` becomes `",`) and is cut to a limit:
+    at every limit up to the scheduler's smallest (jump_policy.jump_limit at a sample) the text kept
+    plus the tokens appended still starts with everything sampled, and the matcher is where they lead."""
+    from radixflow.runtime.scheduling.jump_policy import jump_limit
+
+    key = "_".join(["field"] * 12)  # a forced run of more tokens than the smallest limit
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 4}, key: {"type": "integer"}},
+              "required": ["a", key], "additionalProperties": False}  # fmt: skip
+    g = backend.compile("json_schema", json.dumps(schema))
+    smallest = jump_limit(True, 10, 9)
+    cut_back = 0
+    for limit in range(1, smallest + 1):
+        req = Req(200)
+        m = GrammarMatcher(g, req)
+        req.output_ids += plan_jump(m, req, backend.impl._encode, first=True)
+        for tok in tokenizer.encode('ab"', add_special_tokens=False):
+            req.output_ids.append(tok)
+            m.accept_token(tok)
+        sampled = tokenizer.decode(req.output_ids)
+        keep, tokens = jump_parts(plan_jump(m, req, backend.impl._encode, limit=limit), len(req.output_ids))
+        ids = req.output_ids[:keep] + tokens
+        assert 0 < len(tokens) <= limit and tokenizer.decode(ids).startswith(sampled), (limit, tokenizer.decode(ids))
+        assert g.walk(g.initial_state, ids) == m.state
+        cut_back += keep < len(req.output_ids)
+    assert cut_back == smallest, "every jump re-tokenized the sampled quote"
+
+
 def test_jump_forward_respects_the_budget(backend):
     g = backend.compile("regex", "abcdefghijklmnop[0-9]")
     req = Req(3)  # the forced text alone takes more tokens than the budget allows
@@ -349,7 +377,7 @@ def test_free_form_object_compiles_in_about_a_second(backend):
 
 # -- whitespace pattern (--constrained-json-whitespace-pattern) ---------------------------------------------
 def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer, backend):
-    from radixflow.constrained.backend import GrammarBackend
+    from radixflow.constrained.backend import GrammarBackend, jump_parts
     from radixflow.runtime.server_args import ServerArgs
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

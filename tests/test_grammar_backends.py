@@ -169,6 +169,10 @@ class FakeReq:
     def finish(self, reason: dict) -> None:
         self.finish_reason = reason
 
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
 
 def _poll(backend: GrammarBackend, req: FakeReq) -> bool:
     deadline = time.monotonic() + 120
@@ -325,6 +329,127 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     backend.cache.pool.shutdown(wait=False)
 
 
+def test_auto_refuses_a_move_as_it_fails_or_before_it_starts(engine, monkeypatch):
+    """A move that fails is refused, and leaves the moved grammars' LRU, when it fails, not on the
+    grammar's next request; a grammar compiled from its spec (no outlines regex) is refused at its
+    PROMOTE_AFTER-th request without a move being started."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
+    spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
+    try:
+        _busy(backend, r"[0-9]{2}")
+        backend.wait_for_promotions()
+        assert ("outlines", "regex", r"[0-9]{2}", backend.options) in backend._refused and not backend.promotions.entries
+        assert backend.compile("json_schema", spec).regex is None
+        started: list = []
+        monkeypatch.setattr(backend, "_move", lambda *a: started.append(a))
+        assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
+        assert started == [] and ("outlines", "json_schema", spec, backend.options) in backend._refused
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+
+
+def test_auto_makes_and_checks_a_moved_grammars_regex_once(engine, monkeypatch):
+    """A grammar's llguidance compile and its move to outlines turn the spec into a regex once,
+    and check the spec once (the move compiles outlines from the regex its llguidance compile kept)."""
+    import collections
+
+    import radixflow.constrained.grammar as grammar_module
+    from radixflow.constrained.backend import PROMOTE_AFTER
+    import radixflow.constrained.outlines_grammars as outlines_module
+    import radixflow.constrained.spec as spec_module
+
+    calls: collections.Counter = collections.Counter()
+
+    def counted(name, fn):
+        return lambda *a, **k: (calls.update([name]), fn(*a, **k))[1]
+
+    to_regex, check_spec = counted("to_regex", spec_module.to_regex), counted("check_spec", spec_module.check_spec)
+    for module, name, fn in ((spec_module, "to_regex", to_regex), (outlines_module, "to_regex", to_regex),
+                             (spec_module, "check_spec", check_spec), (grammar_module, "check_spec", check_spec)):  # fmt: skip
+        monkeypatch.setattr(module, name, fn)
+    backend, spec = _backend(engine, grammar_backend="auto"), json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
+    try:
+        assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)][0] == "LLGuidanceMatcher"
+        backend.wait_for_promotions()
+        assert _matcher_class(backend, "json_schema", spec) == "GrammarMatcher"
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert calls == {"to_regex": 1, "check_spec": 1}, calls
+
+
+def _feed(req: FakeReq, ids: list) -> None:
+    for t in ids:
+        req.output_ids.append(t)
+        req.grammar.accept_token(t)
+
+
+def test_auto_switches_rows_that_started_before_the_move(engine):
+    """Requests on llguidance when their grammar's move finishes: one polled after it starts on outlines;
+    running rows go on on outlines from the state their tokens lead to, once (switch_moved), except a
+    row whose budget no longer fits outlines' shortest completion and rows of another grammar."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[0-9]{4}"
+    head = engine.tokenizer.encode("123-4", add_special_tokens=False)
+    try:
+        rows = [FakeReq("regex", regex) for _ in range(PROMOTE_AFTER)] + [FakeReq("regex", r"[a-z]{3}")]
+        for req in rows:
+            backend.submit(req)
+            assert _poll(backend, req) is True
+            _feed(req, head if req.sampling.grammar[1] == regex else [])
+        rows[0].sampling.max_new_tokens = len(head) + 1  # "567" takes more than one token
+        late = FakeReq("regex", regex)
+        backend.submit(late)  # before the move is done: its job is llguidance's
+        backend.wait_for_promotions()
+        assert _poll(backend, late) is True and type(late.grammar).__name__ == "GrammarMatcher"
+        assert backend.switch_moved(rows) == PROMOTE_AFTER - 1 and backend.switch_moved(rows) == 0
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    classes = [type(r.grammar).__name__ for r in rows]
+    assert classes == ["LLGuidanceMatcher"] + ["GrammarMatcher"] * (PROMOTE_AFTER - 1) + ["LLGuidanceMatcher"], classes
+    g = rows[1].grammar.grammar
+    assert all(r.grammar.state == g.walk(g.initial_state, head) for r in rows[1:-1])
+
+
+def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, monkeypatch):
+    """Through the engine: a batch that starts on llguidance while its grammar's move runs goes on on
+    outlines once the move finishes (here: made to finish after the batch's third step), every output valid."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
+    backend = _backend(engine, grammar_backend="auto")
+    sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = backend, backend.jump_forward, "auto"
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
+              "required": ["name", "tags"], "additionalProperties": False}  # fmt: skip
+    release, calls, switched = threading.Event(), [], []
+    move, switch = backend._compile_moved, backend.switch_moved
+    monkeypatch.setattr(backend, "_compile_moved", lambda *a: (release.wait(120), move(*a))[1])
+
+    def counted(reqs):
+        calls.append(1)
+        if len(calls) == 3:
+            release.set()
+            backend.wait_for_promotions()
+        switched.append(switch(reqs))
+        return switched[-1]
+
+    monkeypatch.setattr(backend, "switch_moved", counted)
+    params = {"temperature": 1, "max_new_tokens": 60, "json_schema": json.dumps(schema)}
+    try:
+        outs = engine.generate([f"Person {i}:" for i in range(PROMOTE_AFTER)], [params] * PROMOTE_AFTER)
+    finally:
+        release.set()
+        backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = saved
+    assert sum(switched) == PROMOTE_AFTER, switched
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), schema)
+
+
 def test_auto_serves_both_backends_in_one_batch(engine):
     """Through the engine: a batch whose schema has been promoted beside a newer one still on
     llguidance; every output is valid, and both backends' rows jump forward."""
@@ -441,8 +566,8 @@ def test_exponential_regex_on_outlines_fails_only_its_request(engine, monkeypatc
     from radixflow.constrained import regex_guard
 
     killed = []
-    kill = regex_guard._kill
-    monkeypatch.setattr(regex_guard, "_kill", lambda child: killed.append(child) or kill(child))
+    kill = regex_guard.stop
+    monkeypatch.setattr(regex_guard, "stop", lambda child: killed.append(child) or kill(child))
     backend = _backend(engine, grammar_backend="outlines", grammar_compile_timeout_s=1.0)
     try:
         bomb = FakeReq("regex", "(a|b)*a(a|b){24}")  # hours of DFA building
@@ -703,6 +828,22 @@ def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(eng
         backend.cache.pool.shutdown(wait=False)
     assert in_process > 0.3, f"the fake compile does not hold the GIL ({in_process:.2f} s)"
     assert moving < 0.2, f"the scheduler's thread waited {moving:.2f} s during the move"
+
+
+def test_a_moves_compile_process_skips_radixflows_package_imports():
+    """The move's child imports fsm.py (numpy, outlines-core) without radixflow's package __init__, whose
+    ServerArgs import loads torch: seconds added to every move (a regex's move took 2.0 s against 0.15 s
+    in-process here, 0.4 s without them)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from radixflow.constrained.isolated_compile import BARE_PACKAGES, PRELUDE
+
+    code = PRELUDE + "import radixflow.constrained.fsm\nprint(sorted({'torch', 'radixflow.runtime'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps((list(sys.path), BARE_PACKAGES)),
+                         capture_output=True, timeout=120, check=True)  # fmt: skip
+    assert out.stdout.decode().strip() == "[]", out
 
 
 def test_isolated_compile_limits(engine):

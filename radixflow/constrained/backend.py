@@ -13,8 +13,9 @@ outlines makes of it (so its language is the same on both backends; a spec witho
 compiles from the spec and never moves). One that has had PROMOTE_AFTER requests is also compiled
 on outlines, in the background in a child process (isolated_compile.py: the scheduler's GIL is not
 held for it, and it never delays a request's compile), and once that compile is done the
-grammar's new requests run on outlines, whose masks are cached per FSM state: at large batches
-llguidance's per-step mask work is what bounds a GPU step. The move is bounded: one background
+grammar's new requests run on outlines, whose masks are cached per FSM state (at large batches
+llguidance's per-step mask work is what bounds a GPU step), and its rows still running on llguidance
+switch to outlines after their step (switch_moved). The move is bounded: one background
 compile at a time; a grammar whose byte-level DFA has more than PROMOTE_MAX_DFA_STATES states is
 refused before its token index is built; the child is killed past the compile time limit or
 PROMOTE_MAX_MEMORY, and refuses arrays over PROMOTE_MAX_BYTES; a refused grammar stays on llguidance
@@ -32,6 +33,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
+import threading
 import time
 import weakref
 from concurrent.futures import Future
@@ -75,7 +77,10 @@ class GrammarBackend:
         self.promotions = GrammarCache(1, MAX_PROMOTED) if promote and self.name == "auto" and single else None
         self._uses: collections.Counter = collections.Counter()
         self._refused: dict = {}  # keys auto will not move again (refused or discarded), oldest first
+        self._refused_lock = threading.Lock()  # a move that fails records its refusal from its worker thread
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
+        self._moving_spec: Optional[tuple] = None  # its (kind, spec)
+        self._switched: Optional[Future] = None  # the last finished move whose running rows were switched
         self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
@@ -86,7 +91,7 @@ class GrammarBackend:
         # the backend (vocabulary / llguidance tokenizer) is built by the pool too, ahead of any compile (FIFO)
         first = self.backend_for("regex")
         self._impls = {first: self.cache.pool.submit(grammar_backend, first, self.info)}  # name -> Future
-        self._jump_impls: dict = {}  # matcher class -> its backend (the jump hook's, every row and step)
+        self._built: dict = {}  # name -> backend, once built (the jump hook looks one up every row and step)
         self._jobs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
     @property
@@ -102,8 +107,11 @@ class GrammarBackend:
         return self._impl_named(self.backend_for(kind))
 
     def _impl_named(self, name: str):
-        built = self._impls.get(name)  # else built where first needed (in a compile job: not waiting on the pool)
-        return grammar_backend(name, self.info) if built is None else built.result()
+        impl = self._built.get(name)
+        if impl is None:
+            started = self._impls.get(name)  # else built where first needed (in a compile job: not waiting on the pool)
+            impl = self._built[name] = grammar_backend(name, self.info) if started is None else started.result()
+        return impl
 
     # -- compile ---------------------------------------------------------------------------------
     def submit(self, req) -> None:
@@ -128,7 +136,7 @@ class GrammarBackend:
 
         impl = self._impl_named("llguidance")
         try:
-            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)
+            regex = to_regex(kind, spec, self.options.whitespace or "", self.options.any_depth)  # checks the spec
             return compile_grammar(impl, kind, spec, self.options, self.timeout_s, regex=regex)
         except RadixflowError as e:
             log.info("auto: a %s grammar stays on llguidance (compiled from its spec): %s", kind, e)
@@ -137,7 +145,8 @@ class GrammarBackend:
     def _promoted(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's finished outlines compile, if it has one; else counts the request,
         and from the PROMOTE_AFTER-th request of a json_schema / regex grammar on, that compile is
-        started, unless another one is running (a later request starts it then)."""
+        started, unless another one is running (a later request starts it then). A grammar compiled
+        from its spec (no outlines regex) is refused then, without a move."""
         if self.promotions is None or kind == "ebnf":
             return None
         key = ("outlines", kind, spec, self.options)  # promotion() reads the same key
@@ -145,35 +154,46 @@ class GrammarBackend:
             return None
         done = self.promotions.peek(key, touch=True)
         if done is not None and done.done():
-            if done.exception() is None:
-                return done
-            self.promotions.discard(key)
-            self._refuse(key)
-            return None
+            return done if done.exception() is None else None  # a failed move refused itself (_move)
         if len(self._uses) > MAX_COUNTED:
             self._uses.clear()  # refusals are kept apart: a refused grammar is never compiled again
         self._uses[key] += 1
         idle = self._moving is None or self._moving.done()
         if done is None and idle and self._uses[key] >= PROMOTE_AFTER:
-            self._moving = self.promotions.get(key, lambda: self._move(kind, spec))
+            if _compiled_from_spec(self.cache.peek((self.backend_for(kind), kind, spec, self.options))):
+                log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
+                self._refuse(key)
+                return None
+            self._moving, self._moving_spec = self.promotions.get(key, lambda: self._move(key)), (kind, spec)
         return None
 
     def _refuse(self, key) -> None:
         """Remembers that `key` is not to be moved; past MAX_COUNTED refusals the oldest is forgotten."""
-        self._refused[key] = True
-        if len(self._refused) > MAX_COUNTED:
-            del self._refused[next(iter(self._refused))]
+        with self._refused_lock:
+            self._refused[key] = True
+            if len(self._refused) > MAX_COUNTED:
+                del self._refused[next(iter(self._refused))]
 
-    def _move(self, kind: str, spec):
-        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them);
-        only for one whose llguidance compile was made from outlines' regex (its language stays)."""
-        if getattr(self.compile_async(kind, spec).result(), "regex", None) is None:
+    def _move(self, key):
+        """The background outlines compile of a busy grammar, within auto's bounds (GrammarError past them),
+        from the regex its llguidance compile was made from (its language stays). One that fails is refused
+        and leaves the moved grammars' LRU before its future is done, not on the grammar's next request."""
+        try:
+            return self._compile_moved(*key[1:3])
+        except Exception:
+            self._refuse(key)
+            self.promotions.discard(key)
+            raise
+
+    def _compile_moved(self, kind: str, spec):
+        regex = getattr(self.compile_async(kind, spec).result(), "regex", None)
+        if regex is None:
             log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
             raise GrammarError("compiled from its spec: not moved")
         start = time.monotonic()
         limits = Limits(time_s=self.move_limit_s, max_bytes=PROMOTE_MAX_BYTES, memory_bytes=PROMOTE_MAX_MEMORY)
         try:
-            grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s,
+            grammar = compile_grammar(self._impl_named("outlines"), kind, spec, self.options, self.timeout_s, regex=regex,
                                       max_dfa_states=PROMOTE_MAX_DFA_STATES, isolate=limits)
         except RadixflowError as e:
             log.info("auto: a %s grammar stays on llguidance: %s", kind, e)
@@ -182,14 +202,45 @@ class GrammarBackend:
                  (grammar.tokens.nbytes + grammar.next_dist.nbytes) >> 20)
         return grammar
 
+    def switch_moved(self, reqs: list) -> int:
+        """auto: once a move has finished, the unfinished rows of `reqs` still on llguidance for that grammar go on
+        on outlines, their tokens walked through its FSM (one language), so a batch that arrived before the move
+        does not run to its end on llguidance's slower masks. A row whose tokens outlines cannot walk, whose
+        budget no longer fits outlines' shortest completion, or with a repair pending, stays. The scheduler calls
+        it after each step's tokens are accepted (none in flight for these rows); returns the rows switched."""
+        moving = self._moving
+        if moving is None or moving is self._switched or not moving.done():
+            return 0
+        self._switched = moving
+        if moving.exception() is not None:
+            return 0
+        from radixflow.constrained.matcher import GrammarMatcher
+
+        grammar, switched = moving.result(), 0
+        for req in reqs:
+            old = req.grammar
+            if req.finished or old is None or old.backend != "llguidance" or req.sampling.grammar != self._moving_spec:
+                continue
+            if old.undo or old.is_terminated():
+                continue
+            new = GrammarMatcher(grammar, req)
+            if new.advance_all(req.output_ids[req.segment_start :]) and new.distance() <= new.budget():
+                req.grammar, switched = new, switched + 1
+        return switched
+
+    def _moved(self, kind: str, spec):
+        """auto: the grammar's finished outlines compile; None while it has none."""
+        done = self.promotion(kind, spec)
+        return done.result() if done is not None and done.done() and done.exception() is None else None
+
     def promotion(self, kind: str, spec) -> Optional[Future]:
         """auto: the grammar's outlines compile, if one was started and is still kept."""
         return None if self.promotions is None else self.promotions.peek(("outlines", kind, spec, self.options))
 
     def wait_for_promotions(self) -> None:
         """Blocks until the outlines compiles under way are done (benchmarks: before timing)."""
-        if self.promotions is not None:
-            concurrent.futures.wait(list(self.promotions.entries.values()))
+        if self.promotions is not None:  # a failed move leaves the LRU just before it is done: _moving too
+            concurrent.futures.wait([*self.promotions.entries.values(), *filter(None, [self._moving])])
 
     def compile(self, kind: str, spec):
         """Blocking; raises RadixflowError (GrammarError) or TimeoutError past the limit."""
@@ -207,7 +258,8 @@ class GrammarBackend:
         error = fut.exception()
         if error is not None:
             return self._reject(req, _message(error))
-        grammar = fut.result()
+        moved = self._moved(*req.sampling.grammar) if name == "llguidance" else None
+        grammar, name = (moved, "outlines") if moved is not None else (fut.result(), name)  # auto: moved meanwhile
         budget = req.sampling.max_new_tokens - req.segment_len
         if grammar.min_tokens is not None and grammar.min_tokens > budget:
             return self._reject(
@@ -217,7 +269,6 @@ class GrammarBackend:
             )
         impl = self._impl_named(name)
         req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
-        self._jump_impls[type(req.grammar)] = impl
         if self.jump_enabled and not req.grammar.is_terminated():
             forced = impl.jump(req.grammar, req, first=True)
             if forced:
@@ -266,7 +317,7 @@ class GrammarBackend:
         completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
-        impl = self._jump_impls.get(type(req.grammar)) or self.impl_for(req.sampling.grammar[0])
+        impl = self._impl_named(req.grammar.backend)
         return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
 
     @staticmethod
@@ -289,6 +340,11 @@ def apply_jump(output_ids: list, forced: Union[list, tuple]) -> int:
     del output_ids[keep:]
     output_ids.extend(tokens)
     return cut
+
+
+def _compiled_from_spec(compiled: Optional[Future]) -> bool:
+    """auto: whether a grammar's finished llguidance compile was made from its spec (no outlines regex)."""
+    return compiled is not None and compiled.done() and compiled.exception() is None and compiled.result().regex is None
 
 
 def _message(error: BaseException) -> str:

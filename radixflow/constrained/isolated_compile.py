@@ -3,7 +3,7 @@
 outlines-core's `get_transitions` is one call that holds the GIL for the whole transition table
 (0.8 s for the benchmark schema on a 49k vocabulary), and the Python that flattens it competes for
 the GIL too: run in the server's process, a move pauses the scheduler. Here a fresh child process
-(`python -c`, so no main module is re-imported) does the whole compile under a hard wall-clock limit
+(child_process.py's pattern) does the whole compile under a hard wall-clock limit
 (it is killed past it) and an address-space cap, and refuses arrays over a byte bound before sending
 them. The parent waits on the pipe without the GIL; what it still holds the GIL for is unpickling the
 result (outlines-core's index and the numpy arrays: tens of milliseconds for the benchmark schema).
@@ -13,28 +13,37 @@ result (outlines-core's index and the numpy arrays: tens of milliseconds for the
 
 from __future__ import annotations
 
-import os
+import importlib
 import pickle
-import select
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Optional
 
+from radixflow.constrained.child_process import READY, read_exact, spawn, stop, wait_ready
 from radixflow.errors import GrammarError
 
 if TYPE_CHECKING:  # outlines-core behind them: imported where a compile runs, so ServerArgs and the engine load without it
     from radixflow.constrained.fsm import CompiledGrammar
     from radixflow.constrained.vocabulary import TokenVocab
 
+# the default target's modules (fsm.py, vocabulary.py) need numpy and outlines-core only; the packages' __init__
+# (radixflow's imports ServerArgs, and with it torch) would add seconds to every move's start
+BARE_PACKAGES = [(name, list(importlib.import_module(name).__path__)) for name in ("radixflow", "radixflow.constrained")]
 START_S = 60.0  # the child's start (python, numpy, outlines-core) is not counted against the compile's limit
 
-_CHILD = """
-import pickle, resource, sys
-sys.path[:0] = pickle.load(sys.stdin.buffer)
+# the parent's import path, and packages to import without their __init__
+PRELUDE = """
+import pickle, resource, sys, types
+paths, bare = pickle.load(sys.stdin.buffer)
+sys.path[:0] = paths
+for name, path in bare:
+    sys.modules[name] = module = types.ModuleType(name)
+    module.__path__ = path
+"""
+_CHILD = PRELUDE + """
 target, regex, vocab, max_bytes, memory = pickle.load(sys.stdin.buffer)
-sys.stdout.buffer.write(b"R")  # imports done: the compile's clock starts
+sys.stdout.buffer.write(READY_LINE)  # imports done: the compile's clock starts
 sys.stdout.buffer.flush()
 with open("/proc/self/statm") as f:
     used = int(f.read().split()[0]) * resource.getpagesize()
@@ -52,7 +61,7 @@ except Exception as e:
     out = ("error", f"its outlines compile failed ({type(e).__name__}: {e})")
 data = pickle.dumps(out, protocol=5)
 sys.stdout.buffer.write(len(data).to_bytes(8, "little") + data)
-"""
+""".replace("READY_LINE", repr(READY))
 
 
 @dataclass(frozen=True)
@@ -64,27 +73,27 @@ class Limits:
 
 def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
                      target: Optional[Callable[[str, TokenVocab], CompiledGrammar]] = None) -> CompiledGrammar:
-    """`target(regex, vocab)` (a module-level function: it is pickled by name; default fsm.compile_regex)
-    run in a child process. Raises GrammarError past the limits, ValueError with outlines-core's message when
+    """`target(regex, vocab)` (a module-level function: it is pickled by name; default fsm.compile_regex,
+    in a child that skips radixflow's package imports) run in a child process. Raises GrammarError past the limits, ValueError with outlines-core's message when
     it refuses."""
+    bare = []
     if target is None:
         from radixflow.constrained.fsm import compile_regex as target
-    child = subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL)
+
+        bare = BARE_PACKAGES
+    child = spawn(_CHILD)
     try:
-        child.stdin.write(pickle.dumps(list(sys.path)) + pickle.dumps((target, regex, vocab, limits.max_bytes, limits.memory_bytes)))
+        child.stdin.write(pickle.dumps((list(sys.path), bare)) + pickle.dumps((target, regex, vocab, limits.max_bytes, limits.memory_bytes)))
         child.stdin.close()
-        fd = child.stdout.fileno()
-        if _read(fd, time.monotonic() + START_S, 1) != b"R":
+        if not wait_ready(child, START_S):
             raise GrammarError("the outlines compile process did not start")
-        deadline = time.monotonic() + limits.time_s
-        size = int.from_bytes(_read(fd, deadline, 8) or b"\0", "little")
-        out = _read(fd, deadline, size) if size else b""
+        fd, deadline = child.stdout.fileno(), time.monotonic() + limits.time_s
+        size = int.from_bytes(read_exact(fd, deadline, 8) or b"\0", "little")
+        out = read_exact(fd, deadline, size) if size else b""
     except TimeoutError:
         raise GrammarError(f"its outlines compile ran past {limits.time_s:g} s and was stopped") from None
     finally:
-        child.kill()
-        child.wait()
+        stop(child)
     if not out:
         raise GrammarError("its outlines compile ran out of the memory allowed (the compile process died)")
     status, result = pickle.loads(out)
@@ -95,19 +104,3 @@ def compile_isolated(regex: str, vocab: TokenVocab, limits: Limits,
     result.vocab = vocab
     return result
 
-
-def _read(fd: int, deadline: float, size: int) -> bytearray:
-    """`size` bytes from `fd` (fewer at its end), read in place without the GIL (no join of chunks:
-    a copy of the whole result would hold the GIL); TimeoutError past `deadline`."""
-    out = bytearray(size)
-    view, got = memoryview(out), 0
-    while got < size:
-        ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
-        if not ready:
-            raise TimeoutError
-        n = os.readv(fd, [view[got : got + (1 << 22)]])
-        if not n:
-            break
-        got += n
-    del view
-    return out[:got] if got < size else out

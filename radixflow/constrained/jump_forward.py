@@ -56,8 +56,6 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False,
         common, tokens = planned
         keep = len(out) - len(boundary) + common
         undo, cut = len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)]
-        assert not (undo and cut) or len(matcher.grammar.vocab.decode_bytes(cut)) >= len(
-            matcher.grammar.vocab.decode_bytes(boundary[common:])), "the jump's cut drops sampled text"
         tokens = _apply(matcher, req, undo, cut, keep, reserve)
         if tokens:
             return tokens if keep == len(out) else (keep, tokens)

@@ -114,6 +114,7 @@ class LLGuidanceMatcher:
     # a jump is a serial compute_ff_tokens per row and step, and its tokens are the ones the masks allow
     # anyway (outputs as long with jumps off): in a large overlapped batch it only costs (--jump-forward-max-batch)
     jumps_in_any_batch = False
+    backend = "llguidance"  # the grammar backend whose jump hook serves this matcher
 
     def __init__(self, grammar: LLGuidanceGrammar, search: ClosingSearch, eos_ids: tuple, req=None, root: Optional[LLMatcher] = None):
         """`root`: the build to copy (default: the grammar's compiled one)."""

@@ -20,6 +20,7 @@ class GrammarMatcher:
     # a jump reads forced bytes cached per state and re-tokenizes them (cached per text): cheap, and it can
     # shorten the output (the tokenizer's own split of the forced text), so it is taken in any batch
     jumps_in_any_batch = True
+    backend = "outlines"  # the grammar backend whose jump hook serves this matcher
 
     def __init__(self, grammar: CompiledGrammar, req=None):
         self.grammar = grammar

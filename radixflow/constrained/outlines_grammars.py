@@ -28,14 +28,16 @@ class OutlinesGrammars:
         self._backend = plain_rust_tokenizer(info.tokenizer)
 
     def compile(self, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
-                max_dfa_states: Optional[int] = None, isolate: Optional[Limits] = None) -> CompiledGrammar:
+                max_dfa_states: Optional[int] = None, isolate: Optional[Limits] = None,
+                regex: Optional[str] = None) -> CompiledGrammar:
         """The regex's byte-level DFA is built first in a child process killed past `timeout_s`
         (regex_guard.py): an exponential DFA fails this compile instead of holding its thread.
         `max_dfa_states`: refuse (GrammarError) a regex whose byte-level DFA has more states,
         before the token index (whose time, memory and GIL-held transitions grow with it) is built.
         `isolate`: build the token index in a child process within these limits (isolated_compile.py),
-        so this process's GIL is not held for it."""
-        regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
+        so this process's GIL is not held for it. `regex`: the one to_regex already made of this spec."""
+        if regex is None:
+            regex = to_regex(kind, spec, options.whitespace or "", options.any_depth)
         error, states = regex_dfa_size(regex, timeout_s)
         if error:
             raise GrammarError(regex_error(regex, error))

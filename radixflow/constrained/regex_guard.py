@@ -9,7 +9,7 @@ vocabulary) shows the blow-up first; building it in a child process lets the lim
     check_regex_dfa(regex, timeout_s)   # "", or outlines-core's message; GrammarError: too large to build in time
     regex_dfa_size(regex, timeout_s)    # (that message, the byte-level DFA's state count)
 
-Children import only outlines_core, say they are ready (their start does not count against
+Children (child_process.py's pattern) import only outlines_core, say they are ready (their start does not count against
 the limit), take one regex per line and stay alive between checks (a few are kept idle);
 a child that runs past its limit, or past its memory limit, is killed.
 """
@@ -19,10 +19,10 @@ from __future__ import annotations
 import json
 import select
 import subprocess
-import sys
 import threading
 import time
 
+from radixflow.constrained.child_process import READY, spawn, stop, wait_ready
 from radixflow.errors import GrammarError
 
 MEMORY_LIMIT_BYTES = 2 << 30
@@ -34,7 +34,8 @@ import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, ({MEMORY_LIMIT_BYTES}, {MEMORY_LIMIT_BYTES}))
 from outlines_core import Index, Vocabulary
 vocab = Vocabulary(256, {{bytes([b]): [b] for b in range(256)}})
-print('"ready"', flush=True)
+sys.stdout.write({READY.decode()!r})
+sys.stdout.flush()
 for line in sys.stdin:
     try:
         out = ["", len(Index(json.loads(line), vocab).get_transitions())]
@@ -68,7 +69,7 @@ def regex_dfa_size(regex: str, timeout_s: float) -> tuple[str, int]:
     except (BrokenPipeError, OSError):
         line = ""
     if not line:
-        _kill(child)
+        stop(child)
         why = f"within the {timeout_s:g} s limit (--grammar-compile-timeout-s)" if not ready else "within the memory limit"
         raise GrammarError(
             f"this regex's automaton is too large to build {why}: a repeat after an alternation, such as "
@@ -85,12 +86,9 @@ def _take() -> subprocess.Popen:
             child = _idle.pop()
             if child.poll() is None:
                 return child
-    child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-    )
-    ready, _, _ = select.select([child.stdout], [], [], START_TIMEOUT_S)
-    if not ready or child.stdout.readline().strip() != '"ready"':
-        _kill(child)
+    child = spawn(_CHILD, text=True)
+    if not wait_ready(child, START_TIMEOUT_S):
+        stop(child)
         raise GrammarError("the regex checker process did not start; retry the request")
     return child
 
@@ -100,9 +98,4 @@ def _give_back(child: subprocess.Popen) -> None:
         if len(_idle) < IDLE_CHILDREN:
             _idle.append(child)
             return
-    _kill(child)
-
-
-def _kill(child: subprocess.Popen) -> None:
-    child.kill()
-    child.wait()
+    stop(child)

@@ -70,7 +70,7 @@ _HELP = {
     "the most JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always "
     "runs on llguidance. auto (opt-in) starts each grammar on llguidance and, on a single-GPU server, moves a "
     f"regex / JSON schema with {PROMOTE_AFTER} requests to outlines once a background compile of it (in a child "
-    "process) is done (faster steps at large batches). Such a grammar is compiled on llguidance from outlines' regex, "
+    "process) is done (faster steps at large batches; its running requests switch too). Such a grammar is compiled on llguidance from outlines' regex, "
     "so its language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the "
     "move, a short pause per move, memory per moved grammar (docs/grammars.md)",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them (with jumps on, under "

@@ -353,6 +353,8 @@ class Scheduler:
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
                 self._retire(req)
+        if grammars and self.grammar_backend is not None:  # auto: rows of a grammar that just moved go on on outlines
+            self.grammar_backend.switch_moved(reqs)
         return [reqs[i] for i in live]
 
     def jumps_after_sampling(self, rows: int) -> bool:
