@@ -87,6 +87,12 @@ def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, mo
     r = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, min_round_s=1000.0)
     assert r["programs_per_round"] == 4 and r["in_flight"] == 2 and peak[0] == 2
     assert r["graph"]["mode"] == "graph" and all(len(r[m]["runs"]) == 1 for m in program_bench.MODES)
+    # a later engine (--later-modes graph): the first one's rounds, its own graph mode, the rest borrowed
+    later = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, modes=("graph",), waves=r["waves"])
+    assert later["programs_per_round"] == 4 and set(program_bench.MODES) - set(later) == {"eager", "eager-noradix"}
+    program_bench.borrow_modes(later, r)
+    assert later["borrowed"] == ["eager", "eager-noradix"] and later["eager-noradix"] is r["eager-noradix"]
+    assert later["optimal_hit"] == r["optimal_hit"] and "eager, eager-noradix: the first engine's" in program_bench.table({"w": later})
 
 
 def _mode(total_s: float, gpu_s, rounds: int = 2) -> dict:
@@ -176,6 +182,7 @@ def test_the_bound_table_adds_kernel_time_when_it_was_traced():
 def test_extend_graph_settings_and_their_table():
     """--extend-graph-tokens 0,256: one engine per value; the table sets each against the first."""
     assert program_bench.extend_graph_settings("0,256") == [0, 256]
+    assert program_bench.extend_graph_settings("default,0") == ["default", 0]
     for bad in ("0,x", "-1", "64,64"):
         with pytest.raises(SystemExit):
             program_bench.extend_graph_settings(bad)
