@@ -109,6 +109,14 @@ def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
     assert "measured **4.00x**; graph mode's host-only time zero **8.00x**; both columns' host-only time zero **3.00x**" in out
     cpu = {"w": {m: _mode(1.0, None) for m in program_bench.MODES}}
     assert program_bench.bound_table(cpu) == program_bench.BOUND_NOTE
+    # --baseline-repeats 1: no radix's one round against graph's two, compared a round against a round
+    one = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(2.0, 0.75, rounds=1)}}
+    assert "| 4.00x | 8.00x | 3.00x |" in program_bench.bound_table(one)
+    x, g = one["w"]["eager-noradix"], one["w"]["graph"]
+    for m in (x, g):
+        m["runs"] = [{"round_s": m["total_s"] / len(m["runs"]), "gc_ms": 0.0, "forward_steps": 1, "extend_tokens": 1,
+                      "decode_tokens": 0}] * len(m["runs"])
+    assert bound_floor.ratios(bound_floor.Chip(1.0, 1.0, 1.0, 1.0), one["w"])["measured"] == 4.0
 
 
 def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
