@@ -79,18 +79,47 @@ def test_server_args_warn_when_disable_cuda_graph_turns_the_option_off(caplog):
     assert "ignored with disable_cuda_graph" in caplog.text
 
 
+def test_on_by_default_on_cuda_where_the_graphs_can_run():
+    """The default (no size set) is DEFAULT_EXTEND_GRAPH_TOKENS on CUDA and off wherever an explicit size
+    would be refused or is unmeasured, without an error; the opt-outs turn it off."""
+    from radixflow.runtime.server_args import DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS
+
+    assert ServerArgs().extend_graph_tokens("cuda") == DEFAULT_EXTEND_GRAPH_TOKENS == 512
+    assert ServerArgs().cuda_graph_extend_max_reqs == DEFAULT_EXTEND_GRAPH_REQS == 256
+    assert ServerArgs(attention_backend="triton").extend_graph_tokens("cuda:0") == 512
+    off = [{"tp_size": 2}, {"attention_backend": "flashinfer"}, {"enable_deterministic_inference": True},
+           {"attention_backend": "torch_native"}, {"disable_cuda_graph": True}, {"disable_cuda_graph_extend": True},
+           {"kv_cache_dtype": "fp8_e4m3"}, {"quantization": "fp8"}, {"cuda_graph_extend_max_tokens": 0}]
+    for kw in off:
+        assert ServerArgs(device="cuda", **kw).extend_graph_tokens("cuda") == 0, kw
+    assert ServerArgs().extend_graph_tokens("cpu") == 0  # the CPU never captures
+    assert ServerArgs(cuda_graph_extend_max_tokens=64).extend_graph_tokens("cpu") == 64  # asked: padded passes
+    assert ServerArgs(cuda_graph_extend_max_tokens=96, kv_cache_dtype="fp8_e4m3").extend_graph_tokens("cuda") == 96
+    with pytest.raises(RadixflowError, match="contradict"):
+        ServerArgs(cuda_graph_extend_max_tokens=64, disable_cuda_graph_extend=True)
+
+
+def test_the_default_runs_without_extend_graphs_on_the_cpu():
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cpu", dtype="float32", max_total_tokens=1024, max_running_requests=4)
+    assert ModelRunner(args).extend_graphs is None
+
+
 def test_the_options_are_in_the_cli_help():
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     text = parser.format_help()
-    for flag in ("--cuda-graph-extend-max-tokens", "--cuda-graph-extend-max-reqs"):
+    for flag in ("--cuda-graph-extend-max-tokens", "--cuda-graph-extend-max-reqs", "--disable-cuda-graph-extend"):
         assert flag in text and "graph" in parser._option_string_actions[flag].help
+    assert "Default: 512 on CUDA" in parser._option_string_actions["--cuda-graph-extend-max-tokens"].help
     defaults = ServerArgs()
     for flag, default in (("--cuda-graph-extend-max-reqs", defaults.cuda_graph_extend_max_reqs),
                           ("--jump-forward-max-batch", defaults.jump_forward_max_batch)):
         assert f"default {default}" in parser._option_string_actions[flag].help
     args = parser.parse_args(["--cuda-graph-extend-max-tokens", "256", "--cuda-graph-extend-max-reqs", "32"])
     assert (args.cuda_graph_extend_max_tokens, args.cuda_graph_extend_max_reqs) == (256, 32)
+    assert ServerArgs.from_cli(parser.parse_args([])).cuda_graph_extend_max_tokens is None  # the default: auto
+    assert ServerArgs.from_cli(parser.parse_args(["--disable-cuda-graph-extend"])).extend_graph_tokens("cuda") == 0
 
 
 # -- padded passes against unpadded ones ---------------------------------------------------------------------
@@ -105,9 +134,9 @@ def runner() -> ModelRunner:
     return r
 
 
-def test_graph_memory_is_checked_before_capture(runner, monkeypatch):
-    """More than the free memory: a clear error that names the options, not CUDA's out-of-memory error
-    halfway through the capture."""
+def test_graph_memory_is_checked_before_capture(runner, monkeypatch, caplog):
+    """More than the free memory: a clear error that names the options when they were set, not CUDA's
+    out-of-memory error halfway through the capture; the default is turned off with a warning instead."""
     from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
 
     monkeypatch.setattr(runner, "device", "cuda")
@@ -117,9 +146,12 @@ def test_graph_memory_is_checked_before_capture(runner, monkeypatch):
     assert runner._extend_graph_bytes() == need > 2 * MAX_REQS * s.vocab_size * 4
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need - 1, 10 * need))
     with pytest.raises(RadixflowError, match="cuda_graph_extend_max_tokens=48, cuda_graph_extend_max_reqs=8"):
-        runner._check_extend_graphs_fit()
+        runner._extend_graphs_fit(explicit=True)
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.execution.model_runner"):
+        assert not runner._extend_graphs_fit(explicit=False)
+    assert "extend passes run eagerly" in caplog.text
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
-    runner._check_extend_graphs_fit()
+    assert runner._extend_graphs_fit()
 
 
 def test_a_limit_above_the_context_is_cut_down_with_a_warning(caplog):
@@ -263,6 +295,22 @@ def test_gpu_graph_replay_matches_eager(runner):
         assert got.data_ptr() == shared.data_ptr()
     compare(runner, Batches(runner, [0], [5]))  # a small bucket after the largest one
     compare(runner, Batches(runner, [4, 0], [5, 3]), tail=3)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
+@pytest.mark.parametrize("dtype, max_tokens, max_reqs", [("float32", MAX_TOKENS, MAX_REQS), ("bfloat16", 512, 256)])
+def test_gpu_capture_memory_is_within_the_estimate(dtype, max_tokens, max_reqs):
+    """What capture really holds on the device (reserved after minus before) never exceeds the estimate
+    that the KV pool's sizing and the check before capture use. Also at the default buckets in bf16."""
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cuda", dtype=dtype, max_total_tokens=4096, max_running_requests=max_reqs,
+                      cuda_graph_max_bs=1, cuda_graph_extend_max_tokens=max_tokens,
+                      cuda_graph_extend_max_reqs=max_reqs)  # fmt: skip
+    cost = ModelRunner(args).extend_graphs.capture_cost
+    print(f"extend graphs {dtype} {max_tokens}/{max_reqs}: {cost}")  # the figures for the history
+    assert cost.graphs == len(extend_buckets(max_tokens, max_reqs))
+    assert 0 < cost.reserved_bytes <= cost.estimate_bytes and cost.allocated_bytes <= cost.estimate_bytes
 
 
 @pytest.mark.gpu

@@ -87,6 +87,12 @@ def test_short_rounds_are_lengthened_with_the_same_programs_in_flight(engine, mo
     r = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, min_round_s=1000.0)
     assert r["programs_per_round"] == 4 and r["in_flight"] == 2 and peak[0] == 2
     assert r["graph"]["mode"] == "graph" and all(len(r[m]["runs"]) == 1 for m in program_bench.MODES)
+    # a later engine (--later-modes graph): the first one's rounds, its own graph mode, the rest borrowed
+    later = program_bench.run_workload(engine, counted, 2, 0.05, sampling, seed=0, modes=("graph",), waves=r["waves"])
+    assert later["programs_per_round"] == 4 and set(program_bench.MODES) - set(later) == {"eager", "eager-noradix"}
+    program_bench.borrow_modes(later, r)
+    assert later["borrowed"] == ["eager", "eager-noradix"] and later["eager-noradix"] is r["eager-noradix"]
+    assert later["optimal_hit"] == r["optimal_hit"] and "eager, eager-noradix: the first engine's" in program_bench.table({"w": later})
 
 
 def _mode(total_s: float, gpu_s, rounds: int = 2) -> dict:
@@ -103,6 +109,14 @@ def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
     assert "measured **4.00x**; graph mode's host-only time zero **8.00x**; both columns' host-only time zero **3.00x**" in out
     cpu = {"w": {m: _mode(1.0, None) for m in program_bench.MODES}}
     assert program_bench.bound_table(cpu) == program_bench.BOUND_NOTE
+    # --baseline-repeats 1: no radix's one round against graph's two, compared a round against a round
+    one = {"w": {"graph": _mode(1.0, 0.5), "eager": _mode(1.2, 0.6), "eager-noradix": _mode(2.0, 0.75, rounds=1)}}
+    assert "| 4.00x | 8.00x | 3.00x |" in program_bench.bound_table(one)
+    x, g = one["w"]["eager-noradix"], one["w"]["graph"]
+    for m in (x, g):
+        m["runs"] = [{"round_s": m["total_s"] / len(m["runs"]), "gc_ms": 0.0, "forward_steps": 1, "extend_tokens": 1,
+                      "decode_tokens": 0}] * len(m["runs"])
+    assert bound_floor.ratios(bound_floor.Chip(1.0, 1.0, 1.0, 1.0), one["w"])["measured"] == 4.0
 
 
 def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
@@ -176,6 +190,7 @@ def test_the_bound_table_adds_kernel_time_when_it_was_traced():
 def test_extend_graph_settings_and_their_table():
     """--extend-graph-tokens 0,256: one engine per value; the table sets each against the first."""
     assert program_bench.extend_graph_settings("0,256") == [0, 256]
+    assert program_bench.extend_graph_settings("default,0") == ["default", 0]
     for bad in ("0,x", "-1", "64,64"):
         with pytest.raises(SystemExit):
             program_bench.extend_graph_settings(bad)

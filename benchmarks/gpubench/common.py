@@ -220,6 +220,6 @@ def flash_prefill_on(eng) -> bool:
 
 def set_extend_settings(runner, settings) -> None:
     """Switch a running engine to `settings` that differ only in what extend passes do (flash_prefill): no
-    CUDA graph holds an extend pass, so the decode graphs are kept (runner.set_kernel_settings would capture
-    them again)."""
+    CUDA graph takes the flash path (the extend graphs always run the Triton kernel), so the graphs are kept
+    (runner.set_kernel_settings would capture them again)."""
     runner.settings = runner.backend.settings = settings

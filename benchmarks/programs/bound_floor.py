@@ -44,13 +44,15 @@ LABELS = {"measured": "measured", "no_gc": "GC pauses out", "graph_host_zero": "
 
 
 def ratios(chip: Chip, r: dict) -> dict:
+    """Per round: the modes may have run different numbers of rounds (run.py --baseline-repeats)."""
     g, x = r["graph"], r["eager-noradix"]
+    ng, nx = len(g["runs"]), len(x["runs"])
     return {
-        "measured": x["total_s"] / g["total_s"],
-        "no_gc": gc_free_s(x) / gc_free_s(g),
-        "graph_host_zero": x["total_s"] / g["total_gpu_s"],
-        "both_host_zero": x["total_gpu_s"] / g["total_gpu_s"],
-        "floor": floor_s(chip, x) / floor_s(chip, g),
+        "measured": x["total_s"] / nx / (g["total_s"] / ng),
+        "no_gc": gc_free_s(x) / nx / (gc_free_s(g) / ng),
+        "graph_host_zero": x["total_s"] / nx / (g["total_gpu_s"] / ng),
+        "both_host_zero": x["total_gpu_s"] / nx / (g["total_gpu_s"] / ng),
+        "floor": floor_s(chip, x) / nx / (floor_s(chip, g) / ng),
     }
 
 

@@ -120,8 +120,7 @@ def report(gpu_results: dict, floors: dict) -> str:
     busy, floor, left_out = [], [], []
     for name, f in floors.items():
         g, x = gpu_results[name]["graph"], gpu_results[name]["eager-noradix"]
-        rounds = len(g["runs"])
-        gb, xb = g["total_gpu_s"] / rounds, x["total_gpu_s"] / rounds
+        gb, xb = g["total_gpu_s"] / len(g["runs"]), x["total_gpu_s"] / len(x["runs"])  # --baseline-repeats
         fg, fx = f["graph"]["floor_s"], f["eager-noradix"]["floor_s"]
         ok = replay_matches(f["graph"]["passes"], g["forward_steps"]) and replay_matches(
             f["eager-noradix"]["passes"], x["forward_steps"])

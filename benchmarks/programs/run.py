@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import math
@@ -144,28 +145,24 @@ def run_mode(
 
 def run_workload(
     engine, workload, n: int, size: float, sampling: dict, seed: int, repeats: int = 1, min_round_s: float = 0.0,
-    freeze_gc: bool = True, kernel_time: bool = False,
+    freeze_gc: bool = True, kernel_time: bool = False, modes: tuple = MODES, waves: Optional[int] = None,
+    baseline_repeats: Optional[int] = None,
 ) -> dict:  # fmt: skip
-    """Each mode `repeats` times, interleaved (round_order: graph and eager adjacent, their
-    order swapped every round); the optimal hit rate from the first eager run.
+    """Each of `modes` `repeats` times (no radix `baseline_repeats` times, if given, in the first rounds),
+    interleaved (round_order: graph and eager adjacent, their order swapped every round); the optimal hit
+    rate from the first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
-    for every mode). With freeze_gc, the engine's freeze_gc() after the warm-ups; with
-    kernel_time, one more round per mode under the profiler (kernel_round_s)."""
-    inputs = workload.inputs(random.Random(seed), n, size)
-    # warm-up, untimed, every mode through the timed path: first-use costs (kernel compiles of
-    # this workload's shapes, the process's first run_async) stay out of the rounds
-    warm = [run_mode(engine, workload, inputs, mode, sampling) for mode in MODES[:2]]
-    waves = round_waves(min_round_s, max(r["throughput"] for r in warm), n)  # the faster: the first run pays first uses
-    if waves > 1:
-        inputs = workload.inputs(random.Random(seed), waves * n, size)
-    for mode in MODES if waves > 1 else MODES[2:]:
-        run_mode(engine, workload, inputs, mode, sampling, in_flight=n)
+    for every mode), or k = `waves` when given (another engine's, so that both run the same rounds).
+    With freeze_gc, the engine's freeze_gc() after the warm-ups; with kernel_time, one more round
+    per mode under the profiler (kernel_round_s)."""
+    inputs, waves = warm_up(engine, workload, n, size, sampling, seed, min_round_s, modes, waves)
     frozen = engine.freeze_gc() if freeze_gc else 0  # what the warm-ups made: no full collection walks it in the rounds
-    runs: dict = {m: [] for m in MODES}
-    out: dict = {"programs_per_round": len(inputs), "in_flight": n, "frozen_after_warm_up": frozen}
+    runs: dict = {m: [] for m in modes}
+    out: dict = {"programs_per_round": len(inputs), "in_flight": n, "waves": waves, "frozen_after_warm_up": frozen}
+    baseline_repeats = repeats if baseline_repeats is None else baseline_repeats
     for r in range(repeats):
-        for mode in round_order(r):
+        for mode in (m for m in round_order(r) if m in modes and (m != "eager-noradix" or r < baseline_repeats)):
             rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
             try:
                 runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
@@ -187,11 +184,31 @@ def run_workload(
             **busy_totals(rs),
             "runs": rs,
         }
-    out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
+    if "graph" in runs and "eager" in runs:
+        out["graph_vs_eager"] = [g["throughput"] / e["throughput"] for g, e in zip(runs["graph"], runs["eager"])]
     if kernel_time:
-        for mode in MODES:
+        for mode in modes:
             out[mode]["kernel_s"] = kernel_round_s(engine, workload, inputs, mode, sampling, n)
     return out
+
+
+def warm_up(engine, workload, n: int, size: float, sampling: dict, seed: int, min_round_s: float, modes: tuple,
+            waves: Optional[int]) -> tuple[list, int]:
+    """The untimed warm-up rounds, every mode through the timed path (first-use costs, such as kernel
+    compiles of this workload's shapes and the process's first run_async, stay out of the rounds);
+    returns the round's inputs and its waves (n programs each)."""
+    inputs = workload.inputs(random.Random(seed), n, size)
+    if waves is None:
+        warm = [run_mode(engine, workload, inputs, mode, sampling) for mode in MODES[:2]]
+        waves = round_waves(min_round_s, max(r["throughput"] for r in warm), n)  # the faster: the first run pays first uses
+        again = modes if waves > 1 else [m for m in modes if m not in MODES[:2]]
+    else:
+        again = modes
+    if waves > 1:
+        inputs = workload.inputs(random.Random(seed), waves * n, size)
+    for mode in again:
+        run_mode(engine, workload, inputs, mode, sampling, in_flight=n)
+    return inputs, waves
 
 
 def kernel_round_s(engine, workload, inputs: list, mode: str, sampling: dict, in_flight: int) -> Optional[float]:
@@ -238,10 +255,12 @@ def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8
 def run_all(
     engine, names: list, n: int, size: float, sampling: dict, seed: int = 0, repeats: int = 1,
     deadline: Optional[float] = None, on_workload: Optional[Callable[[dict], None]] = None, min_round_s: float = 0.0,
-    freeze_gc: bool = True, kernel_time: bool = False,
+    freeze_gc: bool = True, kernel_time: bool = False, modes: tuple = MODES, like: Optional[dict] = None,
+    baseline_repeats: Optional[int] = None,
 ) -> dict:  # fmt: skip
     """Each workload in turn; none is started after `deadline` (time.time()); on_workload
-    gets the results so far after each."""
+    gets the results so far after each. `like`: another engine's results, whose rounds (waves) each
+    workload repeats (modes other than MODES need it)."""
     unknown = [name for name in names if name not in BY_NAME]
     if unknown:
         raise SystemExit(f"unknown workload(s) {', '.join(unknown)}; choose from {', '.join(BY_NAME)}")
@@ -251,8 +270,11 @@ def run_all(
             print(f"{name}: skipped (past the deadline)", file=sys.stderr, flush=True)
             continue
         t = time.perf_counter()
+        waves = like[name]["waves"] if like else None
         results[name] = run_workload(engine, BY_NAME[name], n, size, sampling, seed, repeats, min_round_s, freeze_gc,
-                                     kernel_time)
+                                     kernel_time, modes, waves, baseline_repeats)
+        if like:
+            borrow_modes(results[name], like[name])
         results[name]["tracked_after"] = tracked_objects()
         print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
               file=sys.stderr, flush=True)  # fmt: skip
@@ -306,6 +328,8 @@ def table(results: dict) -> str:
         tag = "" if g["mode"] == "graph" else " (eager: not traceable)"
         if r.get("programs_per_round", 0) > r.get("in_flight", 0):
             tag += f" ({r['programs_per_round']} a round)"
+        if r.get("borrowed"):
+            tag += f" ({', '.join(r['borrowed'])}: the first engine's)"
         ge = r.get("graph_vs_eager") or [g["throughput"] / e["throughput"]]
         spread = f" ({min(ge):.2f}-{max(ge):.2f})" if len(ge) > 1 else ""
         lines.append(
@@ -338,7 +362,9 @@ def bound_table(results: dict) -> str:
     ratios: list = []
     for name, r in rows.items():
         g, e, x = r["graph"], r["eager"], r["eager-noradix"]
-        row = (x["total_s"] / g["total_s"], x["total_s"] / g["total_gpu_s"], x["total_gpu_s"] / g["total_gpu_s"])
+        per = lambda m, key: m[key] / len(m["runs"])  # noqa: E731  (--baseline-repeats: fewer no-radix rounds)
+        row = (per(x, "total_s") / per(g, "total_s"), per(x, "total_s") / per(g, "total_gpu_s"),
+               per(x, "total_gpu_s") / per(g, "total_gpu_s"))
         ratios.append(row)
         lines.append(
             f"| {name} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
@@ -396,25 +422,35 @@ def _steps(r: dict) -> str:
 
 
 def extend_graph_settings(text: str) -> list:
-    """--extend-graph-tokens: engine settings of --cuda-graph-extend-max-tokens, each >= 0."""
+    """--extend-graph-tokens: engine settings of --cuda-graph-extend-max-tokens, each >= 0, or `default`
+    (the engine's own: on where the graphs can run)."""
     try:
-        values = [int(v) for v in text.split(",")]
+        values = [v if v == "default" else int(v) for v in text.split(",")]
     except ValueError:
-        raise SystemExit(f"--extend-graph-tokens {text!r}: comma-separated integers, e.g. 0,256") from None
-    if any(v < 0 for v in values) or len(set(values)) != len(values):
+        raise SystemExit(f"--extend-graph-tokens {text!r}: comma-separated integers or 'default', e.g. 0,512") from None
+    if any(v != "default" and v < 0 for v in values) or len(set(values)) != len(values):
         raise SystemExit(f"--extend-graph-tokens {text!r}: distinct values >= 0 (0: no extend graphs)")
     return values
 
 
-def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict) -> dict:
+def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict,
+               like: Optional[dict] = None) -> dict:
     """One engine through every workload (and the timelines), its memory freed afterwards (Engine.shutdown
     drops the runner; the allocator's cache is emptied), so that the next engine of --extend-graph-tokens
-    sizes its KV pool from about the same free memory; the free memory is logged before each engine."""
+    sizes its KV pool from about the same free memory; the free memory is logged before each engine.
+    `like`: the first engine's results; this engine then runs --later-modes only, on its workloads and rounds."""
     if torch.cuda.is_available():
         print(f"free GPU memory before the engine: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB", file=sys.stderr)
+    setting = kw.get("cuda_graph_extend_max_tokens", "default")
+    start = time.perf_counter()
     with rf.Engine(args.config, **kw) as engine:
-        results = run_all(engine, args.workloads.split(","), args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
-                          args.min_round_s, not args.no_freeze_gc, args.kernel_time)
+        extra.setdefault("engine_start_s", {})[setting] = time.perf_counter() - start
+        note_capture(engine, setting, extra)
+        names = [n for n in args.workloads.split(",") if like is None or n in like]
+        modes = tuple(m for m in MODES if like is None or m in args.later_modes.split(","))
+        results = run_all(engine, names, args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
+                          args.min_round_s, not args.no_freeze_gc, args.kernel_time, modes, like,
+                          args.baseline_repeats)  # fmt: skip
         extra["frozen_garbage"] = frozen_garbage()
         print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
               f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
@@ -433,7 +469,7 @@ def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], 
             save(results)
         graphs = engine.runner.extend_graphs
         if graphs is not None:  # every mode's passes together, warm-up rounds included
-            extra.setdefault("extend_graph_passes", {})[kw["cuda_graph_extend_max_tokens"]] = passes = {
+            extra.setdefault("extend_graph_passes", {})[setting] = passes = {
                 "extend_passes": graphs.extend_passes, "padded": graphs.replays}
             print(f"extend passes in a bucket (graphs on CUDA): {passes['padded']} of {passes['extend_passes']}",
                   file=sys.stderr, flush=True)
@@ -442,6 +478,26 @@ def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], 
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
     return results
+
+
+def note_capture(engine, setting, extra: dict) -> None:
+    """The extend graphs' capture: seconds and device memory against the estimate (CUDA only)."""
+    graphs = engine.runner.extend_graphs
+    cost = graphs.capture_cost if graphs is not None else None
+    if cost is None:
+        return
+    extra.setdefault("extend_graph_capture", {})[setting] = dataclasses.asdict(cost)
+    print(f"extend graphs ({setting}): {cost.graphs} captured in {cost.seconds:.1f} s, {cost.reserved_bytes / 2**20:.0f} "
+          f"MiB reserved, {cost.allocated_bytes / 2**20:.0f} MiB allocated (estimate {cost.estimate_bytes / 2**20:.0f} "
+          "MiB)", file=sys.stderr, flush=True)  # fmt: skip
+
+
+def borrow_modes(r: dict, first: dict) -> None:
+    """The modes a workload's results `r` lack (--later-modes), and the optimal hit rate, from the first
+    engine's results of it, listed in `borrowed` (the table's ratios then compare the two engines)."""
+    r["borrowed"] = [m for m in MODES if m not in r]
+    r.update({m: first[m] for m in r["borrowed"]})
+    r.setdefault("optimal_hit", first["optimal_hit"])
 
 
 def extend_graph_table(by_setting: dict) -> str:
@@ -477,6 +533,9 @@ def main(argv=None) -> str:
     ap.add_argument("--smoke", action="store_true", help="2 programs per workload, tiny sizes")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeats", type=int, default=1, help="rounds of the three modes, interleaved; medians reported")
+    ap.add_argument("--baseline-repeats", type=int, default=None,
+                    help="timed rounds of eager-noradix (default: --repeats): its rounds are the longest, 1-11 s on "
+                         "an H200, and one is enough where the device time is short")
     ap.add_argument("--min-round-s", type=float, default=0.0,
                     help="lengthen short rounds: k * n programs a round, n in flight, k (at most 8) from the faster "
                          "warm-up round of graph and eager")
@@ -487,16 +546,21 @@ def main(argv=None) -> str:
                          "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None,
-                    help="start no workload after this many seconds (with several --extend-graph-tokens: an equal share each)")
+                    help="start no workload after this many seconds (with several --extend-graph-tokens: an equal share "
+                         "each; with --later-modes, all of it to the first engine, whose workloads the later ones run)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size (default: the engine's)")
-    ap.add_argument("--extend-graph-tokens", default="0",
-                    help="engine --cuda-graph-extend-max-tokens; several, comma-separated (e.g. 0,256), run every "
-                         "workload once per value, one engine after another in this process, and print graph mode's "
-                         "programs/s and GPU busy time for each")
+    ap.add_argument("--extend-graph-tokens", default="default",
+                    help="engine --cuda-graph-extend-max-tokens ('default': the engine's own); several, comma-separated "
+                         "(e.g. 512,0), run every workload once per value, one engine after another in this process, "
+                         "and print graph mode's programs/s and GPU busy time for each")
+    ap.add_argument("--later-modes", default=",".join(MODES),
+                    help="with several --extend-graph-tokens: the modes the engines after the first run, on the "
+                         "workloads the first finished and with its programs a round; the other modes' figures are "
+                         "the first engine's (e.g. 'graph': one no-radix baseline for every setting)")
     ap.add_argument("--extend-graph-reqs", type=int, default=None,
                     help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
@@ -520,18 +584,26 @@ def main(argv=None) -> str:
             with open(args.json, "w") as f:
                 json.dump({"args": vars(args), "results": results, **extra}, f, indent=1)
 
+    if args.baseline_repeats is not None and not 1 <= args.baseline_repeats <= args.repeats:
+        raise SystemExit(f"--baseline-repeats {args.baseline_repeats}: from 1 to --repeats ({args.repeats})")
     settings = extend_graph_settings(args.extend_graph_tokens)
+    if set(args.later_modes.split(",")) - set(MODES):
+        raise SystemExit(f"--later-modes {args.later_modes!r}: choose among {', '.join(MODES)}")
     by_setting: dict = {}
-    for max_tokens in settings:
-        def save_setting(results: dict, key: int = max_tokens) -> None:
+    for i, max_tokens in enumerate(settings):
+        def save_setting(results: dict, key=max_tokens) -> None:
             by_setting[key] = results
             if len(settings) > 1:
                 extra["by_extend_graph_tokens"] = by_setting
             save(by_setting[settings[0]])
 
-        if args.deadline_s is not None:  # each engine its share, so that every setting runs the same workloads
-            deadline = time.time() + args.deadline_s / len(settings)
-        results = run_engine(args, {**kw, "cuda_graph_extend_max_tokens": max_tokens}, sampling, deadline, save_setting, extra)
+        subset = set(args.later_modes.split(",")) != set(MODES)
+        later = i > 0 and subset
+        if args.deadline_s is not None and not later:  # each engine its share: every setting runs the same workloads
+            deadline = time.time() + args.deadline_s / (1 if subset else len(settings))
+        setting_kw = {} if max_tokens == "default" else {"cuda_graph_extend_max_tokens": max_tokens}
+        like = by_setting[settings[0]] if later else None  # its workloads: no deadline of its own
+        run_engine(args, {**kw, **setting_kw}, sampling, None if later else deadline, save_setting, extra, like)
     results = by_setting[settings[0]]
     if len(settings) > 1:
         print(extend_graph_table(by_setting))

@@ -17,6 +17,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# the extend graphs' default buckets on CUDA: session 9's H200 call measured these (react, llm_judge)
+DEFAULT_EXTEND_GRAPH_TOKENS, DEFAULT_EXTEND_GRAPH_REQS = 512, 256
+
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "schedule_policy": ("lpm", "fcfs"),
@@ -44,10 +47,13 @@ _HELP = {
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
     "cuda_graph_extend_max_tokens": "also replay extend (prefill) passes of up to this many new tokens from CUDA "
-    "graphs, padded to token buckets (triton attention backend; 0 = off, eager extend passes). On CPU the padded "
-    "passes run without graphs (a correctness check); not with --tp-size > 1 yet. See docs/gpu.md",
+    f"graphs, padded to token buckets (0 = off: eager extend passes). Default: {DEFAULT_EXTEND_GRAPH_TOKENS} on CUDA "
+    "where the graphs can run (triton attention, tp_size 1, no deterministic inference, no FP8), else off. Set on "
+    "the CPU, the padded passes run without graphs (a correctness check). See docs/gpu.md",
     "cuda_graph_extend_max_reqs": "most requests in an extend pass replayed from a CUDA graph "
-    "(--cuda-graph-extend-max-tokens; default 64); passes with more run eagerly",
+    f"(default {DEFAULT_EXTEND_GRAPH_REQS}); passes with more run eagerly",
+    "disable_cuda_graph_extend": "run every extend (prefill) pass eagerly: no extend CUDA graphs (same as "
+    "--cuda-graph-extend-max-tokens 0)",
     "disable_gc_freeze": "do not gc.freeze() what start-up made (nor Engine.freeze_gc() what warm-up made): full "
     "garbage collections then walk the model's objects too; for applications that freeze for their own reasons",
     "overlap_schedule": "launch the next pass (decode, or extend) before reading back the last one's tokens; auto = on CUDA",
@@ -141,8 +147,9 @@ class ServerArgs:
     attention_backend: str = "auto"
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: Optional[int] = None
-    cuda_graph_extend_max_tokens: int = 0
-    cuda_graph_extend_max_reqs: int = 64
+    cuda_graph_extend_max_tokens: Optional[int] = None  # None: DEFAULT_EXTEND_GRAPH_TOKENS where they can run
+    cuda_graph_extend_max_reqs: int = DEFAULT_EXTEND_GRAPH_REQS
+    disable_cuda_graph_extend: bool = False
     enable_deterministic_inference: bool = False
     quantization: Optional[str] = None
     kv_cache_dtype: str = "auto"
@@ -243,26 +250,50 @@ class ServerArgs:
                 raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
 
     def _check_extend_graphs(self) -> None:
-        if self.cuda_graph_extend_max_tokens < 0:
+        """An explicit --cuda-graph-extend-max-tokens N that cannot run is an error; the default is
+        only turned off (extend_graph_tokens)."""
+        n = self.cuda_graph_extend_max_tokens
+        if n is not None and n < 0:
             raise RadixflowError("cuda_graph_extend_max_tokens must be >= 0 (0: extend passes run eagerly)")
         if self.cuda_graph_extend_max_reqs < 1:
             raise RadixflowError("cuda_graph_extend_max_reqs must be >= 1")
-        if self.cuda_graph_extend_max_tokens == 0:
+        if not n:
             return
-        if self.tp_size > 1:  # the graphs would capture all-reduces on every rank: never run on two GPUs yet
-            raise RadixflowError("cuda_graph_extend_max_tokens is not supported with tp_size > 1 yet (not measured on "
-                                 "several GPUs); extend passes run eagerly without it")
-        if self.attention_backend == "flashinfer":
-            raise RadixflowError("cuda_graph_extend_max_tokens needs the triton attention backend (FlashInfer plans "
-                                 "each extend pass on the host, which a graph cannot replay)")
-        if self.enable_deterministic_inference:
-            raise RadixflowError("cuda_graph_extend_max_tokens pads extend passes, which enable_deterministic_inference "
-                                 "does not allow for; drop one of them")
+        if self.disable_cuda_graph_extend:
+            raise RadixflowError(f"cuda_graph_extend_max_tokens={n} and disable_cuda_graph_extend contradict each "
+                                 "other; drop one of them")
         if self.disable_cuda_graph:
             log.warning("cuda_graph_extend_max_tokens is ignored with disable_cuda_graph: extend passes run eagerly")
-        elif self.attention_backend == "torch_native" and str(self.resolved_device()).startswith("cuda"):
-            raise RadixflowError("cuda_graph_extend_max_tokens on CUDA needs the triton attention backend (torch_native "
-                                 "plans each extend pass on the host, which a graph cannot replay)")
+            return
+        blocker = self.extend_graph_blocker(self.resolved_device(), explicit=True)
+        if blocker:
+            raise RadixflowError(f"cuda_graph_extend_max_tokens={n}: {blocker}")
+
+    def extend_graph_blocker(self, device: str, explicit: bool = False) -> Optional[str]:
+        """Why extend passes cannot (or by default do not) replay from CUDA graphs on `device`, else None.
+        `explicit`: a size was set, which allows the CPU's padded passes and FP8."""
+        cuda = str(device).startswith("cuda")
+        host_planned = self.attention_backend == "flashinfer" or (cuda and self.attention_backend == "torch_native")
+        if self.tp_size > 1:  # the graphs would capture all-reduces on every rank
+            return "not supported with tp_size > 1 yet (not run on several GPUs); extend passes run eagerly"
+        if host_planned:
+            return f"needs the triton attention backend ({self.attention_backend} plans each extend pass on the host)"
+        if self.enable_deterministic_inference:
+            return "pads extend passes, which enable_deterministic_inference does not allow for; drop one of them"
+        if not explicit and not cuda:
+            return "no CUDA device (set a size to run the padded passes without graphs)"
+        if not explicit and (self.quantization is not None or self.kv_cache_dtype != "auto"):
+            return "FP8 with extend graphs has not run on a GPU yet (set a size to turn them on)"
+        return None
+
+    def extend_graph_tokens(self, device: str) -> int:
+        """The extend graphs' largest token bucket on `device`, 0 when extend passes run eagerly: the size
+        set, or DEFAULT_EXTEND_GRAPH_TOKENS where nothing keeps the graphs off."""
+        if self.disable_cuda_graph_extend or self.disable_cuda_graph:
+            return 0
+        if self.cuda_graph_extend_max_tokens is not None:
+            return self.cuda_graph_extend_max_tokens
+        return 0 if self.extend_graph_blocker(device) else DEFAULT_EXTEND_GRAPH_TOKENS
 
     def resolved_device(self) -> str:
         if self.device != "auto":

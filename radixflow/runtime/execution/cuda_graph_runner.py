@@ -57,6 +57,8 @@ def capture_graphs(keys: list, prepare: Callable[[Any], Callable[[], torch.Tenso
         graphs[key], outputs[key] = capture(prepare(key), stream, pool)
         pool = graphs[key].pool()
     torch.cuda.synchronize()
+    # the warm-up passes' blocks are cached for `stream`, which nothing runs on again: give them back
+    torch.cuda.empty_cache()
     return graphs, outputs
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import torch
@@ -46,15 +47,35 @@ from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 log = logging.getLogger(__name__)
 
 
+# the capture stream's cuBLAS workspace (32 MiB on Hopper) and the caching allocator's rounding to 2 MiB blocks
+CAPTURE_SLACK_BYTES = 64 << 20
+
+
 def graph_memory_bytes(hidden: int, intermediate: int, vocab: int, max_tokens: int, max_reqs: int) -> int:
     """An upper estimate of what the extend graphs hold on the device: the shared float32 logits, the
-    capture's own logits before they are copied there, and the largest bucket's activations in float32
-    (residual, norm, attention, and the MLP's gate, up and product)."""
-    return 2 * max_reqs * vocab * 4 + max_tokens * (6 * hidden + 3 * intermediate) * 4
+    capture's own logits before they are copied there, the largest bucket's activations in float32
+    (residual, norm, attention, and the MLP's gate, up and product), and CAPTURE_SLACK_BYTES."""
+    return 2 * max_reqs * vocab * 4 + max_tokens * (6 * hidden + 3 * intermediate) * 4 + CAPTURE_SLACK_BYTES
+
+
+@dataclass
+class CaptureCost:
+    """What capturing the extend graphs took, against graph_memory_bytes' estimate: the device memory
+    allocated and reserved after capture minus before (the graphs' pool, the shared logits, the static
+    inputs, the capture stream's workspace), and the seconds."""
+
+    estimate_bytes: int
+    allocated_bytes: int
+    reserved_bytes: int
+    seconds: float
+    graphs: int
 
 
 class ExtendGraphRunner:
     def __init__(self, model, backend, max_tokens: int, max_reqs: int, device: str = "cuda", use_graphs: bool = True):
+        if use_graphs:  # what is cached now is not the graphs': out of the memory measured for capture_cost
+            torch.cuda.empty_cache()
+            start = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), time.perf_counter())
         self.model = model
         self.backend = backend
         self.buckets = extend_buckets(max_tokens, max_reqs)
@@ -65,8 +86,20 @@ class ExtendGraphRunner:
         vocab = model.shape.vocab_size
         self.out = torch.zeros(max(b.reqs for b in self.buckets), vocab, dtype=torch.float32, device=self.inputs.device)
         self.extend_passes = self.replays = 0  # how many extend passes asked, how many a bucket took
+        self.capture_cost: Optional[CaptureCost] = None
         if use_graphs:
-            self._capture_all()
+            self.graphs, _ = capture_graphs(self.buckets, self._prepare)
+            self.capture_cost = self._cost(start, max_tokens, max_reqs)
+
+    def _cost(self, start: tuple[int, int, float], max_tokens: int, max_reqs: int) -> CaptureCost:
+        s = self.model.shape
+        cost = CaptureCost(graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, max_tokens, max_reqs),
+                           torch.cuda.memory_allocated() - start[0], torch.cuda.memory_reserved() - start[1],
+                           time.perf_counter() - start[2], len(self.graphs))  # fmt: skip
+        log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs: %.0f MiB reserved "
+                 "(estimate %.0f MiB)", cost.graphs, max_tokens, max_reqs, cost.seconds, cost.reserved_bytes / 2**20,
+                 cost.estimate_bytes / 2**20)
+        return cost
 
     def bucket_for(self, fb: ForwardBatch) -> Optional[ExtendBucket]:
         """The bucket whose graph runs `fb`, or None: eager."""
@@ -104,9 +137,3 @@ class ExtendGraphRunner:
     def _prepare(self, bucket: ExtendBucket) -> Callable[[], torch.Tensor]:
         fb = self._static_batch(bucket, self.inputs.fill(None, bucket))  # padding only: writes slot 0
         return functools.partial(self._forward_into_shared, fb)
-
-    def _capture_all(self) -> None:
-        start = time.perf_counter()
-        self.graphs, _ = capture_graphs(self.buckets, self._prepare)
-        log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs", len(self.buckets),
-                 self.buckets[-1].tokens, max(b.reqs for b in self.buckets), time.perf_counter() - start)

@@ -160,9 +160,10 @@ class ModelRunner:
 
     def _extend_graph_limits(self) -> Optional[tuple[int, int]]:
         """(most tokens, most requests) of the extend passes padded to buckets, or None when off."""
-        if self.args.cuda_graph_extend_max_tokens <= 0 or self.args.disable_cuda_graph:
-            return None  # ServerArgs warned about the disable_cuda_graph case
-        max_tokens = min(self.args.cuda_graph_extend_max_tokens, self.context_len)  # the pad request's row is that wide
+        max_tokens = self.args.extend_graph_tokens(self.device)  # ServerArgs warned about disable_cuda_graph
+        if max_tokens <= 0:
+            return None
+        max_tokens = min(max_tokens, self.context_len)  # the pad request's row is that wide
         return max_tokens, min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
 
     def _extend_graph_bytes(self) -> int:
@@ -174,36 +175,46 @@ class ModelRunner:
         return graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, *limits) if limits else 0
 
     def _init_extend_graphs(self):
-        """--cuda-graph-extend-max-tokens: graphs for small extend passes on CUDA (triton attention), the
-        same padded passes without graphs on the CPU (a correctness check, no speed-up)."""
+        """Graphs for small extend passes on CUDA (triton attention; on by default where they can run),
+        the same padded passes without graphs on the CPU when a size is set (a correctness check)."""
         limits = self._extend_graph_limits()
+        explicit = self.args.cuda_graph_extend_max_tokens is not None
         if limits is None:
+            why = self.args.extend_graph_blocker(self.device)
+            if self.device == "cuda" and not explicit and not self.args.disable_cuda_graph_extend and why:
+                log.info("extend CUDA graphs off: %s", why)
             return None
         max_tokens, max_reqs = limits
-        if max_tokens < self.args.cuda_graph_extend_max_tokens:
+        if explicit and max_tokens < self.args.cuda_graph_extend_max_tokens:
             log.warning("cuda_graph_extend_max_tokens %d is above the context length: extend graphs up to %d tokens",
                         self.args.cuda_graph_extend_max_tokens, max_tokens)
         graphs = self.device == "cuda"
-        if graphs:
-            self._check_extend_graphs_fit()
-        else:
+        if graphs and not self._extend_graphs_fit(explicit):
+            return None
+        if not graphs:
             log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
                         "(a correctness check, slower than unpadded passes)", self.device)
         from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
 
         return ExtendGraphRunner(self.model, self.backend, max_tokens, max_reqs, self.device, use_graphs=graphs)
 
-    def _check_extend_graphs_fit(self) -> None:
+    def _extend_graphs_fit(self, explicit: bool = True) -> bool:
+        """Whether the extend graphs can be captured here: a size that was set and cannot is an error,
+        the default is turned off with a warning."""
         if not self.backend.supports_extend_graph:
             raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
                                  "passes from CUDA graphs; use attention_backend=triton")
         need, free = self._extend_graph_bytes(), torch.cuda.mem_get_info()[0]
         log.info("extend CUDA graphs: up to %.0f MiB (%.0f MiB free)", need / 2**20, free / 2**20)
-        if need > free:
-            raise RadixflowError(
-                f"cuda_graph_extend_max_tokens={self.args.cuda_graph_extend_max_tokens}, cuda_graph_extend_max_reqs="
-                f"{self.args.cuda_graph_extend_max_reqs}: the extend graphs need up to {need / 2**20:.0f} MiB, "
-                f"{free / 2**20:.0f} MiB is free; lower them, or --max-total-tokens / --mem-fraction-static")
+        if need <= free:
+            return True
+        max_tokens, max_reqs = self._extend_graph_limits()
+        msg = (f"cuda_graph_extend_max_tokens={max_tokens}, cuda_graph_extend_max_reqs={max_reqs}: the extend graphs "
+               f"need up to {need / 2**20:.0f} MiB, {free / 2**20:.0f} MiB is free")
+        if explicit:
+            raise RadixflowError(f"{msg}; lower them, or --max-total-tokens / --mem-fraction-static")
+        log.warning("%s: extend passes run eagerly (--max-total-tokens / --mem-fraction-static leave more)", msg)
+        return False
 
     def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:
         """Switch kernel settings: the model's layers and the attention backend take them, and the CUDA
