@@ -130,6 +130,16 @@ class SmallBatchMatmul:
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
         return cpu_linear.linear(x, self.weight, bias)
 
+    def prologue_ok(self, x: torch.Tensor) -> bool:
+        """Whether x goes through the GEMV with a fused prologue (kernels/gemv_fused.py): CUDA, the GEMV's
+        batch range, KernelSettings.gemv_prologue."""
+        return (self.kernels.gemv_prologue and x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m
+                and not self.batch_invariant and x.stride(1) == 1)
+
+    def _gemv_kw(self) -> dict:
+        scale = self.weight_scale if self.weight.dtype == torch.float8_e4m3fn else None
+        return {"config": self.gemv_config, "w_scale": scale, "settings": self.kernels}
+
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
         per-token activation scales for more; on CPU (or shapes _scaled_mm refuses) they are dequantized."""
@@ -219,6 +229,13 @@ class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
 
+    def forward_norm(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(rmsnorm(x + residual) * norm_weight), x + residual) in one GEMV (needs `prologue_ok(x)`)."""
+        from radixflow.kernels.gemv_fused import gemv_rmsnorm
+
+        return gemv_rmsnorm(x, residual, norm_weight, eps, self.weight, self.bias, **self._gemv_kw())
+
 
 def qkv_parallel_linear(hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> ColumnParallelLinear:
     tp = get_tp()
@@ -257,7 +274,17 @@ class RowParallelLinear(SmallBatchMatmul, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return self.matmul(x, self.bias)
-        out = all_reduce(self.matmul(x), self.tp)
+        return self._reduce(self.matmul(x))
+
+    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """self(silu(gate) * up) for gate_up = [gate | up] in one GEMV (needs `prologue_ok(gate_up)`)."""
+        from radixflow.kernels.gemv_fused import gemv_silu_mul
+
+        out = gemv_silu_mul(gate_up, self.weight, self.bias if self.tp.size == 1 else None, **self._gemv_kw())
+        return out if self.tp.size == 1 else self._reduce(out)
+
+    def _reduce(self, partial_out: torch.Tensor) -> torch.Tensor:
+        out = all_reduce(partial_out, self.tp)
         return out if self.bias is None else out + self.bias
 
 
