@@ -168,3 +168,60 @@ def test_fused_chain_in_a_cuda_graph_with_pdl_matches_eager():
     torch.cuda.synchronize()
     for a, b in zip(outs["eager"], outs["graph"]):
         assert torch.equal(a, b)
+
+
+@needs_cuda
+@pytest.mark.parametrize("prologue,n,k", [("rmsnorm", 6144, 4096), ("silu_mul", 4096, 14336)])
+def test_gpu_chooser_keeps_a_candidate_or_nothing(prologue, n, k):
+    from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS
+    from radixflow.kernels.gemv_fused import choose_prologue
+    from radixflow.kernels.settings import KernelSettings
+
+    layers = [((torch.randn(n, k, device=DEV) / k**0.5).to(torch.bfloat16), None) for _ in range(2)]
+    report = {}
+    chosen = choose_prologue(layers, prologue, GEMV_CONFIG, KernelSettings(), report)
+    assert set(report) == {"unfused", *map(str, GEMV_CONFIGS)} and all(0 < t < 1e4 for t in report.values())
+    if chosen is None:
+        assert min(report.values()) == report["unfused"]
+    else:
+        assert chosen in GEMV_CONFIGS and report[str(chosen)] == min(report.values())
+
+
+@needs_cuda
+def test_gpu_engine_decodes_the_same_with_and_without_prologues(monkeypatch):
+    """A float32 engine with every GEMV layer forced onto the fused path, CUDA graphs captured under each setting:
+    the same greedy tokens and logprobs as without, and the fused kernels were captured."""
+    import dataclasses
+
+    import radixflow
+    import radixflow.kernels.gemv_fused as fused_module
+    from radixflow.kernels.gemv import GEMV_CONFIG
+    from radixflow.model_files import resolve_model
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    tok = os.environ.get("RADIXFLOW_TOKENIZER") or resolve_model(None).path
+    engine = radixflow.Engine(os.path.join(root, "benchmarks", "configs", "smollm2-135m.json"), load_format="dummy",
+                              dtype="float32", tokenizer_path=tok, max_total_tokens=4096, cuda_graph_max_bs=4)
+    runner = engine.runner
+    for m in runner.model.modules():
+        if getattr(m, "prologue", ""):
+            m.gemv_max_m, m.gemv_config, m.prologue_config = 4, GEMV_CONFIG, GEMV_CONFIG
+    calls = []
+    for name in ("gemv_rmsnorm", "gemv_silu_mul"):
+        fn = getattr(fused_module, name)
+        monkeypatch.setattr(fused_module, name, lambda *a, _fn=fn, _n=name, **kw: calls.append(_n) or _fn(*a, **kw))
+    prompts = [[(7 * i + j) % 49000 + 3 for j in range(5 + 3 * i)] for i in range(3)]
+    params = {"max_new_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    outs = []
+    for on in (True, False):
+        runner.set_kernel_settings(dataclasses.replace(runner.settings, gemv_prologue=on), graph_max_bs=4)
+        res = engine.generate(input_ids=prompts, sampling_params=params, return_logprob=True)
+        outs.append([[(t, lp) for lp, t, _ in r["meta_info"]["output_token_logprobs"]] for r in res])
+        if on:
+            assert "gemv_rmsnorm" in calls and "gemv_silu_mul" in calls
+            calls.clear()
+    assert calls == []  # off: none captured
+    engine.shutdown()
+    for a, b in zip(*outs):
+        assert [t for t, _ in a] == [t for t, _ in b]
+        assert max(abs(x - y) for (_, x), (_, y) in zip(a, b)) < 1e-3

@@ -3,6 +3,7 @@ into down) against the same engine without them, and the GEMV-only bound: what s
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 
 import torch
@@ -36,6 +37,30 @@ def gemv_only_ms(runner) -> float:
     return min(replay_us(graph, 1, reps=20) for _ in range(3)) / 1e3
 
 
+def prologue_choices(model) -> dict:
+    """Per fusable layer shape: the fused config the load-time chooser kept (None: unfused) and its timings."""
+    return {f"{tuple(m.weight.shape)} {m.prologue}": {"config": str(m.prologue_config), "us": m.prologue_timings}
+            for m in model.modules() if getattr(m, "prologue", "")}
+
+
+@contextlib.contextmanager
+def _forced(model, on: bool):
+    """With `on`, every fusable layer fused at the fused config that timed fastest at load, whether or not
+    it beat the two kernels there; restored after."""
+    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8
+
+    configs = {str(c): c for c in GEMV_CONFIGS + GEMV_CONFIGS_FP8}
+    layers = [m for m in model.modules() if getattr(m, "prologue", "") and m.prologue_timings]
+    saved = [m.prologue_config for m in layers]
+    try:
+        for m in layers if on else ():
+            m.prologue_config = configs[min((k for k in m.prologue_timings if k != "unfused"), key=m.prologue_timings.get)]
+        yield
+    finally:
+        for m, c in zip(layers, saved):
+            m.prologue_config = c
+
+
 def _arm(eng, prompt: list, settings, name: str) -> dict:
     runner = eng.runner
     runner.set_kernel_settings(settings, graph_max_bs=1)
@@ -46,49 +71,58 @@ def _arm(eng, prompt: list, settings, name: str) -> dict:
     return out
 
 
-def _last_logits(runner, like) -> torch.Tensor:
-    """The batch-1 graph's logits for `like`'s last inputs (the same step in both arms)."""
+GRAPH_INPUTS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens")
+
+
+def _logits_and_profile(eng, prompt: list, settings, name: str, like: dict | None) -> tuple:
+    """(one batch-1 graph step's logits on `like`'s inputs, those inputs (None: a real step's, for the next
+    arm), a profile of the replay: forced and unfused arms only, OUT/<section>_<arm>_profile.txt; else None)."""
+    runner = eng.runner
+    runner.set_kernel_settings(settings, graph_max_bs=1)
     g = runner.graph_runner
-    for buf in ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "seq_lens"):
-        getattr(g, buf)[:1].copy_(like[buf])
+    if like is None:
+        eng.generate(input_ids=[prompt], sampling_params=greedy(8))
+        like = {b: getattr(g, b)[:1].clone() for b in GRAPH_INPUTS}
+    for b in GRAPH_INPUTS:
+        getattr(g, b)[:1].copy_(like[b])
     g.graphs[1].replay()
-    return g.logits[1].clone()
+    logits, profile = g.logits[1].clone(), None
+    if name != "chosen":
+        key = OPTS.section_key
+        OPTS.section_key = f"{key}_{name}"
+        try:
+            profile = profile_replay(runner)
+        finally:
+            OPTS.section_key = key
+    return logits, like, profile
 
 
 def prologue_ab(eng, prompt: list, rounds: int = 2) -> dict:
-    """Fused (the default) and unfused, interleaved `rounds` times in this engine, batch-1 graphs recaptured per
-    arm; the logits of one step under each; a profile of each arm's replay; the GEMV-only bound. The engine's
-    settings and graphs are restored after."""
+    """Three arms, interleaved `rounds` times in this engine, the batch-1 graph recaptured per arm: chosen (the
+    default: each shape fused where its fused kernel timed faster at load), forced (every fusable shape fused)
+    and unfused (--disable-gemv-prologue). Also one step's logits under each, a profile of the forced and
+    unfused replays, and the GEMV-only bound. The engine's settings and graphs are restored after."""
     runner = eng.runner
     before = runner.settings
     graph_bs = runner.graph_runner.max_bs if runner.graph_runner is not None else None
-    arms = {"fused": dataclasses.replace(before, gemv_prologue=True),
-            "unfused": dataclasses.replace(before, gemv_prologue=False)}
-    out: dict = {}
+    on, off = dataclasses.replace(before, gemv_prologue=True), dataclasses.replace(before, gemv_prologue=False)
+    arms = {"chosen": (on, False), "forced": (on, True), "unfused": (off, False)}
+    out: dict = {"choices": prologue_choices(runner.model)}
     try:
-        for r in range(rounds):
-            for name, settings in arms.items():
-                for key, v in _arm(eng, prompt, settings, name).items():
-                    out.setdefault(key, []).append(v)
-        like = None
-        logits = {}
-        for name, settings in arms.items() if DEV == "cuda" else ():
-            runner.set_kernel_settings(settings, graph_max_bs=1)
-            g = runner.graph_runner
-            if like is None:  # a real step's inputs in the graph's buffers, then the same inputs for both arms
-                eng.generate(input_ids=[prompt], sampling_params=greedy(8))
-            like = like or {b: getattr(g, b)[:1].clone() for b in ("input_ids", "positions", "out_cache_loc",
-                                                                   "req_pool_indices", "seq_lens")}
-            logits[name] = _last_logits(runner, like)
-            key = OPTS.section_key
-            OPTS.section_key = f"{key}_{name}"
-            try:
-                out[f"top_kernels_us_per_step_{name}"] = profile_replay(runner)
-            finally:
-                OPTS.section_key = key
-        if logits:
-            out["logits_maxdiff_fused_vs_unfused"] = float((logits["fused"] - logits["unfused"]).abs().max())
-            out["same_argmax"] = bool(logits["fused"].argmax() == logits["unfused"].argmax())
+        for _ in range(rounds):
+            for name, (settings, force) in arms.items():
+                with _forced(runner.model, force):
+                    for key, v in _arm(eng, prompt, settings, name).items():
+                        out.setdefault(key, []).append(v)
+        like, logits = None, {}
+        for name, (settings, force) in arms.items() if DEV == "cuda" else ():
+            with _forced(runner.model, force):
+                logits[name], like, profile = _logits_and_profile(eng, prompt, settings, name, like)
+            if profile is not None:
+                out[f"top_kernels_us_per_step_{name}"] = profile
+        for name in ("chosen", "forced") if logits else ():
+            out[f"logits_maxdiff_{name}_vs_unfused"] = float((logits[name] - logits["unfused"]).abs().max())
+            out[f"same_argmax_{name}"] = bool(logits[name].argmax() == logits["unfused"].argmax())
         out["gemv_only_ms"] = gemv_only_ms(runner)
     finally:
         runner.set_kernel_settings(before, graph_max_bs=graph_bs)
@@ -97,5 +131,6 @@ def prologue_ab(eng, prompt: list, rounds: int = 2) -> dict:
         out[f"tok_s_{name}_best"] = max(tok)
         out[f"replay_step_ms_{name}_best"] = min(out.get(f"replay_step_ms_{name}", [float("nan")]))
         out[f"pct_of_gemv_bound_{name}"] = 100 * max(tok) * out["gemv_only_ms"] / 1e3
-    out["fused_over_unfused"] = out["tok_s_fused_best"] / out["tok_s_unfused_best"]
+    for name in ("chosen", "forced"):
+        out[f"{name}_over_unfused"] = out[f"tok_s_{name}_best"] / out["tok_s_unfused_best"]
     return out

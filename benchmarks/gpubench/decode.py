@@ -126,8 +126,8 @@ def sec_bs1() -> dict:
     if "replay_only_tok_s" in out and "roofline_tok_s" in out:
         out["replay_pct_of_roofline"] = 100 * out["replay_only_tok_s"] / out["roofline_tok_s"]
     ab = out.get("prologue_ab", {})
-    if "roofline_tok_s" in out and "tok_s_fused_best" in ab:
-        for arm in ("fused", "unfused"):
+    if "roofline_tok_s" in out and "tok_s_unfused_best" in ab:
+        for arm in ("chosen", "forced", "unfused"):
             ab[f"pct_of_roofline_{arm}"] = 100 * ab[f"tok_s_{arm}_best"] / out["roofline_tok_s"]
         ab["gemv_bound_pct_of_roofline"] = 100 * 1e3 / ab["gemv_only_ms"] / out["roofline_tok_s"]
     return out

@@ -109,19 +109,21 @@ def _prologue_x(X, R, G, ROut, offs_m, offs_k, k0, M, K, stride_xm, stride_rm, s
     if PROLOGUE == 1:
         m_store = M * (tl.program_id(0) == 0).to(tl.int32)  # program 0 alone stores the residual
         mask = (offs_m[:, None] < m_store) & ((k0 + offs_k) < K)[None, :]
-        x = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm) + _load_x(R, offs_m, offs_k, k0, M, K, stride_rm)
-        x = x.to(ROut.dtype.element_ty)  # the stream's dtype, as the standalone kernel rounds it
-        tl.store(ROut + offs_m[:, None] * stride_rm + k0 + offs_k[None, :], x, mask=mask)
-        xf = x.to(tl.float32)
+        r = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm) + _load_x(R, offs_m, offs_k, k0, M, K, stride_rm)
+        r = r.to(ROut.dtype.element_ty)  # the stream's dtype, as the standalone kernel rounds it
+        tl.store(ROut + offs_m[:, None] * stride_rm + k0 + offs_k[None, :], r, mask=mask)
+        rf = r.to(tl.float32)
         g = tl.load(G + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0).to(tl.float32)
-        return xf * g[None, :], ss + xf * xf
+        x = rf * g[None, :]
+        ss += rf * rf
     elif PROLOGUE == 2:
         gate = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm)
         up = _load_x(X + K, offs_m, offs_k, k0, M, K, stride_xm)
         s = (gate / (1.0 + tl.exp(-gate))).to(X.dtype.element_ty).to(tl.float32)
-        return (s * up).to(X.dtype.element_ty).to(tl.float32), ss
+        x = (s * up).to(X.dtype.element_ty).to(tl.float32)
     else:
-        return _load_x(X, offs_m, offs_k, k0, M, K, stride_xm), ss
+        x = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm)
+    return x, ss
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """The batch-1 GEMV with the decode step's small kernel before it folded into its prologue, so a step has
 two fewer kernel boundaries per layer (issue 28): RMSNorm with its residual add before qkv and gate_up,
-SiLU-and-mul before down. `KernelSettings.gemv_prologue` (`--disable-gemv-prologue`) turns them off.
+SiLU-and-mul before down. `KernelSettings.gemv_prologue` (`--disable-gemv-prologue`) turns them off; at
+load `choose_prologue` keeps a layer shape's fusion only where it timed faster than the two kernels.
 
 RMSNorm needs the whole row's sum of squares before any normalised value, and a row is 4,096 wide, so
 every program reads all of it from L2 anyway: it accumulates the sum of squares beside the dot products
@@ -12,12 +13,15 @@ References: `reference.rmsnorm_ref` then `reference.gemv_ref`; `reference.silu_a
 
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import torch
 
 from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS_FP8, GEMV_MAX_M, launch_gemv_kernel
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
-PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL = 1, 2
+PROLOGUE_RMSNORM, PROLOGUE_SILU_MUL = 1, 2  # `_prologue_x`'s
+PROLOGUES = {"rmsnorm": PROLOGUE_RMSNORM, "silu_mul": PROLOGUE_SILU_MUL}  # what a layer's `prologue` names
 
 
 def _config(config: dict | None, w_scale: torch.Tensor | None) -> dict:
@@ -58,3 +62,49 @@ def gemv_silu_mul(gate_up: torch.Tensor, weight: torch.Tensor, bias: torch.Tenso
     out = torch.empty((gate_up.shape[0], weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
     launch_gemv_kernel(gate_up, weight, bias, w_scale, out, _config(config, w_scale), settings, PROLOGUE_SILU_MUL, k=k)
     return out
+
+
+@torch.inference_mode()
+def choose_prologue(layers: Sequence[tuple], prologue_name: str, config: dict, settings: KernelSettings,
+                    report: dict | None = None) -> dict | None:
+    """At batch 1, time the standalone kernel then the GEMV at `config` (what runs unfused) against the fused
+    kernel at each candidate config, over `layers` ((weight, bias) or (weight, bias, w_scale) of one shape) in
+    a CUDA graph with PDL as `settings` say; each the best of three interleaved timings. Returns the fastest
+    fused config if it beats the unfused pair, else None. `report` receives {name: us}."""
+    prologue = PROLOGUES[prologue_name]
+    from radixflow.kernels.gemv import GEMV_CONFIGS, capture_graph, gemv, replay_us
+    from radixflow.kernels.norm_act import rmsnorm, silu_and_mul
+
+    w0 = layers[0][0]
+    fp8 = len(layers[0]) == 3
+    k = w0.shape[1]
+    act = torch.bfloat16 if fp8 else w0.dtype
+    x = torch.randn(1, 2 * k if prologue == PROLOGUE_SILU_MUL else k, device=w0.device).to(act)
+    residual, norm_w = torch.randn(1, k, device=w0.device), torch.ones(k, dtype=act, device=w0.device)
+    calls = max(len(layers), 8)
+
+    def layer(i: int) -> tuple:
+        w, b, *s = layers[i % len(layers)]
+        return w, b, (s[0] if s else None)
+
+    def unfused(i: int) -> None:
+        w, b, s = layer(i)
+        h = silu_and_mul(x, settings) if prologue == PROLOGUE_SILU_MUL else rmsnorm(x, norm_w, 1e-6, residual, settings)[0]
+        gemv(h, w, b, config=config, w_scale=s, settings=settings)
+
+    def fused(cfg: dict) -> Callable[[int], object]:
+        if prologue == PROLOGUE_SILU_MUL:
+            return lambda i: gemv_silu_mul(x, *layer(i)[:2], config=cfg, w_scale=layer(i)[2], settings=settings)
+        return lambda i: gemv_rmsnorm(x, residual, norm_w, 1e-6, *layer(i)[:2], config=cfg, w_scale=layer(i)[2],
+                                      settings=settings)
+
+    candidates = [c for c in (GEMV_CONFIGS_FP8 if fp8 else GEMV_CONFIGS) if not c.get("words")]
+    graphs = {"unfused": capture_graph(unfused, calls), **{str(c): capture_graph(fused(c), calls) for c in candidates}}
+    best = {name: float("inf") for name in graphs}
+    for _ in range(3):
+        for name, graph in graphs.items():
+            best[name] = min(best[name], replay_us(graph, calls))
+    if report is not None:
+        report.update(best)
+    winner = min(candidates, key=lambda c: best[str(c)])
+    return winner if best[str(winner)] < best["unfused"] else None

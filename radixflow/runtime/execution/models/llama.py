@@ -89,6 +89,7 @@ class Attention(nn.Module):
         heads = self.qkv_proj.heads  # this rank's query and KV heads (all of them with tp=1)
         self.num_heads, self.num_kv_heads = heads.q_heads, heads.kv_heads
         self.q_size, self.kv_size = heads.q_heads * hd, heads.kv_heads * hd
+        self.qkv_proj.prologue = "rmsnorm"  # its input norm can run inside its GEMV (kernels/gemv_fused.py)
         self.o_proj = row_parallel_linear(shape.num_heads * hd, shape.hidden, False, heads.q_start * hd, self.q_size)
         if shape.qk_norm:
             self.q_norm = RMSNorm(shape.head_dim, shape.eps)
@@ -117,6 +118,7 @@ class MLP(nn.Module):
         inter = shape.intermediate
         self.gate_up_proj = merged_column_parallel_linear(shape.hidden, [inter, inter], shape.mlp_bias)
         self.down_proj = row_parallel_linear(inter, shape.hidden, shape.mlp_bias)
+        self.gate_up_proj.prologue, self.down_proj.prologue = "rmsnorm", "silu_mul"
 
     def forward(self, x):
         return self.down(self.gate_up_proj(x))
