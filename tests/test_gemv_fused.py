@@ -225,3 +225,10 @@ def test_gpu_engine_decodes_the_same_with_and_without_prologues(monkeypatch):
     for a, b in zip(*outs):
         assert [t for t, _ in a] == [t for t, _ in b]
         assert max(abs(x - y) for (_, x), (_, y) in zip(a, b)) < 1e-3
+
+
+def test_the_server_flag_sets_the_kernel_setting_off_by_default():
+    from radixflow.runtime.server_args import ServerArgs
+
+    assert ServerArgs().kernel_settings().gemv_prologue is False
+    assert ServerArgs(enable_gemv_prologue=True).kernel_settings().gemv_prologue is True

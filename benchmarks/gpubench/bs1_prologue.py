@@ -1,5 +1,6 @@
 """Batch-1 decode with the GEMV prologues (kernels/gemv_fused.py: RMSNorm into qkv / gate_up, SiLU-and-mul
-into down) against the same engine without them, and the GEMV-only bound: what sec_bs1 adds (issue 28)."""
+into down; --enable-gemv-prologue) against the same engine without them (the default), and the GEMV-only
+bound: what sec_bs1 adds (issue 28)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import dataclasses
 
 import torch
 
-from gpubench.common import DEV, OPTS, SZ, cuda_time, decode_rate, greedy
+from gpubench.common import DEV, SZ, cuda_time, decode_rate, greedy
 from gpubench.decode_profile import profile_replay
 
 
@@ -76,7 +77,7 @@ GRAPH_INPUTS = ("input_ids", "positions", "out_cache_loc", "req_pool_indices", "
 
 def _logits_and_profile(eng, prompt: list, settings, name: str, like: dict | None) -> tuple:
     """(one batch-1 graph step's logits on `like`'s inputs, those inputs (None: a real step's, for the next
-    arm), a profile of the replay: forced and unfused arms only, OUT/<section>_<arm>_profile.txt; else None)."""
+    arm), the top kernels of the replay's profile: forced and unfused arms only, else None)."""
     runner = eng.runner
     runner.set_kernel_settings(settings, graph_max_bs=1)
     g = runner.graph_runner
@@ -87,23 +88,24 @@ def _logits_and_profile(eng, prompt: list, settings, name: str, like: dict | Non
         getattr(g, b)[:1].copy_(like[b])
     g.graphs[1].replay()
     logits, profile = g.logits[1].clone(), None
-    if name != "chosen":
-        key = OPTS.section_key
-        OPTS.section_key = f"{key}_{name}"
-        try:
-            profile = profile_replay(runner)
-        finally:
-            OPTS.section_key = key
+    if name != "chosen":  # into results.json only: a device call brings back at most 8 files
+        profile = profile_replay(runner, write=False)
     return logits, like, profile
 
 
 def prologue_ab(eng, prompt: list, rounds: int = 2) -> dict:
-    """Three arms, interleaved `rounds` times in this engine, the batch-1 graph recaptured per arm: chosen (the
-    default: each shape fused where its fused kernel timed faster at load), forced (every fusable shape fused)
-    and unfused (--disable-gemv-prologue). Also one step's logits under each, a profile of the forced and
-    unfused replays, and the GEMV-only bound. The engine's settings and graphs are restored after."""
+    """Three arms, interleaved `rounds` times in this engine, the batch-1 graph recaptured per arm: chosen
+    (--enable-gemv-prologue: each shape fused where its fused kernel timed faster at load, chosen here if the
+    engine was built without), forced (every fusable shape fused at its fastest fused config) and unfused (the
+    default). Also one step's logits under each, the top kernels of the forced and unfused replays, and the
+    GEMV-only bound. The engine's settings and graphs are restored after."""
+    from radixflow.runtime.execution.layers.parallel_linear import choose_gemv_prologues
+
     runner = eng.runner
     before = runner.settings
+    fusable = [m for m in runner.model.modules() if getattr(m, "prologue", "")]
+    if DEV == "cuda" and not any(m.prologue_timings for m in fusable):
+        choose_gemv_prologues(fusable, dataclasses.replace(before, gemv_prologue=True))
     graph_bs = runner.graph_runner.max_bs if runner.graph_runner is not None else None
     on, off = dataclasses.replace(before, gemv_prologue=True), dataclasses.replace(before, gemv_prologue=False)
     arms = {"chosen": (on, False), "forced": (on, True), "unfused": (off, False)}

@@ -1,7 +1,9 @@
 """The batch-1 GEMV with the decode step's small kernel before it folded into its prologue, so a step has
 two fewer kernel boundaries per layer (issue 28): RMSNorm with its residual add before qkv and gate_up,
-SiLU-and-mul before down. `KernelSettings.gemv_prologue` (`--disable-gemv-prologue`) turns them off; at
-load `choose_prologue` keeps a layer shape's fusion only where it timed faster than the two kernels.
+SiLU-and-mul before down. `KernelSettings.gemv_prologue` (`--enable-gemv-prologue`, off by default) turns
+them on; at load `choose_prologue` keeps a layer shape's fusion only where it timed faster than the two
+kernels. On the H200 it rarely did: every program re-reads the input row (and for RMSNorm the float32
+residual and the norm weight) from L2, as many bytes as its weight tiles (benchmarks/history/2026-12-02.md).
 
 RMSNorm needs the whole row's sum of squares before any normalised value, and a row is 4,096 wide, so
 every program reads all of it from L2 anyway: it accumulates the sum of squares beside the dot products

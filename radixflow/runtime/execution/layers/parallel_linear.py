@@ -182,34 +182,55 @@ def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight).float()
 
 
-def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
-    """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
-    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
-    from radixflow.kernels.gemv import choose_gemv
-    from radixflow.kernels.gemv_fused import choose_prologue
-
+def _groups(layers: Sequence[SmallBatchMatmul]) -> dict[tuple, list[SmallBatchMatmul]]:
+    """`layers` by (N, K, dtype, has bias, prologue): one timing serves each group."""
     groups: dict[tuple, list[SmallBatchMatmul]] = {}
     for layer in layers:
         bias = getattr(layer, "bias", None)
         groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None, layer.prologue), []).append(layer)
+    return groups
+
+
+def _weights(group: list[SmallBatchMatmul]) -> list[tuple]:
+    """(weight, bias) per layer, FP8 ones with their scales: the choosers' `layers`."""
+    scaled = group[0].weight.dtype == torch.float8_e4m3fn
+    return [(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else [])) for g in group]
+
+
+def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
+    """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
+    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings. With
+    settings.gemv_prologue, also `choose_gemv_prologues`."""
+    from radixflow.kernels.gemv import choose_gemv
+
     chosen = {}
-    for (n, k, dtype, has_bias, prologue), group in groups.items():
-        scaled = dtype == torch.float8_e4m3fn  # (weight, bias, scale): the FP8 GEMM against the FP8 GEMV
-        weights = [(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else [])) for g in group]
-        max_m, config, timings = choose_gemv(weights, settings=settings)
-        fused, report = None, {}
-        if max_m and prologue and settings.gemv_prologue:
-            fused = choose_prologue(weights, prologue, config, settings, report)
+    for (n, k, dtype, has_bias, _), group in _groups(layers).items():
+        max_m, config, timings = choose_gemv(_weights(group), settings=settings)
         for g in group:
-            g.gemv_max_m, g.gemv_config, g.prologue_config, g.prologue_timings = max_m, config, fused, report
+            g.gemv_max_m, g.gemv_config = max_m, config
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"
         chosen[name] = max_m
         times = ", ".join(f"M={m} cublas {b:.1f} triton {t:.1f}" for m, (b, t) in timings.items())
         log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV {config} for M <= {max_m}" if max_m else "cuBLAS")
-        if report:
-            log.info("matmul %s prologue %s at M=1: %s us -> %s", name, prologue,
-                     ", ".join(f"{c} {t:.1f}" for c, t in report.items()), fused or "unfused")
+    if settings.gemv_prologue:
+        choose_gemv_prologues(layers, settings)
     return chosen
+
+
+def choose_gemv_prologues(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> None:
+    """Per group of layers on the GEMV with a `prologue`, keep the fused kernel's fastest config where it timed
+    faster than the standalone kernel then the GEMV (kernels/gemv_fused.py), else None (unfused)."""
+    from radixflow.kernels.gemv_fused import choose_prologue
+
+    for (n, k, _, _, prologue), group in _groups(layers).items():
+        if not (prologue and group[0].gemv_max_m):
+            continue
+        report: dict = {}
+        fused = choose_prologue(_weights(group), prologue, group[0].gemv_config, settings, report)
+        for g in group:
+            g.prologue_config, g.prologue_timings = fused, report
+        log.info("matmul %dx%d prologue %s at M=1: %s us -> %s", n, k, prologue,
+                 ", ".join(f"{c} {t:.1f}" for c, t in report.items()), fused or "unfused")
 
 
 class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
