@@ -43,15 +43,13 @@ def _ints(*names: str) -> dict:
     return {n: "i32" for n in names}
 
 
-def check_gemv(pdl: int, block_m: int, weight: str = BF16, prologue: int = 0) -> None:
-    """The GEMV with each of its configs; weight "*fp8e4nv": the FP8 GEMV (per-row scales) with its own;
-    prologue 1 / 2: RMSNorm with a float32 residual / SiLU-and-mul inside it (kernels/gemv_fused.py)."""
+def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
+    """The GEMV with each of its configs; weight "*fp8e4nv": the FP8 GEMV (per-row scales) with its own."""
     fp8_w = weight != BF16
     sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16,
-           "R": "*fp32" if prologue == 1 else BF16, "G": BF16, "ROut": "*fp32" if prologue == 1 else BF16,
-           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om", "stride_rm"), "eps": "fp32"}
-    for cfg in (c for c in (gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS) if not (prologue and c.get("words"))):
-        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "PROLOGUE": prologue, "BLOCK_M": block_m,
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
+    for cfg in gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS:
+        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": block_m,
                   "BLOCK_N": cfg["block_n"], "BLOCK_K": gemv.gemv_block_k(cfg, block_m),
                   "UNROLL": cfg.get("unroll", 1), "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
@@ -226,7 +224,6 @@ def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
     checks += [(check_gemv, (pdl, m, "*fp8e4nv")) for pdl in (0, 2) for m in (1, 4)]
     checks += [(check_gemv_fp8_words, (pdl, m)) for pdl in (0, 2) for m in (1, 4)]
-    checks += [(check_gemv, (2, m, w, prologue)) for m in (1, 4) for w in (BF16, FP8) for prologue in (1, 2)]
     checks += [(check_fp8_quantize, (pdl,)) for pdl in (0, 2)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]

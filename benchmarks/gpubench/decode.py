@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import random
 
-from gpubench.bs1_prologue import prologue_ab
 from gpubench.common import DEV, OPTS, RESULTS, SZ, cuda_time, decode_rate, decode_step_read_bytes, free, make_engine, rand_ids, recaptured_rates, weight_bytes
 from gpubench.decode_profile import profile_outside_graph, profile_replay
 from gpubench.gemv_configs import gemv_configs_in_use
@@ -118,18 +117,9 @@ def sec_bs1() -> dict:
             out["top_kernels_us_per_step"] = profile_replay(eng.runner)
         except Exception as e:  # noqa: BLE001 - the profile is extra evidence, not the figure
             out["profile_error"] = repr(e)[:300]
-    try:  # issue 28: the GEMV prologues on and off in this engine, and the GEMV-only bound
-        out["prologue_ab"] = prologue_ab(eng, rand_ids(random.Random(7), 128))
-    except Exception as e:  # noqa: BLE001 - recorded; the section keeps its figure
-        out["prologue_ab_error"] = repr(e)[:500]
     out.update(_bs1_roofline(eng.runner, out["tok_s"]))
     if "replay_only_tok_s" in out and "roofline_tok_s" in out:
         out["replay_pct_of_roofline"] = 100 * out["replay_only_tok_s"] / out["roofline_tok_s"]
-    ab = out.get("prologue_ab", {})
-    if "roofline_tok_s" in out and "tok_s_unfused_best" in ab:
-        for arm in ("chosen", "forced", "unfused"):
-            ab[f"pct_of_roofline_{arm}"] = 100 * ab[f"tok_s_{arm}_best"] / out["roofline_tok_s"]
-        ab["gemv_bound_pct_of_roofline"] = 100 * 1e3 / ab["gemv_only_ms"] / out["roofline_tok_s"]
     return out
 
 

@@ -11,8 +11,8 @@ import torch
 from gpubench.common import OPTS, greedy, sync
 
 
-def profile_replay(runner, steps: int = 20, write: bool = True) -> list:
-    """Per-kernel GPU time of bare batch-1 replays, also written to OUT/<section>_profile.txt (`write`). With PDL on (the
+def profile_replay(runner, steps: int = 20) -> list:
+    """Per-kernel GPU time of bare batch-1 replays, also written to OUT/<section>_profile.txt. With PDL on (the
     default) a kernel's recorded time includes waiting for its predecessor, so the times overlap and their sum
     exceeds the replay."""
     from torch.profiler import ProfilerActivity, profile
@@ -25,10 +25,9 @@ def profile_replay(runner, steps: int = 20, write: bool = True) -> list:
     events = prof.key_averages()
     rows = sorted(events, key=lambda e: -getattr(e, "device_time_total", 0))
     key = getattr(OPTS, "section_key", "decode_bs1")  # one file per section run: bs1 and bs1@fp8 both profile
-    if write:
-        with open(os.path.join(OPTS.out, f"{key.replace('@', '_').replace('#', '_')}_profile.txt"), "w") as f:
-            for e in rows:
-                f.write(f"{getattr(e, 'device_time_total', 0) / steps:10.1f} us/step  {e.count // steps:5d}/step  {e.key}\n")
+    with open(os.path.join(OPTS.out, f"{key.replace('@', '_').replace('#', '_')}_profile.txt"), "w") as f:
+        for e in rows:
+            f.write(f"{getattr(e, 'device_time_total', 0) / steps:10.1f} us/step  {e.count // steps:5d}/step  {e.key}\n")
     return [(e.key[:60], round(getattr(e, "device_time_total", 0) / steps, 1), e.count // steps) for e in rows[:10]]
 
 

@@ -82,16 +82,13 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 @triton.jit
 def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
-                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr, row_scale=None):
-    """Out[offs_m, offs_n] = acc summed over K, times row_scale[m] if given (a fused RMSNorm's rstd), times the
-    row scale (FP8: Scale[n] * scale_factor), plus bias."""
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
     mask_n = offs_n < N
     if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
-    if row_scale is not None:
-        out *= row_scale[:, None]
     if HAS_SCALE:  # FP8 weights: one scale per output row
         out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
     if HAS_BIAS:
@@ -101,41 +98,14 @@ def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, strid
 
 
 @triton.jit
-def _prologue_x(X, R, G, ROut, offs_m, offs_k, k0, M, K, stride_xm, stride_rm, ss, PROLOGUE: tl.constexpr):
-    """The GEMV's input at columns k0 + offs_k ([BLOCK_M, BLOCK_K] float32) and the running sum of squares `ss`.
-    PROLOGUE 0: X itself. 1 (RMSNorm of X + R, gemv_fused.py): (X + R) rounded to the residual stream's dtype,
-    times the norm weight G; its sum of squares added to `ss` (the rstd is applied to the sums at the end);
-    program 0 stores X + R to ROut. 2 (SiLU-and-mul): silu(X[:, k]) * X[:, K + k], rounded as the kernel does."""
-    if PROLOGUE == 1:
-        m_store = M * (tl.program_id(0) == 0).to(tl.int32)  # program 0 alone stores the residual
-        mask = (offs_m[:, None] < m_store) & ((k0 + offs_k) < K)[None, :]
-        r = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm) + _load_x(R, offs_m, offs_k, k0, M, K, stride_rm)
-        r = r.to(ROut.dtype.element_ty)  # the stream's dtype, as the standalone kernel rounds it
-        tl.store(ROut + offs_m[:, None] * stride_rm + k0 + offs_k[None, :], r, mask=mask)
-        rf = r.to(tl.float32)
-        g = tl.load(G + k0 + offs_k, mask=(k0 + offs_k) < K, other=0.0).to(tl.float32)
-        x = rf * g[None, :]
-        ss += rf * rf
-    elif PROLOGUE == 2:
-        gate = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm)
-        up = _load_x(X + K, offs_m, offs_k, k0, M, K, stride_xm)
-        s = (gate / (1.0 + tl.exp(-gate))).to(X.dtype.element_ty).to(tl.float32)
-        x = (s * up).to(X.dtype.element_ty).to(tl.float32)
-    else:
-        x = _load_x(X, offs_m, offs_k, k0, M, K, stride_xm)
-    return x, ss
-
-
-@triton.jit
 def _gemv_kernel(
-    X, W, Bias, Scale, Out, R, G, ROut,
-    M, N, K, stride_xm, stride_wn, stride_om, stride_rm, eps,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr, PROLOGUE: tl.constexpr,
+    X, W, Bias, Scale, Out,
+    M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
     """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
-    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes).
-    PROLOGUE (`_prologue_x`): 0 plain; 1 RMSNorm(X + R) * G computed on the fly; 2 SiLU-and-mul of X."""
+    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -151,23 +121,15 @@ def _gemv_kernel(
         acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     else:
         acc = tl.zeros([BLOCK_M, BLOCK_N, BLOCK_K], tl.float32)
-    ss = tl.zeros([BLOCK_M, BLOCK_K], tl.float32)
-    x, ss = _prologue_x(X, R, G, ROut, offs_m, offs_k, 0, M, K, stride_xm, stride_rm, ss, PROLOGUE)
-    acc = _fma(acc, x, w, BLOCK_M)
+    acc = _fma(acc, _load_x(X, offs_m, offs_k, 0, M, K, stride_xm), w, BLOCK_M)
     if UNROLL == 2:
-        x, ss = _prologue_x(X, R, G, ROut, offs_m, offs_k, BLOCK_K, M, K, stride_xm, stride_rm, ss, PROLOGUE)
-        acc = _fma(acc, x, w1, BLOCK_M)
+        acc = _fma(acc, _load_x(X, offs_m, offs_k, BLOCK_K, M, K, stride_xm), w1, BLOCK_M)
     for k0 in tl.range(UNROLL * BLOCK_K, K, UNROLL * BLOCK_K, num_stages=STAGES):  # cp.async, STAGES - 1 steps ahead
         for u in tl.static_range(UNROLL):
             ku = k0 + u * BLOCK_K
             w = tl.load(w_ptrs + ku, mask=mask_n[:, None] & (ku + offs_k < K)[None, :], other=0.0)
-            x, ss = _prologue_x(X, R, G, ROut, offs_m, offs_k, ku, M, K, stride_xm, stride_rm, ss, PROLOGUE)
-            acc = _fma(acc, x, w, BLOCK_M)
-    if PROLOGUE == 1:  # the norm's rstd, from the sum of squares every program gathered over all of K
-        _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M,
-                    tl.rsqrt(tl.sum(ss, axis=1) / K + eps))
-    else:
-        _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
+            acc = _fma(acc, _load_x(X, offs_m, offs_k, ku, M, K, stride_xm), w, BLOCK_M)
+    _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
 
 
 @triton.jit
@@ -248,28 +210,16 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             **pdl_launch(x, settings),
         )
         return out
-    launch_gemv_kernel(x, weight, bias, w_scale, out, cfg, settings)
-    return out
-
-
-def launch_gemv_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor | None,
-                       out: torch.Tensor, cfg: dict, settings: KernelSettings, prologue: int = 0, k: int | None = None,
-                       residual: torch.Tensor | None = None, norm_weight: torch.Tensor | None = None,
-                       residual_out: torch.Tensor | None = None, eps: float = 0.0) -> None:
-    """`_gemv_kernel` over weight's K columns (k, default x's width), its input through `_prologue_x`'s `prologue`."""
-    m, n = x.shape[0], weight.shape[0]
-    block_m = triton.next_power_of_2(m)
     unroll = cfg.get("unroll", 1)
     assert unroll in (1, 2)
-    r = out if residual is None else residual
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
-        r, out if norm_weight is None else norm_weight, r if residual_out is None else residual_out,
-        m, n, x.shape[1] if k is None else k, x.stride(0), weight.stride(0), out.stride(0), r.stride(0), eps,
-        HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, PROLOGUE=prologue, BLOCK_M=block_m,
-        BLOCK_N=cfg["block_n"], BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"],
-        num_warps=cfg["num_warps"], **pdl_launch(x, settings),
+        m, n, k, x.stride(0), weight.stride(0), out.stride(0),
+        HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
+        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        **pdl_launch(x, settings),
     )
+    return out
 
 
 # -- choosing between cuBLAS and the GEMV ---------------------------------------------------

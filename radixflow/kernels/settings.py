@@ -26,11 +26,6 @@ class KernelSettings:
     flash_prefill: bool = True
     # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
     fused_kernels: bool = True
-    # Batches the Triton GEMV takes (M <= a layer's gemv_max_m): RMSNorm (with its residual add) computed in
-    # the prologue of the qkv and gate_up GEMVs, SiLU-and-mul in down's (kernels/gemv_fused.py), per layer shape
-    # where that timed faster at load (chosen then: on at load, or the layers' choose_gemv_prologues). Off by
-    # default: slower than the two kernels on the H200 (benchmarks/history/2026-12-02.md, session 10).
-    gemv_prologue: bool = False
     # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).
     fused_rotary_max_batch: int = 8
     # The residual stream in float32 (False: in the model's dtype).

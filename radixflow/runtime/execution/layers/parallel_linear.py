@@ -113,11 +113,6 @@ class SmallBatchMatmul:
 
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
-    # "rmsnorm" or "silu_mul": the kernel before this layer that its GEMV can take in (kernels/gemv_fused.py;
-    # the model sets it), and the fused GEMV's config where that timed faster at load (None: unfused)
-    prologue = ""
-    prologue_config: dict | None = None
-    prologue_timings: dict | None = None  # the load-time timings behind that choice, us at batch 1
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
     kernels: KernelSettings = DEFAULT_KERNEL_SETTINGS  # how its kernels launch (the model runner's settings)
     weight: torch.Tensor
@@ -134,16 +129,6 @@ class SmallBatchMatmul:
 
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
         return cpu_linear.linear(x, self.weight, bias)
-
-    def prologue_ok(self, x: torch.Tensor) -> bool:
-        """Whether x goes through the GEMV with a fused prologue (kernels/gemv_fused.py): CUDA, the GEMV's
-        batch range, KernelSettings.gemv_prologue, and the fused kernel timed faster at load."""
-        return (self.kernels.gemv_prologue and self.prologue_config is not None and x.is_cuda and x.dim() == 2
-                and 0 < x.shape[0] <= self.gemv_max_m and not self.batch_invariant and x.stride(1) == 1)
-
-    def _prologue_kw(self) -> dict:
-        scale = self.weight_scale if self.weight.dtype == torch.float8_e4m3fn else None
-        return {"config": self.prologue_config, "w_scale": scale, "settings": self.kernels}
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
@@ -182,55 +167,27 @@ def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return F.linear(x, weight).float()
 
 
-def _groups(layers: Sequence[SmallBatchMatmul]) -> dict[tuple, list[SmallBatchMatmul]]:
-    """`layers` by (N, K, dtype, has bias, prologue): one timing serves each group."""
+def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
+    """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
+    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
+    from radixflow.kernels.gemv import choose_gemv
+
     groups: dict[tuple, list[SmallBatchMatmul]] = {}
     for layer in layers:
         bias = getattr(layer, "bias", None)
-        groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None, layer.prologue), []).append(layer)
-    return groups
-
-
-def _weights(group: list[SmallBatchMatmul]) -> list[tuple]:
-    """(weight, bias) per layer, FP8 ones with their scales: the choosers' `layers`."""
-    scaled = group[0].weight.dtype == torch.float8_e4m3fn
-    return [(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else [])) for g in group]
-
-
-def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
-    """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
-    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings. With
-    settings.gemv_prologue, also `choose_gemv_prologues`."""
-    from radixflow.kernels.gemv import choose_gemv
-
+        groups.setdefault((*layer.weight.shape, layer.weight.dtype, bias is not None), []).append(layer)
     chosen = {}
-    for (n, k, dtype, has_bias, _), group in _groups(layers).items():
-        max_m, config, timings = choose_gemv(_weights(group), settings=settings)
+    for (n, k, dtype, has_bias), group in groups.items():
+        scaled = dtype == torch.float8_e4m3fn  # (weight, bias, scale): the FP8 GEMM against the FP8 GEMV
+        max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else []))
+                                              for g in group], settings=settings)
         for g in group:
             g.gemv_max_m, g.gemv_config = max_m, config
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"
         chosen[name] = max_m
         times = ", ".join(f"M={m} cublas {b:.1f} triton {t:.1f}" for m, (b, t) in timings.items())
         log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV {config} for M <= {max_m}" if max_m else "cuBLAS")
-    if settings.gemv_prologue:
-        choose_gemv_prologues(layers, settings)
     return chosen
-
-
-def choose_gemv_prologues(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> None:
-    """Per group of layers on the GEMV with a `prologue`, keep the fused kernel's fastest config where it timed
-    faster than the standalone kernel then the GEMV (kernels/gemv_fused.py), else None (unfused)."""
-    from radixflow.kernels.gemv_fused import choose_prologue
-
-    for (n, k, _, _, prologue), group in _groups(layers).items():
-        if not (prologue and group[0].gemv_max_m):
-            continue
-        report: dict = {}
-        fused = choose_prologue(_weights(group), prologue, group[0].gemv_config, settings, report)
-        for g in group:
-            g.prologue_config, g.prologue_timings = fused, report
-        log.info("matmul %dx%d prologue %s at M=1: %s us -> %s", n, k, prologue,
-                 ", ".join(f"{c} {t:.1f}" for c, t in report.items()), fused or "unfused")
 
 
 class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
@@ -261,13 +218,6 @@ class ColumnParallelLinear(SmallBatchMatmul, nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, self.bias)
-
-    def forward_norm(self, x: torch.Tensor, residual: torch.Tensor, norm_weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-        """(self(rmsnorm(x + residual) * norm_weight), x + residual) in one GEMV (needs `prologue_ok(x)`)."""
-        from radixflow.kernels.gemv_fused import gemv_rmsnorm
-
-        return gemv_rmsnorm(x, residual, norm_weight, eps, self.weight, self.bias, **self._prologue_kw())
 
 
 def qkv_parallel_linear(hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool) -> ColumnParallelLinear:
@@ -307,17 +257,7 @@ class RowParallelLinear(SmallBatchMatmul, nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.tp.size == 1:
             return self.matmul(x, self.bias)
-        return self._reduce(self.matmul(x))
-
-    def forward_silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
-        """self(silu(gate) * up) for gate_up = [gate | up] in one GEMV (needs `prologue_ok(gate_up)`)."""
-        from radixflow.kernels.gemv_fused import gemv_silu_mul
-
-        out = gemv_silu_mul(gate_up, self.weight, self.bias if self.tp.size == 1 else None, **self._prologue_kw())
-        return out if self.tp.size == 1 else self._reduce(out)
-
-    def _reduce(self, partial_out: torch.Tensor) -> torch.Tensor:
-        out = all_reduce(partial_out, self.tp)
+        out = all_reduce(self.matmul(x), self.tp)
         return out if self.bias is None else out + self.bias
 
 

@@ -89,7 +89,6 @@ class Attention(nn.Module):
         heads = self.qkv_proj.heads  # this rank's query and KV heads (all of them with tp=1)
         self.num_heads, self.num_kv_heads = heads.q_heads, heads.kv_heads
         self.q_size, self.kv_size = heads.q_heads * hd, heads.kv_heads * hd
-        self.qkv_proj.prologue = "rmsnorm"  # its input norm can run inside its GEMV (kernels/gemv_fused.py)
         self.o_proj = row_parallel_linear(shape.num_heads * hd, shape.hidden, False, heads.q_start * hd, self.q_size)
         if shape.qk_norm:
             self.q_norm = RMSNorm(shape.head_dim, shape.eps)
@@ -97,11 +96,7 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def forward(self, positions, x, fb: ForwardBatch, backend: AttentionBackend):
-        return self.attend(positions, self.qkv_proj(x), fb, backend)
-
-    def attend(self, positions, qkv, fb: ForwardBatch, backend: AttentionBackend):
-        """Attention and o_proj from the fused q/k/v projection's output."""
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.s.head_dim)
         k = k.view(-1, self.num_kv_heads, self.s.head_dim)
         v = v.view(-1, self.num_kv_heads, self.s.head_dim)
@@ -118,15 +113,9 @@ class MLP(nn.Module):
         inter = shape.intermediate
         self.gate_up_proj = merged_column_parallel_linear(shape.hidden, [inter, inter], shape.mlp_bias)
         self.down_proj = row_parallel_linear(inter, shape.hidden, shape.mlp_bias)
-        self.gate_up_proj.prologue, self.down_proj.prologue = "rmsnorm", "silu_mul"
 
     def forward(self, x):
-        return self.down(self.gate_up_proj(x))
-
-    def down(self, gate_up):
-        """down_proj(silu(gate) * up): inside the GEMV's prologue where it takes the batch."""
-        if self.kernels is not None and self.down_proj.prologue_ok(gate_up):
-            return self.down_proj.forward_silu_mul(gate_up)
+        gate_up = self.gate_up_proj(x)
         if self.kernels is not None and gate_up.is_cuda:
             from radixflow.kernels.norm_act import silu_and_mul
 
@@ -148,23 +137,14 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
 
     def forward(self, positions, x, residual, fb, backend):
-        attn = self.self_attn
         if residual is None:
             residual = x if self.residual_dtype is None else x.to(self.residual_dtype)
-            qkv = attn.qkv_proj(self.input_layernorm(x))
+            h = self.input_layernorm(x)
         else:
-            qkv, residual = _norm_linear(self.input_layernorm, attn.qkv_proj, x, residual)
-        h = attn.attend(positions, qkv, fb, backend)
-        gate_up, residual = _norm_linear(self.post_attention_layernorm, self.mlp.gate_up_proj, h, residual)
-        return self.mlp.down(gate_up), residual
-
-
-def _norm_linear(norm: RMSNorm, linear: ColumnParallelLinear, x: torch.Tensor, residual: torch.Tensor):
-    """(linear(norm(x + residual)), x + residual): one kernel where the GEMV's prologue takes the norm."""
-    if norm.kernels is not None and linear.prologue_ok(x):
-        return linear.forward_norm(x, residual, norm.weight, norm.eps)
-    h, residual = norm(x, residual)
-    return linear(h), residual
+            h, residual = self.input_layernorm(x, residual)
+        h = self.self_attn(positions, h, fb, backend)
+        h, residual = self.post_attention_layernorm(h, residual)
+        return self.mlp(h), residual
 
 
 class LlamaForCausalLM(nn.Module):
