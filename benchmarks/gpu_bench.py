@@ -31,7 +31,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   offline      1000 requests, in U[32,1024], out U[32,512], ignore_eos: a cold pass, then one warm pass on
                each workload seed of --offline-seeds (three by default)
   offline_1k   1000 requests of 1000 prompt tokens and 1000 output tokens
-  bs1          batch-1 decode against the bytes a step must read (weights used, KV), nothing else
+  bs1          batch-1 decode against the bytes a step must read (weights used, KV), and the GEMV-only bound
+               (every linear and the head back to back in a graph)
   offline_pdl_ab / offline_residual_ab / offline_p_parts_ab   offline under each of two or three settings
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64

@@ -31,6 +31,31 @@ def profile_replay(runner, steps: int = 20) -> list:
     return [(e.key[:60], round(getattr(e, "device_time_total", 0) / steps, 1), e.count // steps) for e in rows[:10]]
 
 
+def gemv_only_ms(runner) -> float:
+    """GPU ms of one batch-1 decode step's matmuls alone: every linear layer through its own path (the GEMV and
+    its chosen config where chosen, PDL as the settings say) and the output head, back to back in a CUDA graph.
+    No decode step beats this without faster GEMVs; the step's other kernels come on top (NaN off CUDA)."""
+    from radixflow.kernels.gemv import capture_graph, replay_us
+    from radixflow.runtime.execution.layers.parallel_linear import ColumnParallelLinear, RowParallelLinear
+
+    model = runner.model
+    linears = [m for m in model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+    dtype = next(p.dtype for p in model.parameters() if p.dtype in (torch.bfloat16, torch.float16, torch.float32))
+    device = next(model.parameters()).device
+    widths = {m.weight.shape[1] for m in linears} | {model.shape.hidden}
+    inputs = {k: torch.randn(1, k, device=device).to(dtype) for k in widths}
+
+    def step(_: int) -> None:
+        for m in linears:
+            m(inputs[m.weight.shape[1]])
+        model.compute_logits(inputs[model.shape.hidden])
+
+    if device.type != "cuda":  # the smoke run: the plumbing only
+        step(0)
+        return float("nan")
+    return min(replay_us(capture_graph(step, 1), 1, reps=20) for _ in range(3)) / 1e3
+
+
 def _trace_gpu_ops(prof) -> tuple[list, set]:
     """(GPU kernels / memcpys / memsets as (name, start_us, end_us, correlation) by start time,
     correlation ids of the CUDA graph launches) from a profile's chrome trace."""
