@@ -280,6 +280,26 @@ def test_a_cut_jump_never_drops_the_sampled_text(backend, tokenizer):
     assert cut_back == smallest, "every jump re-tokenized the sampled quote"
 
 
+def test_a_jump_that_may_not_cut_appends_the_forced_text_alone(backend, tokenizer):
+    """`cut=False` (an overlapped batch above --jump-forward-max-batch): after a sampled `"` the
+    jump re-tokenizes nothing (the `",` split would cut the quote back); it appends the forced text
+    as tokenized on its own, and the matcher is where the output then leads."""
+    g = backend.compile("json_schema", json.dumps(SCHEMAS[0]))
+    plans = {}
+    for cut in (True, False):
+        req = Req(64)
+        m = GrammarMatcher(g, req)
+        req.output_ids += plan_jump(m, req, backend.impl._encode, first=True)
+        for tok in tokenizer.encode('Bob"', add_special_tokens=False):
+            req.output_ids.append(tok)
+            m.accept_token(tok)
+        plans[cut] = (plan_jump(m, req, backend.impl._encode, cut=cut), list(req.output_ids), m.state)
+    assert isinstance(plans[True][0], tuple), "with cuts the quote is re-tokenized"
+    tokens, outputs, state = plans[False]
+    assert isinstance(tokens, list) and tokens == tokenizer.encode(',"age":', add_special_tokens=False)
+    assert tokenizer.decode(outputs + tokens).endswith('"Bob","age":') and g.walk(g.initial_state, outputs + tokens) == state
+
+
 def test_jump_forward_respects_the_budget(backend):
     g = backend.compile("regex", "abcdefghijklmnop[0-9]")
     req = Req(3)  # the forced text alone takes more tokens than the budget allows

@@ -311,14 +311,14 @@ class GrammarBackend:
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None) -> Union[list, tuple]:
+    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None, cut: bool = True) -> Union[list, tuple]:
         """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`;
-        at most `limit`), or on llguidance the replacement of a sampled token that left no
-        completion within the budget."""
+        at most `limit`; `cut` False: no re-tokenizing of the sampled token), or on llguidance the
+        replacement of a sampled token that left no completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
         impl = self._impl_named(req.grammar.backend)
-        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
+        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit, cut=cut)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:
