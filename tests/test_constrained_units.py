@@ -252,6 +252,17 @@ def test_jump_forward_at_start_and_after_a_sampled_token(backend, tokenizer):
     assert m.grammar.walk(g.initial_state, ids) == m.state
 
 
+def _after_sampling(backend, tokenizer, g, text: str, budget: int) -> tuple:
+    """A request on `g` after its first jump and then `text`'s tokens, as if sampled: (req, matcher)."""
+    req = Req(budget)
+    m = GrammarMatcher(g, req)
+    req.output_ids += plan_jump(m, req, backend.impl._encode, first=True)
+    for tok in tokenizer.encode(text, add_special_tokens=False):
+        req.output_ids.append(tok)
+        m.accept_token(tok)
+    return req, m
+
+
 def test_a_cut_jump_never_drops_the_sampled_text(backend, tokenizer):
     """A jump after a sampled token that re-tokenizes it (`"` becomes `",`) and is cut to a limit:
     at every limit up to the scheduler's smallest (jump_policy.jump_limit at a sample) the text kept
@@ -265,12 +276,7 @@ def test_a_cut_jump_never_drops_the_sampled_text(backend, tokenizer):
     smallest = jump_limit(True, 10, 9)
     cut_back = 0
     for limit in range(1, smallest + 1):
-        req = Req(200)
-        m = GrammarMatcher(g, req)
-        req.output_ids += plan_jump(m, req, backend.impl._encode, first=True)
-        for tok in tokenizer.encode('ab"', add_special_tokens=False):
-            req.output_ids.append(tok)
-            m.accept_token(tok)
+        req, m = _after_sampling(backend, tokenizer, g, 'ab"', 200)
         sampled = tokenizer.decode(req.output_ids)
         keep, tokens = jump_parts(plan_jump(m, req, backend.impl._encode, limit=limit), len(req.output_ids))
         ids = req.output_ids[:keep] + tokens
@@ -278,6 +284,21 @@ def test_a_cut_jump_never_drops_the_sampled_text(backend, tokenizer):
         assert g.walk(g.initial_state, ids) == m.state
         cut_back += keep < len(req.output_ids)
     assert cut_back == smallest, "every jump re-tokenized the sampled quote"
+
+
+def test_a_jump_that_may_not_cut_appends_the_forced_text_alone(backend, tokenizer):
+    """`cut=False` (an overlapped batch above --jump-forward-max-batch): after a sampled `"` the
+    jump re-tokenizes nothing (the `",` split would cut the quote back); it appends the forced text
+    as tokenized on its own, and the matcher is where the output then leads."""
+    g = backend.compile("json_schema", json.dumps(SCHEMAS[0]))
+    plans = {}
+    for cut in (True, False):
+        req, m = _after_sampling(backend, tokenizer, g, 'Bob"', 64)
+        plans[cut] = (plan_jump(m, req, backend.impl._encode, cut=cut), list(req.output_ids), m.state)
+    assert isinstance(plans[True][0], tuple), "with cuts the quote is re-tokenized"
+    tokens, outputs, state = plans[False]
+    assert isinstance(tokens, list) and tokens == tokenizer.encode(',"age":', add_special_tokens=False)
+    assert tokenizer.decode(outputs + tokens).endswith('"Bob","age":') and g.walk(g.initial_state, outputs + tokens) == state
 
 
 def test_jump_forward_respects_the_budget(backend):

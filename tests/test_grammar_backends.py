@@ -414,6 +414,29 @@ def test_auto_switches_rows_that_started_before_the_move(engine):
     assert all(r.grammar.state == g.walk(g.initial_state, head) for r in rows[1:-1])
 
 
+def test_auto_switches_rows_of_a_move_that_another_move_followed(engine):
+    """A grammar's move finishes and a second grammar's move starts before any step has seen the first one
+    done: the next switch_moved still switches the first grammar's running rows, with the second's."""
+    from radixflow.constrained.backend import PROMOTE_AFTER
+
+    backend, specs = _backend(engine, grammar_backend="auto"), (r"[0-9]{3}-[0-9]{4}", r"[a-z]{3}-[0-9]{2}")
+    rows: dict = {spec: [] for spec in specs}
+    try:
+        for spec in specs:
+            for _ in range(PROMOTE_AFTER):
+                rows[spec].append(FakeReq("regex", spec))
+                backend.submit(rows[spec][-1])
+                assert _poll(backend, rows[spec][-1]) is True
+            backend.wait_for_promotions()  # this grammar's move is done, and no step has seen it
+            assert backend.promotion("regex", spec) is not None, "the move started"
+        on_llguidance = [r for spec in specs for r in rows[spec] if r.grammar.backend == "llguidance"]
+        assert {r.sampling.grammar[1] for r in on_llguidance} == set(specs), "rows of both grammars started on llguidance"
+        assert backend.switch_moved(on_llguidance) == len(on_llguidance) and backend.switch_moved(on_llguidance) == 0
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert all(r.grammar.backend == "outlines" for spec in specs for r in rows[spec])
+
+
 def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, monkeypatch):
     """Through the engine: a batch that starts on llguidance while its grammar's move runs goes on on
     outlines once the move finishes (here: made to finish after the batch's third step), every output valid."""

@@ -203,8 +203,10 @@ def test_large_overlapped_batches_jump_only_at_admission(engine):
 def test_constrained_overlap_on_outlines(engine):
     """The outlines backend (llguidance is the engine's here, covered above) gathers its rows'
     masks from per-state masks; outputs match without overlap. Its rows jump in any batch (a
-    jump is cheap there and can shorten the output): with --jump-forward-max-batch 0 they still
-    take every jump the non-overlapped path takes."""
+    jump is cheap there and can shorten the output), but above --jump-forward-max-batch only by
+    appending: a jump that re-tokenizes the sampled token would waste the pass launched on it. With
+    the limit at 0 they take every jump the non-overlapped path takes with such cuts off too (same
+    outputs, same jumps, no cut), while that path with cuts on does cut in this batch."""
     import dataclasses
 
     from radixflow.constrained.backend import GrammarBackend
@@ -214,16 +216,27 @@ def test_constrained_overlap_on_outlines(engine):
     args = dataclasses.replace(sched.args, grammar_backend="outlines")
     sched.grammar_backend = GrammarBackend(engine.tokenizer, engine.runner.vocab_size, engine.eos_ids, args)
     sched.jump_forward = sched.grammar_backend.jump_forward
+    cuts, rewind = [], sched.rewind
+    sched.rewind = lambda req, keep: (cuts.append(req.rid), rewind(req, keep))[1]
     try:
         prompts, params = _constrained_batch()
+        engine.generate(prompts[:3], params[:3])
+        cut_with_them = len(cuts)
+        sched.jumps_after_sampling = lambda rows: False
         ref = engine.generate(prompts[:3], params[:3])
+        del sched.jumps_after_sampling
+        cut_without = len(cuts) - cut_with_them
         with overlap_on(engine):
             sched.args = dataclasses.replace(sched.args, jump_forward_max_batch=0)
             got = engine.generate(prompts[:3], params[:3])
             _settle(sched)
     finally:
+        sched.__dict__.pop("jumps_after_sampling", None)
+        del sched.rewind
         sched.grammar_backend.cache.pool.shutdown(wait=False)
         sched.grammar_backend, sched.jump_forward, sched.args = saved
+    assert cut_with_them > 0 and cut_without == 0, (cut_with_them, cut_without)
+    assert len(cuts) == cut_with_them, "an overlapped batch above the limit cut a sampled token back"
     assert _outputs(got) == _outputs(ref)
     jumped = [o["meta_info"].get("jump_forward_tokens", 0) for o in got]
     assert jumped == [o["meta_info"].get("jump_forward_tokens", 0) for o in ref] and sum(jumped) > 0

@@ -79,8 +79,7 @@ class GrammarBackend:
         self._refused: dict = {}  # keys auto will not move again (refused or discarded), oldest first
         self._refused_lock = threading.Lock()  # a move that fails records its refusal from its worker thread
         self._moving: Optional[Future] = None  # the one background compile allowed at a time
-        self._moving_spec: Optional[tuple] = None  # its (kind, spec)
-        self._switched: Optional[Future] = None  # the last finished move whose running rows were switched
+        self._unswitched: list = []  # (move, (kind, spec)) of moves whose running rows switch_moved has not yet seen done
         self.move_limit_s = self.timeout_s  # a move's compile process is killed past this
         # an EOS id past the tokenizer's vocabulary (a model config paired with another model's
         # tokenizer, as benchmarks do with dummy weights) cannot end a grammar; llguidance refuses it
@@ -164,7 +163,8 @@ class GrammarBackend:
                 log.info("auto: a %s grammar stays on llguidance: outlines cannot compile it to the same language", kind)
                 self._refuse(key)
                 return None
-            self._moving, self._moving_spec = self.promotions.get(key, lambda: self._move(key)), (kind, spec)
+            self._moving = self.promotions.get(key, lambda: self._move(key))
+            self._unswitched.append((self._moving, (kind, spec)))
         return None
 
     def _refuse(self, key) -> None:
@@ -207,21 +207,19 @@ class GrammarBackend:
         on outlines, their tokens walked through its FSM (one language), so a batch that arrived before the move
         does not run to its end on llguidance's slower masks. A row whose tokens outlines cannot walk, whose
         budget no longer fits outlines' shortest completion, or with a repair pending, stays. The scheduler calls
-        it after each step's tokens are accepted (none in flight for these rows); returns the rows switched."""
-        moving = self._moving
-        if moving is None or moving is self._switched or not moving.done():
+        it after each step's tokens are accepted (none in flight for these rows); returns the rows switched. Every
+        finished move is seen once, also one finished before a step saw it and another move started meanwhile."""
+        done = [(move, spec) for move, spec in self._unswitched if move.done()]
+        if not done:
             return 0
-        self._switched = moving
-        if moving.exception() is not None:
-            return 0
+        self._unswitched = [pair for pair in self._unswitched if pair not in done]
         from radixflow.constrained.matcher import GrammarMatcher
 
-        grammar, switched = moving.result(), 0
+        moved, switched = {spec: move.result() for move, spec in done if move.exception() is None}, 0
         for req in reqs:
             old = req.grammar
-            if req.finished or old is None or old.backend != "llguidance" or req.sampling.grammar != self._moving_spec:
-                continue
-            if old.undo or old.is_terminated():
+            grammar = moved.get(req.sampling.grammar) if old is not None and old.backend == "llguidance" else None
+            if req.finished or grammar is None or old.undo or old.is_terminated():
                 continue
             new = GrammarMatcher(grammar, req)
             if new.advance_all(req.output_ids[req.segment_start :]) and new.distance() <= new.budget():
@@ -311,14 +309,14 @@ class GrammarBackend:
         if jobs:
             concurrent.futures.wait(jobs, timeout=timeout, return_when=concurrent.futures.FIRST_COMPLETED)
 
-    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None) -> Union[list, tuple]:
+    def jump_forward(self, req, forced: bool = True, limit: Optional[int] = None, cut: bool = True) -> Union[list, tuple]:
         """Forced tokens to append (when jump-forward is on and the caller allows it: `forced`;
-        at most `limit`), or on llguidance the replacement of a sampled token that left no
-        completion within the budget."""
+        at most `limit`; `cut` False: no re-tokenizing of the sampled token), or on llguidance the
+        replacement of a sampled token that left no completion within the budget."""
         if req.grammar is None or req.grammar.is_terminated():
             return []
         impl = self._impl_named(req.grammar.backend)
-        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit)
+        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit, cut=cut)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:

@@ -36,11 +36,14 @@ def utf8_prefix(data: bytes) -> bytes:
     return b""
 
 
-def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False, limit: Optional[int] = None) -> Union[list, tuple]:
+def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False, limit: Optional[int] = None,
+              cut: bool = True) -> Union[list, tuple]:
     """Advance `matcher` over the forced continuation and return what the scheduler
     appends: [] (nothing), [tokens] or (keep, [tokens]). `first`: before the segment's
     first sample (nothing to re-tokenize; one sampled token must still fit the budget).
-    `limit`: at most this many tokens (the rest of the forced text is jumped over later). Precondition:
+    `limit`: at most this many tokens (the rest of the forced text is jumped over later).
+    `cut` False: never re-spell the sampled token; the forced text is tokenized on its own and
+    appended (under overlap a cut drops the pass already launched on that token). Precondition:
     the limit keeps at least the tokens that re-spell a re-tokenized sampled token (the caller's
     limits are >= 14 at a sample), so that a cut never drops text the model sampled."""
     forced = utf8_prefix(matcher.grammar.forced_bytes(matcher.state))
@@ -54,6 +57,8 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False,
         if planned is None:
             continue
         common, tokens = planned
+        if common < len(boundary) and not cut:
+            continue
         keep = len(out) - len(boundary) + common
         undo, cut = len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)]
         tokens = _apply(matcher, req, undo, cut, keep, reserve)

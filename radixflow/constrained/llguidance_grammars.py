@@ -322,10 +322,11 @@ class LLGuidanceGrammars:
         return LLGuidanceMatcher(grammar, self.search, self.info.eos_ids, req, grammar.next_build(pool))
 
     def jump(self, matcher: LLGuidanceMatcher, req, first: bool = False, forced: bool = True,
-             limit: Optional[int] = None) -> Union[list, tuple]:
+             limit: Optional[int] = None, cut: bool = True) -> Union[list, tuple]:
         """After a failed budget check, the output cut back and a replacement ((keep, [token])),
         else the tokens the grammar forces next (`forced`: jump-forward is on), as many as the
-        budget allows, and at most `limit`."""
+        budget allows, and at most `limit`. `cut` is moot: these jumps only append, and a budget
+        repair is taken regardless."""
         swap = matcher.take_replacement()
         if swap is not None:
             return (len(req.output_ids) - swap[0], [swap[1]])

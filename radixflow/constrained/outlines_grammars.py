@@ -53,10 +53,10 @@ class OutlinesGrammars:
         return GrammarMatcher(grammar, req)
 
     def jump(self, matcher: GrammarMatcher, req, first: bool = False, forced: bool = True,
-             limit: Optional[int] = None) -> Union[list, tuple]:
+             limit: Optional[int] = None, cut: bool = True) -> Union[list, tuple]:
         """The forced continuation (`forced`: jump-forward is on; the budget needs no repairs
-        here), at most `limit` tokens."""
-        return plan_jump(matcher, req, self._encode, first=first, limit=limit) if forced else []
+        here), at most `limit` tokens; `cut` False: the sampled token is never re-tokenized."""
+        return plan_jump(matcher, req, self._encode, first=first, limit=limit, cut=cut) if forced else []
 
     def _encode(self, text: str) -> list:
         return list(self._encode_cached(text))

@@ -85,7 +85,8 @@ _HELP = {
     "jump_forward_max_batch": "with overlap scheduling, llguidance rows jump forward after a sampled token only in "
     "decode batches of at most this many rows (default 16; 0: only a request's first jump, before its prefill); "
     "forced tokens are then fed one a pass, so such a jump saves no pass while its host work slows every step of a "
-    "large batch. Outlines rows, a request's first jump and every jump without overlap are always taken",
+    "large batch. Outlines rows jump in any batch, above this one only by appending (a re-tokenized sampled token "
+    "would waste the pass launched on it); a request's first jump and every jump without overlap are always taken",
     "grammar_threads": "threads llguidance fills a step's grammar masks and consumes its sampled tokens on, "
     "for all constrained rows at once (0 = llguidance's default: 80%% of the CPUs, up to 32; above 256 is refused). A "
     "grammar used by several requests also gets up to this many separately built matchers (never more than the "

@@ -3,7 +3,9 @@
 Without overlap a jump's tokens go in one extend pass, saving passes. With it they are fed one a
 decode pass, so an llguidance jump saves none (its forced tokens are the ones its masks allow
 anyway) while its host work (every row, every step) bounds a large batch's step: there only the
-jump at admission is taken (rows whose matcher says `jumps_in_any_batch` jump regardless).
+jump at admission is taken. Rows whose matcher says `jumps_in_any_batch` (outlines) jump there too,
+but only by appending: a jump that re-tokenizes the sampled token cuts it back, and the pass already
+launched on that token is wasted, so the row takes one pass more than it saves in tokens.
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ class Scheduler:
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs
-        self.jump_forward: Optional[Callable[[Req, bool, Optional[int]], object]] = None  # set with the grammar backend
+        self.jump_forward: Optional[Callable[[Req, bool, Optional[int], bool], object]] = None  # set with the grammar backend
         self.continue_request = continue_request
         self.device = runner.device
         self.overlap = args.overlap_enabled(self.device)
@@ -348,7 +348,7 @@ class Scheduler:
             self.stops.check(req, self.runner.context_len)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
-                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit)
+                self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit, cut=forced)
             if req.finished and self.continue_request is not None and self.continue_request(req):
                 assert not req.finished, "a continued request must be unfinished"
             if req.finished:
@@ -361,13 +361,14 @@ class Scheduler:
         """Whether a step whose decode batch holds `rows` rows jumps forward after sampling (jump_policy)."""
         return jumps_after_sampling(self.overlap, rows, self.args.jump_forward_max_batch)
 
-    def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None) -> None:
+    def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None, cut: bool = True) -> None:
         """Append tokens the grammar forces, without sampling them (`allowed`: the step may
-        jump; a replacement that keeps the output within its budget is applied regardless);
+        jump; `cut`: it may re-tokenize the sampled token (jump_policy); a replacement that keeps
+        the output within its budget is applied regardless);
         their KV is computed by the next pass (which becomes an extend). The hook returns the
         tokens to append, or (keep, tokens) to first cut the output back to `keep` tokens
         (re-tokenizing at the boundary)."""
-        forced = self.jump_forward(req, allowed, limit)
+        forced = self.jump_forward(req, allowed, limit, cut)
         if not forced:
             return
         keep, tokens = jump_parts(forced, len(req.output_ids))
