@@ -208,3 +208,24 @@ def test_extend_shapes_counts_the_passes_each_setting_would_take():
     assert "| none | 0 | 0 / 0 | 0 / 0 | 0 | 0 |" in out
     with pytest.raises(SystemExit):
         extend_shapes.parse_limits("256")
+
+
+def test_host_drift_compare_lists_the_functions_whose_calls_differ(tmp_path):
+    """host_drift.py --compare: call counts matched across processes by name (object addresses dropped),
+    and only the functions whose counts differ are listed."""
+    import json
+
+    import host_drift
+
+    def run(protocol: str, calls: dict) -> str:
+        path = tmp_path / f"{protocol}.json"
+        rounds = {"cpu_ms_per_program": [1.0], "host_ms_per_pass": [2.0], "round_s": [0.5], "profiled_steps": 3}
+        path.write_text(json.dumps({"protocol": protocol, "results": {"llm_judge": {**rounds, "calls": calls}}}))
+        return str(path)
+
+    a = run("all", {"~:0(<function f at 0x7f01>)": [5, 0.1], "radix_tree.py:194(evict)": [9, 0.2]})
+    b = run("graph", {"~:0(<function f at 0x7fab>)": [5, 0.1], "radix_tree.py:194(evict)": [2, 0.1]})
+    out = host_drift.compare(a, b)
+    assert "calls in the profiled graph round: 14 / 7" in out
+    assert "+7  radix_tree.py:194(evict)  (9 / 2)" in out
+    assert "function f" not in out  # same function, same count, in both processes
