@@ -70,6 +70,15 @@ class Req:
         """All tokens whose KV this request needs (prompt, then outputs so far)."""
         return self.origin_input_ids + self.output_ids
 
+    def token_range(self, start: int, end: int) -> list:
+        """fill_ids[start:end], copying only those tokens (fill_ids copies the whole sequence)."""
+        n_prompt = len(self.origin_input_ids)
+        if start >= n_prompt:
+            return self.output_ids[start - n_prompt : end - n_prompt]
+        if end <= n_prompt:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - n_prompt]
+
     def pending_ids(self) -> list:
         """Tokens still without KV (usually just the last sampled one); O(pending)."""
         n_prompt = len(self.origin_input_ids)
