@@ -37,7 +37,7 @@ class KVManager:
 
     # -- admission -----------------------------------------------------------------------
     def match(self, req: Req, limit: int) -> MatchResult:
-        return self.tree.match_prefix(req.fill_ids[:limit])
+        return self.tree.match_prefix(req.token_range(0, limit))
 
     def admit(self, req: Req, match: MatchResult) -> bool:
         """Give `req` a req_to_token row holding its cached prefix; lock the prefix."""
@@ -127,7 +127,7 @@ class KVManager:
         """Forget KV past `new_len`; frees the request's own whole pages past it."""
         assert new_len <= req.kv_len
         if new_len < req.tree_len:  # give back part of the locked prefix: lock a shorter path
-            match = self.tree.match_prefix(req.fill_ids[:new_len])
+            match = self.tree.match_prefix(req.token_range(0, new_len))
             self.tree.inc_lock(match.node)
             self.tree.dec_lock(req.last_node)
             own = self.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
