@@ -1,6 +1,8 @@
 #!/bin/bash
 # Alternates the base tree (820c681) and this branch: run.py on the default model, then
 # step_timeline.py with the stand-in model on the tiny config (H200-like sizes).
+# As run: stopped after pair 2's run.py (too slow under load); then only the step_timeline command
+# below ran, for "2 new", "3 new", "3 base", "4 new", "4 base" in that order (log.txt).
 OUT=/work/wt-e/benchmarks/results/cpu-2026-12-02-s10-host-time
 PY=/work/main/.venv/bin/python
 WL=react,llm_judge,tree_of_thought,hellaswag,mmlu
