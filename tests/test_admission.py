@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from radixflow.radix_cache.memory_pool import PageAllocator, ReqToTokenPool
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.sampling_params import SamplingParams
@@ -39,3 +43,42 @@ def test_a_match_evicted_by_an_earlier_admission_is_matched_again():
     assert tree.match_prefix(second_prefix).length == 0  # evicted, as the test intends
     assert sched.waiting == [second] and second.req_pool_idx is None and second.last_node is None
     assert tree.protected_size == len(first_prefix)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 9), min_size=1, max_size=12), st.lists(st.integers(0, 9), max_size=12),
+       st.integers(0, 30), st.integers(0, 30))  # fmt: skip
+def test_token_range_is_the_slice_of_fill_ids(prompt, outputs, start, end):
+    req = Req("r", prompt, SamplingParams(max_new_tokens=1), output_ids=outputs)
+    assert req.token_range(start, end) == req.fill_ids[start:end]
+
+
+def test_two_requests_computing_one_prefix_keep_the_first_ones_slots_and_free_the_duplicates():
+    """Both requests found [1, 2, 3] cached and computed the same next 3 tokens (admitted in one
+    pass). Each hands its KV to the tree from its locked node, [1, 2, 3]: the second finds the
+    first's tokens cached, frees its own slots for them and its row now holds the tree's; on release
+    every slot is either free or the tree's, once."""
+    alloc = PageAllocator(33, 1)
+    tree = RadixCache(alloc, 1)
+    tree.insert([1, 2, 3], alloc.alloc(3))
+    kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(4, 64, "cpu"), tree)
+    reqs = [Req(f"r{i}", [1, 2, 3, 4, 5, 6, 7 + i], SamplingParams(max_new_tokens=4)) for i in range(2)]
+    for req in reqs:
+        assert kv.admit(req, tree.match_prefix(req.token_range(0, 6))) and req.tree_len == 3
+        kv.alloc(req, 3)
+        req.kv_len = 6
+    second_own = kv.req_to_token.read(reqs[1].req_pool_idx, 6)[3:]
+    for req in reqs:
+        kv.cache_unfinished(req)
+    first_slots = kv.req_to_token.read(reqs[0].req_pool_idx, 6)
+    assert torch.equal(kv.req_to_token.read(reqs[1].req_pool_idx, 6), first_slots)
+    assert set(second_own.tolist()) <= set(alloc.free_pages.tolist())  # page size 1: pages are slots
+    assert reqs[1].tree_len == 6 and reqs[1].last_node is reqs[0].last_node
+    for req in reqs:  # the second token each: its KV joins the tree as a leaf of the shared path
+        kv.alloc(req, 2)
+        req.output_ids.append(8)
+        req.kv_len = 8
+        kv.release(req)
+    assert tree.match_prefix([1, 2, 3, 4, 5, 6, 7, 8]).length == 8 and tree.match_prefix([1, 2, 3, 4, 5, 6, 8, 8]).length == 8
+    assert alloc.num_free_slots + tree.total_size == alloc.capacity_slots
+    assert tree.protected_size == 0 and torch.equal(tree.match_prefix([1, 2, 3, 4, 5, 6]).slots, first_slots)

@@ -13,6 +13,7 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
 import extend_shapes  # noqa: E402
+import host_profile  # noqa: E402
 import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
@@ -24,6 +25,30 @@ def test_optimal_hit_rate_counts_shared_prefixes_and_earlier_outputs():
     calls = [([1, 2, 3, 4], [9]), ([1, 2, 3, 5], []), ([1, 2, 3, 4, 9, 7], []), ([8], [])]
     # reusable: 0, then [1 2 3], then [1 2 3 4 9] (an output), then nothing (one token must be computed)
     assert program_bench.optimal_hit_rate(calls) == (0 + 3 + 5 + 0) / (4 + 4 + 6 + 1)
+
+
+def test_host_profile_charges_c_functions_to_their_callers_module():
+    """by_area: the areas sum to the profile's total, and time in a C function (sorted) lands in
+    the module that called it, not in an area of its own."""
+    import cProfile
+    import pstats
+    import time as time_module
+
+    from radixflow.runtime.scheduling import req as req_module
+
+    def work() -> None:
+        sorted(range(300_000), key=str)  # C calling C: all of it charged to this module
+        req_module.Req("r", [1, 2, 3], None).token_range(0, 2)
+
+    prof = cProfile.Profile(time_module.thread_time)
+    prof.enable()
+    work()
+    prof.disable()
+    areas = {a: t for t, a in host_profile.by_area(pstats.Stats(prof))}
+    assert abs(sum(areas.values()) - pstats.Stats(prof).total_tt) < 1e-6
+    assert "~" not in areas and "radixflow/runtime/scheduling/req.py" in areas
+    assert max(areas, key=areas.get) == "test_program_workloads.py"
+    assert areas["test_program_workloads.py"] > 0.9 * pstats.Stats(prof).total_tt
 
 
 def test_programs_per_s_is_programs_over_total_time():

@@ -49,9 +49,15 @@ class Model:
             self.tree.dec_lock(match.node)
             return
         slots = torch.cat([match.slots, self.alloc.slots_of(pages)])
-        cached, inserted = self.tree.insert_matched(key, slots)
+        if len(key) % 2:  # from the root, or (as the scheduler does) on from the locked match
+            cached, inserted = self.tree.insert_matched(key, slots)
+            joined = inserted.slots
+        else:
+            cached, inserted = self.tree.insert_matched(key[match.length :], slots[match.length :], match.node)
+            cached += match.length
+            joined = torch.cat([match.slots, inserted.slots])
         after = self.tree.match_prefix(key)  # insert_matched's match is the one a new walk finds
-        assert inserted.node is after.node and torch.equal(inserted.slots, after.slots)
+        assert inserted.node is after.node and torch.equal(joined, after.slots)
         if cached > match.length:
             self.alloc.free_slots(slots[match.length : cached])
         self.tree.dec_lock(match.node)
@@ -226,3 +232,23 @@ def test_eviction_from_the_kept_heap_is_lru_and_skips_locked_and_touched_leaves(
     tree.dec_lock(locked)  # unlocked after the walk: the next walk finds it
     free = alloc.num_free_slots
     assert tree.evict(100) == 8 and tree.total_size == 0 and alloc.num_free_slots - free == 8
+
+
+def test_an_insert_from_a_locked_node_touches_its_path_as_one_from_the_root():
+    """LRU order does not depend on where the walk starts: the locked node's ancestors are touched
+    root first, then the new leaf, as a walk from the root does."""
+    alloc = PageAllocator(NUM_PAGES, 1)
+    trees = [RadixCache(alloc, 1), RadixCache(PageAllocator(NUM_PAGES, 1), 1)]
+    for i, tree in enumerate(trees):
+        tree.insert([1, 2, 3], torch.tensor([5, 6, 7]))
+        tree.insert([1, 2, 9], torch.tensor([5, 6, 8]))  # splits: [1, 2] -> {[3], [9]}
+        m = tree.match_prefix([1, 2, 3])
+        tree.inc_lock(m.node)
+        tree.match_prefix([1, 2, 9])  # [9] and [1, 2] touched after [3]
+        if i == 0:
+            tree.insert_matched([1, 2, 3, 4, 4], torch.tensor([5, 6, 7, 10, 11]))
+        else:
+            tree.insert_matched([4, 4], torch.tensor([10, 11]), m.node)
+    orders = [[(n.key, n.value.tolist()) for n in sorted(t.nodes(), key=lambda n: n.last_access)] for t in trees]
+    assert orders[0] == orders[1]
+    assert [key for key, _ in orders[0][-5:]] == [[9], [], [1, 2], [3], [4, 4]]

@@ -196,3 +196,26 @@ def test_budget_closed_output_reports_a_length_finish(server, engine):
     assert native["meta_info"]["finish_reason"] == short["meta_info"]["finish_reason"]
     assert chat["choices"][0]["finish_reason"] == "length" and chat["choices"][0]["grammar_closed"] is True
     assert chat["choices"][0]["text"] == short["text"]
+
+
+class _TokenId(int):
+    """An int subclass (as an IntEnum is): accepted as a token id, like a plain int."""
+
+
+@pytest.mark.parametrize(
+    "ids, ok",
+    [([0, 5, 99], True), ([_TokenId(3), 4], True), ([1, 100], False), ([-1, 2], False), ([1, True], False),
+     ([1, 2.0], False), ([1, "2"], False), ([1, None], False), ([False], False)],
+)  # fmt: skip
+def test_input_ids_are_checked_token_by_token_in_c_or_python(ids, ok):
+    """The plain-int fast path (type set, min, max) and the per-item path agree: bools, floats,
+    strings and ids outside the vocabulary are refused wherever they sit; int subclasses pass."""
+    from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+
+    builder = RequestBuilder(None, vocab_size=100, context_len=1000, max_pool_tokens=1000)
+    g = GenerateInput(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    if ok:
+        assert builder.build(g)[0].origin_input_ids == ids
+    else:
+        with pytest.raises(RadixflowError, match="input_ids must be integers"):
+            builder.build(g)

@@ -139,13 +139,17 @@ class RadixCache:
         Only the page-aligned part of `key` is inserted; the caller keeps the rest."""
         return self._insert_walk(key, slots)[0]
 
-    def insert_matched(self, key: list, slots: torch.Tensor) -> tuple[int, MatchResult]:
+    def insert_matched(self, key: list, slots: torch.Tensor, after: Optional[TreeNode] = None) -> tuple[int, MatchResult]:
         """insert(), and what match_prefix(key) would return right after it (the tree's slots
-        for the page-aligned key and its deepest node), from the same walk."""
-        cached, node, parts = self._insert_walk(key, slots)
+        for the page-aligned key and its deepest node), from the same walk. With `after`, a node
+        the caller holds locked (so it stays attached and its path unchanged), `key` and `slots`
+        continue that node's path and the walk starts there: the count and the match then cover
+        `key` only. A request's locked prefix is thousands of tokens of a few-shot prompt, which
+        a walk from the root would slice and compare again on every insert."""
+        cached, node, parts = self._insert_walk(key, slots, after)
         return cached, MatchResult(parts, node)
 
-    def _insert_walk(self, key: list, slots: torch.Tensor) -> tuple[int, TreeNode, list]:
+    def _insert_walk(self, key: list, slots: torch.Tensor, after: Optional[TreeNode] = None) -> tuple[int, TreeNode, list]:
         """insert()'s walk: returns how many leading tokens were already cached, the deepest
         node of the page-aligned key's path, and the slot tensors along that path (joined
         only by insert_matched, since insert's callers don't need them)."""
@@ -154,8 +158,8 @@ class RadixCache:
         n_aligned = self._page_align(len(key))
         if n_aligned < len(key):
             key, slots = key[:n_aligned], slots[:n_aligned]
-        node, done, parts = self.root, 0, []
-        node.touch()
+        node, done, parts = after or self.root, 0, []
+        self._touch_path(node)
         while done < len(key):
             child = node.children.get(self._child_key(key, done))
             if child is None:
@@ -172,6 +176,16 @@ class RadixCache:
             parts.append(child.value)
             node, done = child, done + n
         return min(done, len(key)), node, parts
+
+    def _touch_path(self, node: TreeNode) -> None:
+        """Touch `node` and its ancestors, the root first, as a walk from the root down to it does
+        (the same LRU order whichever node a walk starts from)."""
+        path = []
+        while node is not None:
+            path.append(node)
+            node = node.parent
+        for n in reversed(path):
+            n.touch()
 
     def is_attached(self, node: TreeNode) -> bool:
         """Whether `node` is still in the tree: eviction detaches leaves, so a match taken

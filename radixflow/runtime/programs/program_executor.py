@@ -157,7 +157,7 @@ class ProgramExecutor:
                 st.logprobs = GenLogprobs.begin(req, nxt.logprob, self.scheduler.logprobs.with_text)
                 st.run.segments += 1
                 return True
-        st.ids = list(req.fill_ids)
+        st.ids = req.fill_ids  # a new list
         self._release(st)
         return False
 

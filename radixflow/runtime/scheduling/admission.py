@@ -113,11 +113,11 @@ def fresh_enough(req: Req, match: MatchResult, in_batch: RadixCache) -> bool:
     to recompute than a pass of latency). Only the reusable part counts (up to
     `match_limit`): tokens whose input logprobs are wanted are computed again anyway, so
     waiting for them would gain nothing and cost a pass."""
-    key = req.fill_ids[: match_limit(req)]
+    key = req.token_range(0, match_limit(req))
     shared = in_batch.match_prefix(key).length - match.length
     if shared > IN_BATCH_PREFIX_THRESHOLD:
         return False
-    rest = len(req.fill_ids) - match.length
+    rest = req.seq_len - match.length
     if req.sampling.max_new_tokens == 0 and shared >= SCORING_SHARE_MIN and 2 * shared >= rest:
         return False
     in_batch.insert(key, torch.zeros(len(key), dtype=torch.int64))

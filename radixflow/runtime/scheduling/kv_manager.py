@@ -37,7 +37,7 @@ class KVManager:
 
     # -- admission -----------------------------------------------------------------------
     def match(self, req: Req, limit: int) -> MatchResult:
-        return self.tree.match_prefix(req.fill_ids[:limit])
+        return self.tree.match_prefix(req.token_range(0, limit))
 
     def admit(self, req: Req, match: MatchResult) -> bool:
         """Give `req` a req_to_token row holding its cached prefix; lock the prefix."""
@@ -101,21 +101,24 @@ class KVManager:
 
     # -- giving slots back -----------------------------------------------------------------
     def _insert(self, req: Req) -> tuple[int, MatchResult]:
-        """Hand the request's computed KV to the tree; free its duplicates.
-        Returns the page-aligned length now owned by the tree, and the tree's match for it."""
-        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)
-        cached, match = self.tree.insert_matched(req.fill_ids[: req.kv_len], slots)
-        if cached > req.tree_len:  # another request inserted these tokens first
-            self.allocator.free_slots(slots[req.tree_len : cached])
+        """Hand the request's computed KV past its locked prefix (`tree_len` tokens, ending at
+        `last_node`) to the tree; free its duplicates. Returns the page-aligned length now owned
+        by the tree, and the tree's match for the part past the prefix."""
+        start = req.tree_len
+        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)[start:]
+        cached, match = self.tree.insert_matched(req.token_range(start, req.kv_len), slots, req.last_node)
+        if cached:  # another request inserted these tokens first
+            self.allocator.free_slots(slots[:cached])
         return (req.kv_len - req.kv_len % self.page_size if not self.tree.disable else 0), match
 
     def cache_unfinished(self, req: Req) -> None:
-        """After a prefill chunk: share what is computed so far and lock it."""
+        """After a prefill chunk: share what is computed so far and lock it. The row's slots of
+        the locked prefix are the tree's already; only those past it may change."""
         if self.tree.disable:
             return
         aligned, match = self._insert(req)
-        assert match.length == aligned, (match.length, aligned)
-        self.req_to_token.write(req.req_pool_idx, 0, match.slots)
+        assert req.tree_len + match.length == aligned, (req.tree_len, match.length, aligned)
+        self.req_to_token.write(req.req_pool_idx, req.tree_len, match.slots)
         self.tree.inc_lock(match.node)
         self.tree.dec_lock(req.last_node)
         req.last_node, req.tree_len = match.node, aligned
@@ -124,7 +127,7 @@ class KVManager:
         """Forget KV past `new_len`; frees the request's own whole pages past it."""
         assert new_len <= req.kv_len
         if new_len < req.tree_len:  # give back part of the locked prefix: lock a shorter path
-            match = self.tree.match_prefix(req.fill_ids[:new_len])
+            match = self.tree.match_prefix(req.token_range(0, new_len))
             self.tree.inc_lock(match.node)
             self.tree.dec_lock(req.last_node)
             own = self.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]

@@ -70,12 +70,18 @@ class Req:
         """All tokens whose KV this request needs (prompt, then outputs so far)."""
         return self.origin_input_ids + self.output_ids
 
+    def token_range(self, start: int, end: int) -> list:
+        """fill_ids[start:end], copying only those tokens (fill_ids copies the whole sequence)."""
+        n_prompt = len(self.origin_input_ids)
+        if start >= n_prompt:
+            return self.output_ids[start - n_prompt : max(end - n_prompt, 0)]
+        if end <= n_prompt:
+            return self.origin_input_ids[start:end]
+        return self.origin_input_ids[start:] + self.output_ids[: end - n_prompt]
+
     def pending_ids(self) -> list:
         """Tokens still without KV (usually just the last sampled one); O(pending)."""
-        n_prompt = len(self.origin_input_ids)
-        if self.kv_len >= n_prompt:
-            return self.output_ids[self.kv_len - n_prompt :]
-        return self.fill_ids[self.kv_len :]
+        return self.token_range(self.kv_len, self.seq_len)
 
     @property
     def seq_len(self) -> int:

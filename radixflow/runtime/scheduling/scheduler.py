@@ -174,8 +174,7 @@ class Scheduler:
         ids, pos, locs, rows = [], [], [], []
         start = 0
         for req, n in batch:
-            fill = req.fill_ids
-            ids.extend(fill[req.kv_len : req.kv_len + n])
+            ids.extend(req.token_range(req.kv_len, req.kv_len + n))
             pos.append(torch.arange(req.kv_len, req.kv_len + n))
             locs.append(self.kv.req_to_token.read(req.req_pool_idx, req.kv_len + n)[req.kv_len :])
             rows.append(logit_rows_for(req, n, start))

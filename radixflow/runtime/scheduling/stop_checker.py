@@ -3,16 +3,39 @@
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from radixflow.runtime.scheduling.req import Req
 
 log = logging.getLogger(__name__)
+
+# transformers' modules whose decode / _decode hand the ids to the tokenizers backend as they are
+_STOCK_DECODE = ("transformers.tokenization_utils_base", "transformers.tokenization_utils_tokenizers",
+                 "transformers.tokenization_utils_fast")  # fmt: skip
+
+
+def backend_decode(tokenizer) -> Callable[[list, bool], str]:
+    """decode(ids, skip_special_tokens) giving tokenizer.decode's text. Where that is the tokenizers
+    backend's decode unchanged (a fast tokenizer that cleans up no spaces, its decode and _decode
+    transformers' own), the backend is called directly: transformers' wrapper costs several times
+    the decode itself, on every token of every request with stop strings."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    stock = all(_defined_in(type(tokenizer), name) in _STOCK_DECODE for name in ("decode", "_decode"))
+    if backend is None or not stock or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+        return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
+    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+
+
+def _defined_in(cls: type, name: str) -> str:
+    owner = next((c for c in cls.__mro__ if name in c.__dict__), None)
+    return "" if owner is None else owner.__module__
 
 
 class StopChecker:
     def __init__(self, tokenizer, eos_ids: set):
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
+        self._decode = backend_decode(tokenizer)
 
     def check(self, req: Req, context_len: int) -> None:
         if req.finished:
@@ -62,7 +85,7 @@ class StopChecker:
         longest = max(len(s) for s in req.sampling.stop_strs)
         # every token decodes to >= 1 char, so this many tokens cover any new match
         tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - longest - 2) :]
-        tail = self.tokenizer.decode(tail_ids, skip_special_tokens=req.sampling.skip_special_tokens)
+        tail = self._decode(tail_ids, req.sampling.skip_special_tokens)
         for s in req.sampling.stop_strs:
             if s in tail:
                 return s
