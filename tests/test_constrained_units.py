@@ -398,7 +398,6 @@ def test_free_form_object_compiles_in_about_a_second(backend):
 
 # -- whitespace pattern (--constrained-json-whitespace-pattern) ---------------------------------------------
 def test_whitespace_pattern_reaches_the_schema_regex_and_the_cache_key(tokenizer, backend):
-    from radixflow.constrained.backend import GrammarBackend, jump_parts
     from radixflow.runtime.server_args import ServerArgs
 
     schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

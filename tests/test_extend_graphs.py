@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import logging
+import math
 import os
 from pathlib import Path
 
@@ -57,6 +58,18 @@ def test_pick_bucket():
     assert pick_bucket(extend_buckets(512, 64), 300, 64, 64) == ExtendBucket(384, 64)
 
 
+def test_pick_bucket_finds_what_a_scan_of_every_bucket_finds():
+    """pick_bucket bisects (every extend pass asks it): the first bucket in order that holds the pass, as a
+    scan finds it, for every pass shape up to past the largest bucket, the default buckets included."""
+    for max_tokens, max_reqs in ((512, 256), (48, 8), (100, 6), (10, 3), (512, 64), (16, 1)):
+        buckets = extend_buckets(max_tokens, max_reqs)
+        for tokens in range(1, max_tokens + 3):
+            for reqs in range(1, min(tokens, max_reqs) + 3):
+                for logits in (reqs, tokens):
+                    want = next((b for b in buckets if b.tokens >= tokens and b.reqs >= max(reqs, logits)), None)
+                    assert pick_bucket(buckets, tokens, reqs, logits) == want, (max_tokens, max_reqs, tokens, reqs)
+
+
 def test_server_args_reject_what_cannot_be_captured():
     with pytest.raises(RadixflowError, match="triton"):
         ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer")
@@ -66,15 +79,16 @@ def test_server_args_reject_what_cannot_be_captured():
         ServerArgs(cuda_graph_extend_max_tokens=-1)
     with pytest.raises(RadixflowError, match=">= 1"):
         ServerArgs(cuda_graph_extend_max_reqs=0)
-    with pytest.raises(RadixflowError, match="tp_size > 1"):
+    with pytest.raises(RadixflowError, match="tp_size > 1") as err:
         ServerArgs(cuda_graph_extend_max_tokens=64, tp_size=2)
+    assert "drop the option" in str(err.value)  # an error that stops the server says what to do
     with pytest.raises(RadixflowError, match="triton"):  # before any weights load
         ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cuda")
     ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="torch_native", device="cpu")
 
 
 def test_server_args_warn_when_disable_cuda_graph_turns_the_option_off(caplog):
-    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.server_args"):
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.extend_graph_args"):
         ServerArgs(cuda_graph_extend_max_tokens=64, disable_cuda_graph=True)
     assert "ignored with disable_cuda_graph" in caplog.text
 
@@ -92,6 +106,8 @@ def test_on_by_default_on_cuda_where_the_graphs_can_run():
            {"kv_cache_dtype": "fp8_e4m3"}, {"quantization": "fp8"}, {"cuda_graph_extend_max_tokens": 0}]
     for kw in off:
         assert ServerArgs(device="cuda", **kw).extend_graph_tokens("cuda") == 0, kw
+    assert ServerArgs().extend_graph_tokens("cuda", fp8=True) == 0  # an FP8 checkpoint, as --quantization fp8
+    assert ServerArgs(cuda_graph_extend_max_tokens=96).extend_graph_tokens("cuda", fp8=True) == 96
     assert ServerArgs().extend_graph_tokens("cpu") == 0  # the CPU never captures
     assert ServerArgs(cuda_graph_extend_max_tokens=64).extend_graph_tokens("cpu") == 64  # asked: padded passes
     assert ServerArgs(cuda_graph_extend_max_tokens=96, kv_cache_dtype="fp8_e4m3").extend_graph_tokens("cuda") == 96
@@ -111,7 +127,10 @@ def test_the_options_are_in_the_cli_help():
     text = parser.format_help()
     for flag in ("--cuda-graph-extend-max-tokens", "--cuda-graph-extend-max-reqs", "--disable-cuda-graph-extend"):
         assert flag in text and "graph" in parser._option_string_actions[flag].help
-    assert "Default: 512 on CUDA" in parser._option_string_actions["--cuda-graph-extend-max-tokens"].help
+    help_tokens = parser._option_string_actions["--cuda-graph-extend-max-tokens"].help
+    assert "Default: 512 on CUDA" in help_tokens
+    for case in ("--disable-cuda-graph", "FP8 weights", "do not fit", "prefill chunk"):  # every case it is off or cut
+        assert case in help_tokens, case
     defaults = ServerArgs()
     for flag, default in (("--cuda-graph-extend-max-reqs", defaults.cuda_graph_extend_max_reqs),
                           ("--jump-forward-max-batch", defaults.jump_forward_max_batch)):
@@ -124,14 +143,24 @@ def test_the_options_are_in_the_cli_help():
 
 # -- padded passes against unpadded ones ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def runner() -> ModelRunner:
+def runner():
     args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
                       device=DEV, dtype="float32", max_total_tokens=4096,
                       max_running_requests=16, attention_backend="torch_native" if DEV == "cpu" else "triton",
                       cuda_graph_extend_max_tokens=MAX_TOKENS, cuda_graph_extend_max_reqs=MAX_REQS)
     r = ModelRunner(args)
     assert r.extend_graphs is not None and r.extend_graphs.use_graphs == (DEV == "cuda")
-    return r
+    yield r
+    r.release_device_memory()  # later GPU tests size their KV pools and graphs from the free memory
+
+
+@pytest.fixture
+def built():
+    """ModelRunner(args), released when the test ends: a GPU runner left alive shrinks what later tests find free."""
+    runners: list[ModelRunner] = []
+    yield lambda args: runners.append(ModelRunner(args)) or runners[-1]
+    for r in runners:
+        r.release_device_memory()
 
 
 def test_graph_memory_is_checked_before_capture(runner, monkeypatch, caplog):
@@ -140,7 +169,6 @@ def test_graph_memory_is_checked_before_capture(runner, monkeypatch, caplog):
     from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
 
     monkeypatch.setattr(runner, "device", "cuda")
-    monkeypatch.setattr(runner.backend, "supports_extend_graph", True)
     s = runner.model.shape
     need = graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, MAX_TOKENS, MAX_REQS)
     assert runner._extend_graph_bytes() == need > 2 * MAX_REQS * s.vocab_size * 4
@@ -152,6 +180,130 @@ def test_graph_memory_is_checked_before_capture(runner, monkeypatch, caplog):
     assert "extend passes run eagerly" in caplog.text
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (need, 10 * need))
     assert runner._extend_graphs_fit()
+
+
+# -- the default's plan, on a CUDA device faked on the CPU ---------------------------------------------------
+PER_TOKEN, TOTAL = 1024, 10 << 30  # KV bytes a token; the device's memory
+HEADROOM = math.ceil((1 - ServerArgs.mem_fraction_static) * TOTAL)  # what eager passes keep, in whole bytes
+
+
+def plan(runner: ModelRunner, monkeypatch, free: int, ckpt_fp8=None, **kw) -> tuple:
+    """The extend graphs' plan on a CUDA device with `free` bytes free, and the KV slots that leaves:
+    ModelRunner's own decisions, before anything is allocated (they run before the KV pool is sized)."""
+    monkeypatch.setattr(runner, "device", "cuda")
+    monkeypatch.setattr(runner, "ckpt_fp8", ckpt_fp8)
+    monkeypatch.setattr(runner, "args", ServerArgs(max_running_requests=16, **kw))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (free, TOTAL))
+    monkeypatch.setattr(runner, "extend_limits", runner._plan_extend_graphs(PER_TOKEN))
+    return runner.extend_limits, runner._kv_slots(PER_TOKEN)
+
+
+def default_need(runner: ModelRunner, max_tokens: int = 512) -> int:
+    from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+
+    s = runner.model.shape
+    return graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, max_tokens, 16)
+
+
+def test_the_default_comes_out_of_the_kv_pool_only_when_it_is_on(runner, monkeypatch, caplog):
+    """With the pool sized from free memory, the default's graphs come out of the pool's share; when they
+    do not fit beside its smallest size, the default turns itself off before the pool is sized, so the
+    pool keeps that memory."""
+    need, room = default_need(runner), 1 << 30
+    limits, slots = plan(runner, monkeypatch, HEADROOM + room)
+    assert limits == (512, 16) and slots == (room - need) // PER_TOKEN
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.execution.model_runner"):
+        limits, slots = plan(runner, monkeypatch, HEADROOM + 1024 * PER_TOKEN + need - 1)
+    assert limits is None and slots == (1024 * PER_TOKEN + need - 1) // PER_TOKEN  # nothing given up
+    assert "extend CUDA graphs off" in caplog.text and "headroom" in caplog.text
+    limits, _ = plan(runner, monkeypatch, HEADROOM + 1024 * PER_TOKEN + need)
+    assert limits == (512, 16)
+
+
+def test_the_default_leaves_the_headroom_alone_beside_a_set_pool(runner, monkeypatch):
+    """--max-total-tokens: the pool is not reduced, so the default's graphs must fit in what is free beside
+    it and --mem-fraction-static's headroom (eager prefill chunks need that), not in all that is free."""
+    need, pool = default_need(runner), 4096 * PER_TOKEN
+    limits, slots = plan(runner, monkeypatch, HEADROOM + pool + need, max_total_tokens=4096)
+    assert limits == (512, 16) and slots == 4096
+    limits, slots = plan(runner, monkeypatch, HEADROOM + pool + need - 1, max_total_tokens=4096)
+    assert limits is None and slots == 4096
+    explicit = {"max_total_tokens": 4096, "cuda_graph_extend_max_tokens": 512, "attention_backend": "triton"}
+    limits, _ = plan(runner, monkeypatch, HEADROOM + pool + need - 1, **explicit)
+    assert limits == (512, 16)  # a size that was set: checked against the free memory at capture
+
+
+@pytest.mark.parametrize("off", [
+    {"disable_cuda_graph": True}, {"disable_cuda_graph_extend": True}, {"tp_size": 2},
+    {"attention_backend": "flashinfer"}, {"attention_backend": "torch_native"},
+    {"enable_deterministic_inference": True}, {"quantization": "fp8"}, {"kv_cache_dtype": "fp8_e4m3"},
+    {"ckpt_fp8": "an FP8 checkpoint"},
+])  # fmt: skip
+def test_every_case_that_keeps_the_default_off_logs_one_line(runner, monkeypatch, caplog, off):
+    kw = dict(off)
+    ckpt_fp8 = kw.pop("ckpt_fp8", None)
+    with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
+        limits, _ = plan(runner, monkeypatch, TOTAL, ckpt_fp8=ckpt_fp8, **kw)
+    assert limits is None
+    assert [r.levelname for r in caplog.records if "extend CUDA graphs off" in r.getMessage()] == ["INFO"]
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
+        assert plan(runner, monkeypatch, TOTAL)[0] == (512, 16)  # the same without it: on, no such line
+    assert "extend CUDA graphs off" not in caplog.text
+
+
+def test_the_default_on_the_cpu_logs_why_it_is_off(caplog):
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cpu", dtype="float32", max_total_tokens=1024, max_running_requests=4)
+    with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
+        assert ModelRunner(args).extend_graphs is None
+    assert "extend CUDA graphs off: no CUDA device" in caplog.text
+
+
+def test_a_backend_without_extend_graphs_turns_the_default_off_without_an_error(runner, monkeypatch, caplog):
+    """The capability decides, not the backend's name: a backend "auto" resolves to that cannot capture
+    extend passes keeps the default off (an info line); a size that was set is an error."""
+    monkeypatch.setattr(TritonBackend, "supports_extend_graph", False)
+    with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
+        assert plan(runner, monkeypatch, TOTAL)[0] is None
+    assert "extend CUDA graphs off: the TritonBackend cannot replay" in caplog.text
+    with pytest.raises(RadixflowError, match="TritonBackend cannot replay"):
+        plan(runner, monkeypatch, TOTAL, cuda_graph_extend_max_tokens=64)
+
+
+def test_no_buckets_above_the_prefill_chunk(runner, monkeypatch, caplog):
+    """No extend pass holds more new tokens than --chunked-prefill-size (and --max-prefill-tokens): larger
+    buckets could never be taken, so they are neither captured nor counted out of the memory."""
+    assert plan(runner, monkeypatch, TOTAL, chunked_prefill_size=256)[0] == (256, 16)
+    assert plan(runner, monkeypatch, TOTAL, chunked_prefill_size=1024, max_prefill_tokens=128)[0] == (128, 16)
+    assert runner._extend_graph_bytes() == default_need(runner, 128)
+    assert plan(runner, monkeypatch, TOTAL, chunked_prefill_size=-1, max_prefill_tokens=128)[0] == (512, 16)
+
+
+def test_an_fp8_checkpoint_keeps_the_default_off(tmp_path, monkeypatch, caplog):
+    """FP8 weights from the checkpoint's config (no --quantization flag) count as --quantization fp8 does:
+    ModelRunner reads the config's quantization_config before the KV pool is sized, and the default is off."""
+    import json
+    import shutil
+
+    from radixflow.model_files import resolve_model
+    from radixflow.runtime.execution import model_runner
+
+    tokenizer = os.environ.get("RADIXFLOW_TOKENIZER") or resolve_model(None).path
+    config = json.loads(Path(TINY).read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(Path(tokenizer) / f, tmp_path / f)
+    (tmp_path / "model.safetensors").touch()  # load_format dummy: never read
+    monkeypatch.setattr(model_runner, "init_dummy_weights", lambda model, seed: None)  # no random FP8 draws
+    r = ModelRunner(ServerArgs(model_path=str(tmp_path), load_format="dummy", device="cpu", dtype="float32",
+                               max_total_tokens=1024, max_running_requests=4))  # fmt: skip
+    assert r.ckpt_fp8 is not None and r.ckpt_fp8.method == "fp8"
+    with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
+        assert plan(r, monkeypatch, TOTAL, ckpt_fp8=r.ckpt_fp8)[0] is None
+    assert "extend CUDA graphs off: FP8" in caplog.text
+    assert plan(r, monkeypatch, TOTAL)[0] == (512, 16)  # the same model without FP8 weights: on
 
 
 def test_a_limit_above_the_context_is_cut_down_with_a_warning(caplog):
@@ -300,14 +452,14 @@ def test_gpu_graph_replay_matches_eager(runner):
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
 @pytest.mark.parametrize("dtype, max_tokens, max_reqs", [("float32", MAX_TOKENS, MAX_REQS), ("bfloat16", 512, 256)])
-def test_gpu_capture_memory_is_within_the_estimate(dtype, max_tokens, max_reqs):
+def test_gpu_capture_memory_is_within_the_estimate(built, dtype, max_tokens, max_reqs):
     """What capture really holds on the device (reserved after minus before) never exceeds the estimate
     that the KV pool's sizing and the check before capture use. Also at the default buckets in bf16."""
     args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
                       device="cuda", dtype=dtype, max_total_tokens=4096, max_running_requests=max_reqs,
                       cuda_graph_max_bs=1, cuda_graph_extend_max_tokens=max_tokens,
                       cuda_graph_extend_max_reqs=max_reqs)  # fmt: skip
-    cost = ModelRunner(args).extend_graphs.capture_cost
+    cost = built(args).extend_graphs.capture_cost
     print(f"extend graphs {dtype} {max_tokens}/{max_reqs}: {cost}")  # the figures for the history
     assert cost.graphs == len(extend_buckets(max_tokens, max_reqs))
     assert 0 < cost.reserved_bytes <= cost.estimate_bytes and cost.allocated_bytes <= cost.estimate_bytes
@@ -315,7 +467,35 @@ def test_gpu_capture_memory_is_within_the_estimate(dtype, max_tokens, max_reqs):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
-def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly():
+def test_gpu_the_default_captures_its_buckets_from_the_kv_pools_share(built):
+    """No size set, the pool sized from free memory: the default path (the plan, the pool's share, the
+    capture) on a GPU. The pool leaves the graphs' estimate free beside the headroom; capture fits in it."""
+    from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+    from radixflow.runtime.server_args import DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS
+
+    free, total = torch.cuda.mem_get_info()
+    # the KV pool's share about 1 GiB (the rest of the free memory is headroom), not all of an H200
+    fraction = 1 - (free - (1 << 30)) / total
+    args = ServerArgs(model_path=TINY, tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), load_format="dummy",
+                      device="cuda", dtype="float32", mem_fraction_static=fraction, cuda_graph_max_bs=1)  # fmt: skip
+    assert args.cuda_graph_extend_max_tokens is None
+    r = built(args)
+    reqs = min(DEFAULT_EXTEND_GRAPH_REQS, args.max_running_requests)
+    assert r.extend_limits == (DEFAULT_EXTEND_GRAPH_TOKENS, reqs)
+    s = r.model.shape
+    estimate = graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, DEFAULT_EXTEND_GRAPH_TOKENS, reqs)
+    pool = sum(t.numel() * t.element_size() for t in r.kv_pool.k + r.kv_pool.v)
+    assert (1 << 30) - 2 * estimate < pool <= (1 << 30) - estimate  # the pool gave the graphs their share
+    cost = r.extend_graphs.capture_cost
+    print(f"extend graphs by default: {cost}")
+    assert cost.graphs == len(extend_buckets(DEFAULT_EXTEND_GRAPH_TOKENS, reqs))
+    assert 0 < cost.reserved_bytes <= cost.estimate_bytes == estimate
+    compare(r, Batches(r, [3, 0, 5], [20, 9, 1]))  # a replay through the default's graphs, against eager
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(DEV != "cuda", reason="captures CUDA graphs")
+def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly(built):
     """bfloat16, where eager passes may take the flash kernel for prompt-only rows and the graphs do not:
     the graph's replay against the same padded pass launched kernel by kernel (use_graphs=False), which
     runs the same kernels on the same shapes."""
@@ -325,7 +505,7 @@ def test_gpu_bf16_graph_replay_matches_the_padded_pass_run_eagerly():
                       device="cuda", dtype="bfloat16", max_total_tokens=4096,
                       max_running_requests=16, cuda_graph_extend_max_tokens=MAX_TOKENS,
                       cuda_graph_extend_max_reqs=MAX_REQS)  # fmt: skip
-    r = ModelRunner(args)
+    r = built(args)
     plain = ExtendGraphRunner(r.model, r.backend, MAX_TOKENS, MAX_REQS, "cuda", use_graphs=False)
     for prefix, new in list(CASES.values()) + [([0], [5])]:
         batches = Batches(r, prefix, new)

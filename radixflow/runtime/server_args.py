@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
+from radixflow.runtime.extend_graph_args import (
+    DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
+)  # fmt: skip
 from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
 if TYPE_CHECKING:
     from radixflow.kernels.settings import KernelSettings
-
-log = logging.getLogger(__name__)
-
-# the extend graphs' default buckets on CUDA: session 9's H200 call measured these (react, llm_judge)
-DEFAULT_EXTEND_GRAPH_TOKENS, DEFAULT_EXTEND_GRAPH_REQS = 512, 256
 
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -47,9 +44,11 @@ _HELP = {
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
     "cuda_graph_extend_max_tokens": "also replay extend (prefill) passes of up to this many new tokens from CUDA "
-    f"graphs, padded to token buckets (0 = off: eager extend passes). Default: {DEFAULT_EXTEND_GRAPH_TOKENS} on CUDA "
-    "where the graphs can run (triton attention, tp_size 1, no deterministic inference, no FP8), else off. Set on "
-    "the CPU, the padded passes run without graphs (a correctness check). See docs/gpu.md",
+    f"graphs, padded to token buckets (0 = off: eager extend passes; capped at the prefill chunk). Default: "
+    f"{DEFAULT_EXTEND_GRAPH_TOKENS} on CUDA where the graphs can run (triton attention, tp_size 1, no deterministic "
+    "inference, no FP8 weights or KV cache, no --disable-cuda-graph), else off; also off (a warning) when they do "
+    "not fit beside the KV pool and --mem-fraction-static's headroom. Set on the CPU, the padded passes run without "
+    "graphs (a correctness check). See docs/gpu.md",
     "cuda_graph_extend_max_reqs": "most requests in an extend pass replayed from a CUDA graph "
     f"(default {DEFAULT_EXTEND_GRAPH_REQS}); passes with more run eagerly",
     "disable_cuda_graph_extend": "run every extend (prefill) pass eagerly: no extend CUDA graphs (same as "
@@ -214,7 +213,7 @@ class ServerArgs:
             raise RadixflowError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
             raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
-        self._check_extend_graphs()
+        check_extend_graphs(self)
         if self.enable_deterministic_inference and (self.tp_size > 1 or self.attention_backend == "flashinfer"):
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
@@ -250,51 +249,9 @@ class ServerArgs:
             except RadixflowError as e:
                 raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
 
-    def _check_extend_graphs(self) -> None:
-        """An explicit --cuda-graph-extend-max-tokens N that cannot run is an error; the default is
-        only turned off (extend_graph_tokens)."""
-        n = self.cuda_graph_extend_max_tokens
-        if n is not None and n < 0:
-            raise RadixflowError("cuda_graph_extend_max_tokens must be >= 0 (0: extend passes run eagerly)")
-        if self.cuda_graph_extend_max_reqs < 1:
-            raise RadixflowError("cuda_graph_extend_max_reqs must be >= 1")
-        if not n:
-            return
-        if self.disable_cuda_graph_extend:
-            raise RadixflowError(f"cuda_graph_extend_max_tokens={n} and disable_cuda_graph_extend contradict each "
-                                 "other; drop one of them")
-        if self.disable_cuda_graph:
-            log.warning("cuda_graph_extend_max_tokens is ignored with disable_cuda_graph: extend passes run eagerly")
-            return
-        blocker = self.extend_graph_blocker(self.resolved_device(), explicit=True)
-        if blocker:
-            raise RadixflowError(f"cuda_graph_extend_max_tokens={n}: {blocker}")
-
-    def extend_graph_blocker(self, device: str, explicit: bool = False) -> Optional[str]:
-        """Why extend passes cannot (or by default do not) replay from CUDA graphs on `device`, else None.
-        `explicit`: a size was set, which allows the CPU's padded passes and FP8."""
-        cuda = str(device).startswith("cuda")
-        host_planned = self.attention_backend == "flashinfer" or (cuda and self.attention_backend == "torch_native")
-        if self.tp_size > 1:  # the graphs would capture all-reduces on every rank
-            return "not supported with tp_size > 1 yet (not run on several GPUs); extend passes run eagerly"
-        if host_planned:
-            return f"needs the triton attention backend ({self.attention_backend} plans each extend pass on the host)"
-        if self.enable_deterministic_inference:
-            return "pads extend passes, which enable_deterministic_inference does not allow for; drop one of them"
-        if not explicit and not cuda:
-            return "no CUDA device (set a size to run the padded passes without graphs)"
-        if not explicit and (self.quantization is not None or self.kv_cache_dtype != "auto"):
-            return "FP8 with extend graphs has not run on a GPU yet (set a size to turn them on)"
-        return None
-
-    def extend_graph_tokens(self, device: str) -> int:
-        """The extend graphs' largest token bucket on `device`, 0 when extend passes run eagerly: the size
-        set, or DEFAULT_EXTEND_GRAPH_TOKENS where nothing keeps the graphs off."""
-        if self.disable_cuda_graph_extend or self.disable_cuda_graph:
-            return 0
-        if self.cuda_graph_extend_max_tokens is not None:
-            return self.cuda_graph_extend_max_tokens
-        return 0 if self.extend_graph_blocker(device) else DEFAULT_EXTEND_GRAPH_TOKENS
+    def extend_graph_tokens(self, device: str, fp8: bool = False) -> int:
+        """The extend graphs' largest token bucket on `device`, 0: eager (extend_graph_args.py)."""
+        return extend_graph_tokens(self, device, fp8)
 
     def resolved_device(self) -> str:
         if self.device != "auto":

@@ -19,9 +19,9 @@ are token ids, positions and req_to_token rows of earlier passes, always valid i
 
 from __future__ import annotations
 
+import bisect
 import itertools
-from dataclasses import dataclass
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import torch
 
@@ -31,8 +31,7 @@ from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 MIN_TOKEN_BUCKET = 16
 
 
-@dataclass(frozen=True, order=True)
-class ExtendBucket:
+class ExtendBucket(NamedTuple):  # a tuple, not a dataclass: pick_bucket's bisections compare in C
     tokens: int  # token rows, padding included
     reqs: int  # request rows (empty ones included; the pad request's row comes after them); also the most logits rows
 
@@ -66,11 +65,15 @@ def extend_buckets(max_tokens: int, max_reqs: int) -> list[ExtendBucket]:
 
 def pick_bucket(buckets: list[ExtendBucket], num_tokens: int, num_reqs: int, num_logits: int) -> Optional[ExtendBucket]:
     """The smallest bucket (fewest token rows, then request rows) that holds the pass, else None. The pad
-    request has its own row past the bucket's, so a bucket of R request rows holds passes of R requests."""
-    for b in buckets:
-        if b.tokens >= num_tokens and b.reqs >= max(num_reqs, num_logits):
-            return b
-    return None
+    request has its own row past the bucket's, so a bucket of R request rows holds passes of R requests.
+    `buckets` is sorted (extend_buckets): bisections, not a scan, since every extend pass asks."""
+    need = max(num_reqs, num_logits)
+    i = bisect.bisect_left(buckets, (num_tokens, need))
+    # i holds the pass, or is a larger token size's first bucket (one request row): move to that size's first bucket
+    # with enough request rows, or on to the next size's
+    while i < len(buckets) and buckets[i].reqs < need:
+        i = bisect.bisect_left(buckets, (buckets[i].tokens, need), i)
+    return buckets[i] if i < len(buckets) else None
 
 
 class StaticExtendInputs:

@@ -11,13 +11,14 @@ import torch
 from radixflow.errors import ModelPathError, RadixflowError
 from radixflow.kernels.settings import KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool
-from radixflow.runtime.execution.attention import create_attention_backend
+from radixflow.runtime.execution.attention import attention_backend_class, create_attention_backend
 from radixflow.runtime.distributed.tp_group import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
 from radixflow.model_files import load_config, resolve_model
 from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors
 from radixflow.runtime.execution.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
+from radixflow.runtime.extend_graph_args import extend_graph_off
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.distributed.tp_worker import broadcast_step, make_req_to_token
 
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _CPU_KV_BUDGET_BYTES = 2 << 30
+_MIN_KV_SLOTS = 1024
 
 
 class ModelRunner:
@@ -45,6 +47,8 @@ class ModelRunner:
             self.model_dir = files.path
             self.config = load_config(files.path)
         self._check_arch()
+        # the checkpoint's own FP8 weights: read before the KV pool is sized, which the extend graphs' default needs
+        self.ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
         if args.enable_deterministic_inference and self.device != "cuda":
             raise RadixflowError("enable_deterministic_inference needs a CUDA device (its batch-invariant matmul is Triton)")
         self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
@@ -88,14 +92,14 @@ class ModelRunner:
             finally:
                 torch.set_default_dtype(prev)
         model.rotary.float()  # cos/sin tables stay float32
-        ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
-        if ckpt_fp8 is not None:
-            log.info("FP8 checkpoint (%s): %d linear layers in FP8", ckpt_fp8.method, model.prepare_fp8(ckpt_fp8))
+        if self.ckpt_fp8 is not None:
+            n = model.prepare_fp8(self.ckpt_fp8)
+            log.info("FP8 checkpoint (%s): %d linear layers in FP8", self.ckpt_fp8.method, n)
         if self.args.load_format == "dummy":
             init_dummy_weights(model, self.args.random_seed)
         else:
             model.load_weights(iter_safetensors(self.model_dir))
-        if self.args.quantization == "fp8" and ckpt_fp8 is None:
+        if self.args.quantization == "fp8" and self.ckpt_fp8 is None:
             log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
         return model.eval()
 
@@ -104,15 +108,8 @@ class ModelRunner:
         q_heads, kv_heads = self.model.local_heads()  # this rank's share under tensor parallelism
         kv_dtype = torch.float8_e4m3fn if self.args.kv_cache_dtype == "fp8_e4m3" else self.dtype
         per_token = KVPool.bytes_per_token(s.num_layers, kv_heads, s.head_dim, kv_dtype)
-        if self.args.max_total_tokens:
-            num_slots = self.args.max_total_tokens
-        elif self.device == "cuda":
-            free, total = torch.cuda.mem_get_info()
-            # the extend graphs (captured after the pool) come out of the KV pool's share, not the headroom
-            budget = free - (1 - self.args.mem_fraction_static) * total - self._extend_graph_bytes()
-            num_slots = max(int(budget // per_token), 1024)
-        else:
-            num_slots = max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), 1024)
+        self.extend_limits = self._plan_extend_graphs(per_token)
+        num_slots = self._kv_slots(per_token)
         ps = self.args.page_size
         num_slots = min_over_ranks(max(num_slots - num_slots % ps, 2 * ps), self.tp)  # same slots on every rank
         self.kv_pool = KVPool(num_slots, ps, s.num_layers, kv_heads, s.head_dim, kv_dtype, self.device)
@@ -139,6 +136,20 @@ class ModelRunner:
         )
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
 
+    def _kv_slots(self, per_token: int) -> int:
+        if self.args.max_total_tokens:
+            return self.args.max_total_tokens
+        if self.device == "cuda":
+            free, total = torch.cuda.mem_get_info()
+            # the extend graphs (captured after the pool) come out of the KV pool's share, not the headroom
+            budget = free - self._headroom(total) - self._extend_graph_bytes()
+            return max(int(budget // per_token), _MIN_KV_SLOTS)
+        return max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), _MIN_KV_SLOTS)
+
+    def _headroom(self, total: int) -> float:
+        """The device memory left out of the KV pool for activations (eager prefill chunks) and the decode graphs."""
+        return (1 - self.args.mem_fraction_static) * total
+
     def _load_kv_scales(self) -> None:
         """The checkpoint's calibrated FP8 KV scales (per layer: a scalar, or one per KV head), else 1.0."""
         scales = getattr(self.model, "kv_cache_scales", {})
@@ -158,57 +169,92 @@ class ModelRunner:
         max_bs = self.args.graph_max_bs(self.device) if max_bs is None else max_bs
         return CudaGraphRunner(self.model, self.backend, max_bs) if max_bs > 0 else None
 
-    def _extend_graph_limits(self) -> Optional[tuple[int, int]]:
-        """(most tokens, most requests) of the extend passes padded to buckets, or None when off."""
-        max_tokens = self.args.extend_graph_tokens(self.device)  # ServerArgs warned about disable_cuda_graph
-        if max_tokens <= 0:
+    def _plan_extend_graphs(self, per_token: int) -> Optional[tuple[int, int]]:
+        """(most tokens, most requests) of the extend passes padded to buckets, None when they run eagerly.
+        Decided once, before the KV pool is sized, so that a default that turns itself off leaves the pool
+        its memory. A size that was set and cannot run is an error; the default logs why it is off."""
+        explicit = self.args.cuda_graph_extend_max_tokens is not None
+        why = extend_graph_off(self.args, self.device, fp8=self.ckpt_fp8 is not None) or self._backend_blocker(explicit)
+        if why:
+            if not explicit:
+                log.info("extend CUDA graphs off: %s", why)
             return None
-        max_tokens = min(max_tokens, self.context_len)  # the pad request's row is that wide
-        return max_tokens, min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
+        limits = self._extend_graph_limits(explicit)
+        if self.device == "cuda" and not explicit and not self._default_fits(limits, per_token):
+            return None
+        return limits
 
-    def _extend_graph_bytes(self) -> int:
-        """What the extend graphs will hold on this device (an upper estimate; 0 when off or on the CPU)."""
+    def _backend_blocker(self, explicit: bool) -> Optional[str]:
+        """Why the attention backend cannot run the extend graphs (the capability, not ServerArgs' names)."""
+        if self.device != "cuda":
+            return None
+        cls = attention_backend_class(self.args.attention_backend, self.device)
+        if cls.supports_extend_graph:
+            return None
+        why = f"the {cls.__name__} cannot replay extend passes from CUDA graphs"
+        if explicit:
+            raise RadixflowError(f"cuda_graph_extend_max_tokens: {why}; use attention_backend=triton")
+        return why
+
+    def _extend_graph_limits(self, explicit: bool) -> tuple[int, int]:
+        max_tokens = self.args.extend_graph_tokens(self.device, fp8=self.ckpt_fp8 is not None)
+        cap = self.context_len  # the pad request's row is that wide
+        if self.args.chunked_prefill_size > 0:  # no extend pass holds more: larger buckets could never be taken
+            cap = min(cap, self.args.chunked_prefill_size, self.args.max_prefill_tokens)
+        if explicit and max_tokens > cap:
+            log.warning("cuda_graph_extend_max_tokens %d is above the context length or the prefill chunk "
+                        "(--chunked-prefill-size, --max-prefill-tokens): extend graphs up to %d tokens",
+                        max_tokens, cap)
+        return min(max_tokens, cap), min(self.args.cuda_graph_extend_max_reqs, self.args.max_running_requests)
+
+    def _default_fits(self, limits: tuple[int, int], per_token: int) -> bool:
+        """Whether the default's graphs fit beside the KV pool (--max-total-tokens, else its smallest size,
+        the rest of its share going to the pool) without eating the headroom that eager passes need."""
+        free, total = torch.cuda.mem_get_info()
+        spare = free - self._headroom(total) - (self.args.max_total_tokens or _MIN_KV_SLOTS) * per_token
+        need = self._extend_graph_bytes(limits)
+        if need <= spare:
+            return True
+        log.warning("extend CUDA graphs off: they need up to %.0f MiB, %.0f MiB is free beside the KV pool and the "
+                    "headroom for activations (--mem-fraction-static); extend passes run eagerly",
+                    need / 2**20, max(spare, 0) / 2**20)
+        return False
+
+    def _extend_graph_bytes(self, limits: Optional[tuple[int, int]] = None) -> int:
+        """What the extend graphs of `limits` (default: the planned ones) will hold on this device (an upper
+        estimate; 0 when off or on the CPU)."""
         from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
 
-        limits = self._extend_graph_limits() if self.device == "cuda" else None
+        limits = limits or self.extend_limits
+        if self.device != "cuda" or limits is None:
+            return 0
         s = self.model.shape
-        return graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, *limits) if limits else 0
+        return graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, *limits)
 
     def _init_extend_graphs(self):
         """Graphs for small extend passes on CUDA (triton attention; on by default where they can run),
         the same padded passes without graphs on the CPU when a size is set (a correctness check)."""
-        limits = self._extend_graph_limits()
-        explicit = self.args.cuda_graph_extend_max_tokens is not None
-        if limits is None:
-            why = self.args.extend_graph_blocker(self.device)
-            if self.device == "cuda" and not explicit and not self.args.disable_cuda_graph_extend and why:
-                log.info("extend CUDA graphs off: %s", why)
+        if self.extend_limits is None:
             return None
-        max_tokens, max_reqs = limits
-        if explicit and max_tokens < self.args.cuda_graph_extend_max_tokens:
-            log.warning("cuda_graph_extend_max_tokens %d is above the context length: extend graphs up to %d tokens",
-                        self.args.cuda_graph_extend_max_tokens, max_tokens)
         graphs = self.device == "cuda"
-        if graphs and not self._extend_graphs_fit(explicit):
+        if graphs and not self._extend_graphs_fit(explicit=self.args.cuda_graph_extend_max_tokens is not None):
             return None
         if not graphs:
             log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
                         "(a correctness check, slower than unpadded passes)", self.device)
         from radixflow.runtime.execution.extend_graph_runner import ExtendGraphRunner
 
-        return ExtendGraphRunner(self.model, self.backend, max_tokens, max_reqs, self.device, use_graphs=graphs)
+        return ExtendGraphRunner(self.model, self.backend, *self.extend_limits, self.device, use_graphs=graphs)
 
     def _extend_graphs_fit(self, explicit: bool = True) -> bool:
-        """Whether the extend graphs can be captured here: a size that was set and cannot is an error,
-        the default is turned off with a warning."""
-        if not self.backend.supports_extend_graph:
-            raise RadixflowError(f"cuda_graph_extend_max_tokens: the {type(self.backend).__name__} cannot replay extend "
-                                 "passes from CUDA graphs; use attention_backend=triton")
+        """Whether the extend graphs can be captured now: the plan left them their memory, but the decode
+        graphs (or a capture since) may have taken it. A size that was set and cannot is an error, the
+        default is turned off with a warning."""
         need, free = self._extend_graph_bytes(), torch.cuda.mem_get_info()[0]
         log.info("extend CUDA graphs: up to %.0f MiB (%.0f MiB free)", need / 2**20, free / 2**20)
         if need <= free:
             return True
-        max_tokens, max_reqs = self._extend_graph_limits()
+        max_tokens, max_reqs = self.extend_limits
         msg = (f"cuda_graph_extend_max_tokens={max_tokens}, cuda_graph_extend_max_reqs={max_reqs}: the extend graphs "
                f"need up to {need / 2**20:.0f} MiB, {free / 2**20:.0f} MiB is free")
         if explicit:
