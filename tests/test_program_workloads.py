@@ -4,6 +4,7 @@ each and two tokens per gen, three ways on the shared Engine."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import sys
@@ -208,3 +209,68 @@ def test_extend_shapes_counts_the_passes_each_setting_would_take():
     assert "| none | 0 | 0 / 0 | 0 / 0 | 0 | 0 |" in out
     with pytest.raises(SystemExit):
         extend_shapes.parse_limits("256")
+
+
+class _Clock:
+    """time.time / time.perf_counter for run.py, advanced by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+
+def _fake_workload(clock: _Clock, seen: list, seconds: float):
+    """run_workload's stand-in: takes `seconds` of the fake clock and records (engine, workload, modes, waves)."""
+
+    def run_workload(engine, workload, n, size, sampling, seed, repeats, min_round_s, freeze_gc, kernel_time,
+                     modes, waves, baseline_repeats):  # fmt: skip
+        clock.now += seconds
+        seen.append((engine.setting, workload.name, modes, waves))
+        mode = {"mode": "graph", "throughput": 2.0, "p50": 0.1, "hit": 0.5, "total_gpu_s": None, "runs": [{}]}
+        return {"programs_per_round": 2 * (3 if waves is None else waves), "in_flight": 2,
+                "waves": 3 if waves is None else waves, "optimal_hit": 0.5, **{m: dict(mode) for m in modes}}
+
+    return run_workload
+
+
+def test_later_engines_run_the_first_engines_workloads_and_rounds(monkeypatch, tmp_path):
+    """--extend-graph-tokens default,0 --deadline-s 240, all modes in both engines: each engine takes
+    100 s to start and 50 s a workload. The first gets 120 s from when it is up (3 of 5 workloads start by
+    then); the second runs those 3 with the first's waves, though its own share would be over; the 2
+    skipped are in the JSON and under the tables."""
+    clock, seen = _Clock(), []
+
+    class Engine:
+        def __init__(self, config, **kw):
+            clock.now += 100.0
+            self.setting = kw.get("cuda_graph_extend_max_tokens", "default")
+            self.runner = type("Runner", (), {"extend_graphs": None})()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(program_bench, "time", clock)
+    monkeypatch.setattr(program_bench.rf, "Engine", Engine)
+    monkeypatch.setattr(program_bench, "run_workload", _fake_workload(clock, seen, 50.0))
+    monkeypatch.setattr(program_bench, "frozen_garbage", lambda: {"frozen": 0, "freed_after_unfreezing": 0})
+    monkeypatch.setattr(program_bench, "tracked_objects", lambda: {"tracked": 0})
+    names = ["llm_judge", "json_decode", "react", "dspy_rag", "hellaswag"]
+    out_json = tmp_path / "r.json"
+    out = program_bench.main(["--workloads", ",".join(names), "--extend-graph-tokens", "default,0", "--deadline-s",
+                              "240", "--json", str(out_json)])  # fmt: skip
+    first = [(w, m, v) for s, w, m, v in seen if s == "default"]
+    later = [(w, m, v) for s, w, m, v in seen if s == 0]
+    assert [w for w, _, _ in first] == names[:3] and all(v is None for _, _, v in first)
+    assert later == [(w, program_bench.MODES, 3) for w in names[:3]]  # the first's workloads and waves, all modes
+    assert "over 3 of 5 workloads (skipped past the deadline: dspy_rag, hellaswag)" in out
+    assert "Rows over 3 of 5 workloads" in out
+    saved = json.loads(out_json.read_text())
+    assert saved["skipped_workloads"] == {"default": ["dspy_rag", "hellaswag"], "0": ["dspy_rag", "hellaswag"]}
+    assert not any(r.get("borrowed") for r in saved["by_extend_graph_tokens"]["0"].values())
