@@ -118,6 +118,9 @@ def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
         m["runs"] = [{"round_s": m["total_s"] / len(m["runs"]), "gc_ms": 0.0, "forward_steps": 1, "extend_tokens": 1,
                       "decode_tokens": 0}] * len(m["runs"])
     assert bound_floor.ratios(bound_floor.Chip(1.0, 1.0, 1.0, 1.0), one["w"])["measured"] == 4.0
+    # a later engine's row: its eager and no-radix columns are the first engine's, and say so
+    results["w"]["borrowed"] = ["eager", "eager-noradix"]
+    assert "| w (eager, eager-noradix: the first engine's) | 0.500 / 0.600 / 2.000 |" in program_bench.bound_table(results)
 
 
 def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
@@ -195,10 +198,41 @@ def test_extend_graph_settings_and_their_table():
     for bad in ("0,x", "-1", "64,64"):
         with pytest.raises(SystemExit):
             program_bench.extend_graph_settings(bad)
-    off = {"w": {"graph": {"throughput": 2.0, "total_gpu_s": 1.0}, "eager-noradix": {"throughput": 1.0}}}
-    on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 0.5}, "eager-noradix": {"throughput": 1.5}}}
+    two = [{}, {}]  # two rounds: GPU busy seconds a round, half the total
+    off = {"w": {"graph": {"throughput": 2.0, "total_gpu_s": 2.0, "runs": two}, "eager-noradix": {"throughput": 1.0}}}
+    on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 1.0, "runs": two}, "eager-noradix": {"throughput": 1.5}}}
     out = program_bench.extend_graph_table({0: off, 256: on})
-    assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out
+    assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out and "Rows over 1 workloads." in out
+    on["w"]["borrowed"] = ["eager", "eager-noradix"]  # --later-modes graph: the first engine's no-radix baseline
+    assert "3.00 (1.50x); 2.00x (first's no radix); 0.500 s |" in program_bench.extend_graph_table({0: off, 256: on})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repeats", "2", "--baseline-repeats", "3"], "--baseline-repeats 3: from 1 to --repeats"),
+    (["--repeats", "2", "--baseline-repeats", "0"], "--baseline-repeats 0: from 1 to --repeats"),
+    (["--later-modes", "graph,bogus"], "--later-modes 'graph,bogus'"),
+    (["--later-modes", "eager"], "--later-modes 'eager': 'graph'"),  # its graph figures would be the first engine's
+])  # fmt: skip
+def test_main_refuses_bad_round_and_mode_options_before_any_engine(monkeypatch, args, message):
+    monkeypatch.setattr(program_bench.rf, "Engine", None)  # never reached
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(")):
+        program_bench.main(["--extend-graph-tokens", "default,0", *args])
+
+
+def test_fewer_no_radix_rounds_run_after_the_paired_ones(engine, monkeypatch):
+    """--repeats 2 --baseline-repeats 1: graph, eager | eager, graph, then the one no-radix round, so
+    neither compared mode follows a no-radix run; the warm-ups end on a graph or eager run too."""
+    assert program_bench.round_plan(2, 1) == ["graph", "eager", "eager", "graph", "eager-noradix"]
+    assert program_bench.round_plan(2) == program_bench.round_plan(2, 2) == [
+        "eager-noradix", "graph", "eager", "eager-noradix", "eager", "graph"]  # fmt: skip
+    assert program_bench.round_plan(2, 1, ("graph",)) == ["graph", "graph"]
+    order, run_mode = [], program_bench.run_mode
+    monkeypatch.setattr(program_bench, "run_mode", lambda *a, **kw: order.append(a[3]) or run_mode(*a, **kw))
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    r = program_bench.run_workload(engine, program_bench.BY_NAME["dspy_rag"], 2, 0.05, sampling, seed=0, repeats=2,
+                                   baseline_repeats=1, freeze_gc=False)  # fmt: skip
+    assert order == ["eager-noradix", "graph", "eager"] + program_bench.round_plan(2, 1)  # warm-ups, then the rounds
+    assert [len(r[m]["runs"]) for m in program_bench.MODES] == [2, 2, 1] and len(r["graph_vs_eager"]) == 2
 
 
 def test_extend_shapes_counts_the_passes_each_setting_would_take():
@@ -274,3 +308,8 @@ def test_later_engines_run_the_first_engines_workloads_and_rounds(monkeypatch, t
     saved = json.loads(out_json.read_text())
     assert saved["skipped_workloads"] == {"default": ["dspy_rag", "hellaswag"], "0": ["dspy_rag", "hellaswag"]}
     assert not any(r.get("borrowed") for r in saved["by_extend_graph_tokens"]["0"].values())
+    seen.clear()  # --later-modes graph: the later engine runs graph alone, on the same workloads, the rest marked
+    out = program_bench.main(["--workloads", ",".join(names), "--extend-graph-tokens", "default,0", "--deadline-s",
+                              "180", "--later-modes", "graph"])  # fmt: skip
+    assert [(w, m) for s, w, m, _ in seen if s == 0] == [(w, ("graph",)) for w in names[:4]]  # all 180 s: 4 started
+    assert "(first's no radix)" in out and "over 4 of 5 workloads (skipped past the deadline: hellaswag)" in out

@@ -10,8 +10,8 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved (no radix, then graph and eager in an order swapped every round), and the table
-gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
+interleaved (no radix, then graph and eager in an order swapped every round; with fewer
+--baseline-repeats, the no-radix rounds after all the others), and the table gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
 mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
 programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
@@ -148,9 +148,9 @@ def run_workload(
     freeze_gc: bool = True, kernel_time: bool = False, modes: tuple = MODES, waves: Optional[int] = None,
     baseline_repeats: Optional[int] = None,
 ) -> dict:  # fmt: skip
-    """Each of `modes` `repeats` times (no radix `baseline_repeats` times, if given, in the first rounds),
-    interleaved (round_order: graph and eager adjacent, their order swapped every round); the optimal hit
-    rate from the first eager run.
+    """Each of `modes` `repeats` times (no radix `baseline_repeats` times, if given), in round_plan's
+    order (graph and eager adjacent, their order swapped every round); the optimal hit rate from the
+    first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
     for every mode), or k = `waves` when given (another engine's, so that both run the same rounds).
@@ -160,16 +160,14 @@ def run_workload(
     frozen = engine.freeze_gc() if freeze_gc else 0  # what the warm-ups made: no full collection walks it in the rounds
     runs: dict = {m: [] for m in modes}
     out: dict = {"programs_per_round": len(inputs), "in_flight": n, "waves": waves, "frozen_after_warm_up": frozen}
-    baseline_repeats = repeats if baseline_repeats is None else baseline_repeats
-    for r in range(repeats):
-        for mode in (m for m in round_order(r) if m in modes and (m != "eager-noradix" or r < baseline_repeats)):
-            rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
-            try:
-                runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
-            finally:
-                if rec is not None:
-                    rec.close()
-                    out["optimal_hit"] = optimal_hit_rate(rec.calls)
+    for mode in round_plan(repeats, baseline_repeats, modes):
+        rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
+        try:
+            runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
+        finally:
+            if rec is not None:
+                rec.close()
+                out["optimal_hit"] = optimal_hit_rate(rec.calls)
     for mode, rs in runs.items():
         out[mode] = {
             "mode": rs[0]["mode"],
@@ -196,14 +194,18 @@ def warm_up(engine, workload, n: int, size: float, sampling: dict, seed: int, mi
             waves: Optional[int]) -> tuple[list, int]:
     """The untimed warm-up rounds, every mode through the timed path (first-use costs, such as kernel
     compiles of this workload's shapes and the process's first run_async, stay out of the rounds);
-    returns the round's inputs and its waves (n programs each)."""
+    returns the round's inputs and its waves (n programs each). No radix warms up first, so that the
+    first timed run follows a graph or eager run, as round_plan's do with fewer no-radix rounds."""
     inputs = workload.inputs(random.Random(seed), n, size)
+    ordered = sorted(modes, key=lambda m: m != "eager-noradix")  # stable: graph before eager
     if waves is None:
+        if "eager-noradix" in modes:
+            run_mode(engine, workload, inputs, "eager-noradix", sampling)
         warm = [run_mode(engine, workload, inputs, mode, sampling) for mode in MODES[:2]]
         waves = round_waves(min_round_s, max(r["throughput"] for r in warm), n)  # the faster: the first run pays first uses
-        again = modes if waves > 1 else [m for m in modes if m not in MODES[:2]]
+        again = ordered if waves > 1 else []  # with more programs a round: every mode again, no radix first
     else:
-        again = modes
+        again = ordered
     if waves > 1:
         inputs = workload.inputs(random.Random(seed), waves * n, size)
     for mode in again:
@@ -245,6 +247,16 @@ def round_order(r: int) -> tuple:
     churned KV pool and garbage the next round inherits) as often as the other, and each
     round's graph / eager ratio pairs two adjacent runs."""
     return ("eager-noradix", "graph", "eager") if r % 2 == 0 else ("eager-noradix", "eager", "graph")
+
+
+def round_plan(repeats: int, baseline_repeats: Optional[int] = None, modes: tuple = MODES) -> list:
+    """The timed runs in order: round_order's rounds; with fewer no-radix rounds (baseline_repeats),
+    graph and eager alone in the rounds and the no-radix ones after them all, so that neither compared
+    mode follows a no-radix run more often than the other (none does)."""
+    if baseline_repeats is None or baseline_repeats == repeats:
+        return [m for r in range(repeats) for m in round_order(r) if m in modes]
+    paired = [m for r in range(repeats) for m in round_order(r)[1:] if m in modes]
+    return paired + ["eager-noradix"] * baseline_repeats * ("eager-noradix" in modes)
 
 
 def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8) -> int:
@@ -335,8 +347,7 @@ def table(results: dict, skipped: list = ()) -> str:
         tag = "" if g["mode"] == "graph" else " (eager: not traceable)"
         if r.get("programs_per_round", 0) > r.get("in_flight", 0):
             tag += f" ({r['programs_per_round']} a round)"
-        if r.get("borrowed"):
-            tag += f" ({', '.join(r['borrowed'])}: the first engine's)"
+        tag += _borrowed(r)
         ge = r.get("graph_vs_eager") or [g["throughput"] / e["throughput"]]
         spread = f" ({min(ge):.2f}-{max(ge):.2f})" if len(ge) > 1 else ""
         lines.append(
@@ -375,7 +386,7 @@ def bound_table(results: dict, skipped: list = ()) -> str:
                per(x, "total_gpu_s") / per(g, "total_gpu_s"))
         ratios.append(row)
         lines.append(
-            f"| {name} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
+            f"| {name}{_borrowed(r)} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
             f"{_per_round(lambda m: m['total_s'] - m['total_gpu_s'], g, e, x)} | "
             f"{_tokens(g)} / {_tokens(x)} | {row[0]:.2f}x | {row[1]:.2f}x | {row[2]:.2f}x |"
         )
@@ -403,6 +414,11 @@ def kernel_lines(rows: dict) -> str:
                      f"{share(g):.2f} / {share(x):.2f} | {ratios[-1]:.2f}x |")  # fmt: skip
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean over {len(ratios)} workloads at kernel time: **{geo:.2f}x**."])
+
+
+def _borrowed(r: dict) -> str:
+    """The tag of a later engine's row whose other modes are the first engine's (borrow_modes)."""
+    return f" ({', '.join(r['borrowed'])}: the first engine's)" if r.get("borrowed") else ""
 
 
 def _per_round(seconds: Callable[[dict], float], *modes: dict) -> str:
@@ -515,12 +531,12 @@ def borrow_modes(r: dict, first: dict) -> None:
 
 def extend_graph_table(by_setting: dict, skipped: list = ()) -> str:
     """Each --extend-graph-tokens setting (an engine each; the extend graphs serve every mode) against
-    the first: graph mode's programs/s, graph / no radix (issue 29's ratio) and graph mode's GPU busy
-    seconds over its rounds (CUDA: events around each pass)."""
+    the first: graph mode's programs/s, graph / no radix (issue 29's ratio; "first's no radix" where a
+    later engine borrowed it) and graph mode's GPU busy seconds a round (CUDA: events around each pass)."""
     keys = list(by_setting)
     base = by_setting[keys[0]]
     lines = [f"By --cuda-graph-extend-max-tokens: graph programs/s (ratio to {keys[0]}); graph / no radix; "
-             "graph GPU busy s", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
+             "graph GPU busy s a round", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
              "| --- |" + " --- |" * len(keys)]  # fmt: skip
     names = [name for name in base if name != "timelines"]
     missing = [name for name in names if any(name not in by_setting[k] for k in keys)]
@@ -531,9 +547,10 @@ def extend_graph_table(by_setting: dict, skipped: list = ()) -> str:
             r = by_setting[k][name]
             g = r["graph"]
             gpu = g.get("total_gpu_s")
+            lent = " (first's no radix)" if "eager-noradix" in r.get("borrowed", ()) else ""
             cells.append(f"{g['throughput']:.2f} ({g['throughput'] / r0['graph']['throughput']:.2f}x); "
-                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x"
-                         + (f"; {gpu:.3f} s" if gpu is not None else ""))
+                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x{lent}"
+                         + (f"; {gpu / len(g['runs']):.3f} s" if gpu is not None else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     note = f"Rows {over(len(names) - len(missing), skipped)}" + (
         f"; not run by every setting: {', '.join(missing)}" if missing else "")
@@ -576,9 +593,9 @@ def main(argv=None) -> str:
                          "(e.g. 512,0), run every workload once per value, one engine after another in this process, "
                          "and print graph mode's programs/s and GPU busy time for each")
     ap.add_argument("--later-modes", default=",".join(MODES),
-                    help="with several --extend-graph-tokens: the modes the engines after the first run (always on the "
-                         "workloads the first finished and with its programs a round); the other modes' figures are "
-                         "the first engine's, marked (e.g. 'graph': one no-radix baseline for every setting)")
+                    help="with several --extend-graph-tokens: the modes the engines after the first run, graph among "
+                         "them (always on the workloads the first finished and with its programs a round); the other "
+                         "modes' figures are the first engine's, marked (e.g. 'graph': one no-radix baseline for all)")
     ap.add_argument("--extend-graph-reqs", type=int, default=None,
                     help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
@@ -604,8 +621,9 @@ def main(argv=None) -> str:
     if args.baseline_repeats is not None and not 1 <= args.baseline_repeats <= args.repeats:
         raise SystemExit(f"--baseline-repeats {args.baseline_repeats}: from 1 to --repeats ({args.repeats})")
     settings = extend_graph_settings(args.extend_graph_tokens)
-    if set(args.later_modes.split(",")) - set(MODES):
-        raise SystemExit(f"--later-modes {args.later_modes!r}: choose among {', '.join(MODES)}")
+    if set(args.later_modes.split(",")) - set(MODES) or "graph" not in args.later_modes.split(","):
+        raise SystemExit(f"--later-modes {args.later_modes!r}: 'graph' (what the settings compare) and any of "
+                         f"{', '.join(MODES[1:])}")
     by_setting: dict = {}
     for i, max_tokens in enumerate(settings):
         def save_setting(results: dict, key=max_tokens) -> None:
