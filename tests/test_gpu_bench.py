@@ -191,3 +191,43 @@ def test_mixed_projection_moves_rows_into_chunks_without_losing_any(monkeypatch)
     assert abs(first["total_s"] * 1e3 - (2 * 1.0 + 2.0 * 3)) < 1e-9  # steps of 2 and 1 rows
     assert abs(mixed["decode_rows_in_chunks_s"] * 1e3 - 2 * 2.0) < 1e-9
     assert abs(mixed["total_s"] * 1e3 - (2 * 2.0 + 1.0 + 2.0)) < 1e-9
+
+
+def test_mixed_projection_prices_small_batches_at_their_measured_steps(monkeypatch):
+    """Below min_bs a decode step costs the mean measured step of that batch, else the nearest batch's
+    (not the fit's fixed + per-row price)."""
+    monkeypatch.syspath_prepend(BENCH)
+    import numpy as np
+    from offline_mixed_projection import StepCost
+
+    fit = [(b, kv, 1.0 + 2.0 * b) for b, kv in ((300, 1e3), (400, 5e3), (500, 2e3), (600, 9e3))]
+    small = [(4, 100, 7.0), (4, 120, 9.0), (10, 300, 30.0)]
+    cost = StepCost(np.array(fit + small), min_bs=300)
+    assert abs(cost.step_ms(4, 0) - 8.0) < 1e-9  # the mean of batch 4's two steps
+    assert abs(cost.step_ms(9, 0) - 30.0) < 1e-9  # no step of batch 9: batch 10's, the nearest
+    assert abs(cost.step_ms(450, 0) - (1.0 + 2.0 * 450)) < 1e-9  # the fit from min_bs up
+
+
+class _Event:
+    """A CUDA event's stand-in: recorded at `ms`; elapsed_time to a later one in ms."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return other.ms - self.ms
+
+
+def test_forward_recorder_runs_and_gaps_from_its_records(monkeypatch):
+    """Passes extend 0-1 ms, extend 1.5-2, decode 5-6 (3 ms idle before it), decode 6.2-7, extend 9-10
+    (2 ms before it): runs extend 2, decode 2, extend 1; gaps over 1 ms before passes 2 and 4."""
+    monkeypatch.syspath_prepend(BENCH)
+    from gpubench.offline import ForwardRecorder
+
+    rec = ForwardRecorder.__new__(ForwardRecorder)  # no runner to wrap: the records alone
+    spans = [("extend", 8, 0.0, 1.0), ("extend", 4, 1.5, 2.0), ("decode", 12, 5.0, 6.0), ("decode", 12, 6.2, 7.0),
+             ("extend", 2, 9.0, 10.0)]  # fmt: skip
+    rec.records = [(kind, bs, _Event(s), _Event(e), 0.0) for kind, bs, s, e in spans]
+    assert rec.mode_runs() == [["extend", 2], ["decode", 2], ["extend", 1]]
+    assert rec.gaps(1.0) == [(2, "decode", 12, 3.0), (4, "extend", 2, 2.0)]
+    assert rec.gaps(5.0) == []

@@ -517,8 +517,8 @@ def note_capture(engine, setting, extra: dict) -> None:
         return
     extra.setdefault("extend_graph_capture", {})[setting] = dataclasses.asdict(cost)
     print(f"extend graphs ({setting}): {cost.graphs} captured in {cost.seconds:.1f} s, {cost.reserved_bytes / 2**20:.0f} "
-          f"MiB reserved, {cost.allocated_bytes / 2**20:.0f} MiB allocated (estimate {cost.estimate_bytes / 2**20:.0f} "
-          "MiB)", file=sys.stderr, flush=True)  # fmt: skip
+          f"MiB reserved ({cost.peak_reserved_bytes / 2**20:.0f} MiB at the peak), {cost.allocated_bytes / 2**20:.0f} "
+          f"MiB allocated (estimate {cost.estimate_bytes / 2**20:.0f} MiB)", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def borrow_modes(r: dict, first: dict) -> None:
