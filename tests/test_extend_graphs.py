@@ -314,6 +314,16 @@ def test_gpu_capture_memory_is_within_the_estimate(dtype, max_tokens, max_reqs):
     assert cost.reserved_bytes <= cost.peak_reserved_bytes <= cost.estimate_bytes  # the warm-ups' blocks included
 
 
+def test_the_estimate_covers_the_warm_ups_cache_at_llama3_shapes():
+    """Session 10's H200 capture at Llama-3-8B shapes (512 tokens, 256 requests) held 386 MiB reserved
+    after capture; during it, the warm-up passes' float32 logits of 256 rows (125 MiB) were cached
+    besides, outside the graphs' pool: the estimate must hold at least both."""
+    from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+
+    estimate = graph_memory_bytes(4096, 14336, 128256, 512, 256)
+    assert estimate >= (386 << 20) + 256 * 128256 * 4
+
+
 class _DeviceMemory:
     """torch.cuda's memory counters, by hand: 100 reserved now, and a peak of 1000 left from before
     (what the KV pool's sizing or an earlier engine reached)."""

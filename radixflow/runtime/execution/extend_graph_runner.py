@@ -52,10 +52,13 @@ CAPTURE_SLACK_BYTES = 64 << 20
 
 
 def graph_memory_bytes(hidden: int, intermediate: int, vocab: int, max_tokens: int, max_reqs: int) -> int:
-    """An upper estimate of what the extend graphs hold on the device: the shared float32 logits, the
-    capture's own logits before they are copied there, the largest bucket's activations in float32
-    (residual, norm, attention, and the MLP's gate, up and product), and CAPTURE_SLACK_BYTES."""
-    return 2 * max_reqs * vocab * 4 + max_tokens * (6 * hidden + 3 * intermediate) * 4 + CAPTURE_SLACK_BYTES
+    """An upper estimate of the most the extend graphs' capture reserves on the device: the shared float32
+    logits, the capture's own logits before they are copied there, the largest bucket's activations in
+    float32 (residual, norm, attention, and the MLP's gate, up and product), CAPTURE_SLACK_BYTES; and the
+    eager warm-up passes' logits and activations, which stay cached for the capture stream (outside the
+    graphs' pool) until capture_graphs gives them back at its end."""
+    logits, activations = max_reqs * vocab * 4, max_tokens * (6 * hidden + 3 * intermediate) * 4
+    return 3 * logits + 2 * activations + CAPTURE_SLACK_BYTES
 
 
 @dataclass
