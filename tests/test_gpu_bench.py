@@ -231,3 +231,41 @@ def test_forward_recorder_runs_and_gaps_from_its_records(monkeypatch):
     assert rec.mode_runs() == [["extend", 2], ["decode", 2], ["extend", 1]]
     assert rec.gaps(1.0) == [(2, "decode", 12, 3.0), (4, "extend", 2, 2.0)]
     assert rec.gaps(5.0) == []
+
+
+def test_mixed_projection_prices_gpubench_workload_and_refuses_bad_passes(tmp_path, monkeypatch):
+    """The projection's requests are gpubench.offline's (lengths only); a --pass that names no seed, lacks
+    its steps, or whose output tokens differ from the rebuilt workload's is refused with a message."""
+    monkeypatch.syspath_prepend(BENCH)
+    import pytest
+    from gpubench.offline import offline_requests
+    from offline_mixed_projection import main, workload
+
+    reqs = workload(7)
+    assert reqs == [(len(p), o) for p, o in offline_requests(7)] and len(reqs) == 1000
+    steps = [(b, 1000 * b, 1.0 + 0.01 * b) for b in range(300, 1000, 50)] + [(5, 50, 2.0)]
+    good = {"out_tokens": sum(o for _, o in reqs), "extend_gpu_s": 10.0, "decode_gpu_s": 12.0,
+            "decode_steps_bs_kv_ms": steps}  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"a": {"seed7": good, "seed8": {"out_tokens": 1}, "seed9": {**good, "out_tokens": 5}}}))
+    main([str(path), "--pass", "a/seed7"])
+    for key, message in (("a/b", "its last key names the seed"), ("x/seed7", "no 'x' on the way"),
+                         ("a/seed8", "has no decode_steps_bs_kv_ms, extend_gpu_s, decode_gpu_s"),
+                         ("a/seed9", "the rebuilt workload has")):  # fmt: skip
+        with pytest.raises(SystemExit, match=message):
+            main([str(path), "--pass", key])
+
+
+def test_gemm_row_blocks_times_a_one_block_control(monkeypatch, tmp_path):
+    """gemm_row_blocks on the CPU at smoke sizes: every shape gets the blocks and the control (all rows as one
+    block through row_blocked_linear), which is summed per layer but never chosen as best_block."""
+    monkeypatch.syspath_prepend(BENCH)
+    from gpubench import common, row_blocks
+
+    monkeypatch.setitem(common.SZ, "rb_rows", 64)
+    monkeypatch.setitem(common.SZ, "rb_blocks", (16, 32))
+    monkeypatch.setattr(common.OPTS, "out", str(tmp_path), raising=False)  # log()'s bench.log
+    out = row_blocks.sec_gemm_row_blocks()
+    for name in row_blocks.SHAPES:
+        assert out[name]["one_block_us"] > 0 and "one_block_max_diff" in out[name] and "rows16_us" in out[name]
+    assert set(out["layer_us"]) == {"0", "16", "32", "one_block"} and out["best_block"] in (0, 16, 32)
