@@ -238,9 +238,13 @@ def test_mixed_projection_prices_gpubench_workload_and_refuses_bad_passes(tmp_pa
     its steps, or whose output tokens differ from the rebuilt workload's is refused with a message."""
     monkeypatch.syspath_prepend(BENCH)
     import pytest
+    from gpubench import common
     from gpubench.offline import offline_requests
     from offline_mixed_projection import main, workload
 
+    for key, value in common.SIZES.items():  # full sizes, whatever an earlier --smoke run left
+        monkeypatch.setitem(common.SZ, key, value)
+    monkeypatch.setattr(common.OPTS, "smoke", False, raising=False)
     reqs = workload(7)
     assert reqs == [(len(p), o) for p, o in offline_requests(7)] and len(reqs) == 1000
     steps = [(b, 1000 * b, 1.0 + 0.01 * b) for b in range(300, 1000, 50)] + [(5, 50, 2.0)]
@@ -269,3 +273,44 @@ def test_gemm_row_blocks_times_a_one_block_control(monkeypatch, tmp_path):
     for name in row_blocks.SHAPES:
         assert out[name]["one_block_us"] > 0 and "one_block_max_diff" in out[name] and "rows16_us" in out[name]
     assert set(out["layer_us"]) == {"0", "16", "32", "one_block"} and out["best_block"] in (0, 16, 32)
+
+
+def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(monkeypatch):
+    """auto_first_batch_cpu.py: --rows / --runs below 1 are refused before any engine; each run's fresh
+    backend replaces the scheduler's, whose compile pools (grammars and moves) are shut down."""
+    import argparse
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    import pytest
+
+    monkeypatch.syspath_prepend(BENCH)
+    import auto_first_batch_cpu as afb
+    from radixflow.constrained.backend import GrammarBackend
+
+    monkeypatch.setattr(afb, "make_engine", None)  # never reached
+    for bad in (["--rows", "0"], ["--runs", "-1"]):
+        with pytest.raises(SystemExit):
+            afb.main(bad)
+
+    class Backend:  # GrammarBackend's stand-in: its two pools
+        def __init__(self, *args, **kw):
+            self.cache = argparse.Namespace(pool=ThreadPoolExecutor(1))
+            self.promotions = argparse.Namespace(pool=ThreadPoolExecutor(1))
+            self.jump_forward = self.switch_moved = lambda *a: 0
+
+    monkeypatch.setattr(afb, "GrammarBackend", Backend)
+    old = Backend()
+    sched = argparse.Namespace(tokenizer=None, runner=argparse.Namespace(vocab_size=8), eos_ids=set(), args=None,
+                               grammar_backend=old, jump_forward=None)  # fmt: skip
+    eng = argparse.Namespace(scheduler=sched, builder=argparse.Namespace(grammar_backend="llguidance"))
+    new, _ = afb.install(eng, switch=True)
+    assert sched.grammar_backend is new and eng.builder.grammar_backend == "auto"
+    for pool in (old.cache.pool, old.promotions.pool):
+        with pytest.raises(RuntimeError):  # shut down: takes no more work
+            pool.submit(print)
+    new.cache.pool.submit(print).result()  # the new one works
+    afb.shut_down(new)
+    moving = Future()
+    real = GrammarBackend.__new__(GrammarBackend)  # the accessor run() reads the move from
+    real._moving = moving
+    assert real.last_move is moving
