@@ -11,7 +11,8 @@ prompt a new request would have had) and the optimal one: the share of the eager
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
 interleaved (no radix, then graph and eager in an order swapped every round; with fewer
---baseline-repeats, the no-radix rounds after all the others), and the table gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
+--baseline-repeats, the no-radix rounds after all the others), and the table gives medians
+(graph / eager: the median of the rounds' paired ratios, with their range). Every
 mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
 programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
