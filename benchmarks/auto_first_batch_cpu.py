@@ -30,14 +30,24 @@ from radixflow.constrained.backend import GrammarBackend  # noqa: E402
 
 
 def install(eng, switch: bool) -> tuple[GrammarBackend, list]:
-    """A fresh auto backend that moves grammars, as the scheduler's; the rows it switched, per call."""
+    """A fresh auto backend that moves grammars, in place of the scheduler's, whose compile pools are shut
+    down; the rows it switched, per call."""
     sched = eng.scheduler
     backend = GrammarBackend(sched.tokenizer, sched.runner.vocab_size, sched.eos_ids, sched.args, promote=True)
     switched: list = []
     real = backend.switch_moved
     backend.switch_moved = lambda reqs: switched.append(real(reqs) if switch else 0) or switched[-1]
+    replaced = sched.grammar_backend
     sched.grammar_backend, sched.jump_forward, eng.builder.grammar_backend = backend, backend.jump_forward, "auto"
+    if replaced is not None and replaced is not backend:
+        shut_down(replaced)
     return backend, switched
+
+
+def shut_down(backend: GrammarBackend) -> None:
+    """The backend's compile threads: its grammars' pool and auto's moves' pool (work under way is dropped)."""
+    for cache in filter(None, (backend.cache, backend.promotions)):
+        cache.pool.shutdown(wait=False, cancel_futures=True)
 
 
 def run(eng, a, switch: bool) -> dict:
@@ -48,9 +58,8 @@ def run(eng, a, switch: bool) -> dict:
         outs = eng.generate(prompts(a.rows), params)
     wall = time.perf_counter() - t
     backend.wait_for_promotions()
-    moved = backend._moving
+    moved = backend.last_move
     mean = tl.summary().get("mean", {})
-    backend.cache.pool.shutdown(wait=False)
     return {"switch": switch, "kind": a.kind, "rows": a.rows, "wall_s": round(wall, 2), "steps": tl.summary().get("steps", 0),
             "fill_ms": mean.get("fill"), "sample_ms": mean.get("sample"), "host_busy_ms": mean.get("host_busy"),
             "move_s": round(moved.result().compile_s, 2) if moved is not None and moved.exception() is None else None,
@@ -58,13 +67,15 @@ def run(eng, a, switch: bool) -> dict:
             "valid": sum(valid(a.kind, o["text"]) for o in outs)}  # fmt: skip
 
 
-def main() -> None:
+def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kind", choices=("regex", "json"), default="regex")
     ap.add_argument("--rows", type=int, default=256)
     ap.add_argument("--runs", type=int, default=2, help="runs of each setting (switch on, off, in turn)")
     ap.add_argument("--temperature", type=float, default=0.0)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
+    if a.rows < 1 or a.runs < 1:
+        ap.error(f"--rows {a.rows} and --runs {a.runs}: each at least 1")
     cpu = argparse.Namespace(smoke=True, tokenizer=None, backends=["auto"], grammar_threads=0, jump_forward_max_batch=None)
     eng = make_engine(cpu, max_total_tokens=65536)  # room for 256 rows of 160 tokens
     try:

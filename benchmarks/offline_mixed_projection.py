@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import sys
 
 import numpy as np
@@ -27,11 +26,30 @@ from offline_steps import tile_fits  # noqa: E402
 
 
 def workload(seed: int) -> list[tuple[int, int]]:
-    """(prompt tokens, output tokens) of gpubench.offline's requests for `seed` (its draws, in its order)."""
-    from gpubench.common import rand_ids
+    """(prompt tokens, output tokens) of gpubench.offline's requests for `seed`, at its full sizes."""
+    from gpubench.offline import offline_requests
 
-    rng = random.Random(seed)
-    return [(len(rand_ids(rng, rng.randint(32, 1024))), rng.randint(32, 512)) for _ in range(1000)]
+    return [(len(prompt), out) for prompt, out in offline_requests(seed)]
+
+
+STEP_KEYS = ("decode_steps_bs_kv_ms", "extend_gpu_s", "decode_gpu_s", "out_tokens")
+
+
+def load_pass(path: str, key: str) -> tuple[int, dict]:
+    """The seed and the record of the pass at `key` ('/'-separated, its last key seed<N>), with its steps."""
+    last = key.rsplit("/", 1)[-1]
+    if not (last.startswith("seed") and last[4:].isdigit()):
+        raise SystemExit(f"--pass {key!r}: its last key names the seed, e.g. offline_row_block_ab/one_gemm/seed2024")
+    rec = json.load(open(path))
+    for k in key.split("/"):
+        if not isinstance(rec, dict) or k not in rec:
+            raise SystemExit(f"{path}: no {k!r} on the way to --pass {key!r}")
+        rec = rec[k]
+    missing = [k for k in STEP_KEYS if k not in rec]
+    if missing:
+        raise SystemExit(f"{path}: --pass {key!r} has no {', '.join(missing)}: pick a pass recorded with its steps "
+                         "(a section's first seed)")
+    return int(last[4:]), rec
 
 
 class StepCost:
@@ -77,19 +95,19 @@ def project(reqs: list, cost: StepCost, prefill_ms_per_token: float, chunk: int,
             "decode_steps": steps, "total_s": (prefill + in_chunks + decode) / 1e3}
 
 
-def main() -> None:
+def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("results", help="a gpu_bench.py results.json")
     p.add_argument("--pass", dest="pass_key", default="offline_row_block_ab/one_gemm/seed2024",
                    help="the recorded pass to price from: keys down to it, '/'-separated (it must hold its steps)")
     p.add_argument("--chunk", type=int, default=8192, help="prefill chunk tokens (gpu_bench's)")
     p.add_argument("--min-bs", type=int, default=300, help="decode steps of this batch and up are priced by the fit")
-    args = p.parse_args()
-    rec = json.load(open(args.results))
-    for key in args.pass_key.split("/"):
-        rec = rec[key]
-    seed = int(args.pass_key.rsplit("seed", 1)[1])
+    args = p.parse_args(argv)
+    seed, rec = load_pass(args.results, args.pass_key)
     reqs = workload(seed)
+    if sum(o for _, o in reqs) != rec["out_tokens"]:  # the rebuilt workload is not the one the pass ran
+        raise SystemExit(f"seed {seed}: the rebuilt workload has {sum(o for _, o in reqs):,} output tokens, the "
+                         f"recorded pass {rec['out_tokens']:,}: gpubench.offline's requests changed since")
     steps = np.array(rec["decode_steps_bs_kv_ms"], dtype=float)
     prompt = sum(p for p, _ in reqs)
     cost = StepCost(steps, args.min_bs)

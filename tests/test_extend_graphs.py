@@ -463,6 +463,54 @@ def test_gpu_capture_memory_is_within_the_estimate(built, dtype, max_tokens, max
     print(f"extend graphs {dtype} {max_tokens}/{max_reqs}: {cost}")  # the figures for the history
     assert cost.graphs == len(extend_buckets(max_tokens, max_reqs))
     assert 0 < cost.reserved_bytes <= cost.estimate_bytes and cost.allocated_bytes <= cost.estimate_bytes
+    assert cost.reserved_bytes <= cost.peak_reserved_bytes <= cost.estimate_bytes  # the warm-ups' blocks included
+
+
+def test_the_estimate_covers_the_warm_ups_cache_at_llama3_shapes():
+    """Session 10's H200 capture at Llama-3-8B shapes (512 tokens, 256 requests) held 386 MiB reserved
+    after capture; during it, the warm-up passes' float32 logits of 256 rows (125 MiB) were cached
+    besides, outside the graphs' pool: the estimate must hold at least both."""
+    from radixflow.runtime.execution.extend_graph_runner import graph_memory_bytes
+
+    estimate = graph_memory_bytes(4096, 14336, 128256, 512, 256)
+    assert estimate >= (386 << 20) + 256 * 128256 * 4
+
+
+class _DeviceMemory:
+    """torch.cuda's memory counters, by hand: 100 reserved now, and a peak of 1000 left from before
+    (what the KV pool's sizing or an earlier engine reached)."""
+
+    def __init__(self):
+        self.allocated, self.reserved, self.peak = 10, 100, 1000
+
+    def hold(self, allocated: int, reserved: int) -> None:
+        self.allocated, self.reserved, self.peak = allocated, reserved, max(self.peak, reserved)
+
+    def reset_peak(self) -> None:
+        self.peak = self.reserved
+
+
+def test_capture_cost_reads_the_peak_of_capture_itself(monkeypatch):
+    """Capture reserves 600 at its peak (the warm-up passes' blocks) and keeps 300: the cost is 200
+    reserved after and 500 at the peak, counted from before capture, not from an earlier peak."""
+    from radixflow.runtime.execution import extend_graph_runner as egr
+
+    mem = _DeviceMemory()
+    for name, fn in (("empty_cache", lambda: None), ("reset_peak_memory_stats", mem.reset_peak),
+                     ("memory_allocated", lambda: mem.allocated), ("memory_reserved", lambda: mem.reserved),
+                     ("max_memory_reserved", lambda: mem.peak)):  # fmt: skip
+        monkeypatch.setattr(torch.cuda, name, fn)
+
+    def capture_graphs(buckets, prepare):
+        mem.hold(400, 600)
+        mem.hold(150, 300)  # capture_graphs' empty_cache gives the warm-ups' blocks back
+        return {}, {}
+
+    monkeypatch.setattr(egr, "capture_graphs", capture_graphs)
+    shape = argparse.Namespace(vocab_size=64, hidden=8, intermediate=16)
+    runner = egr.ExtendGraphRunner(argparse.Namespace(shape=shape), None, 64, 4, device="cpu")
+    cost = runner.capture_cost
+    assert (cost.allocated_bytes, cost.reserved_bytes, cost.peak_reserved_bytes) == (140, 200, 500)
 
 
 @pytest.mark.gpu

@@ -191,3 +191,126 @@ def test_mixed_projection_moves_rows_into_chunks_without_losing_any(monkeypatch)
     assert abs(first["total_s"] * 1e3 - (2 * 1.0 + 2.0 * 3)) < 1e-9  # steps of 2 and 1 rows
     assert abs(mixed["decode_rows_in_chunks_s"] * 1e3 - 2 * 2.0) < 1e-9
     assert abs(mixed["total_s"] * 1e3 - (2 * 2.0 + 1.0 + 2.0)) < 1e-9
+
+
+def test_mixed_projection_prices_small_batches_at_their_measured_steps(monkeypatch):
+    """Below min_bs a decode step costs the mean measured step of that batch, else the nearest batch's
+    (not the fit's fixed + per-row price)."""
+    monkeypatch.syspath_prepend(BENCH)
+    import numpy as np
+    from offline_mixed_projection import StepCost
+
+    fit = [(b, kv, 1.0 + 2.0 * b) for b, kv in ((300, 1e3), (400, 5e3), (500, 2e3), (600, 9e3))]
+    small = [(4, 100, 7.0), (4, 120, 9.0), (10, 300, 30.0)]
+    cost = StepCost(np.array(fit + small), min_bs=300)
+    assert abs(cost.step_ms(4, 0) - 8.0) < 1e-9  # the mean of batch 4's two steps
+    assert abs(cost.step_ms(9, 0) - 30.0) < 1e-9  # no step of batch 9: batch 10's, the nearest
+    assert abs(cost.step_ms(450, 0) - (1.0 + 2.0 * 450)) < 1e-9  # the fit from min_bs up
+
+
+class _Event:
+    """A CUDA event's stand-in: recorded at `ms`; elapsed_time to a later one in ms."""
+
+    def __init__(self, ms: float):
+        self.ms = ms
+
+    def elapsed_time(self, other: "_Event") -> float:
+        return other.ms - self.ms
+
+
+def test_forward_recorder_runs_and_gaps_from_its_records(monkeypatch):
+    """Passes extend 0-1 ms, extend 1.5-2, decode 5-6 (3 ms idle before it), decode 6.2-7, extend 9-10
+    (2 ms before it): runs extend 2, decode 2, extend 1; gaps over 1 ms before passes 2 and 4."""
+    monkeypatch.syspath_prepend(BENCH)
+    from gpubench.offline import ForwardRecorder
+
+    rec = ForwardRecorder.__new__(ForwardRecorder)  # no runner to wrap: the records alone
+    spans = [("extend", 8, 0.0, 1.0), ("extend", 4, 1.5, 2.0), ("decode", 12, 5.0, 6.0), ("decode", 12, 6.2, 7.0),
+             ("extend", 2, 9.0, 10.0)]  # fmt: skip
+    rec.records = [(kind, bs, _Event(s), _Event(e), 0.0) for kind, bs, s, e in spans]
+    assert rec.mode_runs() == [["extend", 2], ["decode", 2], ["extend", 1]]
+    assert rec.gaps(1.0) == [(2, "decode", 12, 3.0), (4, "extend", 2, 2.0)]
+    assert rec.gaps(5.0) == []
+
+
+def test_mixed_projection_prices_gpubench_workload_and_refuses_bad_passes(tmp_path, monkeypatch):
+    """The projection's requests are gpubench.offline's (lengths only); a --pass that names no seed, lacks
+    its steps, or whose output tokens differ from the rebuilt workload's is refused with a message."""
+    monkeypatch.syspath_prepend(BENCH)
+    import pytest
+    from gpubench import common
+    from gpubench.offline import offline_requests
+    from offline_mixed_projection import main, workload
+
+    for key, value in common.SIZES.items():  # full sizes, whatever an earlier --smoke run left
+        monkeypatch.setitem(common.SZ, key, value)
+    monkeypatch.setattr(common.OPTS, "smoke", False, raising=False)
+    reqs = workload(7)
+    assert reqs == [(len(p), o) for p, o in offline_requests(7)] and len(reqs) == 1000
+    steps = [(b, 1000 * b, 1.0 + 0.01 * b) for b in range(300, 1000, 50)] + [(5, 50, 2.0)]
+    good = {"out_tokens": sum(o for _, o in reqs), "extend_gpu_s": 10.0, "decode_gpu_s": 12.0,
+            "decode_steps_bs_kv_ms": steps}  # fmt: skip
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"a": {"seed7": good, "seed8": {"out_tokens": 1}, "seed9": {**good, "out_tokens": 5}}}))
+    main([str(path), "--pass", "a/seed7"])
+    for key, message in (("a/b", "its last key names the seed"), ("x/seed7", "no 'x' on the way"),
+                         ("a/seed8", "has no decode_steps_bs_kv_ms, extend_gpu_s, decode_gpu_s"),
+                         ("a/seed9", "the rebuilt workload has")):  # fmt: skip
+        with pytest.raises(SystemExit, match=message):
+            main([str(path), "--pass", key])
+
+
+def test_gemm_row_blocks_times_a_one_block_control(monkeypatch, tmp_path):
+    """gemm_row_blocks on the CPU at smoke sizes: every shape gets the blocks and the control (all rows as one
+    block through row_blocked_linear), which is summed per layer but never chosen as best_block."""
+    monkeypatch.syspath_prepend(BENCH)
+    from gpubench import common, row_blocks
+
+    monkeypatch.setitem(common.SZ, "rb_rows", 64)
+    monkeypatch.setitem(common.SZ, "rb_blocks", (16, 32))
+    monkeypatch.setattr(common.OPTS, "out", str(tmp_path), raising=False)  # log()'s bench.log
+    out = row_blocks.sec_gemm_row_blocks()
+    for name in row_blocks.SHAPES:
+        assert out[name]["one_block_us"] > 0 and "one_block_max_diff" in out[name] and "rows16_us" in out[name]
+    assert set(out["layer_us"]) == {"0", "16", "32", "one_block"} and out["best_block"] in (0, 16, 32)
+
+
+def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(monkeypatch):
+    """auto_first_batch_cpu.py: --rows / --runs below 1 are refused before any engine; each run's fresh
+    backend replaces the scheduler's, whose compile pools (grammars and moves) are shut down."""
+    import argparse
+    from concurrent.futures import Future, ThreadPoolExecutor
+
+    import pytest
+
+    monkeypatch.syspath_prepend(BENCH)
+    import auto_first_batch_cpu as afb
+    from radixflow.constrained.backend import GrammarBackend
+
+    monkeypatch.setattr(afb, "make_engine", None)  # never reached
+    for bad in (["--rows", "0"], ["--runs", "-1"]):
+        with pytest.raises(SystemExit):
+            afb.main(bad)
+
+    class Backend:  # GrammarBackend's stand-in: its two pools
+        def __init__(self, *args, **kw):
+            self.cache = argparse.Namespace(pool=ThreadPoolExecutor(1))
+            self.promotions = argparse.Namespace(pool=ThreadPoolExecutor(1))
+            self.jump_forward = self.switch_moved = lambda *a: 0
+
+    monkeypatch.setattr(afb, "GrammarBackend", Backend)
+    old = Backend()
+    sched = argparse.Namespace(tokenizer=None, runner=argparse.Namespace(vocab_size=8), eos_ids=set(), args=None,
+                               grammar_backend=old, jump_forward=None)  # fmt: skip
+    eng = argparse.Namespace(scheduler=sched, builder=argparse.Namespace(grammar_backend="llguidance"))
+    new, _ = afb.install(eng, switch=True)
+    assert sched.grammar_backend is new and eng.builder.grammar_backend == "auto"
+    for pool in (old.cache.pool, old.promotions.pool):
+        with pytest.raises(RuntimeError):  # shut down: takes no more work
+            pool.submit(print)
+    new.cache.pool.submit(print).result()  # the new one works
+    afb.shut_down(new)
+    moving = Future()
+    real = GrammarBackend.__new__(GrammarBackend)  # the accessor run() reads the move from
+    real._moving = moving
+    assert real.last_move is moving

@@ -4,6 +4,7 @@ each and two tokens per gen, three ways on the shared Engine."""
 from __future__ import annotations
 
 import gc
+import json
 import os
 import random
 import sys
@@ -142,6 +143,9 @@ def test_the_bound_table_compares_gpu_busy_time_with_host_time_taken_out():
         m["runs"] = [{"round_s": m["total_s"] / len(m["runs"]), "gc_ms": 0.0, "forward_steps": 1, "extend_tokens": 1,
                       "decode_tokens": 0}] * len(m["runs"])
     assert bound_floor.ratios(bound_floor.Chip(1.0, 1.0, 1.0, 1.0), one["w"])["measured"] == 4.0
+    # a later engine's row: its eager and no-radix columns are the first engine's, and say so
+    results["w"]["borrowed"] = ["eager", "eager-noradix"]
+    assert "| w (eager, eager-noradix: the first engine's) | 0.500 / 0.600 / 2.000 |" in program_bench.bound_table(results)
 
 
 def test_the_roofline_floor_takes_the_weight_read_or_the_flops_whichever_is_longer():
@@ -219,10 +223,41 @@ def test_extend_graph_settings_and_their_table():
     for bad in ("0,x", "-1", "64,64"):
         with pytest.raises(SystemExit):
             program_bench.extend_graph_settings(bad)
-    off = {"w": {"graph": {"throughput": 2.0, "total_gpu_s": 1.0}, "eager-noradix": {"throughput": 1.0}}}
-    on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 0.5}, "eager-noradix": {"throughput": 1.5}}}
+    two = [{}, {}]  # two rounds: GPU busy seconds a round, half the total
+    off = {"w": {"graph": {"throughput": 2.0, "total_gpu_s": 2.0, "runs": two}, "eager-noradix": {"throughput": 1.0}}}
+    on = {"w": {"graph": {"throughput": 3.0, "total_gpu_s": 1.0, "runs": two}, "eager-noradix": {"throughput": 1.5}}}
     out = program_bench.extend_graph_table({0: off, 256: on})
-    assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out
+    assert "| w | 2.00 (1.00x); 2.00x; 1.000 s | 3.00 (1.50x); 2.00x; 0.500 s |" in out and "Rows over 1 workloads." in out
+    on["w"]["borrowed"] = ["eager", "eager-noradix"]  # --later-modes graph: the first engine's no-radix baseline
+    assert "3.00 (1.50x); 2.00x (first's no radix); 0.500 s |" in program_bench.extend_graph_table({0: off, 256: on})
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--repeats", "2", "--baseline-repeats", "3"], "--baseline-repeats 3: from 1 to --repeats"),
+    (["--repeats", "2", "--baseline-repeats", "0"], "--baseline-repeats 0: from 1 to --repeats"),
+    (["--later-modes", "graph,bogus"], "--later-modes 'graph,bogus'"),
+    (["--later-modes", "eager"], "--later-modes 'eager': 'graph'"),  # its graph figures would be the first engine's
+])  # fmt: skip
+def test_main_refuses_bad_round_and_mode_options_before_any_engine(monkeypatch, args, message):
+    monkeypatch.setattr(program_bench.rf, "Engine", None)  # never reached
+    with pytest.raises(SystemExit, match=message.replace("(", r"\(")):
+        program_bench.main(["--extend-graph-tokens", "default,0", *args])
+
+
+def test_fewer_no_radix_rounds_run_after_the_paired_ones(engine, monkeypatch):
+    """--repeats 2 --baseline-repeats 1: graph, eager | eager, graph, then the one no-radix round, so
+    neither compared mode follows a no-radix run; the warm-ups end on a graph or eager run too."""
+    assert program_bench.round_plan(2, 1) == ["graph", "eager", "eager", "graph", "eager-noradix"]
+    assert program_bench.round_plan(2) == program_bench.round_plan(2, 2) == [
+        "eager-noradix", "graph", "eager", "eager-noradix", "eager", "graph"]  # fmt: skip
+    assert program_bench.round_plan(2, 1, ("graph",)) == ["graph", "graph"]
+    order, run_mode = [], program_bench.run_mode
+    monkeypatch.setattr(program_bench, "run_mode", lambda *a, **kw: order.append(a[3]) or run_mode(*a, **kw))
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    r = program_bench.run_workload(engine, program_bench.BY_NAME["dspy_rag"], 2, 0.05, sampling, seed=0, repeats=2,
+                                   baseline_repeats=1, freeze_gc=False)  # fmt: skip
+    assert order == ["eager-noradix", "graph", "eager"] + program_bench.round_plan(2, 1)  # warm-ups, then the rounds
+    assert [len(r[m]["runs"]) for m in program_bench.MODES] == [2, 2, 1] and len(r["graph_vs_eager"]) == 2
 
 
 def test_extend_shapes_counts_the_passes_each_setting_would_take():
@@ -254,3 +289,72 @@ def test_host_drift_compare_lists_the_functions_whose_calls_differ(tmp_path):
     assert "calls in the profiled graph round: 14 / 7" in out
     assert "+7  radix_tree.py:194(evict)  (9 / 2)" in out
     assert "function f" not in out  # same function, same count, in both processes
+
+class _Clock:
+    """time.time / time.perf_counter for run.py, advanced by hand."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    perf_counter = time
+
+
+def _fake_workload(clock: _Clock, seen: list, seconds: float):
+    """run_workload's stand-in: takes `seconds` of the fake clock and records (engine, workload, modes, waves)."""
+
+    def run_workload(engine, workload, n, size, sampling, seed, repeats, min_round_s, freeze_gc, kernel_time,
+                     modes, waves, baseline_repeats):  # fmt: skip
+        clock.now += seconds
+        seen.append((engine.setting, workload.name, modes, waves))
+        mode = {"mode": "graph", "throughput": 2.0, "p50": 0.1, "hit": 0.5, "total_gpu_s": None, "runs": [{}]}
+        return {"programs_per_round": 2 * (3 if waves is None else waves), "in_flight": 2,
+                "waves": 3 if waves is None else waves, "optimal_hit": 0.5, **{m: dict(mode) for m in modes}}
+
+    return run_workload
+
+
+def test_later_engines_run_the_first_engines_workloads_and_rounds(monkeypatch, tmp_path):
+    """--extend-graph-tokens default,0 --deadline-s 240, all modes in both engines: each engine takes
+    100 s to start and 50 s a workload. The first gets 120 s from when it is up (3 of 5 workloads start by
+    then); the second runs those 3 with the first's waves, though its own share would be over; the 2
+    skipped are in the JSON and under the tables."""
+    clock, seen = _Clock(), []
+
+    class Engine:
+        def __init__(self, config, **kw):
+            clock.now += 100.0
+            self.setting = kw.get("cuda_graph_extend_max_tokens", "default")
+            self.runner = type("Runner", (), {"extend_graphs": None})()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(program_bench, "time", clock)
+    monkeypatch.setattr(program_bench.rf, "Engine", Engine)
+    monkeypatch.setattr(program_bench, "run_workload", _fake_workload(clock, seen, 50.0))
+    monkeypatch.setattr(program_bench, "frozen_garbage", lambda: {"frozen": 0, "freed_after_unfreezing": 0})
+    monkeypatch.setattr(program_bench, "tracked_objects", lambda: {"tracked": 0})
+    names = ["llm_judge", "json_decode", "react", "dspy_rag", "hellaswag"]
+    out_json = tmp_path / "r.json"
+    out = program_bench.main(["--workloads", ",".join(names), "--extend-graph-tokens", "default,0", "--deadline-s",
+                              "240", "--json", str(out_json)])  # fmt: skip
+    first = [(w, m, v) for s, w, m, v in seen if s == "default"]
+    later = [(w, m, v) for s, w, m, v in seen if s == 0]
+    assert [w for w, _, _ in first] == names[:3] and all(v is None for _, _, v in first)
+    assert later == [(w, program_bench.MODES, 3) for w in names[:3]]  # the first's workloads and waves, all modes
+    assert "over 3 of 5 workloads (skipped past the deadline: dspy_rag, hellaswag)" in out
+    assert "Rows over 3 of 5 workloads" in out
+    saved = json.loads(out_json.read_text())
+    assert saved["skipped_workloads"] == {"default": ["dspy_rag", "hellaswag"], "0": ["dspy_rag", "hellaswag"]}
+    assert not any(r.get("borrowed") for r in saved["by_extend_graph_tokens"]["0"].values())
+    seen.clear()  # --later-modes graph: the later engine runs graph alone, on the same workloads, the rest marked
+    out = program_bench.main(["--workloads", ",".join(names), "--extend-graph-tokens", "default,0", "--deadline-s",
+                              "180", "--later-modes", "graph"])  # fmt: skip
+    assert [(w, m) for s, w, m, _ in seen if s == 0] == [(w, ("graph",)) for w in names[:4]]  # all 180 s: 4 started
+    assert "(first's no radix)" in out and "over 4 of 5 workloads (skipped past the deadline: hellaswag)" in out

@@ -17,7 +17,8 @@ from gpubench.common import (
 
 def offline_requests(seed: int = 2024) -> list:
     rng = random.Random(seed)
-    return [(rand_ids(rng, rng.randint(32, SZ["in_max"])), rng.randint(32 if not OPTS.smoke else 2, SZ["out_max"]))
+    smoke = getattr(OPTS, "smoke", False)  # unset outside gpu_bench.py (offline_mixed_projection.py): full sizes
+    return [(rand_ids(rng, rng.randint(32, SZ["in_max"])), rng.randint(32 if not smoke else 2, SZ["out_max"]))
             for _ in range(SZ["offline"])]
 
 

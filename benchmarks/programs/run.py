@@ -10,8 +10,9 @@ scheduler saw: admissions, and in graph mode each continued request's new segmen
 prompt a new request would have had) and the optimal one: the share of the eager run's
 prompt tokens that an unbounded cache could have served from earlier prompts and outputs
 (each request computing at least one token). With --repeats R each mode runs R times,
-interleaved (no radix, then graph and eager in an order swapped every round), and the table
-gives medians (graph / eager: the median of the rounds' paired ratios, with their range). Every
+interleaved (no radix, then graph and eager in an order swapped every round; with fewer
+--baseline-repeats, the no-radix rounds after all the others), and the table gives medians
+(graph / eager: the median of the rounds' paired ratios, with their range). Every
 mode first runs one untimed warm-up round; --min-round-s S lengthens rounds shorter than S (k * n
 programs, n in flight, the same k for every mode), so one pause cannot decide a 0.2 s round.
 
@@ -148,9 +149,9 @@ def run_workload(
     freeze_gc: bool = True, kernel_time: bool = False, modes: tuple = MODES, waves: Optional[int] = None,
     baseline_repeats: Optional[int] = None,
 ) -> dict:  # fmt: skip
-    """Each of `modes` `repeats` times (no radix `baseline_repeats` times, if given, in the first rounds),
-    interleaved (round_order: graph and eager adjacent, their order swapped every round); the optimal hit
-    rate from the first eager run.
+    """Each of `modes` `repeats` times (no radix `baseline_repeats` times, if given), in round_plan's
+    order (graph and eager adjacent, their order swapped every round); the optimal hit rate from the
+    first eager run.
     A round is n programs, all in flight; with min_round_s, k * n programs with n in flight,
     k the smallest making the faster warm-up round (graph, eager) last min_round_s (the same k
     for every mode), or k = `waves` when given (another engine's, so that both run the same rounds).
@@ -160,16 +161,14 @@ def run_workload(
     frozen = engine.freeze_gc() if freeze_gc else 0  # what the warm-ups made: no full collection walks it in the rounds
     runs: dict = {m: [] for m in modes}
     out: dict = {"programs_per_round": len(inputs), "in_flight": n, "waves": waves, "frozen_after_warm_up": frozen}
-    baseline_repeats = repeats if baseline_repeats is None else baseline_repeats
-    for r in range(repeats):
-        for mode in (m for m in round_order(r) if m in modes and (m != "eager-noradix" or r < baseline_repeats)):
-            rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
-            try:
-                runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
-            finally:
-                if rec is not None:
-                    rec.close()
-                    out["optimal_hit"] = optimal_hit_rate(rec.calls)
+    for mode in round_plan(repeats, baseline_repeats, modes):
+        rec = PromptRecorder(EngineBackend.for_engine(engine)) if mode == "eager" and not runs["eager"] else None
+        try:
+            runs[mode].append(run_mode(engine, workload, inputs, mode, sampling, in_flight=n))
+        finally:
+            if rec is not None:
+                rec.close()
+                out["optimal_hit"] = optimal_hit_rate(rec.calls)
     for mode, rs in runs.items():
         out[mode] = {
             "mode": rs[0]["mode"],
@@ -196,14 +195,18 @@ def warm_up(engine, workload, n: int, size: float, sampling: dict, seed: int, mi
             waves: Optional[int]) -> tuple[list, int]:
     """The untimed warm-up rounds, every mode through the timed path (first-use costs, such as kernel
     compiles of this workload's shapes and the process's first run_async, stay out of the rounds);
-    returns the round's inputs and its waves (n programs each)."""
+    returns the round's inputs and its waves (n programs each). No radix warms up first, so that the
+    first timed run follows a graph or eager run, as round_plan's do with fewer no-radix rounds."""
     inputs = workload.inputs(random.Random(seed), n, size)
+    ordered = sorted(modes, key=lambda m: m != "eager-noradix")  # stable: graph before eager
     if waves is None:
+        if "eager-noradix" in modes:
+            run_mode(engine, workload, inputs, "eager-noradix", sampling)
         warm = [run_mode(engine, workload, inputs, mode, sampling) for mode in MODES[:2]]
         waves = round_waves(min_round_s, max(r["throughput"] for r in warm), n)  # the faster: the first run pays first uses
-        again = modes if waves > 1 else [m for m in modes if m not in MODES[:2]]
+        again = ordered if waves > 1 else []  # with more programs a round: every mode again, no radix first
     else:
-        again = modes
+        again = ordered
     if waves > 1:
         inputs = workload.inputs(random.Random(seed), waves * n, size)
     for mode in again:
@@ -245,6 +248,16 @@ def round_order(r: int) -> tuple:
     churned KV pool and garbage the next round inherits) as often as the other, and each
     round's graph / eager ratio pairs two adjacent runs."""
     return ("eager-noradix", "graph", "eager") if r % 2 == 0 else ("eager-noradix", "eager", "graph")
+
+
+def round_plan(repeats: int, baseline_repeats: Optional[int] = None, modes: tuple = MODES) -> list:
+    """The timed runs in order: round_order's rounds; with fewer no-radix rounds (baseline_repeats),
+    graph and eager alone in the rounds and the no-radix ones after them all, so that neither compared
+    mode follows a no-radix run more often than the other (none does)."""
+    if baseline_repeats is None or baseline_repeats == repeats:
+        return [m for r in range(repeats) for m in round_order(r) if m in modes]
+    paired = [m for r in range(repeats) for m in round_order(r)[1:] if m in modes]
+    return paired + ["eager-noradix"] * baseline_repeats * ("eager-noradix" in modes)
 
 
 def round_waves(min_round_s: float, programs_per_s: float, n: int, most: int = 8) -> int:
@@ -309,7 +322,14 @@ def tracked_objects(top: int = 8) -> dict:
     return out
 
 
-def table(results: dict) -> str:
+def over(n: int, skipped: list = ()) -> str:
+    """"over N workloads", or "over N of M workloads (skipped: ...)" when the deadline cut some."""
+    if not skipped:
+        return f"over {n} workloads"
+    return f"over {n} of {n + len(skipped)} workloads (skipped past the deadline: {', '.join(skipped)})"
+
+
+def table(results: dict, skipped: list = ()) -> str:
     """Programs/s: programs over total time across the repeats; the other columns are medians
     over the repeats; graph / eager is the median of the per-round ratios, with their range.
     CPU s / program: this process's CPU time (all threads) per program, which a shared
@@ -328,8 +348,7 @@ def table(results: dict) -> str:
         tag = "" if g["mode"] == "graph" else " (eager: not traceable)"
         if r.get("programs_per_round", 0) > r.get("in_flight", 0):
             tag += f" ({r['programs_per_round']} a round)"
-        if r.get("borrowed"):
-            tag += f" ({', '.join(r['borrowed'])}: the first engine's)"
+        tag += _borrowed(r)
         ge = r.get("graph_vs_eager") or [g["throughput"] / e["throughput"]]
         spread = f" ({min(ge):.2f}-{max(ge):.2f})" if len(ge) > 1 else ""
         lines.append(
@@ -339,14 +358,15 @@ def table(results: dict) -> str:
             f"{_steps(g)} / {_steps(e)} | {_host(g)} / {_host(e)} / {_host(x)} | {_gc(g)} / {_gc(e)} / {_gc(x)} | {g['hit']:.2f} / {e['hit']:.2f} / {r['optimal_hit']:.2f} |"
         )
     geo = math.exp(sum(math.log(v) for v in ratios) / len(ratios))
-    return "\n".join(lines + ["", f"Geometric mean, graph vs eager without radix cache: **{geo:.2f}x**."])
+    return "\n".join(lines + ["", f"Geometric mean {over(len(ratios), skipped)}, graph vs eager without radix cache: "
+                                   f"**{geo:.2f}x**."])  # fmt: skip
 
 
 BOUND_NOTE = ("GPU busy time: not measured (no CUDA device; the model's time on the CPU is the wall time "
               "inside its forward passes, model_s), so no zero-host bound.")
 
 
-def bound_table(results: dict) -> str:
+def bound_table(results: dict, skipped: list = ()) -> str:
     """Where the time goes, per mode and workload, over all rounds: a round's wall time, the GPU's
     busy time (CUDA events around each forward pass, summed) and the rest (host-only time: the
     wall time with no forward pass on the GPU), and graph / no radix three ways: measured; with
@@ -367,12 +387,12 @@ def bound_table(results: dict) -> str:
                per(x, "total_gpu_s") / per(g, "total_gpu_s"))
         ratios.append(row)
         lines.append(
-            f"| {name} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
+            f"| {name}{_borrowed(r)} | {_per_round(lambda m: m['total_s'], g, e, x)} | {_per_round(lambda m: m['total_gpu_s'], g, e, x)} | "
             f"{_per_round(lambda m: m['total_s'] - m['total_gpu_s'], g, e, x)} | "
             f"{_tokens(g)} / {_tokens(x)} | {row[0]:.2f}x | {row[1]:.2f}x | {row[2]:.2f}x |"
         )
     geo = [math.exp(sum(math.log(r[i]) for r in ratios) / len(ratios)) for i in range(3)]
-    text = "\n".join(lines + ["", f"Geometric means over {len(ratios)} workloads, graph vs eager without radix cache: "
+    text = "\n".join(lines + ["", f"Geometric means {over(len(ratios), skipped)}, graph vs eager without radix cache: "
                                    f"measured **{geo[0]:.2f}x**; graph mode's host-only time zero **{geo[1]:.2f}x**; "
                                    f"both columns' host-only time zero **{geo[2]:.2f}x**."])  # fmt: skip
     return text + kernel_lines(rows)
@@ -395,6 +415,11 @@ def kernel_lines(rows: dict) -> str:
                      f"{share(g):.2f} / {share(x):.2f} | {ratios[-1]:.2f}x |")  # fmt: skip
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     return "\n".join(lines + ["", f"Geometric mean over {len(ratios)} workloads at kernel time: **{geo:.2f}x**."])
+
+
+def _borrowed(r: dict) -> str:
+    """The tag of a later engine's row whose other modes are the first engine's (borrow_modes)."""
+    return f" ({', '.join(r['borrowed'])}: the first engine's)" if r.get("borrowed") else ""
 
 
 def _per_round(seconds: Callable[[dict], float], *modes: dict) -> str:
@@ -433,30 +458,35 @@ def extend_graph_settings(text: str) -> list:
     return values
 
 
-def run_engine(args, kw: dict, sampling: dict, deadline, save: Callable[[dict], None], extra: dict,
-               like: Optional[dict] = None) -> dict:
+def run_engine(args, kw: dict, sampling: dict, budget_s: Optional[float], save: Callable[[dict], None],
+               extra: dict, like: Optional[dict] = None) -> dict:
     """One engine through every workload (and the timelines), its memory freed afterwards (Engine.shutdown
     drops the runner; the allocator's cache is emptied), so that the next engine of --extend-graph-tokens
     sizes its KV pool from about the same free memory; the free memory is logged before each engine.
-    `like`: the first engine's results; this engine then runs --later-modes only, on its workloads and rounds."""
+    budget_s: seconds, counted from when the engine is up, after which no workload or timeline starts.
+    `like`: the first engine's results; this engine then runs --later-modes on its workloads and rounds."""
     if torch.cuda.is_available():
         print(f"free GPU memory before the engine: {torch.cuda.mem_get_info()[0] / 2**30:.1f} GiB", file=sys.stderr)
     setting = kw.get("cuda_graph_extend_max_tokens", "default")
     start = time.perf_counter()
     with rf.Engine(args.config, **kw) as engine:
         extra.setdefault("engine_start_s", {})[setting] = time.perf_counter() - start
+        deadline = None if budget_s is None else time.time() + budget_s  # the start-up is not the workloads' time
         note_capture(engine, setting, extra)
-        names = [n for n in args.workloads.split(",") if like is None or n in like]
+        wanted = args.workloads.split(",")
+        names = [n for n in wanted if like is None or n in like]
         modes = tuple(m for m in MODES if like is None or m in args.later_modes.split(","))
         results = run_all(engine, names, args.n, args.size, sampling, args.seed, args.repeats, deadline, save,
                           args.min_round_s, not args.no_freeze_gc, args.kernel_time, modes, like,
                           args.baseline_repeats)  # fmt: skip
+        skipped = [n for n in wanted if n not in results]
+        extra.setdefault("skipped_workloads", {})[setting] = skipped
         extra["frozen_garbage"] = frozen_garbage()
         print(f"freezing kept {extra['frozen_garbage']['freed_after_unfreezing']} dead objects of "
               f"{extra['frozen_garbage']['frozen']} frozen", file=sys.stderr, flush=True)
         save(results)
-        print(table(results))
-        print(bound_table(results))
+        print(table(results, skipped))
+        print(bound_table(results, skipped))
         for name in filter(None, args.timeline.split(",")):
             from step_timeline import print_rows, timeline
 
@@ -488,8 +518,8 @@ def note_capture(engine, setting, extra: dict) -> None:
         return
     extra.setdefault("extend_graph_capture", {})[setting] = dataclasses.asdict(cost)
     print(f"extend graphs ({setting}): {cost.graphs} captured in {cost.seconds:.1f} s, {cost.reserved_bytes / 2**20:.0f} "
-          f"MiB reserved, {cost.allocated_bytes / 2**20:.0f} MiB allocated (estimate {cost.estimate_bytes / 2**20:.0f} "
-          "MiB)", file=sys.stderr, flush=True)  # fmt: skip
+          f"MiB reserved ({cost.peak_reserved_bytes / 2**20:.0f} MiB at the peak), {cost.allocated_bytes / 2**20:.0f} "
+          f"MiB allocated (estimate {cost.estimate_bytes / 2**20:.0f} MiB)", file=sys.stderr, flush=True)  # fmt: skip
 
 
 def borrow_modes(r: dict, first: dict) -> None:
@@ -500,28 +530,32 @@ def borrow_modes(r: dict, first: dict) -> None:
     r.setdefault("optimal_hit", first["optimal_hit"])
 
 
-def extend_graph_table(by_setting: dict) -> str:
+def extend_graph_table(by_setting: dict, skipped: list = ()) -> str:
     """Each --extend-graph-tokens setting (an engine each; the extend graphs serve every mode) against
-    the first: graph mode's programs/s, graph / no radix (issue 29's ratio) and graph mode's GPU busy
-    seconds over its rounds (CUDA: events around each pass)."""
+    the first: graph mode's programs/s, graph / no radix (issue 29's ratio; "first's no radix" where a
+    later engine borrowed it) and graph mode's GPU busy seconds a round (CUDA: events around each pass)."""
     keys = list(by_setting)
     base = by_setting[keys[0]]
     lines = [f"By --cuda-graph-extend-max-tokens: graph programs/s (ratio to {keys[0]}); graph / no radix; "
-             "graph GPU busy s", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
+             "graph GPU busy s a round", "", "| workload | " + " | ".join(f"max {k} tokens" for k in keys) + " |",
              "| --- |" + " --- |" * len(keys)]  # fmt: skip
-    for name, r0 in base.items():
-        if name == "timelines" or any(name not in by_setting[k] for k in keys):
-            continue
+    names = [name for name in base if name != "timelines"]
+    missing = [name for name in names if any(name not in by_setting[k] for k in keys)]
+    for name in (n for n in names if n not in missing):
+        r0 = base[name]
         cells = []
         for k in keys:
             r = by_setting[k][name]
             g = r["graph"]
             gpu = g.get("total_gpu_s")
+            lent = " (first's no radix)" if "eager-noradix" in r.get("borrowed", ()) else ""
             cells.append(f"{g['throughput']:.2f} ({g['throughput'] / r0['graph']['throughput']:.2f}x); "
-                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x"
-                         + (f"; {gpu:.3f} s" if gpu is not None else ""))
+                         f"{g['throughput'] / r['eager-noradix']['throughput']:.2f}x{lent}"
+                         + (f"; {gpu / len(g['runs']):.3f} s" if gpu is not None else ""))
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    note = f"Rows {over(len(names) - len(missing), skipped)}" + (
+        f"; not run by every setting: {', '.join(missing)}" if missing else "")
+    return "\n".join(lines + ["", note + "."])
 
 
 def main(argv=None) -> str:
@@ -546,8 +580,10 @@ def main(argv=None) -> str:
                          "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
     ap.add_argument("--deadline-s", type=float, default=None,
-                    help="start no workload after this many seconds (with several --extend-graph-tokens: an equal share "
-                         "each; with --later-modes, all of it to the first engine, whose workloads the later ones run)")
+                    help="start no workload after this many seconds, counted from when the engine is up (skipped "
+                         "ones are listed under the tables and in the JSON); with several --extend-graph-tokens the "
+                         "first engine gets an equal share (all of it with fewer --later-modes) and the later ones "
+                         "run the workloads it finished, with no deadline of their own")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None, help="a model directory or config.json (with --load-format dummy)")
     ap.add_argument("--load-format", default="auto")
@@ -558,9 +594,9 @@ def main(argv=None) -> str:
                          "(e.g. 512,0), run every workload once per value, one engine after another in this process, "
                          "and print graph mode's programs/s and GPU busy time for each")
     ap.add_argument("--later-modes", default=",".join(MODES),
-                    help="with several --extend-graph-tokens: the modes the engines after the first run, on the "
-                         "workloads the first finished and with its programs a round; the other modes' figures are "
-                         "the first engine's (e.g. 'graph': one no-radix baseline for every setting)")
+                    help="with several --extend-graph-tokens: the modes the engines after the first run, graph among "
+                         "them (always on the workloads the first finished and with its programs a round); the other "
+                         "modes' figures are the first engine's, marked (e.g. 'graph': one no-radix baseline for all)")
     ap.add_argument("--extend-graph-reqs", type=int, default=None,
                     help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
@@ -575,7 +611,6 @@ def main(argv=None) -> str:
     if args.extend_graph_reqs is not None:
         kw["cuda_graph_extend_max_reqs"] = args.extend_graph_reqs
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
-    deadline = None if args.deadline_s is None else time.time() + args.deadline_s
 
     extra: dict = {"frozen_at_start": FROZEN_AT_START, "frozen_after_imports": gc.get_freeze_count()}
 
@@ -587,8 +622,9 @@ def main(argv=None) -> str:
     if args.baseline_repeats is not None and not 1 <= args.baseline_repeats <= args.repeats:
         raise SystemExit(f"--baseline-repeats {args.baseline_repeats}: from 1 to --repeats ({args.repeats})")
     settings = extend_graph_settings(args.extend_graph_tokens)
-    if set(args.later_modes.split(",")) - set(MODES):
-        raise SystemExit(f"--later-modes {args.later_modes!r}: choose among {', '.join(MODES)}")
+    if set(args.later_modes.split(",")) - set(MODES) or "graph" not in args.later_modes.split(","):
+        raise SystemExit(f"--later-modes {args.later_modes!r}: 'graph' (what the settings compare) and any of "
+                         f"{', '.join(MODES[1:])}")
     by_setting: dict = {}
     for i, max_tokens in enumerate(settings):
         def save_setting(results: dict, key=max_tokens) -> None:
@@ -597,19 +633,27 @@ def main(argv=None) -> str:
                 extra["by_extend_graph_tokens"] = by_setting
             save(by_setting[settings[0]])
 
-        subset = set(args.later_modes.split(",")) != set(MODES)
-        later = i > 0 and subset
-        if args.deadline_s is not None and not later:  # each engine its share: every setting runs the same workloads
-            deadline = time.time() + args.deadline_s / (1 if subset else len(settings))
         setting_kw = {} if max_tokens == "default" else {"cuda_graph_extend_max_tokens": max_tokens}
-        like = by_setting[settings[0]] if later else None  # its workloads: no deadline of its own
-        run_engine(args, {**kw, **setting_kw}, sampling, None if later else deadline, save_setting, extra, like)
+        like = by_setting[settings[0]] if i > 0 else None  # its workloads and rounds: no deadline of its own
+        run_engine(args, {**kw, **setting_kw}, sampling, first_budget_s(args, len(settings)) if i == 0 else None,
+                   save_setting, extra, like)  # fmt: skip
     results = by_setting[settings[0]]
+    skipped = extra["skipped_workloads"][settings[0]]
     if len(settings) > 1:
-        print(extend_graph_table(by_setting))
+        print(extend_graph_table(by_setting, skipped))
     kept = {k: v for k, v in results.items() if k != "timelines"}
-    out = table(kept) + "\n\n" + bound_table(kept)
-    return out + ("\n\n" + extend_graph_table(by_setting) if len(settings) > 1 else "")
+    out = table(kept, skipped) + "\n\n" + bound_table(kept, skipped)
+    return out + ("\n\n" + extend_graph_table(by_setting, skipped) if len(settings) > 1 else "")
+
+
+def first_budget_s(args, engines: int) -> Optional[float]:
+    """The first engine's --deadline-s share, counted from when it is up. Every later engine runs the
+    workloads the first finished, with no deadline, so that each setting covers the same ones: with
+    all modes in every engine each does about the first's work, so the first gets 1 / engines of it;
+    with fewer --later-modes the later engines' rounds are short, and the first gets all of it."""
+    if args.deadline_s is None:
+        return None
+    return args.deadline_s / (1 if set(args.later_modes.split(",")) != set(MODES) else engines)
 
 
 if __name__ == "__main__":

@@ -235,6 +235,11 @@ class GrammarBackend:
         """auto: the grammar's outlines compile, if one was started and is still kept."""
         return None if self.promotions is None else self.promotions.peek(("outlines", kind, spec, self.options))
 
+    @property
+    def last_move(self) -> Optional[Future]:
+        """auto: the latest move (background outlines compile) started, done or not; None before any."""
+        return self._moving
+
     def wait_for_promotions(self) -> None:
         """Blocks until the outlines compiles under way are done (benchmarks: before timing)."""
         if self.promotions is not None:  # a failed move leaves the LRU just before it is done: _moving too

@@ -52,30 +52,42 @@ CAPTURE_SLACK_BYTES = 64 << 20
 
 
 def graph_memory_bytes(hidden: int, intermediate: int, vocab: int, max_tokens: int, max_reqs: int) -> int:
-    """An upper estimate of what the extend graphs hold on the device: the shared float32 logits, the
-    capture's own logits before they are copied there, the largest bucket's activations in float32
-    (residual, norm, attention, and the MLP's gate, up and product), and CAPTURE_SLACK_BYTES."""
-    return 2 * max_reqs * vocab * 4 + max_tokens * (6 * hidden + 3 * intermediate) * 4 + CAPTURE_SLACK_BYTES
+    """An upper estimate of the most the extend graphs' capture reserves on the device: the shared float32
+    logits, the capture's own logits before they are copied there, the largest bucket's activations in
+    float32 (residual, norm, attention, and the MLP's gate, up and product), CAPTURE_SLACK_BYTES; and the
+    eager warm-up passes' logits and activations, which stay cached for the capture stream (outside the
+    graphs' pool) until capture_graphs gives them back at its end."""
+    logits, activations = max_reqs * vocab * 4, max_tokens * (6 * hidden + 3 * intermediate) * 4
+    return 3 * logits + 2 * activations + CAPTURE_SLACK_BYTES
 
 
 @dataclass
 class CaptureCost:
     """What capturing the extend graphs took, against graph_memory_bytes' estimate: the device memory
     allocated and reserved after capture minus before (the graphs' pool, the shared logits, the static
-    inputs, the capture stream's workspace), and the seconds."""
+    inputs, the capture stream's workspace), the most reserved during capture minus before (the warm-up
+    passes' blocks too, which capture_graphs gives back at its end: what must fit), and the seconds."""
 
     estimate_bytes: int
     allocated_bytes: int
     reserved_bytes: int
+    peak_reserved_bytes: int
     seconds: float
     graphs: int
 
 
+def memory_mark() -> tuple[int, int, float]:
+    """Allocated and reserved device memory and the time before capture, with what is cached now given
+    back and the peak counters reset, so that capture's own peak is what max_memory_reserved() reads."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), time.perf_counter()
+
+
 class ExtendGraphRunner:
     def __init__(self, model, backend, max_tokens: int, max_reqs: int, device: str = "cuda", use_graphs: bool = True):
-        if use_graphs:  # what is cached now is not the graphs': out of the memory measured for capture_cost
-            torch.cuda.empty_cache()
-            start = (torch.cuda.memory_allocated(), torch.cuda.memory_reserved(), time.perf_counter())
+        if use_graphs:
+            start = memory_mark()
         self.model = model
         self.backend = backend
         self.buckets = extend_buckets(max_tokens, max_reqs)
@@ -95,10 +107,11 @@ class ExtendGraphRunner:
         s = self.model.shape
         cost = CaptureCost(graph_memory_bytes(s.hidden, s.intermediate, s.vocab_size, max_tokens, max_reqs),
                            torch.cuda.memory_allocated() - start[0], torch.cuda.memory_reserved() - start[1],
-                           time.perf_counter() - start[2], len(self.graphs))  # fmt: skip
-        log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs: %.0f MiB reserved "
-                 "(estimate %.0f MiB)", cost.graphs, max_tokens, max_reqs, cost.seconds, cost.reserved_bytes / 2**20,
-                 cost.estimate_bytes / 2**20)
+                           torch.cuda.max_memory_reserved() - start[1], time.perf_counter() - start[2],
+                           len(self.graphs))  # fmt: skip
+        log.info("captured %d extend CUDA graphs (up to %d tokens, %d requests) in %.1fs: %.0f MiB reserved, "
+                 "%.0f MiB at the peak (estimate %.0f MiB)", cost.graphs, max_tokens, max_reqs, cost.seconds,
+                 cost.reserved_bytes / 2**20, cost.peak_reserved_bytes / 2**20, cost.estimate_bytes / 2**20)
         return cost
 
     def bucket_for(self, fb: ForwardBatch) -> Optional[ExtendBucket]:
