@@ -32,8 +32,8 @@ PROMPTS = [
 def engine():
     from radixflow import Engine
 
-    # llguidance (the default), named: a test comparing two runs of one grammar must not see it move to outlines
-    # in between, as it could under the opt-in auto (which has its own tests, with backends of their own)
+    # llguidance, named (the server default, auto, is llguidance on a CPU): a test comparing two runs of one grammar
+    # must not see it move to outlines in between, as it could under auto (which has its own tests, with backends of their own)
     e = Engine(grammar_backend="llguidance")
     yield e
     e.shutdown()

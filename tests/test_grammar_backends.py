@@ -1,4 +1,4 @@
-"""The grammar backends behind one interface (llguidance, the default, and outlines-core):
+"""The grammar backends behind one interface (llguidance, outlines-core, and the server default auto over both):
 MaskBench schemas per split with their instances, refusals that name the keyword and its
 JSON pointer, annotations and unknown keywords ignored, ECMA-262 `\\d`, EBNF, the compile
 time limit, the compile cache, and bad grammars as 400s with the server still serving."""
@@ -208,7 +208,7 @@ def _matcher_class(backend: GrammarBackend, kind: str, spec) -> str:
 
 
 def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
-    """auto (opt-in; the server default is llguidance): a grammar's requests start on llguidance; from its
+    """auto (the server default): a grammar's requests start on llguidance; from its
     PROMOTE_AFTER-th request it is compiled on outlines in the background, and once that is done
     its new requests run on outlines. ebnf, grammars outlines refuses, tensor-parallel servers and
     CPU schedulers stay on llguidance."""
@@ -235,9 +235,10 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
 
     from radixflow.runtime.server_args import ServerArgs
 
-    # what the scheduler builds: auto moves only on a GPU; the default (llguidance) never moves, a GPU's neither
+    # what the scheduler builds: auto, the default, moves only on a GPU; llguidance never moves
     for args, device, moves in ((SimpleNamespace(grammar_backend="auto"), "cpu", False), (SimpleNamespace(grammar_backend="auto"), "cuda:0", True),
-                                (ServerArgs(), "cuda:0", False)):  # fmt: skip
+                                (ServerArgs(), "cuda:0", True), (ServerArgs(), "cpu", False),
+                                (SimpleNamespace(grammar_backend="llguidance"), "cuda:0", False)):  # fmt: skip
         sched = SimpleNamespace(grammar_backend=None, tokenizer=engine.tokenizer, runner=engine.runner, eos_ids=engine.eos_ids,
                                 args=args, device=device)  # fmt: skip
         assert (start_grammar_backend(sched).promotions is not None) == moves, device

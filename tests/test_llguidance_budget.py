@@ -1,4 +1,4 @@
-"""Budget-aware completion on the llguidance backend (the default): a searched closing path
+"""Budget-aware completion on the llguidance backend (auto's first one): a searched closing path
 bounds the shortest output (the max_new_tokens check), and a request cut by its budget
 still ends with a complete, schema-valid output, whatever tokens were sampled."""
 

@@ -6,8 +6,8 @@ compiled (or failed), and jump forward after sampled tokens.
     backend.poll(req)            # None: compiling; True: req.grammar set; False: req finished (400)
     backend.jump_forward(req, forced)  # after each sampled token: [] / [tokens] / (keep, [tokens])
 
-The grammar backend (`--grammar-backend`: llguidance, the default, outlines or auto) compiles
-through `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto` (opt-in)
+The grammar backend (`--grammar-backend`: llguidance, outlines or auto, the server default) compiles
+through `grammar.compile_grammar`, the path the public `Grammar` API takes too. `auto`
 compiles every grammar on llguidance (milliseconds); a json_schema / regex grammar from the regex
 outlines makes of it (so its language is the same on both backends; a spec without such a regex
 compiles from the spec and never moves). One that has had PROMOTE_AFTER requests is also compiled

@@ -71,9 +71,9 @@ _HELP = {
     "router_policy": "how the router (--dp-size > 1) picks a replica: cache_aware sends a prompt where its "
     "prefix was sent before",
     "router_args": "more sglang-router flags for --dp-size > 1, as one string, e.g. '--cache-threshold 0.5'",
-    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (the default: millisecond compiles, "
-    "the most JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always "
-    "runs on llguidance. auto (opt-in) starts each grammar on llguidance and, on a single-GPU server, moves a "
+    "grammar_backend": "what compiles regex / json_schema grammars: llguidance (millisecond compiles, the most "
+    "JSON-schema keywords) or outlines (outlines-core: exact shortest outputs, slower compiles); ebnf always runs on "
+    "llguidance. auto (the default) starts each grammar on llguidance and, on a single-GPU server, moves a "
     f"regex / JSON schema with {PROMOTE_AFTER} requests to outlines once a background compile of it (in a child "
     "process) is done (faster steps at large batches; its running requests switch too). Such a grammar is compiled on llguidance from outlines' regex, "
     "so its language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the "
@@ -166,7 +166,7 @@ class ServerArgs:
     native_attention_dtype: str = "float32"
 
     # constrained decoding
-    grammar_backend: str = "llguidance"
+    grammar_backend: str = "auto"
     disable_jump_forward: bool = False
     jump_forward_max_batch: int = 16
     grammar_compile_workers: int = 2
