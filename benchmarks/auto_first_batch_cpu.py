@@ -47,8 +47,8 @@ def run(eng, a, switch: bool) -> dict:
     with HostTimeline() as tl:
         outs = eng.generate(prompts(a.rows), params)
     wall = time.perf_counter() - t
-    backend.wait_for_promotions()
-    moved = backend._moving
+    backend.wait_for_moves()
+    moved = backend.mover.running
     mean = tl.summary().get("mean", {})
     backend.cache.pool.shutdown(wait=False)
     return {"switch": switch, "kind": a.kind, "rows": a.rows, "wall_s": round(wall, 2), "steps": tl.summary().get("steps", 0),
