@@ -46,7 +46,7 @@ def install(eng, switch: bool) -> tuple[GrammarBackend, list]:
 
 def shut_down(backend: GrammarBackend) -> None:
     """The backend's compile threads: its grammars' pool and auto's moves' pool (work under way is dropped)."""
-    for cache in filter(None, (backend.cache, backend.promotions)):
+    for cache in filter(None, (backend.cache, backend.mover and backend.mover.compiles)):
         cache.pool.shutdown(wait=False, cancel_futures=True)
 
 
@@ -57,8 +57,8 @@ def run(eng, a, switch: bool) -> dict:
     with HostTimeline() as tl:
         outs = eng.generate(prompts(a.rows), params)
     wall = time.perf_counter() - t
-    backend.wait_for_promotions()
-    moved = backend.last_move
+    backend.wait_for_moves()
+    moved = backend.mover.running
     mean = tl.summary().get("mean", {})
     return {"switch": switch, "kind": a.kind, "rows": a.rows, "wall_s": round(wall, 2), "steps": tl.summary().get("steps", 0),
             "fill_ms": mean.get("fill"), "sample_ms": mean.get("sample"), "host_busy_ms": mean.get("host_busy"),

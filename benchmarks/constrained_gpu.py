@@ -260,11 +260,11 @@ def run_size(a, eng, n: int, temp: float, backend: str) -> None:
 def settle(eng, backend: str, kind: str) -> bool:
     """auto: wait for the grammars' outlines compiles under way, and record whether `kind`'s
     grammar now runs on outlines. True when it does (then the caller warms it once more)."""
-    if BACKENDS[backend].promotions is None:
+    if BACKENDS[backend].mover is None:
         return False
-    BACKENDS[backend].wait_for_promotions()
+    BACKENDS[backend].wait_for_moves()
     spec = json.dumps(SCHEMA) if kind == "json" else REGEX
-    done = BACKENDS[backend].promotion("json_schema" if kind == "json" else "regex", spec)
+    done = BACKENDS[backend].mover.compile_of("json_schema" if kind == "json" else "regex", spec)
     promoted = done is not None and done.exception() is None
     # the outlines compile: its get_transitions call holds the GIL, the scheduler's one pause
     RESULTS[f"{backend}/promoted_{kind}"] = {"promoted": promoted, "compile_s": done.result().compile_s if promoted else None}

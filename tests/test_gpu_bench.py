@@ -279,13 +279,12 @@ def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(m
     """auto_first_batch_cpu.py: --rows / --runs below 1 are refused before any engine; each run's fresh
     backend replaces the scheduler's, whose compile pools (grammars and moves) are shut down."""
     import argparse
-    from concurrent.futures import Future, ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor
 
     import pytest
 
     monkeypatch.syspath_prepend(BENCH)
     import auto_first_batch_cpu as afb
-    from radixflow.constrained.backend import GrammarBackend
 
     monkeypatch.setattr(afb, "make_engine", None)  # never reached
     for bad in (["--rows", "0"], ["--runs", "-1"]):
@@ -295,7 +294,7 @@ def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(m
     class Backend:  # GrammarBackend's stand-in: its two pools
         def __init__(self, *args, **kw):
             self.cache = argparse.Namespace(pool=ThreadPoolExecutor(1))
-            self.promotions = argparse.Namespace(pool=ThreadPoolExecutor(1))
+            self.mover = argparse.Namespace(compiles=argparse.Namespace(pool=ThreadPoolExecutor(1)))
             self.jump_forward = self.switch_moved = lambda *a: 0
 
     monkeypatch.setattr(afb, "GrammarBackend", Backend)
@@ -305,12 +304,8 @@ def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(m
     eng = argparse.Namespace(scheduler=sched, builder=argparse.Namespace(grammar_backend="llguidance"))
     new, _ = afb.install(eng, switch=True)
     assert sched.grammar_backend is new and eng.builder.grammar_backend == "auto"
-    for pool in (old.cache.pool, old.promotions.pool):
+    for pool in (old.cache.pool, old.mover.compiles.pool):
         with pytest.raises(RuntimeError):  # shut down: takes no more work
             pool.submit(print)
     new.cache.pool.submit(print).result()  # the new one works
     afb.shut_down(new)
-    moving = Future()
-    real = GrammarBackend.__new__(GrammarBackend)  # the accessor run() reads the move from
-    real._moving = moving
-    assert real.last_move is moving

@@ -5,6 +5,8 @@ time limit, the compile cache, and bad grammars as 400s with the server still se
 
 from __future__ import annotations
 
+import dataclasses
+import itertools
 import json
 import os
 import re
@@ -212,25 +214,25 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
     PROMOTE_AFTER-th request it is compiled on outlines in the background, and once that is done
     its new requests run on outlines. ebnf, grammars outlines refuses, tensor-parallel servers and
     CPU schedulers stay on llguidance."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     backend = _backend(engine, grammar_backend="auto")
     regex = r"[0-9]{3}-[0-9]{4}"
     assert [_matcher_class(backend, "regex", regex) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert _matcher_class(backend, "regex", regex) == "GrammarMatcher"
-    assert backend.promotion("regex", regex).result().compile_s > 0 and backend.promotion("regex", "[a-z]{3}") is None
+    assert backend.mover.compile_of("regex", regex).result().compile_s > 0 and backend.mover.compile_of("regex", "[a-z]{3}") is None
     assert _matcher_class(backend, "regex", r"[a-z]{3}") == "LLGuidanceMatcher", "another grammar is not busy yet"
 
-    monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
+    monkeypatch.setattr(backend.impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
     for _ in range(PROMOTE_AFTER):
         _matcher_class(backend, "regex", "[0-9]{2}")
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert _matcher_class(backend, "regex", "[0-9]{2}") == "LLGuidanceMatcher", "outlines refused it"
     for _ in range(PROMOTE_AFTER + 1):
         assert _matcher_class(backend, "ebnf", 'start: "a" | "b"') == "LLGuidanceMatcher"
     backend.cache.pool.shutdown(wait=False)
-    assert _backend(engine, grammar_backend="auto", tp_size=2).promotions is None
+    assert _backend(engine, grammar_backend="auto", tp_size=2).mover is None
     from radixflow.runtime.scheduling.grammar_wait import start_grammar_backend
 
     from radixflow.runtime.server_args import ServerArgs
@@ -241,14 +243,14 @@ def test_auto_moves_a_busy_grammar_to_outlines(engine, monkeypatch):
                                 (SimpleNamespace(grammar_backend="llguidance"), "cuda:0", False)):  # fmt: skip
         sched = SimpleNamespace(grammar_backend=None, tokenizer=engine.tokenizer, runner=engine.runner, eos_ids=engine.eos_ids,
                                 args=args, device=device)  # fmt: skip
-        assert (start_grammar_backend(sched).promotions is not None) == moves, device
+        assert (start_grammar_backend(sched).mover is not None) == moves, device
         assert sched.grammar_backend.name == args.grammar_backend
         sched.grammar_backend.cache.pool.shutdown(wait=False)
 
 
 def _busy(backend: GrammarBackend, regex: str, n: int = 0) -> list:
     """Sends `regex` n times (PROMOTE_AFTER by default); the matcher class of each request."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     return [_matcher_class(backend, "regex", regex) for _ in range(n or PROMOTE_AFTER)]
 
@@ -257,7 +259,7 @@ def test_auto_runs_one_background_compile_at_a_time(engine, monkeypatch):
     """A second busy grammar waits for the first one's outlines compile (no queue of compiles,
     each pausing the scheduler); its next request after that starts its own."""
     backend = _backend(engine, grammar_backend="auto")
-    outlines, release, started = backend._impl_named("outlines"), threading.Event(), []
+    outlines, release, started = backend.impl_named("outlines"), threading.Event(), []
     compile_fn = outlines.compile
 
     def slow(kind, spec, *a, **k):
@@ -269,12 +271,12 @@ def test_auto_runs_one_background_compile_at_a_time(engine, monkeypatch):
     try:
         _busy(backend, r"[0-9]{3}")
         _busy(backend, r"[a-z]{3}")
-        assert list(backend.promotions.entries) == [("outlines", "regex", r"[0-9]{3}", backend.options)]
+        assert list(backend.mover.compiles.entries) == [("outlines", "regex", r"[0-9]{3}", backend.options)]
     finally:
         release.set()
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert _busy(backend, r"[a-z]{3}", 1) == ["LLGuidanceMatcher"], "this request starts its compile"
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert started == [r"[0-9]{3}", r"[a-z]{3}"]
     assert _busy(backend, r"[a-z]{3}", 1) == ["GrammarMatcher"] and _busy(backend, r"[0-9]{3}", 1) == ["GrammarMatcher"]
     backend.cache.pool.shutdown(wait=False)
@@ -284,14 +286,14 @@ def test_auto_keeps_the_most_recently_used_moved_grammars(engine):
     """The moved grammars are a real LRU: a grammar in use is refreshed, so the one evicted is
     the least recently used, not the first moved."""
     backend = _backend(engine, grammar_backend="auto")
-    backend.promotions.capacity = 2
+    backend.mover.compiles.capacity = 2
     for regex in (r"[0-9]{2}", r"[0-9]{3}"):
         _busy(backend, regex)
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
     assert _busy(backend, r"[0-9]{2}", 1) == ["GrammarMatcher"]  # used last: kept
     _busy(backend, r"[0-9]{4}")
-    backend.wait_for_promotions()
-    kept = {key[2] for key in backend.promotions.entries}
+    backend.wait_for_moves()
+    kept = {key[2] for key in backend.mover.compiles.entries}
     assert kept == {r"[0-9]{2}", r"[0-9]{4}"}, kept
     backend.cache.pool.shutdown(wait=False)
 
@@ -301,31 +303,31 @@ def test_auto_refuses_moves_over_its_bounds(engine, monkeypatch):
     token index ever being built; a compile over the time bound is stopped (its process killed),
     one over the size bound refused before its arrays are sent; a refused grammar is not compiled again,
     also after the request counts restart."""
-    import radixflow.constrained.backend as backend_module
+    import radixflow.constrained.auto_move as move_module
     import radixflow.constrained.outlines_grammars as outlines_module
 
     built = []
     compile_isolated = outlines_module.compile_isolated
     monkeypatch.setattr(outlines_module, "compile_isolated", lambda rx, *a: (built.append(rx), compile_isolated(rx, *a))[1])
     backend = _backend(engine, grammar_backend="auto")
-    monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 5)
+    monkeypatch.setattr(move_module, "MOVE_MAX_DFA_STATES", 5)
     _busy(backend, r"[0-9]{3}-[0-9]{4}")
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert _busy(backend, r"[0-9]{3}-[0-9]{4}", 2) == ["LLGuidanceMatcher"] * 2 and built == []
-    monkeypatch.setattr(backend_module, "PROMOTE_MAX_DFA_STATES", 10**6)
+    monkeypatch.setattr(move_module, "MOVE_MAX_DFA_STATES", 10**6)
     for limit, max_bytes, regex in ((0.0, 1 << 40, r"[a-z]{2}"), (60.0, 1, r"[a-z]{3}")):
-        backend.move_limit_s = limit
-        monkeypatch.setattr(backend_module, "PROMOTE_MAX_BYTES", max_bytes)
+        backend.mover.limit_s = limit
+        monkeypatch.setattr(move_module, "MOVE_MAX_BYTES", max_bytes)
         _busy(backend, regex)
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
         assert _busy(backend, regex, 3) == ["LLGuidanceMatcher"] * 3, (limit, max_bytes)
     assert len(built) == 2, "each refused grammar was compiled once, not again"
-    backend._uses.update({("count", i): 1 for i in range(backend_module.MAX_COUNTED + 1)})
+    backend.mover.counts.update({("count", i): 1 for i in range(move_module.MAX_COUNTED + 1)})
     _busy(backend, r"[0-9]{2}", 1)  # a new grammar's request: the counts restart
-    assert len(backend._uses) == 1
-    n = backend_module.PROMOTE_AFTER + 1  # enough requests to start a move, were it not refused
+    assert len(backend.mover.counts) == 1
+    n = move_module.PROMOTE_AFTER + 1  # enough requests to start a move, were it not refused
     assert _busy(backend, r"[a-z]{3}", n) == ["LLGuidanceMatcher"] * n
-    backend.wait_for_promotions()
+    backend.wait_for_moves()
     assert len(built) == 2, "the request counts restarted (past MAX_COUNTED grammars); the refusals did not"
     backend.cache.pool.shutdown(wait=False)
 
@@ -334,20 +336,20 @@ def test_auto_refuses_a_move_as_it_fails_or_before_it_starts(engine, monkeypatch
     """A move that fails is refused, and leaves the moved grammars' LRU, when it fails, not on the
     grammar's next request; a grammar compiled from its spec (no outlines regex) is refused at its
     PROMOTE_AFTER-th request without a move being started."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     backend = _backend(engine, grammar_backend="auto")
-    monkeypatch.setattr(backend._impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
+    monkeypatch.setattr(backend.impl_named("outlines"), "compile", lambda *a, **k: (_ for _ in ()).throw(GrammarError("refused")))
     spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
     try:
         _busy(backend, r"[0-9]{2}")
-        backend.wait_for_promotions()
-        assert ("outlines", "regex", r"[0-9]{2}", backend.options) in backend._refused and not backend.promotions.entries
+        backend.wait_for_moves()
+        assert ("outlines", "regex", r"[0-9]{2}", backend.options) in backend.mover.refused and not backend.mover.compiles.entries
         assert backend.compile("json_schema", spec).regex is None
         started: list = []
-        monkeypatch.setattr(backend, "_move", lambda *a: started.append(a))
+        monkeypatch.setattr(backend.mover, "_compile", lambda *a: started.append(a))
         assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)] == ["LLGuidanceMatcher"] * PROMOTE_AFTER
-        assert started == [] and ("outlines", "json_schema", spec, backend.options) in backend._refused
+        assert started == [] and ("outlines", "json_schema", spec, backend.options) in backend.mover.refused
     finally:
         backend.cache.pool.shutdown(wait=False)
 
@@ -358,7 +360,7 @@ def test_auto_makes_and_checks_a_moved_grammars_regex_once(engine, monkeypatch):
     import collections
 
     import radixflow.constrained.grammar as grammar_module
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
     import radixflow.constrained.outlines_grammars as outlines_module
     import radixflow.constrained.spec as spec_module
 
@@ -374,7 +376,7 @@ def test_auto_makes_and_checks_a_moved_grammars_regex_once(engine, monkeypatch):
     backend, spec = _backend(engine, grammar_backend="auto"), json.dumps({"type": "object", "properties": {"a": {"type": "integer"}}})
     try:
         assert [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER)][0] == "LLGuidanceMatcher"
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
         assert _matcher_class(backend, "json_schema", spec) == "GrammarMatcher"
     finally:
         backend.cache.pool.shutdown(wait=False)
@@ -391,7 +393,7 @@ def test_auto_switches_rows_that_started_before_the_move(engine):
     """Requests on llguidance when their grammar's move finishes: one polled after it starts on outlines;
     running rows go on on outlines from the state their tokens lead to, once (switch_moved), except a
     row whose budget no longer fits outlines' shortest completion and rows of another grammar."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[0-9]{4}"
     head = engine.tokenizer.encode("123-4", add_special_tokens=False)
@@ -404,7 +406,7 @@ def test_auto_switches_rows_that_started_before_the_move(engine):
         rows[0].sampling.max_new_tokens = len(head) + 1  # "567" takes more than one token
         late = FakeReq("regex", regex)
         backend.submit(late)  # before the move is done: its job is llguidance's
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
         assert _poll(backend, late) is True and type(late.grammar).__name__ == "GrammarMatcher"
         assert backend.switch_moved(rows) == PROMOTE_AFTER - 1 and backend.switch_moved(rows) == 0
     finally:
@@ -418,7 +420,7 @@ def test_auto_switches_rows_that_started_before_the_move(engine):
 def test_auto_switches_rows_of_a_move_that_another_move_followed(engine):
     """A grammar's move finishes and a second grammar's move starts before any step has seen the first one
     done: the next switch_moved still switches the first grammar's running rows, with the second's."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     backend, specs = _backend(engine, grammar_backend="auto"), (r"[0-9]{3}-[0-9]{4}", r"[a-z]{3}-[0-9]{2}")
     rows: dict = {spec: [] for spec in specs}
@@ -428,8 +430,8 @@ def test_auto_switches_rows_of_a_move_that_another_move_followed(engine):
                 rows[spec].append(FakeReq("regex", spec))
                 backend.submit(rows[spec][-1])
                 assert _poll(backend, rows[spec][-1]) is True
-            backend.wait_for_promotions()  # this grammar's move is done, and no step has seen it
-            assert backend.promotion("regex", spec) is not None, "the move started"
+            backend.wait_for_moves()  # this grammar's move is done, and no step has seen it
+            assert backend.mover.compile_of("regex", spec) is not None, "the move started"
         on_llguidance = [r for spec in specs for r in rows[spec] if r.grammar.backend == "llguidance"]
         assert {r.sampling.grammar[1] for r in on_llguidance} == set(specs), "rows of both grammars started on llguidance"
         assert backend.switch_moved(on_llguidance) == len(on_llguidance) and backend.switch_moved(on_llguidance) == 0
@@ -438,10 +440,89 @@ def test_auto_switches_rows_of_a_move_that_another_move_followed(engine):
     assert all(r.grammar.backend == "outlines" for spec in specs for r in rows[spec])
 
 
+def _moved_rows(engine, regex: str, head: list, n: int = 0):
+    """An auto backend whose `regex` has moved, with n rows (PROMOTE_AFTER by default) polled on llguidance
+    before the move finished, each fed `head`; no switch call has seen the move yet."""
+    from radixflow.constrained.options import PROMOTE_AFTER
+
+    backend = _backend(engine, grammar_backend="auto")
+    rows = [FakeReq("regex", regex) for _ in range(n or PROMOTE_AFTER)]
+    for req in rows:
+        backend.submit(req)
+        assert _poll(backend, req) is True and req.grammar.backend == "llguidance"
+        _feed(req, head)
+    backend.wait_for_moves()
+    return backend, rows
+
+
+def test_auto_switches_running_rows_after_a_call_with_only_new_rows(engine):
+    """The first call that sees the move finished holds only a row that just finished its prefill (an extend
+    step's): the running rows still switch in their own step's call, and none is tried twice."""
+    regex = r"[0-9]{3}-[0-9]{4}"
+    backend, rows = _moved_rows(engine, regex, engine.tokenizer.encode("123-4", add_special_tokens=False))
+    try:
+        late = FakeReq("regex", regex)
+        backend.submit(late)
+        assert _poll(backend, late) is True and late.grammar.backend == "outlines"
+        assert backend.switch_moved([late]) == 0
+        assert backend.switch_moved(rows) == len(rows) and backend.switch_moved(rows) == 0
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    assert all(r.grammar.backend == "outlines" for r in rows)
+
+
+def test_auto_switch_keeps_a_budget_closed_finish(engine):
+    """A row llguidance closed early to fit its budget and that then switched still finishes as a length
+    finish with grammar_closed, not as a stop."""
+    from radixflow.runtime.scheduling.stop_checker import StopChecker
+
+    regex, encode = r"[0-9]{3}-[0-9]{4}", lambda text: engine.tokenizer.encode(text, add_special_tokens=False)
+    backend, rows = _moved_rows(engine, regex, encode("123-4"), n=8)
+    try:
+        rows[0].grammar.budget_closed = True  # as llguidance sets it when its mask narrowed to fit the budget
+        assert backend.switch_moved(rows) == len(rows)
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    checker = StopChecker(engine.tokenizer, engine.eos_ids)
+    for req in rows[:2]:
+        req.rid, req.seq_len = "r", 0
+        req.sampling.__dict__.update(ignore_eos=False, stop_token_ids=None, stop_strs=None)
+        _feed(req, encode("567"))
+        assert req.grammar.is_terminated()
+        checker.check(req, 10**6)
+    assert rows[0].finish_reason["type"] == "length" and rows[0].finish_reason["grammar_closed"], rows[0].finish_reason
+    assert rows[1].finish_reason["type"] == "stop", rows[1].finish_reason
+
+
+def test_auto_switched_rows_jump_as_rows_that_started_on_outlines(engine):
+    """A switched row is an outlines row for the jump policy: at any state, with or without cuts (appends
+    only above --jump-forward-max-batch under overlap), it jumps as a row that started on outlines."""
+    regex, encode = r"\(?[0-9]{3}\) [0-9]{3}-[0-9]{4} \((home|work)\)", lambda t: engine.tokenizer.encode(t, add_special_tokens=False)
+    heads, jumps = ["(1", "(123", "(123) 4", "(123) 456-7890", "(123) 456-7890 (h"], {}
+    backend, _ = _moved_rows(engine, regex, [])
+    try:
+        for head, cut in itertools.product(heads, (True, False)):
+            switched, native = FakeReq("regex", regex), FakeReq("regex", regex)
+            llguidance = backend.compile_async("regex", regex).result()
+            switched.grammar = backend.impl_named("llguidance").matcher(llguidance, switched, backend.cache.pool)
+            backend.mover.track(switched)
+            native.grammar = backend.impl_named("outlines").matcher(backend.mover.moved("regex", regex), native)
+            _feed(switched, encode(head))
+            _feed(native, encode(head))
+            assert backend.switch_moved([switched]) == 1, head
+            assert switched.grammar.jumps_in_any_batch and type(switched.grammar) is type(native.grammar)
+            jumps[head, cut] = backend.jump_forward(native, True, None, cut)
+            assert backend.jump_forward(switched, True, None, cut) == jumps[head, cut], (head, cut)
+    finally:
+        backend.cache.pool.shutdown(wait=False)
+    cuts = [head for head in heads if isinstance(jumps[head, True], tuple)]
+    assert cuts and not any(isinstance(jumps[head, False], tuple) for head in heads), "a head whose jump cuts, appended without"
+
+
 def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, monkeypatch):
     """Through the engine: a batch that starts on llguidance while its grammar's move runs goes on on
     outlines once the move finishes (here: made to finish after the batch's third step), every output valid."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     sched = engine.scheduler
     saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
@@ -450,14 +531,14 @@ def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, mo
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
               "required": ["name", "tags"], "additionalProperties": False}  # fmt: skip
     release, calls, switched = threading.Event(), [], []
-    move, switch = backend._compile_moved, backend.switch_moved
-    monkeypatch.setattr(backend, "_compile_moved", lambda *a: (release.wait(120), move(*a))[1])
+    move, switch = backend.mover._compile_outlines, backend.switch_moved
+    monkeypatch.setattr(backend.mover, "_compile_outlines", lambda *a: (release.wait(120), move(*a))[1])
 
     def counted(reqs):
         calls.append(1)
         if len(calls) == 3:
             release.set()
-            backend.wait_for_promotions()
+            backend.wait_for_moves()
         switched.append(switch(reqs))
         return switched[-1]
 
@@ -474,10 +555,69 @@ def test_auto_rows_switch_to_outlines_mid_batch_through_the_scheduler(engine, mo
         jsonschema.validate(json.loads(out["text"]), schema)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_auto_running_rows_switch_after_an_extend_step_saw_the_move_first(engine, monkeypatch, overlap):
+    """Through the scheduler: a request of the grammar arrives mid-batch while the move runs, and the move
+    finishes just before that request's extend step advances it (the first call to see the move done holds
+    only that row): the running rows still switch in their own next step (each one left on llguidance has a
+    repair pending, or outlines' shortest completion no longer fits its budget). Under overlap above
+    --jump-forward-max-batch (0 here) the switched rows jump as rows that started on outlines: appending only."""
+    from radixflow.constrained.options import PROMOTE_AFTER
+    from radixflow.runtime.generate_request import GenerateInput
+
+    sched = engine.scheduler
+    saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend, sched.overlap, sched.args)
+    backend = _backend(engine, grammar_backend="auto")
+    sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend = backend, backend.jump_forward, "auto"
+    sched.overlap, sched.args = overlap, dataclasses.replace(sched.args, jump_forward_max_batch=0)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3}},
+              "required": ["name", "tags"], "additionalProperties": False}  # fmt: skip
+    params = {"temperature": 1, "max_new_tokens": 60, "json_schema": json.dumps(schema)}
+    batch = engine.builder.build(GenerateInput(text=[f"Person {i}:" for i in range(PROMOTE_AFTER)], sampling_params=[params] * PROMOTE_AFTER))
+    late = engine.builder.build(GenerateInput(text="Another person:", sampling_params=params))[0]
+    release, calls, switched, jumps, left, released_at = threading.Event(), [], [], [], [], []
+    move, switch, jump = backend.mover._compile_outlines, backend.switch_moved, backend.jump_forward
+    monkeypatch.setattr(backend.mover, "_compile_outlines", lambda *a: (release.wait(120), move(*a))[1])
+
+    def counted(reqs):
+        calls.append(1)
+        if len(calls) == 3:
+            sched.add_request(late)  # compiled already: polled while the move runs, so on llguidance
+        if reqs == [late] and not release.is_set():
+            release.set()
+            backend.wait_for_moves()
+            released_at.append(len(switched))
+        switched.append(switch(reqs))
+        if release.is_set():  # rows that stay on llguidance after the move, and why
+            left.extend((r.grammar.undo, r in backend.mover._staying) for r in reqs if not r.finished and r.grammar.backend == "llguidance")
+        return switched[-1]
+
+    def jumped(req, allowed=True, limit=None, cut=True):
+        if req.grammar is not None and req.grammar.backend == "outlines":
+            jumps.append((allowed, cut))
+        return jump(req, allowed, limit, cut)
+
+    monkeypatch.setattr(backend, "switch_moved", counted)
+    sched.jump_forward = jumped
+    try:
+        engine._run(batch)
+        engine.stepper.run_until(lambda: late.finished)
+    finally:
+        release.set()
+        backend.cache.pool.shutdown(wait=False)
+        sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend, sched.overlap, sched.args = saved
+    assert released_at, "the move finished at the late request's own step"
+    assert sum(switched[released_at[0] + 1 :]) > 0, (released_at, switched)  # the running rows, in later calls
+    assert all(undo or staying for undo, staying in left), left
+    assert jumps and (not overlap or set(jumps) == {(True, False)}), set(jumps)
+    for req in [*batch, late]:
+        jsonschema.validate(json.loads(engine.tokenizer.decode(req.output_ids)), schema)
+
+
 def test_auto_serves_both_backends_in_one_batch(engine):
     """Through the engine: a batch whose schema has been promoted beside a newer one still on
     llguidance; every output is valid, and both backends' rows jump forward."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     sched = engine.scheduler
     saved = (sched.grammar_backend, sched.jump_forward, engine.builder.grammar_backend)
@@ -492,7 +632,7 @@ def test_auto_serves_both_backends_in_one_batch(engine):
     backend.poll = lambda req: (ok := poll(req), ok and seen.append(type(req.grammar).__name__))[0]  # noqa: E731
     try:
         engine.generate(["Person:"] * PROMOTE_AFTER, [params(0)] * PROMOTE_AFTER)
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
         seen.clear()
         outs = engine.generate(["Person:", "Another person:", "Status:"], [params(0), params(0), params(1)])
     finally:
@@ -807,16 +947,16 @@ def test_auto_keeps_a_grammars_language_across_its_move(engine, kind, spec, opts
 def test_auto_compiles_a_spec_without_outlines_regex_natively_and_never_moves_it(engine):
     """A schema outlines cannot turn into a regex (`multipleOf`) is compiled by llguidance from the
     spec itself (its own language) and is never compiled on outlines, however busy."""
-    from radixflow.constrained.backend import PROMOTE_AFTER
+    from radixflow.constrained.options import PROMOTE_AFTER
 
     backend = _backend(engine, grammar_backend="auto")
     spec = json.dumps({"type": "object", "properties": {"a": {"type": "integer", "multipleOf": 3}}, "required": ["a"]})
     try:
         classes = [_matcher_class(backend, "json_schema", spec) for _ in range(PROMOTE_AFTER + 2)]
-        backend.wait_for_promotions()
+        backend.wait_for_moves()
         classes.append(_matcher_class(backend, "json_schema", spec))
         assert classes == ["LLGuidanceMatcher"] * (PROMOTE_AFTER + 3)
-        assert backend.promotion("json_schema", spec) is None and backend.compile("json_schema", spec).regex is None
+        assert backend.mover.compile_of("json_schema", spec) is None and backend.compile("json_schema", spec).regex is None
     finally:
         backend.cache.pool.shutdown(wait=False)
 
@@ -843,10 +983,10 @@ def test_auto_moves_compile_in_a_child_process_without_pausing_the_scheduler(eng
     monkeypatch.setattr(outlines_module, "compile_isolated", slow)
     monkeypatch.setattr(outlines_module, "compile_regex", _gil_holding_compile)  # the same work, were it done in-process
     backend, regex = _backend(engine, grammar_backend="auto"), r"[0-9]{3}-[a-z]{2}"
-    vocab = backend._impl_named("outlines").vocab
+    vocab = backend.impl_named("outlines").vocab
     try:
         in_process = longest_pause(lambda: _gil_holding_compile(regex, vocab))[2]
-        moving = longest_pause(lambda: (_busy(backend, regex), backend.wait_for_promotions()))[2]
+        moving = longest_pause(lambda: (_busy(backend, regex), backend.wait_for_moves()))[2]
         assert _busy(backend, regex, 1) == ["GrammarMatcher"], "it moved"
     finally:
         backend.cache.pool.shutdown(wait=False)

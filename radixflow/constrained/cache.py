@@ -48,6 +48,11 @@ class GrammarCache:
                 self.entries.move_to_end(key)
             return fut
 
+    def futures(self) -> list[Future]:
+        """The compiles kept, as one snapshot (their worker threads may discard entries meanwhile)."""
+        with self._lock:
+            return list(self.entries.values())
+
     def discard(self, key: Hashable) -> None:
         with self._lock:
             self.entries.pop(key, None)

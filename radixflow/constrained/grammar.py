@@ -42,12 +42,13 @@ def _backend(name: str, info: TokenizerInfo):
     return OutlinesGrammars(info)
 
 
-def compile_grammar(backend, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S, **limits):
+def compile_grammar(backend, kind: str, spec: Any, options: GrammarOptions, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S,
+                    checked: bool = False, **limits):
     """Compile with `backend` (from grammar_backend); the compiled grammar has
     `compile_s`. `timeout_s` bounds the outlines backend's up-front DFA check; `limits` go to
     the backend's compile (outlines: max_dfa_states; `regex`: the one spec.to_regex made of this
-    spec, which checked it). Raises GrammarError."""
-    if limits.get("regex") is None:
+    spec). `checked`: the caller already checked the spec (to_regex does). Raises GrammarError."""
+    if not checked:
         check_spec(kind, spec)
     start = time.perf_counter()
     compiled = backend.compile(kind, spec, options, timeout_s, **limits)
