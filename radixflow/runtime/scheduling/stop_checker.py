@@ -14,16 +14,34 @@ _STOCK_DECODE = ("transformers.tokenization_utils_base", "transformers.tokenizat
                  "transformers.tokenization_utils_fast")  # fmt: skip
 
 
+# text whose decode the space clean-up changes (" ." -> ".", " n't" -> "n't", ...), for _same_text's probe
+_CLEANUP_PROBE = "a . b , c ! d ? e n't f 's g 'm h 've i 're j ' k"
+
+
 def backend_decode(tokenizer) -> Callable[[list, bool], str]:
     """decode(ids, skip_special_tokens) giving tokenizer.decode's text. Where that is the tokenizers
-    backend's decode unchanged (a fast tokenizer that cleans up no spaces, its decode and _decode
-    transformers' own), the backend is called directly: transformers' wrapper costs several times
-    the decode itself, on every token of every request with stop strings."""
+    backend's decode unchanged (a fast tokenizer whose decode and _decode are transformers' own, and
+    which cleans up no spaces or whose clean-up transformers skips, as for BPE tokenizers), the backend
+    is called directly: transformers' wrapper costs several times the decode itself, on every token of
+    every request with stop strings."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     stock = all(_defined_in(type(tokenizer), name) in _STOCK_DECODE for name in ("decode", "_decode"))
-    if backend is None or not stock or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+    fast = backend is not None and stock
+    if fast and getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+        fast = _same_text(tokenizer, backend)
+    if not fast:
         return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
     return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+
+
+def _same_text(tokenizer, backend) -> bool:
+    """Whether transformers' decode (with its space clean-up, where it applies it) gives the backend's
+    text on a probe that the clean-up would change, with and without special tokens."""
+    ids = backend.encode(_CLEANUP_PROBE, add_special_tokens=False).ids
+    special = sorted(set(getattr(tokenizer, "all_special_ids", [])))[:4]
+    probes = [ids, special + ids + special, ids[: len(ids) // 2]]
+    return all(tokenizer.decode(p, skip_special_tokens=skip) == backend.decode(p, skip_special_tokens=skip)
+               for p in probes for skip in (True, False))  # fmt: skip
 
 
 def _defined_in(cls: type, name: str) -> str:
@@ -37,7 +55,8 @@ class StopChecker:
         self.eos_ids = eos_ids
         self._decode = backend_decode(tokenizer)
 
-    def check(self, req: Req, context_len: int) -> None:
+    def check(self, req: Req, context_len: int, added: int = 1) -> None:
+        """`added`: outputs appended (or replaced) since the last check, e.g. a jump's tokens."""
         if req.finished:
             return
         p = req.sampling
@@ -59,7 +78,7 @@ class StopChecker:
             req.finish({"type": "stop", "matched": None})
             return
         if p.stop_strs:
-            matched = self._stop_str(req)
+            matched = self._stop_str(req, added)
             if matched is not None:
                 req.finish({"type": "stop", "matched": matched})
                 return
@@ -81,10 +100,11 @@ class StopChecker:
         req.finish({"type": "abort", "message": f"constrained decoding failed: {error}", "status_code": 500})
         return True
 
-    def _stop_str(self, req: Req):
+    def _stop_str(self, req: Req, added: int):
         longest = max(len(s) for s in req.sampling.stop_strs)
-        # every token decodes to >= 1 char, so this many tokens cover any new match
-        tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - longest - 2) :]
+        # a token decodes to >= 1 char (skipped special tokens aside), so a match that ends in one of
+        # the `added` tokens starts within `longest` tokens before them
+        tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - added - longest - 1) :]
         tail = self._decode(tail_ids, req.sampling.skip_special_tokens)
         for s in req.sampling.stop_strs:
             if s in tail:
