@@ -12,7 +12,7 @@ correctness section first compares greedy outputs with overlap scheduling on and
 batch (JSON, regex, free). Every grammar backend named by --grammar-backends runs in the same
 engine (each keeps its compiled grammars), one backend after another (all sizes and temperatures
 of the first, then the next: --deadline-s skips the last ones), each with its own free runs;
-labels are prefixed with the backend. `auto` (opt-in; the server default is llguidance) starts each grammar on
+labels are prefixed with the backend. `auto` (the server default since session 10) starts each grammar on
 llguidance and moves it to outlines once busy: the benchmark waits for that move after its
 warm-up batch and warms once more, so the timed runs show the steady state (which backend each
 kind ran on is recorded as `auto/promoted_KIND`, with outlines' compile time). The engine's --jump-forward-max-batch is

@@ -20,7 +20,8 @@ in proportion), `--chunk` at a time, each chunk through all six phases (temperat
 tables (all calls, then per split) are printed after every chunk and written to `--out`. With
 `--stop-at HH:MM` (UTC) or `--time-budget-s` no chunk starts that would not fit, so a run that
 cannot finish reports a fixed-seed prefix of whole chunks, every task of it counted. One
-server serves the whole run (default backend: llguidance); `--server-per-chunk` starts a
+server serves the whole run (`--grammar-backend`, default llguidance: like for like with the
+session-6 H200 row, not the server default auto); `--server-per-chunk` starts a
 fresh one per chunk. On a GPU machine (the server on CUDA):
 
     python benchmarks/tool_calls_bfcl.py --sample 0 --chunk 261 --concurrency 261 --max-tokens 128 --warmup 8 \
@@ -372,6 +373,8 @@ def main() -> None:
     ap.add_argument("--server-extra", default="", help="more flags for the servers this script starts, e.g. '--cuda-graph-max-bs 288'")
     ap.add_argument("--max-total-tokens", default="16384", help="of the servers this script starts ('auto': from GPU memory)")
     ap.add_argument("--compile-timeout-s", default="10", help="of the servers this script starts")
+    ap.add_argument("--grammar-backend", default="llguidance", choices=["llguidance", "outlines", "auto"],
+                    help="of the servers this script starts (llguidance: as the recorded rows ran)")
     ap.add_argument("--server-per-chunk", action="store_true", help="a fresh server for each chunk (outlines: memory)")
     ap.add_argument("--grammar-only", action="store_true", help="no model: check the grammars against the ground truth")
     args = ap.parse_args()
@@ -379,7 +382,8 @@ def main() -> None:
     tasks = load_tasks(args.corpus, args.sample, args.seed, docs)
     if args.grammar_only:
         return grammar_only(tasks, docs)
-    args.server_args = ["--grammar-compile-timeout-s", args.compile_timeout_s, *shlex.split(args.server_extra)]
+    args.server_args = ["--grammar-compile-timeout-s", args.compile_timeout_s, "--grammar-backend", args.grammar_backend,
+                        *shlex.split(args.server_extra)]
     if args.max_total_tokens != "auto":
         args.server_args += ["--max-total-tokens", args.max_total_tokens]
     if args.model_path:

@@ -63,7 +63,7 @@ class AutoMover:
         self.running: Optional[Future] = None  # the one background compile allowed at a time
         self._unseen: list = []  # (future, (kind, spec)) of started moves no switch() has seen done
         self._to_switch: dict = {}  # (kind, spec) -> moved grammar, while a row of it may still be on llguidance
-        self._rows: "weakref.WeakSet" = weakref.WeakSet()  # rows handed an llguidance matcher of a movable grammar
+        self._rows: dict = {}  # (kind, spec) -> WeakSet of rows handed an llguidance matcher of that movable grammar
         self._staying: "weakref.WeakSet" = weakref.WeakSet()  # rows that could not switch (not tried again)
 
     def key(self, kind: str, spec) -> tuple:
@@ -143,7 +143,12 @@ class AutoMover:
 
     def track(self, req) -> None:
         """`req` runs on llguidance with a grammar that may move: switch() may find it after the move."""
-        self._rows.add(req)
+        spec = req.sampling.grammar
+        if self.key(*spec) in self.refused:
+            return
+        if len(self._rows) > MAX_COUNTED:  # grammars whose rows are all gone
+            self._rows = {s: rows for s, rows in self._rows.items() if rows}
+        self._rows.setdefault(spec, weakref.WeakSet()).add(req)
 
     def compiles_under_way(self) -> list:
         """The compiles to wait for (a failed move leaves the LRU just before it is done: `running` too)."""
@@ -184,9 +189,14 @@ class AutoMover:
         return True
 
     def _expire(self) -> None:
-        self._rows = weakref.WeakSet(r for r in self._rows if _may_switch(r))
-        waiting = {r.sampling.grammar for r in self._rows if r not in self._staying}
-        self._to_switch = {spec: g for spec, g in self._to_switch.items() if spec in waiting}
+        """Keeps a finished move while a row of its grammar may still switch; walks only those grammars' rows."""
+        for spec in list(self._to_switch):
+            rows = weakref.WeakSet(r for r in self._rows.get(spec, ()) if _may_switch(r))
+            if any(r not in self._staying for r in rows):
+                self._rows[spec] = rows
+            else:
+                del self._to_switch[spec]
+                self._rows.pop(spec, None)
 
 
 def _may_switch(req) -> bool:

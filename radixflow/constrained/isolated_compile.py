@@ -41,9 +41,9 @@ for name, path in bare:
     sys.modules[name] = module = types.ModuleType(name)
     module.__path__ = path
 """
-_CHILD = PRELUDE + """
+_CHILD = PRELUDE + f"READY = {READY!r}\n" + """
 target, regex, vocab, max_bytes, memory = pickle.load(sys.stdin.buffer)
-sys.stdout.buffer.write(READY_LINE)  # imports done: the compile's clock starts
+sys.stdout.buffer.write(READY)  # imports done: the compile's clock starts
 sys.stdout.buffer.flush()
 with open("/proc/self/statm") as f:
     used = int(f.read().split()[0]) * resource.getpagesize()
@@ -61,7 +61,7 @@ except Exception as e:
     out = ("error", f"its outlines compile failed ({type(e).__name__}: {e})")
 data = pickle.dumps(out, protocol=5)
 sys.stdout.buffer.write(len(data).to_bytes(8, "little") + data)
-""".replace("READY_LINE", repr(READY))
+"""
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ def plan_jump(matcher: GrammarMatcher, req, encode: Encode, first: bool = False,
         if common < len(boundary) and not cut:
             continue
         keep = len(out) - len(boundary) + common
-        undo, cut = len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)]
-        tokens = _apply(matcher, req, undo, cut, keep, reserve)
+        undo, taken = len(boundary) - common, tokens if limit is None else tokens[: max(limit, 0)]
+        tokens = _apply(matcher, req, undo, taken, keep, reserve)
         if tokens:
             return tokens if keep == len(out) else (keep, tokens)
     return []

@@ -177,6 +177,7 @@ class Engine:
             "cached_slots": s.tree.total_size,
             "cache_hit_rate": s.stats.cache_hit_rate,
             "num_retractions": s.stats.retractions,
+            "grammar_rows_switched": s.stats.grammar_rows_switched,
         }
 
     def _check_open(self) -> None:

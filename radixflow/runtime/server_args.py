@@ -77,7 +77,10 @@ _HELP = {
     f"regex / JSON schema with {PROMOTE_AFTER} requests to outlines once a background compile of it (in a child "
     "process) is done (faster steps at large batches; its running requests switch too). Such a grammar is compiled on llguidance from outlines' regex, "
     "so its language (outlines' reading of the schema) stays at the move; costs: slower llguidance masks before the "
-    "move, a short pause per move, memory per moved grammar (docs/grammars.md)",
+    f"move (9-15x per mask on the CPU), paid for good by a grammar with fewer than {PROMOTE_AFTER} requests (many "
+    "distinct schemas: unmeasured on a GPU; use llguidance for such workloads if it matters), a short pause per move, "
+    "memory per moved grammar; a CPU or tensor-parallel server reads schemas the llguidance way, a single-GPU server "
+    "the outlines way (docs/grammars.md)",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them (with jumps on, under "
     f"overlap scheduling a jump is cut to what keeps its row within {MAX_FED_TOKENS} fed tokens; the rest is jumped "
     "over on later steps)",

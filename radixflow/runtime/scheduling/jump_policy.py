@@ -29,5 +29,6 @@ def jumps_after_sampling(overlap: bool, batch_rows: int, max_batch: int) -> bool
 def jump_limit(overlap: bool, seq_len: int, kv_len: int) -> Optional[int]:
     """The most tokens a jump after a sampled token may append (None: no limit). Under overlap a
     row left with more than MAX_FED_TOKENS tokens without KV cannot overlap and would drain the
-    whole batch for an extend pass (one slack token: a jump may first cut one back)."""
+    whole batch for an extend pass (one slack token: a jump may first cut one back; a jump without
+    cuts, above --jump-forward-max-batch, leaves it unused)."""
     return MAX_FED_TOKENS - (seq_len - kv_len) - 1 if overlap else None

@@ -58,6 +58,7 @@ class SchedulerStats:
         self.chained_decode_steps = 0  # decode passes launched before the previous one was read back
         self.fed_rows = 0  # overlapped decode rows that fed a pending (jump-forward) token, their sample dropped
         self.late_extend_read_backs = 0  # extend passes read back after the next extend pass was launched
+        self.grammar_rows_switched = 0  # auto: running rows moved from llguidance to outlines mid-request
 
     @property
     def cache_hit_rate(self) -> float:

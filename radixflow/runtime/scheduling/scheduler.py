@@ -353,7 +353,7 @@ class Scheduler:
             if req.finished:
                 self._retire(req)
         if grammars and self.grammar_backend is not None:  # auto: rows of a grammar that just moved go on on outlines
-            self.grammar_backend.switch_moved(reqs)
+            self.stats.grammar_rows_switched += self.grammar_backend.switch_moved(reqs)
         return [reqs[i] for i in live]
 
     def jumps_after_sampling(self, rows: int) -> bool:

@@ -33,6 +33,7 @@ class ServerMetrics:
         self.token_usage = gauge("token_usage", "Fraction of KV slots in use (0-1)")
         self.cache_hit_rate = gauge("cache_hit_rate", "Prompt tokens served from the radix cache / prompt tokens")
         self.gen_throughput = gauge("gen_throughput", "Generation throughput (token/s)")
+        self.grammar_rows_switched = gauge("grammar_rows_switched", "Running rows auto moved from llguidance to outlines, since start")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the radix cache")
@@ -47,6 +48,7 @@ class ServerMetrics:
         self.token_usage.set(s.token_usage)
         self.cache_hit_rate.set(s.cache_hit_rate)
         self.gen_throughput.set(s.gen_throughput)
+        self.grammar_rows_switched.set(s.grammar_rows_switched)
 
     def on_tokens(self, first: bool, since_last: float, new_tokens: int, since_start: float) -> None:
         if new_tokens <= 0:

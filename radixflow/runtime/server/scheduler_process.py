@@ -174,6 +174,7 @@ class SchedulerLoop:
             "token_usage": s.token_usage(),
             "cache_hit_rate": s.stats.cache_hit_rate,
             "num_retractions": s.stats.retractions,
+            "grammar_rows_switched": s.stats.grammar_rows_switched,
             "scheduler_pid": os.getpid(),
         }
 
@@ -242,6 +243,7 @@ class SchedulerLoop:
             max_total_num_tokens=info["max_total_num_tokens"],
             free_slots=info["free_slots"],
             cached_slots=info["cached_slots"],
+            grammar_rows_switched=info["grammar_rows_switched"],
         )
 
     def _throughput(self, now: float) -> float:

@@ -105,6 +105,7 @@ class StatsSnapshot:
     max_total_num_tokens: int = 0
     free_slots: int = 0
     cached_slots: int = 0
+    grammar_rows_switched: int = 0
 
 
 @dataclass
