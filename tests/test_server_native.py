@@ -147,7 +147,7 @@ def test_metrics(server):
     with server.client() as c:
         c.post("/generate", json={"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 2}})
         text = c.get("/metrics").text
-    for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "prompt_tokens_total",
+    for name in ("num_running_reqs", "num_queue_reqs", "token_usage", "cache_hit_rate", "grammar_rows_switched", "prompt_tokens_total",
                  "generation_tokens_total", "time_to_first_token_seconds_bucket",
                  "inter_token_latency_seconds_bucket", "e2e_request_latency_seconds_count"):  # fmt: skip
         assert f"radixflow:{name}" in text, name

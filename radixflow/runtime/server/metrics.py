@@ -33,7 +33,8 @@ class ServerMetrics:
         self.token_usage = gauge("token_usage", "Fraction of KV slots in use (0-1)")
         self.cache_hit_rate = gauge("cache_hit_rate", "Prompt tokens served from the radix cache / prompt tokens")
         self.gen_throughput = gauge("gen_throughput", "Generation throughput (token/s)")
-        self.grammar_rows_switched = gauge("grammar_rows_switched", "Running rows auto moved from llguidance to outlines, since start")
+        self.grammar_rows_switched = gauge("grammar_rows_switched",
+                                           "Running rows auto moved from llguidance to outlines, since start")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of finished requests")
         self.generation_tokens = counter("generation_tokens", "Generated tokens")
         self.cached_tokens = counter("cached_tokens", "Prompt tokens served from the radix cache")
