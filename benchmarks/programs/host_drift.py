@@ -12,7 +12,6 @@ program threads): calls do not depend on the machine's load, so two protocols' c
 from __future__ import annotations
 
 import argparse
-import cProfile
 import json
 import os
 import pstats
@@ -20,48 +19,23 @@ import random
 import re
 import statistics
 import sys
-import threading
-import time
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
+from host_profile import ThreadProfiles  # noqa: E402
 from run import MODES, run_mode  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
-class CallCounts:
-    """cProfile on the engine loop and on each program run while installed; `per_function()` merges them."""
-
-    def __init__(self, engine, program) -> None:
-        self.profiles: list = []
-        self._lock = threading.Lock()
-        self._undo = [(engine.stepper, "_loop", engine.stepper._loop)]
-        engine.stepper._loop = self._wrap(engine.stepper._loop)
-        program.run = self._wrap(program.run)  # run_async looks self.run up per call
-        self._program = program
-
-    def _wrap(self, fn):
-        def wrapped(*a, **k):
-            prof = cProfile.Profile(time.thread_time)
-            prof.enable()
-            try:
-                return fn(*a, **k)
-            finally:
-                prof.disable()
-                with self._lock:
-                    self.profiles.append(prof)
-
-        return wrapped
-
-    def close(self) -> None:
-        for obj, name, fn in self._undo:
-            setattr(obj, name, fn)
-        del self._program.run
+class CallCounts(ThreadProfiles):
+    """cProfile on the engine loop and on each program run while installed (host_profile's patching);
+    `per_function()` merges them."""
 
     def per_function(self) -> dict:
         """{"file:line(name)": [calls, own CPU seconds]} over every profiled thread."""
-        st = pstats.Stats(self.profiles[0])
-        for p in self.profiles[1:]:
+        profs = self.profiles["engine"] + self.profiles["program"]
+        st = pstats.Stats(profs[0])
+        for p in profs[1:]:
             st.add(p)
         out: dict = {}
         for (f, line, name), (_, nc, tt, _, _) in st.stats.items():
