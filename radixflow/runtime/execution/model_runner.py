@@ -238,6 +238,7 @@ class ModelRunner:
             return None
         graphs = self.device == "cuda"
         if graphs and not self._extend_graphs_fit(explicit=self.args.cuda_graph_extend_max_tokens is not None):
+            self.extend_limits = None  # off for this process: the pool was sized without the estimate already
             return None
         if not graphs:
             log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
@@ -259,7 +260,8 @@ class ModelRunner:
                f"need up to {need / 2**20:.0f} MiB, {free / 2**20:.0f} MiB is free")
         if explicit:
             raise RadixflowError(f"{msg}; lower them, or --max-total-tokens / --mem-fraction-static")
-        log.warning("%s: extend passes run eagerly (--max-total-tokens / --mem-fraction-static leave more)", msg)
+        log.warning("%s: extend passes run eagerly; the KV pool was already sized without that memory, which stays "
+                    "unused until a restart (--max-total-tokens / --mem-fraction-static leave more)", msg)
         return False
 
     def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:
