@@ -72,7 +72,7 @@ def test_pick_bucket_finds_what_a_scan_of_every_bucket_finds():
 
 def test_server_args_reject_what_cannot_be_captured():
     with pytest.raises(RadixflowError, match="triton"):
-        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer")
+        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer", device="cuda")
     with pytest.raises(RadixflowError, match="deterministic"):
         ServerArgs(cuda_graph_extend_max_tokens=64, enable_deterministic_inference=True)
     with pytest.raises(RadixflowError, match=">= 0"):
@@ -279,9 +279,9 @@ def test_a_backend_without_extend_graphs_turns_the_default_off_without_an_error(
     monkeypatch.setattr(TritonBackend, "supports_extend_graph", False)
     with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
         assert plan(runner, monkeypatch, TOTAL)[0] is None
-    assert "extend CUDA graphs off: the TritonBackend cannot replay" in caplog.text
-    with pytest.raises(RadixflowError, match="TritonBackend cannot replay"):
-        plan(runner, monkeypatch, TOTAL, cuda_graph_extend_max_tokens=64)
+    assert "extend CUDA graphs off: needs the triton attention backend (the TritonBackend cannot replay" in caplog.text
+    with pytest.raises(RadixflowError, match="TritonBackend cannot replay"):  # when ServerArgs is built
+        plan(runner, monkeypatch, TOTAL, cuda_graph_extend_max_tokens=64, device="cuda")
 
 
 def test_no_buckets_above_the_prefill_chunk(runner, monkeypatch, caplog):
