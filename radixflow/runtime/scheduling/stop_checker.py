@@ -14,16 +14,27 @@ _STOCK_DECODE = ("transformers.tokenization_utils_base", "transformers.tokenizat
                  "transformers.tokenization_utils_fast")  # fmt: skip
 
 
+# every pattern transformers' clean_up_tokenization rewrites
+_CLEAN_UP_PROBE = "a . b , c ! d ? e 's f n't g 'm h 've i 're j"
+
+
 def backend_decode(tokenizer) -> Callable[[list, bool], str]:
     """decode(ids, skip_special_tokens) giving tokenizer.decode's text. Where that is the tokenizers
-    backend's decode unchanged (a fast tokenizer that cleans up no spaces, its decode and _decode
-    transformers' own), the backend is called directly: transformers' wrapper costs several times
-    the decode itself, on every token of every request with stop strings."""
+    backend's decode unchanged (a fast tokenizer, its decode and _decode transformers' own, whose
+    space clean-up is off or, checked once on a probe, changes nothing: transformers 5 skips it for
+    BPE models), the backend is called directly: transformers' wrapper costs several times the
+    decode itself, on every token of every request with stop strings."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     stock = all(_defined_in(type(tokenizer), name) in _STOCK_DECODE for name in ("decode", "_decode"))
-    if backend is None or not stock or getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
-        return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
-    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+    slow = lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)  # noqa: E731
+    if backend is None or not stock:
+        return slow
+    fast = lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)  # noqa: E731
+    if getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
+        probe = backend.encode(_CLEAN_UP_PROBE, add_special_tokens=False).ids + sorted(set(tokenizer.all_special_ids))
+        if any(fast(probe, skip) != slow(probe, skip) for skip in (True, False)):
+            return slow
+    return fast
 
 
 def _defined_in(cls: type, name: str) -> str:
