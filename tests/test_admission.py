@@ -82,3 +82,25 @@ def test_two_requests_computing_one_prefix_keep_the_first_ones_slots_and_free_th
     assert tree.match_prefix([1, 2, 3, 4, 5, 6, 7, 8]).length == 8 and tree.match_prefix([1, 2, 3, 4, 5, 6, 8, 8]).length == 8
     assert alloc.num_free_slots + tree.total_size == alloc.capacity_slots
     assert tree.protected_size == 0 and torch.equal(tree.match_prefix([1, 2, 3, 4, 5, 6]).slots, first_slots)
+
+
+def test_release_copies_only_the_requests_own_slots_once():
+    """A finished request past a long locked prefix: its row is read once, and only past `tree_len`
+    (the prefix's slots are the tree's already); the tree and the free list end as before."""
+    alloc = PageAllocator(65, 1)
+    tree = RadixCache(alloc, 1)
+    prefix = list(range(100, 140))
+    tree.insert(prefix, alloc.alloc(len(prefix)))
+    kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(4, 64, "cpu"), tree)
+    req = Req("r", prefix + [1, 2], SamplingParams(max_new_tokens=4))
+    assert kv.admit(req, tree.match_prefix(req.token_range(0, 42))) and req.tree_len == 40
+    kv.alloc(req, 2)
+    req.output_ids.append(3)
+    req.kv_len = 43
+    kv.alloc(req, 1)
+    reads, read = [], kv.req_to_token.read
+    kv.req_to_token.read = lambda row, end, start=0: reads.append((start, end)) or read(row, end, start)
+    kv.release(req)
+    assert reads == [(40, 43)]
+    assert tree.match_prefix(prefix + [1, 2, 3]).length == 43 and tree.protected_size == 0
+    assert alloc.num_free_slots + tree.total_size == alloc.capacity_slots

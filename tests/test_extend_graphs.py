@@ -72,7 +72,7 @@ def test_pick_bucket_finds_what_a_scan_of_every_bucket_finds():
 
 def test_server_args_reject_what_cannot_be_captured():
     with pytest.raises(RadixflowError, match="triton"):
-        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer")
+        ServerArgs(cuda_graph_extend_max_tokens=64, attention_backend="flashinfer", device="cuda")
     with pytest.raises(RadixflowError, match="deterministic"):
         ServerArgs(cuda_graph_extend_max_tokens=64, enable_deterministic_inference=True)
     with pytest.raises(RadixflowError, match=">= 0"):
@@ -182,6 +182,19 @@ def test_graph_memory_is_checked_before_capture(runner, monkeypatch, caplog):
     assert runner._extend_graphs_fit()
 
 
+def test_the_default_turned_off_at_capture_leaves_no_plan(runner, monkeypatch, caplog):
+    """The default planned on, then too little free at capture (the decode graphs took it): no graphs, no
+    plan left saying they are on, and the warning says the pool's share for them stays unused."""
+    monkeypatch.setattr(runner, "device", "cuda")
+    monkeypatch.setattr(runner, "args", ServerArgs(max_running_requests=16))  # no size set: the default
+    monkeypatch.setattr(runner, "extend_limits", (MAX_TOKENS, MAX_REQS))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (runner._extend_graph_bytes() - 1, 1 << 40))
+    with caplog.at_level(logging.WARNING, logger="radixflow.runtime.execution.model_runner"):
+        assert runner._init_extend_graphs() is None
+    assert runner.extend_limits is None
+    assert "extend passes run eagerly" in caplog.text and "stays unused until a restart" in caplog.text
+
+
 # -- the default's plan, on a CUDA device faked on the CPU ---------------------------------------------------
 PER_TOKEN, TOTAL = 1024, 10 << 30  # KV bytes a token; the device's memory
 HEADROOM = math.ceil((1 - ServerArgs.mem_fraction_static) * TOTAL)  # what eager passes keep, in whole bytes
@@ -266,9 +279,9 @@ def test_a_backend_without_extend_graphs_turns_the_default_off_without_an_error(
     monkeypatch.setattr(TritonBackend, "supports_extend_graph", False)
     with caplog.at_level(logging.INFO, logger="radixflow.runtime.execution.model_runner"):
         assert plan(runner, monkeypatch, TOTAL)[0] is None
-    assert "extend CUDA graphs off: the TritonBackend cannot replay" in caplog.text
-    with pytest.raises(RadixflowError, match="TritonBackend cannot replay"):
-        plan(runner, monkeypatch, TOTAL, cuda_graph_extend_max_tokens=64)
+    assert "extend CUDA graphs off: needs the triton attention backend (the TritonBackend cannot replay" in caplog.text
+    with pytest.raises(RadixflowError, match="TritonBackend cannot replay"):  # when ServerArgs is built
+        plan(runner, monkeypatch, TOTAL, cuda_graph_extend_max_tokens=64, device="cuda")
 
 
 def test_no_buckets_above_the_prefill_chunk(runner, monkeypatch, caplog):

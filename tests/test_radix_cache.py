@@ -218,7 +218,7 @@ def test_evicting_a_few_tokens_does_not_walk_the_tree_each_time(monkeypatch):
     assert len(walks) == 1
 
 
-def test_eviction_from_the_kept_heap_is_lru_and_skips_locked_and_touched_leaves():
+def test_eviction_from_the_kept_list_is_lru_and_skips_locked_and_touched_leaves():
     tree, alloc, keys = _leaf_tree(6)
     assert tree.evict(1) == 2  # walks; the oldest leaf goes
     assert tree.match_prefix(keys[0]).length == 2
@@ -232,6 +232,25 @@ def test_eviction_from_the_kept_heap_is_lru_and_skips_locked_and_touched_leaves(
     tree.dec_lock(locked)  # unlocked after the walk: the next walk finds it
     free = alloc.num_free_slots
     assert tree.evict(100) == 8 and tree.total_size == 0 and alloc.num_free_slots - free == 8
+
+
+def test_a_leaf_used_since_the_walk_outlives_an_older_one_created_since():
+    """A leaf touched after the walk must not go before one created after the walk and never used since:
+    skipping touched leaves until the next walk keeps true LRU order."""
+    alloc = PageAllocator(64, 1)
+    tree = RadixCache(alloc, 1)
+
+    def insert(key):
+        slots = alloc.slots_of(alloc.alloc(len(key)))
+        alloc.free_slots(slots[: tree.insert(key, slots)])
+
+    insert([1, 1])
+    insert([2, 2])
+    assert tree.evict(2) == 2 and tree.match_prefix([1, 1]).length == 0  # walks; the older leaf goes
+    insert([3, 3])  # created after the walk, never used again
+    tree.match_prefix([2, 2])  # used after it: now the most recently used
+    assert tree.evict(2) == 2
+    assert tree.match_prefix([3, 3]).length == 0 and tree.match_prefix([2, 2]).length == 2
 
 
 def test_an_insert_from_a_locked_node_touches_its_path_as_one_from_the_root():

@@ -182,9 +182,9 @@ class ReqToTokenPool:
             packed = to_device_async(torch.stack([rows, cols, slots]), dev)
             self.table[packed[0], packed[1]] = packed[2].to(torch.int32)
 
-    def read(self, row: int, end: int) -> torch.Tensor:
-        """The row's first `end` slots, int64, on the host."""
-        return self.host[row, :end].to(torch.int64)
+    def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
+        """The row's slots `start:end`, int64, on the host (a copy of just those)."""
+        return self.host[row, start:end].to(torch.int64)
 
     def read_at(self, row: int, col: int) -> int:
         return int(self.host[row, col])

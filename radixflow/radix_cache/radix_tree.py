@@ -21,6 +21,7 @@ import torch
 from radixflow.radix_cache.memory_pool import PageAllocator
 
 _clock = itertools.count()
+_ties = itertools.count()  # heap tie-breaks, kept off the LRU clock
 
 
 @dataclass(eq=False)
@@ -92,7 +93,7 @@ class RadixCache:
         self._lru: list = []  # the unlocked leaves at evict()'s last walk, least recently used first
         self._lru_at = 0  # the next of them to consider
         self._lru_walk = 0  # the clock at that walk: a leaf touched since is out of the list's order
-        self._lru_late: list = []  # heap of (last_access, tie, leaf): those touched since, and new parent leaves
+        self._lru_late: list = []  # heap of (last_access, tie, leaf): parents left leafless by eviction
 
     # -- helpers -----------------------------------------------------------------------
     def _child_key(self, key: list, start: int = 0):
@@ -223,17 +224,18 @@ class RadixCache:
             self.evictable_size -= len(leaf.key)
             parent = leaf.parent
             del parent.children[self._child_key(leaf.key)]
-            if parent is not self.root and not parent.children and parent.lock_ref == 0:
-                heapq.heappush(self._lru_late, (parent.last_access, next(_clock), parent))
+            if parent is not self.root and self._walked_leaf(parent):
+                heapq.heappush(self._lru_late, (parent.last_access, next(_ties), parent))
         return freed
 
     def _pop_lru_leaf(self) -> Optional[TreeNode]:
         """The least recently used unlocked leaf. With a full pool every allocation evicts a few tokens,
         and walking every node each time cost 14 ms at 10^4 nodes, so the leaves of the last walk are
         kept, sorted by last access (no tuple each: building 10^5 of them set off collections that
-        tripled the walk), and checked as they come up: locked, grown or detached ones are dropped,
-        ones touched since go to the late heap at their new time. The tree is walked again when both
-        run dry; leaves that became evictable after a walk (new, or unlocked since) wait for it."""
+        tripled the walk), and taken while their place in that order still holds. A leaf touched,
+        created or unlocked since the walk is used more recently than every leaf the walk saw untouched
+        (or, if unlocked untouched, waits): it is skipped, and the next walk, when the list and the heap
+        of parents left leafless run dry, finds it at its true time."""
         for walked in (False, True):
             node = self._next_lru_leaf()
             if node is not None or walked or self.evictable_size == 0:
@@ -244,21 +246,22 @@ class RadixCache:
 
     def _next_lru_leaf(self) -> Optional[TreeNode]:
         lru, late = self._lru, self._lru_late
-        while self._lru_at < len(lru) and (not self._evictable_leaf(lru[self._lru_at])
-                                           or lru[self._lru_at].last_access > self._lru_walk):  # fmt: skip
-            node = lru[self._lru_at]
+        while self._lru_at < len(lru) and not self._walked_leaf(lru[self._lru_at]):
             self._lru_at += 1
-            if self._evictable_leaf(node):
-                heapq.heappush(late, (node.last_access, next(_clock), node))
-        while late and (not self._evictable_leaf(late[0][2]) or late[0][2].last_access != late[0][0]):
-            node = heapq.heappop(late)[2]
-            if self._evictable_leaf(node):
-                heapq.heappush(late, (node.last_access, next(_clock), node))
+        while late and not self._walked_leaf(late[0][2]):
+            heapq.heappop(late)
         head = lru[self._lru_at] if self._lru_at < len(lru) else None
         if late and (head is None or late[0][0] < head.last_access):
             return heapq.heappop(late)[2]
         self._lru_at += head is not None
+        if self._lru_at == len(lru) and not late:
+            self._lru = []  # drop the walk's references to detached nodes (and their slot tensors)
+            self._lru_at = 0
         return head
+
+    def _walked_leaf(self, node: TreeNode) -> bool:
+        """An evictable leaf untouched since the last walk: its place in the walk's LRU order holds."""
+        return node.last_access <= self._lru_walk and self._evictable_leaf(node)
 
     def _evictable_leaf(self, node: TreeNode) -> bool:
         return not node.lock_ref and not node.children and self.is_attached(node)

@@ -1,7 +1,7 @@
 """Which server arguments let extend passes replay from CUDA graphs (--cuda-graph-extend-max-tokens):
 an explicit size that cannot run is refused when ServerArgs is built; the default (no size) is only
 turned off, and ModelRunner logs why (execution/model_runner.py decides the rest: FP8 checkpoints,
-the backend's capability, memory)."""
+memory)."""
 
 from __future__ import annotations
 
@@ -45,11 +45,14 @@ def extend_graph_blocker(args: ServerArgs, device: str, explicit: bool = False, 
     `explicit`: a size was set, which allows the CPU's padded passes and FP8. `fp8`: the checkpoint's
     own FP8 weights (its config's quantization_config), known once the model's config is read."""
     cuda = str(device).startswith("cuda")
-    host_planned = args.attention_backend == "flashinfer" or (cuda and args.attention_backend == "torch_native")
     if args.tp_size > 1:  # the graphs would capture all-reduces on every rank
         return "not supported with tp_size > 1 yet (not run on several GPUs)"
-    if host_planned:
-        return f"needs the triton attention backend ({args.attention_backend} plans each extend pass on the host)"
+    if cuda:  # the backend's capability decides, not its name (the CPU's padded passes capture nothing)
+        from radixflow.runtime.execution.attention import attention_backend_class
+
+        backend = attention_backend_class(args.attention_backend, "cuda")
+        if not backend.supports_extend_graph:
+            return f"needs the triton attention backend (the {backend.__name__} cannot replay extend passes from CUDA graphs)"
     if args.enable_deterministic_inference:
         return "pads extend passes, which enable_deterministic_inference does not allow for"
     if not explicit and not cuda:

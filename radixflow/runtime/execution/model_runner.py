@@ -11,7 +11,7 @@ import torch
 from radixflow.errors import ModelPathError, RadixflowError
 from radixflow.kernels.settings import KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool
-from radixflow.runtime.execution.attention import attention_backend_class, create_attention_backend
+from radixflow.runtime.execution.attention import create_attention_backend
 from radixflow.runtime.distributed.tp_group import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
@@ -174,7 +174,7 @@ class ModelRunner:
         Decided once, before the KV pool is sized, so that a default that turns itself off leaves the pool
         its memory. A size that was set and cannot run is an error; the default logs why it is off."""
         explicit = self.args.cuda_graph_extend_max_tokens is not None
-        why = extend_graph_off(self.args, self.device, fp8=self.ckpt_fp8 is not None) or self._backend_blocker(explicit)
+        why = extend_graph_off(self.args, self.device, fp8=self.ckpt_fp8 is not None)
         if why:
             if not explicit:
                 log.info("extend CUDA graphs off: %s", why)
@@ -183,18 +183,6 @@ class ModelRunner:
         if self.device == "cuda" and not explicit and not self._default_fits(limits, per_token):
             return None
         return limits
-
-    def _backend_blocker(self, explicit: bool) -> Optional[str]:
-        """Why the attention backend cannot run the extend graphs (the capability, not ServerArgs' names)."""
-        if self.device != "cuda":
-            return None
-        cls = attention_backend_class(self.args.attention_backend, self.device)
-        if cls.supports_extend_graph:
-            return None
-        why = f"the {cls.__name__} cannot replay extend passes from CUDA graphs"
-        if explicit:
-            raise RadixflowError(f"cuda_graph_extend_max_tokens: {why}; use attention_backend=triton")
-        return why
 
     def _extend_graph_limits(self, explicit: bool) -> tuple[int, int]:
         max_tokens = self.args.extend_graph_tokens(self.device, fp8=self.ckpt_fp8 is not None)
@@ -238,6 +226,7 @@ class ModelRunner:
             return None
         graphs = self.device == "cuda"
         if graphs and not self._extend_graphs_fit(explicit=self.args.cuda_graph_extend_max_tokens is not None):
+            self.extend_limits = None  # off for this process: the pool was sized without the estimate already
             return None
         if not graphs:
             log.warning("cuda_graph_extend_max_tokens on %s: small extend passes run padded without graphs "
@@ -259,7 +248,8 @@ class ModelRunner:
                f"need up to {need / 2**20:.0f} MiB, {free / 2**20:.0f} MiB is free")
         if explicit:
             raise RadixflowError(f"{msg}; lower them, or --max-total-tokens / --mem-fraction-static")
-        log.warning("%s: extend passes run eagerly (--max-total-tokens / --mem-fraction-static leave more)", msg)
+        log.warning("%s: extend passes run eagerly; the KV pool was already sized without that memory, which stays "
+                    "unused until a restart (--max-total-tokens / --mem-fraction-static leave more)", msg)
         return False
 
     def set_kernel_settings(self, settings: KernelSettings, graph_max_bs: int | None = None) -> None:

@@ -22,7 +22,7 @@ def owned_pages(sched: Scheduler) -> torch.Tensor:
     ps = alloc.page_size
     owners = [alloc.free_pages, torch.unique(sched.tree.all_slots() // ps)]
     for req in sched.running + ([sched.chunked] if sched.chunked else []):
-        own = sched.kv.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
+        own = sched.kv.req_to_token.read(req.req_pool_idx, req.kv_len, start=req.tree_len)
         owners.append(torch.unique(own // ps))
     return torch.cat(owners)
 

@@ -100,12 +100,17 @@ class KVManager:
         return pages
 
     # -- giving slots back -----------------------------------------------------------------
-    def _insert(self, req: Req) -> tuple[int, MatchResult]:
+    def _own_slots(self, req: Req) -> torch.Tensor:
+        """The request's own slots, past its locked prefix: only those are copied off the row."""
+        return self.req_to_token.read(req.req_pool_idx, req.kv_len, start=req.tree_len)
+
+    def _insert(self, req: Req, slots: Optional[torch.Tensor] = None) -> tuple[int, MatchResult]:
         """Hand the request's computed KV past its locked prefix (`tree_len` tokens, ending at
-        `last_node`) to the tree; free its duplicates. Returns the page-aligned length now owned
-        by the tree, and the tree's match for the part past the prefix."""
+        `last_node`; `slots`: its own slots, read here when not given) to the tree; free its
+        duplicates. Returns the page-aligned length now owned by the tree, and the tree's match
+        for the part past the prefix."""
         start = req.tree_len
-        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)[start:]
+        slots = self._own_slots(req) if slots is None else slots
         cached, match = self.tree.insert_matched(req.token_range(start, req.kv_len), slots, req.last_node)
         if cached:  # another request inserted these tokens first
             self.allocator.free_slots(slots[:cached])
@@ -130,13 +135,12 @@ class KVManager:
             match = self.tree.match_prefix(req.token_range(0, new_len))
             self.tree.inc_lock(match.node)
             self.tree.dec_lock(req.last_node)
-            own = self.req_to_token.read(req.req_pool_idx, req.kv_len)[req.tree_len :]
-            self.allocator.free_slots(own)
+            self.allocator.free_slots(self._own_slots(req))
             self.req_to_token.write(req.req_pool_idx, 0, match.slots)
             req.last_node, req.tree_len, req.kv_len = match.node, match.length, match.length
             return
         first_free = -(-new_len // self.page_size) * self.page_size  # keep a partly used page
-        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)[first_free:]
+        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len, start=first_free)
         if slots.numel():
             self.allocator.free_slots(slots)
         req.kv_len = new_len
@@ -145,12 +149,10 @@ class KVManager:
         """Free a request's row. With `cache`, its KV goes into the tree (if enabled)."""
         if req.req_pool_idx is None:
             return
-        slots = self.req_to_token.read(req.req_pool_idx, req.kv_len)
+        tail = self._own_slots(req)
         if cache and not self.tree.disable:
-            aligned, _ = self._insert(req)
-            tail = slots[aligned:]
-        else:
-            tail = slots[req.tree_len :]
+            aligned, _ = self._insert(req, tail)
+            tail = tail[aligned - req.tree_len :]  # the tree's page alignment is at or past tree_len
         if tail.numel():
             self.allocator.free_slots(tail)
         if req.last_node is not None:

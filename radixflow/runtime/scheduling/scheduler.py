@@ -176,7 +176,7 @@ class Scheduler:
         for req, n in batch:
             ids.extend(req.token_range(req.kv_len, req.kv_len + n))
             pos.append(torch.arange(req.kv_len, req.kv_len + n))
-            locs.append(self.kv.req_to_token.read(req.req_pool_idx, req.kv_len + n)[req.kv_len :])
+            locs.append(self.kv.req_to_token.read(req.req_pool_idx, req.kv_len + n, start=req.kv_len))
             rows.append(logit_rows_for(req, n, start))
             start += n
         prefix = [r.kv_len for r, _ in batch]
