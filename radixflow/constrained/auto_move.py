@@ -76,7 +76,7 @@ class AutoMover:
     def moved(self, kind: str, spec):
         """The grammar's moved (outlines) grammar once its compile is done; None before, or if it failed."""
         done = self.compile_of(kind, spec)
-        return done.result() if done is not None and done.done() and done.exception() is None else None
+        return done.result() if _succeeded(done) else None
 
     def on_request(self, kind: str, spec) -> Optional[Future]:
         """The grammar's finished move, if it has one; else counts the request, and from the
@@ -97,7 +97,7 @@ class AutoMover:
         return None
 
     def _start(self, key: tuple, kind: str, spec) -> None:
-        llguidance = self.backend.cache.peek((self.backend.backend_for(kind), kind, spec, self.backend.options))
+        llguidance = self.backend.cache.peek(self.backend.compile_key(kind, spec))
         if _compiled_from_spec(llguidance):
             _log_from_spec(kind)
             self._refuse(key)
@@ -209,4 +209,9 @@ def _log_from_spec(kind: str) -> None:
 
 def _compiled_from_spec(compiled: Optional[Future]) -> bool:
     """Whether a grammar's finished llguidance compile was made from its spec (no outlines regex)."""
-    return compiled is not None and compiled.done() and compiled.exception() is None and compiled.result().regex is None
+    return _succeeded(compiled) and compiled.result().regex is None
+
+
+def _succeeded(fut: Optional[Future]) -> bool:
+    """Whether `fut` exists, is done and did not raise."""
+    return fut is not None and fut.done() and fut.exception() is None

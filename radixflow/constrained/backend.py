@@ -92,9 +92,13 @@ class GrammarBackend:
         job = moved if moved is not None else self.compile_async(kind, spec)
         self._jobs[req] = (job, time.monotonic(), name)
 
+    def compile_key(self, kind: str, spec) -> tuple:
+        """The grammar cache's key of the compile that compile_async makes for (kind, spec)."""
+        return (self.backend_for(kind), kind, spec, self.options)
+
     def compile_async(self, kind: str, spec) -> Future:
-        name = self.backend_for(kind)
-        key = (name, kind, spec, self.options)
+        key = self.compile_key(kind, spec)
+        name = key[0]
         if self.mover is not None and kind != "ebnf":
             return self.cache.get(key, lambda: self._compile_movable(kind, spec))
         return self.cache.get(key, lambda: compile_grammar(self.impl_named(name), kind, spec, self.options, self.timeout_s))

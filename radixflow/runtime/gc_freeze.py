@@ -46,7 +46,8 @@ def freeze_startup_objects(enabled: bool = True) -> None:
     alive now would be kept for good."""
     if enabled:
         gc.collect()
-        gc.freeze()
+        with _lock:  # EngineFreeze reads the freeze count under it
+            gc.freeze()
 
 
 class EngineFreeze:

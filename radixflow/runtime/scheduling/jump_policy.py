@@ -17,6 +17,8 @@ from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
 def decode_rows(running: list, advanced: list) -> int:
     """The decode batch after a step: the running rows and the advanced ones that join them."""
+    if not advanced:
+        return len(running)
     ids = {id(r) for r in running}
     return len(ids) + sum(id(r) not in ids for r in advanced)
 

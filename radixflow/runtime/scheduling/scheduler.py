@@ -339,8 +339,8 @@ class Scheduler:
                 req.first_token_time = now
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
-        accept_tokens([(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
-        grammars = any(reqs[i].grammar is not None for i in live)  # without overlap the rows do not matter
+        accept_tokens(pairs := [(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
+        grammars = bool(pairs)  # without overlap the rows do not matter
         forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
             req = reqs[i]

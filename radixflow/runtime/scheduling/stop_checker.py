@@ -51,7 +51,6 @@ def _defined_in(cls: type, name: str) -> str:
 
 class StopChecker:
     def __init__(self, tokenizer, eos_ids: set):
-        self.tokenizer = tokenizer
         self.eos_ids = eos_ids
         self._decode = backend_decode(tokenizer)
 
