@@ -38,14 +38,17 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import bf16_attn_bench  # noqa: E402
 import gpu_attn_bench as attn  # noqa: E402
+from gather_probe import probe_case  # noqa: E402
 from gpubench.fp8_kernels import fp8_pool  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.decode_attention import DECODE_CONFIG, ENTRY_GATES, decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 CASES = {f"{bs}x{length}": (bs, length) for bs in (8, 32, 64, 256, 512) for length in (660, 1536)}
-SWEEP_CASES = "256x660,256x1536,512x660,512x1536"
+CASES.update(bf16_attn_bench.CASES)  # the offline pass's shapes: lengths drawn uniformly per case (seeded)
+SWEEP_CASES = "768xU,544xU,512x660,384xU,256xU,256x1536,512x1536"
 # The 16-bit pool's launch before issue 28's `bf16` entry (2 warps from batch 256 on an H200), spelt out with
 # no pool entry so it stays the same launch whatever DECODE_CONFIG's entries become: the FP8 row's baseline.
 BF16_4W = {"block_n": 64, "num_warps": 4, "num_stages": 3, "bf16": {}}
@@ -58,11 +61,17 @@ LAUNCHES = {  # label: (FP8 pool?, config), timed in every case; `bf16` / `fp8_d
 }
 # `fp8` entries timed: (block_n, num_warps, num_stages, other keys)
 # (Triton pipelines the gathered K / V one block ahead below 5 stages, two blocks ahead at 5: more bytes in flight.)
+# Session 11's: the loop's options (DECODE_CONFIG's fp8_exp2 `e2`, fp8_k_regs `kr`, head_first `hf`, warp_split `ws`)
+# and 2 warps (the bf16 pool's win), over 128-token blocks at 4 warps and 5 stages (the entry until then).
+E2, WS = {"fp8_exp2": True}, {"fp8_exp2": True, "warp_split": True}
 SWEEP = [
-    (64, 4, 3, {}), (64, 4, 2, {}), (64, 4, 5, {}), (64, 8, 3, {}), (64, 8, 5, {}), (32, 4, 3, {}), (32, 4, 5, {}),
-    (128, 4, 3, {}), (128, 4, 5, {}), (128, 8, 3, {}), (128, 8, 5, {}), (256, 8, 3, {}),
-    (64, 4, 5, {"waves": 16}), (128, 4, 3, {"waves": 16}),
+    (128, 4, 5, E2), (128, 4, 5, {**E2, "fp8_k_regs": True}), (128, 4, 5, {"head_first": True}),
+    (128, 4, 5, {**E2, "head_first": True}), (128, 4, 6, E2), (128, 4, 5, {"warp_split": True}), (128, 4, 5, WS),
+    (128, 4, 3, WS), (128, 4, 4, WS), (128, 4, 5, {**WS, "fp8_k_regs": True}), (128, 4, 5, {**WS, "head_first": True}),
+    (64, 4, 3, WS), (64, 4, 5, WS), (128, 8, 3, WS), (256, 8, 3, WS), (256, 4, 3, WS),
+    (64, 2, 3, {}), (64, 2, 5, {}), (64, 2, 3, E2), (64, 2, 5, E2), (128, 2, 3, E2), (128, 2, 4, WS),
 ]
+FLAGS = {"fp8_exp2": "e2", "fp8_k_regs": "kr", "head_first": "hf", "warp_split": "ws"}  # label suffixes
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
 BF16_EXTRA = [{**BF16_4W, "num_stages": 5}]  # whole launches, no pool entry: labelled `bf16_` + _label
 
@@ -74,6 +83,7 @@ def _entry(v: tuple) -> dict:
 
 def _label(entry: dict) -> str:
     tail = f"_wv{entry['waves']}" if "waves" in entry else ""
+    tail += "".join(f"_{short}" for key, short in FLAGS.items() if entry.get(key))
     return f"n{entry['block_n']}w{entry['num_warps']}s{entry['num_stages']}{tail}"
 
 
@@ -108,9 +118,14 @@ def precompile(names: list[str], pattern: str, sms: int, jobs: int) -> None:
     attn.compile_in_processes(list(tasks.values()), jobs)
 
 
-def bench_case(name: str, pattern: str, sms: int) -> dict:
+def case_lengths(name: str) -> list[int]:
     bs, length = CASES[name]
-    lens = [length] * bs
+    return [length] * bs if isinstance(length, int) else bf16_attn_bench.case_lengths(name)
+
+
+def bench_case(name: str, pattern: str, sms: int) -> dict:
+    lens = case_lengths(name)
+    bs, length = len(lens), sum(lens) / len(lens)
     x = attn.make_inputs(lens)
     (k8, v8), scales, deq = fp8_pool_dequantized(x)
     idx, q = x["idx"][0], x["q"]
@@ -137,6 +152,7 @@ def bench_case(name: str, pattern: str, sms: int) -> dict:
             r["tbs"] = (nbytes // 2 if fp8 else nbytes) / r["us"] / 1e6
         except Exception as e:  # a config the compiler or the GPU rejects: report it, keep sweeping
             r["failed"] = repr(e)[:300]
+    res["probe"] = probe_case(x, (k8, v8))
     return res
 
 
@@ -160,7 +176,8 @@ def write_config(entry: dict) -> None:
     (min_batch, min_shared_memory; one entry, one line)."""
     gates = {k: v for k, v in DECODE_CONFIG["fp8"].items() if k in ENTRY_GATES["fp8"]}
     text = open(CONFIG_FILE).read()
-    new, count = re.subn(r'"fp8": \{[^{}]*\}', '"fp8": ' + json.dumps({**entry, **gates}), text, count=1)
+    source = "{" + ", ".join(f'"{k}": {v!r}' for k, v in {**entry, **gates}.items()) + "}"  # True, not JSON's true
+    new, count = re.subn(r'"fp8": \{[^{}]*\}', lambda _: '"fp8": ' + source, text, count=1)
     assert count == 1, "DECODE_CONFIG's fp8 entry not found"
     with open(CONFIG_FILE, "w") as f:
         f.write(new)
@@ -177,7 +194,8 @@ def print_table(res: dict) -> None:
     for name, c in res["cases"].items():
         runs = c["runs"]
         bases = [runs[b].get("us") for b in RATIO_BASES]
-        print(f"\n{name}: batch {c['batch']} x {c['len']} tokens, bf16 K+V {c['bf16_kv_mb']:.0f} MB")
+        print(f"\n{name}: batch {c['batch']} x {c['len']:.0f} tokens (mean), bf16 K+V {c['bf16_kv_mb']:.0f} MB; "
+              "gather probe TB/s: " + ", ".join(f"{k} {v['tbs']:.2f}" for k, v in c["probe"].items()))
         print(f"  {'variant':22} {'launch':>10} {'splits':>6} {'us':>8} {'TB/s':>5} {'vs bf16_4w':>10} {'vs launch':>9} "
               f"{'vs v_regs':>9} {'err':>7}")
         for lab, r in sorted(runs.items(), key=lambda kv: kv[1].get("us", 1e9)):

@@ -160,7 +160,9 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_mb", "stride_mh", "stride_ms", "stride_lb", "stride_lh", "stride_ob", "stride_oh",
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
-    consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl}
+    consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl,
+              "K_REGS": False, "EXP2": False, "HEAD_FIRST": False, "WARP_SPLIT": 0}
+    loop = {"K_REGS": True, "EXP2": True, "HEAD_FIRST": True, "WARP_SPLIT": 4}  # the FP8 loop's options (issue 28, s11)
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
     off = {"KV_FP8": False, "KV_F16": False, "V_REGS": False}
     for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, **off},
@@ -169,11 +171,13 @@ def check_decode_attention(pdl: int) -> None:
                   {"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True, "V_REGS": True},
                   {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": True, "V_REGS": True},
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, "KV_FP8": True, "KV_F16": True, "V_REGS": False},
-                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False, "V_REGS": False}):
+                  {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False, "V_REGS": False},
+                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, "KV_FP8": True, "KV_F16": True, "V_REGS": True, **loop},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 1, "KV_FP8": True, "KV_F16": True, "V_REGS": True, **loop}):
         launch = decode_attention.resolve_config(256, pool="fp8" if extra["KV_FP8"] else "bf16", head_dim=128,
                                                  kv_heads=8)
         ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig,
-                       {**extra, **consts, "BLOCK_N": launch["block_n"]},
+                       {**consts, **extra, "BLOCK_N": launch["block_n"]},
                        num_warps=launch["num_warps"], num_stages=launch["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
         if extra["KV_F16"]:  # e4m3 -> float16 in one step, no float16 -> bf16 conversions left
@@ -185,6 +189,7 @@ def check_decode_attention(pdl: int) -> None:
         assert ("ldmatrix.sync.aligned.m8n8.x4.trans" in ptx) == (not byte_reads), extra
         if extra["KV_FP8"]:  # DECODE_CONFIG's FP8 launch keeps the next block's K / V copies in flight in the loop
             assert re.search(r"cp\.async\.wait_group\s+[1-9]", ptx), extra
+        assert ("ex2.approx.ftz.f32" in ptx) == extra.get("EXP2", False), extra  # the softmax's exp without range test
         if extra["KV_FP8"] and extra["ROPE"]:  # the new token's K and V stored as KVPool.store rounds them
             assert "div.rn" in ptx and "cvt.rmi" not in ptx
     sig = {"MidO": "*fp32", "MidLse": "*fp32", "Out": BF16,

@@ -121,6 +121,29 @@ def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
             torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
+# issue 28, session 11: the FP8 loop's options (decode_attention's module doc), alone and together
+FP8_LOOP_OPTIONS = [{"fp8_exp2": True}, {"fp8_k_regs": True}, {"head_first": True}, {"warp_split": True},
+                    {"warp_split": True, "fp8_exp2": True, "fp8_k_regs": True, "head_first": True}]
+
+
+@pytest.mark.parametrize("option", FP8_LOOP_OPTIONS)
+@pytest.mark.parametrize("launch", [(64, 4), (128, 4), (64, 2)])  # block_n, num_warps: 16-64 tokens a warp
+def test_fp8_kv_decode_loop_options(option, launch):
+    """Scores in log2 units, K widened in registers, KV heads first in the grid and each warp on its own tokens
+    (decode_warp_split) give the dequantized reference's output with bf16 queries, at 1 and 4 splits (4: the
+    log-sum-exp of the partials, which exp2 keeps in natural-log units), sequences shorter than a warp's share
+    of a block (7, 1) and ending inside one (70, 130) included; scale 2 spreads the scores over ~30 units."""
+    seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
+    bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
+    q = torch.randn(len(seq_lens), hq, d, device=DEV).to(torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 2.0)
+    config = {**option, "fp8": {"block_n": launch[0], "num_warps": launch[1]}}
+    for splits in (1, 4):
+        got = da.decode_attention(q, *bufs, table, req_idx, lens, 2.0, splits, scales=scales, config=config)
+        torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
+
+
 # Launches of an FP8 pool besides DECODE_CONFIG's at the test's batch sizes: the bf16 launch with V widened
 # after shared memory or in registers, DECODE_CONFIG's `fp8` entry below its min_batch, other blocks
 GPU_FP8_DECODE_VARIANTS = [{"fp8_v_regs": False}, {"fp8": {}}, {"fp8": {**da.DECODE_CONFIG["fp8"], "min_batch": 0}},

@@ -38,12 +38,17 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, EXP2: tl.constexpr = False):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
-    running max m_i, denominator l_i and unnormalised output acc."""
+    running max m_i, denominator l_i and unnormalised output acc. EXP2: qk and m_i are in log2 units
+    (the scale times log2(e)), exponentiated by `exp2_ftz`; l_i and acc come out the same."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(qk - m_new[:, None])
+    if EXP2:
+        alpha = exp2_ftz(m_i - m_new)
+        p = exp2_ftz(qk - m_new[:, None])
+    else:
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(qk - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None]
     part = p.to(v.dtype)
@@ -51,6 +56,16 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.co
     if P_PARTS > 1:
         acc += dot((p - part.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
+
+
+@triton.jit
+def exp2_ftz(x):
+    """2^x by one ex2.approx.ftz: tl.exp's ex2.approx without ftz adds a range test and two multiplies a value to
+    keep subnormal results, which a softmax weight below 2^-126 never needs (it adds nothing to the sum)."""
+    if INTERPRETED:
+        return tl.exp2(x)
+    return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
+                                     pack=1)
 
 
 @triton.jit

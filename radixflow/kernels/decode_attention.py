@@ -21,9 +21,11 @@ entry's gates (POOL_GATES) limit it to what was timed: min_batch, min_shared_mem
 `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
-False: where Triton puts it, kept for A/B). A caller's `config` replaces DECODE_CONFIG's keys it names;
-its own `small` / pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's
-pool entries do not (`resolve_config`).
+False: where Triton puts it, kept for A/B); `fp8_k_regs`: K too; `fp8_exp2`: an FP8 pool's scores in log2 units through
+attention_common.exp2_ftz; `warp_split`: with fp8_f16, each warp on its own tokens (decode_warp_split); `head_first`: the
+grid's KV heads vary fastest (a request's heads read its slots together). A caller's `config` replaces DECODE_CONFIG's
+keys it names; its own `small` / pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool
+entries do not (`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -50,6 +52,7 @@ import triton.language as tl
 from radixflow.kernels.attention_common import (
     as_f16_pow2, dot, e4m3_to_f16_in_registers, load_kv_block, online_softmax_step, p_parts, to_kv_dtype,
 )
+from radixflow.kernels.decode_warp_split import attend_by_warp
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -76,13 +79,12 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True,
+    "fp8_v_regs": True, "fp8_k_regs": False, "fp8_exp2": False, "head_first": False, "warp_split": False,
     "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
     "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
     "fp16": {},
 }
-DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16,
-                        "direct": False}
+DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
 
 
 @triton.jit
@@ -105,10 +107,10 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    KV_F16: tl.constexpr, V_REGS: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, V_REGS: tl.constexpr, K_REGS: tl.constexpr, EXP2: tl.constexpr, HEAD_FIRST: tl.constexpr, WARP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    b = tl.program_id(0).to(tl.int64)
-    kvh = tl.program_id(1)
+    b = tl.program_id(1 if HEAD_FIRST else 0).to(tl.int64)
+    kvh = tl.program_id(0 if HEAD_FIRST else 1)
     split = tl.program_id(2)
     pdl_wait(USE_PDL)
     if KV_FP8:  # the pool holds K / k_scale: fold the head's scale into the softmax scale (V's: into the output)
@@ -144,21 +146,30 @@ def _decode_stage1(
     if KV_F16:  # FP8 pool, 16-bit q: products in float16 (attention_common.as_f16_pow2)
         q, q_unit = as_f16_pow2(q)
         scale = scale * q_unit
+    if EXP2:  # scores in log2 units (attention_common.exp2_ftz)
+        scale = scale * 1.4426950408889634
     Slots = ReqToToken + row * stride_r2t
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < end
-        k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
-                             offs_d, mask_d)
-        if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
-            v = e4m3_to_f16_in_registers(v)
-        qk = dot(q, k.to(q.dtype), IEEE) * scale
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS)
-
+    if WARP_SPLIT:  # FP8 pool, float16 products: each warp on its own tokens (decode_warp_split)
+        m_i, l_i, acc = attend_by_warp(q, Slots, start, end, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt,
+                                       stride_vt, offs_d, mask_d, scale, WARP_SPLIT, BLOCK_N, V_REGS, K_REGS, EXP2)
+    else:
+        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+        l_i = tl.zeros([BLOCK_H], tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+        for n0 in range(start, end, BLOCK_N):
+            offs_n = n0 + tl.arange(0, BLOCK_N)
+            mask_n = offs_n < end
+            k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
+                                 offs_d, mask_d)
+            if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
+                v = e4m3_to_f16_in_registers(v)
+            if K_REGS:
+                k = e4m3_to_f16_in_registers(k)
+            qk = dot(q, k.to(q.dtype), IEEE) * scale
+            qk = tl.where(mask_n[None, :], qk, float("-inf"))
+            m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2)
+    if EXP2:
+        m_i = m_i * 0.6931471805599453  # back to natural-log units for the log-sum-exp
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if KV_FP8:
@@ -367,7 +378,7 @@ def decode_attention(
     if rope is not None:
         assert q.stride(2) == r.k.stride(2) == r.v.stride(2) == r.cos.stride(1) == 1 and r.cos.dtype == torch.float32
         assert d % 2 == 0 and r.cos.shape[1] == d
-    _decode_stage1[(bsz, hkv, num_splits)](
+    _decode_stage1[(hkv, bsz, num_splits) if cfg["head_first"] else (bsz, hkv, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
         r.positions, r.cos, r.sin, r.k, r.v, r.loc, k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
@@ -376,7 +387,9 @@ def decode_attention(
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
-        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], K_REGS=kv_f16 and cfg["fp8_k_regs"],
+        EXP2=fp8 and cfg["fp8_exp2"], HEAD_FIRST=cfg["head_first"],
+        WARP_SPLIT=cfg["num_warps"] if kv_f16 and cfg["warp_split"] else 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
