@@ -48,7 +48,7 @@ CASES = {  # name: (batch, lengths: int or (low, high) uniform)
     "1x256": (1, 256), "1x384": (1, 384), "1x4096": (1, 4096),
 }
 BASE = {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
-        "fp8_exp2": False, "fp8_k_regs": False, "head_first": False, "warp_split": False}
+        "fp8_exp2": False, "head_first": False}
 OLD = {**BASE, "num_warps": 8, "direct": False}  # the first kernel's launch; timed with PDL off
 # (block_n, num_warps, num_stages, other keys) over BASE
 LARGE = [
@@ -60,8 +60,7 @@ SMALL = [
     (64, 4, 3, {"split_align": 16, "max_splits": 32}), (32, 4, 3, {"split_align": 16, "max_splits": 32}),
     (64, 4, 3, {"split_align": 16, "max_splits": 64}), (64, 4, 3, {"split_align": 32, "max_splits": 8}),
 ]
-SHORT = {"split_align": "a", "max_splits": "ms", "waves": "wv", "direct": "direct", "fp8_exp2": "e2", "fp8_k_regs": "kr",
-         "head_first": "hf", "warp_split": "ws"}
+SHORT = {"split_align": "a", "max_splits": "ms", "waves": "wv", "direct": "direct", "fp8_exp2": "e2", "head_first": "hf"}
 
 
 def _variant(v: tuple) -> dict:

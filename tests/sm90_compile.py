@@ -161,8 +161,8 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl,
-              "K_REGS": False, "EXP2": False, "HEAD_FIRST": False, "WARP_SPLIT": 0}
-    loop = {"K_REGS": True, "EXP2": True, "HEAD_FIRST": True, "WARP_SPLIT": 4}  # the FP8 loop's options (issue 28, s11)
+              "EXP2": False, "HEAD_FIRST": False}
+    loop = {"EXP2": True, "HEAD_FIRST": True}  # the FP8 loop's options (issue 28, session 11)
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
     off = {"KV_FP8": False, "KV_F16": False, "V_REGS": False}
     for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, **off},

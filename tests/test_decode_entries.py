@@ -25,7 +25,7 @@ from test_kernels import _paged_pool  # noqa: E402
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 needs_cuda = pytest.mark.skipif(DEV != "cuda", reason="needs a CUDA device")
 ENTRY = {"block_n": 32, "num_stages": 4, "waves": 64, "min_batch": 200}
-LLAMA = {"head_dim": 128, "kv_heads": 8}  # the shape the committed `bf16` entry was timed at
+LLAMA = {"head_dim": 128, "kv_heads": 8}  # the shape the committed `bf16` and `fp8` entries were timed at
 
 
 def test_pool_kind_names_the_entry_a_pool_takes_and_refuses_other_dtypes():
@@ -55,7 +55,7 @@ def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
     monkeypatch.setitem(da.DECODE_CONFIG, "bf16", ENTRY)
     got = da.resolve_config(256, pool="bf16")
     assert (got["block_n"], got["num_stages"], got["waves"]) == (32, 4, 64) and "min_batch" not in got
-    assert da.resolve_config(256, pool="fp8")["block_n"] == da.DECODE_CONFIG["fp8"]["block_n"]
+    assert da.resolve_config(256, pool="fp8", **LLAMA)["num_stages"] == da.DECODE_CONFIG["fp8"]["num_stages"]
     for batch, pool in ((256, "float32"), (256, "fp16"), (256, None), (199, "bf16"), (1, "bf16")):
         assert da.resolve_config(batch, pool=pool)["block_n"] == da.DECODE_CONFIG["block_n"], (batch, pool)
     assert da.resolve_config(256, {"bf16": {}}, pool="bf16")["block_n"] == da.DECODE_CONFIG["block_n"]
@@ -64,19 +64,22 @@ def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
         da.resolve_config(256, {"bf16": {"blok_n": 32}}, pool="bf16")
 
 
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])  # the committed entries: 2 warps each, timed at one shape
 @pytest.mark.parametrize("batch,pool,head_dim,kv_heads,applies", [
-    (256, "bf16", 128, 8, True), (1024, "bf16", 128, 32, True),
-    (255, "bf16", 128, 8, False),  # below min_batch (with CUDA graphs 241-255 replay the 256 graph)
-    (256, "bf16", 64, 8, False), (256, "bf16", 256, 8, False), (256, "bf16", None, 8, False),  # head sizes
-    (256, "bf16", 128, 4, False), (512, "bf16", 128, 1, False), (256, "bf16", 128, None, False),  # TP ranks
+    (256, "own", 128, 8, True), (1024, "own", 128, 32, True),
+    (255, "own", 128, 8, False),  # below min_batch (with CUDA graphs 241-255 replay the 256 graph)
+    (256, "own", 64, 8, False), (256, "own", 256, 8, False), (256, "own", None, 8, False),  # head sizes
+    (256, "own", 128, 4, False), (512, "own", 128, 1, False), (256, "own", 128, None, False),  # TP ranks
     (256, "fp16", 128, 8, False), (256, "float32", 128, 8, False), (256, None, 128, 8, False),  # pools
 ])
-def test_committed_bf16_entry_only_at_the_shapes_it_was_timed(monkeypatch, batch, pool, head_dim, kv_heads, applies):
-    """The committed entry (2 warps) at an H200's shape and nowhere else; the split count follows the same
+def test_committed_entries_only_at_the_shapes_they_were_timed(monkeypatch, kind, batch, pool, head_dim, kv_heads,
+                                                              applies):
+    """A committed entry (`own`: its pool's) at an H200's shape and nowhere else; the split count follows the same
     shape (num_kv_splits given decode_attention's arguments). The device is an H200's (sm_90) on any machine."""
     _device(monkeypatch, 9, 0, 232_448)
+    pool = kind if pool == "own" else pool
     got = da.resolve_config(batch, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
-    want = da.DECODE_CONFIG["bf16"]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"]
+    want = da.DECODE_CONFIG[kind]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"]
     assert got["num_warps"] == want and "head_dim" not in got and "min_kv_heads" not in got
     assert da.num_kv_splits(batch, kv_heads or 1, 132, pool=pool, head_dim=head_dim) == \
         da.num_kv_splits(batch, kv_heads or 1, 132, config=got)
@@ -87,10 +90,11 @@ def test_committed_bf16_entry_only_at_the_shapes_it_was_timed(monkeypatch, batch
     (8, 0, False), (8, 6, False), (8, 9, False),  # A100, A10 / RTX 30x0, L4 / L40S / RTX 4090
     (10, 0, False), (12, 0, False),  # B200, RTX 5090: not timed
 ])
-def test_committed_bf16_entry_only_on_the_gpus_it_was_timed_on(monkeypatch, major, minor, applies):
+@pytest.mark.parametrize("kind", ["bf16", "fp8"])
+def test_committed_entries_only_on_the_gpus_they_were_timed_on(monkeypatch, major, minor, applies, kind):
     _device(monkeypatch, major, minor, 232_448)
-    got = da.resolve_config(512, pool="bf16", **LLAMA)
-    assert got["num_warps"] == (da.DECODE_CONFIG["bf16"]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"])
+    got = da.resolve_config(512, pool=kind, **LLAMA)
+    assert got["num_warps"] == (da.DECODE_CONFIG[kind]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"])
 
 
 def _spy_resolve(monkeypatch) -> list:

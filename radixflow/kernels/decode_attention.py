@@ -13,17 +13,16 @@ block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv
 with one split, stage 1 writes the normalised output itself and stage 2 is skipped; `split_align`:
 splits are cut at multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up (an FP8 block of tokens is
-half the bytes of a bf16 one), applied only where the device allows fp8["min_shared_memory"] bytes of
-shared memory per block (`entry_fits`); `bf16` / `fp16`: the same for bf16 / fp16 pools (`pool_kind`). A pool
+graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up, where its other gates pass (a
+min_shared_memory gate: where the device allows that many bytes of shared memory per block, `entry_fits`);
+`bf16` / `fp16`: the same for bf16 / fp16 pools (`pool_kind`). A pool
 entry's gates (POOL_GATES) limit it to what was timed: min_batch, min_shared_memory, head_dim, min_kv_heads
 (the KV heads a rank holds), sm_major (the device's compute capability major);
 `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
-False: where Triton puts it, kept for A/B); `fp8_k_regs`: K too; `fp8_exp2`: an FP8 pool's scores in log2 units through
-attention_common.exp2_ftz; `warp_split`: with fp8_f16, each warp on its own tokens (decode_warp_split); `head_first`: the
-grid's KV heads vary fastest (a request's heads read its slots together). A caller's `config` replaces DECODE_CONFIG's
+False: where Triton puts it, kept for A/B); `fp8_exp2`: an FP8 pool's scores in log2 units through attention_common.exp2_ftz;
+`head_first`: the grid's KV heads vary fastest (a request's heads read its slots together; kept for A/B). A caller's `config` replaces DECODE_CONFIG's
 keys it names; its own `small` / pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool
 entries do not (`resolve_config`).
 
@@ -52,7 +51,6 @@ import triton.language as tl
 from radixflow.kernels.attention_common import (
     as_f16_pow2, dot, e4m3_to_f16_in_registers, load_kv_block, online_softmax_step, p_parts, to_kv_dtype,
 )
-from radixflow.kernels.decode_warp_split import attend_by_warp
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -62,11 +60,11 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
-# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py; below 256 it was slower than
-#   the bf16 launch on short contexts, where splits cut at 128-token multiples leave more SMs idle, and
-#   faster only on long ones, so smaller batches keep the bf16 launch): 128-token blocks, 5 stages, so the next block's gathered K / V stay in flight
-#   during the products. It needs ~105 KiB of shared memory per block at 128-dim heads (~205 KiB at 256): more than
-#   sm_89 / sm_120 GPUs allow (99 KiB), hence min_shared_memory. benchmarks/history/2026-12-02.md has why.
+# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py at the offline pass's shapes): 2 warps,
+#   5 stages (the next blocks' gathered K / V stay in flight during the products), scores in log2 units. The
+#   kernel, not the pool's layout, held the FP8 pool's read rate: a gather-only probe reads it at the bf16 pool's
+#   rate. Timed only as the `bf16` entry below was (H200, 128-dim heads, 8 KV heads, batch >= 256), hence the same
+#   gates; elsewhere an FP8 pool keeps the launch above with V widened in registers. The history has the sweep.
 # - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
 #   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
@@ -79,8 +77,9 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8_k_regs": False, "fp8_exp2": False, "head_first": False, "warp_split": False,
-    "fp8": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
+    "fp8_v_regs": True, "fp8_exp2": False, "head_first": False,
+    "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8,
+            "sm_major": 9},
     "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
     "fp16": {},
 }
@@ -107,7 +106,7 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    KV_F16: tl.constexpr, V_REGS: tl.constexpr, K_REGS: tl.constexpr, EXP2: tl.constexpr, HEAD_FIRST: tl.constexpr, WARP_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, V_REGS: tl.constexpr, EXP2: tl.constexpr, HEAD_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     b = tl.program_id(1 if HEAD_FIRST else 0).to(tl.int64)
     kvh = tl.program_id(0 if HEAD_FIRST else 1)
@@ -149,25 +148,19 @@ def _decode_stage1(
     if EXP2:  # scores in log2 units (attention_common.exp2_ftz)
         scale = scale * 1.4426950408889634
     Slots = ReqToToken + row * stride_r2t
-    if WARP_SPLIT:  # FP8 pool, float16 products: each warp on its own tokens (decode_warp_split)
-        m_i, l_i, acc = attend_by_warp(q, Slots, start, end, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt,
-                                       stride_vt, offs_d, mask_d, scale, WARP_SPLIT, BLOCK_N, V_REGS, K_REGS, EXP2)
-    else:
-        m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_H], tl.float32)
-        acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-        for n0 in range(start, end, BLOCK_N):
-            offs_n = n0 + tl.arange(0, BLOCK_N)
-            mask_n = offs_n < end
-            k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
-                                 offs_d, mask_d)
-            if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
-                v = e4m3_to_f16_in_registers(v)
-            if K_REGS:
-                k = e4m3_to_f16_in_registers(k)
-            qk = dot(q, k.to(q.dtype), IEEE) * scale
-            qk = tl.where(mask_n[None, :], qk, float("-inf"))
-            m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    for n0 in range(start, end, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < end
+        k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
+                             offs_d, mask_d)
+        if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
+            v = e4m3_to_f16_in_registers(v)
+        qk = dot(q, k.to(q.dtype), IEEE) * scale
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2)
     if EXP2:
         m_i = m_i * 0.6931471805599453  # back to natural-log units for the log-sum-exp
     nonempty = l_i > 0
@@ -387,9 +380,8 @@ def decode_attention(
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
-        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], K_REGS=kv_f16 and cfg["fp8_k_regs"],
-        EXP2=fp8 and cfg["fp8_exp2"], HEAD_FIRST=cfg["head_first"],
-        WARP_SPLIT=cfg["num_warps"] if kv_f16 and cfg["warp_split"] else 0, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
+        HEAD_FIRST=cfg["head_first"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
