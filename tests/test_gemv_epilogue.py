@@ -13,7 +13,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 from radixflow.kernels import reference as ref  # noqa: E402
-from radixflow.kernels.gemv import gemv  # noqa: E402
+from radixflow.kernels.gemv import GEMV_CONFIGS_FP8, gemv  # noqa: E402
 from radixflow.kernels.gemv_epilogue import gemv_residual, gemv_rstd  # noqa: E402
 from radixflow.kernels.norm_act import silu_and_mul  # noqa: E402
 from radixflow.kernels.reference import quantize_rows_torch  # noqa: E402
@@ -195,3 +195,79 @@ def test_a_cpu_engine_does_not_fold(caplog):
                                    max_running_requests=4))
     assert not r.model.folded and not r.model.layers[0].mlp.interleaved
     assert "norm weights not folded, no GEMV epilogues: not CUDA" in caplog.text
+
+
+# -- GPU: Llama-3-8B shapes at every config, and a PDL chain in a CUDA graph ---------------------------------
+gpu = pytest.mark.gpu
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@gpu
+@needs_cuda
+@pytest.mark.parametrize("fp8", [False, True])
+@pytest.mark.parametrize("kind", ["rstd", "silu", "residual"])
+def test_gpu_llama_shapes_every_config(fp8, kind):
+    from radixflow.kernels.gemv import GEMV_CONFIGS
+
+    configs = GEMV_CONFIGS_FP8 if fp8 else GEMV_CONFIGS
+    shapes = {"rstd": [(6144, 4096)], "silu": [(28672, 4096)], "residual": [(4096, 4096), (4096, 14336)]}[kind]
+    for n, k in shapes:
+        w32 = torch.randn(n, k, device=DEV) * k**-0.5
+        wq, scale = quantize_rows_torch(w32) if fp8 else (w32.to(torch.bfloat16), None)
+        wf = wq.float() * (1 if scale is None else scale.view(-1, 1))
+        for m in (1, 3):  # BLOCK_M 1 and 4
+            x = torch.randn(m, k, device=DEV).to(torch.bfloat16) * 4
+            sums = (x.float() ** 2).sum(-1)
+            dot = x.float() @ wf.T
+            for cfg in configs:
+                if kind == "residual":
+                    res = torch.randn(m, n, device=DEV)
+                    s = torch.zeros(m, device=DEV)
+                    got_res, got_x = gemv_residual(x, wq, res, s, w_scale=scale, config=cfg)
+                    _close(got_res, dot + res, 0.1)  # o rounded to bf16 first
+                    _close(s, (got_res**2).sum(-1), 1e-4 * s.max().item())
+                    continue
+                want = dot * torch.rsqrt(sums / k + EPS)[:, None]
+                if kind == "silu":  # rows [gate; up], interleaved for the kernel
+                    gate, up = want.chunk(2, dim=-1)
+                    want = torch.nn.functional.silu(gate) * up
+                    w_in = interleave_rows(wq.view(torch.uint8), 2).view(wq.dtype)
+                    s_in = None if scale is None else interleave_rows(scale, 2)
+                    got = gemv_rstd(x, w_in, sums, EPS, silu=True, w_scale=s_in, config=cfg)
+                    _close(got, want.to(torch.bfloat16), 0.03 * want.abs().max().item())
+                    continue
+                _close(gemv_rstd(x, wq, sums, EPS, w_scale=scale, config=cfg), want.to(torch.bfloat16),
+                       0.02 * want.abs().max().item())
+
+
+@gpu
+@needs_cuda
+def test_gpu_pdl_chain_in_a_graph_matches_eager():
+    """o_proj -> gate_up -> down -> qkv as a decode layer chains them, with PDL, captured and replayed: the
+    slots' atomics must be complete when the next kernel reads them."""
+    h, inter = 4096, 14336
+    ws = [(torch.randn(n, k, device=DEV) * k**-0.5).to(torch.bfloat16) for n, k in ((h, h), (2 * inter, h), (h, inter), (6144, h))]
+    attn = torch.randn(1, h, device=DEV).to(torch.bfloat16)
+    res0 = torch.randn(1, h, device=DEV) * 3
+
+    def chain():
+        sums = torch.zeros(2, 1, device=DEV)
+        res, x = gemv_residual(attn, ws[0], res0, sums[0])
+        act = gemv_rstd(x, ws[1], sums[0], EPS, silu=True)
+        res, x = gemv_residual(act, ws[2], res, sums[1])
+        return gemv_rstd(x, ws[3], sums[1], EPS), res
+
+    eager = chain()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        chain()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        out = chain()
+    for _ in range(5):
+        graph.replay()
+        torch.cuda.synchronize()
+        _close(out[1], eager[1], 1e-3 * eager[1].abs().max().item())
+        _close(out[0], eager[0], 0.02 * eager[0].abs().max().item())
