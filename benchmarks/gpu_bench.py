@@ -32,7 +32,8 @@ Sections (each isolated: a failure is logged and the next one runs):
                each workload seed of --offline-seeds (three by default)
   offline_1k   1000 requests of 1000 prompt tokens and 1000 output tokens
   bs1          batch-1 decode against the bytes a step must read (weights used, KV), and the GEMV-only bound
-               (every linear and the head back to back in a graph)
+               (every linear and the head back to back in a graph); a folded model (layers/norm_fold.py) also A/Bs its graph with
+               the GEMV epilogues against one without them, interleaved twice
   offline_pdl_ab / offline_residual_ab / offline_p_parts_ab   offline under each of two or three settings
   shared       256 x (4096 shared + 128) -> 128 out, radix on vs off
   idle         GPU idle fraction between decode steps at batch 64
@@ -63,7 +64,7 @@ Sections (each isolated: a failure is logged and the next one runs):
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
-(FP8 KV cache), fp8kv8 (both), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
+(FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 
 The sections live by topic in benchmarks/gpubench/ (machine, correctness, decode, gemv_configs, hf,
@@ -121,7 +122,8 @@ SECTIONS = {
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
-            "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"}}
+            "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
+            "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
 

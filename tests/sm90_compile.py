@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radixflow.kernels import (  # noqa: E402
-    argmax, decode_attention, extend_attention, fp8, gemv, kv_store, matmul, norm_act, rotary, sampling,
+    argmax, decode_attention, extend_attention, fp8, gemv, gemv_epilogue, kv_store, matmul, norm_act, rotary, sampling,
 )
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -87,7 +87,37 @@ def check_norm_and_activation(pdl: int) -> None:
     ptx = _compile(norm_act._rmsnorm_kernel, sig, {"HAS_RES": True, "BLOCK": 4096, "USE_PDL": pdl}, launch_pdl=pdl > 0)
     assert _pdl_order_ok(ptx, pdl)
     sig = {"X": BF16, "Out": BF16, **_ints("stride_x", "stride_o", "N")}
-    _compile(norm_act._silu_mul_kernel, sig, {"BLOCK": 2048, "USE_PDL": pdl}, launch_pdl=pdl > 0)
+    for interleaved in (False, True):
+        _compile(norm_act._silu_mul_kernel, sig, {"BLOCK": 2048, "INTERLEAVED": interleaved, "USE_PDL": pdl},
+                 launch_pdl=pdl > 0)
+
+
+# per epilogue, the config the H200's chooser picked for the layer that runs it (benchmarks/history/, session 11):
+# the K loop is the plain GEMV's, compiled at every config by check_gemv
+EPILOGUE_CONFIGS = {"bf16": {"rstd": 1, "silu": 1, "residual": 2}, "fp8": {"rstd": 0, "silu": 2, "residual": 1}}
+
+
+def check_gemv_epilogue(pdl: int, weight: str = BF16) -> None:
+    """kernels/gemv_epilogue.py's three epilogues (rstd: qkv; rstd + SiLU-and-mul: gate_up; residual + sum of
+    squares: o_proj, down) at one and four rows: pipelined as the plain GEMV, the first weight tile before the wait."""
+    fp8_w = weight != BF16
+    sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16, "Res": "*fp32",
+           "ResOut": "*fp32", "SumIn": "*fp32", "SumOut": "*fp32",
+           **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om", "stride_r"), "eps": "fp32"}
+    configs = gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS
+    for kind, index in EPILOGUE_CONFIGS["fp8" if fp8_w else "bf16"].items():
+        cfg = configs[index]
+        for block_m in (1, 4):
+            consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "NORM_IN": kind != "residual",
+                      "RESIDUAL": kind == "residual", "SILU": kind == "silu", "USE_PDL": pdl, "BLOCK_M": block_m,
+                      "BLOCK_N": cfg["block_n"], "BLOCK_K": gemv.gemv_block_k(cfg, block_m),
+                      "UNROLL": cfg.get("unroll", 1), "STAGES": cfg["stages"]}
+            ptx = _compile(gemv_epilogue._gemv_epilogue_kernel, sig, consts, num_warps=cfg["num_warps"],
+                           launch_pdl=pdl > 0)
+            assert _pdl_order_ok(ptx, pdl) and "cp.async" in ptx
+            assert kind != "residual" or "atom.global" in ptx or "red.global" in ptx
+            if pdl:
+                assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
 
 def check_rotary_and_kv_store(pdl: int) -> None:
@@ -229,6 +259,7 @@ def main() -> int:
     checks = [(check_gemv, (pdl, m)) for pdl in (0, 1, 2) for m in (1, 4)]
     checks += [(check_gemv, (pdl, m, "*fp8e4nv")) for pdl in (0, 2) for m in (1, 4)]
     checks += [(check_gemv_fp8_words, (pdl, m)) for pdl in (0, 2) for m in (1, 4)]
+    checks += [(check_gemv_epilogue, (pdl, w)) for pdl in (0, 2) for w in (BF16, FP8)]
     checks += [(check_fp8_quantize, (pdl,)) for pdl in (0, 2)]
     checks += [(fn, (pdl,)) for fn in (check_norm_and_activation, check_rotary_and_kv_store, check_decode_attention)
                for pdl in (0, 1, 2)]

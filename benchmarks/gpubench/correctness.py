@@ -95,6 +95,8 @@ def _check_bf16(config: str, shared: int, long: int, chunk: int, deterministic: 
     with torch.no_grad():
         for dst, src in zip(nat32.runner.model.parameters(), tri.runner.model.parameters()):
             dst.copy_(src.float())
+        for dst, src in zip(nat32.runner.model.layers, tri.runner.model.layers):
+            dst.mlp.interleaved = src.mlp.interleaved  # a folded model's gate_up rows (layers/norm_fold.py)
     free(tri)
     ref32 = run_reference(nat32, warm, cand, starts)
     free(nat32)

@@ -37,6 +37,25 @@ def _residual_bf16_rates(eng, prompt: list) -> dict:
     return recaptured_rates(eng, prompt, "residual_bf16", fp32_residual=False)
 
 
+def _epilogue_ab(eng, prompt: list) -> dict:
+    """A folded model (layers/norm_fold.py): its batch-1 graph with the GEMV epilogues (as built) against one
+    captured without them (the norm and SiLU-and-mul kernels over the same folded weights), interleaved twice in
+    this engine; the best of each and their ratio."""
+    out = {}
+    for rep in range(2):
+        out[f"epilogue_on_tok_s#{rep}"] = decode_rate(eng, prompt, SZ["bs1_out"])
+        out[f"epilogue_on_replay_ms#{rep}"] = cuda_time(lambda: eng.runner.graph_runner.graphs[1].replay(), 50) * 1e3
+        off = recaptured_rates(eng, prompt, "epilogue_off", gemv_epilogue=False)
+        out.update({f"{k}#{rep}": v for k, v in off.items()})
+    best = {arm: max(out[f"{key}#{r}"] for r in range(2)) for arm, key in
+            (("on", "epilogue_on_tok_s"), ("off", "graph_tok_s_epilogue_off"))}
+    ms = {arm: min(out[f"{key}#{r}"] for r in range(2)) for arm, key in
+          (("on", "epilogue_on_replay_ms"), ("off", "replay_step_ms_epilogue_off"))}
+    out.update({"epilogue_tok_s_ratio": best["on"] / best["off"], "epilogue_replay_ms_on": ms["on"],
+                "epilogue_replay_ms_off": ms["off"]})
+    return out
+
+
 def sec_decode_bs1() -> dict:
     eng = OPTS.bench_engine
     runner = eng.runner
@@ -109,8 +128,9 @@ def sec_bs1() -> dict:
     weights)."""
     eng = OPTS.bench_engine
     g = eng.runner.graph_runner
-    out = {"tok_s": decode_rate(eng, rand_ids(random.Random(7), 128), SZ["bs1_out"], reps=3),
-           "gemv_configs": gemv_configs_in_use(eng.runner.model)}
+    prompt = rand_ids(random.Random(7), 128)
+    out = {"tok_s": decode_rate(eng, prompt, SZ["bs1_out"], reps=3),
+           "gemv_configs": gemv_configs_in_use(eng.runner.model), "folded": eng.runner.model.folded}
     if g is not None:
         step = cuda_time(lambda: g.graphs[1].replay(), 50)
         out["replay_step_ms"], out["replay_only_tok_s"] = step * 1e3, 1 / step
@@ -118,6 +138,8 @@ def sec_bs1() -> dict:
             out["top_kernels_us_per_step"] = profile_replay(eng.runner)
         except Exception as e:  # noqa: BLE001 - the profile is extra evidence, not the figure
             out["profile_error"] = repr(e)[:300]
+    if eng.runner.model.folded and g is not None:
+        out.update(_epilogue_ab(eng, prompt))
     try:  # the step's matmuls alone: how much of the gap to the roofline the other kernels leave
         out["gemv_only_ms"] = gemv_only_ms(eng.runner)
     except Exception as e:  # noqa: BLE001 - recorded; the section keeps its figure

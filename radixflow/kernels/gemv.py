@@ -98,16 +98,12 @@ def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, strid
 
 
 @triton.jit
-def _gemv_kernel(
-    X, W, Bias, Scale, Out,
-    M, N, K, stride_xm, stride_wn, stride_om,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
-):
-    """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
-    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m = tl.arange(0, BLOCK_M)
+def _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr,
+              STAGES: tl.constexpr):
+    """The K loop: x * w summed elementwise into a float32 accumulator, [BLOCK_N, BLOCK_K] for one row, else
+    [BLOCK_M, BLOCK_N, BLOCK_K] (the caller reduces it over K). Waits for the previous kernel (PDL) after the
+    first weight tile. Shared by `_gemv_kernel` and kernels/gemv_epilogue.py."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_n = offs_n < N
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
@@ -129,6 +125,21 @@ def _gemv_kernel(
             ku = k0 + u * BLOCK_K
             w = tl.load(w_ptrs + ku, mask=mask_n[:, None] & (ku + offs_k < K)[None, :], other=0.0)
             acc = _fma(acc, _load_x(X, offs_m, offs_k, ku, M, K, stride_xm), w, BLOCK_M)
+    return acc
+
+
+@triton.jit
+def _gemv_kernel(
+    X, W, Bias, Scale, Out,
+    M, N, K, stride_xm, stride_wn, stride_om,
+    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
+):
+    """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
+    so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = tl.arange(0, BLOCK_M)
+    acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, STAGES)
     _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
 
 

@@ -41,13 +41,14 @@ def _rmsnorm_kernel(
 
 
 def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-            settings: KernelSettings = DEFAULT_KERNEL_SETTINGS):
-    """Same contract as `reference.rmsnorm_ref`; normalises over the last dim."""
+            settings: KernelSettings = DEFAULT_KERNEL_SETTINGS, out_dtype: torch.dtype | None = None):
+    """Same contract as `reference.rmsnorm_ref`; normalises over the last dim. out_dtype: the normalised
+    output's (default x's; the float32 stream normalised into the model's dtype)."""
     shape = x.shape
     n = shape[-1]
     x2 = x.reshape(-1, n)
     rows = x2.shape[0]
-    out = torch.empty((rows, n), dtype=x.dtype, device=x.device)
+    out = torch.empty((rows, n), dtype=x.dtype if out_dtype is None else out_dtype, device=x.device)
     if residual is None:
         r2 = res_out = x2  # unused
     else:
@@ -67,27 +68,33 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 
 @triton.jit
-def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _silu_mul_kernel(X, Out, stride_x, stride_o, N, BLOCK: tl.constexpr, INTERLEAVED: tl.constexpr,
+                     USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
-    g = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
-    u = tl.load(X + row * stride_x + N + offs, mask=mask, other=0.0).to(tl.float32)
+    if INTERLEAVED:  # gate i, up i side by side (layers/norm_fold.py)
+        g = tl.load(X + row * stride_x + 2 * offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(X + row * stride_x + 2 * offs + 1, mask=mask, other=0.0).to(tl.float32)
+    else:
+        g = tl.load(X + row * stride_x + offs, mask=mask, other=0.0).to(tl.float32)
+        u = tl.load(X + row * stride_x + N + offs, mask=mask, other=0.0).to(tl.float32)
     s = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
     tl.store(Out + row * stride_o + offs, (s * u).to(Out.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
-    """x: [T, 2I] -> silu(x[:, :I]) * x[:, I:]  ([T, I])."""
+def silu_and_mul(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
+                 interleaved: bool = False) -> torch.Tensor:
+    """x: [T, 2I] -> silu(x[:, :I]) * x[:, I:]  ([T, I]); interleaved: silu(x[:, 0::2]) * x[:, 1::2]."""
     assert x.dim() == 2 and x.shape[1] % 2 == 0 and x.stride(1) == 1
     n = x.shape[1] // 2
     out = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
     if x.shape[0]:
         block = min(triton.next_power_of_2(n), 2048)
         grid = (x.shape[0], triton.cdiv(n, block))
-        _silu_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n, BLOCK=block, num_warps=_warps(block),
-                                  **pdl_launch(x, settings))
+        _silu_mul_kernel[grid](x, out, x.stride(0), out.stride(0), n, BLOCK=block, INTERLEAVED=interleaved,
+                               num_warps=_warps(block), **pdl_launch(x, settings))
     return out
 
 

@@ -26,6 +26,10 @@ class KernelSettings:
     flash_prefill: bool = True
     # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
     fused_kernels: bool = True
+    # The RMSNorm weights folded into the next linear at load, and at decode batches on the GEMV path the
+    # norm's scaling, the residual add and SiLU-and-mul in the GEMVs' epilogues (layers/norm_fold.py says
+    # where it applies; False after load: the folded model through the norm kernels, weight ones).
+    gemv_epilogue: bool = True
     # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).
     fused_rotary_max_batch: int = 8
     # The residual stream in float32 (False: in the model's dtype).

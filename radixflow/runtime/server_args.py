@@ -106,6 +106,9 @@ _HELP = {
     "disable_flash_prefill": "triton attention backend: run prompt-only rows of a prefill through the Triton extend "
     "kernel too, instead of torch's variable-length flash kernel (used where the GPU and torch have it)",
     "disable_fused_kernels": "run RMSNorm, rotary and SiLU-and-mul in torch even with the triton attention backend",
+    "disable_gemv_epilogue": "keep the RMSNorm weights in the norms and run the norm and SiLU-and-mul kernels at "
+    "decode batches on the GEMV path, instead of folding the weights into the next linear at load and doing the "
+    "norm's scaling, the residual add and SiLU-and-mul in the GEMVs' epilogues (docs/gpu.md)",
     "fused_rotary_max_batch": "decode batches up to this size rotate q/k and store K/V inside the Triton attention "
     "kernel (one launch a layer fewer); 0 = a separate kernel always",
     "bf16_residual": "keep the residual stream in the model's dtype instead of float32 (less exact)",
@@ -162,6 +165,7 @@ class ServerArgs:
     attention_p_parts: int = 2
     disable_flash_prefill: bool = False
     disable_fused_kernels: bool = False
+    disable_gemv_epilogue: bool = False
     fused_rotary_max_batch: int = 8
     bf16_residual: bool = False
     disable_triton_sampling: bool = False
@@ -297,6 +301,7 @@ class ServerArgs:
             # deterministic: one kernel for every extend row, whether or not a prefix was cached
             flash_prefill=not (det or self.disable_flash_prefill),
             fused_kernels=not self.disable_fused_kernels,
+            gemv_epilogue=not self.disable_gemv_epilogue,
             # deterministic: the separate rotary kernel at every batch size, one rounding of q and k for all
             fused_rotary_max_batch=0 if det else self.fused_rotary_max_batch,
             fp32_residual=not self.bf16_residual,

@@ -11,10 +11,11 @@ import torch
 from radixflow.errors import ModelPathError, RadixflowError
 from radixflow.kernels.settings import KernelSettings
 from radixflow.radix_cache.memory_pool import KVPool
-from radixflow.runtime.execution.attention import create_attention_backend
+from radixflow.runtime.execution.attention import attention_backend_class, create_attention_backend
 from radixflow.runtime.distributed.tp_group import TPContext, building_with, get_tp, min_over_ranks
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
+from radixflow.runtime.execution.layers.norm_fold import fold_off_reason
 from radixflow.model_files import load_config, resolve_model
 from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors
 from radixflow.runtime.execution.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
@@ -99,9 +100,20 @@ class ModelRunner:
             init_dummy_weights(model, self.args.random_seed)
         else:
             model.load_weights(iter_safetensors(self.model_dir))
+        self._fold_norms(model)  # before quantizing: W * g rounded once
         if self.args.quantization == "fp8" and self.ckpt_fp8 is None:
             log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
         return model.eval()
+
+    def _fold_norms(self, model: LlamaForCausalLM) -> None:
+        backend = attention_backend_class(self.args.attention_backend, self.device)
+        why = fold_off_reason(self.settings, self.device, self.tp.size, getattr(backend, "fused_kernels", False),
+                              prequantized=self.ckpt_fp8 is not None)
+        if why:
+            log.info("norm weights not folded, no GEMV epilogues: %s", why)
+            return
+        model.fold_norms()
+        log.info("norm weights folded into qkv / gate_up: decode batches on the GEMV path use the GEMV epilogues")
 
     def _init_memory(self) -> None:
         s = self.model.shape

@@ -16,18 +16,18 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """With `residual`, returns (norm(x + residual), x + residual): the first in x's dtype,
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None):
+        """With `residual`, returns (norm(x + residual), x + residual): the first in x's dtype (or out_dtype),
         the second in the residual's (a bf16 model keeps its residual stream in float32)."""
         if self.kernels is not None and x.is_cuda:
             from radixflow.kernels.norm_act import rmsnorm
 
-            return rmsnorm(x, self.weight, self.eps, residual, self.kernels)
-        dtype = x.dtype
+            return rmsnorm(x, self.weight, self.eps, residual, self.kernels, out_dtype)
+        dtype = x.dtype if out_dtype is None else out_dtype
         if residual is not None:
             x = (x.float() + residual.float()).to(residual.dtype)  # one rounding, to the stream's dtype
             residual = x
-        if dtype == torch.float32:  # one fused op; the same math as below
+        if dtype == torch.float32 == x.dtype:  # one fused op; the same math as below
             out = F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
             return out if residual is None else (out, residual)
         h = x.float()

@@ -17,6 +17,7 @@ from radixflow.runtime.execution.attention.base import AttentionBackend
 from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.execution.layers.fp8_linear import Fp8Checkpoint, QuantizationError, prepare_fp8_linears, quantize_linears
 from radixflow.runtime.execution.layers.norm import RMSNorm
+from radixflow.runtime.execution.layers.norm_fold import fold_norms
 from radixflow.runtime.execution.layers.parallel_linear import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -29,6 +30,7 @@ from radixflow.runtime.execution.layers.parallel_linear import (
     row_parallel_linear,
 )
 from radixflow.runtime.execution.layers.rotary import RotaryEmbedding
+from radixflow.runtime.execution.models.llama_epilogue import forward_with_epilogues, takes_epilogues
 from radixflow.kernels.settings import KernelSettings
 
 SUPPORTED_ARCHITECTURES = (
@@ -96,20 +98,25 @@ class Attention(nn.Module):
         self.rotary = rotary
 
     def forward(self, positions, x, fb: ForwardBatch, backend: AttentionBackend):
-        q, k, v = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attend(positions, self.qkv_proj(x), fb, backend))
+
+    def attend(self, positions, qkv, fb: ForwardBatch, backend: AttentionBackend):
+        """Attention from the projected q, k, v to the heads' outputs [T, heads * head_dim], before o_proj."""
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q = q.view(-1, self.num_heads, self.s.head_dim)
         k = k.view(-1, self.num_kv_heads, self.s.head_dim)
         v = v.view(-1, self.num_kv_heads, self.s.head_dim)
         if self.s.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
         out = backend.forward_rotary(positions, q, k, v, self.rotary, self.layer_id, fb)
-        return self.o_proj(out.reshape(-1, self.q_size))
+        return out.reshape(-1, self.q_size)
 
 
 class MLP(nn.Module):
     def __init__(self, shape: ModelShape):
         super().__init__()
         self.kernels: KernelSettings | None = None  # SiLU-and-mul through the Triton kernel, so launched, on CUDA
+        self.interleaved = False  # gate_up's rows as (gate i, up i) pairs (layers/norm_fold.py)
         inter = shape.intermediate
         self.gate_up_proj = merged_column_parallel_linear(shape.hidden, [inter, inter], shape.mlp_bias)
         self.down_proj = row_parallel_linear(inter, shape.hidden, shape.mlp_bias)
@@ -119,8 +126,11 @@ class MLP(nn.Module):
         if self.kernels is not None and gate_up.is_cuda:
             from radixflow.kernels.norm_act import silu_and_mul
 
-            return self.down_proj(silu_and_mul(gate_up, self.kernels))
-        gate, up = gate_up.chunk(2, dim=-1)
+            return self.down_proj(silu_and_mul(gate_up, self.kernels, self.interleaved))
+        if self.interleaved:
+            gate, up = gate_up.unflatten(-1, (-1, 2)).unbind(-1)
+        else:
+            gate, up = gate_up.chunk(2, dim=-1)
         return self.down_proj(F.silu(gate) * up)
 
 
@@ -158,6 +168,8 @@ class LlamaForCausalLM(nn.Module):
         self.norm = RMSNorm(s.hidden, s.eps)
         self.lm_head = None if s.tie_embeddings else ParallelLMHead(s.vocab_size, s.hidden)
         self.rotary = rotary
+        self.folded = False  # the norms' weights folded into qkv / gate_up (fold_norms)
+        self.epilogue_on = False  # decode batches on the GEMV path run models/llama_epilogue.py's pass
 
     def set_kernel_settings(self, settings: KernelSettings, fused: bool) -> None:
         """Hand every layer its kernel choices (the model runner does, before capturing CUDA graphs,
@@ -167,6 +179,7 @@ class LlamaForCausalLM(nn.Module):
         backend: torch's mean picks its reduction order by the tensor's shape (a 4,096-wide row's mean
         changed with the row count), and the torch-native engine failed
         tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant until this."""
+        self.epilogue_on = fused and settings.gemv_epilogue and not settings.batch_invariant
         for m in self.modules():
             if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
                 m.kernels = settings if fused or (settings.batch_invariant and isinstance(m, RMSNorm)) else None
@@ -193,6 +206,8 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, fb: ForwardBatch, backend: AttentionBackend) -> torch.Tensor:
         """Returns the final hidden states of the rows in `fb.logits_indices`."""
+        if takes_epilogues(self, fb):
+            return forward_with_epilogues(self, fb, backend)
         x = self.embed_tokens(fb.input_ids)
         residual = None
         self.rotary.new_pass()
@@ -209,6 +224,10 @@ class LlamaForCausalLM(nn.Module):
         return head.logits(hidden)  # float32, all of the vocabulary
 
     # -- weights -----------------------------------------------------------------------
+    def fold_norms(self) -> None:
+        """The norms' weights into qkv / gate_up, gate_up interleaved (layers/norm_fold.py); before quantizing."""
+        fold_norms(self)
+
     def quantize_fp8(self) -> int:
         """--quantization fp8 on loaded weights: every linear layer to e4m3 with per-row scales."""
         return quantize_linears(self)
