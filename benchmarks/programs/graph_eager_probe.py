@@ -16,6 +16,9 @@ printing per mode:
   events that had not completed (the scheduler's read-backs), with the ms waited; pinned host allocations
   (torch.cuda.host_memory_stats) over the timed rounds where torch has them.
 
+A setting followed by "+feed" (e.g. `default+feed`) runs its engine with the old overlapped feeding of a request
+graph's last-segment prompt, a token a decode pass (before overlap.feeds_only), for a before / after in one call.
+
 Then, in each engine with extend graphs, what a bucket's graph costs on its first launch against its second
 (the upload of an instantiated graph happens at its first launch unless uploaded ahead), on buckets that no
 round used, and the first rounds' passes one by one (shape, bucket, first replay, host and GPU ms).
@@ -28,6 +31,7 @@ round used, and the first rounds' passes one by one (shape, bucket, first replay
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,6 +42,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
+from radixflow.runtime.scheduling import overlap  # noqa: E402
 from probe_logs import PassLog, SyncLog, host_alloc_stats, scheduler_counters  # noqa: E402
 from probe_passes import first_replays, mixed_costs  # noqa: E402
 from run import run_mode  # noqa: E402
@@ -77,6 +82,19 @@ def summarize(rounds: list, n: int) -> dict:
         "runs": [{k: v for k, v in r.items() if k != "passes"} for r in rounds],
         "first_round_passes": rounds[0]["passes"],
     }  # fmt: skip
+
+
+@contextlib.contextmanager
+def feeding_continuations(on: bool):
+    """With `on` (a setting's "+feed"), overlapped decode feeds a request graph's last-segment prompt a token a pass,
+    as before overlap.feeds_only: the same call's before and after."""
+    feeds_only = overlap.feeds_only
+    if on:
+        overlap.feeds_only = lambda reqs, pending: False
+    try:
+        yield
+    finally:
+        overlap.feeds_only = feeds_only
 
 
 def timed_round(engine, log: PassLog, workload, inputs: list, mode: str, sampling: dict) -> dict:
@@ -136,11 +154,14 @@ def run_setting(args, setting: str, sampling: dict, deadline: float) -> dict:
         kw["tokenizer_path"] = args.tokenizer
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
-    if setting != "default":
-        kw["cuda_graph_extend_max_tokens"] = int(setting)
+    if args.overlap_schedule:
+        kw["overlap_schedule"] = args.overlap_schedule
+    tokens, _, old = setting.partition("+")
+    if tokens != "default":
+        kw["cuda_graph_extend_max_tokens"] = int(tokens)
     t = time.perf_counter()
     out: dict = {"setting": setting, "workloads": {}}
-    with rf.Engine(args.config, **kw) as engine:
+    with rf.Engine(args.config, **kw) as engine, feeding_continuations(old == "feed"):
         out["start_s"] = time.perf_counter() - t
         graphs = engine.runner.extend_graphs
         out["extend_graphs"] = None if graphs is None else {"buckets": len(graphs.buckets), "graphs": graphs.use_graphs}
@@ -214,7 +235,8 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workloads", default="mmlu,json_decode")
     ap.add_argument("--settings", default=SETTINGS,
-                    help="--cuda-graph-extend-max-tokens of each engine, in order ('default': the engine's own)")
+                    help="--cuda-graph-extend-max-tokens of each engine, in order ('default': the engine's own); "
+                         "'+feed' after one: feed a request graph's last-segment prompt a token a pass (the old way)")
     ap.add_argument("--n", type=int, default=64, help="programs a round, all in flight")
     ap.add_argument("--size", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds of each mode")
@@ -226,6 +248,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None)
+    ap.add_argument("--overlap-schedule", default=None, choices=("auto", "on", "off"),
+                    help="the engine's --overlap-schedule (default: its own; 'on' schedules a CPU run as a GPU's)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     if args.smoke:  # padded passes (48) against unpadded ones, unless --settings says otherwise
