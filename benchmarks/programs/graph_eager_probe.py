@@ -241,7 +241,8 @@ def main(argv=None) -> dict:
     ap.add_argument("--size", type=float, default=1.0)
     ap.add_argument("--rounds", type=int, default=4, help="timed rounds of each mode")
     ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--deadline-s", type=float, default=80.0, help="start no workload after this many seconds")
+    ap.add_argument("--deadline-s", type=float, default=120.0,
+                    help="start no engine, workload or timed pass section after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="2 programs, tiny sizes, 1 round (settings 0,48 by default)")
     ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None)
