@@ -123,6 +123,7 @@ def mixed_costs(engine, rows: int = 64, continuing: tuple = (4, 16, 64), new: in
                        "decode_all_ms": timed_ms(lambda: runner.forward(every), reps)}  # fmt: skip
                 out.append(row)
 
+    engine.flush_cache()  # the last round's cached prefixes hold slots that these passes overwrite
     engine.stepper.exclusive(measure)
     engine.flush_cache()
     return out
