@@ -111,7 +111,7 @@ def timed_round(engine, log: PassLog, workload, inputs: list, mode: str, samplin
     r.update({
         "passes": passes, "cpu_ms": 1000 * r["cpu_per_program"] * len(inputs),
         "gpu_ms_per_pass": 1000 * r["model_s"] / max(r["forward_steps"], 1),
-        "replays": sum(p["kind"] == "extend_graph" for p in passes),
+        "replays": sum(p["bucket"] is not None for p in passes),
         "first_replays": sum(p["first_replay"] for p in passes),
         "call_ms": sum(p["call_ms"] for p in passes), "gap_ms": sum(p["gap_ms"] or 0.0 for p in passes),
         "lead_ms": lead_ms, "tail_ms": tail_ms,
