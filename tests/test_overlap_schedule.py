@@ -319,6 +319,27 @@ def test_a_graphs_last_segment_overlaps(engine):
     assert {k: v["text"] for k, v in got["results"].items()} == {k: v["text"] for k, v in ref["results"].items()}
 
 
+def test_a_last_segments_prompt_is_one_extend_pass_not_fed_a_token_a_pass(engine):
+    """Programs in step whose last gens continue their requests: the text before those gens is computed in
+    one extend pass (before, it was fed one token a decode pass, every row's sample dropped: as many passes
+    as the text has tokens), and the outputs are the non-overlapped path's."""
+    text = "\nQ: And one more, in other words?\nA:"
+    graphs = [{"ops": [{"op": "text", "text": f"Q: Name a color ({i}).\nA:"}, _gen(1, max_new_tokens=3, ignore_eos=True),
+                       {"op": "text", "text": text}, _gen(2, max_new_tokens=5, ignore_eos=True)]} for i in range(4)]  # fmt: skip
+    assert len(engine.tokenizer.encode(text)) >= 4
+    ref = engine.run_program(graphs)
+    sched = engine.scheduler
+    fed, steps = sched.stats.fed_rows, sched.stats.forward_steps
+    with overlap_on(engine):
+        got = engine.run_program(graphs)
+        _settle(sched)
+    assert [o["meta_info"]["continued_segments"] for o in got] == [1] * 4
+    assert [{k: v["text"] for k, v in o["results"].items()} for o in got] == [
+        {k: v["text"] for k, v in o["results"].items()} for o in ref]
+    assert sched.stats.fed_rows == fed, "the last segment's prompt was fed a token a pass"
+    assert sched.stats.forward_steps - steps <= 1 + 3 + 1 + 5 + 1  # prefill, gen 1, the text, gen 2, one overlapped
+
+
 class _ThreePrompts:
     """Three 30-token prompts in 24-token passes on a flushed cache: the first prompt ends in pass 2, the
     second in pass 3. Records, at each forward call, how many tokens the first prompt has read back."""

@@ -14,7 +14,9 @@ Tokens a request holds on the host (a jump-forward's forced tokens) are fed one 
 every pass stays a decode pass (CUDA graphs): such a row's sample is dropped until its last
 pending token is fed. A row that jumps while its next pass is already launched drops that
 pass's sample too. Up to MAX_FED_TOKENS pending tokens ride this way; more, or a request
-graph's continuation, make the scheduler drain and run one extend pass.
+graph's continuation, make the scheduler drain and run one extend pass. So does a batch in which
+every row holds two or more pending tokens and none is a grammar's (feeds_only: a request graph's
+last segment, whose prompt text would otherwise be fed a token a pass, every sample dropped).
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ def overlappable(req: Req, pending: int) -> bool:
     """Whether a pass for `req` may launch before the previous one is read back; `pending`:
     its host-side tokens without KV (0: its next input is on the device)."""
     return not req.continuable and pending <= MAX_FED_TOKENS
+
+
+def feeds_only(reqs: list[Req], pending: list[int]) -> bool:
+    """Whether a decode pass over `reqs` would sample no row: each holds two or more host-side tokens
+    (`pending`) and none is a grammar's, so they are the prompt text of a request graph's next segment.
+    One extend pass (the scheduler's decode step without overlap) then computes them all, where feeding
+    them would run as many passes as the longest holds, all their samples dropped. A grammar's forced
+    tokens keep riding along (jump_policy's limits count on it)."""
+    return bool(reqs) and all(n >= 2 and r.grammar is None for r, n in zip(reqs, pending))
 
 
 def needs_host_view(req: Req) -> bool:
@@ -113,7 +124,10 @@ def start_decode(sched: Scheduler) -> Optional[InflightDecode]:
     """The first overlapped pass over the running requests (nothing in flight), or None
     when one of them cannot overlap."""
     reqs = list(sched.running)
-    if not all(overlappable(r, r.seq_len - r.kv_len) for r in reqs) or not sched.room_for(reqs):
+    pending = [r.seq_len - r.kv_len for r in reqs]
+    if not all(overlappable(r, n) for r, n in zip(reqs, pending)) or feeds_only(reqs, pending):
+        return None
+    if not sched.room_for(reqs):
         return None
     flight = launch_decode(sched, reqs)
     sample_flight(sched, flight, [r.seq_len == r.kv_len for r in reqs])  # the host's view is current
@@ -130,7 +144,7 @@ def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
     pending = [r.seq_len - r.kv_len for r in reqs]
     if not reqs or sched.chunked is not None or not sched.room_for(reqs):
         return None
-    if not all(overlappable(r, n) for r, n in zip(reqs, pending)):
+    if not all(overlappable(r, n) for r, n in zip(reqs, pending)) or feeds_only(reqs, pending):
         return None
     assert all((n == 0) == prev.real[i] for i, n in zip(keep, pending)), "a real row's next input is on the device"
     flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
