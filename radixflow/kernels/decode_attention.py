@@ -66,8 +66,8 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 #   the bf16 pool's rate. Timed only as the `bf16` entry below was (H200, 128-dim heads, 8 KV heads, batch
 #   >= 256), hence the same gates. Elsewhere from batch 256 (other GPUs, head sizes, TP ranks with fewer KV
 #   heads) an FP8 pool keeps the entry it had before (`fp8_fallback`: 128-token blocks, 4 warps, 5 stages,
-#   wherever a block may have ~105 KiB of shared memory; 1.04-1.15x the launch above with V widened in
-#   registers, at 8 KV heads in the same run), and below 256 that launch. The history has the sweep.
+#   wherever a block may have ~105 KiB of shared memory; 1.00-1.15x the launch above with V widened in
+#   registers at 8 KV heads in the same run, not timed at fewer), and below 256 that launch. The history has it.
 # - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
 #   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
