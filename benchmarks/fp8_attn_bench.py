@@ -1,21 +1,22 @@
 """Decode attention over an FP8 KV pool: launch variants against the bf16 pool, Llama-3-8B heads, one GPU:
 
-    python3 benchmarks/fp8_attn_bench.py --out $OUT/fp8attn [--cases 256x1536,512x660] [--variants REGEX]
+    python3 benchmarks/fp8_attn_bench.py --out $OUT/fp8attn [--cases 256x1536,512x660] [--variants REGEX] [--kv-heads 4]
 
 Cases: batch 8, 32, 64, 256 and 512 at 660 and 1,536 tokens a request, and bf16_attn_bench's offline-pass shapes
 (768xU, 544xU, 512x660, 384xU, 256xU: lengths drawn per case); by default the offline shapes and 256 / 512 x 1,536.
 KV slots are a random permutation of the pool's (gpu_attn_bench.make_inputs). The FP8 pool holds the
-same K / V with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool).
+same K / V with one scale per KV head (amax / 448: benchmarks/gpubench/fp8_kernels.fp8_pool). Heads: Llama-3-8B's
+(8 KV heads of 128, 4 query heads to each), or with --kv-heads N a tensor-parallel rank's N KV heads (4N query heads).
 
 Labels always timed (LAUNCHES): `bf16` the bf16 pool with DECODE_CONFIG as it stands (since issue 28, 2 warps
 from batch 256 on an H200: its `bf16` entry); `bf16_4w` the bf16 pool's 4-warp launch spelt out (64-token
 blocks, 3 stages, no pool entry: the ratios' baseline, the launch `bf16` was before issue 28);
 `fp8_bf16_launch` the FP8 pool through that 4-warp launch with V widened after its shared-memory read;
-`fp8_bf16_launch_v_regs` the same launch with V widened in registers (DECODE_CONFIG's fp8_v_regs); `fp8_entry` DECODE_CONFIG's `fp8`
-entry at every batch size (its min_batch set aside); `fp8_default` the FP8 pool with DECODE_CONFIG as it
-stands (the entry from its min_batch up). Every other label (--variants picks them; '^$' for none) is an
-`fp8` entry swept (block_n / num_warps / num_stages, `_wv` waves, `_e2` fp8_exp2, `_hf` head_first) with V widened
-in registers, and
+`fp8_bf16_launch_v_regs` the same launch with V widened in registers (DECODE_CONFIG's fp8_v_regs); `fp8_entry` /
+`fp8_fallback` DECODE_CONFIG's `fp8` / `fp8_fallback` entry's launch at every batch size and shape (gates set
+aside); `fp8_default` the FP8 pool with DECODE_CONFIG as it stands (whichever entry's gates pass). Every other label
+(--variants picks them; '^$' for none) is an `fp8` entry swept (block_n / num_warps / num_stages, `_wv` waves,
+`_e2` fp8_exp2) with V widened in registers, and
 `bf16_*` the bf16 pool with another whole launch (information only). Every run also records `launch`, what
 its config resolved to (gpu_attn_bench.launch_label). Each variant is checked against
 the float32 reference over the pool it reads (the dequantized FP8 pool: the kernel's error, not
@@ -24,8 +25,8 @@ CUDA graph: us, and TB/s of the pool bytes read. Each case also runs gather_prob
 and summed, no attention: the read rate the layout allows). Kernels are compiled first in --jobs processes.
 Writes DIR/fp8_attn_bench.json, prints a table, and the swept entry with the lowest geometric mean
 time over the cases from the entry's min_batch up, scored against fp8_default; with --write-config, if it
-beats fp8_default, also puts that entry (with the current entry's gates) into DECODE_CONFIG in radixflow/kernels/decode_attention.py
-(for an engine benchmark that follows in the same call).
+beats fp8_default, also puts that entry (with the current entry's gates) into DECODE_CONFIG's `fp8` in
+radixflow/kernels/decode_attention.py (for an engine benchmark that follows in the same call).
 """
 
 from __future__ import annotations
@@ -59,20 +60,22 @@ FP8_4W = {"block_n": 64, "num_warps": 4, "num_stages": 3, "fp8": {}}  # the FP8 
 FP8_BF16_LAUNCH = {**FP8_4W, "fp8_v_regs": False}  # ... with V widened after shared memory
 LAUNCHES = {  # label: (FP8 pool?, config), timed in every case; `bf16` / `fp8_default`: DECODE_CONFIG as it stands
     "bf16": (False, None), "bf16_4w": (False, BF16_4W), "fp8_bf16_launch": (True, FP8_BF16_LAUNCH),
-    "fp8_bf16_launch_v_regs": (True, FP8_4W), "fp8_entry": (True, {"fp8": {**DECODE_CONFIG["fp8"], "min_batch": 0}}),
+    "fp8_bf16_launch_v_regs": (True, FP8_4W),
+    **{lab: (True, {"fp8": {k: v for k, v in DECODE_CONFIG[name].items() if k not in ENTRY_GATES[name]}})
+       for lab, name in (("fp8_entry", "fp8"), ("fp8_fallback", "fp8_fallback"))},
     "fp8_default": (True, None),
 }
 # `fp8` entries timed: (block_n, num_warps, num_stages, other keys)
 # (Triton pipelines the gathered K / V one block ahead below 5 stages, two blocks ahead at 5: more bytes in flight.)
-# With DECODE_CONFIG's loop options fp8_exp2 (`_e2`) and head_first (`_hf`): the entry before issue 28's session 11
-# (128 / 4 / 5), its options, and the neighbours of session 11's pick (64 / 2 / 5, e2). Session 11's own sweep (K
-# widened in registers and one warp a sub-block too, both since removed) is in benchmarks/results/*-s11-fp8attn.
+# With DECODE_CONFIG's fp8_exp2 (`_e2`): the entry before issue 28's session 11 (128 / 4 / 5, now `fp8_fallback`)
+# with it, and the neighbours of session 11's pick (64 / 2 / 5, e2). Session 11's own sweep (K widened in registers,
+# one warp a sub-block and KV heads first in the grid too, all since removed) is in benchmarks/results/*-s11-fp8attn.
 E2 = {"fp8_exp2": True}
 SWEEP = [
-    (128, 4, 5, {}), (128, 4, 5, E2), (128, 4, 5, {**E2, "head_first": True}), (64, 2, 3, {}), (64, 2, 3, E2),
-    (64, 2, 5, {}), (64, 2, 4, E2), (64, 2, 6, E2), (64, 2, 5, {**E2, "head_first": True}), (32, 2, 5, E2), (32, 2, 8, E2),
+    (128, 4, 5, E2), (64, 2, 3, {}), (64, 2, 3, E2), (64, 2, 5, {}), (64, 2, 4, E2), (64, 2, 6, E2),
+    (32, 2, 5, E2), (32, 2, 8, E2),
 ]
-FLAGS = {"fp8_exp2": "e2", "head_first": "hf"}  # label suffixes
+FLAGS = {"fp8_exp2": "e2"}  # label suffixes
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
 BF16_EXTRA = [{**BF16_4W, "num_stages": 5}]  # whole launches, no pool entry: labelled `bf16_` + _label
 
@@ -211,20 +214,22 @@ def print_table(res: dict) -> None:
 
 def print_summary(res: dict) -> None:
     """One line a case: us of the bf16 pool's 4-warp launch, the FP8 pool through it with V in registers, the
-    fp8 entry, the default; and the entry's speed-up over the 4-warp launch with V in registers."""
-    labels = ("bf16_4w", "fp8_bf16_launch_v_regs", "fp8_entry", "fp8_default")
-    print(f"\n{'case':10} " + " ".join(f"{lab:>22}" for lab in labels) + f" {'entry vs v_regs':>15}")
+    fp8_fallback and fp8 entries, the default; and the entry's speed-up over those two launches."""
+    labels = ("bf16_4w", "fp8_bf16_launch_v_regs", "fp8_fallback", "fp8_entry", "fp8_default")
+    print(f"\n{res['kv_heads']} KV heads\n{'case':10} " + " ".join(f"{lab:>22}" for lab in labels)
+          + f" {'entry vs v_regs':>15} {'entry vs fallback':>17}")
     for name, c in res["cases"].items():
-        us = [c["runs"][lab].get("us") for lab in labels]
-        ratio = us[1] / us[2] if us[1] and us[2] else float("nan")
-        print(f"{name:10} " + " ".join(f"{u or float('nan'):22.1f}" for u in us) + f" {ratio:15.2f}")
+        us = [c["runs"][lab].get("us") or float("nan") for lab in labels]
+        print(f"{name:10} " + " ".join(f"{u:22.1f}" for u in us) + f" {us[1] / us[3]:15.2f} {us[2] / us[3]:17.2f}")
 
 
 def main() -> None:
     ap = attn.arg_parser(__doc__, CASES, "fp8_attn_bench.json", ", ".join(LAUNCHES))
     ap.set_defaults(cases=SWEEP_CASES)
     ap.add_argument("--write-config", action="store_true", help="put the best FP8 entry into DECODE_CONFIG's source")
+    ap.add_argument("--kv-heads", type=int, default=8, help="KV heads (a tensor-parallel rank's; 4 query heads each)")
     opts = ap.parse_args()
+    attn.set_kv_heads(opts.kv_heads)
 
     def bench_and_keep(name: str, pattern: str, sms: int) -> dict:  # each case kept as it ends: a call may be cut short
         res = bench_case(name, pattern, sms)
@@ -234,7 +239,7 @@ def main() -> None:
         print(f"{name}: " + ", ".join(f"{lab} {us:.1f}" for us, lab in fastest), flush=True)
         return res
 
-    out = attn.run_sweep(opts, precompile, bench_and_keep)
+    out = {**attn.run_sweep(opts, precompile, bench_and_keep), "kv_heads": attn.KV_HEADS}
     label, entry = best_entry(list(out["cases"].values()))
     out["best"] = {"label": label, "fp8": entry}
     with open(os.path.join(opts.out, "fp8_attn_bench.json"), "w") as f:

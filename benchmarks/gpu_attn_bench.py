@@ -48,7 +48,7 @@ CASES = {  # name: (batch, lengths: int or (low, high) uniform)
     "1x256": (1, 256), "1x384": (1, 384), "1x4096": (1, 4096),
 }
 BASE = {"block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
-        "fp8_exp2": False, "head_first": False}
+        "fp8_exp2": False}
 OLD = {**BASE, "num_warps": 8, "direct": False}  # the first kernel's launch; timed with PDL off
 # (block_n, num_warps, num_stages, other keys) over BASE
 LARGE = [
@@ -60,7 +60,7 @@ SMALL = [
     (64, 4, 3, {"split_align": 16, "max_splits": 32}), (32, 4, 3, {"split_align": 16, "max_splits": 32}),
     (64, 4, 3, {"split_align": 16, "max_splits": 64}), (64, 4, 3, {"split_align": 32, "max_splits": 8}),
 ]
-SHORT = {"split_align": "a", "max_splits": "ms", "waves": "wv", "direct": "direct", "fp8_exp2": "e2", "head_first": "hf"}
+SHORT = {"split_align": "a", "max_splits": "ms", "waves": "wv", "direct": "direct", "fp8_exp2": "e2"}
 
 
 def _variant(v: tuple) -> dict:
@@ -82,6 +82,12 @@ def variants(batch: int, pattern: str) -> list[tuple[str, dict | None, bool]]:
     if batch == 1:  # PDL off too
         runs += [(f"{n}/nopdl", c, False) for n, c, on in runs if on]
     return [r for r in runs if r[0] in ("old", "default") or re.search(pattern, r[0])]
+
+
+def set_kv_heads(kv_heads: int) -> None:
+    """A tensor-parallel rank's heads: `kv_heads` KV heads, Llama-3-8B's 4 query heads to each (8: the whole model)."""
+    global HEADS, KV_HEADS
+    HEADS, KV_HEADS = 4 * kv_heads, kv_heads
 
 
 def case_lengths(name: str) -> list[int]:
@@ -123,11 +129,12 @@ def launch_label(bs: int, cfg: dict | None, pool: str = "bf16") -> str:
     return _name(resolve_config(bs, cfg, pool=pool, head_dim=HEAD_DIM, kv_heads=KV_HEADS))
 
 
-def compile_worker(tasks: list) -> None:
-    """Run each (config, splits, pdl, FP8 pool?) once on tiny inputs of the same specialisation, which
-    puts its kernels in Triton's disk cache. Errors are left for the main process to report."""
+def compile_worker(tasks: list, kv_heads: int = 8) -> None:
+    """Run each (config, splits, pdl, FP8 pool?) once on tiny inputs of the same specialisation (`kv_heads`:
+    set_kv_heads), which puts its kernels in Triton's disk cache. Errors are left for the main process to report."""
     from gpubench.fp8_kernels import fp8_pool
 
+    set_kv_heads(kv_heads)
     x = make_inputs([40, 5])
     pools = {False: ((x["k"], x["v"]), None), True: fp8_pool(x)}
     for cfg, splits, on, fp8 in tasks:
@@ -157,7 +164,7 @@ def compile_in_processes(todo: list, jobs: int) -> None:
         return
     try:  # a worker that dies (a compiler crash) breaks the pool instead of hanging it
         with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as pool:
-            list(pool.map(compile_worker, [todo[i::jobs] for i in range(jobs)]))
+            list(pool.map(compile_worker, [todo[i::jobs] for i in range(jobs)], [KV_HEADS] * jobs))
     except Exception as e:
         print(f"precompile failed ({e!r}); compiling in this process instead", flush=True)
 

@@ -1,6 +1,7 @@
-"""DECODE_CONFIG's pool entries (`bf16`, `fp16`; `fp8`: tests/test_fp8_attention.py): which pools, batch sizes,
-shapes and devices the committed `bf16` entry launches, that the kernel and the Triton backend run under the
-entry that applies, and that the kernel under it matches the reference.
+"""DECODE_CONFIG's pool entries: which pools, batch sizes, shapes and devices the committed `bf16` and `fp8` entries
+launch (and where an FP8 pool takes `fp8_fallback` instead; its shared-memory gate and the FP8 kernel's options:
+tests/test_fp8_attention.py), that the kernel and the Triton backend run under the entry that applies, and that
+the kernel under it matches the reference (on a GPU, the committed entries as the server resolves them).
 
 Without CUDA the kernel runs in the interpreter at tiny shapes; the Llama-3-8B shapes run on a GPU only.
 """
@@ -19,6 +20,7 @@ pytest.importorskip("triton")
 
 import radixflow.kernels.decode_attention as da  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
+from radixflow.kernels.fp8 import FP8  # noqa: E402
 from test_fp8_attention import _device  # noqa: E402
 from test_kernels import _paged_pool  # noqa: E402
 
@@ -74,13 +76,14 @@ def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
 ])
 def test_committed_entries_only_at_the_shapes_they_were_timed(monkeypatch, kind, batch, pool, head_dim, kv_heads,
                                                               applies):
-    """A committed entry (`own`: its pool's) at an H200's shape and nowhere else; the split count follows the same
-    shape (num_kv_splits given decode_attention's arguments). The device is an H200's (sm_90) on any machine."""
+    """A committed entry (`own`: its pool's) at an H200's shape and nowhere else, where an FP8 pool from batch 256
+    takes `fp8_fallback` instead; the split count follows the same shape (num_kv_splits given decode_attention's
+    arguments). The device is an H200's (sm_90) on any machine."""
     _device(monkeypatch, 9, 0, 232_448)
     pool = kind if pool == "own" else pool
     got = da.resolve_config(batch, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
-    want = da.DECODE_CONFIG[kind]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"]
-    assert got["num_warps"] == want and "head_dim" not in got and "min_kv_heads" not in got
+    assert _launch(got) == _launch_at(batch, pool, kind if applies else None)
+    assert "head_dim" not in got and "min_kv_heads" not in got and "min_shared_memory" not in got
     assert da.num_kv_splits(batch, kv_heads or 1, 132, pool=pool, head_dim=head_dim) == \
         da.num_kv_splits(batch, kv_heads or 1, 132, config=got)
 
@@ -92,9 +95,22 @@ def test_committed_entries_only_at_the_shapes_they_were_timed(monkeypatch, kind,
 ])
 @pytest.mark.parametrize("kind", ["bf16", "fp8"])
 def test_committed_entries_only_on_the_gpus_they_were_timed_on(monkeypatch, major, minor, applies, kind):
+    """Elsewhere an FP8 pool takes `fp8_fallback` (every device here allows 227 KiB of shared memory a block)."""
     _device(monkeypatch, major, minor, 232_448)
     got = da.resolve_config(512, pool=kind, **LLAMA)
-    assert got["num_warps"] == (da.DECODE_CONFIG[kind]["num_warps"] if applies else da.DECODE_CONFIG["num_warps"])
+    assert _launch(got) == _launch_at(512, kind, kind if applies else None)
+
+
+def _launch(cfg: dict) -> tuple:
+    return cfg["block_n"], cfg["num_warps"], cfg["num_stages"], cfg["fp8_exp2"]
+
+
+def _launch_at(batch: int, pool: str | None, entry: str | None) -> tuple:
+    """The launch of DECODE_CONFIG's `entry`, or where None of `fp8_fallback` for an FP8 pool at its batch sizes
+    (its device gate passing), else of the top level."""
+    if entry is None and pool == "fp8" and batch >= da.DECODE_CONFIG["fp8_fallback"]["min_batch"]:
+        entry = "fp8_fallback"
+    return _launch({**da.DECODE_CONFIG, **(da.DECODE_CONFIG[entry] if entry else {})})
 
 
 def _spy_resolve(monkeypatch) -> list:
@@ -166,4 +182,28 @@ def test_gpu_bf16_entry_llama_shapes():
     want = ref.decode_attention_ref(q.float(), k.float(), v.float(), table, req_idx, lens, 128**-0.5)
     for splits in sorted({1, da.num_kv_splits(len(seq_lens), 8, pool="bf16", head_dim=128), 16}):
         got = da.decode_attention(q, k, v, table, req_idx, lens, 128**-0.5, splits)
+        torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads at batch 256: too slow for the CPU interpreter")
+@pytest.mark.parametrize("kv_heads", [8, 4, 1])  # Llama-3-8B whole (the `fp8` entry), TP2 / TP8 ranks (fp8_fallback)
+def test_gpu_fp8_entry_llama_shapes(kv_heads):
+    """DECODE_CONFIG's `fp8` entry (or at fewer KV heads `fp8_fallback`) as the server resolves it (config None, the
+    pool's head size and KV heads), at Llama-3-8B heads (128-dim, 4 query heads a KV head, per-head scales) and
+    batch 256, lengths 1 to 1,500: at its own split count, one and 16 against the float32 reference over the
+    dequantized pool."""
+    seq_lens = torch.randint(1, 1500, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    shape = {"head_dim": 128, "kv_heads": kv_heads}
+    if torch.cuda.get_device_capability()[0] == da.DECODE_CONFIG["fp8"].get("sm_major", 9):  # the entry applies
+        assert _launch(da.resolve_config(256, pool="fp8", **shape)) == \
+            _launch_at(256, "fp8", "fp8" if kv_heads >= da.DECODE_CONFIG["fp8"]["min_kv_heads"] else None)
+    k, v, table, req_idx = _paged_pool(seq_lens, kv_heads, 128, torch.float32, rows=len(seq_lens) + 1)
+    scales = tuple(torch.rand(kv_heads, device=DEV) + 0.05 for _ in range(2))
+    k8, v8 = ((t / s[:, None]).to(FP8) for t, s in zip((k, v), scales))
+    deq = [t.float() * s[:, None] for t, s in zip((k8, v8), scales)]
+    q = torch.randn(len(seq_lens), 4 * kv_heads, 128, device=DEV, dtype=torch.bfloat16)
+    lens = torch.tensor(seq_lens, device=DEV)
+    want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 128**-0.5)
+    for splits in sorted({1, da.num_kv_splits(len(seq_lens), kv_heads, pool="fp8", head_dim=128), 16}):
+        got = da.decode_attention(q, k8, v8, table, req_idx, lens, 128**-0.5, splits, scales=scales)
         torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)

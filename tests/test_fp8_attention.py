@@ -1,6 +1,7 @@
-"""An FP8 (e4m3) KV pool's attention: the Triton KV store, the decode and extend kernels against the float32
-reference over the dequantized pool, and how DECODE_CONFIG's `fp8` entry is chosen (batch size, the
-device's shared memory, a caller's config).
+"""An FP8 (e4m3) KV pool's attention: the Triton KV store, the decode and extend kernels (and the decode loop's
+options) against the float32 reference over the dequantized pool, and how DECODE_CONFIG's FP8 entries are chosen:
+from a batch size, `fp8_fallback` only where the device holds its shared memory, a caller's config over both (the
+`fp8` entry's shape and GPU gates: tests/test_decode_entries.py).
 
 Without CUDA the kernels run in the interpreter at tiny shapes; the Llama-3-8B shapes run on a GPU only.
 """
@@ -121,14 +122,9 @@ def test_fp8_kv_decode_v_widened_in_registers_or_after_shared_memory(v_regs):
             torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
-# issue 28, session 11: the FP8 loop's options (decode_attention's module doc), alone and together
-FP8_LOOP_OPTIONS = [{"fp8_exp2": True}, {"head_first": True}, {"fp8_exp2": True, "head_first": True}]
-
-
-@pytest.mark.parametrize("option", FP8_LOOP_OPTIONS)
 @pytest.mark.parametrize("launch", [(64, 4), (128, 4), (64, 2)])  # block_n, num_warps (64 / 2: the entry's)
-def test_fp8_kv_decode_loop_options(option, launch):
-    """Scores in log2 units and KV heads first in the grid give the dequantized reference's output with bf16
+def test_fp8_kv_decode_scores_in_log2_units(launch):
+    """Scores in log2 units (fp8_exp2, issue 28 session 11) give the dequantized reference's output with bf16
     queries, at 1 and 4 splits (4: the partials' log-sum-exp, which exp2 keeps in natural-log units: without
     the conversion back this fails), sequences ending inside a block included; scale 2 spreads the scores."""
     seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
@@ -136,15 +132,16 @@ def test_fp8_kv_decode_loop_options(option, launch):
     q = torch.randn(len(seq_lens), hq, d, device=DEV).to(torch.bfloat16)
     lens = torch.tensor(seq_lens, device=DEV)
     want = ref.decode_attention_ref(q.float(), *deq, table, req_idx, lens, 2.0)
-    config = {**option, "fp8": {"block_n": launch[0], "num_warps": launch[1]}}
+    config = {"fp8_exp2": True, "fp8": {"block_n": launch[0], "num_warps": launch[1]}}
     for splits in (1, 4):
         got = da.decode_attention(q, *bufs, table, req_idx, lens, 2.0, splits, scales=scales, config=config)
         torch.testing.assert_close(got.float(), want, rtol=1e-2, atol=1e-2)
 
 
 # Launches of an FP8 pool besides DECODE_CONFIG's at the test's batch sizes: the bf16 launch with V widened
-# after shared memory or in registers, DECODE_CONFIG's `fp8` entry below its min_batch, other blocks
+# after shared memory or in registers, DECODE_CONFIG's `fp8` and `fp8_fallback` entries below their min_batch, others
 GPU_FP8_DECODE_VARIANTS = [{"fp8_v_regs": False}, {"fp8": {}}, {"fp8": {**da.DECODE_CONFIG["fp8"], "min_batch": 0}},
+                           {"fp8": {**da.DECODE_CONFIG["fp8_fallback"], "min_batch": 0}},
                            {"fp8": {"block_n": 128, "num_warps": 8, "num_stages": 2}},
                            {"fp8": {"block_n": 32, "num_warps": 4, "num_stages": 5}}]
 
@@ -202,30 +199,32 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
     (12, 0, 101_376, False),  # RTX 5090: a newer capability with an sm_89-sized limit
     (9, 0, None, True), (8, 9, None, False),  # a torch without the property: by compute capability
 ])
-def test_fp8_entry_only_where_the_device_holds_its_shared_memory(monkeypatch, major, minor, optin, fits):
-    """An entry's min_shared_memory gate, on the `fp8` entry it was written for (128-token blocks, 4 warps, 5 stages:
-    DECODE_CONFIG's before issue 28's session 11, whose 2-warp entry is gated on the GPU instead)."""
+def test_fp8_fallback_only_where_the_device_holds_its_shared_memory(monkeypatch, major, minor, optin, fits):
+    """`fp8_fallback` (128-token blocks, 4 warps, 5 stages: the `fp8` entry before issue 28's session 11) where the
+    `fp8` entry's gates fail (here a TP rank's 4 KV heads), only where a block may have its min_shared_memory."""
     _device(monkeypatch, major, minor, optin)
-    monkeypatch.setitem(da.DECODE_CONFIG, "fp8", {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256,
-                                                  "min_shared_memory": 110_000})
-    entry = da.DECODE_CONFIG["fp8"]
+    entry = da.DECODE_CONFIG["fp8_fallback"]
     assert da.entry_fits(entry) == fits
-    got = da.resolve_config(512, pool="fp8")
+    got = da.resolve_config(512, pool="fp8", head_dim=128, kv_heads=4)
     assert (got["block_n"], got["num_stages"]) == ((entry["block_n"], entry["num_stages"]) if fits else
                                                    (da.DECODE_CONFIG["block_n"], da.DECODE_CONFIG["num_stages"]))
-    assert da.num_kv_splits(512, 8, 132, pool="fp8") == da.num_kv_splits(512, 8, 132, config=got)
+    assert da.num_kv_splits(512, 4, 132, pool="fp8", head_dim=128) == da.num_kv_splits(512, 4, 132, config=got)
 
 
 def test_callers_config_wins_over_the_fp8_entry_and_nested_keys_are_checked():
-    """A caller's top-level keys beat DECODE_CONFIG's `fp8` entry; the caller's own `fp8` entry beats them;
-    a misspelt key inside `small` or `fp8` is refused like a top-level one."""
+    """A caller's top-level keys beat DECODE_CONFIG's `fp8` / `fp8_fallback` entries; the caller's own `fp8` entry
+    beats them; a misspelt key inside `small` or a pool entry is refused like a top-level one."""
     got = da.resolve_config(256, {"block_n": 32, "num_stages": 2}, pool="fp8")
     assert (got["block_n"], got["num_stages"]) == (32, 2)
-    got = da.resolve_config(256, {"fp8_f16": False}, pool="fp8", head_dim=128, kv_heads=8)
-    assert (got["num_warps"], got["num_stages"]) == (da.DECODE_CONFIG["fp8"]["num_warps"], da.DECODE_CONFIG["fp8"]["num_stages"])
+    for kv_heads, name in ((8, "fp8"), (4, "fp8_fallback")):  # the caller's key over either entry's launch
+        got, entry = da.resolve_config(256, {"fp8_f16": False}, pool="fp8", head_dim=128, kv_heads=kv_heads), \
+            da.DECODE_CONFIG[name]
+        assert (got["block_n"], got["num_warps"], got["num_stages"], got["fp8_f16"]) == \
+            (entry["block_n"], entry["num_warps"], entry["num_stages"], False)
     got = da.resolve_config(8, {"block_n": 32, "fp8": {"block_n": 16}}, pool="fp8")
     assert got["block_n"] == 16 and da.resolve_config(8, {"block_n": 32, "fp8": {"block_n": 16}})["block_n"] == 32
     for bad, key in (({"fp8": {"blok_n": 32}}, "fp8.blok_n"), ({"small": {"max_bach": 1}}, "small.max_bach"),
-                     ({"small": {"min_batch": 1}}, "small.min_batch"), ({"fp8": {"fp8": {}}}, "fp8.fp8")):
+                     ({"small": {"min_batch": 1}}, "small.min_batch"), ({"fp8": {"fp8": {}}}, "fp8.fp8"),
+                     ({"fp8_fallback": {"blok_n": 32}}, "fp8_fallback.blok_n")):
         with pytest.raises(ValueError, match=key):
             da.resolve_config(256, bad, pool="fp8")

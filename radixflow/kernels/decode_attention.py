@@ -13,18 +13,18 @@ block_n / num_warps / num_stages of stage 1; `waves` and `max_splits` for num_kv
 with one split, stage 1 writes the normalised output itself and stage 2 is skipped; `split_align`:
 splits are cut at multiples of this many tokens (0: block_n), so a short sequence spreads over more splits than
 whole blocks would give it; `small`: overrides for batch <= small["max_batch"] (the batch-1
-graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up, where its other gates pass (a
-min_shared_memory gate: where the device allows that many bytes of shared memory per block, `entry_fits`);
-`bf16` / `fp16`: the same for bf16 / fp16 pools (`pool_kind`). A pool
-entry's gates (POOL_GATES) limit it to what was timed: min_batch, min_shared_memory, head_dim, min_kv_heads
-(the KV heads a rank holds), sm_major (the device's compute capability major);
+graph); `fp8`: overrides for an FP8 pool from batch fp8["min_batch"] up, where its other gates pass;
+`fp8_fallback`: the same where the `fp8` entry's gates fail (the entry it replaced, `FALLBACKS`); `bf16` /
+`fp16`: the same for bf16 / fp16 pools (`pool_kind`). A pool entry's gates (POOL_GATES) limit it to what was
+timed: min_batch, min_shared_memory (the bytes of shared memory the device allows a block, `entry_fits`),
+head_dim, min_kv_heads (the KV heads a rank holds), sm_major (the device's compute capability major);
 `fixed_splits`: when set, every batch size uses this many splits; `fp8_f16`: an FP8 pool's K / V are
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
-False: where Triton puts it, kept for A/B); `fp8_exp2`: an FP8 pool's scores in log2 units through attention_common.exp2_ftz;
-`head_first`: the grid's KV heads vary fastest (a request's heads read its slots together; kept for A/B). A caller's `config` replaces DECODE_CONFIG's
-keys it names; its own `small` / pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool
-entries do not (`resolve_config`).
+False: where Triton puts it, kept for A/B); `fp8_exp2`: an FP8 pool's scores in log2 units, exponentiated
+by attention_common.exp2_ftz. A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` /
+pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool entries do not
+(`resolve_config`).
 
 DETERMINISTIC_CONFIG fixes every parameter whatever the batch size, so how a sequence is cut,
 and the order its splits merge in, depend on its own length alone: a request's output is the
@@ -60,11 +60,14 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - batch 1 (`small`): up to 32 splits cut at 16-token multiples, so short sequences use all of them.
 # Several KV heads per program, an elementwise (no tl.dot) path, an in-kernel merge by the last
 # split, head-major program order and a register cap were each slower in that sweep and were removed.
-# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py at the offline pass's shapes): 2 warps,
-#   5 stages (the next blocks' gathered K / V stay in flight during the products), scores in log2 units. The
-#   kernel, not the pool's layout, held the FP8 pool's read rate: a gather-only probe reads it at the bf16 pool's
-#   rate. Timed only as the `bf16` entry below was (H200, 128-dim heads, 8 KV heads, batch >= 256), hence the same
-#   gates; elsewhere an FP8 pool keeps the launch above with V widened in registers. The history has the sweep.
+# - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py at the offline pass's shapes):
+#   2 warps, 5 stages (the next blocks' gathered K / V stay in flight during the products), scores in log2
+#   units. The kernel, not the pool's layout, held the FP8 pool's read rate: a gather-only probe reads it at
+#   the bf16 pool's rate. Timed only as the `bf16` entry below was (H200, 128-dim heads, 8 KV heads, batch
+#   >= 256), hence the same gates. Elsewhere from batch 256 (other GPUs, head sizes, TP ranks with fewer KV
+#   heads) an FP8 pool keeps the entry it had before (`fp8_fallback`: 128-token blocks, 4 warps, 5 stages,
+#   wherever a block may have ~105 KiB of shared memory; 1.00-1.15x the launch above with V widened in
+#   registers at 8 KV heads in the same run, not timed at fewer), and below 256 that launch. The history has it.
 # - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
 #   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
@@ -77,13 +80,15 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8_exp2": False, "head_first": False,
-    "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8,
-            "sm_major": 9},
+    "fp8_v_regs": True, "fp8_exp2": False,
+    "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True,
+            "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
+    "fp8_fallback": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
     "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
     "fp16": {},
 }
-DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16, "direct": False}
+DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16,
+                        "direct": False}
 
 
 @triton.jit
@@ -106,10 +111,10 @@ def _decode_stage1(
     scale, num_splits, split_align, D,
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
-    KV_F16: tl.constexpr, V_REGS: tl.constexpr, EXP2: tl.constexpr, HEAD_FIRST: tl.constexpr, USE_PDL: tl.constexpr,
+    KV_F16: tl.constexpr, V_REGS: tl.constexpr, EXP2: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    b = tl.program_id(1 if HEAD_FIRST else 0).to(tl.int64)
-    kvh = tl.program_id(0 if HEAD_FIRST else 1)
+    b = tl.program_id(0).to(tl.int64)
+    kvh = tl.program_id(1)
     split = tl.program_id(2)
     pdl_wait(USE_PDL)
     if KV_FP8:  # the pool holds K / k_scale: fold the head's scale into the softmax scale (V's: into the output)
@@ -231,8 +236,9 @@ class DecodeRope:
 
 POOL_KINDS = {torch.float8_e4m3fn: "fp8", torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "float32"}
 POOL_ENTRIES = ("fp8", "bf16", "fp16")  # entries named after the pool kind (pool_kind) they launch
+FALLBACKS = {"fp8": "fp8_fallback"}  # a pool's entry where its own entry's gates fail
 POOL_GATES = ("min_batch", "min_shared_memory", "head_dim", "min_kv_heads", "sm_major")
-ENTRY_GATES = {"small": ("max_batch",), **{name: POOL_GATES for name in POOL_ENTRIES}}
+ENTRY_GATES = {"small": ("max_batch",), **{name: POOL_GATES for name in (*POOL_ENTRIES, *FALLBACKS.values())}}
 LAUNCH_KEYS = set(DECODE_CONFIG) - set(ENTRY_GATES)
 
 
@@ -278,33 +284,32 @@ def _shape_fits(entry: dict, head_dim: int | None, kv_heads: int | None) -> bool
     return "min_kv_heads" not in entry or (kv_heads or 0) >= entry["min_kv_heads"]
 
 
-def _entry(batch: int, pool: str | None, small: dict, pool_entry: dict, head_dim: int | None,
+def _entry(batch: int, small: dict, pool_entries: list[tuple[str, dict]], head_dim: int | None,
            kv_heads: int | None) -> tuple[str | None, dict]:
-    """The name and launch overrides (gates left out) of the entry that applies at this batch size, or (None, {})."""
+    """The name and launch overrides (gates left out) of the entry that applies at this batch size: `small`, else the
+    first of the pool's (name, entry) whose gates pass; or (None, {})."""
     if batch <= small.get("max_batch", 0):
-        name, entry = "small", small
-    elif (pool in POOL_ENTRIES and batch >= pool_entry.get("min_batch", 0)
-          and _shape_fits(pool_entry, head_dim, kv_heads) and entry_fits(pool_entry)):
-        name, entry = pool, pool_entry
-    else:
-        return None, {}
-    return name, {k: v for k, v in entry.items() if k not in ENTRY_GATES[name]}
+        return "small", {k: v for k, v in small.items() if k not in ENTRY_GATES["small"]}
+    for name, entry in pool_entries:
+        if batch >= entry.get("min_batch", 0) and _shape_fits(entry, head_dim, kv_heads) and entry_fits(entry):
+            return name, {k: v for k, v in entry.items() if k not in POOL_GATES}
+    return None, {}
 
 
 def resolve_config(batch: int, config: dict | None = None, *, pool: str | None = None, head_dim: int | None = None,
                    kv_heads: int | None = None) -> dict:
     """The launch parameters for this batch size, pool kind (`pool_kind`; None: no pool entry), head size and KV
     head count (None: unknown, so no entry gated on it applies). From the bottom up: DECODE_CONFIG's top-level
-    keys, DECODE_CONFIG's entry that applies (`small`, or the pool's), `config`'s top-level keys, `config`'s own
-    entry that applies. A `config` without `small` has none (sweeps give whole launches); one without the pool's
-    entry keeps DECODE_CONFIG's."""
+    keys, DECODE_CONFIG's entry that applies (`small`, the pool's or its fallback), `config`'s top-level keys,
+    `config`'s own entry that applies. A `config` without `small` has none (sweeps give whole launches); one without
+    the pool's entry (or its fallback) keeps DECODE_CONFIG's."""
     if pool is not None and pool not in POOL_KINDS.values():
         raise ValueError(f"decode_attention: pool {pool!r} is none of {sorted(POOL_KINDS.values())}")
     config = config or {}
     _check_keys(config)
     small = config.get("small", {} if config else DECODE_CONFIG["small"])
-    pool_entry = config.get(pool, DECODE_CONFIG.get(pool, {})) if pool else {}
-    name, entry = _entry(batch, pool, small, pool_entry, head_dim, kv_heads)
+    names = [n for n in (pool, FALLBACKS.get(pool)) if n in ENTRY_GATES]  # the pool's entry, then its fallback
+    name, entry = _entry(batch, small, [(n, config.get(n, DECODE_CONFIG[n])) for n in names], head_dim, kv_heads)
     base = {k: v for k, v in DECODE_CONFIG.items() if k in LAUNCH_KEYS}
     own = {k: v for k, v in config.items() if k in LAUNCH_KEYS}
     return {**base, **own, **entry} if name in config else {**base, **entry, **own}
@@ -371,7 +376,7 @@ def decode_attention(
     if rope is not None:
         assert q.stride(2) == r.k.stride(2) == r.v.stride(2) == r.cos.stride(1) == 1 and r.cos.dtype == torch.float32
         assert d % 2 == 0 and r.cos.shape[1] == d
-    _decode_stage1[(hkv, bsz, num_splits) if cfg["head_first"] else (bsz, hkv, num_splits)](
+    _decode_stage1[(bsz, hkv, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
         r.positions, r.cos, r.sin, r.k, r.v, r.loc, k_scale, v_scale,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
@@ -379,9 +384,9 @@ def decode_attention(
         r.cos.stride(0), r.k.stride(0), r.k.stride(1), r.v.stride(0), r.v.stride(1),
         scale, num_splits, cfg["split_align"] or cfg["block_n"], d,
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
-        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16), KV_FP8=fp8,
-        KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
-        HEAD_FIRST=cfg["head_first"], num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16),
+        KV_FP8=fp8, KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
