@@ -18,7 +18,7 @@ from typing import Any, Callable, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends import resolve_backend
 from radixflow.lang.errors import NotTraceable, ProgramError
-from radixflow.lang.graph_run import replay, trace_graph
+from radixflow.lang.graph_run import replay, signature, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
@@ -54,8 +54,7 @@ class Function:
         """(program arguments, sampling defaults)."""
         sampling = {k: kwargs.pop(k) for k in RUN_SAMPLING_PARAMS if k in kwargs and k not in self.arg_names}
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        sig = inspect.signature(self.func)
-        bound = sig.bind_partial(None, *args, **{**self.bound, **kwargs})
+        bound = signature(self.func).bind_partial(None, *args, **{**self.bound, **kwargs})
         arguments = dict(bound.arguments)
         arguments.pop("s")
         return arguments, {"max_new_tokens": SAMPLING_DEFAULTS["max_new_tokens"], **sampling}
