@@ -35,13 +35,14 @@ _ENCODERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _ENCODERS_LOCK = threading.Lock()
 
 
-def constant_pieces(tokenizer, ops: list[Op]) -> Pieces:
+def constant_pieces(tokenizer, ops: list[Op], known: Optional[Pieces] = None) -> Pieces:
+    """`known`: pieces tokenized before (a program template's), taken as they are."""
     keys: dict = {}  # (text, first) -> None, in the walk's order
     _strand(ops, True, keys)
     encode = batch_encoder(tokenizer)
-    pieces: Pieces = {}
+    pieces: Pieces = {k: known[k] for k in keys if k in known} if known else {}
     for first in (True, False):
-        texts = [text for text, f in keys if f is first]
+        texts = [text for text, f in keys if f is first and (text, f) not in pieces]
         if texts:
             pieces.update(((text, first), ids) for text, ids in zip(texts, encode(texts, first)))
     return pieces
