@@ -29,8 +29,8 @@ import ast
 import builtins
 import functools
 import inspect
+import linecache
 import symtable
-import textwrap
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -112,16 +112,47 @@ def _environment(func: Callable) -> Callable[[str, Any], Any]:
 @functools.lru_cache(maxsize=1024)
 def analyse(func: Callable) -> Optional[Analysis]:
     """The proof above for `func`, or None where it does not go through (or its source is not there)."""
+    code = getattr(func, "__code__", None)
     try:
-        src = textwrap.dedent(inspect.getsource(func))
-        tree = ast.parse(src)
-        table = symtable.symtable(src, "<program>", "exec")
-    except (OSError, TypeError, SyntaxError):
+        path = inspect.getsourcefile(func)
+        src = "".join(linecache.getlines(path, func.__globals__)) if path else ""
+        tree, table = ast.parse(src), symtable.symtable(src, path, "exec")
+        compiled = compile(src, path, "exec", dont_inherit=True)
+    except (OSError, TypeError, SyntaxError, ValueError):
         return None
-    fdef = next((n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == func.__name__), None)
-    if fdef is None or func.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
+    if code is None or code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE):
         return None
-    return _Reader(func, fdef, table).analysis()
+    made = _find(compiled, lambda c: c.co_name == code.co_name and c.co_firstlineno == code.co_firstlineno)
+    if made is None or not _same_code(made, code):
+        return None  # the file is not what was loaded (edited since), or the function was made otherwise
+    fdef = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == code.co_name
+                 and min([n.lineno] + [d.lineno for d in n.decorator_list]) == code.co_firstlineno), None)  # fmt: skip
+    ftable = _find_table(table, code.co_name, None if fdef is None else fdef.lineno)
+    return None if fdef is None or ftable is None else _Reader(func, fdef, ftable).analysis()
+
+
+def _find(code: Any, match: Callable[[Any], bool]) -> Any:
+    if match(code):
+        return code
+    return next((f for c in code.co_consts if inspect.iscode(c) for f in [_find(c, match)] if f is not None), None)
+
+
+def _find_table(table: symtable.SymbolTable, name: str, lineno: Optional[int]) -> Optional[symtable.SymbolTable]:
+    for t in table.get_children():
+        if t.get_type() == "function" and t.get_name() == name and t.get_lineno() == lineno:
+            return t
+        found = _find_table(t, name, lineno)
+        if found is not None:
+            return found
+    return None
+
+
+def _same_code(a: Any, b: Any) -> bool:
+    fields = ("co_code", "co_names", "co_varnames", "co_freevars", "co_cellvars", "co_argcount", "co_kwonlyargcount")
+    if any(getattr(a, f) != getattr(b, f) for f in fields) or len(a.co_consts) != len(b.co_consts):
+        return False
+    return all(_same_code(x, y) if inspect.iscode(x) and inspect.iscode(y) else type(x) is type(y) and x == y
+               for x, y in zip(a.co_consts, b.co_consts))  # fmt: skip
 
 
 class _Reader:
@@ -131,8 +162,7 @@ class _Reader:
         self.state = self.params[0] if self.params else ""
         self.parents = {c: p for p in ast.walk(fdef) for c in ast.iter_child_nodes(p)}
         self.nodes = [n for stmt in fdef.body for n in ast.walk(stmt)]
-        tables = [t for t in table.get_children() if t.get_name() == fdef.name]
-        self.table = tables[0] if len(tables) == 1 else None
+        self.table = table
         stores = [n for n in self.nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)]
         lambda_args = [a.arg for n in self.nodes if isinstance(n, ast.Lambda) for a in _args(n.args)]
         self.bound = {n.id for n in stores} | set(lambda_args)  # every binding: none of a text parameter
@@ -155,6 +185,9 @@ class _Reader:
         if not all(isinstance(self.parents[n], ast.Call) and self.parents[n].func is n
                    for n in self.nodes if isinstance(n, ast.Attribute)):  # fmt: skip
             return None  # attributes only as called methods
+        if any(isinstance(n, ast.Subscript) and not isinstance(n.ctx, ast.Load)
+               and not (isinstance(n.value, ast.Name) and n.value.id == self.state) for n in self.nodes):  # fmt: skip
+            return None  # x[k] = v writes to an argument or a global; s[k] = v only sets a variable
         callables = {n: v for n, v in reads.items() if _one_of(v, PRIMITIVES | PURE_BUILTINS) or _is_radixflow(v)}
         data = tuple(n for n in outside if n not in callables)
         if not all(plain(reads[n]) for n in data):
