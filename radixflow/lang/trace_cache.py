@@ -31,12 +31,14 @@ import functools
 import inspect
 import linecache
 import symtable
+import threading
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixflow.lang import primitives
 from radixflow.lang.placeholder import MARK
+from radixflow.runtime.programs.program_ops import plain
 
 PRIMITIVES = frozenset(getattr(primitives, n) for n in (
     "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin", "system_end",
@@ -60,19 +62,6 @@ class Analysis:
     text: frozenset  # parameters proven to reach only the program's text
     reads: dict  # global / closure name -> the object it named when analysed, for calls (identity kept)
     data: tuple  # global / closure names read as plain data (their repr goes into the key)
-
-
-_PLAIN = (str, int, float, bool, type(None))
-
-
-def plain(v: Any) -> bool:
-    """Plain data: its repr names it exactly (True is not 1, 1 is not 1.0, '1' is not 1)."""
-    t = type(v)
-    if t in _PLAIN:
-        return True
-    if t is dict:
-        return all(plain(k) and plain(x) for k, x in v.items())
-    return t in (list, tuple) and all(plain(x) for x in v)
 
 
 def key(func: Callable, a: Analysis, arguments: dict) -> Optional[str]:
@@ -109,9 +98,22 @@ def _environment(func: Callable) -> Callable[[str, Any], Any]:
     return lookup
 
 
-@functools.lru_cache(maxsize=1024)
+_ANALYSE_LOCK = threading.Lock()
+
+
 def analyse(func: Callable) -> Optional[Analysis]:
-    """The proof above for `func`, or None where it does not go through (or its source is not there)."""
+    """The proof above for `func`, or None where it does not go through (or its source is not there).
+    One thread at a time: CPython 3.11's AST conversion keeps its recursion depth per interpreter,
+    and concurrent ast.parse calls (a batch's first programs) fail with a SystemError."""
+    with _ANALYSE_LOCK:
+        try:
+            return _analyse(func)
+        except Exception:  # reading the source must never fail a run: no template, as before
+            return None
+
+
+@functools.lru_cache(maxsize=1024)
+def _analyse(func: Callable) -> Optional[Analysis]:
     code = getattr(func, "__code__", None)
     try:
         path = inspect.getsourcefile(func)

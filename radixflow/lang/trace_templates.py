@@ -20,7 +20,8 @@ from radixflow.lang.graph_run import _jsonable, signature, trace_graph
 from radixflow.lang.ir import ArgRef, Fork, Graph, Text
 from radixflow.lang.lowering import lower
 from radixflow.lang.placeholder import _PATTERN, MARK, Placeholder
-from radixflow.lang.trace_cache import analyse, key, plain
+from radixflow.lang.trace_cache import analyse, key
+from radixflow.runtime.programs.program_ops import plain
 
 MAX_TEMPLATES = 256  # a function's templates (distinct non-text arguments); all dropped when full
 

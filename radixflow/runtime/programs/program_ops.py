@@ -242,19 +242,20 @@ def _frozen(raw: dict) -> Optional[str]:
     """A key that tells apart any two dicts that could parse differently (True from 1, 1 from 1.0,
     -0.0 from 0.0, a dict's order, which a schema's json.dumps keeps): the repr of one made only of
     plain types, whose repr is unambiguous; None for any other."""
-    return repr(raw) if _plain(raw) else None
+    return repr(raw) if plain(raw) else None
 
 
 _PLAIN = (str, int, float, bool, type(None))
 
 
-def _plain(v: Any) -> bool:
+def plain(v: Any) -> bool:
+    """Plain data: its repr names it exactly (True is not 1, 1 is not 1.0, '1' is not 1)."""
     t = type(v)
     if t in _PLAIN:
         return True
     if t is dict:
-        return all(type(k) is str and _plain(x) for k, x in v.items())
-    return t in (list, tuple) and all(_plain(x) for x in v)
+        return all(type(k) is str and plain(x) for k, x in v.items())
+    return t in (list, tuple) and all(plain(x) for x in v)
 
 
 def _passed(check_sampling: Callable) -> set:
