@@ -174,3 +174,28 @@ def test_a_missing_argument_is_left_to_the_calls_own_trace(engine):
     ask.run(context="", question="a?", backend=b, temperature=0, max_new_tokens=2)  # a template exists
     with pytest.raises(TypeError, match="question"):  # as without templates: eager, and Python's own error
         ask.run(context="", backend=b, temperature=0, max_new_tokens=2)
+
+
+def test_a_batchs_first_programs_read_the_source_at_once_without_failing():
+    """64 program threads asked for the same function's analysis at once; CPython 3.11's ast.parse
+    is not safe across threads (a SystemError), so analyse() reads one source at a time."""
+    import threading
+
+    from radixflow.lang import trace_cache
+
+    results, errors = [], []
+
+    def read() -> None:
+        try:
+            results.append(analyse(judged.func))
+        except Exception as e:  # noqa: BLE001  the failure this test is for
+            errors.append(e)
+
+    for _ in range(3):
+        trace_cache._analyse.cache_clear()
+        threads = [threading.Thread(target=read) for _ in range(32)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert errors == [] and all(r is not None and r.text == {"topic"} for r in results)
