@@ -139,6 +139,12 @@ def test_the_key_holds_what_else_the_trace_reads():
         assert key(ask.func, a, {"context": "x", "question": "y"}) != k  # a global it reads changed
     finally:
         SUFFIXES[0] = "\n"
+    real = rf.gen
+    rf.gen = lambda *args, **kwargs: real(*args, **kwargs)  # the primitive it calls, replaced
+    try:
+        assert key(ask.func, a, {"context": "x", "question": "y"}) is None
+    finally:
+        rf.gen = real
 
 
 def test_a_changed_global_is_read_again(engine, monkeypatch):

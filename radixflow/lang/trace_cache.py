@@ -62,6 +62,7 @@ class Analysis:
     text: frozenset  # parameters proven to reach only the program's text
     reads: dict  # global / closure name -> the object it named when analysed, for calls (identity kept)
     data: tuple  # global / closure names read as plain data (their repr goes into the key)
+    attrs: tuple = ()  # (global name, attribute, the primitive it named): `rf.gen` must stay rf.gen
 
 
 def key(func: Callable, a: Analysis, arguments: dict) -> Optional[str]:
@@ -69,6 +70,8 @@ def key(func: Callable, a: Analysis, arguments: dict) -> Optional[str]:
     not cacheable (a text argument not an exact str or holding the mark, a read that changed)."""
     env = _environment(func)
     if any(env(n, _MISSING) is not obj for n, obj in a.reads.items()):
+        return None
+    if any(getattr(env(n, None), attr, None) is not obj for n, attr, obj in a.attrs):
         return None
     data = [env(n, _MISSING) for n in a.data]
     keyed = {k: v for k, v in arguments.items() if k not in a.text}
@@ -194,7 +197,10 @@ class _Reader:
         data = tuple(n for n in outside if n not in callables)
         if not all(plain(reads[n]) for n in data):
             return None
-        return Analysis(self._text_params(), callables, data)
+        attrs = tuple((f.value.id, f.attr, getattr(reads[f.value.id], f.attr)) for c in self.nodes
+                      if isinstance(c, ast.Call) for f in [c.func] if isinstance(f, ast.Attribute)
+                      and isinstance(f.value, ast.Name) and f.value.id in reads and _is_radixflow(reads[f.value.id]))  # fmt: skip
+        return Analysis(self._text_params(), callables, data, attrs)
 
     def _outside_names(self) -> list:
         """Names read from globals, builtins or the function's closure, in any of its scopes."""

@@ -53,9 +53,8 @@ class EngineBackend(NativeBackend):
 
     def run_prepared(self, prepared: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
         """run_graphs for trace_templates.Prepared programs: not parsed or checked again."""
-        from radixflow.runtime.programs.program_engine import run_checked
-
-        outs = run_checked(self.engine, [p.program for p in prepared], [p.ops for p in prepared], [p.pieces for p in prepared])
+        outs = self.engine.run_checked_programs([p.program for p in prepared], [p.ops for p in prepared],
+                                                [p.pieces for p in prepared])  # fmt: skip
         return _reported(outs, on_result)
 
     def run_graph_stream(self, program: dict) -> Iterator[dict]:

@@ -49,15 +49,6 @@ def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterato
             engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
 
 
-def run_checked(engine, programs: list, ops: list, pieces: list) -> list[dict]:
-    """Engine.run_program for programs whose ops were checked against this engine before
-    (program_ops.check_programs with its builder: a program template's, lang/trace_templates.py)."""
-    from radixflow.runtime.engine import _raise_if_rejected
-
-    engine._check_open()
-    return [_raise_if_rejected(out) for out in run_programs(engine, programs, ops, pieces=pieces)]
-
-
 def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None, pieces=None) -> Future:
     """Queue the programs' submission; the Future holds their ProgramRuns (or the error).
     They are parsed and their constant text is tokenized here, on the caller's thread, not in
