@@ -5,10 +5,18 @@ parsed there too, once, and the chat template's role markers are read once per b
 
 from __future__ import annotations
 
+import copy
+import random
+
+import pytest
+from tokenizers.processors import TemplateProcessing
+
 import radixflow as rf
+from radixflow.errors import RadixflowError
 from radixflow.lang.backends.engine_backend import EngineBackend
 from radixflow.runtime.programs import program_executor
-from radixflow.runtime.programs.program_ops import parse_program
+from radixflow.runtime.programs import text_pieces
+from radixflow.runtime.programs.program_ops import check_programs, parse_program
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
@@ -101,3 +109,74 @@ def test_the_server_parses_a_program_once_in_the_main_process(engine, monkeypatc
     executor = SimpleNamespace(submit=lambda *a: submitted.append(a), on_step=lambda: None)
     program_service.SchedulerPrograms(executor, send=lambda m: None).handle(pickle.loads(pickle.dumps(sent[0])))
     assert submitted[0][4] == ops[0] and len(parsed) == 1
+
+
+def _texts(seed: int, n: int) -> list:
+    rng = random.Random(seed)
+    alphabet = list("ab XY\n\t.,!'é日<|>/") + ["<|endoftext|>", "<|im_start|>", "  ", "\n\n", " Paris"]
+    return ["".join(rng.choice(alphabet) for _ in range(rng.randrange(1, 30))) for _ in range(n)]
+
+
+def test_pieces_encoded_in_one_batch_are_encode_pieces_ids(engine):
+    """The backend's encode_batch where transformers' encode would give the same ids: with the
+    tokenizer's special tokens on a program's first piece (a BOS added here), split or not."""
+    tok = copy.deepcopy(engine.tokenizer)
+    bos = tok.convert_tokens_to_ids("<|endoftext|>")
+    tok.backend_tokenizer.post_processor = TemplateProcessing(single="<|endoftext|> $A", special_tokens=[("<|endoftext|>", bos)])
+    assert tok.encode("hi")[0] == bos and tok.encode("hi", add_special_tokens=False)[0] != bos
+    for t in (engine.tokenizer, tok):
+        try:
+            for split in (False, True):
+                t.split_special_tokens = split
+                encode = text_pieces.batch_encoder(t)
+                assert encode.__name__ == "fast"
+                texts = _texts(int(split), 300)
+                for first in (True, False):
+                    assert encode(texts, first) == [encode_piece(t, x, first) for x in texts]
+        finally:
+            t.split_special_tokens = False
+
+
+def test_a_tokenizer_with_its_own_encode_keeps_it(engine):
+    class Shouting(type(engine.tokenizer)):
+        def encode(self, text, *a, **k):
+            return super().encode(text.upper(), *a, **k)
+
+    tok = copy.copy(engine.tokenizer)
+    tok.__class__ = Shouting
+    encode = text_pieces.batch_encoder(tok)
+    assert encode(["quiet words"], False) == [encode_piece(tok, "quiet words", False)] != [encode_piece(engine.tokenizer, "quiet words", False)]
+
+
+def test_sampling_params_are_parsed_once_per_distinct_dict_and_kept_apart(engine):
+    def gen_op(sp: dict) -> dict:
+        return {"ops": [{"op": "text", "text": "x"}, {"op": "gen", "id": 1, "name": "a", "sampling_params": sp}]}
+
+    stop = ["\n"]
+    first = parse_program(gen_op({"max_new_tokens": 4, "stop": stop}))[1].sampling
+    again = parse_program(gen_op({"max_new_tokens": 4, "stop": ["\n"]}))[1].sampling
+    assert again is first  # the same content: one SamplingParams
+    stop.append("END")  # the caller's list changes after: the parsed one does not
+    assert first.stop == ["\n"] and parse_program(gen_op({"max_new_tokens": 4, "stop": stop}))[1].sampling.stop == ["\n", "END"]
+    ints, floats = (parse_program(gen_op({"max_new_tokens": 4, "top_k": v}))[1].sampling for v in (1, 2))
+    assert ints.top_k == 1 and floats.top_k == 2
+    with pytest.raises(RadixflowError):  # True is not 1: refused, not served from 1's entry
+        parse_program(gen_op({"max_new_tokens": 4, "n": True}))
+    parse_program(gen_op({"max_new_tokens": 4, "n": 1}))
+    with pytest.raises(RadixflowError):
+        parse_program(gen_op({"max_new_tokens": 4, "n": True}))
+    # a check that failed is not remembered as passed; one that passed is not run again
+    checks = []
+    bad = gen_op({"max_new_tokens": 10**9})
+    for _ in range(2):
+        with pytest.raises(RadixflowError, match="limit"):
+            check_programs([bad], engine.builder.sampling, None)
+    ok = gen_op({"max_new_tokens": 5, "temperature": 0.5})
+    real = type(engine.builder).sampling
+    type(engine.builder).sampling = lambda self, sp: checks.append(sp) or real(self, sp)
+    try:
+        for _ in range(3):
+            check_programs([ok], engine.builder.sampling, None)
+    finally:
+        type(engine.builder).sampling = real
+    assert len(checks) <= 1

@@ -18,12 +18,13 @@ from typing import Any, Callable, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends import resolve_backend
 from radixflow.lang.errors import NotTraceable, ProgramError
-from radixflow.lang.graph_run import replay, trace_graph
+from radixflow.lang.graph_run import replay, signature, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
+from radixflow.lang.trace_templates import prepared
 from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
@@ -41,6 +42,7 @@ class Function:
         if not params or params[0] != "s":
             raise RadixflowError(f"@function {func.__name__}: the first parameter must be named s")
         self.arg_names = params[1:]
+        self.templates: dict = {}  # trace_templates.py: key -> Template (None: not reusable for that key)
         functools.update_wrapper(self, func)
 
     def bind(self, **kwargs: Any) -> "Function":
@@ -54,8 +56,7 @@ class Function:
         """(program arguments, sampling defaults)."""
         sampling = {k: kwargs.pop(k) for k in RUN_SAMPLING_PARAMS if k in kwargs and k not in self.arg_names}
         sampling = {k: v for k, v in sampling.items() if v is not None}
-        sig = inspect.signature(self.func)
-        bound = sig.bind_partial(None, *args, **{**self.bound, **kwargs})
+        bound = signature(self.func).bind_partial(None, *args, **{**self.bound, **kwargs})
         arguments = dict(bound.arguments)
         arguments.pop("s")
         return arguments, {"max_new_tokens": SAMPLING_DEFAULTS["max_new_tokens"], **sampling}
@@ -80,7 +81,7 @@ class Function:
         if program is not None and stream:
             return _streamed_graph(program[0], program[1], b, defaults)
         if program is not None:
-            return _replayed(program[0], _run_graphs(b, [program[1]], program[0].name)[0], b, defaults)
+            return _replayed(program[0], _run_graphs(b, [program], program[0].name)[0], b, defaults)
         return self._run_eager(b, arguments, defaults, stream)
 
     async def run_async(self, *args: Any, **kwargs: Any) -> ProgramState:
@@ -95,9 +96,12 @@ class Function:
             if mode == "graph":
                 raise RadixflowError(f"{type(b).__name__} cannot run request graphs")
             return None
+        p = prepared(self, b, arguments, defaults)
+        if p is not None:
+            return p.graph, p.program, p
         try:
             graph = trace_graph(self.func, arguments, self.arg_names)
-            return graph, lower(graph, b.chat_template(), defaults)
+            return graph, lower(graph, b.chat_template(), defaults), None
         except NotTraceable:
             if mode == "graph":
                 raise
@@ -133,7 +137,7 @@ class Function:
         compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
         static = [i for i, c in compiled.items() if c is not None]
         if static:
-            outs = _run_graphs(b, [compiled[i][1] for i in static], self.func.__name__, lambda k, out: bar.update(1))
+            outs = _run_graphs(b, [compiled[i] for i in static], self.func.__name__, lambda k, out: bar.update(1))
             for i, out in zip(static, outs):
                 states[i] = _replayed(compiled[i][0], out, b, calls[i][1])
         rest = [i for i in range(len(calls)) if states[i] is None]
@@ -151,9 +155,12 @@ class Function:
         return states
 
 
-def _run_graphs(b, programs: list, name: str, on_result=None) -> list:
+def _run_graphs(b, compiled: list, name: str, on_result=None) -> list:
+    """compiled: _compile's (graph, program, Prepared or None) of each program."""
     try:
-        return b.run_graphs(programs, on_result=on_result)
+        if all(c[2] is not None for c in compiled):
+            return b.run_prepared([c[2] for c in compiled], on_result=on_result)
+        return b.run_graphs([c[1] for c in compiled], on_result=on_result)
     except ProgramError:
         raise
     except RadixflowError as e:  # e.g. a gen's sampling params rejected before running

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Callable
 
@@ -12,11 +13,19 @@ from radixflow.lang.interpreter import GenResult, Interpreter, SelectResult
 from radixflow.lang.ir import Fork, Graph, Join
 from radixflow.lang.placeholder import Placeholder
 from radixflow.lang.state import ProgramState
+from radixflow.lang.stream_log import QuietLog
 from radixflow.lang.tracer import Recorder
 
 
+@functools.lru_cache(maxsize=1024)
+def signature(func: Callable) -> inspect.Signature:
+    """inspect.signature, once per function: run() needs it twice a call, each a walk of the
+    function's code object in Python."""
+    return inspect.signature(func)
+
+
 def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
-    params = inspect.signature(func).parameters
+    params = signature(func).parameters
     args = dict(arguments)
     for name in arg_names:
         if name not in args and params[name].default is inspect.Parameter.empty:
@@ -60,7 +69,7 @@ class ReplayBackend(Backend):
 
 
 def replay(graph: Graph, out: dict, template: ChatTemplate, defaults: dict) -> ProgramState:
-    ex = Interpreter(ReplayBackend(out["results"]), defaults, template, use_ids=False)
+    ex = Interpreter(ReplayBackend(out["results"]), defaults, template, use_ids=False, log=QuietLog())
     _replay(ex, graph.nodes, {})
     return ProgramState(ex, "graph")
 

@@ -46,7 +46,7 @@ class SelectResult:
 
 
 class Interpreter:
-    def __init__(self, backend, defaults: dict, template: ChatTemplate, use_ids: bool, streaming: bool = False):
+    def __init__(self, backend, defaults: dict, template: ChatTemplate, use_ids: bool, streaming: bool = False, log=None):
         self.backend = backend
         self.defaults = defaults
         self.template = template
@@ -62,7 +62,7 @@ class Interpreter:
         self.scopes: dict = {}
         self.produced: list = []
         self.base = (0, 0)  # (text, ids) lengths at the fork that made this one
-        self.log = StreamLog()
+        self.log = StreamLog() if log is None else log
         self.spec: Optional[Speculation] = None  # API speculative execution (speculation.py)
 
     # -- nodes -------------------------------------------------------------------------------
@@ -216,9 +216,9 @@ class Interpreter:
         for _ in range(n):
             kid = copy.copy(self)
             kid.vars, kid.metas = dict(self.vars), dict(self.metas)
-            kid.messages, kid.scopes, kid.produced = copy.deepcopy(self.messages), dict(self.scopes), []
+            kid.messages, kid.scopes, kid.produced = [dict(m) for m in self.messages], dict(self.scopes), []  # str values
             kid.ids = None if self.ids is None else list(self.ids)
-            kid.log = StreamLog()
+            kid.log = type(self.log)()
             kid.spec = None  # branches call the backend for each gen
             kid.base = (len(self.text), 0 if self.ids is None else len(self.ids))
             kids.append(kid)

@@ -64,3 +64,15 @@ class ChunkMeta:
         out = {**meta, "output_token_logprobs": lps[self.sent :], "output_token_logprobs_length": len(lps)}
         self.sent = len(lps)
         return out
+
+
+class QuietLog:
+    """The log of a replayed request graph: its text is all there when the state is made, so
+    nobody reads deltas from it and none are kept (a StreamLog's condition and lock per strand
+    were most of a replay's thread-library time)."""
+
+    done = True
+    error: Optional[BaseException] = None
+
+    def put(self, var: Optional[str], delta: str, meta: Optional[dict] = None) -> None:
+        pass

@@ -4,6 +4,7 @@ placeholders; if the program finishes, what it appended is a static request grap
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 from typing import Any, Optional
 
@@ -29,7 +30,7 @@ class Recorder:
                 self.execute(n)
             return
         _check_no_placeholders(node)
-        node = dataclasses.replace(node, nid=next(self.counter))
+        node.nid = next(self.counter)  # a node reaches here as a fresh copy (state.to_nodes, split_text)
         self.nodes.append(node)
         name = getattr(node, "name", None)
         if isinstance(node, (Gen, Select, ScopeEnd)) and name:
@@ -66,9 +67,14 @@ class Recorder:
 
 
 def _check_no_placeholders(node: Node) -> None:
-    for f in dataclasses.fields(node):
-        value = getattr(node, f.name)
+    for name in _field_names(type(node)):
+        value = getattr(node, name)
         items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
         for v in items:
             if isinstance(v, Placeholder) or (isinstance(v, str) and MARK in v):
-                raise DataDependentError(f"{node.kind} {getattr(node, 'name', '')!r} has a generated value in {f.name}")
+                raise DataDependentError(f"{node.kind} {getattr(node, 'name', '')!r} has a generated value in {name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls))

@@ -158,6 +158,15 @@ class Engine:
         outs = [_raise_if_rejected(out) for out in run_programs(self, programs, ops)]
         return outs if isinstance(program, list) else outs[0]
 
+    def run_checked_programs(self, programs: list, ops: list, pieces: list) -> list[dict]:
+        """run_program for programs whose parsed `ops` were checked against this Engine before
+        (program_ops.check_programs with its builder: a program template's, lang/trace_templates.py),
+        with their constant text tokenized (`pieces`, text_pieces.constant_pieces)."""
+        from radixflow.runtime.programs.program_engine import run_programs
+
+        self._check_open()
+        return [_raise_if_rejected(out) for out in run_programs(self, programs, ops, pieces=pieces)]
+
     @staticmethod
     def _program_stream(events: Iterator[dict]) -> Iterator[dict]:
         for event in events:

@@ -37,11 +37,25 @@ class EngineBackend(NativeBackend):
         yield from self.engine.generate(stream=True, **self._args(payload))
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
-        outs = self.engine.run_program(list(programs))
-        if on_result is not None:
-            for i, out in enumerate(outs):
-                on_result(i, out)
-        return outs
+        return _reported(self.engine.run_program(list(programs)), on_result)
+
+    # -- request graphs checked ahead (a program template's: lang/trace_templates.py) ------------------
+    def prepare_graphs(self, programs: list) -> list:
+        """Each program's parsed ops, checked as run_program checks them; raises RadixflowError."""
+        from radixflow.runtime.programs.program_ops import check_programs
+
+        return check_programs(programs, self.engine.builder.sampling, max_requests=None)
+
+    def constant_pieces(self, ops: list, known: Optional[dict] = None) -> dict:
+        from radixflow.runtime.programs.text_pieces import constant_pieces
+
+        return constant_pieces(self.engine.tokenizer, ops, known)
+
+    def run_prepared(self, prepared: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
+        """run_graphs for trace_templates.Prepared programs: not parsed or checked again."""
+        outs = self.engine.run_checked_programs([p.program for p in prepared], [p.ops for p in prepared],
+                                                [p.pieces for p in prepared])  # fmt: skip
+        return _reported(outs, on_result)
 
     def run_graph_stream(self, program: dict) -> Iterator[dict]:
         yield from self.engine.run_program(program, stream=True)
@@ -51,3 +65,10 @@ class EngineBackend(NativeBackend):
 
     def get_server_info(self) -> dict:
         return self.engine.get_server_info()
+
+
+def _reported(outs: list, on_result: Optional[Callable[[int, dict], None]]) -> list:
+    if on_result is not None:
+        for i, out in enumerate(outs):
+            on_result(i, out)
+    return outs

@@ -18,11 +18,13 @@ from radixflow.runtime.programs.text_pieces import constant_pieces
 
 
 def run_programs(
-    engine, programs: list, ops: Optional[list] = None, on_result: Optional[Callable[[int, dict], None]] = None
-) -> list[dict]:
+    engine, programs: list, ops: Optional[list] = None, on_result: Optional[Callable[[int, dict], None]] = None,
+    pieces: Optional[list] = None,
+) -> list[dict]:  # fmt: skip
     """Run programs to completion; their outputs in order. `ops`: each program's parsed ops
-    (program_ops.check_programs), if the caller has them."""
-    fut = _submit(engine, programs, ops, on_result)
+    (program_ops.check_programs), `pieces` its constant pieces (text_pieces.constant_pieces),
+    if the caller has them."""
+    fut = _submit(engine, programs, ops, on_result, pieces=pieces)
     _wait(engine, fut, lambda: all(r.finished for r in fut.result()))
     return [r.output for r in fut.result()]
 
@@ -47,12 +49,12 @@ def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterato
             engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
 
 
-def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None) -> Future:
+def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None, pieces=None) -> Future:
     """Queue the programs' submission; the Future holds their ProgramRuns (or the error).
     They are parsed and their constant text is tokenized here, on the caller's thread, not in
     the scheduler's turn."""
     ops = [parse_program(p) for p in programs] if ops is None else ops
-    pieces = [constant_pieces(engine.tokenizer, o) for o in ops]
+    pieces = [constant_pieces(engine.tokenizer, o) for o in ops] if pieces is None else pieces
 
     def submit() -> list[ProgramRun]:
         ex = engine.programs

@@ -15,6 +15,9 @@ The reply: {"results": {"<id>": {"text", "meta_info"}}, "meta_info": {...}, "err
 
 from __future__ import annotations
 
+import copy
+import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -49,6 +52,7 @@ class Op:
     branches: list = field(default_factory=list)  # list[list[Op]]
     fork: int = -1
     mode: str = "gather"
+    sampling_key: Optional[str] = None  # a gen's sampling_params as _frozen gives them (None: not cached)
 
 
 def parse_program(program: Any) -> list[Op]:
@@ -78,6 +82,8 @@ def gen_ops(ops: list[Op]) -> list[Op]:
 
 
 def _gen_logprob(r: dict, name: Optional[str]) -> Optional[LogprobOptions]:
+    if "return_logprob" not in r and "top_logprobs_num" not in r and "return_text_in_logprobs" not in r:
+        return None  # the defaults: valid, and no logprobs
     text = r.get("return_text_in_logprobs", False)
     try:
         if not isinstance(text, bool):
@@ -139,12 +145,11 @@ def _parse_op(r: dict, ids: set) -> Op:
         raise RadixflowError(f"op {op.id}: name must be a string")
     if kind == "gen":
         try:
-            sp = SamplingParams.from_dict(dict(r.get("sampling_params") or {}))
+            op.sampling, op.sampling_key = _sampling(r.get("sampling_params"))
         except RadixflowError as e:
             raise RadixflowError(f"gen {op.name!r}: {e}") from None
-        if sp.max_new_tokens < 1:
+        if op.sampling.max_new_tokens < 1:
             raise RadixflowError(f"gen {op.name!r}: max_new_tokens must be >= 1 in a program")
-        op.sampling = sp
         op.logprob = _gen_logprob(r, op.name)
     elif kind == "select":
         _select_fields(op, r)
@@ -189,14 +194,19 @@ def check_programs(
     Returns each program's parsed ops; raises RadixflowError."""
     total = 0
     parsed = []
+    passed = _passed(check_sampling)
     for program in programs:
         ops = parse_program(program)
         parsed.append(ops)
         for op in gen_ops(ops):
+            if op.sampling_key is not None and op.sampling_key in passed:
+                continue
             try:
                 check_sampling(op.sampling)
             except RadixflowError as e:
                 raise RadixflowError(f"gen {op.name!r}: {e}") from None
+            if op.sampling_key is not None and len(passed) < _CACHE_MAX:
+                passed.add(op.sampling_key)
         total += program_width(ops)
     if max_requests is not None and total > max_requests:
         raise RadixflowError(
@@ -204,3 +214,58 @@ def check_programs(
             f"this server accepts at most {max_requests} per call (--max-batch-size)"
         )
     return parsed
+
+
+# -- gens' sampling params, parsed and checked once per distinct dict ---------------------------------
+# A batch of programs repeats the same few sampling_params dicts (one per gen of the program);
+# parsing and checking each again held the GIL for most of a program's check. Gens with the same
+# dict share one SamplingParams, as a strand's requests already do (nothing writes to it).
+_CACHE_MAX = 4096
+_PARSED: dict = {}  # _frozen(sampling_params) -> SamplingParams
+_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # checker's owner -> {func: keys it passed}
+_PASSED_LOCK = threading.Lock()
+
+
+def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
+    key = _frozen(raw) if type(raw) is dict else None
+    sp = None if key is None else _PARSED.get(key)
+    if sp is None:  # a cached one holds copies: the caller's lists may change after
+        sp = SamplingParams.from_dict(dict(raw or {}) if key is None else copy.deepcopy(raw))
+        if key is not None:
+            if len(_PARSED) >= _CACHE_MAX:
+                _PARSED.clear()
+            _PARSED[key] = sp
+    return sp, key
+
+
+def _frozen(raw: dict) -> Optional[str]:
+    """A key that tells apart any two dicts that could parse differently (True from 1, 1 from 1.0,
+    -0.0 from 0.0, a dict's order, which a schema's json.dumps keeps): the repr of one made only of
+    plain types, whose repr is unambiguous; None for any other."""
+    return repr(raw) if plain(raw) else None
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def plain(v: Any) -> bool:
+    """Plain data: its repr names it exactly (True is not 1, 1 is not 1.0, '1' is not 1)."""
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    if t is dict:
+        return all(type(k) is str and plain(x) for k, x in v.items())
+    return t in (list, tuple) and all(plain(x) for x in v)
+
+
+def _passed(check_sampling: Callable) -> set:
+    """The sampling_params keys this checker (a bound method: its object is held weakly) passed
+    before; an empty set each time for a checker that cannot be remembered."""
+    owner, func = getattr(check_sampling, "__self__", None), getattr(check_sampling, "__func__", None)
+    if owner is None or func is None:
+        return set()
+    try:
+        with _PASSED_LOCK:
+            return _PASSED.setdefault(owner, {}).setdefault(func, set())
+    except TypeError:  # not weakly referenceable
+        return set()
