@@ -104,3 +104,41 @@ def test_release_copies_only_the_requests_own_slots_once():
     assert reads == [(40, 43)]
     assert tree.match_prefix(prefix + [1, 2, 3]).length == 43 and tree.protected_size == 0
     assert alloc.num_free_slots + tree.total_size == alloc.capacity_slots
+
+
+def test_a_waiting_requests_match_is_reused_until_the_tree_grows_under_it_or_loses_it():
+    """lpm orders the waiting queue by match on every step. A request's match is kept while the tree
+    gives it again (no walk over its prompt), and taken again once something is added under its
+    node (it may be longer now: it must not be admitted with the stale, shorter one) or its node
+    is evicted."""
+    alloc = PageAllocator(200, 1)
+    tree = RadixCache(alloc, 1)
+    prompt = list(range(100, 140))
+    tree.insert(prompt[:10], alloc.slots_of(alloc.alloc(10)))
+    kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(4, 128, "cpu"), tree)
+    req = Req("r", prompt, SamplingParams(max_new_tokens=1))
+    args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="lpm",
+                           max_running_requests=1, page_size=1)  # fmt: skip
+    sched = SimpleNamespace(args=args, waiting=[req], running=[], chunked=None, tree=tree, kv=kv,
+                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=1)  # fmt: skip
+    walks = []
+    match_prefix = tree.match_prefix
+    tree.match_prefix = lambda key: walks.append(len(key)) or match_prefix(key)
+
+    assert admission.form_extend_batch(sched) == [] and walks == [39]  # full: matched, not admitted
+    assert admission.form_extend_batch(sched) == [] and walks == [39]  # unchanged tree: no walk
+    tree.insert(prompt[:5] + [7, 7], alloc.slots_of(alloc.alloc(7)))  # splits its node: still its match
+    assert admission.form_extend_batch(sched) == [] and walks == [39]
+    tree.insert(prompt[:30], torch.cat([match_prefix(prompt[:10]).slots, alloc.slots_of(alloc.alloc(20))]))
+    sched.num_running = 0
+    assert admission.form_extend_batch(sched) == [(req, 10)] and walks == [39, 39]
+    assert req.cached_tokens == 30 and req.waiting_match is None
+
+    other = Req("o", prompt[:10] + [5, 5, 5], SamplingParams(max_new_tokens=1))
+    assert kv.match_waiting(other, 12).length == 10
+    kv.release(req, cache=False)
+    sched.running, sched.waiting, sched.num_running = [], [other], 1
+    walked = len(walks)
+    tree.evict(200)  # everything unlocked goes, its matched node too
+    assert admission.form_extend_batch(sched) == [] and len(walks) == walked + 1
+    assert other.waiting_match[1].length == 0

@@ -271,3 +271,45 @@ def test_an_insert_from_a_locked_node_touches_its_path_as_one_from_the_root():
     orders = [[(n.key, n.value.tolist()) for n in sorted(t.nodes(), key=lambda n: n.last_access)] for t in trees]
     assert orders[0] == orders[1]
     assert [key for key, _ in orders[0][-5:]] == [[9], [], [1, 2], [3], [4, 4]]
+
+
+def test_a_match_stays_current_until_its_next_tokens_are_added_under_it_or_it_is_evicted():
+    alloc = PageAllocator(32, 1)
+    tree = RadixCache(alloc, 1)
+    a = alloc.slots_of(alloc.alloc(5))
+    tree.insert([1, 2, 3, 4, 5], a)
+    m = tree.match_prefix([1, 2, 3, 4, 9])
+    assert m.length == 4 and tree.still_current(m)
+    tree.match_prefix([1, 2])  # splits the path above m's node
+    tree.insert([6, 6], alloc.slots_of(alloc.alloc(2)))  # elsewhere
+    tree.insert([1, 2, 3, 4, 8], torch.cat([a[:4], alloc.slots_of(alloc.alloc(1))]))  # under it, other tokens
+    assert tree.still_current(m) and m.slots.tolist() == a[:4].tolist()
+    assert not tree.still_current(tree.insert_matched([6, 6], alloc.slots_of(alloc.alloc(2)))[1])  # not a walk's
+    tree.insert([1, 2, 3, 4, 9, 9], torch.cat([a[:4], alloc.slots_of(alloc.alloc(2))]))
+    assert not tree.still_current(m) and tree.match_prefix([1, 2, 3, 4, 9]).length == 5
+    m = tree.match_prefix([6, 6])
+    tree.evict(32)
+    assert not tree.still_current(m)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops, st.lists(seqs, min_size=1, max_size=4))
+def test_a_match_that_stays_current_is_what_a_new_walk_gives(operations, keys):
+    """After any insert / match / lock / evict sequence, a kept match the tree calls current equals a
+    fresh match_prefix of its key: length, node and slots (pages of 1 and 2)."""
+    for page_size in (1, 2):
+        m = Model(page_size)
+        kept = [(key, m.tree.match_prefix(key)) for key in keys]
+        for op, arg in operations:
+            if op == "insert":
+                m.insert(arg)
+            elif op == "match_lock":
+                m.tree.match_prefix(arg)
+            elif op == "evict":
+                m.tree.evict(arg)
+            for i, (key, match) in enumerate(kept):
+                current = m.tree.still_current(match)
+                fresh = m.tree.match_prefix(key)
+                if current:
+                    assert fresh.node is match.node and torch.equal(fresh.slots, match.slots)
+                kept[i] = (key, fresh)

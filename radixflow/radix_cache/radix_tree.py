@@ -22,6 +22,7 @@ from radixflow.radix_cache.memory_pool import PageAllocator
 
 _clock = itertools.count()
 _ties = itertools.count()  # heap tie-breaks, kept off the LRU clock
+_UNWALKED = object()  # a MatchResult that is not match_prefix's: RadixCache.still_current cannot tell
 
 
 @dataclass(eq=False)
@@ -45,10 +46,11 @@ class MatchResult:
     its KV slots in position order, joined from the path's nodes on first use (admission
     matches every waiting request to order them, and uses the slots of the few it admits)."""
 
-    def __init__(self, parts: list, node: TreeNode) -> None:
+    def __init__(self, parts: list, node: TreeNode, next_key: object = _UNWALKED) -> None:
         self.parts, self.node = parts, node
         self.length = sum(int(p.numel()) for p in parts)
         self._slots: Optional[torch.Tensor] = None
+        self.next_key = next_key  # match_prefix's: the child key it found missing, None at the key's end
 
     @property
     def slots(self) -> torch.Tensor:
@@ -132,7 +134,7 @@ class RadixCache:
             child.touch()
             parts.append(child.value)
             node, done = child, done + n
-        return MatchResult(parts, node)
+        return MatchResult(parts, node, self._child_key(key, done) if done < end else None)
 
     def insert(self, key: list, slots: torch.Tensor) -> int:
         """Insert `key` with its KV `slots`; returns how many leading tokens were
@@ -187,6 +189,18 @@ class RadixCache:
             node = node.parent
         for n in reversed(path):
             n.touch()
+
+    def still_current(self, match: MatchResult) -> bool:
+        """Whether match_prefix would give `match` (its node, so its length and slots) again for the key
+        it was taken for; if so, touches its path as that walk would. While its node is attached, the walk
+        reaches it (splits keep a node's end; eviction takes leaves, so never an ancestor of an attached
+        node) and stops there unless a child for the key's next tokens was added since. Admission orders
+        the waiting queue by match on every step; this spares walks over prompts that did not change."""
+        node, nxt = match.node, match.next_key
+        if nxt is _UNWALKED or not self.is_attached(node) or (nxt is not None and nxt in node.children):
+            return False
+        self._touch_path(node)
+        return True
 
     def is_attached(self, node: TreeNode) -> bool:
         """Whether `node` is still in the tree: eviction detaches leaves, so a match taken

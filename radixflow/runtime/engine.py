@@ -14,7 +14,7 @@ from typing import Any, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime import sglang_fields
-from radixflow.runtime.engine_stepper import EngineStepper
+from radixflow.runtime.engine_stepper import AllFinished, EngineStepper
 from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
 from radixflow.runtime.gc_freeze import EngineFreeze
@@ -103,7 +103,7 @@ class Engine:
         """Wait for reqs; requests other threads are waiting for share the same steps."""
         self._submit(reqs)
         try:
-            self.stepper.run_until(lambda: all(r.finished for r in reqs))
+            self.stepper.run_until(AllFinished(reqs))
         except BaseException as e:
             self._abort(reqs)
             self._raise_if_tp_failed(e)
@@ -114,7 +114,7 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
-        all_done = lambda: all(r.finished for r in reqs)  # noqa: E731
+        all_done = AllFinished(reqs)
         try:
             while True:
                 self.stepper.advance(all_done)

@@ -11,6 +11,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Callable, Iterator, Optional
 
+from radixflow.runtime.engine_stepper import AllFinished
 from radixflow.runtime.programs.program_executor import ProgramExecutor, ProgramRun
 from radixflow.runtime.programs.program_ops import parse_program
 from radixflow.runtime.programs.program_stream import delta_event
@@ -24,9 +25,9 @@ def run_programs(
     """Run programs to completion; their outputs in order. `ops`: each program's parsed ops
     (program_ops.check_programs), `pieces` its constant pieces (text_pieces.constant_pieces),
     if the caller has them."""
-    fut = _submit(engine, programs, ops, on_result, pieces=pieces)
-    _wait(engine, fut, lambda: all(r.finished for r in fut.result()))
-    return [r.output for r in fut.result()]
+    batch = _submit(engine, programs, ops, on_result, pieces=pieces)
+    _wait(engine, batch, batch.finished)
+    return [r.output for r in batch.runs]
 
 
 def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterator[dict]:
@@ -34,27 +35,45 @@ def stream_program(engine, program: dict, ops: Optional[list] = None) -> Iterato
     the gen asks for logprobs), then its output."""
     deltas: deque = deque()  # filled by the thread that runs the scheduler steps
     on_delta = lambda var, text, meta: deltas.append(delta_event(var, text, meta))  # noqa: E731
-    fut = _submit(engine, [program], None if ops is None else [ops], on_delta=on_delta)
-    finished = lambda: fut.result()[0].finished  # noqa: E731
+    batch = _submit(engine, [program], None if ops is None else [ops], on_delta=on_delta)
     try:
         while True:
-            _wait(engine, fut, lambda: finished() or bool(deltas))
+            _wait(engine, batch, lambda: batch.finished() or bool(deltas))
             while deltas:
                 yield deltas.popleft()
-            if finished():
-                yield fut.result()[0].output
+            if batch.finished():
+                yield batch.runs[0].output
                 return
     finally:
-        if fut.done() and fut.exception() is None and not finished():  # the caller stopped reading
-            engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
+        if batch.runs is not None and not batch.finished():  # the caller stopped reading
+            engine.stepper.exclusive(lambda: _interrupt(engine.programs, batch.runs))
 
 
-def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None, pieces=None) -> Future:
+class _Batch:
+    """Programs queued for the engine thread, as their caller waits for them. The stepper asks each
+    waiter after every turn; reading the Future there took its lock three times a check."""
+
+    def __init__(self) -> None:
+        self.fut: Optional[Future] = None
+        self.runs: Optional[list[ProgramRun]] = None  # set on the engine thread before `fut` resolves
+        self._all: Optional[AllFinished] = None
+
+    def submitted(self, runs: list[ProgramRun]) -> list[ProgramRun]:
+        self.runs, self._all = runs, AllFinished(runs)
+        return runs
+
+    def finished(self) -> bool:
+        """Every run finished, or the submission failed."""
+        return self.fut.done() if self._all is None else self._all()
+
+
+def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delta=None, pieces=None) -> _Batch:
     """Queue the programs' submission; the Future holds their ProgramRuns (or the error).
     They are parsed and their constant text is tokenized here, on the caller's thread, not in
     the scheduler's turn."""
     ops = [parse_program(p) for p in programs] if ops is None else ops
     pieces = [constant_pieces(engine.tokenizer, o) for o in ops] if pieces is None else pieces
+    batch = _Batch()
 
     def submit() -> list[ProgramRun]:
         ex = engine.programs
@@ -66,20 +85,21 @@ def _submit(engine, programs: list, ops: Optional[list], on_result=None, on_delt
         except BaseException:
             _interrupt(ex, runs)
             raise
-        return runs
+        return batch.submitted(runs)
 
-    return engine.stepper.call(submit)
+    batch.fut = engine.stepper.call(submit)
+    return batch
 
 
-def _wait(engine, fut: Future, done: Callable[[], bool]) -> None:
+def _wait(engine, batch: _Batch, done: Callable[[], bool]) -> None:
     """Wait until done() (checked once the submission is in); raises the submission's error."""
     try:
-        engine.stepper.run_until(lambda: fut.done() and (fut.exception() is not None or done()))
+        engine.stepper.run_until(done)
     except BaseException:
-        if fut.done() and fut.exception() is None:
-            engine.stepper.exclusive(lambda: _interrupt(engine.programs, fut.result()))
+        if batch.runs is not None:
+            engine.stepper.exclusive(lambda: _interrupt(engine.programs, batch.runs))
         raise
-    fut.result()
+    batch.fut.result()
 
 
 def _interrupt(ex: ProgramExecutor, runs: list) -> None:

@@ -7,7 +7,8 @@ scheduler's `continue_request` hook lets the same request go on: the next text p
 are appended to it and the next gen's sampling params take over, keeping its KV (no
 re-tokenizing, no new admission). select, fork, join and the end of a strand let the
 request retire (its KV goes into the radix tree); the strand then goes on from
-`on_step`, called after each scheduler step, with new requests that hit that cache:
+`on_step`, called after each scheduler step, with new requests that hit that cache
+(on_step looks only at runs that something woke: program_runs.py):
 select scores all options as one batch of prompt-only requests sharing the prefix, and
 fork branches start as child requests whose prompt begins with the parent's tokens, and
 a gen with n > 1 runs as n such requests. A run given `on_delta` streams its main
@@ -17,9 +18,7 @@ strand's text (program_stream.py).
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Callable, Optional, Union
 
 from radixflow.errors import RadixflowError
@@ -28,65 +27,24 @@ from radixflow.runtime.programs.gen_logprobs import GenLogprobs
 from radixflow.runtime.programs.program_meta import request_meta, run_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
+from radixflow.runtime.programs.program_runs import DONE, GEN, JOIN, RUNNABLE, SAMPLES, SELECT, ProgramRun, Strand, Wakeups
 from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
 from radixflow.runtime.scheduling.req import LogprobOptions, Req
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
 
-RUNNABLE, GEN, SAMPLES, SELECT, JOIN, DONE = "runnable", "gen", "samples", "select", "join", "done"
 _PREFILL_ONLY = SamplingParams.from_dict({"max_new_tokens": 0})
-
-
-@dataclass(eq=False)
-class ProgramRun:
-    rid: str
-    on_done: Optional[Callable[[dict], None]] = None
-    strands: list = field(default_factory=list)
-    results: dict = field(default_factory=dict)
-    reqs: list = field(default_factory=list)  # every scheduler request it issued
-    segments: int = 0  # gen segments run by continuing a request
-    error: Optional[str] = None
-    status_code: int = 200  # of the error: 400 bad input, 500 internal; 200 for an abort
-    created: float = field(default_factory=time.time)
-    output: Optional[dict] = None
-    pieces: dict = field(default_factory=dict)  # text pieces tokenized ahead (text_pieces.py)
-
-    @property
-    def finished(self) -> bool:
-        return self.output is not None
-
-    def fail(self, message: str, status_code: int = 400) -> None:
-        if self.error is None:
-            self.error, self.status_code = message, status_code
-
-
-@dataclass(eq=False)
-class Strand:
-    run: ProgramRun
-    ops: list
-    ids: list
-    vars: dict
-    pc: int = 0
-    pending: str = ""
-    state: str = RUNNABLE
-    req: Optional[Req] = None
-    choice: list = field(default_factory=list)  # (cond reqs, uncond reqs, choice ids, prefix len)
-    samples: list = field(default_factory=list)  # the requests of a gen with n > 1
-    text: str = ""  # all text appended since the strand began (for a concatenating join)
-    stream: Optional[StrandStream] = None  # the main strand of a streamed run
-    logprobs: Optional[GenLogprobs] = None  # the running gen's, if it asks for them
-    children: dict = field(default_factory=dict)
-    fork_base: dict = field(default_factory=dict)
-    produced: list = field(default_factory=list)
 
 
 class ProgramExecutor:
     def __init__(self, scheduler, tokenizer):
         self.scheduler = scheduler
         self.tokenizer = tokenizer
-        self.runs: list[ProgramRun] = []
+        self.runs: dict[ProgramRun, None] = {}  # unfinished runs, in submission order
         self.by_rid: dict[str, Strand] = {}
         self._ids = itertools.count()
+        self._runs_made = itertools.count()
+        self._wakeups = Wakeups()
 
     # -- public ------------------------------------------------------------------------------
     def submit(
@@ -97,18 +55,23 @@ class ProgramExecutor:
         parsed ops (program_ops.parse_program), if the caller has them."""
         ops = parse_program(program) if ops is None else ops  # raises RadixflowError before anything runs
         rid = program.get("rid") or uuid.uuid4().hex
-        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {})
+        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {}, seq=next(self._runs_made))
         stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
         run.strands.append(Strand(run, ops, ids=[], vars={}, stream=stream))
-        self.runs.append(run)
+        self.runs[run] = None
+        self._wakeups.add(run, streamed=stream is not None)
         return run
 
     def has_work(self) -> bool:
         return bool(self.runs)
 
     def on_step(self) -> None:
-        """Advance strands whose requests finished; finish programs that are done."""
-        for run in list(self.runs):
+        """Advance the strands of woken runs (a request of theirs finished, they were submitted or
+        failed) and of streamed ones; finish programs that are done. A run nothing woke has nothing
+        to advance: each of its strands waits for a request that has not finished, or for a join."""
+        for run in self._wakeups.take():
+            if run.finished:  # by an on_done callback that aborted it (a nested on_step)
+                continue
             changed = True
             while changed and run.error is None:
                 try:
@@ -269,7 +232,7 @@ class ProgramExecutor:
         if len(ids) >= self.scheduler.runner.context_len:
             raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
         req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=continues,
-                  streamed=st.stream is not None)
+                  streamed=st.stream is not None, on_finish=st.run.woken)
         if logprob is not None:
             req.logprob = logprob
         self.scheduler.add_request(req)
@@ -366,7 +329,9 @@ class ProgramExecutor:
         for req in run.reqs:
             if not req.finished:
                 self.scheduler.abort(req.rid)
-        self.runs.remove(run)
+            req.on_finish = None  # req -> run -> req: a cycle only a full collection would free
+        del self.runs[run]
+        self._wakeups.drop(run)
         run.output = {"results": run.results, "meta_info": run_meta(run), "error": run.error,
                       "status_code": run.status_code}  # fmt: skip
         run.strands = []  # each strand points back to its run: left as a cycle, a full collection frees them

@@ -32,7 +32,7 @@ def match_limit(req: Req) -> int:
 def ordered_waiting(sched: Scheduler) -> list[tuple[Req, object]]:
     pairs = [(r, None) for r in sched.waiting]
     if sched.args.schedule_policy == "lpm" and len(sched.waiting) <= LPM_MAX_WAITING and not sched.tree.disable:
-        pairs = [(r, sched.kv.match(r, match_limit(r))) for r in sched.waiting]
+        pairs = [(r, sched.kv.match_waiting(r, match_limit(r))) for r in sched.waiting]
         pairs.sort(key=lambda p: (-p[1].length, p[0].arrival_seq))
     else:
         pairs.sort(key=lambda p: p[0].arrival_seq)
@@ -69,7 +69,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
         if sched.num_running + len(admitted) >= sched.args.max_running_requests or budget <= 0:
             break
         if match is None or not sched.tree.is_attached(match.node):  # an earlier alloc may have evicted it
-            match = sched.kv.match(req, match_limit(req))
+            match = sched.kv.match_waiting(req, match_limit(req))
         if not sched.tree.disable and not fresh_enough(req, match, in_batch):
             continue
         extend = req.seq_len - match.length

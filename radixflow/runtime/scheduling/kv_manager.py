@@ -39,12 +39,23 @@ class KVManager:
     def match(self, req: Req, limit: int) -> MatchResult:
         return self.tree.match_prefix(req.token_range(0, limit))
 
+    def match_waiting(self, req: Req, limit: int) -> MatchResult:
+        """match() for a waiting request (its tokens do not change while it waits), reusing its last
+        match while the tree still gives it (RadixCache.still_current)."""
+        last = req.waiting_match
+        if last is not None and last[0] == (limit, req.seq_len) and self.tree.still_current(last[1]):
+            return last[1]
+        match = self.match(req, limit)
+        req.waiting_match = ((limit, req.seq_len), match)
+        return match
+
     def admit(self, req: Req, match: MatchResult) -> bool:
         """Give `req` a req_to_token row holding its cached prefix; lock the prefix."""
         assert self.tree.is_attached(match.node), "admitting a match whose node was evicted"
         row = self.req_to_token.alloc()
         if row is None:
             return False
+        req.waiting_match = None  # its tokens may change once it runs
         req.req_pool_idx = row
         self.req_to_token.write(row, 0, match.slots)
         req.kv_len = req.tree_len = match.length

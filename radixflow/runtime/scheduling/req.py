@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -64,6 +64,13 @@ class Req:
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     input_logprob_next: int = -1  # next prompt position whose logprob is still to report
+    # called once each time the request finishes (request graphs: wakes its program); never pickled
+    on_finish: Optional[Callable[["Req"], None]] = field(default=None, repr=False)
+    # admission's last match while it waits ((limit, seq_len), MatchResult: kv_manager.match_waiting); never pickled
+    waiting_match: Optional[tuple] = field(default=None, repr=False)
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "on_finish": None, "waiting_match": None}
 
     @property
     def fill_ids(self) -> list:
@@ -107,6 +114,8 @@ class Req:
     def finish(self, reason: dict) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason
+            if self.on_finish is not None:
+                self.on_finish(self)
 
     def to_output(self) -> ReqOutput:
         """What the scheduler reports for this request after a step."""
