@@ -107,8 +107,7 @@ class ModelRunner:
 
     def _fold_norms(self, model: LlamaForCausalLM) -> None:
         backend = attention_backend_class(self.args.attention_backend, self.device)
-        why = fold_off_reason(self.settings, self.device, self.tp.size, getattr(backend, "fused_kernels", False),
-                              prequantized=self.ckpt_fp8 is not None)
+        why = fold_off_reason(self.settings, self.device, self.tp.size, backend, prequantized=self.ckpt_fp8 is not None)
         if why:
             log.info("norm weights not folded, no GEMV epilogues: %s", why)
             return
