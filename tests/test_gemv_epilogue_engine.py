@@ -60,10 +60,14 @@ def _engine(path: str, quant: str | None, dtype: str, monkeypatch, **kw):
     eng = radixflow.Engine(path, load_format="dummy", dtype=dtype, quantization=quant, max_total_tokens=4096,
                            cuda_graph_max_bs=2, max_running_requests=4, disable_cuda_graph_extend=True, **kw)
     runner = eng.runner
-    for m in runner.model.modules():  # every linear on the GEMV, whatever the chooser measured
-        if hasattr(m, "gemv_max_m") and m.__class__.__name__ != "ParallelLMHead":
-            m.gemv_max_m = 8
-    runner.set_kernel_settings(runner.settings, graph_max_bs=2)  # graphs captured again with that
+
+    def force_gemv() -> None:  # every linear on the GEMV, whatever the chooser measured; the graphs captured again
+        for m in runner.model.modules():
+            if hasattr(m, "gemv_max_m") and m.__class__.__name__ != "ParallelLMHead":
+                m.gemv_max_m = 8
+        runner.set_kernel_settings(runner.settings, graph_max_bs=2)
+
+    eng.stepper.exclusive(force_gemv)
     return eng
 
 
