@@ -6,8 +6,10 @@ the normalisation is one scalar a row, applied to the GEMV's outputs. So:
 
 - `gemv_residual` (o_proj, down): out = x @ W.T, rounded to x's dtype as the plain GEMV rounds it,
   plus the residual; writes the new residual (the stream's dtype) and its copy in x's dtype (the next
-  GEMV's input), and adds its columns' sum of squares into a float32 slot a row (atomically: the order
-  of those float adds varies, so the last bit of rstd may vary between runs);
+  GEMV's input), and each row's sum of squares into a float32 slot a row, deterministically: each
+  program stores its columns' partial sums, and the last program to finish (an atomic ticket) adds the
+  partials in program order and stores the sum (`_row_sums`). A float atomic add per program would add
+  them in whatever order the programs finish, and the last bit of rstd would vary between runs;
 - `gemv_rstd` (qkv, gate_up): out = (x @ W'.T) * rsqrt(slot / K + eps) (+ bias), x being the residual
   stream in x's dtype, not normalised; with `silu`, W's rows are gate and up interleaved (row 2i gate i,
   row 2i + 1 up i) and it writes silu(gate) * up, rounded as kernels/norm_act.py's kernel rounds.
@@ -15,7 +17,7 @@ the normalisation is one scalar a row, applied to the GEMV's outputs. So:
 Each program reads one x vector per weight tile, as the plain GEMV does, and a scalar a row: nothing
 re-read per tile (session 10's prologue fusion re-read x, the float32 residual and g per tile and lost).
 The slot is read, and the residual read and written, after the PDL wait (kernels/pdl.py), so the
-producer's atomics are complete: the wait covers every earlier kernel. The K loop is kernels/gemv.py's.
+producer's last program has stored the sum: the wait covers every earlier kernel. The K loop is kernels/gemv.py's.
 """
 
 from __future__ import annotations
@@ -30,11 +32,29 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
 
 @triton.jit
+def _row_sums(part, Partials, Ticket, SumOut, M, PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr,
+              BLOCK_M: tl.constexpr):
+    """SumOut[m] = the programs' partial sums `part` [BLOCK_M] added in one fixed order, whatever order the
+    programs run in: each stores its partial to Partials [PROGRAMS, BLOCK_M]; the one that takes the last
+    ticket (acq_rel: it sees every other program's partial) adds them and resets the ticket to 0.
+    BLOCK_P: PROGRAMS rounded up to a power of two (one load)."""
+    offs_m = tl.arange(0, BLOCK_M)
+    tl.store(Partials + tl.program_id(0) * BLOCK_M + offs_m, part)
+    tl.debug_barrier()  # every thread's store comes before the ticket's release
+    if tl.atomic_add(Ticket, 1, sem="acq_rel") == PROGRAMS - 1:
+        offs_p = tl.arange(0, BLOCK_P)
+        parts = tl.load(Partials + offs_p[:, None] * BLOCK_M + offs_m[None, :], mask=(offs_p < PROGRAMS)[:, None],
+                        other=0.0, cache_modifier=".cg")
+        tl.store(SumOut + offs_m, tl.sum(parts, axis=0), mask=offs_m < M)
+        tl.atomic_xchg(Ticket, 0, sem="relaxed")  # ready for the next kernel that counts on it
+
+
+@triton.jit
 def _gemv_epilogue_kernel(
-    X, W, Bias, Scale, Out, Res, ResOut, SumIn, SumOut,
+    X, W, Bias, Scale, Out, Res, ResOut, SumIn, SumOut, Partials, Ticket,
     M, N, K, stride_xm, stride_wn, stride_om, stride_r, eps,
-    HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, NORM_IN: tl.constexpr, RESIDUAL: tl.constexpr,
-    SILU: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+    NORM_IN: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -59,7 +79,7 @@ def _gemv_epilogue_kernel(
         tl.store(ResOut + offs, h, mask=mask)
         tl.store(Out + offs_m[:, None] * stride_om + offs_n[None, :], h.to(Out.dtype.element_ty), mask=mask)
         hf = h.to(tl.float32)
-        tl.atomic_add(SumOut + offs_m, tl.sum(hf * hf, axis=1), mask=mask_m)
+        _row_sums(tl.sum(hf * hf, axis=1), Partials, Ticket, SumOut, M, PROGRAMS, BLOCK_P, BLOCK_M)
     elif SILU:  # rows interleaved: (gate i, up i) are neighbours, so a program holds both
         g, u = tl.split(tl.reshape(out, [BLOCK_M, BLOCK_N // 2, 2]))
         s = (g / (1.0 + tl.exp(-g))).to(Out.dtype.element_ty).to(tl.float32)
@@ -78,7 +98,7 @@ def epilogue_config(config: dict | None, fp8: bool) -> dict:
 
 
 def _launch(x, weight, out, *, bias=None, w_scale=None, config=None, settings=DEFAULT_KERNEL_SETTINGS,
-            res=None, res_out=None, sum_in=None, sum_out=None, eps=0.0, silu=False) -> None:
+            res=None, res_out=None, sum_in=None, sum_out=None, ticket=None, eps=0.0, silu=False) -> None:
     m, k = x.shape
     n = weight.shape[0]
     assert 0 < m <= GEMV_MAX_M and weight.shape[1] == k and weight.stride(1) == 1 and x.stride(1) == 1
@@ -86,13 +106,17 @@ def _launch(x, weight, out, *, bias=None, w_scale=None, config=None, settings=DE
     cfg = epilogue_config(config, w_scale is not None)
     assert not silu or (n % 2 == 0 and cfg["block_n"] % 2 == 0)
     block_m = triton.next_power_of_2(m)
+    programs = triton.cdiv(n, cfg["block_n"])
     dummy = out
-    _gemv_epilogue_kernel[(triton.cdiv(n, cfg["block_n"]),)](
+    # each program's partial sums of squares (graph memory, no kernel: every program stores its own)
+    partials = dummy if sum_out is None else torch.empty(programs * block_m, dtype=torch.float32, device=x.device)
+    _gemv_epilogue_kernel[(programs,)](
         x, weight, dummy if bias is None else bias, dummy if w_scale is None else w_scale, out,
         dummy if res is None else res, dummy if res_out is None else res_out,
-        dummy if sum_in is None else sum_in, dummy if sum_out is None else sum_out,
+        dummy if sum_in is None else sum_in, dummy if sum_out is None else sum_out, partials,
+        dummy if ticket is None else ticket,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), 0 if res is None else res.stride(0), eps,
-        HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, NORM_IN=sum_in is not None,
+        PROGRAMS=programs, BLOCK_P=triton.next_power_of_2(programs), HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, NORM_IN=sum_in is not None,
         RESIDUAL=res is not None, SILU=silu, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
         BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=cfg.get("unroll", 1), STAGES=cfg["stages"],
         num_warps=cfg["num_warps"], **pdl_launch(x, settings),
@@ -113,15 +137,18 @@ def gemv_rstd(x: torch.Tensor, weight: torch.Tensor, sum_in: torch.Tensor, eps: 
     return out
 
 
-def gemv_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, sum_out: torch.Tensor, *,
+def gemv_residual(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor, sum_out: torch.Tensor,
+                  ticket: torch.Tensor, *,
                   bias: torch.Tensor | None = None, w_scale: torch.Tensor | None = None, config: dict | None = None,
                   settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> tuple[torch.Tensor, torch.Tensor]:
-    """h = round(x @ weight.T (+ bias)) + residual -> (h in the residual's dtype, h in x's dtype); adds each row's
-    sum of squares of h into sum_out [M] (float32, zeroed by the caller)."""
+    """h = round(x @ weight.T (+ bias)) + residual -> (h in the residual's dtype, h in x's dtype); stores each row's
+    sum of squares of h in sum_out [M] (float32; the same bits whatever order the programs run in). ticket: an int32
+    counter, 0 on entry (zeroed by the caller, inside the graph) and left at 0."""
     assert sum_out.dtype == torch.float32 and sum_out.numel() >= x.shape[0]
+    assert ticket.dtype == torch.int32 and ticket.numel() == 1
     assert residual.shape == (x.shape[0], weight.shape[0]) and residual.is_contiguous()  # ResOut takes its strides
     res_out = torch.empty_like(residual, memory_format=torch.contiguous_format)
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
     _launch(x, weight, out, bias=bias, w_scale=w_scale, config=config, settings=settings, res=residual,
-            res_out=res_out, sum_out=sum_out)
+            res_out=res_out, sum_out=sum_out, ticket=ticket)
     return res_out, out

@@ -28,7 +28,8 @@ class KernelSettings:
     fused_kernels: bool = True
     # The RMSNorm weights folded into the next linear at load, and at decode batches on the GEMV path the
     # norm's scaling, the residual add and SiLU-and-mul in the GEMVs' epilogues (layers/norm_fold.py says
-    # where it applies; False after load: the folded model through the norm kernels, weight ones).
+    # where it applies). The fold happens at load: False after load runs the folded model through the norm
+    # kernels (weight ones); True after a load that did not fold does nothing.
     gemv_epilogue: bool = True
     # Decode batches up to this size rotate q/k and store K/V inside the attention kernel (0: never).
     fused_rotary_max_batch: int = 8

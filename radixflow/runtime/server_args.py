@@ -108,7 +108,8 @@ _HELP = {
     "disable_fused_kernels": "run RMSNorm, rotary and SiLU-and-mul in torch even with the triton attention backend",
     "disable_gemv_epilogue": "keep the RMSNorm weights in the norms and run the norm and SiLU-and-mul kernels at "
     "decode batches on the GEMV path, instead of folding the weights into the next linear at load and doing the "
-    "norm's scaling, the residual add and SiLU-and-mul in the GEMVs' epilogues (docs/gpu.md)",
+    "norm's scaling, the residual add and SiLU-and-mul in the GEMVs' epilogues (docs/gpu.md; that applies on CUDA "
+    "with the triton attention backend's kernels at tp 1, not to pre-quantized FP8 checkpoints)",
     "fused_rotary_max_batch": "decode batches up to this size rotate q/k and store K/V inside the Triton attention "
     "kernel (one launch a layer fewer); 0 = a separate kernel always",
     "bf16_residual": "keep the residual stream in the model's dtype instead of float32 (less exact)",

@@ -103,12 +103,13 @@ class ModelRunner:
         self._fold_norms(model)  # before quantizing: W * g rounded once
         if self.args.quantization == "fp8" and self.ckpt_fp8 is None:
             log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
+        if self.device == "cuda":  # the fold's and the quantization's float32 temporaries (~1 GB on Llama-3-8B):
+            torch.cuda.empty_cache()  # _init_memory sizes the KV pool by mem_get_info, blind to torch's cached blocks
         return model.eval()
 
     def _fold_norms(self, model: LlamaForCausalLM) -> None:
         backend = attention_backend_class(self.args.attention_backend, self.device)
-        why = fold_off_reason(self.settings, self.device, self.tp.size, getattr(backend, "fused_kernels", False),
-                              prequantized=self.ckpt_fp8 is not None)
+        why = fold_off_reason(self.settings, self.device, self.tp.size, backend, prequantized=self.ckpt_fp8 is not None)
         if why:
             log.info("norm weights not folded, no GEMV epilogues: %s", why)
             return
@@ -269,6 +270,8 @@ class ModelRunner:
         graphs, which baked in the old ones, are captured again (up to `graph_max_bs` rows; default:
         the server arguments' size). Deterministic inference is fixed when the model loads."""
         assert settings.batch_invariant == self.settings.batch_invariant, "batch_invariant is fixed at load"
+        if settings.gemv_epilogue and not self.model.folded:
+            log.info("gemv_epilogue has no effect on this engine: the norm weights are folded at load, and were not")
         self.release_cuda_graphs()
         self.settings = settings
         self.backend.settings = settings

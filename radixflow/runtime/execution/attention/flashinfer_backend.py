@@ -76,6 +76,7 @@ class FlashInferPlan:
 class FlashInferBackend(TritonBackend):
     supports_cuda_graph = True  # through init_cuda_graph_capture / init_cuda_graph_replay
     supports_extend_graph = False  # its extend wrapper is planned on the host for each pass
+    gemv_epilogues = False  # no norm fold: never tested with the folded model (flashinfer is not in the H200 image)
     def __init__(self, decode_tensor_cores: bool | None = None, **kwargs):
         """decode_tensor_cores: None = by the number of query heads per KV head (benchmarks force it)."""
         fi = import_flashinfer()  # first: the error that names the fix

@@ -66,6 +66,7 @@ class TritonBackend(AttentionBackend):
     supports_cuda_graph = True
     supports_extend_graph = True
     fused_kernels = True  # the model's norm / rotary / SiLU can run as Triton kernels too
+    gemv_epilogues = True  # the folded model's decode pass (layers/norm_fold.py) is tested with this backend
 
     def __init__(self, **kwargs):
         super().__init__(**kwargs)

@@ -9,7 +9,8 @@ and the GEMV before it (o_proj, down) adds the residual and sums the squares
 halves of a SiLU-and-mul pair; every path that splits gate_up reads that layout (`MLP.interleaved`).
 The final norm keeps its weight: the output head is cuBLAS's, not the GEMV.
 
-`fold_off_reason` is the one rule for where this applies.
+`fold_off_reason` (at load) and `settings_off_reason` (its part the model checks again when the settings
+change) are the one rule for where this applies.
 """
 
 from __future__ import annotations
@@ -19,20 +20,34 @@ import torch
 from radixflow.kernels.settings import KernelSettings
 
 
-def fold_off_reason(settings: KernelSettings, device: str, tp_size: int, backend_fused: bool,
-                    prequantized: bool) -> str | None:
-    """Why the fold and the GEMV epilogues stay off for this engine; None: on. backend_fused: the attention
-    backend runs the model's norms and activations as Triton kernels (`fused_kernels`)."""
+def settings_off_reason(settings: KernelSettings, fused: bool) -> str | None:
+    """The rule's part that depends on the kernel settings, which can change after load: the model checks it
+    on every `set_kernel_settings` (a folded model with it off runs the norm kernels, weight ones; turned on
+    after a load that did not fold, it does nothing). fused: the norms and SiLU-and-mul run as Triton kernels
+    (settings.fused_kernels and the backend's `fused_kernels`). None: on."""
+    if not settings.gemv_epilogue:
+        return "--disable-gemv-epilogue"
+    if settings.batch_invariant:
+        return "deterministic inference (every linear on kernels/matmul.py, none on the GEMV)"
+    if not fused:
+        return "the model's norms and SiLU-and-mul are not Triton kernels (torch-native backend, --disable-fused-kernels)"
+    return None
+
+
+def fold_off_reason(settings: KernelSettings, device: str, tp_size: int, backend: type, prequantized: bool) -> str | None:
+    """Why the fold and the GEMV epilogues stay off for this engine, at load; None: on. backend: the attention
+    backend's class; its `gemv_epilogues` says the epilogue pass was tested with it (not FlashInfer's)."""
     if not settings.gemv_epilogue:
         return "--disable-gemv-epilogue"
     if device != "cuda":
         return "not CUDA (the epilogue kernels are Triton's; the CPU has no GEMV path)"
     if tp_size > 1:
         return "tensor parallel (a row's sum of squares would span the ranks' slices)"
-    if settings.batch_invariant:
-        return "deterministic inference (the sums' atomic adds come in any order)"
-    if not (settings.fused_kernels and backend_fused):
-        return "the model's norms and SiLU-and-mul are not Triton kernels (torch-native backend, --disable-fused-kernels)"
+    why = settings_off_reason(settings, settings.fused_kernels and getattr(backend, "fused_kernels", False))
+    if why:
+        return why
+    if not getattr(backend, "gemv_epilogues", False):
+        return f"{backend.__name__}: the folded model is not tested with this attention backend"
     if prequantized:
         return "a pre-quantized FP8 checkpoint (folding needs the weights before quantization)"
     return None
@@ -58,7 +73,9 @@ def _fold(norm: torch.nn.Module, linear: torch.nn.Module) -> None:
 
 @torch.no_grad()
 def fold_norms(model) -> None:
-    """Fold every decoder layer's two norm weights into qkv / gate_up and interleave gate_up's rows, in place."""
+    """Fold every decoder layer's two norm weights into qkv / gate_up and interleave gate_up's rows, in place.
+    Once: a second fold would interleave the rows again."""
+    assert not model.folded, "the norms are already folded"
     for layer in model.layers:
         _fold(layer.input_layernorm, layer.self_attn.qkv_proj)
         _fold(layer.post_attention_layernorm, layer.mlp.gate_up_proj)

@@ -17,7 +17,7 @@ from radixflow.runtime.execution.attention.base import AttentionBackend
 from radixflow.runtime.execution.forward_batch import ForwardBatch, ForwardMode
 from radixflow.runtime.execution.layers.fp8_linear import Fp8Checkpoint, QuantizationError, prepare_fp8_linears, quantize_linears
 from radixflow.runtime.execution.layers.norm import RMSNorm
-from radixflow.runtime.execution.layers.norm_fold import fold_norms
+from radixflow.runtime.execution.layers.norm_fold import fold_norms, settings_off_reason
 from radixflow.runtime.execution.layers.parallel_linear import (
     ColumnParallelLinear,
     ParallelLMHead,
@@ -179,7 +179,7 @@ class LlamaForCausalLM(nn.Module):
         backend: torch's mean picks its reduction order by the tensor's shape (a 4,096-wide row's mean
         changed with the row count), and the torch-native engine failed
         tests/test_kernels.py::test_gpu_deterministic_inference_is_batch_invariant until this."""
-        self.epilogue_on = fused and settings.gemv_epilogue and not settings.batch_invariant
+        self.epilogue_on = settings_off_reason(settings, fused) is None  # takes_epilogues also needs the fold
         for m in self.modules():
             if isinstance(m, (RMSNorm, RotaryEmbedding, MLP)):
                 m.kernels = settings if fused or (settings.batch_invariant and isinstance(m, RMSNorm)) else None
@@ -237,6 +237,7 @@ class LlamaForCausalLM(nn.Module):
         return prepare_fp8_linears(self, ckpt, _checkpoint_module)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        assert not self.folded, "checkpoint weights into a folded model (norm weights gone, gate_up interleaved)"
         params = dict(self.named_parameters())
         loaded: set[str] = set()
         self.kv_cache_scales: dict[int, dict[str, torch.Tensor]] = {}  # layer -> {"k"|"v": calibrated FP8 KV scale}

@@ -3,8 +3,10 @@ RMSNorm or SiLU-and-mul kernel but the first layer's input norm and the final no
 
 Per layer: qkv (rstd of the stream in its epilogue) -> attention -> o_proj (+ residual, sum of squares)
 -> gate_up (rstd, SiLU-and-mul of its interleaved rows) -> down (+ residual, sum of squares). The sums
-live in one float32 [2 * layers, rows] buffer zeroed at the pass's start (inside the CUDA graph); slot
-2i holds layer i's stream after o_proj, slot 2i + 1 after down. The first layer's stream comes from the
+live in one float32 [2 * layers, rows] buffer; slot 2i holds layer i's stream after o_proj, slot 2i + 1
+after down, each stored whole by its producer's last program (no zeroing). Each slot has an int32 ticket
+counter that producer's programs count on; the tickets are zeroed at the pass's start (inside the CUDA
+graph) and the last program leaves its ticket at 0 too. The first layer's stream comes from the
 embedding, whose sum no GEMV made: its input norm runs as the kernel (weight ones after the fold).
 """
 
@@ -40,7 +42,8 @@ def forward_with_epilogues(model, fb: ForwardBatch, backend) -> torch.Tensor:
     x = model.embed_tokens(fb.input_ids)
     model.rotary.new_pass()
     layers = model.layers
-    sums = torch.zeros(2 * len(layers), x.shape[0], dtype=torch.float32, device=x.device)
+    sums = torch.empty(2 * len(layers), x.shape[0], dtype=torch.float32, device=x.device)
+    tickets = torch.zeros(2 * len(layers), dtype=torch.int32, device=x.device)
     first = layers[0]
     residual = x if first.residual_dtype is None else x.to(first.residual_dtype)
     qkv = first.self_attn.qkv_proj(first.input_layernorm(x))
@@ -49,8 +52,9 @@ def forward_with_epilogues(model, fb: ForwardBatch, backend) -> torch.Tensor:
         if i:
             qkv = gemv_rstd(x, attn.qkv_proj.weight, sums[2 * i - 1], layer.input_layernorm.eps, **_kw(attn.qkv_proj))
         out = attn.attend(fb.positions, qkv, fb, backend)
-        residual, x = gemv_residual(out, attn.o_proj.weight, residual, sums[2 * i], **_kw(attn.o_proj))
+        residual, x = gemv_residual(out, attn.o_proj.weight, residual, sums[2 * i], tickets[2 * i], **_kw(attn.o_proj))
         act = gemv_rstd(x, mlp.gate_up_proj.weight, sums[2 * i], layer.post_attention_layernorm.eps, silu=True,
                         **_kw(mlp.gate_up_proj))
-        residual, x = gemv_residual(act, mlp.down_proj.weight, residual, sums[2 * i + 1], **_kw(mlp.down_proj))
+        residual, x = gemv_residual(act, mlp.down_proj.weight, residual, sums[2 * i + 1], tickets[2 * i + 1],
+                                    **_kw(mlp.down_proj))
     return model.norm(residual, out_dtype=x.dtype)
