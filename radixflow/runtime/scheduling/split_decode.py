@@ -45,13 +45,14 @@ def run_decode_step(sched: Scheduler, reqs: list[Req], ext: list[int]) -> list[R
         return _extended(sched, reqs)
     cont = [(r, n) for r, n in zip(reqs, ext) if n > 1]
     rest = [r for r, n in zip(reqs, ext) if n == 1]
-    logits = _launch_extend(sched, [r for r, _ in cont], [n for _, n in cont])
+    extended = [r for r, _ in cont]
+    logits = _launch_extend(sched, extended, [n for _, n in cont])
+    result = sched.sample(logits, extended)  # before the next replay, which may reuse a graph's logits memory
     flight = launch_decode(sched, rest)  # the step's one decode_launched
-    sample_flight(sched, flight, [True] * len(rest))  # its ids copy to the host while the extend rows sample
+    sample_flight(sched, flight, [True] * len(rest))  # its ids copy to the host while the extend rows advance
     sched.stats.split_decode_steps += 1
-    sched._sample_and_advance([r for r, _ in cont], logits)
-    advanced = _extended(sched, [r for r, _ in cont])
-    return advanced + sched.read_back(flight)
+    sched._advance(extended, result.next_ids.tolist(), result)
+    return _extended(sched, extended) + sched.read_back(flight)
 
 
 def _launch_extend(sched: Scheduler, reqs: list[Req], ext: list[int]):
