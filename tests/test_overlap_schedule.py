@@ -8,7 +8,7 @@ on (it is the default on CUDA) and compare with the same engine's outputs with i
 from __future__ import annotations
 
 import json
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Optional
 
 import pytest
@@ -338,6 +338,47 @@ def test_a_last_segments_prompt_is_one_extend_pass_not_fed_a_token_a_pass(engine
         {k: v["text"] for k, v in o["results"].items()} for o in ref]
     assert sched.stats.fed_rows == fed, "the last segment's prompt was fed a token a pass"
     assert sched.stats.forward_steps - steps <= 1 + 3 + 1 + 5 + 1  # prefill, gen 1, the text, gen 2, one overlapped
+
+
+def test_a_few_continuing_rows_run_as_an_extend_pass_and_a_decode_pass(engine, monkeypatch):
+    """One program's request continues (its next text appended, another gen to come: no overlap) while three
+    others decode: the step runs an extend pass of that row and a decode pass of the three (before, one extend
+    pass of all four rows, which costs a GPU far more), with or without overlap, and greedy outputs are the
+    one mixed pass's."""
+    from radixflow.runtime.execution.forward_batch import ForwardMode
+    from radixflow.runtime.scheduling import split_decode
+
+    graphs = [{"ops": [{"op": "text", "text": "Q: Name a color.\nA:"}, _gen(1, max_new_tokens=2, ignore_eos=True),
+                       {"op": "text", "text": "\nQ: Another one?\nA:"}, _gen(2, max_new_tokens=3, ignore_eos=True),
+                       {"op": "text", "text": "\nQ: A third?\nA:"}, _gen(3, max_new_tokens=2, ignore_eos=True)]}]
+    graphs += [{"ops": [{"op": "text", "text": f"Count to ten ({i}):"}, _gen(1, max_new_tokens=14, ignore_eos=True)]}
+               for i in range(3)]  # fmt: skip
+    texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731
+    sched = engine.scheduler
+    passes, forward = [], sched.runner.forward
+    monkeypatch.setattr(sched.runner, "forward", lambda fb: (passes.append((fb.mode, len(fb.seq_lens_list))), forward(fb))[1])
+    with monkeypatch.context() as m:
+        m.setattr(split_decode, "SPLIT_MAX_CONTINUING_SHARE", 0.0)  # the old behaviour: one mixed pass
+        ref = engine.run_program(graphs)
+    assert (ForwardMode.EXTEND, 4) in passes[1:], "the continuing row's step ran as one mixed pass"
+    split = sched.stats.split_decode_steps
+    for overlap in (False, True):
+        passes.clear()
+        with overlap_on(engine) if overlap else nullcontext():
+            got = engine.run_program(graphs)
+            _settle(sched)
+        assert texts(got) == texts(ref), f"overlap {overlap}"
+        at = passes.index((ForwardMode.EXTEND, 1))
+        assert passes[at + 1] == (ForwardMode.DECODE, 3) and (ForwardMode.EXTEND, 4) not in passes[1:], passes
+        assert sched.stats.split_decode_steps > split
+        split = sched.stats.split_decode_steps
+
+
+def test_the_split_rule_takes_at_most_half_the_rows_continuing():
+    from radixflow.runtime.scheduling.split_decode import splits
+
+    assert splits([8, 1, 1, 1]) and splits([8, 8, 1, 1])
+    assert not splits([8, 8, 8, 1]) and not splits([1, 1, 1]) and not splits([8])
 
 
 class _ThreePrompts:

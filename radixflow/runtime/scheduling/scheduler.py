@@ -33,12 +33,13 @@ from radixflow.runtime.scheduling.sampler import SampleResult, record_sampled, s
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
-from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for, pending_tokens
+from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
-from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, launch_decode, sample_flight, start_decode
+from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, start_decode
+from radixflow.runtime.scheduling.split_decode import run_decode_step
 from radixflow.runtime.scheduling.stop_checker import StopChecker
 from radixflow.runtime.scheduling.replica import ReplicaSync
 from radixflow.runtime.distributed.step_channel import agree_ids
@@ -269,28 +270,14 @@ class Scheduler:
 
     def _run_decode(self) -> list[Req]:
         """One token per running request, read back at once; requests holding several
-        pending tokens (jump-forward, appended program text) make it an extend pass."""
+        pending tokens (jump-forward, appended program text) make it an extend pass (split_decode)."""
         self._make_room_for_decode()
         if not self.running:
             return []
         reqs = list(self.running)
         ext = [r.seq_len - r.kv_len for r in reqs]
         assert min(ext) >= 1, "a running request has no pending token"
-        if max(ext) == 1:
-            flight = launch_decode(self, reqs)
-            sample_flight(self, flight, [True] * len(reqs))
-            return self.read_back(flight)
-        prefix = [r.kv_len for r in reqs]
-        ids, positions, locs, rows = pending_tokens(self.kv, reqs, ext)
-        fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, positions, locs, list(zip(reqs, ext)), prefix, ext, rows)
-        logits = self.runner.forward(fb)
-        for r, n in zip(reqs, ext):
-            r.kv_len += n
-        self._sample_and_advance(reqs, logits)
-        self.running = [r for r in self.running if not r.finished]
-        self.decode_launched()
-        self.stats.decode_tokens += len(reqs)
-        return reqs
+        return run_decode_step(self, reqs, ext)
 
     def _make_room_for_decode(self) -> None:
         """Retract the newest requests until every running request has a slot for its next token."""
