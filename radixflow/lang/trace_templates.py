@@ -65,7 +65,13 @@ def prepared(fn, b, arguments: dict, defaults: dict) -> Optional[Prepared]:
             fn.templates[k] = t
     if not t:
         return None
-    values = {n: v for n, v in arguments.items() if n in a.text}
+    try:
+        return _fill(t, b, arguments, {n: v for n, v in arguments.items() if n in a.text})
+    except KeyError:  # a mark naming no text argument (key() refuses marks elsewhere): trace the call
+        return None
+
+
+def _fill(t: Template, b, arguments: dict, values: dict) -> Prepared:
     fill = lambda text: _PATTERN.sub(lambda m: values[m.group(2)], text) if MARK in text else text  # noqa: E731
     graph = Graph(t.graph.name, _fill_nodes(t.graph.nodes, fill), {n: _jsonable(v) for n, v in arguments.items()})
     program = {"ops": _fill_wire(t.program["ops"], fill)}
