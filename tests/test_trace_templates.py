@@ -243,6 +243,18 @@ def test_a_template_is_checked_once_and_an_error_is_raised_as_before(engine, mon
         ask.run(context="", question="e?", backend=b, temperature=-1.0)
 
 
+def test_the_least_recently_used_template_is_dropped(engine, monkeypatch):
+    from radixflow.lang import trace_templates
+
+    b = EngineBackend.for_engine(engine)
+    ask.templates.clear()
+    monkeypatch.setattr(trace_templates, "MAX_TEMPLATES", 2)
+    for n in (1, 2, 1, 3):  # n=1 used again: n=2 is the oldest when n=3 comes
+        ask.run(context="", question="a?", n=n, backend=b, temperature=0, max_new_tokens=2)
+    held = list(ask.templates)
+    assert len(held) == 2 and "('n', 1)" in held[0] and "('n', 3)" in held[1]
+
+
 def test_a_missing_argument_is_left_to_the_calls_own_trace(engine):
     b = EngineBackend.for_engine(engine)
     ask.run(context="", question="a?", backend=b, temperature=0, max_new_tokens=2)  # a template exists
