@@ -180,3 +180,15 @@ def test_sampling_params_are_parsed_once_per_distinct_dict_and_kept_apart(engine
     finally:
         type(engine.builder).sampling = real
     assert len(checks) <= 1
+
+
+def test_a_cached_encoder_lets_its_tokenizer_go(engine):
+    import gc
+    import weakref
+
+    tok = copy.deepcopy(engine.tokenizer)
+    assert text_pieces.batch_encoder(tok)(["hi there"], True) == [encode_piece(tok, "hi there", True)]
+    ref = weakref.ref(tok)
+    del tok
+    gc.collect()
+    assert ref() is None  # the encoder held it strongly: every Engine's tokenizer lived as long as the process

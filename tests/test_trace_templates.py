@@ -47,6 +47,23 @@ def typed(s, topic):
     s += ("Text: " if isinstance(topic, str) else "Other: ") + topic + rf.gen("x", max_tokens=2)
 
 
+@rf.function
+def fsum(s, q):
+    s += f"Q: {q + '!'}\n" + rf.gen("a", max_tokens=2)
+
+
+@rf.function
+def frole(s, q):
+    s += f"{rf.user(q)}" + rf.gen("a", max_tokens=2)
+
+
+@rf.function
+def injects(s, q, ctx):
+    s += "Q: " + q + "\n" + rf.gen("a", max_tokens=2)
+    if ctx:
+        s += ctx + rf.gen("b", max_tokens=2)
+
+
 def _run(fn, calls: list, b, cached: bool, monkeypatch) -> list:
     with monkeypatch.context() as m:
         if not cached:
@@ -61,6 +78,8 @@ def _run(fn, calls: list, b, cached: bool, monkeypatch) -> list:
     (judged, [{"topic": "rain"}, {"topic": "snow in the hills"}]),
     (by_length, [{"topic": "cats"}, {"topic": "elephants"}, {"topic": "dogs"}]),
     (typed, [{"topic": "cats"}, {"topic": "fish"}]),
+    (fsum, [{"q": "hello"}, {"q": "bye"}]),  # an expression in an f-string field: the trace's repr, once
+    (frole, [{"q": "hello"}, {"q": "bye"}]),
 ])  # fmt: skip
 def test_a_template_gives_each_call_its_own_graph(engine, monkeypatch, fn, calls):
     b = EngineBackend.for_engine(engine)
@@ -73,6 +92,8 @@ def test_text_parameters_are_only_those_the_source_proves_are_text():
     assert analyse(judged.func).text == {"topic"}  # in a role call, and in a fork's lambda
     assert analyse(by_length.func).text == frozenset()  # len(topic) decides the branch
     assert analyse(typed.func).text == frozenset()  # isinstance reads it
+    assert analyse(fsum.func).text == frozenset()  # f"{q + '!'}" formats an ExprList while tracing
+    assert analyse(frole.func).text == frozenset()
 
     def text_of(src: str):
         scope: dict = {"rf": rf}
@@ -120,6 +141,53 @@ def test_programs_that_do_more_than_trace_have_no_template():
 
     for fn in (prints, draws, helper_call, methods, shadows):
         assert analyse(fn.func) is None, fn.__name__
+
+
+def test_augmented_assignment_to_anything_but_the_state_or_a_fork_has_no_template():
+    @rf.function
+    def appends(s, q, hist):
+        hist += ["x"]  # changes the caller's list in place: a cache hit would skip it
+        s += q + rf.gen("a")
+
+    @rf.function
+    def counts(s, q):
+        n = 0
+        n *= 2
+        s += q + rf.gen("a")
+
+    assert analyse(appends.func) is None and analyse(counts.func) is None
+    assert analyse(judged.func) is not None  # `forks += ...` and `s += ...` stay
+
+
+def test_a_mark_in_any_keyed_value_refuses_the_call(engine):
+    a = analyse(injects.func)
+    assert a.text == {"q"}
+    assert key(injects.func, a, {"q": "x", "ctx": "\x1farg:q\x1f"}) is None
+    assert key(injects.func, a, {"q": "x", "ctx": ["a", {"k": "\x1farg:q\x1f"}]}) is None
+    b = EngineBackend.for_engine(engine)
+    with pytest.raises(rf.ProgramError, match="'q'"):  # as when tracing it: not another argument's value
+        injects.run(q="SECRET", ctx="\x1farg:q\x1f", backend=b, temperature=0, max_new_tokens=2)
+
+
+def test_a_replaced_code_object_is_read_again(engine, monkeypatch):
+    @rf.function
+    def prog(s, q):
+        s += "A says " + q + rf.gen("a", max_tokens=2)
+
+    def other(s, q):
+        if len(q) > 3:
+            s += "LONG " + rf.gen("a", max_tokens=2)
+        else:
+            s += "SHORT " + rf.gen("a", max_tokens=2)
+
+    b = EngineBackend.for_engine(engine)
+    calls = [{"q": "hello"}, {"q": "hi"}]
+    before = _run(prog, calls, b, True, monkeypatch)
+    k = key(prog.func, analyse(prog.func), {"q": "x"})
+    prog.func.__code__ = other.__code__  # as hot-reload tools do
+    assert key(prog.func, analyse(prog.func), {"q": "x"}) != k
+    after = _run(prog, calls, b, True, monkeypatch)
+    assert after == _run(prog, calls, b, False, monkeypatch) and after != before
 
 
 def words(q):
@@ -175,6 +243,18 @@ def test_a_template_is_checked_once_and_an_error_is_raised_as_before(engine, mon
         ask.run(context="", question="e?", backend=b, temperature=-1.0)
 
 
+def test_the_least_recently_used_template_is_dropped(engine, monkeypatch):
+    from radixflow.lang import trace_templates
+
+    b = EngineBackend.for_engine(engine)
+    ask.templates.clear()
+    monkeypatch.setattr(trace_templates, "MAX_TEMPLATES", 2)
+    for n in (1, 2, 1, 3):  # n=1 used again: n=2 is the oldest when n=3 comes
+        ask.run(context="", question="a?", n=n, backend=b, temperature=0, max_new_tokens=2)
+    held = list(ask.templates)
+    assert len(held) == 2 and "('n', 1)" in held[0] and "('n', 3)" in held[1]
+
+
 def test_a_missing_argument_is_left_to_the_calls_own_trace(engine):
     b = EngineBackend.for_engine(engine)
     ask.run(context="", question="a?", backend=b, temperature=0, max_new_tokens=2)  # a template exists
@@ -198,7 +278,7 @@ def test_a_batchs_first_programs_read_the_source_at_once_without_failing():
             errors.append(e)
 
     for _ in range(3):
-        trace_cache._analyse.cache_clear()
+        trace_cache._ANALYSED.clear()
         threads = [threading.Thread(target=read) for _ in range(32)]
         for t in threads:
             t.start()

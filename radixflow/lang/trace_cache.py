@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import ast
 import builtins
-import functools
+import dataclasses
 import inspect
 import linecache
 import symtable
@@ -63,11 +63,14 @@ class Analysis:
     reads: dict  # global / closure name -> the object it named when analysed, for calls (identity kept)
     data: tuple  # global / closure names read as plain data (their repr goes into the key)
     attrs: tuple = ()  # (global name, attribute, the primitive it named): `rf.gen` must stay rf.gen
+    code: Any = None  # the code object read: a function whose __code__ is replaced is read again
 
 
 def key(func: Callable, a: Analysis, arguments: dict) -> Optional[str]:
     """What the trace may depend on besides the text parameters' values, or None if this call is
     not cacheable (a text argument not an exact str or holding the mark, a read that changed)."""
+    if func.__code__ is not a.code:
+        return None
     env = _environment(func)
     if any(env(n, _MISSING) is not obj for n, obj in a.reads.items()):
         return None
@@ -76,13 +79,23 @@ def key(func: Callable, a: Analysis, arguments: dict) -> Optional[str]:
     data = [env(n, _MISSING) for n in a.data]
     keyed = {k: v for k, v in arguments.items() if k not in a.text}
     texts = [arguments[k] for k in a.text if k in arguments]
-    if not all(type(t) is str and MARK not in t for t in texts) or not plain([data, keyed, func.__defaults__, func.__kwdefaults__]):
-        return None
-    return repr((sorted(k for k in a.text if k in arguments), data, sorted(keyed.items()), func.__defaults__,
+    rest = [data, keyed, func.__defaults__, func.__kwdefaults__]
+    if not all(type(t) is str and MARK not in t for t in texts) or not plain(rest) or _has_mark(rest):
+        return None  # a marked str elsewhere would be filled with a text argument's value
+    return repr((id(a.code), sorted(k for k in a.text if k in arguments), data, sorted(keyed.items()), func.__defaults__,
                  func.__kwdefaults__))  # fmt: skip
 
 
 _MISSING = object()
+
+
+def _has_mark(obj: Any) -> bool:
+    """Whether any str in plain data holds the placeholder mark (its repr escapes the mark)."""
+    if isinstance(obj, str):
+        return MARK in obj
+    if isinstance(obj, dict):
+        return any(_has_mark(k) or _has_mark(v) for k, v in obj.items())
+    return isinstance(obj, (list, tuple)) and any(_has_mark(x) for x in obj)
 
 
 def _environment(func: Callable) -> Callable[[str, Any], Any]:
@@ -107,17 +120,27 @@ _ANALYSE_LOCK = threading.Lock()
 def analyse(func: Callable) -> Optional[Analysis]:
     """The proof above for `func`, or None where it does not go through (or its source is not there).
     One thread at a time: CPython 3.11's AST conversion keeps its recursion depth per interpreter,
-    and concurrent ast.parse calls (a batch's first programs) fail with a SystemError."""
+    and concurrent ast.parse calls (a batch's first programs) fail with a SystemError; the lock
+    is taken only on a miss. Keyed by the code object too: a replaced __code__ is read again."""
+    k = (func, getattr(func, "__code__", None))
+    found = _ANALYSED.get(k, _MISSING)
+    if found is not _MISSING:
+        return found
     with _ANALYSE_LOCK:
         try:
-            return _analyse(func)
+            found = _analyse(func, k[1])
         except Exception:  # reading the source must never fail a run: no template, as before
-            return None
+            found = None
+        if len(_ANALYSED) >= 1024:
+            _ANALYSED.pop(next(iter(_ANALYSED)))  # the oldest
+        _ANALYSED[k] = found
+        return found
 
 
-@functools.lru_cache(maxsize=1024)
-def _analyse(func: Callable) -> Optional[Analysis]:
-    code = getattr(func, "__code__", None)
+_ANALYSED: dict = {}
+
+
+def _analyse(func: Callable, code: Any) -> Optional[Analysis]:
     try:
         path = inspect.getsourcefile(func)
         src = "".join(linecache.getlines(path, func.__globals__)) if path else ""
@@ -133,7 +156,8 @@ def _analyse(func: Callable) -> Optional[Analysis]:
     fdef = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == code.co_name
                  and min([n.lineno] + [d.lineno for d in n.decorator_list]) == code.co_firstlineno), None)  # fmt: skip
     ftable = _find_table(table, code.co_name, None if fdef is None else fdef.lineno)
-    return None if fdef is None or ftable is None else _Reader(func, fdef, ftable).analysis()
+    a = None if fdef is None or ftable is None else _Reader(func, fdef, ftable).analysis()
+    return None if a is None else dataclasses.replace(a, code=code)
 
 
 def _find(code: Any, match: Callable[[Any], bool]) -> Any:
@@ -181,6 +205,9 @@ class _Reader:
         f = self.fdef.args
         if self.table is None or f.vararg or f.kwarg or self.assigned[self.state]:
             return None
+        if any(isinstance(n, ast.AugAssign) and not (isinstance(n.target, ast.Name) and n.target.id in
+               self.forks | {self.state}) for n in self.nodes):  # fmt: skip
+            return None  # `x += [...]` may change an argument in place, which a cache hit would skip
         if not all(isinstance(n, _NODES) for n in self.nodes):
             return None
         outside = self._outside_names()
@@ -262,7 +289,8 @@ class _Reader:
         while True:
             par = self.parents.get(cur)
             if isinstance(par, ast.FormattedValue):
-                if par.conversion != -1 or par.format_spec is not None:
+                # only the bare parameter: `f"{q + '!'}"` formats the trace's ExprList, not text
+                if cur is not node or par.conversion != -1 or par.format_spec is not None:
                     return False
                 cur = self.parents[par]  # the f-string
             elif isinstance(par, ast.BinOp) and isinstance(par.op, ast.Add):

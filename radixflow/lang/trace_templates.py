@@ -23,7 +23,7 @@ from radixflow.lang.placeholder import _PATTERN, MARK, Placeholder
 from radixflow.lang.trace_cache import analyse, key
 from radixflow.runtime.programs.program_ops import plain
 
-MAX_TEMPLATES = 256  # a function's templates (distinct non-text arguments); all dropped when full
+MAX_TEMPLATES = 256  # a function's templates (distinct non-text arguments), least recently used dropped
 
 
 @dataclass
@@ -56,16 +56,24 @@ def prepared(fn, b, arguments: dict, defaults: dict) -> Optional[Prepared]:
                                                for n in fn.arg_names):  # fmt: skip
         return None  # (a missing argument: the call's own trace says what it is)
     k = repr((k, defaults))
-    t = fn.templates.get(k, _NONE_YET)
+    t = fn.templates.pop(k, _NONE_YET)  # put back last: a dict's order is its recency (an LRU)
+    if t is not _NONE_YET:
+        fn.templates[k] = t
     if t is _NONE_YET or (t is not None and (t.backend is not b or t.chat is not b.chat_template())):
-        if len(fn.templates) >= MAX_TEMPLATES:
-            fn.templates.clear()
+        while len(fn.templates) >= MAX_TEMPLATES:
+            fn.templates.pop(next(iter(fn.templates)), None)  # the least recently used
         t = _template(fn, b, {n: Placeholder("arg", n) if n in a.text else v for n, v in arguments.items()}, defaults)
         if t is not False:  # a check error is the backend's: not kept
             fn.templates[k] = t
     if not t:
         return None
-    values = {n: v for n, v in arguments.items() if n in a.text}
+    try:
+        return _fill(t, b, arguments, {n: v for n, v in arguments.items() if n in a.text})
+    except KeyError:  # a mark naming no text argument (key() refuses marks elsewhere): trace the call
+        return None
+
+
+def _fill(t: Template, b, arguments: dict, values: dict) -> Prepared:
     fill = lambda text: _PATTERN.sub(lambda m: values[m.group(2)], text) if MARK in text else text  # noqa: E731
     graph = Graph(t.graph.name, _fill_nodes(t.graph.nodes, fill), {n: _jsonable(v) for n, v in arguments.items()})
     program = {"ops": _fill_wire(t.program["ops"], fill)}

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 from radixflow.runtime.programs.program_ops import Op
 from radixflow.runtime.programs.segment_tokens import encode_piece
@@ -80,25 +80,32 @@ def batch_encoder(tokenizer) -> BatchEncode:
     """encode_piece over many texts: the tokenizers backend's encode_batch where that gives
     tokenizer.encode's ids (a stock fast tokenizer, checked on a probe), else encode_piece each."""
     try:
-        with _ENCODERS_LOCK:
-            found = _ENCODERS.get(tokenizer)
-            if found is None:
-                found = _ENCODERS[tokenizer] = _make_encoder(tokenizer)
+        found = _ENCODERS.get(tokenizer)  # the lock only on a miss
+        if found is None:
+            with _ENCODERS_LOCK:
+                found = _ENCODERS.get(tokenizer)
+                if found is None:
+                    found = _ENCODERS[tokenizer] = _make_encoder(weakref.ref(tokenizer))
         return found
     except TypeError:  # not weakly referenceable: work it out each time
-        return _make_encoder(tokenizer)
+        return _make_encoder(lambda: tokenizer)
 
 
-def _make_encoder(tokenizer) -> BatchEncode:
+def _make_encoder(tokenizer_ref: Callable[[], Any]) -> BatchEncode:
+    """The encoder reaches its tokenizer through `tokenizer_ref` (a weakref when cached): a
+    strong reference in the WeakKeyDictionary's value would keep its key alive forever."""
+
     def each(texts: list, first: bool) -> list:
-        return [encode_piece(tokenizer, t, first) for t in texts]
+        return [encode_piece(tokenizer_ref(), t, first) for t in texts]
 
-    backend = _plain_backend(tokenizer)
+    backend = _plain_backend(tokenizer_ref())
     if backend is None:
         return each
 
     def fast(texts: list, first: bool) -> list:
-        backend.encode_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+        split = bool(getattr(tokenizer_ref(), "split_special_tokens", False))
+        if backend.encode_special_tokens != split:  # the setter borrows the Rust side mutably: only on a change
+            backend.encode_special_tokens = split
         return [e.ids for e in backend.encode_batch(texts, add_special_tokens=first)]
 
     same = all(fast([_PROBE, _PROBE[5:]], first) == each([_PROBE, _PROBE[5:]], first) for first in (True, False))
