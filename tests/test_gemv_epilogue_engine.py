@@ -12,6 +12,7 @@ differ only by the fold and the epilogues.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -57,8 +58,9 @@ def _engine(path: str, quant: str | None, dtype: str, monkeypatch, **kw):
     from radixflow.runtime.execution import model_runner
 
     monkeypatch.setattr(model_runner, "init_dummy_weights", lambda model, seed=0: _random_weights(model, seed))
+    # the GPU machine has no default model installed: its tokenizer comes from RADIXFLOW_TOKENIZER there
     eng = radixflow.Engine(path, load_format="dummy", dtype=dtype, quantization=quant, max_total_tokens=4096,
-                           cuda_graph_max_bs=2, max_running_requests=4, disable_cuda_graph_extend=True, **kw)
+                           tokenizer_path=os.environ.get("RADIXFLOW_TOKENIZER"), cuda_graph_max_bs=2, max_running_requests=4, disable_cuda_graph_extend=True, **kw)
     runner = eng.runner
 
     def force_gemv() -> None:  # every linear on the GEMV, whatever the chooser measured; the graphs captured again
