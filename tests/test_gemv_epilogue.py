@@ -244,6 +244,7 @@ def test_where_the_fold_applies():
     assert "torch-native" in fold_off_reason(KernelSettings(fused_kernels=False), "cuda", 1, TritonBackend, False)
     assert "FlashInferBackend" in fold_off_reason(on, "cuda", 1, FlashInferBackend, False)  # untested there
     assert "pre-quantized" in fold_off_reason(on, "cuda", 1, TritonBackend, True)
+    assert "biases" in fold_off_reason(on, "cuda", 1, TritonBackend, False, biased=True)
     assert "deterministic" in fold_off_reason(KernelSettings(batch_invariant=True), "cuda", 1, TritonBackend, False)
     off = ServerArgs(disable_gemv_epilogue=True).kernel_settings()
     assert fold_off_reason(off, "cuda", 1, TritonBackend, False) == "--disable-gemv-epilogue"

@@ -23,7 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPTS = [[5, 17, 301, 4000, 23, 99, 1200], [7, 7, 42, 9000, 311], [12, 600, 8, 77, 3100, 45, 2, 900, 61]]
 NEW = 10
 TOL_BF16 = 2e-2  # gpubench correctness: bf16 Triton against bf16 torch-native logprobs
-CASES = {"bf16": ("bfloat16", None, False), "bf16-bias": ("bfloat16", None, True), "fp8": ("bfloat16", "fp8", False)}
+# no biased case: models with linear biases are not folded (norm_fold.fold_off_reason; on the H200 the biased model's
+# folded engine was 2.1x the unfolded one's error against float32, session 11)
+CASES = {"bf16": ("bfloat16", None, False), "fp8": ("bfloat16", "fp8", False)}
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="the GEMV epilogues are CUDA-only")]
@@ -117,14 +119,12 @@ def test_gpu_folded_engine_matches_the_unfolded(case, tmp_path, monkeypatch):
     with _engine(path, quant, dtype, monkeypatch, disable_gemv_epilogue=True) as eng:
         assert not eng.runner.model.folded and not _takes_epilogues(eng, 1)
         want = _decode(eng)
-    diffs = _decode_diffs(got, want)
-    assert len(diffs) >= NEW, (got, want)  # enough decode steps compared, batch 1 and 2 both
-    if quant is None:
-        assert max(diffs) <= TOL_BF16, max(diffs)
-        return
-    # FP8: W * g is quantized, not W, so the rounding differs; held to what FP8 itself moves a logprob by:
-    # the unfolded FP8 engine against the bf16 one
-    with _engine(path, None, dtype, monkeypatch, disable_gemv_epilogue=True) as eng:
-        bf16 = _decode(eng)
-    fp8_drift = _decode_diffs(want, bf16)
-    assert max(diffs) <= max(TOL_BF16, 1.5 * max(fp8_drift)), (max(diffs), max(fp8_drift))
+    # Held to the path it replaces: against float32 (unfolded), the folded engine may be no further off than the
+    # unfolded engine of the same dtype and quantization is. Two bf16 paths differ by more than TOL_BF16 on this
+    # random-norm model (the lead's H200 check: unfolded bf16 0.042 from float32, folded 0.049, and the unfolded one
+    # left float32's greedy tokens sooner), so a direct folded-vs-unfolded bound would test bf16, not the fold.
+    with _engine(path, None, "float32", monkeypatch, disable_gemv_epilogue=True) as eng:
+        ref = _decode(eng)
+    folded_err, unfolded_err = _decode_diffs(got, ref), _decode_diffs(want, ref)
+    assert len(folded_err) >= NEW // 2 and unfolded_err, (got, want, ref)  # enough decode steps compared
+    assert max(folded_err) <= max(TOL_BF16, 1.5 * max(unfolded_err)), (max(folded_err), max(unfolded_err))

@@ -109,7 +109,9 @@ class ModelRunner:
 
     def _fold_norms(self, model: LlamaForCausalLM) -> None:
         backend = attention_backend_class(self.args.attention_backend, self.device)
-        why = fold_off_reason(self.settings, self.device, self.tp.size, backend, prequantized=self.ckpt_fp8 is not None)
+        biased = any(name.endswith(".bias") for name, _ in model.named_parameters())
+        why = fold_off_reason(self.settings, self.device, self.tp.size, backend, prequantized=self.ckpt_fp8 is not None,
+                              biased=biased)
         if why:
             log.info("norm weights not folded, no GEMV epilogues: %s", why)
             return

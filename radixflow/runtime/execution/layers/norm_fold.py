@@ -34,9 +34,11 @@ def settings_off_reason(settings: KernelSettings, fused: bool) -> str | None:
     return None
 
 
-def fold_off_reason(settings: KernelSettings, device: str, tp_size: int, backend: type, prequantized: bool) -> str | None:
+def fold_off_reason(settings: KernelSettings, device: str, tp_size: int, backend: type, prequantized: bool,
+                    biased: bool = False) -> str | None:
     """Why the fold and the GEMV epilogues stay off for this engine, at load; None: on. backend: the attention
-    backend's class; its `gemv_epilogues` says the epilogue pass was tested with it (not FlashInfer's)."""
+    backend's class; its `gemv_epilogues` says the epilogue pass was tested with it (not FlashInfer's). biased: the
+    model's linears have biases."""
     if not settings.gemv_epilogue:
         return "--disable-gemv-epilogue"
     if device != "cuda":
@@ -50,6 +52,8 @@ def fold_off_reason(settings: KernelSettings, device: str, tp_size: int, backend
         return f"{backend.__name__}: the folded model is not tested with this attention backend"
     if prequantized:
         return "a pre-quantized FP8 checkpoint (folding needs the weights before quantization)"
+    if biased:  # the H200 check (session 11): 2.1x the unfolded engine's logprob error vs float32, not yet explained
+        return "linear biases (the folded path with biases is not yet as close to float32 as the unfolded one)"
     return None
 
 
