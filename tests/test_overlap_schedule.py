@@ -379,6 +379,11 @@ def test_the_split_rule_takes_at_most_half_the_rows_continuing():
 
     assert splits([8, 1, 1, 1]) and splits([8, 8, 1, 1])
     assert not splits([8, 8, 8, 1]) and not splits([1, 1, 1]) and not splits([8])
+    # jump-forward's forced tokens (a continuing row with a grammar) stay in the mixed pass
+    from types import SimpleNamespace
+
+    rows = [SimpleNamespace(grammar=g) for g in (object(), None, None, None)]
+    assert not splits([8, 1, 1, 1], rows) and splits([1, 8, 1, 1], rows)
 
 
 class _ThreePrompts:
