@@ -40,6 +40,10 @@ Sections (each isolated: a failure is logged and the next one runs):
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
                --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
+  prefill_profile  prefill 8 x 2,048: best wall time, the extend passes' GPU time, then one batch under torch.profiler
+               (PDL off): GPU ms per 8,192-token chunk by group and kernel, the GEMMs' TFLOP/s (run @nofold too)
+  prefill_kernels  a chunk's non-GEMM kernels alone at 8,192 rows: SiLU-and-mul over plain / interleaved rows (the
+               current kernel and session 11's stride-2 one), RMSNorm with the residual add, the four linears
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
   offline_arms offline (every seed) as built, then with 16,384-token prefill chunks
   offline_decode_ab  offline (every seed) with no `bf16` entry in DECODE_CONFIG (4 warps), then with --decode-entry's
@@ -102,6 +106,7 @@ from gpubench.offline import (  # noqa: E402
 from gpubench.row_blocks import sec_gemm_row_blocks  # noqa: E402
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
+from gpubench.prefill_profile import sec_prefill_kernels, sec_prefill_profile  # noqa: E402
 from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
 
 
@@ -118,14 +123,14 @@ SECTIONS = {
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
-    "gemm_row_blocks": sec_gemm_row_blocks,
+    "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
             "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile"}
 
 
 def main() -> None:
