@@ -39,7 +39,8 @@ Sections (each isolated: a failure is logged and the next one runs):
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
-               --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
+               --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel;
+               --prefill-cudnn-ab equal-length prompt passes through the flash kernel, then cuDNN's (kernels/cudnn_dense.py)
   prefill_profile  prefill 8 x 2,048: best wall time, the extend passes' GPU time, then one batch under torch.profiler
                (PDL off): GPU ms per 8,192-token chunk by group and kernel, the GEMMs' TFLOP/s (run @nofold too)
   prefill_kernels  a chunk's non-GEMM kernels alone at 8,192 rows: SiLU-and-mul over plain / interleaved rows (the
@@ -158,6 +159,8 @@ def main() -> None:
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--prefill-flash-ab", action="store_true",
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")
+    p.add_argument("--prefill-cudnn-ab", action="store_true",
+                   help="prefill: also time equal-length prompt passes with torch's cuDNN attention off, on, off again")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--deadline-s", type=float, default=0,
                    help="sections that would start this many seconds after the script began are skipped (recorded as "

@@ -35,6 +35,16 @@ def sec_prefill() -> dict:
     if OPTS.prefill_p_parts_ab:
         out.update(_prefill_settings_ab(eng, n, length, "attention_p_parts",
                                         (("p1", 1), ("p2", 2), ("default_again", eng.runner.settings.attention_p_parts))))
+    backend = eng.runner.backend
+    out["cudnn_enabled"] = bool(getattr(backend, "cudnn_ok", False) and eng.runner.settings.cudnn_prefill)
+    if getattr(OPTS, "prefill_cudnn_ab", False):
+        ab = _prefill_settings_ab(eng, n, length, "cudnn_prefill",
+                                  (("cudnn_off", False), ("cudnn_on", True), ("cudnn_off_again", False)),
+                                  apply=set_extend_settings)
+        out.update(ab)
+        if rate:
+            out.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in ab.items()})
+    out["cudnn_shapes"] = sorted(backend.cudnn_shapes.seen) if hasattr(backend, "cudnn_shapes") else []
     if OPTS.prefill_flash_ab:
         out["flash_enabled"] = flash_prefill_on(eng)
         ab = _prefill_settings_ab(eng, n, length, "flash_prefill",

@@ -117,8 +117,40 @@ def _gpu_time(fn) -> float:
     return cuda_queued_s(fn, reps=SZ["pa_reps"])
 
 
-def sec_prefill_attention() -> dict:
+# (rows, length) of equal-length prompt passes: flash against the engine's cuDNN path (kernels/cudnn_dense.py)
+DENSE_SHAPES = ((1, 1024), (8, 1024), (1, 2048), (4, 2048), (2, 4096), (1, 8192))
+
+
+def _dense_shapes() -> dict:
+    """Per shape: flash and the engine's cuDNN call (us), and the first cuDNN call's wall ms at that shape (its
+    graph build; the probe and earlier cases built others)."""
+    import time
+
+    from radixflow.kernels.cudnn_dense import cudnn_dense_attention
+
     out = {}
+    for rows, length in DENSE_SHAPES:
+        x = _inputs([length] * rows)
+        q, k, v = x["q"], x["k"], x["v"]
+        dense = lambda: cudnn_dense_attention(q, k, v, rows, length, x["scale"])  # noqa: E731
+        try:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dense()
+            torch.cuda.synchronize()
+            first_ms = 1e3 * (time.perf_counter() - t)
+            res = {"cudnn_first_call_ms": round(first_ms, 2), "cudnn_us": round(1e6 * _gpu_time(dense), 1),
+                   "flash_us": round(1e6 * _gpu_time(lambda: _flash(x)), 1)}
+            res["speedup"] = round(res["flash_us"] / res["cudnn_us"], 3)
+            res["max_abs_diff_vs_flash"] = float((dense().float() - _flash(x).float()).abs().max())
+        except Exception as e:  # noqa: BLE001 - recorded
+            res = {"error": repr(e)[:300]}
+        out[f"{rows}x{length}"] = res
+    return out
+
+
+def sec_prefill_attention() -> dict:
+    out = {"dense_shapes": _dense_shapes()} if DEV == "cuda" else {}
     for case in ("offline_chunk", "4x2048"):
         lens = _case_lengths(case)
         x = _inputs(lens)
