@@ -84,7 +84,7 @@ def _silu_rows(m: int, inter: int = 14336) -> dict:
     for name, fn in (("plain", lambda: silu_and_mul(plain)), ("interleaved", lambda: silu_and_mul(inter_x, interleaved=True)),
                      ("interleaved_old", lambda: old_silu_interleaved(inter_x))):
         us = _gpu_us(fn)
-        res[name] = {"us": round(us, 1), "TB_s": round(gb / us * 1e-3 * 1e3, 2)}
+        res[name] = {"us": round(us, 1), "TB_s": round(gb * 1e3 / us, 2)}
     return res
 
 
@@ -96,7 +96,7 @@ def _rmsnorm_rows(m: int, hidden: int = 4096) -> dict:
     w = torch.ones(hidden, device=DEV, dtype=torch.bfloat16)
     gb = m * hidden * (2 + 4 + 4 + 2) / 1e9
     us = _gpu_us(lambda: rmsnorm(x, w, 1e-5, r))
-    return {"us": round(us, 1), "TB_s": round(gb / us * 1e-3 * 1e3, 2)}
+    return {"us": round(us, 1), "TB_s": round(gb * 1e3 / us, 2)}
 
 
 def _linears(m: int) -> dict:
