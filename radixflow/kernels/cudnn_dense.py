@@ -2,8 +2,9 @@
 
 When every row of an extend pass is a fresh prompt of the same length L, the packed [T, H, D] q / k / v are
 [B, H, L, D] views with no copy, and torch's SDPA on its cuDNN backend takes them as they are (grouped-query
-heads included). On an H200 at 4 x 2,048 prompts of Llama-3-8B heads it ran 1.89x FlashAttention-2 (259
-against 489 us a layer; benchmarks/history/2026-12-03.md, session 12). Ragged passes keep the flash kernel:
+heads included). On an H200 with Llama-3-8B heads it ran 1.83-2.07x FlashAttention-2 from 1 x 1,024 to 1 x 8,192
+tokens (4 x 2,048: 260 against 488 us a layer; benchmarks/history/2026-12-03.md, session 12); its first call at a
+new shape builds a graph (~41 ms). Ragged passes keep the flash kernel:
 torch caches one cuDNN graph per shape and a variable-length graph's key holds the token count, so each new
 pass would build one (so torch's source reads; not timed here). The dense graphs are keyed by (B, L): `CudnnShapes` bounds how many a process builds.
 `cudnn_dense_supported` decides once, with a probe checked against plain attention.
@@ -18,8 +19,8 @@ import torch.nn.functional as F
 
 from radixflow.kernels.flash_varlen import _probe_reference
 
-MIN_LEN = 1024  # shorter rows: little attention time to save against a graph build per new shape (not timed)
-MAX_SHAPES = 16  # distinct (B, L) a process builds graphs for; later shapes keep the flash kernel
+MIN_LEN = 1024  # shorter rows: little attention time to save against a ~41 ms graph build per new shape (not timed)
+MAX_SHAPES = 16  # distinct (B, L) a process builds graphs for (~0.7 s at most); later shapes keep the flash kernel
 
 
 def cudnn_dense_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: int, length: int,
