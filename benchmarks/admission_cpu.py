@@ -10,6 +10,8 @@ hold --pool-fraction of the workload's prompt + output tokens. Workloads (--work
   stops    in U[32,1024] / --scale, a budget of 1024 / --scale, no ignore_eos: temperature-1 sampling stops at
            any of --stop-ids random token ids (1% of the vocabulary by default: most requests stop early),
            where the observed stop ratio matters
+  bimodal  as stops, but half the requests stop at any of 10% of the vocabulary (a few tokens) and half only at
+           one id (run to their budget, in practice): the short ones finish first, so the observed ratio starts low
 
 Recomputed tokens: prompt + output tokens prefilled beyond each request's prompt (a retracted request
 whose KV was evicted computes it again). Wall time and output tok/s are the CPU's (noisy on a shared
@@ -44,9 +46,10 @@ def workload(name: str, a: argparse.Namespace, seed: int) -> tuple[list, list]:
         params = [dict(max_new_tokens=rng.randint(max(32 // a.scale, 2), 512 // a.scale), ignore_eos=True, temperature=0.0)
                   for _ in range(a.n)]  # fmt: skip
         return prompts, params
-    assert name == "stops", name
-    stop_ids = sorted(random.Random(seed + 1).sample(range(100, VOCAB), a.stop_ids))
-    return prompts, [dict(max_new_tokens=1024 // a.scale, stop_token_ids=stop_ids, temperature=1.0, sampling_seed=i)
+    assert name in ("stops", "bimodal"), name
+    many = sorted(random.Random(seed + 1).sample(range(100, VOCAB), a.stop_ids if name == "stops" else VOCAB // 10))
+    stop_ids = [many if name == "stops" or i % 2 else many[:1] for i in range(a.n)]
+    return prompts, [dict(max_new_tokens=1024 // a.scale, stop_token_ids=stop_ids[i], temperature=1.0, sampling_seed=i)
                      for i in range(a.n)]  # fmt: skip
 
 
@@ -95,7 +98,7 @@ def run(name: str, rule: str, a: argparse.Namespace, seed: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workloads", default="1k1k,offline,stops", help="comma-separated: 1k1k, offline, stops")
+    ap.add_argument("--workloads", default="1k1k,offline,stops", help="comma-separated: 1k1k, offline, stops, bimodal")
     ap.add_argument("--rules", default="ratio,peak", help="--admission-rule values to run, in this order")
     ap.add_argument("--n", type=int, default=200, help="requests per workload")
     ap.add_argument("--len", type=int, default=100, help="1k1k: prompt and output tokens of every request")

@@ -14,10 +14,11 @@ from hypothesis import strategies as st
 from radixflow.radix_cache.memory_pool import PageAllocator, ReqToTokenPool
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.sampling_params import SamplingParams
-from radixflow.runtime.scheduling import admission, kv_reserve
+from radixflow.runtime.scheduling import admission, kv_reserve, stop_lengths
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.kv_manager import KVManager
-from radixflow.runtime.scheduling.kv_reserve import KVReserve, StopRatio, peak_extra, unlocked_prefix
+from radixflow.runtime.scheduling.kv_reserve import KVReserve, peak_extra, unlocked_prefix
+from radixflow.runtime.scheduling.stop_lengths import StopLengths
 from radixflow.runtime.scheduling.req import Req
 
 TINY = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "configs", "smollm2-tiny.json")
@@ -90,31 +91,45 @@ def test_a_blocked_round_is_not_recomputed_until_something_changes(monkeypatch):
     assert admission.form_extend_batch(sched) == [] and rounds == [1, 1]
 
 
-def test_early_stoppers_count_their_budget_scaled_by_what_finished_ones_used():
+def finished_req(max_new: int, used: int, ignore_eos: bool = False, reason: str = "stop") -> Req:
+    req = Req("d", [1], SamplingParams(max_new_tokens=max_new, ignore_eos=ignore_eos), output_ids=[5] * used)
+    req.finish({"type": reason, "message": "x"} if reason == "abort" else {"type": reason, "length": used})
+    return req
+
+
+def test_early_stoppers_count_what_finished_ones_used_and_fixed_ones_count_in_full():
     reserve = KVReserve("peak")
-    assert reserve.stops.ratio == 1.0  # nothing seen yet: budgets in full
+    reserve.running([])
+    assert reserve.new_fraction == 1.0  # nothing seen yet: budgets in full
     for _ in range(200):
-        done = Req("d", [1], SamplingParams(max_new_tokens=100), output_ids=[5] * 40)
-        done.finish({"type": "stop", "matched": 2})
-        reserve.finished(done)
-    assert abs(reserve.stops.ratio - 0.4) < 0.01
-    free_running = Req("f", [1, 2], SamplingParams(max_new_tokens=100))
+        reserve.finished(finished_req(100, 40))
+    reserve.finished(finished_req(100, 1, reason="abort"))  # neither an abort nor a fixed length counts
+    reserve.finished(finished_req(100, 1, ignore_eos=True, reason="length"))
+    assert reserve.retired == 202 and reserve.lengths.seen == 200
+    reserve.running([])
+    assert 0.39 < reserve.new_fraction < 0.42
+    may_stop = Req("f", [1, 2], SamplingParams(max_new_tokens=100))
     fixed = Req("x", [1, 2], SamplingParams(max_new_tokens=100, ignore_eos=True))
-    assert reserve.newcomer(free_running, 2, 2) in ((2, 40), (2, 41)) and reserve.newcomer(fixed, 2, 2) == (2, 100)
-    for reason in ({"type": "abort", "message": "x"}, {"type": "length", "length": 100}):  # an abort, then a fixed one
-        r = Req("a", [1], SamplingParams(max_new_tokens=100, ignore_eos=reason["type"] == "length"), output_ids=[5])
-        r.finish(reason)
-        reserve.finished(r)
-    assert abs(reserve.stops.ratio - 0.4) < 0.01 and reserve.retired == 202
+    assert reserve.newcomer(may_stop, 2, 2) in ((2, 41), (2, 42)) and reserve.newcomer(fixed, 2, 2) == (2, 100)
 
 
-def test_the_stop_ratio_has_a_floor():
-    ratio = StopRatio()
+def test_short_requests_finishing_first_do_not_make_the_estimate_short():
+    """Half the requests stop at 8% of their budget, half are still running at 10%: a mean over the
+    finished would say 8%; counting the running as still alive says about half for a new request, and
+    nearly all of the rest for a running one."""
+    lengths = StopLengths()
+    for _ in range(100):
+        lengths.observe(0.08)
+    est = lengths.remaining(np.full(100, 0.1))
+    assert 0.5 < est[-1] < 0.6 and np.all(est[:-1] > 0.88)
+    assert StopLengths().remaining(np.array([0.5]))[0] == 0.5  # nothing finished: the rest of the budget in full
+
+
+def test_the_estimate_has_a_floor():
+    lengths = StopLengths()
     for _ in range(500):
-        r = Req("d", [1], SamplingParams(max_new_tokens=1000), output_ids=[5])
-        r.finish({"type": "stop", "matched": 2})
-        ratio.observe(r)
-    assert ratio.mean < 0.01 and ratio.ratio == kv_reserve.STOP_RATIO_FLOOR
+        lengths.observe(0.001)
+    assert lengths.remaining(np.empty(0))[-1] == stop_lengths.FLOOR and lengths.done.size == stop_lengths.WINDOW
 
 
 def test_unlocked_prefix_counts_only_what_no_request_locks():

@@ -44,8 +44,8 @@ _HELP = {
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
     "admission_rule": "how admission keeps room for what running requests will still decode. peak (the default): a "
     "request is admitted only if the pool's need at its highest, as requests grow and end, fits; budgets of requests "
-    "that may stop early (EOS, stops) are scaled by the fraction finished ones used (at least 0.25), ignore_eos ones "
-    "count in full: few or no retractions. ratio: SGLang's rule, remaining budgets times a ratio decaying from 0.7 to "
+    "that may stop early (EOS, stops) count what finished and running requests' lengths say they will use, "
+    "ignore_eos ones count in full: few or no retractions. ratio: SGLang's rule, remaining budgets times a ratio decaying from 0.7 to "
     "0.1 (fuller batches early, retractions when requests run long); see docs/architecture.md",
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "

@@ -7,9 +7,9 @@ Two rules (`--admission-rule`):
   tree's evictable part). Over the coming steps the pool's extra need rises while requests grow and
   drops as they end; admission takes a request only if that need at its highest, the newcomer's
   included, fits the free + evictable slots. A request that may stop early (EOS, stop ids or strings,
-  a grammar) counts its remaining budget scaled by the fraction of their budgets finished such
-  requests used (`StopRatio`, at least STOP_RATIO_FLOOR); one that must run to `max_new_tokens`
-  (ignore_eos, no stops) counts all of it. Budgets are clipped to CLIP_NEW_TOKENS (SGLang's estimate
+  a grammar) counts what it is expected to use of its remaining budget, from the lengths finished and
+  running requests reached (stop_lengths.py); one that must run to `max_new_tokens` (ignore_eos, no
+  stops) counts all of it. Budgets are clipped to CLIP_NEW_TOKENS (SGLang's estimate
   clips them too) and to the context length.
 - `ratio`: SGLang's rule (`RatioGate`): the sum of the remaining budgets
   times a new-token ratio that decays from 0.7 to 0.1 over the decode steps and rises 0.1 a
@@ -29,6 +29,7 @@ import numpy as np
 
 from radixflow.radix_cache.radix_tree import TreeNode
 from radixflow.runtime.scheduling.req import Req
+from radixflow.runtime.scheduling.stop_lengths import StopLengths
 
 if TYPE_CHECKING:
     from radixflow.radix_cache.radix_tree import MatchResult
@@ -36,12 +37,6 @@ if TYPE_CHECKING:
 
 RULES = ("peak", "ratio")
 CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
-STOP_RATIO_PRIOR = 1.0  # before any request has finished: assume budgets are used in full
-STOP_RATIO_PRIOR_WEIGHT = 8  # ... with the weight of this many finished requests
-STOP_RATIO_WINDOW = 64  # then a moving mean over about this many finished requests
-# The first requests to finish are the short ones, so an early mean is low: a floor keeps a newly
-# started server from admitting on it alone (SGLang's ratio floor is 0.1, with retractions to correct it).
-STOP_RATIO_FLOOR = 0.25
 
 
 def may_stop_early(req: Req) -> bool:
@@ -51,26 +46,6 @@ def may_stop_early(req: Req) -> bool:
 
 def budget_of(req: Req) -> int:
     return min(req.sampling.max_new_tokens, CLIP_NEW_TOKENS)
-
-
-@dataclass
-class StopRatio:
-    """The mean fraction of its (clipped) budget a finished request that may stop early used."""
-
-    mean: float = STOP_RATIO_PRIOR
-    seen: int = 0
-
-    def observe(self, req: Req) -> None:
-        reason = (req.finish_reason or {}).get("type")
-        if reason not in ("stop", "length") or not may_stop_early(req) or budget_of(req) <= 0:
-            return  # aborted, or its length was never in doubt
-        used = min(req.segment_len / budget_of(req), 1.0)
-        self.seen += 1
-        self.mean += (used - self.mean) / min(self.seen + STOP_RATIO_PRIOR_WEIGHT, STOP_RATIO_WINDOW)
-
-    @property
-    def ratio(self) -> float:
-        return max(self.mean, STOP_RATIO_FLOOR)
 
 
 def peak_extra(freed: np.ndarray, left: np.ndarray) -> int:
@@ -103,34 +78,47 @@ class KVReserve:
     rule: str = "peak"
     context_len: int = 1 << 30
     page_size: int = 1
-    stops: StopRatio = field(default_factory=StopRatio)
+    lengths: StopLengths = field(default_factory=StopLengths)
     retired: int = 0  # requests finished so far (any reason): a change admission's block waits for
     blocked: Optional[tuple] = None  # the scheduler state in which the head request last did not fit
+    new_fraction: float = 1.0  # of its budget a request not started yet is expected to use (this round's)
 
     def __post_init__(self) -> None:
         assert self.rule in RULES, self.rule
 
     def finished(self, req: Req) -> None:
         self.retired += 1
-        self.stops.observe(req)
+        reason = (req.finish_reason or {}).get("type")
+        if reason in ("stop", "length") and may_stop_early(req) and budget_of(req) > 0:  # not aborted, not fixed
+            self.lengths.observe(req.segment_len / budget_of(req))
 
-    def outputs_left(self, remaining: np.ndarray, seq_len: np.ndarray, stoppable: np.ndarray) -> np.ndarray:
-        """Slots the outputs still to come will take: the remaining budget clipped, scaled for early stoppers."""
+    def outputs_left(self, max_new: np.ndarray, remaining: np.ndarray, seq_len: np.ndarray,
+                     stoppable: np.ndarray) -> np.ndarray:
+        """Slots the outputs still to come will take: the remaining budget clipped, estimated for early
+        stoppers (stop_lengths.py; this also sets `new_fraction`)."""
         left = np.minimum(np.clip(remaining, 0, CLIP_NEW_TOKENS), np.maximum(self.context_len - seq_len, 0))
-        scaled = np.ceil(left * self.stops.ratio).astype(np.int64)
-        return np.where(stoppable, scaled, left)
+        budget = np.clip(max_new, 1, CLIP_NEW_TOKENS)
+        used = np.clip((max_new - remaining) / budget, 0.0, 1.0)[stoppable]
+        fractions = self.lengths.remaining(used)
+        self.new_fraction = float(fractions[-1])
+        left[stoppable] = np.minimum(left[stoppable], np.ceil(fractions[:-1] * budget[stoppable]).astype(np.int64))
+        return left
 
     def running(self, reqs: list) -> "RoundNeed":
         """The need of the running requests (and a chunked one), for one admission round."""
-        rows = np.array([(r.kv_len - r.admitted_prefix, r.seq_len - r.kv_len, r.sampling.max_new_tokens - r.segment_len,
-                          r.seq_len, may_stop_early(r)) for r in reqs], dtype=np.int64).reshape(-1, 5)  # fmt: skip
-        left = rows[:, 1] + self.outputs_left(rows[:, 2], rows[:, 3], rows[:, 4].astype(bool)) + self.page_size - 1
-        return RoundNeed(freed=rows[:, 0], left=left)
+        rows = np.array([(r.kv_len - r.admitted_prefix, r.seq_len - r.kv_len, r.sampling.max_new_tokens,
+                          r.sampling.max_new_tokens - r.segment_len, r.seq_len, may_stop_early(r)) for r in reqs],
+                        dtype=np.int64).reshape(-1, 6)  # fmt: skip
+        left = rows[:, 1] + self.outputs_left(rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5].astype(bool))
+        return RoundNeed(freed=rows[:, 0], left=left + self.page_size - 1)
 
     def newcomer(self, req: Req, chunk: int, extend: int) -> tuple[int, int]:
-        """(freed, left) of a request admitted with `chunk` of its `extend` uncomputed prompt tokens now."""
-        outputs = self.outputs_left(np.array([budget_of(req)]), np.array([req.seq_len]), np.array([may_stop_early(req)]))
-        return chunk, extend - chunk + int(outputs[0]) + self.page_size - 1
+        """(freed, left) of a request admitted with `chunk` of its `extend` uncomputed prompt tokens now
+        (after `running` this round: its estimate of a new request)."""
+        outputs = min(budget_of(req), max(self.context_len - req.seq_len, 0))
+        if may_stop_early(req):
+            outputs = min(outputs, int(np.ceil(self.new_fraction * budget_of(req))))
+        return chunk, extend - chunk + outputs + self.page_size - 1
 
 
 @dataclass
