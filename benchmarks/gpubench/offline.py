@@ -140,7 +140,7 @@ def sec_offline() -> dict:
         res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed), steps=i == 0)
     rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds if "out_tok_s" in res[f"seed{seed}"]]
     res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates),
-               admission_rule=eng.server_args.admission_rule)
+               admission_rule=getattr(getattr(eng, "server_args", None), "admission_rule", None))
     return res
 
 
