@@ -73,7 +73,7 @@ def unlocked_prefix(node: TreeNode) -> int:
 
 @dataclass
 class KVReserve:
-    """The scheduler's admission state: the rule, the observed stop ratio, and the last round's block."""
+    """The scheduler's admission state: the rule, the early stoppers' lengths, and the last round's block."""
 
     rule: str = "peak"
     context_len: int = 1 << 30
@@ -110,7 +110,7 @@ class KVReserve:
                           r.sampling.max_new_tokens - r.segment_len, r.seq_len, may_stop_early(r)) for r in reqs],
                         dtype=np.int64).reshape(-1, 6)  # fmt: skip
         left = rows[:, 1] + self.outputs_left(rows[:, 2], rows[:, 3], rows[:, 4], rows[:, 5].astype(bool))
-        return RoundNeed(freed=rows[:, 0], left=left + self.page_size - 1)
+        return RoundNeed(freed=np.maximum(rows[:, 0], 0), left=left + self.page_size - 1)
 
     def newcomer(self, req: Req, chunk: int, extend: int) -> tuple[int, int]:
         """(freed, left) of a request admitted with `chunk` of its `extend` uncomputed prompt tokens now
@@ -157,7 +157,8 @@ class RatioGate:
 
     def __init__(self, sched: Scheduler, reqs: list):
         self.sched, self.ratio = sched, sched.new_token_ratio
-        self.reserved = int(sum(min(r.sampling.max_new_tokens - len(r.output_ids), CLIP_NEW_TOKENS) for r in sched.running) * self.ratio)
+        left = sum(min(r.sampling.max_new_tokens - len(r.output_ids), CLIP_NEW_TOKENS) for r in sched.running)
+        self.reserved = int(left * self.ratio)
 
     def fits(self, req: Req, match: MatchResult, chunk: int, extend: int) -> bool:
         need = chunk + self.sched.args.page_size + int(budget_of(req) * self.ratio)
