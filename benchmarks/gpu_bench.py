@@ -69,7 +69,9 @@ Sections (each isolated: a failure is logged and the next one runs):
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
-(FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
+(FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), ratio /
+fp8kv8ratio (--admission-rule ratio: SGLang's admission estimate, the rule before the peak rule),
+e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 
 The sections live by topic in benchmarks/gpubench/ (machine, correctness, decode, gemv_configs, hf,
@@ -129,7 +131,9 @@ SECTIONS = {
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-            "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True}}
+            "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True},
+            "ratio": {"admission_rule": "ratio"},
+            "fp8kv8ratio": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "admission_rule": "ratio"}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile"}
 
