@@ -27,7 +27,7 @@ def backend(engine):
 
 
 def both(program, **kwargs):
-    graph = program.run(**kwargs, **GREEDY, mode="graph")  # auto runs a one-call program eagerly
+    graph = program.run(**kwargs, **GREEDY)
     eager = program.run(**kwargs, **GREEDY, mode="eager")
     assert graph.mode == "graph" and eager.mode == "eager"
     return graph, eager

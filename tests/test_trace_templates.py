@@ -68,7 +68,7 @@ def _run(fn, calls: list, b, cached: bool, monkeypatch) -> list:
     with monkeypatch.context() as m:
         if not cached:
             m.setattr(_function_module, "prepared", lambda *a, **k: None)
-        states = [fn.run(backend=b, mode="graph", temperature=0, max_new_tokens=3, **kw) for kw in calls]
+        states = [fn.run(backend=b, temperature=0, max_new_tokens=3, **kw) for kw in calls]
     return [(st.mode, st.text(), st.variables()) for st in states]
 
 
@@ -235,7 +235,7 @@ def test_a_template_is_checked_once_and_an_error_is_raised_as_before(engine, mon
     real = type(b).prepare_graphs
     monkeypatch.setattr(type(b), "prepare_graphs", lambda self, p: checks.append(1) or real(self, p))
     for q in ("a?", "b?", "c?"):
-        assert ask.run(context="", question=q, backend=b, mode="graph", temperature=0, max_new_tokens=2).mode == "graph"
+        assert ask.run(context="", question=q, backend=b, temperature=0, max_new_tokens=2).mode == "graph"
     assert len(checks) == 1
     with pytest.raises(rf.ProgramError, match="temperature"):
         ask.run(context="", question="d?", backend=b, temperature=-1.0)

@@ -24,7 +24,7 @@ from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
-from radixflow.lang.trace_templates import EAGER, prepared
+from radixflow.lang.trace_templates import prepared
 from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
@@ -32,10 +32,6 @@ MODES = ("auto", "graph", "eager")
 
 
 class Function:
-    # run() / run_async() with mode="auto": a call whose program template is one model call runs
-    # eagerly (trace_templates.one_model_call says why); False keeps the request graph
-    one_call_eagerly = True
-
     def __init__(self, func: Callable, bound: Optional[dict] = None, num_api_spec_tokens: Optional[int] = None):
         self.func = func
         self.bound = dict(bound or {})
@@ -81,7 +77,7 @@ class Function:
         arguments, defaults = self._split(args, kwargs)
         if stream and not b.streams_graphs and mode == "graph":
             raise RadixflowError(f"{type(b).__name__} cannot stream request graphs; use mode='auto' to stream eagerly")
-        program = None if stream and not b.streams_graphs else self._compile(b, arguments, defaults, mode, not stream)
+        program = None if stream and not b.streams_graphs else self._compile(b, arguments, defaults, mode)
         if program is not None and stream:
             return _streamed_graph(program[0], program[1], b, defaults)
         if program is not None:
@@ -95,15 +91,12 @@ class Function:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(_program_threads(), functools.partial(self.run, *args, **kwargs))
 
-    def _compile(self, b, arguments: dict, defaults: dict, mode: str, alone: bool = False) -> Optional[tuple]:
-        """`alone`: run() of one program, not streamed (run_batch submits its graphs together)."""
+    def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
         if mode == "eager" or not b.supports_graphs or (mode == "auto" and self.num_api_spec_tokens):
             if mode == "graph":
                 raise RadixflowError(f"{type(b).__name__} cannot run request graphs")
             return None
-        p = prepared(self, b, arguments, defaults, eager_if_one_call=alone and mode == "auto" and self.one_call_eagerly)
-        if p is EAGER:
-            return None
+        p = prepared(self, b, arguments, defaults)
         if p is not None:
             return p.graph, p.program, p
         try:

@@ -34,7 +34,6 @@ class Template:
     pieces: dict  # (text, first) -> ids of the constant pieces without a mark
     backend: Any
     chat: Any  # the chat template it was lowered with
-    one_call: bool = False  # one_model_call(ops): auto runs such calls eagerly (run_eagerly)
 
 
 @dataclass
@@ -47,13 +46,9 @@ class Prepared:
     pieces: dict
 
 
-EAGER = "eager"  # prepared(): run this call eagerly (its template is one model call)
-
-
-def prepared(fn, b, arguments: dict, defaults: dict, eager_if_one_call: bool = False) -> Union[Prepared, str, None]:
+def prepared(fn, b, arguments: dict, defaults: dict) -> Optional[Prepared]:
     """This call's graph from fn's template (made on first use), or None: not provably the same
-    as tracing the call (the caller then traces it), or the backend cannot run checked ops; or
-    EAGER where eager_if_one_call and the template is one model call (nothing filled in)."""
+    as tracing the call (the caller then traces it), or the backend cannot run checked ops."""
     a = analyse(fn.func) if getattr(b, "prepare_graphs", None) else None
     k = None if a is None else key(fn.func, a, arguments)
     params = signature(fn.func).parameters
@@ -72,8 +67,6 @@ def prepared(fn, b, arguments: dict, defaults: dict, eager_if_one_call: bool = F
             fn.templates[k] = t
     if not t:
         return None
-    if eager_if_one_call and t.one_call:
-        return EAGER
     try:
         return _fill(t, b, arguments, {n: v for n, v in arguments.items() if n in a.text})
     except KeyError:  # a mark naming no text argument (key() refuses marks elsewhere): trace the call
@@ -105,16 +98,7 @@ def _template(fn, b, args: dict, defaults: dict) -> Union[Template, None, bool]:
     except RadixflowError:
         return False
     pieces = {k: ids for k, ids in b.constant_pieces(ops).items() if MARK not in k[0]}
-    return Template(graph, program, ops, pieces, b, b.chat_template(), one_model_call(ops))
-
-
-def one_model_call(ops: list) -> bool:
-    """Whether the program makes exactly one model call: a gen of one sample or a select, no fork.
-    Its request graph is that one request, so the graph path adds work (the executor's strand on
-    the engine thread, the fill, the replay) and gains nothing an eager run lacks: no later call
-    to continue or to share a submission with."""
-    calls = [o for o in ops if o.kind in ("gen", "select", "fork")]
-    return len(calls) == 1 and (calls[0].kind == "select" or (calls[0].kind == "gen" and calls[0].sampling.n == 1))
+    return Template(graph, program, ops, pieces, b, b.chat_template())
 
 
 def _fill_nodes(nodes: list, fill: Optional[Callable[[str], str]]) -> list:
