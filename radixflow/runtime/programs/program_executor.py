@@ -45,9 +45,6 @@ class ProgramExecutor:
         self._ids = itertools.count()
         self._runs_made = itertools.count()
         self._wakeups = Wakeups()
-        # a run's rid: this prefix and its number, not uuid4 per run: os.urandom lets go of the GIL, and
-        # taking it back on the engine thread waits behind the program threads (up to a switch interval)
-        self._rid_prefix = uuid.uuid4().hex[:16]
 
     # -- public ------------------------------------------------------------------------------
     def submit(
@@ -57,9 +54,8 @@ class ProgramExecutor:
         """`pieces`: its text pieces tokenized ahead (text_pieces.constant_pieces), and `ops` its
         parsed ops (program_ops.parse_program), if the caller has them."""
         ops = parse_program(program) if ops is None else ops  # raises RadixflowError before anything runs
-        seq = next(self._runs_made)
-        rid = program.get("rid") or f"{self._rid_prefix}{seq:016x}"
-        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {}, seq=seq)
+        rid = program.get("rid") or uuid.uuid4().hex
+        run = ProgramRun(rid=str(rid), on_done=on_done, pieces=pieces or {}, seq=next(self._runs_made))
         stream = None if on_delta is None else StrandStream(on_delta, self.tokenizer)
         run.strands.append(Strand(run, ops, ids=[], vars={}, stream=stream))
         self.runs[run] = None
