@@ -45,7 +45,7 @@ class CudnnShapes:
     def take(self, extend_lens: list[int]) -> tuple[int, int] | None:
         """(rows, length) if this pass of prompt-only rows takes cuDNN, else None."""
         length = extend_lens[0]
-        if length < self.min_len or any(n != length for n in extend_lens):
+        if length < self.min_len or min(extend_lens) != max(extend_lens):  # builtins, no per-row Python loop
             return None
         shape = (len(extend_lens), length)
         if shape not in self.seen:

@@ -78,8 +78,8 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
         if chunk < extend and sched.args.chunked_prefill_size <= 0:
             chunk = extend
         if (batch or sched.running) and not gate.fits(req, match, chunk, extend):
-            if not batch and sched.reserve.rule == "peak":
-                sched.reserve.blocked = blocked_state(sched)
+            if not batch:
+                gate.blocked()
             break
         if not sched.kv.admit(req, match):
             break

@@ -151,6 +151,10 @@ class PeakGate:
     def add(self, req: Req, chunk: int, extend: int) -> None:
         self.need.add(*self.reserve.newcomer(req, chunk, extend))
 
+    def blocked(self) -> None:
+        """The round's first request did not fit: no round finds otherwise until `blocked_state` changes."""
+        self.reserve.blocked = blocked_state(self.sched)
+
 
 class RatioGate:
     """SGLang's rule for one admission round: remaining budgets times the scheduler's new-token ratio."""
@@ -166,6 +170,9 @@ class RatioGate:
 
     def add(self, req: Req, chunk: int, extend: int) -> None:
         self.reserved += int(budget_of(req) * self.ratio)
+
+    def blocked(self) -> None:
+        """Nothing to remember: the ratio decays every step, so the next round may admit what this one did not."""
 
 
 def admission_gate(sched: Scheduler, batch: list) -> PeakGate | RatioGate:
