@@ -192,12 +192,13 @@ def test_plan_sends_equal_length_prompt_passes_to_cudnn(monkeypatch):
     monkeypatch.setattr(tb, "cudnn_dense_supported", lambda *a: True)
     monkeypatch.setattr(tb, "flash_varlen_attention", lambda q, *a: torch.ones_like(q))
     monkeypatch.setattr(tb, "cudnn_dense_attention", lambda q, k, v, rows, length, scale: torch.full_like(q, 4.0))
-    backend = _backend("cpu", torch.bfloat16)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # the cached-prefix pass runs the Triton kernel: compiled on a GPU
+    backend = _backend(dev, torch.bfloat16)
     backend.cudnn_shapes = CudnnShapes(min_len=4)
-    q, kv = torch.zeros(12, HQ, D, dtype=torch.bfloat16), torch.zeros(12, HKV, D, dtype=torch.bfloat16)
+    q, kv = (torch.zeros(12, h, D, dtype=torch.bfloat16, device=dev) for h in (HQ, HKV))
 
     def first_value(prefix, new):
-        fb = _extend_batch(backend.req_to_token, prefix, new, "cpu")
+        fb = _extend_batch(backend.req_to_token, prefix, new, dev)
         backend.init_forward_metadata(fb)
         return backend._attend(q[: sum(new)], kv[: sum(new)], kv[: sum(new)], 0, fb)[0, 0, 0].item(), fb.attn_metadata
 
