@@ -15,8 +15,9 @@ import radixflow as rf
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends.engine_backend import EngineBackend
 from radixflow.runtime.programs import program_executor
-from radixflow.runtime.programs import text_pieces
+from radixflow.runtime.programs import piece_codec, text_pieces
 from radixflow.runtime.programs.program_ops import check_programs, parse_program
+from radixflow.runtime.programs.piece_codec import plain_encode
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
@@ -132,7 +133,8 @@ def test_pieces_encoded_in_one_batch_are_encode_pieces_ids(engine):
                 assert encode.__name__ == "fast"
                 texts = _texts(int(split), 300)
                 for first in (True, False):
-                    assert encode(texts, first) == [encode_piece(t, x, first) for x in texts]
+                    want = [plain_encode(t, x, first) for x in texts]  # transformers' encode
+                    assert encode(texts, first) == want and [encode_piece(t, x, first) for x in texts] == want
         finally:
             t.split_special_tokens = False
 
@@ -145,7 +147,8 @@ def test_a_tokenizer_with_its_own_encode_keeps_it(engine):
     tok = copy.copy(engine.tokenizer)
     tok.__class__ = Shouting
     encode = text_pieces.batch_encoder(tok)
-    assert encode(["quiet words"], False) == [encode_piece(tok, "quiet words", False)] != [encode_piece(engine.tokenizer, "quiet words", False)]
+    assert encode(["quiet words"], False) == [plain_encode(tok, "quiet words", False)] != [plain_encode(engine.tokenizer, "quiet words", False)]
+    assert encode_piece(tok, "quiet words", False) == plain_encode(tok, "quiet words", False)
 
 
 def test_sampling_params_are_parsed_once_per_distinct_dict_and_kept_apart(engine):
@@ -187,8 +190,9 @@ def test_a_cached_encoder_lets_its_tokenizer_go(engine):
     import weakref
 
     tok = copy.deepcopy(engine.tokenizer)
-    assert text_pieces.batch_encoder(tok)(["hi there"], True) == [encode_piece(tok, "hi there", True)]
+    assert text_pieces.batch_encoder(tok)(["hi there"], True) == [plain_encode(tok, "hi there", True)]
+    assert piece_codec.piece_decoder(tok)([1, 2], True) == tok.decode([1, 2], skip_special_tokens=True)
     ref = weakref.ref(tok)
     del tok
     gc.collect()
-    assert ref() is None  # the encoder held it strongly: every Engine's tokenizer lived as long as the process
+    assert ref() is None  # the encoder (or decoder) held it strongly: every Engine's tokenizer lived as long as the process
