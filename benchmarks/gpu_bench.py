@@ -39,7 +39,12 @@ Sections (each isolated: a failure is logged and the next one runs):
   idle         GPU idle fraction between decode steps at batch 64
   prefill      8 x 2048-token prompts vs the measured matmul rate, FLOPs counted as computed (the output
                head for last tokens only); --prefill-p-parts-ab also times p in 1 and 2 parts,
-               --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel
+               --prefill-flash-ab prompt-only rows through the Triton extend kernel, then torch's flash kernel;
+               --prefill-cudnn-ab equal-length prompt passes through the flash kernel, then cuDNN's (kernels/cudnn_dense.py)
+  prefill_profile  prefill 8 x 2,048: best wall time, the extend passes' GPU time, then one batch under torch.profiler
+               (PDL off): GPU ms per 8,192-token chunk by group and kernel, the GEMMs' TFLOP/s (run @nofold too)
+  prefill_kernels  a chunk's non-GEMM kernels alone at 8,192 rows: SiLU-and-mul over plain / interleaved rows (the
+               current kernel and session 11's stride-2 one), RMSNorm with the residual add, the four linears
   offline_flash_ab  offline with prompt-only prefill rows through torch's flash kernel, then the Triton kernel
   offline_arms offline (every seed) as built, then with 16,384-token prefill chunks
   offline_decode_ab  offline (every seed) with no `bf16` entry in DECODE_CONFIG (4 warps), then with --decode-entry's
@@ -64,7 +69,9 @@ Sections (each isolated: a failure is logged and the next one runs):
                (needs graphs up to batch 512: the default)
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
-(FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
+(FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), ratio /
+fp8kv8ratio (--admission-rule ratio: SGLang's admission estimate, the rule before the peak rule),
+e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 
 The sections live by topic in benchmarks/gpubench/ (machine, correctness, decode, gemv_configs, hf,
@@ -102,6 +109,7 @@ from gpubench.offline import (  # noqa: E402
 from gpubench.row_blocks import sec_gemm_row_blocks  # noqa: E402
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
+from gpubench.prefill_profile import sec_prefill_kernels, sec_prefill_profile  # noqa: E402
 from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
 
 
@@ -118,14 +126,16 @@ SECTIONS = {
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
-    "gemm_row_blocks": sec_gemm_row_blocks,
+    "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
-            "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True}}
+            "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True},
+            "ratio": {"admission_rule": "ratio"},
+            "fp8kv8ratio": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "admission_rule": "ratio"}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs"}
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile"}
 
 
 def main() -> None:
@@ -153,6 +163,8 @@ def main() -> None:
     p.add_argument("--prefill-p-parts-ab", action="store_true", help="prefill: also time p in 1 and 2 parts")
     p.add_argument("--prefill-flash-ab", action="store_true",
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")
+    p.add_argument("--prefill-cudnn-ab", action="store_true",
+                   help="prefill: also time equal-length prompt passes with torch's cuDNN attention off, on, off again")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--deadline-s", type=float, default=0,
                    help="sections that would start this many seconds after the script began are skipped (recorded as "

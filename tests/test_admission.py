@@ -15,6 +15,7 @@ from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling import admission
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.kv_manager import KVManager
+from radixflow.runtime.scheduling.kv_reserve import KVReserve
 from radixflow.runtime.scheduling.req import Req
 
 
@@ -35,7 +36,7 @@ def test_a_match_evicted_by_an_earlier_admission_is_matched_again():
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="lpm",
                            max_running_requests=8, page_size=1)  # fmt: skip
     sched = SimpleNamespace(args=args, waiting=[second, first], running=[], chunked=None, tree=tree, kv=kv,
-                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=0)  # fmt: skip
+                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=0, reserve=KVReserve())  # fmt: skip
 
     batch = admission.form_extend_batch(sched)
 
@@ -120,7 +121,7 @@ def test_a_waiting_requests_match_is_reused_until_the_tree_grows_under_it_or_los
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="lpm",
                            max_running_requests=1, page_size=1)  # fmt: skip
     sched = SimpleNamespace(args=args, waiting=[req], running=[], chunked=None, tree=tree, kv=kv,
-                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=1)  # fmt: skip
+                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=1, reserve=KVReserve())  # fmt: skip
     walks = []
     match_prefix = tree.match_prefix
     tree.match_prefix = lambda key: walks.append(len(key)) or match_prefix(key)

@@ -71,7 +71,7 @@ def test_bf16_entry_applies_to_bf16_pools_from_min_batch(monkeypatch):
     (256, "own", 128, 8, True), (1024, "own", 128, 32, True),
     (255, "own", 128, 8, False),  # below min_batch (with CUDA graphs 241-255 replay the 256 graph)
     (256, "own", 64, 8, False), (256, "own", 256, 8, False), (256, "own", None, 8, False),  # head sizes
-    (256, "own", 128, 4, False), (512, "own", 128, 1, False), (256, "own", 128, None, False),  # TP ranks
+    (256, "own", 128, 4, "fp8"), (512, "own", 128, 1, "fp8"), (256, "own", 128, None, False),  # TP ranks (fp8: timed)
     (256, "fp16", 128, 8, False), (256, "float32", 128, 8, False), (256, None, 128, 8, False),  # pools
 ])
 def test_committed_entries_only_at_the_shapes_they_were_timed(monkeypatch, kind, batch, pool, head_dim, kv_heads,
@@ -81,6 +81,7 @@ def test_committed_entries_only_at_the_shapes_they_were_timed(monkeypatch, kind,
     arguments). The device is an H200's (sm_90) on any machine."""
     _device(monkeypatch, 9, 0, 232_448)
     pool = kind if pool == "own" else pool
+    applies = applies is True or applies == kind  # a kind's name: that entry alone applies there
     got = da.resolve_config(batch, pool=pool, head_dim=head_dim, kv_heads=kv_heads)
     assert _launch(got) == _launch_at(batch, pool, kind if applies else None)
     assert "head_dim" not in got and "min_kv_heads" not in got and "min_shared_memory" not in got
@@ -186,7 +187,7 @@ def test_gpu_bf16_entry_llama_shapes():
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads at batch 256: too slow for the CPU interpreter")
-@pytest.mark.parametrize("kv_heads", [8, 4, 1])  # Llama-3-8B whole (the `fp8` entry), TP2 / TP8 ranks (fp8_fallback)
+@pytest.mark.parametrize("kv_heads", [8, 4, 1])  # Llama-3-8B whole, TP2 / TP8 ranks (all the `fp8` entry since session 12)
 def test_gpu_fp8_entry_llama_shapes(kv_heads):
     """DECODE_CONFIG's `fp8` entry (or at fewer KV heads `fp8_fallback`) as the server resolves it (config None, the
     pool's head size and KV heads), at Llama-3-8B heads (128-dim, 4 query heads a KV head, per-head scales) and

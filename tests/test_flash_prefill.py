@@ -170,3 +170,68 @@ def test_flash_prefill_matches_torch_native_on_a_ragged_batch():
     flash, triton, want = outs
     assert (flash - want).abs().max().item() < 2e-2
     assert (triton - want).abs().max().item() < 2e-2
+
+
+def test_cudnn_takes_equal_length_prompt_passes_in_a_bounded_set_of_shapes():
+    from radixflow.kernels.cudnn_dense import CudnnShapes
+
+    shapes = CudnnShapes(max_shapes=2, min_len=8)
+    assert shapes.take([8, 8]) == (2, 8) and shapes.take([16]) == (1, 16)
+    assert shapes.take([7, 7]) is None  # rows shorter than min_len
+    assert shapes.take([8, 9]) is None  # unequal lengths: the flash kernel
+    assert shapes.take([32, 32]) is None  # a third shape: no new graph
+    assert shapes.take([8, 8]) == (2, 8)  # shapes already built stay
+
+
+def test_plan_sends_equal_length_prompt_passes_to_cudnn(monkeypatch):
+    """Prompt-only rows of one length take cuDNN where it is supported and on; unequal lengths, a cached prefix,
+    cudnn_prefill off or flash_prefill off keep the flash / Triton paths."""
+    from radixflow.kernels.cudnn_dense import CudnnShapes
+
+    monkeypatch.setattr(tb, "flash_varlen_supported", lambda *a: True)
+    monkeypatch.setattr(tb, "cudnn_dense_supported", lambda *a: True)
+    monkeypatch.setattr(tb, "flash_varlen_attention", lambda q, *a: torch.ones_like(q))
+    monkeypatch.setattr(tb, "cudnn_dense_attention", lambda q, k, v, rows, length, scale: torch.full_like(q, 4.0))
+    backend = _backend("cpu", torch.bfloat16)
+    backend.cudnn_shapes = CudnnShapes(min_len=4)
+    q, kv = torch.zeros(12, HQ, D, dtype=torch.bfloat16), torch.zeros(12, HKV, D, dtype=torch.bfloat16)
+
+    def first_value(prefix, new):
+        fb = _extend_batch(backend.req_to_token, prefix, new, "cpu")
+        backend.init_forward_metadata(fb)
+        return backend._attend(q[: sum(new)], kv[: sum(new)], kv[: sum(new)], 0, fb)[0, 0, 0].item(), fb.attn_metadata
+
+    value, plan = first_value([0, 0, 0], [4, 4, 4])
+    assert value == 4.0 and plan.dense == (3, 4)
+    assert first_value([0, 0, 0], [4, 4, 3])[0] == 1.0  # unequal: flash
+    assert first_value([0, 0], [2, 2])[0] == 1.0  # below min_len: flash
+    assert first_value([0, 3], [6, 6])[1].dense is None  # a cached prefix: flash + Triton
+    backend.settings = dataclasses.replace(backend.settings, cudnn_prefill=False)
+    assert first_value([0, 0, 0], [4, 4, 4])[0] == 1.0
+    backend.settings = dataclasses.replace(backend.settings, cudnn_prefill=True, flash_prefill=False)
+    assert first_value([0, 0, 0], [4, 4, 4])[1].flash_cu is None  # no prompt-only path at all
+
+
+def test_cudnn_off_without_cuda():
+    from radixflow.kernels.cudnn_dense import cudnn_dense_supported
+
+    assert not cudnn_dense_supported("cpu", HQ, HKV, D)
+    assert not _backend("cpu", torch.bfloat16).cudnn_ok
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch's cuDNN attention needs CUDA")
+def test_gpu_cudnn_dense_matches_plain_attention_on_llama_heads():
+    """Where the probe says yes: 3 prompts of 1,100 tokens, Llama-3-8B heads, q / k / v as views of one packed qkv
+    (the model's layout), against the float32 reference; fresh inputs."""
+    from radixflow.kernels.cudnn_dense import cudnn_dense_attention, cudnn_dense_supported
+    from radixflow.kernels.flash_varlen import _probe_reference
+
+    if not cudnn_dense_supported("cuda", 32, 8, 128):
+        pytest.skip("no cuDNN attention for these heads on this device")
+    rows, length = 3, 1100
+    qkv = torch.randn(rows * length, 48 * 128, device="cuda", dtype=torch.bfloat16)
+    q, k, v = (t.view(rows * length, -1, 128) for t in qkv.split([4096, 1024, 1024], dim=-1))
+    got = cudnn_dense_attention(q, k, v, rows, length, 128**-0.5)
+    want = _probe_reference(q, k, v, [length] * rows, 128**-0.5)
+    assert got.shape == q.shape and torch.isfinite(got).all()
+    assert (got.float() - want).abs().max().item() < 2e-2

@@ -201,14 +201,14 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
 ])
 def test_fp8_fallback_only_where_the_device_holds_its_shared_memory(monkeypatch, major, minor, optin, fits):
     """`fp8_fallback` (128-token blocks, 4 warps, 5 stages: the `fp8` entry before issue 28's session 11) where the
-    `fp8` entry's gates fail (here a TP rank's 4 KV heads), only where a block may have its min_shared_memory."""
+    `fp8` entry's gates fail (here 64-dim heads), only where a block may have its min_shared_memory."""
     _device(monkeypatch, major, minor, optin)
     entry = da.DECODE_CONFIG["fp8_fallback"]
     assert da.entry_fits(entry) == fits
-    got = da.resolve_config(512, pool="fp8", head_dim=128, kv_heads=4)
+    got = da.resolve_config(512, pool="fp8", head_dim=64, kv_heads=8)
     assert (got["block_n"], got["num_stages"]) == ((entry["block_n"], entry["num_stages"]) if fits else
                                                    (da.DECODE_CONFIG["block_n"], da.DECODE_CONFIG["num_stages"]))
-    assert da.num_kv_splits(512, 4, 132, pool="fp8", head_dim=128) == da.num_kv_splits(512, 4, 132, config=got)
+    assert da.num_kv_splits(512, 8, 132, pool="fp8", head_dim=64) == da.num_kv_splits(512, 8, 132, config=got)
 
 
 def test_callers_config_wins_over_the_fp8_entry_and_nested_keys_are_checked():
@@ -216,8 +216,8 @@ def test_callers_config_wins_over_the_fp8_entry_and_nested_keys_are_checked():
     beats them; a misspelt key inside `small` or a pool entry is refused like a top-level one."""
     got = da.resolve_config(256, {"block_n": 32, "num_stages": 2}, pool="fp8")
     assert (got["block_n"], got["num_stages"]) == (32, 2)
-    for kv_heads, name in ((8, "fp8"), (4, "fp8_fallback")):  # the caller's key over either entry's launch
-        got, entry = da.resolve_config(256, {"fp8_f16": False}, pool="fp8", head_dim=128, kv_heads=kv_heads), \
+    for head_dim, name in ((128, "fp8"), (64, "fp8_fallback")):  # the caller's key over either entry's launch
+        got, entry = da.resolve_config(256, {"fp8_f16": False}, pool="fp8", head_dim=head_dim, kv_heads=8), \
             da.DECODE_CONFIG[name]
         assert (got["block_n"], got["num_warps"], got["num_stages"], got["fp8_f16"]) == \
             (entry["block_n"], entry["num_warps"], entry["num_stages"], False)

@@ -131,6 +131,16 @@ def test_silu_and_mul_matches_reference(dtype):
     _close(silu_and_mul(x), ref.silu_and_mul_ref(x), 1e-5 if dtype == torch.float32 else 2e-3)
 
 
+@pytest.mark.parametrize("n", [80, 2100])  # one masked block; two blocks along the row, the second masked
+def test_silu_and_mul_over_interleaved_rows_equals_the_plain_layout(n):
+    """The fold's layout (gate i, up i side by side, one contiguous load split in registers) gives the same bits
+    as the plain [gate; up] rows: a wrong split (gate and up swapped, pairs misaligned) would differ."""
+    x = (3 * torch.randn(3, 2 * n, device=DEV)).to(torch.bfloat16)
+    gate, up = x.chunk(2, dim=-1)
+    pairs = torch.stack([gate, up], dim=-1).reshape(3, 2 * n)
+    assert torch.equal(silu_and_mul(pairs, interleaved=True), silu_and_mul(x))
+
+
 def test_rotary_in_place_on_fused_qkv_views():
     hq, hk, d = 3, 2, 16
     cos, sin = _rope_tables(32, d)

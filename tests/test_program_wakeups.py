@@ -149,7 +149,7 @@ def test_programs_finish_through_retractions_with_the_same_outputs(engine):
                          {"op": "text", "text": " The end."}, _gen(2, max_new_tokens=8, ignore_eos=True)]}
                 for i in range(5)]  # fmt: skip
     ref = engine.run_program(programs)
-    with Engine(max_total_tokens=220) as small:
+    with Engine(max_total_tokens=220, admission_rule="ratio") as small:  # the rule that over-commits
         got = small.run_program(programs)
         assert small.scheduler.stats.retractions > 0
     texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731

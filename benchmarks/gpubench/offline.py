@@ -139,7 +139,8 @@ def sec_offline() -> dict:
             continue
         res[f"seed{seed}"] = _offline_pass(eng, offline_requests(seed), steps=i == 0)
     rates = [res[f"seed{seed}"]["out_tok_s"] for seed in seeds if "out_tok_s" in res[f"seed{seed}"]]
-    res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates))
+    res.update(out_tok_s=statistics.median(rates), out_tok_s_min=min(rates), out_tok_s_max=max(rates),
+               admission_rule=getattr(getattr(eng, "server_args", None), "admission_rule", None))
     return res
 
 
@@ -153,6 +154,7 @@ def sec_offline_1k() -> dict:
     reqs = [(rand_ids(rng, length), out_len) for _ in range(n)]
     res = _offline_pass(eng, reqs, steps=True)
     res["kv_pool_tokens"] = eng.runner.kv_pool.allocator.capacity_slots
+    res["admission_rule"] = eng.server_args.admission_rule
     return res
 
 

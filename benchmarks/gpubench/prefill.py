@@ -35,15 +35,26 @@ def sec_prefill() -> dict:
     if OPTS.prefill_p_parts_ab:
         out.update(_prefill_settings_ab(eng, n, length, "attention_p_parts",
                                         (("p1", 1), ("p2", 2), ("default_again", eng.runner.settings.attention_p_parts))))
+    backend = eng.runner.backend
+    out["cudnn_enabled"] = bool(getattr(backend, "cudnn_ok", False) and eng.runner.settings.cudnn_prefill)
+    if getattr(OPTS, "prefill_cudnn_ab", False):
+        out.update(_extend_ab(eng, n, length, "cudnn_prefill", "cudnn", flops, rate))
+    out["cudnn_shapes"] = sorted(backend.cudnn_shapes.seen) if hasattr(backend, "cudnn_shapes") else []
     if OPTS.prefill_flash_ab:
         out["flash_enabled"] = flash_prefill_on(eng)
-        ab = _prefill_settings_ab(eng, n, length, "flash_prefill",
-                                  (("flash_off", False), ("flash_on", True), ("flash_off_again", False)),
-                                  apply=set_extend_settings)
-        out.update(ab)
-        if rate:
-            out.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in ab.items()})
+        out.update(_extend_ab(eng, n, length, "flash_prefill", "flash", flops, rate))
     return out
+
+
+def _extend_ab(eng, n: int, length: int, field: str, label: str, flops: float, rate: float | None) -> dict:
+    """An extend-only setting off, on, off again in the same engine (the decode graphs kept): tok/s, and % of the
+    matmul rate where it was measured."""
+    ab = _prefill_settings_ab(eng, n, length, field,
+                              ((f"{label}_off", False), (f"{label}_on", True), (f"{label}_off_again", False)),
+                              apply=set_extend_settings)
+    if rate:
+        ab.update({f"pct_of_matmul_rate_{k[6:]}": 100 * flops / (n * length / v) / rate for k, v in list(ab.items())})
+    return ab
 
 
 def _prefill_settings_ab(eng, n: int, length: int, field: str, values: tuple, apply=None) -> dict:

@@ -9,6 +9,8 @@ heads (32 query heads, 8 KV heads, d 128, bf16):
   flash_varlen   torch's flash-attention forward over the packed chunk (aten._flash_attention_forward),
                  K/V with their 8 heads (grouped-query attention inside the kernel)
   flash_expanded the same with K/V repeated to 32 heads first (the copy counted), in case the first is refused
+  cudnn_dense    (equal lengths only) torch's SDPA on its cuDNN backend over [B, H, L, D] views, K/V with 8
+                 heads (enable_gqa); cudnn_dense_expanded with K/V repeated to 32 heads first
 
 Cases: an offline-like chunk (prompts U[32, 1024] up to 8,192 tokens) and 4 x 2,048 (the prefill
 benchmark's prompts). Every candidate is checked against the torch reference on the case's first
@@ -74,7 +76,24 @@ def _flash(x: dict, expand: bool = False) -> torch.Tensor:
     return out[0]
 
 
-CANDIDATES = {"triton": _triton, "flash_varlen": _flash, "flash_expanded": lambda x: _flash(x, expand=True)}
+def _cudnn_dense(x: dict, expand: bool = False) -> torch.Tensor:
+    """Equal-length rows only: torch's SDPA on its cuDNN backend over [B, H, L, D] views of the packed q / k / v
+    (Hopper's cuDNN attention, against FlashAttention-2 above), back to [T, Hq, D]."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    lens = x["lens"]
+    assert len(set(lens)) == 1, "the dense layout needs equal lengths"
+    views = [t.view(len(lens), lens[0], t.shape[1], D).transpose(1, 2) for t in (x["q"], x["k"], x["v"])]
+    if expand:
+        views[1:] = [t.repeat_interleave(HQ // HKV, dim=1) for t in views[1:]]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(*views, is_causal=True, scale=x["scale"],
+                                                               enable_gqa=not expand)
+    return out.transpose(1, 2).reshape(-1, HQ, D)
+
+
+CANDIDATES = {"triton": _triton, "flash_varlen": _flash, "flash_expanded": lambda x: _flash(x, expand=True),
+              "cudnn_dense": _cudnn_dense, "cudnn_dense_expanded": lambda x: _cudnn_dense(x, expand=True)}
 
 
 def _check(fn, x: dict, n_check: int) -> float:
@@ -98,14 +117,48 @@ def _gpu_time(fn) -> float:
     return cuda_queued_s(fn, reps=SZ["pa_reps"])
 
 
-def sec_prefill_attention() -> dict:
+# (rows, length) of equal-length prompt passes: flash against the engine's cuDNN path (kernels/cudnn_dense.py)
+DENSE_SHAPES = ((1, 1024), (8, 1024), (1, 2048), (4, 2048), (2, 4096), (1, 8192))
+
+
+def _dense_shapes() -> dict:
+    """Per shape: flash and the engine's cuDNN call (us), and the first cuDNN call's wall ms at that shape (its
+    graph build; the probe and earlier cases built others)."""
+    import time
+
+    from radixflow.kernels.cudnn_dense import cudnn_dense_attention
+
     out = {}
+    for rows, length in DENSE_SHAPES:
+        x = _inputs([length] * rows)
+        q, k, v = x["q"], x["k"], x["v"]
+        dense = lambda: cudnn_dense_attention(q, k, v, rows, length, x["scale"])  # noqa: E731
+        try:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            dense()
+            torch.cuda.synchronize()
+            first_ms = 1e3 * (time.perf_counter() - t)
+            res = {"cudnn_first_call_ms": round(first_ms, 2), "cudnn_us": round(1e6 * _gpu_time(dense), 1),
+                   "flash_us": round(1e6 * _gpu_time(lambda: _flash(x)), 1)}
+            res["speedup"] = round(res["flash_us"] / res["cudnn_us"], 3)
+            res["max_abs_diff_vs_flash"] = float((dense().float() - _flash(x).float()).abs().max())
+        except Exception as e:  # noqa: BLE001 - recorded
+            res = {"error": repr(e)[:300]}
+        out[f"{rows}x{length}"] = res
+    return out
+
+
+def sec_prefill_attention() -> dict:
+    out = {"dense_shapes": _dense_shapes()} if DEV == "cuda" else {}
     for case in ("offline_chunk", "4x2048"):
         lens = _case_lengths(case)
         x = _inputs(lens)
         flops = 4 * HQ * D * sum(n * (n + 1) / 2 for n in lens)
         res = {"prompts": len(lens), "tokens": sum(lens)}
         for name, fn in CANDIDATES.items():
+            if name.startswith("cudnn") and len(set(lens)) > 1:
+                continue
             try:
                 err = _check(fn, x, SZ["pa_check"])
                 s = _gpu_time(lambda fn=fn: fn(x))
@@ -114,7 +167,7 @@ def sec_prefill_attention() -> dict:
                 res[name] = {"error": repr(e)[:300]}
         base = res["triton"].get("us")
         for name in CANDIDATES:
-            if base and "us" in res[name]:
+            if base and "us" in res.get(name, {}):
                 res[name]["speedup_vs_triton"] = base / res[name]["us"]
         out[case] = res
     return out

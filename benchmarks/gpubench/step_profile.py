@@ -32,9 +32,9 @@ import torch
 from gpubench.common import OPTS, SZ, greedy, rand_ids, sync
 from gpubench.offline import ForwardRecorder
 
-GROUPS = (  # the first pattern a kernel's name matches names its group
+GROUPS = (  # the first pattern a kernel's name matches names its group (attention first: flash's names hold "cutlass")
+    ("attention", r"decode_stage|extend|attention|_fwd|flash"),
     ("gemm", r"gemm|gemv|nvjet|cutlass|xmma|scaled_mm|_matmul|splitk"),
-    ("attention", r"decode_stage|extend|attention|_fwd"),
     ("fp8_quantize", r"quantize_rows"),
     ("norm_act_rotary_kv", r"rmsnorm|silu|rotary|store_kv|kv_store"),
     ("sampling", r"argmax|sampl|softmax|topk|sort|chunk_stats|_draw|bitmask"),

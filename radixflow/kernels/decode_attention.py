@@ -63,11 +63,12 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 # - FP8 pools from batch 256 (`fp8`, chosen by benchmarks/fp8_attn_bench.py at the offline pass's shapes):
 #   2 warps, 5 stages (the next blocks' gathered K / V stay in flight during the products), scores in log2
 #   units. The kernel, not the pool's layout, held the FP8 pool's read rate: a gather-only probe reads it at
-#   the bf16 pool's rate. Timed only as the `bf16` entry below was (H200, 128-dim heads, 8 KV heads, batch
-#   >= 256), hence the same gates. Elsewhere from batch 256 (other GPUs, head sizes, TP ranks with fewer KV
-#   heads) an FP8 pool keeps the entry it had before (`fp8_fallback`: 128-token blocks, 4 warps, 5 stages,
-#   wherever a block may have ~105 KiB of shared memory; 1.00-1.15x the launch above with V widened in
-#   registers at 8 KV heads in the same run, not timed at fewer), and below 256 that launch. The history has it.
+#   the bf16 pool's rate. Timed on an H200 with 128-dim heads at batch >= 256, at 8 KV heads and (session 11,
+#   `fp8_attn_bench.py --kv-heads 4 / 1`: 1.03-1.16x the fallback) at a TP rank's 4 and 1, hence min_kv_heads 1.
+#   Elsewhere from batch 256 (other GPUs, head sizes) an FP8 pool keeps the entry it had before
+#   (`fp8_fallback`: 128-token blocks, 4 warps, 5 stages, wherever a block may have ~105 KiB of shared memory;
+#   1.00-1.15x the launch above with V widened in registers at 8 KV heads in the same run), and below 256 that
+#   launch. The history has it.
 # - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
 #   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
@@ -82,7 +83,7 @@ DECODE_CONFIG = {
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
     "fp8_v_regs": True, "fp8_exp2": False,
     "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True,
-            "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
+            "min_batch": 256, "head_dim": 128, "min_kv_heads": 1, "sm_major": 9},
     "fp8_fallback": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
     "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
     "fp16": {},

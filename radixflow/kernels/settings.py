@@ -24,6 +24,9 @@ class KernelSettings:
     # Prompt-only rows of an extend pass through torch's variable-length flash kernel where the device
     # has it (kernels/flash_varlen.py); False: the Triton extend kernel for every row.
     flash_prefill: bool = True
+    # Under flash_prefill, passes of fresh prompts that all have one length through torch's cuDNN attention on
+    # Hopper (kernels/cudnn_dense.py); False: the flash kernel for them too.
+    cudnn_prefill: bool = True
     # RMSNorm, rotary and SiLU-and-mul as Triton kernels when the attention backend is Triton's.
     fused_kernels: bool = True
     # The RMSNorm weights folded into the next linear at load, and at decode batches on the GEMV path the

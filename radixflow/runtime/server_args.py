@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
+from radixflow.runtime.scheduling.kv_reserve import RULES
 from radixflow.runtime.extend_graph_args import (
     DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
 )  # fmt: skip
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "schedule_policy": ("lpm", "fcfs"),
+    "admission_rule": RULES,
     "attention_backend": ("auto", "torch_native", "triton", "flashinfer"),
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),
@@ -40,6 +42,11 @@ _HELP = {
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+    "admission_rule": "how admission keeps room for what running requests will still decode. peak (the default): a "
+    "request is admitted only if the pool's need at its highest, as requests grow and end, fits; budgets of requests "
+    "that may stop early (EOS, stops) count what finished and running requests' lengths say they will use, "
+    "ignore_eos ones count in full: few or no retractions. ratio: SGLang's rule, remaining budgets times a ratio decaying from 0.7 to "
+    "0.1 (fuller batches early, retractions when requests run long); see docs/architecture.md",
     "max_running_requests": "most requests decoding at once (default: 1024 on CUDA, 256 on CPU)",
     "cuda_graph_max_bs": "largest decode batch replayed from a CUDA graph; larger ones launch eagerly "
     "(default: max_running_requests)",
@@ -145,6 +152,7 @@ class ServerArgs:
     chunked_prefill_size: int = 4096
     page_size: int = 1
     schedule_policy: str = "lpm"
+    admission_rule: str = "peak"
     disable_radix_cache: bool = False
     overlap_schedule: str = "auto"
     disable_overlap_schedule: bool = False

@@ -1,4 +1,5 @@
-"""Admission: which waiting requests the next extend pass prefills, and how much of each.
+"""Admission: which waiting requests the next extend pass prefills, and how much of each
+(how much KV the running requests may still take: kv_reserve.py).
 
 Functions over the scheduler's queues (`waiting`, `running`, `chunked`) and KV manager;
 the scheduler calls `form_extend_batch` once per step."""
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixflow.radix_cache.radix_tree import MatchResult, RadixCache
+from radixflow.runtime.scheduling.kv_reserve import admission_gate, blocked_state
 from radixflow.runtime.scheduling.req import Req, ReqState
 
 if TYPE_CHECKING:
@@ -39,12 +41,6 @@ def ordered_waiting(sched: Scheduler) -> list[tuple[Req, object]]:
     return pairs
 
 
-def reserved_decode_slots(sched: Scheduler) -> int:
-    return int(
-        sum(min(r.sampling.max_new_tokens - len(r.output_ids), 4096) for r in sched.running) * sched.new_token_ratio
-    )
-
-
 def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     """Pick requests to prefill now; returns (req, tokens this pass) pairs, slots allocated."""
     budget = sched.args.chunked_prefill_size if sched.args.chunked_prefill_size > 0 else sched.args.max_prefill_tokens
@@ -62,8 +58,11 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
         sched.chunked = None
     if not sched.waiting or budget <= 0:
         return batch
+    if sched.reserve.blocked == blocked_state(sched) and not batch:
+        return batch  # nothing changed since the head request did not fit
+    sched.reserve.blocked = None
     in_batch = RadixCache(allocator=None, page_size=1)
-    reserved = reserved_decode_slots(sched)
+    gate = admission_gate(sched, batch)
     admitted = set()
     for req, match in ordered_waiting(sched):
         if sched.num_running + len(admitted) >= sched.args.max_running_requests or budget <= 0:
@@ -78,8 +77,9 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
             break
         if chunk < extend and sched.args.chunked_prefill_size <= 0:
             chunk = extend
-        need = chunk + sched.args.page_size + int(min(req.sampling.max_new_tokens, 4096) * sched.new_token_ratio)
-        if sched.kv.available_slots() - reserved < need and (batch or sched.running):
+        if (batch or sched.running) and not gate.fits(req, match, chunk, extend):
+            if not batch and sched.reserve.rule == "peak":
+                sched.reserve.blocked = blocked_state(sched)
             break
         if not sched.kv.admit(req, match):
             break
@@ -94,7 +94,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
         req.state = ReqState.RUNNING
         batch.append((req, chunk))
         budget -= chunk
-        reserved += int(min(req.sampling.max_new_tokens, 4096) * sched.new_token_ratio)
+        gate.add(req, chunk, extend)
         if chunk < extend:
             sched.chunked = req
             break

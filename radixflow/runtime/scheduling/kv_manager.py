@@ -58,7 +58,7 @@ class KVManager:
         req.waiting_match = None  # its tokens may change once it runs
         req.req_pool_idx = row
         self.req_to_token.write(row, 0, match.slots)
-        req.kv_len = req.tree_len = match.length
+        req.kv_len = req.tree_len = req.admitted_prefix = match.length
         req.last_node = match.node
         self.tree.inc_lock(match.node)
         return True

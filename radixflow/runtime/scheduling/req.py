@@ -46,6 +46,7 @@ class Req:
     tree_len: int = 0  # leading tokens whose slots belong to the radix tree (locked path)
     last_node: Any = None
     cached_tokens: int = 0
+    admitted_prefix: int = 0  # cached tokens it found when last admitted: KV it did not compute (kv_reserve.py)
     num_retractions: int = 0
 
     # sampling state

@@ -26,6 +26,7 @@ from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
+from radixflow.runtime.scheduling.kv_reserve import KVReserve
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
 from radixflow.runtime.execution.model_runner import ModelRunner
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
@@ -71,7 +72,8 @@ class Scheduler:
         self.chunked: Optional[Req] = None  # a request in the middle of a chunked prefill
         self.pending_grammar: list[Req] = []
         self._seq = itertools.count()
-        self.new_token_ratio = NEW_TOKEN_RATIO_INIT
+        self.new_token_ratio = NEW_TOKEN_RATIO_INIT  # the ratio admission rule's (kv_reserve.py)
+        self.reserve = KVReserve(args.admission_rule, runner.context_len, args.page_size)
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs
@@ -373,6 +375,7 @@ class Scheduler:
 
     def _retire(self, req: Req) -> None:
         req.state = ReqState.FINISHED
+        self.reserve.finished(req)
         self.kv.release(req, cache=True)
 
     # -- introspection ---------------------------------------------------------------------------------

@@ -6,7 +6,9 @@ contents in the same buffers. An extend batch whose prompt-only rows (no cached
 prefix) carry at least half its new tokens runs torch's variable-length flash kernel
 over the step's own K/V where the device has it (kernels/flash_varlen.py); the rows
 with a cached prefix are then computed again by the Triton extend kernel over the
-pool, into the same output. 16-bit KV pools only: float32 and FP8 keep the Triton kernel.
+pool, into the same output. A pass of prompt-only rows that all have one length (at least
+kernels/cudnn_dense.MIN_LEN tokens) takes torch's cuDNN attention instead, on Hopper. 16-bit KV pools
+only: float32 and FP8 keep the Triton kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Optional
 import torch
 
 from radixflow.host_copy import to_device_async
+from radixflow.kernels.cudnn_dense import CudnnShapes, cudnn_dense_attention, cudnn_dense_supported
 from radixflow.kernels.decode_attention import (
     DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits, pool_kind,
 )
@@ -46,6 +49,7 @@ class ExtendPlan:
     all_rows: RowSet
     cached: Optional[RowSet] = None
     flash_cu: Optional[torch.Tensor] = None  # int32 [B + 1] cumulative new tokens per row
+    dense: Optional[tuple[int, int]] = None  # (rows, length): every row a fresh prompt of one length, through cuDNN
 
 
 def cached_rows(prefix_lens: list[int]) -> list[int]:
@@ -80,6 +84,9 @@ class TritonBackend(AttentionBackend):
         # Triton kernel, as does deterministic inference (one kernel for every row), whatever the settings.
         self.flash_ok = (self.kv_pool.dtype in FLASH_DTYPES and not self.deterministic
                          and flash_varlen_supported(str(device), self.num_q_heads, self.num_kv_heads, self.head_dim))
+        self.cudnn_ok = self.flash_ok and cudnn_dense_supported(str(device), self.num_q_heads, self.num_kv_heads,
+                                                                 self.head_dim)
+        self.cudnn_shapes = CudnnShapes()
 
     def flash_enabled(self) -> bool:
         """Whether extend passes may take the flash path: this backend can (`flash_ok`) and the settings ask."""
@@ -108,11 +115,17 @@ class TritonBackend(AttentionBackend):
             return ExtendPlan(all_rows)
         cu = to_device_async(torch.tensor(starts + [acc], dtype=torch.int32), dev)
         if not rows:
-            return ExtendPlan(all_rows, None, cu)
+            return ExtendPlan(all_rows, None, cu, self.cudnn_shape(fb.extend_lens_list))
         idx = to_device_async(torch.tensor(rows, dtype=torch.int64), dev)
         cached = RowSet(fb.req_pool_indices[idx], fb.prefix_lens[idx], fb.extend_lens[idx], q_start[idx],
                         max(fb.extend_lens_list[i] for i in rows))
         return ExtendPlan(all_rows, cached, cu)
+
+    def cudnn_shape(self, extend_lens: list[int]) -> tuple[int, int] | None:
+        """(rows, length) when a pass of prompt-only rows takes cuDNN (kernels/cudnn_dense.py), else None."""
+        if not (self.cudnn_ok and self.settings.cudnn_prefill):
+            return None
+        return self.cudnn_shapes.take(extend_lens)
 
     def init_static_extend(self, fb: ForwardBatch, q_start: torch.Tensor, max_extend: int) -> None:
         """The Triton extend kernel over every row, with a grid bound by `max_extend`: rows with fewer new
@@ -154,6 +167,8 @@ class TritonBackend(AttentionBackend):
         plan: ExtendPlan = fb.attn_metadata
         if plan.flash_cu is None:
             return self._extend(q, layer, plan.all_rows)
+        if plan.dense is not None:
+            return cudnn_dense_attention(q, k, v, *plan.dense, self.scale)
         out = flash_varlen_attention(q, k, v, plan.flash_cu, plan.all_rows.max_extend, self.scale)
         return out if plan.cached is None else self._extend(q, layer, plan.cached, out)
 
