@@ -15,8 +15,9 @@ import radixflow as rf
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends.engine_backend import EngineBackend
 from radixflow.runtime.programs import program_executor
-from radixflow.runtime.programs import text_pieces
+from radixflow.runtime.programs import piece_codec, text_pieces
 from radixflow.runtime.programs.program_ops import check_programs, parse_program
+from radixflow.runtime.programs.piece_codec import plain_encode
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.programs.text_pieces import constant_pieces
 
@@ -132,7 +133,8 @@ def test_pieces_encoded_in_one_batch_are_encode_pieces_ids(engine):
                 assert encode.__name__ == "fast"
                 texts = _texts(int(split), 300)
                 for first in (True, False):
-                    assert encode(texts, first) == [encode_piece(t, x, first) for x in texts]
+                    want = [plain_encode(t, x, first) for x in texts]  # transformers' encode
+                    assert encode(texts, first) == want and [encode_piece(t, x, first) for x in texts] == want
         finally:
             t.split_special_tokens = False
 
@@ -145,7 +147,8 @@ def test_a_tokenizer_with_its_own_encode_keeps_it(engine):
     tok = copy.copy(engine.tokenizer)
     tok.__class__ = Shouting
     encode = text_pieces.batch_encoder(tok)
-    assert encode(["quiet words"], False) == [encode_piece(tok, "quiet words", False)] != [encode_piece(engine.tokenizer, "quiet words", False)]
+    assert encode(["quiet words"], False) == [plain_encode(tok, "quiet words", False)] != [plain_encode(engine.tokenizer, "quiet words", False)]
+    assert encode_piece(tok, "quiet words", False) == plain_encode(tok, "quiet words", False)
 
 
 def test_sampling_params_are_parsed_once_per_distinct_dict_and_kept_apart(engine):
@@ -187,8 +190,55 @@ def test_a_cached_encoder_lets_its_tokenizer_go(engine):
     import weakref
 
     tok = copy.deepcopy(engine.tokenizer)
-    assert text_pieces.batch_encoder(tok)(["hi there"], True) == [encode_piece(tok, "hi there", True)]
+    assert text_pieces.batch_encoder(tok)(["hi there"], True) == [plain_encode(tok, "hi there", True)]
+    assert piece_codec.piece_decoder(tok)([1, 2], True) == tok.decode([1, 2], skip_special_tokens=True)
     ref = weakref.ref(tok)
     del tok
     gc.collect()
-    assert ref() is None  # the encoder held it strongly: every Engine's tokenizer lived as long as the process
+    assert ref() is None  # the encoder (or decoder) held it strongly: every Engine's tokenizer lived as long as the process
+
+
+def test_pieces_and_results_skip_transformers_wrappers(engine):
+    """Eager programs encode every text piece and decode every gen on their own threads (the executor on
+    the engine thread): through the tokenizers backend, with transformers' ids and text, never its wrappers."""
+    from radixflow.runtime.generate_request import output_text
+    from radixflow.runtime.programs.segment_tokens import gen_piece
+
+    tok = copy.deepcopy(engine.tokenizer)
+    texts = _texts(5, 40)
+    ids = [plain_encode(tok, t, first) for t in texts for first in (True, False)]
+    decoded = [tok.decode(i, skip_special_tokens=skip) for i in ids for skip in (True, False)]
+    piece_codec.batch_encoder(tok), piece_codec.piece_decoder(tok)  # their one-off probes compare with the wrappers
+    tok.encode = lambda *a, **k: pytest.fail("transformers' encode was called")  # the instance's: the type stays stock
+    tok.decode = lambda *a, **k: pytest.fail("transformers' decode was called")
+    assert [encode_piece(tok, t, first) for t in texts for first in (True, False)] == ids
+    assert [gen_piece(tok, i, None, skip)[0] for i in ids for skip in (True, False)] == decoded
+    assert [output_text(tok, i, None, skip, False) for i in ids for skip in (True, False)] == decoded
+
+
+def test_generate_parses_and_checks_each_sampling_dict_once(engine, monkeypatch):
+    """An eager program's gens send the same few sampling_params dicts on every call: each distinct
+    content is parsed and checked once, kept apart from any other (True is not 1), never a failed one."""
+    from radixflow.runtime import generate_request
+
+    builder = generate_request.RequestBuilder(engine.tokenizer, engine.runner.vocab_size, 4096, 100000, 64)
+    parsed = []
+    real = generate_request.SamplingParams.from_dict
+    monkeypatch.setattr(generate_request.SamplingParams, "from_dict", lambda d: parsed.append(d) or real(d))
+    stop = ["\n"]
+    first = builder.sampling({"max_new_tokens": 4, "stop": stop})
+    assert builder.sampling({"max_new_tokens": 4, "stop": ["\n"]}) is first and len(parsed) == 1
+    stop.append("END")  # the caller's list changes after: the kept one does not
+    assert first.stop == ["\n"] and builder.sampling({"max_new_tokens": 4, "stop": stop}).stop == ["\n", "END"]
+    assert builder.sampling({"max_new_tokens": 4, "top_k": 1}).top_k == 1
+    with pytest.raises(RadixflowError):
+        builder.sampling({"max_new_tokens": 4, "n": True})
+    assert builder.sampling({"max_new_tokens": 4, "n": 1}).n == 1
+    with pytest.raises(RadixflowError):  # not served from 1's entry
+        builder.sampling({"max_new_tokens": 4, "n": True})
+    for _ in range(2):  # a failed check is not remembered
+        with pytest.raises(RadixflowError, match="limit"):
+            builder.sampling({"max_new_tokens": 65})
+    n = len(parsed)
+    outs = [engine.generate("Hi", {"max_new_tokens": 2, "temperature": 0, "top_p": 0.93}) for _ in range(3)]
+    assert len({o["text"] for o in outs}) == 1 and len(parsed) - n <= 1  # the Engine's builder too

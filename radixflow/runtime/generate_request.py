@@ -4,13 +4,17 @@ HTTP server, so both validate and answer alike."""
 
 from __future__ import annotations
 
+import copy
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime.programs.piece_codec import piece_decoder
 from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput
-from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.sampling_params import SamplingParams, params_key
+
+CHECKED_MAX = 4096  # distinct sampling_params dicts a builder keeps parsed and checked
 
 
 @dataclass
@@ -44,6 +48,7 @@ class RequestBuilder:
         self.max_pool_tokens = max_pool_tokens
         self.max_new_tokens_limit = max_new_tokens_limit
         self.grammar_backend = grammar_backend
+        self._checked: dict = {}  # params_key(sampling_params) -> the SamplingParams that passed sampling()
 
     def build(self, g: GenerateInput) -> list[Req]:
         """Requests in output order (prompt-major when n > 1). Raises RadixflowError."""
@@ -65,8 +70,22 @@ class RequestBuilder:
         return reqs
 
     def sampling(self, params: Any) -> SamplingParams:
-        """Sampling params checked against this model and server (also for request graphs' gens)."""
-        sp = SamplingParams.from_dict(params)
+        """Sampling params checked against this model and server (also for request graphs' gens).
+        A plain dict is parsed and checked once per content: an eager program's gens send the same
+        few dicts on every call, and the requests made from one dict share its SamplingParams (as a
+        request graph's gens do: nothing writes to it)."""
+        key = params_key(params) if type(params) is dict else None
+        sp = None if key is None else self._checked.get(key)
+        if sp is not None:
+            return sp
+        sp = self._check(SamplingParams.from_dict(params if key is None else copy.deepcopy(params)))
+        if key is not None:
+            if len(self._checked) >= CHECKED_MAX:
+                self._checked.clear()
+            self._checked[key] = sp  # only once the checks passed
+        return sp
+
+    def _check(self, sp: SamplingParams) -> SamplingParams:
         if sp.grammar is not None:
             from radixflow.constrained import validate  # grammar backends only when grammars are used
 
@@ -171,7 +190,7 @@ def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no
     text_ids = ids
     if reason and isinstance(reason.get("matched"), int) and ids and ids[-1] == reason["matched"] and not no_stop_trim:
         text_ids = ids[:-1]
-    text = tokenizer.decode(text_ids, skip_special_tokens=skip_special_tokens)
+    text = piece_decoder(tokenizer)(text_ids, skip_special_tokens)
     if reason and isinstance(reason.get("matched"), str) and not no_stop_trim:
         cut = text.find(reason["matched"])
         if cut >= 0:

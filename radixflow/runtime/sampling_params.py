@@ -140,6 +140,26 @@ class SamplingParams:
         return self.copy(n=1, sampling_seed=None if self.sampling_seed is None else self.sampling_seed + j)
 
 
+def params_key(raw: dict) -> Optional[str]:
+    """A key that tells apart any two dicts that could parse differently (True from 1, 1 from 1.0,
+    -0.0 from 0.0, a dict's order, which a schema's json.dumps keeps): the repr of one made only of
+    plain types, whose repr is unambiguous; None for any other."""
+    return repr(raw) if plain(raw) else None
+
+
+_PLAIN = (str, int, float, bool, type(None))
+
+
+def plain(v: Any) -> bool:
+    """Plain data: its repr names it exactly (True is not 1, 1 is not 1.0, '1' is not 1)."""
+    t = type(v)
+    if t in _PLAIN:
+        return True
+    if t is dict:
+        return all(type(k) is str and plain(x) for k, x in v.items())
+    return t in (list, tuple) and all(plain(x) for x in v)
+
+
 _FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name != "stop_strs"]
 SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS}
 # what a program's run() may set for every gen call (SGLang's run(max_new_tokens=..., temperature=...))

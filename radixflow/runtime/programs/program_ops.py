@@ -24,7 +24,7 @@ from typing import Any, Callable, Optional
 from radixflow.errors import RadixflowError
 from radixflow.runtime.generate_request import logprob_options
 from radixflow.runtime.programs.choice_scoring import METHODS
-from radixflow.runtime.sampling_params import SamplingParams
+from radixflow.runtime.sampling_params import SamplingParams, plain, params_key as _frozen  # noqa: F401 (plain: the lang package's)
 from radixflow.runtime.scheduling.req import LogprobOptions
 
 JOIN_MODES = ("gather", "concat")
@@ -236,26 +236,6 @@ def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
                 _PARSED.clear()
             _PARSED[key] = sp
     return sp, key
-
-
-def _frozen(raw: dict) -> Optional[str]:
-    """A key that tells apart any two dicts that could parse differently (True from 1, 1 from 1.0,
-    -0.0 from 0.0, a dict's order, which a schema's json.dumps keeps): the repr of one made only of
-    plain types, whose repr is unambiguous; None for any other."""
-    return repr(raw) if plain(raw) else None
-
-
-_PLAIN = (str, int, float, bool, type(None))
-
-
-def plain(v: Any) -> bool:
-    """Plain data: its repr names it exactly (True is not 1, 1 is not 1.0, '1' is not 1)."""
-    t = type(v)
-    if t in _PLAIN:
-        return True
-    if t is dict:
-        return all(type(k) is str and plain(x) for k, x in v.items())
-    return t in (list, tuple) and all(plain(x) for x in v)
 
 
 def _passed(check_sampling: Callable) -> set:

@@ -26,7 +26,7 @@ def continuable(sp: SamplingParams) -> bool:
 def continues_after(ops: list, pc: int) -> bool:
     """Whether the gen at ops[pc] may go on as the next gen's segment: only text lies between
     it and a continuable gen. Its request is made `continuable` only then, because a
-    continuable request never overlaps its decode passes (scheduling/overlap.py)."""
+    continuable request's overlapped passes are sampled after the read-back (scheduling/overlap.py)."""
     i = pc + 1
     while i < len(ops) and ops[i].kind in ("text", "var"):
         i += 1

@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from typing import Optional
 
+from radixflow.runtime.programs.piece_codec import batch_encoder, piece_decoder
+
 
 def encode_piece(tokenizer, text: str, first: bool) -> list[int]:
+    """A text piece's ids: tokenizer.encode's (with special tokens only if `first`), through the
+    tokenizers backend where that gives the same ids (piece_codec.batch_encoder)."""
     if not text:
         return []
-    if first:
-        return list(tokenizer.encode(text))
-    return list(tokenizer.encode(text, add_special_tokens=False))
+    return batch_encoder(tokenizer)([text], first)[0]
 
 
 def gen_piece(
@@ -40,7 +42,7 @@ def gen_piece(
     matched = (finish_reason or {}).get("matched")
     if isinstance(matched, int) and ids and ids[-1] == matched and not no_stop_trim:
         ids = ids[:-1]
-    text = tokenizer.decode(ids, skip_special_tokens=skip_special)
+    text = piece_decoder(tokenizer)(ids, skip_special)
     if isinstance(matched, str) and not no_stop_trim:
         cut = text.find(matched)
         if cut >= 0:
@@ -52,8 +54,9 @@ def gen_piece(
 def _ids_for_prefix(tokenizer, ids: list[int], text: str, skip_special: bool) -> list[int]:
     """The longest leading run of `ids` decoding to a prefix of `text`, plus the
     remainder of `text` tokenized on its own."""
+    decode = piece_decoder(tokenizer)
     for k in range(len(ids), -1, -1):
-        head = tokenizer.decode(ids[:k], skip_special_tokens=skip_special)
+        head = decode(ids[:k], skip_special)
         if text.startswith(head) and "\ufffd" not in head:
             return ids[:k] + encode_piece(tokenizer, text[len(head) :], first=False)
     return encode_piece(tokenizer, text, first=False)

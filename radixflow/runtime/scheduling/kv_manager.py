@@ -65,6 +65,11 @@ class KVManager:
 
     def alloc(self, req: Req, n: int) -> Optional[torch.Tensor]:
         """Slots for the next `n` tokens of `req` (written into its row), or None."""
+        if self.page_size == 1:  # a page is a slot: no partly used page, and the pages are the slots
+            slots = self._alloc_pages(n) if n else torch.empty(0, dtype=torch.int64)
+            if slots is not None:
+                self.req_to_token.write(req.req_pool_idx, req.kv_len, slots)
+            return slots
         room = (-req.kv_len) % self.page_size
         take = min(room, n)
         parts = []

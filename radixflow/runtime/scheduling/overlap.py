@@ -13,10 +13,17 @@ pinned bitmask, copied asynchronously and applied right before sampling.
 Tokens a request holds on the host (a jump-forward's forced tokens) are fed one a pass, so
 every pass stays a decode pass (CUDA graphs): such a row's sample is dropped until its last
 pending token is fed. A row that jumps while its next pass is already launched drops that
-pass's sample too. Up to MAX_FED_TOKENS pending tokens ride this way; more, or a request
-graph's continuation, make the scheduler drain and run one extend pass. So does a batch in which
-every row holds two or more pending tokens and none is a grammar's (feeds_only: a request graph's
-last segment, whose prompt text would otherwise be fed a token a pass, every sample dropped).
+pass's sample too. Up to MAX_FED_TOKENS pending tokens ride this way; more, or the text of a
+request graph's next segment (two or more tokens), make the scheduler drain and run one extend pass.
+So does a batch in which every row holds two or more pending tokens and none is a grammar's
+(feeds_only: a request graph's last segment, whose prompt text would otherwise be fed a token a
+pass, every sample dropped).
+
+A request graph's segment that the next gen continues overlaps while it decodes, sampled after the
+read-back (needs_host_view): a read-back may continue it (its text appended, its outputs trimmed
+back to a stop string, the next gen's sampling params), which the pass launched before then must
+not sample for. Before, such a segment ran without overlap: every pass of a multi-gen program's
+earlier gens waited for the host.
 """
 
 from __future__ import annotations
@@ -57,8 +64,10 @@ class InflightDecode:
 
 def overlappable(req: Req, pending: int) -> bool:
     """Whether a pass for `req` may launch before the previous one is read back; `pending`:
-    its host-side tokens without KV (0: its next input is on the device)."""
-    return not req.continuable and pending <= MAX_FED_TOKENS
+    its host-side tokens without KV (0: its next input is on the device). A continuable request
+    (a request graph's gen that the next gen continues) takes no more than one fed token: its next
+    segment's text is one extend pass, as without overlap."""
+    return pending <= (1 if req.continuable else MAX_FED_TOKENS)
 
 
 def feeds_only(reqs: list[Req], pending: list[int]) -> bool:
@@ -71,10 +80,12 @@ def feeds_only(reqs: list[Req], pending: list[int]) -> bool:
 
 
 def needs_host_view(req: Req) -> bool:
-    """Rows whose sampling reads the host's view of the previous token."""
+    """Rows whose sampling reads the host's view of the previous token (or of the request: a
+    continuable request's read-back may start its next segment)."""
     s = req.sampling
     return (
         req.grammar is not None
+        or req.continuable
         or s.frequency_penalty != 0 or s.presence_penalty != 0 or s.repetition_penalty != 1.0
         or req.segment_len <= s.min_new_tokens
     )  # fmt: skip
@@ -97,13 +108,15 @@ def launch_decode(sched: Scheduler, reqs: list[Req], ids=None) -> InflightDecode
     return InflightDecode(reqs, logits)
 
 
-def sample_flight(sched: Scheduler, flight: InflightDecode, real: list) -> None:
+def sample_flight(sched: Scheduler, flight: InflightDecode, real: list, continued: int = 0) -> None:
     """Sample a launched pass and start copying its ids to the host. Rows that are not
-    `real` (finished meanwhile, or only feeding a pending token) sample as idle greedy rows."""
+    `real` (finished meanwhile, only feeding a pending token, or `continued`: that many rows'
+    requests started their next segment in the read-back) sample as idle greedy rows."""
     sampled = any(ok and not r.sampling.is_greedy for r, ok in zip(flight.reqs, real))
     idle = IDLE_SAMPLED if sampled else IDLE_GREEDY
     rows = [r if ok else idle for r, ok in zip(flight.reqs, real)]
-    sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real))
+    sched.stats.fed_rows += sum(not ok and not r.finished for r, ok in zip(flight.reqs, real)) - continued
+    sched.stats.continued_rows += continued
     result = sched.sample(flight.logits, rows)
     flight.logits, flight.real, flight.result = None, real, result
     flight.host_ids, flight.ready = copy_to_host(result.next_ids)
@@ -150,8 +163,11 @@ def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
     flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
     sched.stats.chained_decode_steps += 1
     if any(needs_host_view(r) for r in reqs):
+        was = [r.continuable and n == 0 for r, n in zip(reqs, pending)]  # a row the read-back may continue
         touched = sched.read_back(prev)
-        sample_flight(sched, flight, [not r.finished and r.seq_len == r.kv_len for r in reqs])
+        real = [not r.finished and r.seq_len == r.kv_len for r in reqs]
+        continued = sum(w and not ok and not r.finished for r, w, ok in zip(reqs, was, real))
+        sample_flight(sched, flight, real, continued)
     else:
         sample_flight(sched, flight, [n == 0 or r.seq_len == r.kv_len for r, n in zip(reqs, pending)])
         touched = sched.read_back(prev)

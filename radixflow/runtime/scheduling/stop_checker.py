@@ -20,18 +20,24 @@ _CLEANUP_PROBE = "a . b , c ! d ? e n't f 's g 'm h 've i 're j ' k"
 
 def backend_decode(tokenizer) -> Callable[[list, bool], str]:
     """decode(ids, skip_special_tokens) giving tokenizer.decode's text. Where that is the tokenizers
-    backend's decode unchanged (a fast tokenizer whose decode and _decode are transformers' own, and
-    which cleans up no spaces or whose clean-up transformers skips, as for BPE tokenizers), the backend
-    is called directly: transformers' wrapper costs several times the decode itself, on every token of
-    every request with stop strings."""
+    backend's decode unchanged (decode_backend), the backend is called directly: transformers'
+    wrapper costs several times the decode itself, on every token of every request with stop strings."""
+    backend = decode_backend(tokenizer)
+    if backend is None:
+        return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
+    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+
+
+def decode_backend(tokenizer):
+    """The tokenizers backend if its decode gives tokenizer.decode's text (a fast tokenizer whose
+    decode and _decode are transformers' own, and which cleans up no spaces or whose clean-up
+    transformers skips, as for BPE tokenizers), else None."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     stock = all(_defined_in(type(tokenizer), name) in _STOCK_DECODE for name in ("decode", "_decode"))
     fast = backend is not None and stock
     if fast and getattr(tokenizer, "clean_up_tokenization_spaces", True) is not False:
         fast = _same_text(tokenizer, backend)
-    if not fast:
-        return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
-    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+    return backend if fast else None
 
 
 def _same_text(tokenizer, backend) -> bool:
