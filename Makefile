@@ -4,8 +4,11 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-PIP    := $(PY) -m pip -q --disable-pip-version-check
+# --no-compile: byte-compiling torch and friends at install took longer than importing what is used
+PIP    := $(PY) -m pip -q --disable-pip-version-check --no-compile
 STAMP  := $(VENV)/.installed
+# the suite on pytest-xdist workers, a test file per worker at a time (each worker has its own model and server fixtures)
+TEST_WORKERS ?= 2
 TSTAMP := $(VENV)/.installed-test
 
 .PHONY: install run test bench clean
@@ -31,7 +34,7 @@ run: $(STAMP)
 	$(PY) -m radixflow serve
 
 test: $(TSTAMP)
-	$(PY) -m pytest -q -x tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile tests
 
 clean:
 	rm -rf $(VENV) *.egg-info

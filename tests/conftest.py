@@ -9,7 +9,9 @@ import pytest
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # as `import radixflow` does; torch is imported first here
 import torch  # noqa: E402
 
-torch.set_num_threads(2)
+# under pytest-xdist (`make test`) the workers share the machine's cores: one torch thread each, not two each
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+torch.set_num_threads(max(1, min(2, (os.cpu_count() or 2) // _WORKERS)))
 # Without CUDA the Triton kernels run in Triton's interpreter, which must be chosen before the
 # first import of triton, and any test module (e.g. the FlashInfer backend's, through the Triton
 # backend it extends) may be first.
