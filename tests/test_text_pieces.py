@@ -242,3 +242,19 @@ def test_generate_parses_and_checks_each_sampling_dict_once(engine, monkeypatch)
     n = len(parsed)
     outs = [engine.generate("Hi", {"max_new_tokens": 2, "temperature": 0, "top_p": 0.93}) for _ in range(3)]
     assert len({o["text"] for o in outs}) == 1 and len(parsed) - n <= 1  # the Engine's builder too
+
+
+def test_a_dict_nested_past_the_recursion_limit_is_not_cached_and_reaches_the_grammar_check(engine):
+    """A json_schema nested deeper than Python's recursion limit has no cache key (the key's walk, repr and
+    deepcopy recurse), and goes on to the grammar's own depth check: a GrammarError naming the depth, which the
+    server turns into a 400 (was a RecursionError and a 500)."""
+    from radixflow.runtime import generate_request
+    from radixflow.runtime.sampling_params import params_key
+
+    deep = {"type": "integer"}
+    for _ in range(300):
+        deep = {"type": "object", "properties": {"a": deep}, "required": ["a"]}
+    assert params_key({"json_schema": deep}) is None and params_key({"json_schema": {"type": "integer"}})
+    builder = generate_request.RequestBuilder(engine.tokenizer, engine.runner.vocab_size, 4096, 100000, 64)
+    with pytest.raises(RadixflowError, match="nested too deeply"):
+        builder.sampling({"max_new_tokens": 4, "json_schema": deep})

@@ -144,7 +144,10 @@ def params_key(raw: dict) -> Optional[str]:
     """A key that tells apart any two dicts that could parse differently (True from 1, 1 from 1.0,
     -0.0 from 0.0, a dict's order, which a schema's json.dumps keeps): the repr of one made only of
     plain types, whose repr is unambiguous; None for any other."""
-    return repr(raw) if plain(raw) else None
+    try:
+        return repr(raw) if plain(raw) else None
+    except RecursionError:  # nested past the interpreter's limit: not cached; the grammar check names the depth
+        return None
 
 
 _PLAIN = (str, int, float, bool, type(None))
