@@ -4,9 +4,8 @@
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-# --no-compile: byte-compiling torch and friends at install took longer than importing what is used
 PIP    := $(PY) -m pip -q --disable-pip-version-check
-PIPI   := $(PIP) install --no-compile
+PIPI   := $(PIP) install
 STAMP  := $(VENV)/.installed
 # the suite on pytest-xdist workers, a test file per worker at a time (each worker has its own model and server fixtures)
 TEST_WORKERS ?= 2

@@ -30,6 +30,15 @@ PROMPTS = [
 ]
 
 
+# Files whose tests take one worker for minutes: handed out first, so that under pytest-xdist the other worker's
+# files run beside them instead of after them (test_kernel_compile: ~2 min of sm_90 compiles with a cold Triton cache).
+LONG_FIRST = ("test_kernel_compile.py",)
+
+
+def pytest_collection_modifyitems(config, items):
+    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def engine():
     from radixflow import Engine
