@@ -34,7 +34,7 @@ run: $(STAMP)
 	$(PY) -m radixflow serve
 
 test: $(TSTAMP)
-	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -x -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 clean:
 	rm -rf $(VENV) *.egg-info

@@ -30,13 +30,16 @@ PROMPTS = [
 ]
 
 
-# Files whose tests take one worker for minutes: handed out first, so that under pytest-xdist the other worker's
-# files run beside them instead of after them (test_kernel_compile: ~2 min of sm_90 compiles with a cold Triton cache).
-LONG_FIRST = ("test_kernel_compile.py",)
+# The files that take longest (minutes on one worker), longest first: `make test` hands them out first
+# (--no-loadscope-reorder: xdist would order the files by their number of tests), so that the other worker's
+# files run beside them instead of after them. test_kernel_compile is ~2.5 min of sm_90 compiles with a cold cache.
+LONG_FIRST = ("test_kernel_compile.py", "test_docs.py", "test_router.py", "test_tp_cpu.py", "test_overlap_schedule.py",
+              "test_engine_behaviour.py", "test_kernels.py", "test_server_lifecycle.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    items.sort(key=lambda item: item.path.name not in LONG_FIRST)  # stable: the rest keep their order
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")
