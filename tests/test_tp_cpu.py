@@ -125,13 +125,15 @@ def test_dead_rank_fails_the_engine_within_seconds(tp2):
     assert time.time() - start < 10
 
 
-def test_two_nodes_on_loopback_match_tp1(reference):
+def test_two_nodes_on_loopback_match_tp1(reference, tmp_path):
     from serving_helpers import free_port, start_server
 
     dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}", "--device", "cpu"]
+    # node 1's output goes to a file: a pipe nobody reads blocks the node once ~64 KiB of logs fill it (a hang of
+    # both ranks mid-request, seen once under load), and the file says what node 1 did if the test fails
+    node1_log = open(tmp_path / "node1.log", "w")
     node1 = subprocess.Popen(
-        [sys.executable, "-m", "radixflow", "serve", *dist, "--node-rank", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        [sys.executable, "-m", "radixflow", "serve", *dist, "--node-rank", "1"], stdout=node1_log, stderr=subprocess.STDOUT,
     )  # fmt: skip
     try:
         server = start_server(*dist, "--node-rank", "0", api_key=None)
@@ -152,6 +154,8 @@ def test_two_nodes_on_loopback_match_tp1(reference):
         server.stop()
         node1.kill()
         node1.wait(10)
+        node1_log.close()
+        print("node 1's log, last 3,000 characters:\n", (tmp_path / "node1.log").read_text()[-3000:])  # shown on failure
 
 
 def test_bad_tp_arguments_are_clear():
