@@ -5,7 +5,11 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip -q --disable-pip-version-check
-PIPI   := $(PIP) install
+# Installs skip byte-compiling (most of site-packages is never imported) and the .pyc files are written on first
+# import instead: where PYTHONDONTWRITEBYTECODE is set (this machine sets it), nothing would ever write them, and every
+# server, docs page and --help subprocess of the suite would compile torch and transformers from source again.
+unexport PYTHONDONTWRITEBYTECODE
+PIPI   := $(PIP) install --no-compile
 STAMP  := $(VENV)/.installed
 # the suite on pytest-xdist workers, a test file per worker at a time (each worker has its own model and server fixtures)
 TEST_WORKERS ?= 2
