@@ -129,8 +129,8 @@ def test_two_nodes_on_loopback_match_tp1(reference, tmp_path):
     from serving_helpers import free_port, start_server
 
     dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}", "--device", "cpu"]
-    # node 1's output goes to a file: a pipe nobody reads blocks the node once ~64 KiB of logs fill it (a hang of
-    # both ranks mid-request, seen once under load), and the file says what node 1 did if the test fails
+    # node 1's output goes to a file, not a pipe nobody reads (which would block the node once full), and the file
+    # says what node 1 did if the test fails (its regex request hung once under load, cause not found)
     node1_log = open(tmp_path / "node1.log", "w")
     node1 = subprocess.Popen(
         [sys.executable, "-m", "radixflow", "serve", *dist, "--node-rank", "1"], stdout=node1_log, stderr=subprocess.STDOUT,
