@@ -14,7 +14,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional
 
-from radixflow.runtime.scheduling.stop_checker import _defined_in, decode_backend
+from radixflow.runtime.scheduling.stop_checker import _defined_in, decode_backend, decode_with
 
 BatchEncode = Callable[[list, bool], list]  # (texts, first) -> each text's token ids
 Decode = Callable[[list, bool], str]  # (ids, skip_special_tokens) -> text
@@ -63,9 +63,7 @@ def piece_decoder(tokenizer) -> Decode:
         backend = found[1]
     except TypeError:  # not weakly referenceable
         backend = decode_backend(tokenizer)
-    if backend is None:
-        return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
-    return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
+    return decode_with(tokenizer, backend)
 
 
 def _make_encoder(tokenizer_ref: Callable[[], Any]) -> BatchEncode:

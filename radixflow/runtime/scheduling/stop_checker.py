@@ -22,7 +22,11 @@ def backend_decode(tokenizer) -> Callable[[list, bool], str]:
     """decode(ids, skip_special_tokens) giving tokenizer.decode's text. Where that is the tokenizers
     backend's decode unchanged (decode_backend), the backend is called directly: transformers'
     wrapper costs several times the decode itself, on every token of every request with stop strings."""
-    backend = decode_backend(tokenizer)
+    return decode_with(tokenizer, decode_backend(tokenizer))
+
+
+def decode_with(tokenizer, backend) -> Callable[[list, bool], str]:
+    """decode(ids, skip_special_tokens) through `backend` (decode_backend's answer), or transformers' if None."""
     if backend is None:
         return lambda ids, skip: tokenizer.decode(ids, skip_special_tokens=skip)
     return lambda ids, skip: backend.decode(ids, skip_special_tokens=skip)
