@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.piece_codec import piece_decoder
@@ -69,16 +69,20 @@ class RequestBuilder:
                 reqs.append(Req(rid=rid, origin_input_ids=list(ids), sampling=sub, logprob=lp, streamed=bool(g.stream)))
         return reqs
 
-    def sampling(self, params: Any) -> SamplingParams:
+    def sampling(self, params: Any, key: Optional[str] = None) -> SamplingParams:
         """Sampling params checked against this model and server (also for request graphs' gens).
         A plain dict is parsed and checked once per content: an eager program's gens send the same
         few dicts on every call, and the requests made from one dict share its SamplingParams (as a
-        request graph's gens do: nothing writes to it)."""
-        key = params_key(params) if type(params) is dict else None
+        request graph's gens do: nothing writes to it). A request graph's gen passes its params
+        already parsed, with the content `key` of the dict they came from (program_ops)."""
+        if key is None and type(params) is dict:
+            key = params_key(params)
         sp = None if key is None else self._checked.get(key)
         if sp is not None:
             return sp
-        sp = self._check(SamplingParams.from_dict(params if key is None else copy.deepcopy(params)))
+        if type(params) is dict and key is not None:
+            params = copy.deepcopy(params)  # the cached one must not see the caller's later changes
+        sp = self._check(SamplingParams.from_dict(params))
         if key is not None:
             if len(self._checked) >= CHECKED_MAX:
                 self._checked.clear()

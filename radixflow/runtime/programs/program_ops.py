@@ -16,8 +16,6 @@ The reply: {"results": {"<id>": {"text", "meta_info"}}, "meta_info": {...}, "err
 from __future__ import annotations
 
 import copy
-import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -186,27 +184,23 @@ def _int(r: dict, key: str) -> int:
 
 
 def check_programs(
-    programs: list, check_sampling: Callable[[SamplingParams], Any], max_requests: Optional[int]
+    programs: list, check_sampling: Callable[..., SamplingParams], max_requests: Optional[int]
 ) -> list[list[Op]]:
     """Everything known before running, as for /generate: each program's shape, each gen's
-    sampling params against the model (`check_sampling`), and the requests the whole call
-    may run at once against the server's per-call limit (None: no limit, as in Engine).
-    Returns each program's parsed ops; raises RadixflowError."""
+    sampling params against the model (`check_sampling`: a RequestBuilder's `sampling`, which
+    checks each content key once), and the requests the whole call may run at once against the
+    server's per-call limit (None: no limit, as in Engine). Returns each program's parsed ops;
+    raises RadixflowError."""
     total = 0
     parsed = []
-    passed = _passed(check_sampling)
     for program in programs:
         ops = parse_program(program)
         parsed.append(ops)
         for op in gen_ops(ops):
-            if op.sampling_key is not None and op.sampling_key in passed:
-                continue
             try:
-                check_sampling(op.sampling)
+                op.sampling = check_sampling(op.sampling, key=op.sampling_key)
             except RadixflowError as e:
                 raise RadixflowError(f"gen {op.name!r}: {e}") from None
-            if op.sampling_key is not None and len(passed) < _CACHE_MAX:
-                passed.add(op.sampling_key)
         total += program_width(ops)
     if max_requests is not None and total > max_requests:
         raise RadixflowError(
@@ -216,14 +210,13 @@ def check_programs(
     return parsed
 
 
-# -- gens' sampling params, parsed and checked once per distinct dict ---------------------------------
+# -- gens' sampling params, parsed once per distinct dict ----------------------------------------
 # A batch of programs repeats the same few sampling_params dicts (one per gen of the program);
-# parsing and checking each again held the GIL for most of a program's check. Gens with the same
-# dict share one SamplingParams, as a strand's requests already do (nothing writes to it).
+# parsing each again held the GIL for most of a program's check. Gens with the same dict share one
+# SamplingParams, as a strand's requests already do (nothing writes to it). The checks against the
+# model are the RequestBuilder's, cached there by the same key (generate_request.RequestBuilder.sampling).
 _CACHE_MAX = 4096
 _PARSED: dict = {}  # _frozen(sampling_params) -> SamplingParams
-_PASSED: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # checker's owner -> {func: keys it passed}
-_PASSED_LOCK = threading.Lock()
 
 
 def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
@@ -236,16 +229,3 @@ def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
                 _PARSED.clear()
             _PARSED[key] = sp
     return sp, key
-
-
-def _passed(check_sampling: Callable) -> set:
-    """The sampling_params keys this checker (a bound method: its object is held weakly) passed
-    before; an empty set each time for a checker that cannot be remembered."""
-    owner, func = getattr(check_sampling, "__self__", None), getattr(check_sampling, "__func__", None)
-    if owner is None or func is None:
-        return set()
-    try:
-        with _PASSED_LOCK:
-            return _PASSED.setdefault(owner, {}).setdefault(func, set())
-    except TypeError:  # not weakly referenceable
-        return set()
