@@ -94,7 +94,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, past_deadline, save  # noqa: E402
+from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, parse_sizes, past_deadline, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
 from gpubench.extend_graphs import sec_extend_graph_buckets  # noqa: E402
@@ -103,6 +103,7 @@ from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
+from gpubench.memory import sec_memory  # noqa: E402
 from gpubench.offline import (  # noqa: E402
     decode_entry, sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
@@ -127,6 +128,7 @@ SECTIONS = {
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
     "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
+    "memory": sec_memory,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
@@ -135,7 +137,7 @@ VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype"
             "ratio": {"admission_rule": "ratio"},
             "fp8kv8ratio": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "admission_rule": "ratio"}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile"}
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile", "memory"}
 
 
 def main() -> None:
@@ -148,6 +150,10 @@ def main() -> None:
                    help="bench engines' cuda_graph_max_bs (default: the engine's own, every batch up to --max-running; "
                         "the default was 256 before, so older figures ran larger decode batches eagerly)")
     p.add_argument("--smoke", action="store_true", help="CPU, tiny model, tiny sizes: checks the plumbing only")
+    p.add_argument("--sizes", default="", help="workload sizes to change, e.g. prof_n=800,prof_len=600 "
+                   "(the names and defaults: SIZES in gpubench/common.py)")
+    p.add_argument("--mem-fraction-static", type=float, default=None,
+                   help="bench engines' --mem-fraction-static (default: the engine's own)")
     p.add_argument("--corr-dtypes", default="float32,bfloat16",
                    help="correctness checks: float32, bfloat16, bfloat16-det, bfloat16-unfused, bfloat16-p1, bfloat16-p2")
     p.add_argument("--corr-configs", default="smollm2-135m,llama3-8b")
@@ -181,10 +187,16 @@ def main() -> None:
         except ValueError as e:
             p.error(str(e))
     SZ.update(SMOKE if OPTS.smoke else {})
+    try:
+        SZ.update(parse_sizes(OPTS.sizes))
+    except ValueError as e:
+        p.error(str(e))
     os.makedirs(OPTS.out, exist_ok=True)
     OPTS.bench_engine = None
     OPTS.bench_kw = dict(dtype="bfloat16", max_running_requests=OPTS.max_running, cuda_graph_max_bs=OPTS.graph_max_bs,
                          chunked_prefill_size=8192, max_prefill_tokens=16384)
+    if OPTS.mem_fraction_static is not None:
+        OPTS.bench_kw["mem_fraction_static"] = OPTS.mem_fraction_static
     OPTS.bench_variant = None
     OPTS.start = START
     for label in OPTS.sections.split(","):

@@ -88,6 +88,15 @@ def test_bad_model_path():
         Engine("/tmp")
 
 
+def test_a_memory_fraction_outside_0_1_says_what_to_give():
+    from radixflow.runtime.server_args import ServerArgs
+
+    for bad in (0, 1, 1.2, -0.5):
+        with pytest.raises(RadixflowError, match="between 0 and 1"):
+            ServerArgs(mem_fraction_static=bad)
+    assert ServerArgs(mem_fraction_static=0.9).mem_fraction_static == 0.9
+
+
 def test_deterministic_inference_says_what_it_needs():
     from radixflow.runtime.server_args import ServerArgs
 

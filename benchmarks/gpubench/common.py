@@ -40,6 +40,21 @@ SZ = dict(SIZES)
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def parse_sizes(text: str) -> dict:
+    """"prof_n=800,prof_len=600" -> {"prof_n": 800, "prof_len": 600}; names must be SIZES' and values integers."""
+    out = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, eq, value = item.partition("=")
+        if not eq or name not in SIZES or isinstance(SIZES[name], tuple):
+            raise ValueError(f"--sizes: {item!r} is not NAME=INT with NAME one of "
+                             f"{', '.join(k for k, v in SIZES.items() if not isinstance(v, tuple))}")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            raise ValueError(f"--sizes: {name}={value!r} is not an integer") from None
+    return out
+
+
 class Event:
     """A CUDA timing event; a host clock on CPU (smoke runs)."""
 
@@ -90,8 +105,11 @@ def make_engine(config: str, **kw):
     if not os.path.isdir(path):
         kw.setdefault("load_format", "dummy")
         kw.setdefault("tokenizer_path", OPTS.tokenizer)
+    settings = kw.pop("kernel_settings", None)  # KernelSettings fields with no server flag, set after the build
     t = time.perf_counter()
     engine = radixflow.Engine(path, **kw)
+    if settings:
+        engine.runner.set_kernel_settings(dataclasses.replace(engine.runner.settings, **settings))
     graphs = engine.runner.graph_runner  # kw's cuda_graph_max_bs None means the engine's own limit: log the one in effect
     log(f"engine {config} {kw} ready in {time.perf_counter() - t:.1f}s; "
         + (f"CUDA graphs up to batch {graphs.max_bs}" if graphs is not None else "no CUDA graphs"))

@@ -38,6 +38,8 @@ _CHOICES = {
 _HELP = {
     "model_path": "HF model directory or .gguf file; empty = the embedded SmolLM2-135M-Instruct",
     "max_total_tokens": "KV pool size in tokens (default: sized from free memory)",
+    "mem_fraction_static": "CUDA: the KV pool takes the free memory less (1 - this) of the device's total, which is "
+    "left for activations, sampling and logprob buffers (the start-up log shows the split; see docs/gpu.md)",
     "chunked_prefill_size": "split prompts longer than this into chunks; -1 disables",
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
@@ -223,6 +225,9 @@ class ServerArgs:
                 raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(map(str, choices))}")
         if self.page_size < 1:
             raise RadixflowError("page_size must be >= 1")
+        if not 0 < self.mem_fraction_static < 1:
+            raise RadixflowError(f"mem_fraction_static={self.mem_fraction_static}: give a fraction between 0 and 1 "
+                                 "(e.g. 0.85), the share of device memory the weights and KV pool may take")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
         if self.max_running_requests is not None and self.max_running_requests < 1:

@@ -5,6 +5,13 @@ removes their launch cost. Each graph reads its inputs from static buffers, so a
 replay copies the batch's tensors in, pads the rest (padded rows write their KV to
 the scratch slot 0 and attend to one token), replays, and returns the first rows
 of the static logits.
+
+Every graph writes its logits into the first rows of one shared [max_bs, vocab] float32
+buffer. A graph's own output would stay allocated as long as the graph: with a graph for
+every batch up to 1,024 that was ~16 GiB of logits on Llama-3's vocabulary, taken from the
+memory left beside the KV pool. A replay's logits are valid until the next decode replay,
+as they were for consecutive steps of one batch size: every reader (sampling, logprobs,
+deferred sampling under overlap scheduling) enqueues its reads before the next pass.
 """
 
 from __future__ import annotations
@@ -75,6 +82,7 @@ class CudaGraphRunner:
         self.req_pool_indices = torch.zeros(n, dtype=torch.int64, device=device)
         self.seq_lens = torch.ones(n, dtype=torch.int64, device=device)
         self.arange = torch.arange(n, dtype=torch.int64, device=device)
+        self.logits_out = torch.empty(n, model.shape.vocab_size, dtype=torch.float32, device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
         self._capture_all()
@@ -97,7 +105,7 @@ class CudaGraphRunner:
 
     def _forward(self, fb: ForwardBatch) -> torch.Tensor:
         self.backend.init_forward_metadata(fb)
-        return self.model.compute_logits(self.model(fb, self.backend))
+        return self.model.compute_logits(self.model(fb, self.backend), out=self.logits_out[: fb.batch_size])
 
     def _prepare(self, bs: int) -> Callable[[], torch.Tensor]:
         fb = self._static_batch(bs)
@@ -128,4 +136,4 @@ class CudaGraphRunner:
                              [fb.input_ids, fb.positions, fb.out_cache_loc, fb.req_pool_indices, fb.seq_lens])
         self.backend.init_cuda_graph_replay(fb, padded)
         self.graphs[padded].replay()
-        return self.logits[padded][:bs]
+        return self.logits_out[:bs]

@@ -54,6 +54,7 @@ class ModelRunner:
             raise RadixflowError("enable_deterministic_inference needs a CUDA device (its batch-invariant matmul is Triton)")
         self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
         self.model = self._load_model()
+        self.memory_plan: dict[str, int] = {}  # how the KV pool was sized on CUDA (_kv_slots), in bytes
         self.vocab_size = self.model.shape.vocab_size
         self._init_memory()
         self.model.set_kernel_settings(self.settings, self._fused())
@@ -104,6 +105,9 @@ class ModelRunner:
         if self.args.quantization == "fp8" and self.ckpt_fp8 is None:
             log.info("--quantization fp8: %d linear layers quantized to FP8 e4m3", model.quantize_fp8())
         if self.device == "cuda":  # the fold's and the quantization's float32 temporaries (~1 GB on Llama-3-8B):
+            # a replaced parameter sits in a cycle with its own weight_loader (a partial over it): without a
+            # collection the bf16 weights that FP8 replaced (13 GiB on Llama-3-8B) outlived the KV pool's sizing
+            gc.collect()
             torch.cuda.empty_cache()  # _init_memory sizes the KV pool by mem_get_info, blind to torch's cached blocks
         return model.eval()
 
@@ -157,7 +161,15 @@ class ModelRunner:
         if self.device == "cuda":
             free, total = torch.cuda.mem_get_info()
             # the extend graphs (captured after the pool) come out of the KV pool's share, not the headroom
-            budget = free - self._headroom(total) - self._extend_graph_bytes()
+            headroom, graphs = self._headroom(total), self._extend_graph_bytes()
+            budget = free - headroom - graphs
+            self.memory_plan = {"total": total, "free_before_pool": free, "headroom": headroom,
+                                "extend_graphs": graphs, "kv_budget": budget,
+                                "torch_allocated": torch.cuda.memory_allocated(),
+                                "torch_reserved": torch.cuda.memory_reserved()}
+            log.info("KV pool budget: %.1f GiB free of %.1f, less %.1f GiB headroom (--mem-fraction-static %.2f) "
+                     "and %.1f GiB for extend graphs", free / 2**30, total / 2**30, headroom / 2**30,
+                     self.args.mem_fraction_static, graphs / 2**30)
             return max(int(budget // per_token), _MIN_KV_SLOTS)
         return max(min(_CPU_KV_BUDGET_BYTES // per_token, 1 << 17), _MIN_KV_SLOTS)
 

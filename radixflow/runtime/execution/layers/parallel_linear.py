@@ -156,15 +156,26 @@ class SmallBatchMatmul:
 _MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)
 
 
-def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    global _MM_OUT_DTYPE
+_MM_INTO = True  # ... and with out= (mm.dtype_out): the product written straight into a given buffer
+
+
+def _mm_float32(x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x @ weight.T in float32 (into `out` when given)."""
+    global _MM_OUT_DTYPE, _MM_INTO
+    if _MM_OUT_DTYPE and out is not None and _MM_INTO:
+        try:
+            return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+        except (RuntimeError, TypeError, NotImplementedError):
+            _MM_INTO = False  # decided in the graph runner's warm-up passes, before any capture
     if _MM_OUT_DTYPE:
         try:
-            return torch.mm(x, weight.t(), out_dtype=torch.float32)
+            logits = torch.mm(x, weight.t(), out_dtype=torch.float32)
+            return logits if out is None else out.copy_(logits)
         except (RuntimeError, TypeError):
             _MM_OUT_DTYPE = False
             log.warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
-    return F.linear(x, weight).float()
+    logits = F.linear(x, weight).float()
+    return logits if out is None else out.copy_(logits)
 
 
 def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
@@ -296,19 +307,24 @@ class VocabParallelEmbedding(nn.Embedding):
         out = F.embedding(local.masked_fill(outside, 0), self.weight)
         return all_reduce(out.masked_fill_(outside.unsqueeze(-1), 0), self.tp)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This layer as the output head: [N, hidden] -> [N, vocab] float32 on every rank.
+    def logits(self, hidden: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """This layer as the output head: [N, hidden] -> [N, vocab] float32 on every rank, written into
+        `out` ([N, vocab] float32) when given: the decode graphs share one such buffer.
 
         Half-precision inputs still give float32 logits (accumulated in float32 and not
         rounded): bf16 logits are ~0.125 apart near 20, so greedy decoding would meet exact
         ties that any last-bit difference upstream breaks either way."""
-        if self.batch_invariant and hidden.is_cuda:
+        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and not self.batch_invariant:
+            if self.tp.size == 1:
+                return _mm_float32(hidden, self.weight, out)
+            logits = self.gather_logits(_mm_float32(hidden, self.weight))
+        elif self.batch_invariant and hidden.is_cuda:
             from radixflow.kernels.matmul import matmul_batch_invariant
 
-            return self.gather_logits(matmul_batch_invariant(hidden, self.weight, out_dtype=torch.float32))
-        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16):
-            return self.gather_logits(_mm_float32(hidden, self.weight))
-        return self.gather_logits(cpu_linear.linear(hidden, self.weight).float())
+            logits = self.gather_logits(matmul_batch_invariant(hidden, self.weight, out_dtype=torch.float32))
+        else:
+            logits = self.gather_logits(cpu_linear.linear(hidden, self.weight).float())
+        return logits if out is None else out.copy_(logits)
 
     def gather_logits(self, local_logits: torch.Tensor) -> torch.Tensor:
         """[N, vocab/tp] on each rank (this layer as the output head) -> [N, vocab] on every rank."""

@@ -219,9 +219,10 @@ class LlamaForCausalLM(nn.Module):
         h, _ = self.norm(x, residual)
         return h
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """float32 logits over all of the vocabulary, into `out` when given."""
         head = self.embed_tokens if self.lm_head is None else self.lm_head
-        return head.logits(hidden)  # float32, all of the vocabulary
+        return head.logits(hidden, out)
 
     # -- weights -----------------------------------------------------------------------
     def fold_norms(self) -> None:
