@@ -135,7 +135,10 @@ VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype"
             "fp8kv8": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3"},
             "nofold": {"disable_gemv_epilogue": True}, "fp8nofold": {"quantization": "fp8", "disable_gemv_epilogue": True},
             "ratio": {"admission_rule": "ratio"},
-            "fp8kv8ratio": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "admission_rule": "ratio"}}
+            "fp8kv8ratio": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "admission_rule": "ratio"},
+            "fp8kv8nofq": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3",
+                           "kernel_settings": {"fp8_fused_quantize": False}},
+            "fp8nofq": {"quantization": "fp8", "kernel_settings": {"fp8_fused_quantize": False}}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile", "memory"}
 

@@ -57,6 +57,78 @@ def test_scales_multiply_by_the_float32_reciprocal_on_every_device():
     assert not torch.equal(amax * inv, amax / 448.0)  # on the CPU the two rules differ: the check can fail
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_rmsnorm_quantized_rows_equal_quantizing_its_output(residual):
+    """RMSNorm writing FP8 rows (the input of an FP8 GEMM) gives the bits of quantize_rows over its bf16
+    output, and the same residual stream; a width that is not a power of two (masked tail)."""
+    from radixflow.kernels.norm_act import rmsnorm
+
+    rows, n = 3, 96
+    x = (torch.randn(rows, n, device=DEV) * torch.tensor([0.01, 3.0, 50.0], device=DEV)[:, None]).to(torch.bfloat16)
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16)
+    r = torch.randn(rows, n, device=DEV) if residual else None
+    plain = rmsnorm(x, w, 1e-5, r)
+    fused = rmsnorm(x, w, 1e-5, r, quantize=True)
+    if residual:
+        (plain, res_plain), (fused, res_fused) = plain, fused
+        assert torch.equal(res_plain, res_fused)
+    q, s = quantize_rows(plain)
+    assert fused.dtype == torch.bfloat16 and fused.shape == (rows, n)
+    assert torch.equal(fused.scale, s)
+    assert torch.equal(fused.q.view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_silu_and_mul_quantized_rows_equal_quantizing_its_output(interleaved):
+    """SiLU-and-mul writing FP8 rows: one program a row (the plain kernel splits a row over programs) and
+    quantize_rows' bits over its bf16 output."""
+    from radixflow.kernels.norm_act import silu_and_mul
+
+    rows, n = 2, 80
+    x = (torch.randn(rows, 2 * n, device=DEV) * 2).to(torch.bfloat16)
+    plain = silu_and_mul(x, interleaved=interleaved)
+    fused = silu_and_mul(x, interleaved=interleaved, quantize=True)
+    q, s = quantize_rows(plain)
+    assert torch.equal(fused.scale, s)
+    assert torch.equal(fused.q.view(torch.uint8), q.view(torch.uint8))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="torch._scaled_mm and the FP8 GEMM path are CUDA's")
+def test_fp8_engine_with_quantizing_norms_gives_the_same_bits(monkeypatch):
+    """The norms and SiLU-and-mul handing FP8 rows to the GEMMs (KernelSettings.fp8_fused_quantize) change
+    no bit of any logprob against quantizing in a kernel of its own: prompts long enough for the GEMM path
+    (SmolLM2-135M's shape, random weights; RADIXFLOW_TOKENIZER where the default model is not installed)."""
+    import dataclasses
+    import os
+
+    from radixflow.kernels import fp8
+    from radixflow.kernels.fp8 import Fp8Rows, fp8_gemm
+    from radixflow.model_files import resolve_model
+
+    handed = []
+    monkeypatch.setattr(fp8, "fp8_gemm", lambda x, *a: handed.append(isinstance(x, Fp8Rows)) or fp8_gemm(x, *a))
+    x = torch.randn(5, 64, device=DEV).to(torch.bfloat16)
+    w, ws = quantize_rows_torch(torch.randn(32, 64, device=DEV))
+    q, s = quantize_rows(x)
+    assert torch.equal(fp8_gemm(Fp8Rows(q, s, x.dtype), w, None, ws), fp8_gemm(x, w, None, ws))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    cfg = os.path.join(root, "benchmarks", "configs", "smollm2-135m.json")
+    tok = os.environ.get("RADIXFLOW_TOKENIZER") or resolve_model(None).path
+    prompts = [[(13 * i + j) % 49000 + 3 for j in range(40 + 9 * i)] for i in range(6)]
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    outs = []
+    with Engine(cfg, load_format="dummy", tokenizer_path=tok, max_total_tokens=4096, quantization="fp8",
+                dtype="bfloat16") as e:
+        for fused in (True, False):
+            e.runner.set_kernel_settings(dataclasses.replace(e.runner.settings, fp8_fused_quantize=fused))
+            handed.clear()
+            res = e.generate(input_ids=prompts, sampling_params=params, return_logprob=True, logprob_start_len=0)
+            outs.append([[t[0] for t in r["meta_info"]["input_token_logprobs"][1:] + r["meta_info"]["output_token_logprobs"]]
+                         for r in res])
+            assert (sum(handed) > 0) == fused and len(handed) > sum(handed)  # o_proj quantizes its own rows
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's own division and e4m3 conversion")
 def test_quantize_rows_gives_torchs_bits_at_a_gemm_shape():
     """A decode batch of the down projection's input: with an approximate division some bits differed here."""

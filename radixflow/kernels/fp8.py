@@ -9,6 +9,8 @@ torch._scaled_mm computes on Hopper with row-wise scales. Reference: `reference.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -91,17 +93,50 @@ def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SET
     return q, s
 
 
+@dataclass
+class Fp8Rows:
+    """Activations already quantized per row by the kernel that made them (kernels/norm_act.py): q [M, K]
+    e4m3 and scale [M] float32, as `quantize_rows` gives them, and `dtype`, the GEMM output's dtype."""
+
+    q: torch.Tensor
+    scale: torch.Tensor
+    dtype: torch.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.q.shape
+
+
+@triton.jit
+def store_quantized_row(Q, S, row, stride_q, offs, mask, x):
+    """One row x (float32, its values already rounded to the activation dtype) quantized as
+    `_quantize_rows_kernel` does in one pass: e4m3 values into Q's row, the scale into S[row]."""
+    scale = tl.maximum(tl.max(tl.where(mask, tl.abs(x), 0.0), axis=0) * INV_448, 1e-12)
+    tl.store(Q + row * stride_q + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row, scale)
+
+
+def empty_rows(rows: int, k: int, dtype: torch.dtype, device) -> Fp8Rows:
+    return Fp8Rows(torch.empty((rows, k), dtype=FP8, device=device), torch.empty((rows,), dtype=torch.float32,
+                                                                                 device=device), dtype)
+
+
 def scaled_mm_ok(n: int, k: int) -> bool:
     """torch._scaled_mm needs both GEMM dimensions of the weight divisible by 16."""
     return n % 16 == 0 and k % 16 == 0
 
 
-def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor,
+def fp8_gemm(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, bias: torch.Tensor | None, w_scale: torch.Tensor,
              settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """CUDA: x [M, K] (bf16/fp16) @ dequant(weight [N, K] e4m3, w_scale [N]).T (+ bias) -> [M, N] in x's dtype,
-    x quantized per token first, the product by torch._scaled_mm with row-wise scales."""
-    xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings)
-    out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=x.dtype)
+    x quantized per token first (unless it comes quantized: Fp8Rows), the product by torch._scaled_mm with
+    row-wise scales."""
+    if isinstance(x, Fp8Rows):
+        xq, xs, dtype = x.q, x.scale, x.dtype
+    else:
+        xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings)
+        dtype = x.dtype
+    out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=dtype)
     return out if bias is None else out + bias
 
 

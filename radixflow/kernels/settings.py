@@ -43,6 +43,9 @@ class KernelSettings:
     # FP8 weights: quantize activations per token for the GEMM (False: dequantize the weight instead,
     # which separates the two errors; slow).
     fp8_activations: bool = True
+    # FP8 GEMMs: the RMSNorm and SiLU-and-mul before them write the quantized rows and their scales
+    # themselves (kernels/norm_act.py), the same bits as quantizing their bf16 output in a kernel of its own.
+    fp8_fused_quantize: bool = True
     # Deterministic inference: a request's results do not depend on what it is batched with.
     batch_invariant: bool = False
     # What the torch-native attention backend computes in ("float64": an exactness yardstick).

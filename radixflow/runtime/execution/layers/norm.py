@@ -16,13 +16,15 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None):
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, out_dtype: torch.dtype | None = None,
+                quantize: bool = False):
         """With `residual`, returns (norm(x + residual), x + residual): the first in x's dtype (or out_dtype),
-        the second in the residual's (a bf16 model keeps its residual stream in float32)."""
+        the second in the residual's (a bf16 model keeps its residual stream in float32). quantize: the first
+        as FP8 rows for an FP8 GEMM (kernels/fp8.Fp8Rows), where the Triton kernel runs; ignored elsewhere."""
         if self.kernels is not None and x.is_cuda:
             from radixflow.kernels.norm_act import rmsnorm
 
-            return rmsnorm(x, self.weight, self.eps, residual, self.kernels, out_dtype)
+            return rmsnorm(x, self.weight, self.eps, residual, self.kernels, out_dtype, quantize=quantize)
         dtype = x.dtype if out_dtype is None else out_dtype
         if residual is not None:
             x = (x.float() + residual.float()).to(residual.dtype)  # one rounding, to the stream's dtype

@@ -117,7 +117,8 @@ class SmallBatchMatmul:
     kernels: KernelSettings = DEFAULT_KERNEL_SETTINGS  # how its kernels launch (the model runner's settings)
     weight: torch.Tensor
 
-    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def matmul(self, x, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """x: a tensor, or rows quantized for this layer (kernels/fp8.Fp8Rows, see `takes_fp8_rows`)."""
         if self.weight.dtype == torch.float8_e4m3fn:
             return self._fp8_matmul(x, bias)
         if self.batch_invariant and x.is_cuda:
@@ -130,12 +131,25 @@ class SmallBatchMatmul:
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
         return cpu_linear.linear(x, self.weight, bias)
 
+    def takes_fp8_rows(self, x: torch.Tensor) -> bool:
+        """Whether this layer quantizes x's rows per token for torch._scaled_mm (FP8 weights, CUDA, more rows
+        than the GEMV takes), so that the kernel making x may hand them over quantized (kernels/fp8.Fp8Rows)."""
+        from radixflow.kernels import fp8
+
+        w = self.weight
+        return (w.dtype == torch.float8_e4m3fn and x.is_cuda and x.dim() == 2 and x.shape[0] > self.gemv_max_m
+                and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.kernels.fp8_activations
+                and self.kernels.fp8_fused_quantize)
+
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
-        per-token activation scales for more; on CPU (or shapes _scaled_mm refuses) they are dequantized."""
+        per-token activation scales for more; on CPU (or shapes _scaled_mm refuses) they are dequantized.
+        x may come quantized (fp8.Fp8Rows) where `takes_fp8_rows` said so."""
         from radixflow.kernels import fp8
 
         w, scale = self.weight, self.weight_scale
+        if isinstance(x, fp8.Fp8Rows):
+            return fp8.fp8_gemm(x, w, bias, scale, self.kernels)
         if x.is_cuda and x.dim() == 2 and 0 < x.shape[0] <= self.gemv_max_m:
             from radixflow.kernels.gemv import gemv
 

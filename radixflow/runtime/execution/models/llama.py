@@ -126,7 +126,8 @@ class MLP(nn.Module):
         if self.kernels is not None and gate_up.is_cuda:
             from radixflow.kernels.norm_act import silu_and_mul
 
-            return self.down_proj(silu_and_mul(gate_up, self.kernels, self.interleaved))
+            quantize = self.down_proj.takes_fp8_rows(gate_up)  # down's input: gate_up's rows, device and dtype
+            return self.down_proj(silu_and_mul(gate_up, self.kernels, self.interleaved, quantize=quantize))
         if self.interleaved:
             gate, up = gate_up.unflatten(-1, (-1, 2)).unbind(-1)
         else:
@@ -147,13 +148,15 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(shape.hidden, shape.eps)
 
     def forward(self, positions, x, residual, fb, backend):
+        # FP8 GEMMs after the norms get their rows quantized by the norm kernels (kernels/norm_act.py)
+        quantize = self.self_attn.qkv_proj.takes_fp8_rows(x)
         if residual is None:
             residual = x if self.residual_dtype is None else x.to(self.residual_dtype)
-            h = self.input_layernorm(x)
+            h = self.input_layernorm(x, quantize=quantize)
         else:
-            h, residual = self.input_layernorm(x, residual)
+            h, residual = self.input_layernorm(x, residual, quantize=quantize)
         h = self.self_attn(positions, h, fb, backend)
-        h, residual = self.post_attention_layernorm(h, residual)
+        h, residual = self.post_attention_layernorm(h, residual, quantize=self.mlp.gate_up_proj.takes_fp8_rows(h))
         return self.mlp(h), residual
 
 
