@@ -53,7 +53,9 @@ def poll_grammars(sched: Scheduler) -> list[Req]:
         resolved = {i: row for i, *row in replica.decide(lambda: None)}
         if resolved and max(resolved) >= len(sched.pending_grammar):
             raise TPDivergedError(f"rank 0 resolved pending grammar {max(resolved)}; this rank has {len(sched.pending_grammar)}")
-        outcomes = [_follow(backend, r, *resolved[i]) if i in resolved else None for i, r in enumerate(sched.pending_grammar)]
+        deadline = time.monotonic() + FOLLOW_LIMIT_FACTOR * backend.timeout_s  # one bound for the step's rows
+        outcomes = [_follow(backend, r, deadline, *resolved[i]) if i in resolved else None
+                    for i, r in enumerate(sched.pending_grammar)]  # fmt: skip
     still, failed = [], []
     for req, ready in zip(sched.pending_grammar, outcomes):
         if ready is None:
@@ -69,22 +71,20 @@ def poll_grammars(sched: Scheduler) -> list[Req]:
     return failed
 
 
-def _follow(backend, req: Req, rid: str, ok: bool, reason) -> bool:
+def _follow(backend, req: Req, deadline: float, rid: str, ok: bool, reason) -> bool:
     """A rank > 0 takes rank 0's outcome for one pending grammar: it fails the request with rank 0's
-    reason, or waits, within a bound, for its own compile of a grammar that compiled on rank 0."""
+    reason, or waits, until `deadline` at most, for its own compile of a grammar that compiled on rank 0."""
     if req.rid != rid:
         raise TPDivergedError(f"rank 0 resolved the grammar of request {rid} where this rank has request {req.rid}")
     if ok is False:
         backend.forget(req)
         req.finish(reason)
         return False
-    limit = FOLLOW_LIMIT_FACTOR * backend.timeout_s
-    deadline = time.monotonic() + limit
     while (mine := backend.poll(req, clock=False)) is None:
         left = deadline - time.monotonic()
         if left <= 0 or not backend.has_job(req):
             raise TPDivergedError(f"the grammar of request {rid} compiled on rank 0 but not on this rank within "
-                                  f"{limit:g} s ({backend.job_state(req)})")  # fmt: skip
+                                  f"{FOLLOW_LIMIT_FACTOR * backend.timeout_s:g} s ({backend.job_state(req)})")  # fmt: skip
         backend.wait([req], timeout=min(0.05, left))
     if mine is not True:
         raise TPDivergedError(f"the grammar of request {rid} compiled on rank 0 but failed on this rank: {req.finish_reason}")
