@@ -52,7 +52,7 @@ def poll_grammars(sched: Scheduler) -> list[Req]:
     else:
         resolved = {i: row for i, *row in replica.decide(lambda: None)}
         if resolved and max(resolved) >= len(sched.pending_grammar):
-            raise TPDivergedError(f"rank 0 resolved pending grammar {max(resolved)}; this rank has {len(sched.pending_grammar)}")
+            raise TPDivergedError(f"rank 0 resolved pending grammar #{max(resolved)}; this rank has {len(sched.pending_grammar)} pending")
         deadline = time.monotonic() + FOLLOW_LIMIT_FACTOR * backend.timeout_s  # one bound for the step's rows
         outcomes = [_follow(backend, r, deadline, *resolved[i]) if i in resolved else None
                     for i, r in enumerate(sched.pending_grammar)]  # fmt: skip
@@ -81,8 +81,10 @@ def _follow(backend, req: Req, deadline: float, rid: str, ok: bool, reason) -> b
         req.finish(reason)
         return False
     while (mine := backend.poll(req, clock=False)) is None:
+        if not backend.has_job(req):
+            raise TPDivergedError(f"the grammar of request {rid} compiled on rank 0; this rank has no compile job for it")
         left = deadline - time.monotonic()
-        if left <= 0 or not backend.has_job(req):
+        if left <= 0:
             raise TPDivergedError(f"the grammar of request {rid} compiled on rank 0 but not on this rank within "
                                   f"{FOLLOW_LIMIT_FACTOR * backend.timeout_s:g} s ({backend.job_state(req)})")  # fmt: skip
         backend.wait([req], timeout=min(0.05, left))
