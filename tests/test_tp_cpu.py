@@ -130,7 +130,8 @@ def test_two_nodes_on_loopback_match_tp1(reference, tmp_path):
 
     dist = ["--tp-size", "2", "--nnodes", "2", "--dist-init-addr", f"127.0.0.1:{free_port()}", "--device", "cpu"]
     # node 1's output goes to a file, not a pipe nobody reads (which would block the node once full), and the file
-    # says what node 1 did if the test fails (its regex request hung once under load, cause not found)
+    # says what node 1 did if the test fails (its regex request hung once under load, for 120 s: cause not found; a
+    # rank 1 that cannot get a grammar rank 0 compiled now fails within 30 s and says so, grammar_wait.py)
     node1_log = open(tmp_path / "node1.log", "w")
     node1 = subprocess.Popen(
         [sys.executable, "-m", "radixflow", "serve", *dist, "--node-rank", "1"], stdout=node1_log, stderr=subprocess.STDOUT,
@@ -156,6 +157,7 @@ def test_two_nodes_on_loopback_match_tp1(reference, tmp_path):
         node1.wait(10)
         node1_log.close()
         print("node 1's log, last 3,000 characters:\n", (tmp_path / "node1.log").read_text()[-3000:])  # shown on failure
+        print("node 0's log, last 3,000 characters:\n", server.log()[-3000:])
 
 
 def test_bad_tp_arguments_are_clear():

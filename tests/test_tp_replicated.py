@@ -106,7 +106,8 @@ def test_grammar_outcomes_send_only_the_rows_that_resolved():
     wire, leader, follower = _replicas()
 
     def sched(replica, ready: set):
-        backend = SimpleNamespace(poll=lambda r: True if r.rid in ready else None, wait=lambda reqs, timeout: None)
+        backend = SimpleNamespace(poll=lambda r, clock=True: True if r.rid in ready else None, wait=lambda reqs, timeout: None,
+                                  timeout_s=10.0)
         return SimpleNamespace(pending_grammar=[_req(f"g{i}") for i in range(5)], grammar_backend=backend,
                                replica=replica, waiting=[], running=[1], chunked=None)  # fmt: skip
 
@@ -114,7 +115,7 @@ def test_grammar_outcomes_send_only_the_rows_that_resolved():
     poll_grammars(rank0)
     import pickle
 
-    assert pickle.loads(wire.sent[0].payload) == [(3, True, None)]  # one row, not five
+    assert pickle.loads(wire.sent[0].payload) == [(3, "g3", True, None)]  # one row, not five
     poll_grammars(rank1)
     for s in (rank0, rank1):
         assert [r.rid for r in s.waiting] == ["g3"] and s.waiting[0].state == ReqState.WAITING

@@ -132,13 +132,15 @@ class GrammarBackend:
         return self.compile_async(kind, spec).result(timeout=self.timeout_s)
 
     # -- the scheduler's calls -------------------------------------------------------------------------
-    def poll(self, req) -> Optional[bool]:
+    def poll(self, req, clock: bool = True) -> Optional[bool]:
+        """`clock` False: no time limit (a tensor-parallel rank > 0 catching up with a grammar that
+        rank 0 compiled bounds its own wait, grammar_wait._follow)."""
         job = self._jobs.get(req)
         if job is None:
             return None
         fut, submitted, name = job
         if not fut.done():
-            return self._check_clock(req, fut, submitted)
+            return self._check_clock(req, fut, submitted) if clock else None
         del self._jobs[req]
         error = fut.exception()
         if error is not None:
@@ -166,6 +168,23 @@ class GrammarBackend:
     def forget(self, req) -> None:
         """Drop a request's compile job (its outcome was decided elsewhere: tensor-parallel rank 0)."""
         self._jobs.pop(req, None)
+
+    def has_job(self, req) -> bool:
+        """Whether a compile job of `req` is kept here (submitted, not yet polled to an outcome nor forgotten)."""
+        return req in self._jobs
+
+    def job_state(self, req) -> str:
+        """Where a request's compile stands, in words (for the error of a rank that waited too long)."""
+        job = self._jobs.get(req)
+        if job is None:
+            return "this rank has no compile job for it"
+        fut, submitted, _ = job
+        started, now = self.cache.started_at(fut), time.monotonic()
+        if fut.done():
+            return "its compile is done"
+        if started is None:
+            return f"its compile has waited {now - submitted:.1f} s for a compile worker"
+        return f"its compile has run for {now - max(started, submitted):.1f} s"
 
     def _check_clock(self, req, fut: Future, submitted: float) -> Optional[bool]:
         """None while the compile may go on; False (req failed) past the time limit, which
