@@ -106,7 +106,7 @@ def test_fp8_engine_with_quantizing_norms_gives_the_same_bits(monkeypatch):
     from radixflow.model_files import resolve_model
 
     handed = []
-    monkeypatch.setattr(fp8, "fp8_gemm", lambda x, *a: handed.append(isinstance(x, Fp8Rows)) or fp8_gemm(x, *a))
+    monkeypatch.setattr(fp8, "fp8_gemm", lambda x, *a, **k: handed.append(isinstance(x, Fp8Rows)) or fp8_gemm(x, *a, **k))
     x = torch.randn(5, 64, device=DEV).to(torch.bfloat16)
     w, ws = quantize_rows_torch(torch.randn(32, 64, device=DEV))
     q, s = quantize_rows(x)
