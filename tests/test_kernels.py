@@ -365,6 +365,18 @@ def test_cpu_linear_is_what_the_layers_and_head_call(monkeypatch):
     assert calls == [(48, 32), (100, 32)]
 
 
+def test_head_logits_into_a_given_buffer():
+    """The decode graphs' shared logits: head.logits(x, out=rows of one buffer) fills those rows with what it
+    returns without `out`, and returns that view (its other rows untouched)."""
+    from radixflow.runtime.execution.layers.parallel_linear import ParallelLMHead
+
+    head = ParallelLMHead(100, 32)
+    x = torch.randn(5, 32)
+    buf = torch.full((8, 100), 7.0)
+    got = head.logits(x, out=buf[:5])
+    assert got.data_ptr() == buf.data_ptr() and torch.equal(got, head.logits(x)) and (buf[5:] == 7.0).all()
+
+
 @pytest.mark.parametrize("m", [1, TINY_M + 5, SMALL_M + 6])  # each tile config
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype,out_dtype", [(torch.float32, None), (torch.float16, None), (torch.float16, torch.float32)])
