@@ -82,14 +82,20 @@ def check_fp8_quantize(pdl: int) -> None:
 
 
 def check_norm_and_activation(pdl: int) -> None:
-    sig = {"X": BF16, "R": "*fp32", "W": BF16, "Out": BF16, "ROut": "*fp32",  # the model's float32 stream
-           **_ints("stride_x", "stride_r", "stride_o", "stride_ro", "N"), "eps": "fp32"}
-    ptx = _compile(norm_act._rmsnorm_kernel, sig, {"HAS_RES": True, "BLOCK": 4096, "USE_PDL": pdl}, launch_pdl=pdl > 0)
-    assert _pdl_order_ok(ptx, pdl)
-    sig = {"X": BF16, "Out": BF16, **_ints("stride_x", "stride_o", "N")}
-    for interleaved in (False, True):
-        _compile(norm_act._silu_mul_kernel, sig, {"BLOCK": 2048, "INTERLEAVED": interleaved, "USE_PDL": pdl},
-                 launch_pdl=pdl > 0)
+    """RMSNorm (+ residual) and SiLU-and-mul, storing bf16 rows, and storing FP8 rows with their scales for an
+    FP8 GEMM (QUANT: the GPU's rounding conversion after an IEEE division, as quantize_rows)."""
+    for quant in (False, True):
+        out = "*fp8e4nv" if quant else BF16
+        sig = {"X": BF16, "R": "*fp32", "W": BF16, "Out": out, "ROut": "*fp32", "S": "*fp32",  # float32 stream
+               **_ints("stride_x", "stride_r", "stride_o", "stride_ro", "N"), "eps": "fp32"}
+        consts = {"HAS_RES": True, "BLOCK": 4096, "QUANT": quant, "USE_PDL": pdl}
+        ptx = _compile(norm_act._rmsnorm_kernel, sig, consts, launch_pdl=pdl > 0)
+        assert _pdl_order_ok(ptx, pdl) and (not quant or _quantizes_as_torch(ptx))
+        sig = {"X": BF16, "Out": out, "S": "*fp32" if quant else BF16, **_ints("stride_x", "stride_o", "N")}
+        for interleaved in (False, True):
+            consts = {"BLOCK": 16384 if quant else 2048, "INTERLEAVED": interleaved, "QUANT": quant, "USE_PDL": pdl}
+            ptx = _compile(norm_act._silu_mul_kernel, sig, consts, num_warps=16 if quant else 8, launch_pdl=pdl > 0)
+            assert not quant or _quantizes_as_torch(ptx)
 
 
 # per epilogue, the config the H200's chooser picked for the layer that runs it (benchmarks/history/, session 11):
@@ -167,6 +173,12 @@ def _rounds_to_e4m3_as_torch(ptx: str) -> bool:
     division as torch's: Triton's `/` is an approximate division whose quotient can round the other way."""
     return ("cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rmi" not in ptx
             and "div.full" not in ptx and "div.approx" not in ptx)
+
+
+def _quantizes_as_torch(ptx: str) -> bool:
+    """A kernel that also divides elsewhere (RMSNorm's mean, SiLU): its quantization still converts with the
+    GPU's rounding, emulates none, and divides by the scale in IEEE round-to-nearest (div_rn)."""
+    return "cvt.rn.satfinite.e4m3x2.f32" in ptx and "cvt.rmi" not in ptx and "div.rn.f32" in ptx
 
 
 def _pdl_order_ok(ptx: str, pdl: int) -> bool:
