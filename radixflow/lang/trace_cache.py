@@ -38,7 +38,7 @@ from typing import Any, Callable, Optional
 
 from radixflow.lang import primitives
 from radixflow.lang.placeholder import MARK
-from radixflow.runtime.programs.program_ops import plain
+from radixflow.runtime.sampling_params import plain
 
 PRIMITIVES = frozenset(getattr(primitives, n) for n in (
     "gen", "gen_int", "gen_string", "select", "system", "user", "assistant", "system_begin", "system_end",

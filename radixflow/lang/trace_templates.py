@@ -21,7 +21,7 @@ from radixflow.lang.ir import ArgRef, Fork, Graph, Text
 from radixflow.lang.lowering import lower
 from radixflow.lang.placeholder import _PATTERN, MARK, Placeholder
 from radixflow.lang.trace_cache import analyse, key
-from radixflow.runtime.programs.program_ops import plain
+from radixflow.runtime.sampling_params import plain
 
 MAX_TEMPLATES = 256  # a function's templates (distinct non-text arguments), least recently used dropped
 

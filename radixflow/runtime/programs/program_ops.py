@@ -22,7 +22,7 @@ from typing import Any, Callable, Optional
 from radixflow.errors import RadixflowError
 from radixflow.runtime.generate_request import logprob_options
 from radixflow.runtime.programs.choice_scoring import METHODS
-from radixflow.runtime.sampling_params import SamplingParams, plain, params_key as _frozen  # noqa: F401 (plain: the lang package's)
+from radixflow.runtime.sampling_params import SamplingParams, params_key
 from radixflow.runtime.scheduling.req import LogprobOptions
 
 JOIN_MODES = ("gather", "concat")
@@ -50,7 +50,7 @@ class Op:
     branches: list = field(default_factory=list)  # list[list[Op]]
     fork: int = -1
     mode: str = "gather"
-    sampling_key: Optional[str] = None  # a gen's sampling_params as _frozen gives them (None: not cached)
+    sampling_key: Optional[str] = None  # a gen's sampling_params as params_key gives them (None: not cached)
 
 
 def parse_program(program: Any) -> list[Op]:
@@ -216,11 +216,11 @@ def check_programs(
 # SamplingParams, as a strand's requests already do (nothing writes to it). The checks against the
 # model are the RequestBuilder's, cached there by the same key (generate_request.RequestBuilder.sampling).
 _CACHE_MAX = 4096
-_PARSED: dict = {}  # _frozen(sampling_params) -> SamplingParams
+_PARSED: dict = {}  # params_key(sampling_params) -> SamplingParams
 
 
 def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
-    key = _frozen(raw) if type(raw) is dict else None
+    key = params_key(raw) if type(raw) is dict else None
     sp = None if key is None else _PARSED.get(key)
     if sp is None:  # a cached one holds copies: the caller's lists may change after
         sp = SamplingParams.from_dict(dict(raw or {}) if key is None else copy.deepcopy(raw))
