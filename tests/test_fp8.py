@@ -73,7 +73,7 @@ def test_rmsnorm_quantized_rows_equal_quantizing_its_output(residual):
         (plain, res_plain), (fused, res_fused) = plain, fused
         assert torch.equal(res_plain, res_fused)
     q, s = quantize_rows(plain)
-    assert fused.dtype == torch.bfloat16 and fused.shape == (rows, n)
+    assert fused.dtype == torch.bfloat16 and fused.q.shape == (rows, n) and fused.scale.shape == (rows,)
     assert torch.equal(fused.scale, s)
     assert torch.equal(fused.q.view(torch.uint8), q.view(torch.uint8))
 

@@ -54,6 +54,15 @@ def scaled_to_e4m3(x, scale):
 
 
 @triton.jit
+def store_quantized_row(Q, S, row, stride_q, offs, mask, x):
+    """One row x (float32; masked-off values 0) quantized per row: e4m3 values into Q's row, the scale into
+    S[row]. `_quantize_rows_kernel`'s one-pass rows, and the norm / activation kernels' FP8 outputs."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_448, 1e-12)
+    tl.store(Q + row * stride_q + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty), mask=mask)
+    tl.store(S + row, scale)
+
+
+@triton.jit
 def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, ONE_PASS: tl.constexpr,
                           USE_PDL: tl.constexpr):
     pdl_wait(USE_PDL)
@@ -61,8 +70,7 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, O
     offs = tl.arange(0, BLOCK)
     if ONE_PASS:  # the whole row in registers: read once
         x = tl.load(X + row * stride_x + offs, mask=offs < K, other=0.0).to(tl.float32)
-        scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_448, 1e-12)
-        tl.store(Q + row * stride_q + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty), mask=offs < K)
+        store_quantized_row(Q, S, row, stride_q, offs, offs < K, x)
     else:
         amax = tl.zeros([BLOCK], tl.float32)
         for k0 in range(0, K, BLOCK):  # pass 1: the row's largest magnitude
@@ -73,7 +81,7 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, O
             x = tl.load(X + row * stride_x + k0 + offs, mask=k0 + offs < K, other=0.0).to(tl.float32)
             tl.store(Q + row * stride_q + k0 + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty),
                      mask=k0 + offs < K)
-    tl.store(S + row, scale)
+        tl.store(S + row, scale)
 
 
 ONE_PASS_MAX_K = 16384  # rows up to this wide are held in registers (8 warps: 64 values a thread)
@@ -101,19 +109,6 @@ class Fp8Rows:
     q: torch.Tensor
     scale: torch.Tensor
     dtype: torch.dtype
-
-    @property
-    def shape(self) -> torch.Size:
-        return self.q.shape
-
-
-@triton.jit
-def store_quantized_row(Q, S, row, stride_q, offs, mask, x):
-    """One row x (float32, its values already rounded to the activation dtype) quantized as
-    `_quantize_rows_kernel` does in one pass: e4m3 values into Q's row, the scale into S[row]."""
-    scale = tl.maximum(tl.max(tl.where(mask, tl.abs(x), 0.0), axis=0) * INV_448, 1e-12)
-    tl.store(Q + row * stride_q + offs, scaled_to_e4m3(x, scale).to(Q.dtype.element_ty), mask=mask)
-    tl.store(S + row, scale)
 
 
 def empty_rows(rows: int, k: int, dtype: torch.dtype, device) -> Fp8Rows:

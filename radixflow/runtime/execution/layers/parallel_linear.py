@@ -134,12 +134,13 @@ class SmallBatchMatmul:
     def takes_fp8_rows(self, x: torch.Tensor) -> bool:
         """Whether this layer quantizes x's rows per token for torch._scaled_mm (FP8 weights, CUDA, more rows
         than the GEMV takes), so that the kernel making x may hand them over quantized (kernels/fp8.Fp8Rows)."""
+        w = self.weight
+        if w.dtype != torch.float8_e4m3fn:
+            return False
         from radixflow.kernels import fp8
 
-        w = self.weight
-        return (w.dtype == torch.float8_e4m3fn and x.is_cuda and x.dim() == 2 and x.shape[0] > self.gemv_max_m
-                and x.dtype == torch.bfloat16 and fp8.scaled_mm_ok(*w.shape) and self.kernels.fp8_activations
-                and self.kernels.fp8_fused_quantize)
+        return (x.is_cuda and x.dim() == 2 and x.shape[0] > self.gemv_max_m and x.dtype == torch.bfloat16
+                and fp8.scaled_mm_ok(*w.shape) and self.kernels.fp8_activations and self.kernels.fp8_fused_quantize)
 
     def _fp8_matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """FP8 weights (layers/fp8_linear.py): the GEMV streams them for few rows, torch._scaled_mm with
@@ -170,26 +171,29 @@ class SmallBatchMatmul:
 _MM_OUT_DTYPE = True  # torch.mm(..., out_dtype=) exists for CUDA half inputs (torch >= 2.8)
 
 
-_MM_INTO = True  # ... and with out= (mm.dtype_out): the product written straight into a given buffer
+_MM_INTO = True  # ... and with out= (mm.dtype_out), straight into a given buffer
 
 
-def _mm_float32(x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """x @ weight.T in float32 (into `out` when given)."""
-    global _MM_OUT_DTYPE, _MM_INTO
-    if _MM_OUT_DTYPE and out is not None and _MM_INTO:
+def _mm_float32(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    global _MM_OUT_DTYPE
+    if _MM_OUT_DTYPE:
+        try:
+            return torch.mm(x, weight.t(), out_dtype=torch.float32)
+        except (RuntimeError, TypeError):
+            _MM_OUT_DTYPE = False
+            log.warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
+    return F.linear(x, weight).float()
+
+
+def _mm_float32_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -> Optional[torch.Tensor]:
+    """x @ weight.T in float32 written into `out`; None where torch cannot (the caller copies instead)."""
+    global _MM_INTO
+    if _MM_OUT_DTYPE and _MM_INTO:
         try:
             return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
         except (RuntimeError, TypeError, NotImplementedError):
             _MM_INTO = False  # decided in the graph runner's warm-up passes, before any capture
-    if _MM_OUT_DTYPE:
-        try:
-            logits = torch.mm(x, weight.t(), out_dtype=torch.float32)
-            return logits if out is None else out.copy_(logits)
-        except (RuntimeError, TypeError):
-            _MM_OUT_DTYPE = False
-            log.warning("torch.mm(out_dtype=float32) unsupported: logits rounded to %s", x.dtype)
-    logits = F.linear(x, weight).float()
-    return logits if out is None else out.copy_(logits)
+    return None
 
 
 def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
@@ -328,14 +332,17 @@ class VocabParallelEmbedding(nn.Embedding):
         Half-precision inputs still give float32 logits (accumulated in float32 and not
         rounded): bf16 logits are ~0.125 apart near 20, so greedy decoding would meet exact
         ties that any last-bit difference upstream breaks either way."""
-        if hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16) and not self.batch_invariant:
-            if self.tp.size == 1:
-                return _mm_float32(hidden, self.weight, out)
-            logits = self.gather_logits(_mm_float32(hidden, self.weight))
-        elif self.batch_invariant and hidden.is_cuda:
+        half = hidden.is_cuda and hidden.dtype in (torch.bfloat16, torch.float16)
+        if out is not None and half and self.tp.size == 1 and not self.batch_invariant:
+            written = _mm_float32_into(hidden, self.weight, out)
+            if written is not None:
+                return written
+        if self.batch_invariant and hidden.is_cuda:
             from radixflow.kernels.matmul import matmul_batch_invariant
 
             logits = self.gather_logits(matmul_batch_invariant(hidden, self.weight, out_dtype=torch.float32))
+        elif half:
+            logits = self.gather_logits(_mm_float32(hidden, self.weight))
         else:
             logits = self.gather_logits(cpu_linear.linear(hidden, self.weight).float())
         return logits if out is None else out.copy_(logits)
