@@ -42,7 +42,13 @@ def sse_events(r: httpx.Response) -> Iterator[dict]:
         yield event
 
 
+# An idle connection is dropped by the client before the server may close it: uvicorn closes one idle 5 s (httpx's
+# own expiry), so a request sent on it as the server closed it failed with "Server disconnected without sending a
+# response". radixflow's server keeps idle connections longer (launch_server.KEEP_ALIVE_S); SGLang's does not.
+KEEPALIVE_EXPIRY_S = 2.0
+
+
 def client(base_url: str, api_key, timeout: float) -> httpx.Client:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits)

@@ -24,6 +24,9 @@ log = logging.getLogger("radixflow.server")
 
 WATCH_PERIOD_S = 0.5
 GRACEFUL_SHUTDOWN_S = 3
+# Idle connections are kept this long (uvicorn's default is 5 s, the same as httpx's and the OpenAI SDK's client
+# expiry: a client reusing a connection just as the server closed it got "Server disconnected").
+KEEP_ALIVE_S = 65
 CHILD_JOIN_S = 5
 
 
@@ -125,6 +128,7 @@ async def _serve(args: ServerArgs, info: ModelInfo, ipc: IpcNames, procs: dict, 
         log_level=_uvicorn_level(args.log_level),
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(config)
     state = {"exit": 0}
