@@ -43,9 +43,7 @@ class LogprobCollector:
             m = last + 1 - first
             req.input_token_logprobs.extend(zip(values[at : at + m], req.origin_input_ids[first : last + 1]))
             if req.logprob.top_logprobs_num:
-                a, b = span_rows.start, span_rows.stop
-                span_lp = logits[a:b] - lse[a - lo : b - lo, None]
-                req.input_top_logprobs.extend(_pairs(*span_lp.topk(req.logprob.top_logprobs_num, dim=-1)))
+                req.input_top_logprobs.extend(_top_rows(logits, lse, lo, span_rows, req.logprob.top_logprobs_num))
             req.input_logprob_next = last + 1
             at += m
 
@@ -72,6 +70,16 @@ class LogprobCollector:
         if not want_text:
             return [[lp, tid, None] for lp, tid in pairs]
         return [[lp, tid, self.tokenizer.decode([tid])] for lp, tid in pairs]
+
+
+def _top_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, k: int) -> list:
+    """The k most likely tokens of each row in `rows` as [(logprob, id)], CHUNK_ROWS rows at a time: a span's
+    logprobs are never written out whole ([rows, vocab] floats, 2 GiB at 4,096 rows of a 128k vocabulary)."""
+    pairs = []
+    for a in range(rows.start, rows.stop, CHUNK_ROWS):
+        b = min(a + CHUNK_ROWS, rows.stop)
+        pairs += _pairs(*(logits[a:b] - lse[a - lo : b - lo, None]).topk(k, dim=-1))
+    return pairs
 
 
 def _pairs(vals: torch.Tensor, ids: torch.Tensor) -> list:
