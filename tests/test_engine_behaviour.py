@@ -273,6 +273,17 @@ def test_the_first_engine_freezes_start_up_objects_and_a_later_one_is_still_coll
     assert _seen_by_gc(model)  # what the engines leave behind can be collected
 
 
+def test_shutdown_empties_the_weights_even_of_a_model_someone_still_holds():
+    """A reference that outlives the engine (a frozen cycle, a caller's variable) must not keep its weights: the
+    next engine's KV pool is sized from the free memory."""
+    eng = Engine(max_total_tokens=160)
+    model = eng.runner.model
+    assert sum(p.numel() for p in model.parameters()) > 0
+    eng.shutdown()
+    assert all(p.numel() == 0 for p in model.parameters())
+    assert all(b.numel() == 0 for b in model.buffers())
+
+
 def test_engine_dropped_without_shutdown_gives_back_its_freeze(monkeypatch):
     gc.unfreeze()
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
