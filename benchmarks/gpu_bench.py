@@ -103,7 +103,7 @@ from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
 from gpubench.machine import sec_ceilings, sec_env, sec_matmul_rate, sec_pytest  # noqa: E402
-from gpubench.memory import sec_memory  # noqa: E402
+from gpubench.memory import sec_logprob_peak, sec_memory  # noqa: E402
 from gpubench.offline import (  # noqa: E402
     decode_entry, sec_idle, sec_offline, sec_offline_1k, sec_offline_arms, sec_offline_flash_ab, sec_offline_decode_ab, sec_offline_p_parts_ab, sec_offline_pdl_ab, sec_offline_residual_ab, sec_shared,
 )
@@ -128,7 +128,7 @@ SECTIONS = {
     "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
     "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
-    "memory": sec_memory,
+    "memory": sec_memory, "logprob_peak": sec_logprob_peak,
 }
 # "section@variant" runs the section in a bench engine built with these settings (default: bf16)
 VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype": "fp8_e4m3"},
@@ -140,7 +140,8 @@ VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype"
                            "kernel_settings": {"fp8_fused_quantize": False}},
             "fp8nofq": {"quantization": "fp8", "kernel_settings": {"fp8_fused_quantize": False}}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile", "memory"}
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile", "memory",
+                      "logprob_peak"}
 
 
 def main() -> None:

@@ -25,12 +25,12 @@ SIZES = dict(offline=1000, in_max=1024, out_max=512, shared_n=256, shared_len=40
              idle_out=256, prefill_n=8, prefill_len=2048, bs1_out=256, corr_shared=300, corr_long=1500, corr_chunk=512,
              hf_bs1_out=64, tiny_new=32, hf_compile_out=128, k1_n=1000, k1_len=1000, prof_n=512, prof_len=640, prof_out=48,
              pa_tokens=8192, pa_max=1024, pa_check=3, pa_reps=20,
-             rb_rows=8192, rb_blocks=(1024, 2048, 4096))
+             rb_rows=8192, rb_blocks=(1024, 2048, 4096), lp_len=8000, lp_top=5)
 SMOKE = dict(offline=12, in_max=64, out_max=16, shared_n=6, shared_len=96, shared_out=8, idle_bs=4, idle_out=12,
              prefill_n=2, prefill_len=64, bs1_out=16, corr_shared=24, corr_long=80, corr_chunk=32, hf_bs1_out=8, tiny_new=8,
              hf_compile_out=12, k1_n=6, k1_len=24, prof_n=6, prof_len=40, prof_out=6,
              pa_tokens=96, pa_max=40, pa_check=2, pa_reps=1,
-             rb_rows=64, rb_blocks=(16, 32))
+             rb_rows=64, rb_blocks=(16, 32), lp_len=80, lp_top=5)
 TINY_CONFIG = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=128, intermediate_size=256, num_hidden_layers=2,
     num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=TOKENIZER_VOCAB, max_position_embeddings=4096,
