@@ -74,6 +74,8 @@ E2 = {"fp8_exp2": True}
 SWEEP = [
     (128, 4, 5, E2), (64, 2, 3, {}), (64, 2, 3, E2), (64, 2, 5, {}), (64, 2, 4, E2), (64, 2, 6, E2),
     (32, 2, 5, E2), (32, 2, 8, E2),
+    # session 15: one warp a program (more programs an SM), and deeper pipelines at 2 warps
+    (64, 1, 3, E2), (64, 1, 5, E2), (32, 1, 5, E2), (32, 1, 8, E2), (128, 2, 5, E2), (64, 2, 8, E2),
 ]
 FLAGS = {"fp8_exp2": "e2"}  # label suffixes
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
