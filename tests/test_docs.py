@@ -19,6 +19,7 @@ import re
 import subprocess
 import sys
 import textwrap
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,18 +184,20 @@ def help_flags(cmd: list[str]) -> set:
 def test_documented_flags_exist():
     uses = flag_uses()
     assert uses.get("serve"), "the docs show no radixflow serve flags"
-    missing = []
-    for owner, found in sorted(uses.items()):
+    commands = {}
+    for owner in sorted(uses):
         if owner == "serve":
-            cmd = [sys.executable, "-m", "radixflow", "serve", "--help"]
+            commands[owner] = [sys.executable, "-m", "radixflow", "serve", "--help"]
         elif owner in MODULES:
             pytest.importorskip(owner.split(".")[0])
-            cmd = [sys.executable, "-m", owner, "--help"]
+            commands[owner] = [sys.executable, "-m", owner, "--help"]
         else:
             assert (ROOT / owner).is_file(), f"the docs run {owner}, which does not exist"
-            cmd = [sys.executable, str(ROOT / owner), "--help"]
-        known = help_flags(cmd)
-        missing += [f"{where}: --{flag} is not in `{owner} --help`" for flag, where in sorted(found) if flag not in known]
+            commands[owner] = [sys.executable, str(ROOT / owner), "--help"]
+    with ThreadPoolExecutor(max_workers=3) as pool:  # each --help is mostly a subprocess's imports
+        known = dict(zip(commands, pool.map(help_flags, commands.values())))
+    missing = [f"{where}: --{flag} is not in `{owner} --help`" for owner, cmd in commands.items()
+               for flag, where in sorted(uses[owner]) if flag not in known[owner]]
     assert not missing, "\n".join(missing)
 
 
