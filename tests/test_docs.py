@@ -196,7 +196,7 @@ def test_documented_flags_exist():
             commands[owner] = [sys.executable, str(ROOT / owner), "--help"]
     with ThreadPoolExecutor(max_workers=3) as pool:  # each --help is mostly a subprocess's imports
         known = dict(zip(commands, pool.map(help_flags, commands.values())))
-    missing = [f"{where}: --{flag} is not in `{owner} --help`" for owner, cmd in commands.items()
+    missing = [f"{where}: --{flag} is not in `{owner} --help`" for owner in commands
                for flag, where in sorted(uses[owner]) if flag not in known[owner]]
     assert not missing, "\n".join(missing)
 

@@ -337,8 +337,8 @@ def release_weights(model: torch.nn.Module) -> None:
             p.data = p.data.new_empty(0)
         for name, b in list(module.named_buffers(recurse=False)):
             setattr(module, name, b.new_empty(0))
-        for name, value in list(vars(module).items()):
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+        for name, value in list(vars(module).items()):  # parameters and buffers live in their own dicts, not here
+            if isinstance(value, torch.Tensor):
                 setattr(module, name, value.new_empty(0))
 
 
