@@ -81,11 +81,29 @@ def check_hf_dir(path: str, need_weights: bool = True) -> None:
         raise ModelPathError(f"{path}/config.json is not valid JSON: {e}") from None
 
 
-def convert_gguf(gguf_path: str) -> str:
-    """Dequantize a GGUF once into <cache>/gguf-<hash>/ (config, tokenizer, float32 safetensors)."""
+def ready_model_dir(model_path: Optional[str]) -> Optional[str]:
+    """The directory `resolve_model` gives for `model_path` when it needs no conversion now (a directory, or a GGUF
+    converted before); None otherwise, also where resolve_model would refuse the path (it says why)."""
+    try:
+        if model_path and os.path.isdir(model_path):
+            return model_path
+        if model_path and not (model_path.endswith(".gguf") and os.path.isfile(model_path)):
+            return None
+        out = _gguf_cache_dir(model_path or default_gguf_path())
+        return out if os.path.isfile(os.path.join(out, "done")) else None
+    except (ModelPathError, OSError):
+        return None
+
+
+def _gguf_cache_dir(gguf_path: str) -> str:
     st = os.stat(gguf_path)
     tag = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    out = os.path.join(env.cache_dir(), f"gguf-{tag}")
+    return os.path.join(env.cache_dir(), f"gguf-{tag}")
+
+
+def convert_gguf(gguf_path: str) -> str:
+    """Dequantize a GGUF once into <cache>/gguf-<hash>/ (config, tokenizer, float32 safetensors)."""
+    out = _gguf_cache_dir(gguf_path)
     if os.path.isfile(os.path.join(out, "done")):
         return out
     try:
@@ -135,10 +153,34 @@ def load_config(path: str):
         raise ModelPathError(f"cannot read the model config in {path!r}: {e}") from None
 
 
+# Model types whose saved `TokenizersBackend` AutoTokenizer loads as it is (transformers 5 keeps a list of types whose
+# saved class it replaces, qwen2 among them): for these the class is loaded directly, skipping AutoTokenizer's
+# AutoConfig step, whose imports (torch.distributed.tensor) cost ~3 s of CPU in every process that loads a tokenizer.
+_DIRECT_TOKENIZER_TYPES = {"llama"}
+
+
 def load_tokenizer(path: str):
+    if _loads_directly(path):
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(path)
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(path)
+
+
+def _loads_directly(path: str) -> bool:
+    """Whether the folder's tokenizer is a saved TokenizersBackend with no custom code, of a `_DIRECT_TOKENIZER_TYPES`
+    model, where AutoTokenizer would load that class itself."""
+    try:
+        with open(os.path.join(path, "tokenizer_config.json")) as f:
+            tok = json.load(f)
+        with open(os.path.join(path, "config.json")) as f:
+            model_type = json.load(f).get("model_type")
+    except (OSError, ValueError):
+        return False
+    plain = tok.get("tokenizer_class") == "TokenizersBackend" and "auto_map" not in tok
+    return plain and model_type in _DIRECT_TOKENIZER_TYPES and os.path.isfile(os.path.join(path, "tokenizer.json"))
 
 
 def eos_token_ids(path: str, config, tokenizer) -> set[int]:

@@ -14,6 +14,8 @@ import os
 import shutil
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Optional
 
 from radixflow.runtime.child_processes import exit_text as _exit_text
 from radixflow.runtime.child_processes import stop_processes
@@ -49,10 +51,10 @@ def launch_server(args: ServerArgs) -> int:
     procs: dict = {}
     stop = _install_signal_handlers()
     try:
-        info = _start_children(args, ipc, procs)
+        info, tokenizer = _start_children(args, ipc, procs)
         if stop["signal"]:
             return 0
-        return asyncio.run(_serve(args, info, ipc, procs, stop))
+        return asyncio.run(_serve(args, info, tokenizer, ipc, procs, stop))
     except StartupError as e:
         print(f"radixflow: server failed to start: {e}", file=sys.stderr, flush=True)
         return 1
@@ -79,24 +81,61 @@ def _install_signal_handlers() -> dict:
     return stop
 
 
-def _start_children(args: ServerArgs, ipc: IpcNames, procs: dict) -> ModelInfo:
-    from radixflow.runtime.server.detokenizer import run_detokenizer_process
+def _start_children(args: ServerArgs, ipc: IpcNames, procs: dict) -> tuple[ModelInfo, Any]:
+    """Start the scheduler and the detokenizer; returns the model's info and its tokenizer (None: not loaded yet).
+    Where the tokenizer's folder is known before the model loads (`_known_tokenizer_path`), the detokenizer starts
+    and this process loads the tokenizer while the scheduler loads the model, not after it (~4 s of a start)."""
     from radixflow.runtime.server.scheduler_process import run_scheduler_process
 
     ctx = mp.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)
-    parent = os.getpid()
     procs["scheduler"] = ctx.Process(
-        target=run_scheduler_process, args=(args, ipc, writer, parent), name="radixflow-scheduler"
+        target=run_scheduler_process, args=(args, ipc, writer, os.getpid()), name="radixflow-scheduler"
     )
     procs["scheduler"].start()
     writer.close()
-    info = _wait_ready(reader, procs["scheduler"])
+    early = _known_tokenizer_path(args)
+    with ThreadPoolExecutor(1) as pool:
+        tokenizer = pool.submit(_load_tokenizer_or_none, early) if early else None
+        if early:
+            _start_detokenizer(ctx, args, early, ipc, procs)
+        info = _wait_ready(reader, procs["scheduler"])
+        if info.tokenizer_path != early:  # the scheduler's folder wins
+            stop_processes({"detokenizer": procs.pop("detokenizer")} if early else {}, CHILD_JOIN_S, terminate=True)
+            _start_detokenizer(ctx, args, info.tokenizer_path, ipc, procs)
+            return info, None
+        return info, tokenizer.result()
+
+
+def _known_tokenizer_path(args: ServerArgs) -> Optional[str]:
+    """The tokenizer folder the scheduler will report, where it is known without loading anything: given, or a model
+    folder / converted GGUF (model_runner: a dummy model's .json config takes the default model's tokenizer)."""
+    from radixflow.model_files import ready_model_dir
+
+    if args.tokenizer_path:
+        return args.tokenizer_path
+    dummy_json = args.load_format == "dummy" and args.model_path and args.model_path.endswith(".json")
+    return ready_model_dir(None if dummy_json else args.model_path)
+
+
+def _load_tokenizer_or_none(path: str) -> Any:
+    """The tokenizer, or None where it fails: TokenizerManager then loads it again and reports the error."""
+    from radixflow.model_files import load_tokenizer
+
+    try:
+        return load_tokenizer(path)
+    except Exception:
+        return None
+
+
+def _start_detokenizer(ctx, args: ServerArgs, tokenizer_path: str, ipc: IpcNames, procs: dict) -> None:
+    from radixflow.runtime.server.detokenizer import run_detokenizer_process
+
     procs["detokenizer"] = ctx.Process(
-        target=run_detokenizer_process, args=(info.tokenizer_path, ipc, parent, args.log_level), name="radixflow-detokenizer"
+        target=run_detokenizer_process, args=(tokenizer_path, ipc, os.getpid(), args.log_level),
+        name="radixflow-detokenizer",
     )
     procs["detokenizer"].start()
-    return info
 
 
 def _wait_ready(reader, proc) -> ModelInfo:
@@ -112,13 +151,13 @@ def _wait_ready(reader, proc) -> ModelInfo:
     return payload
 
 
-async def _serve(args: ServerArgs, info: ModelInfo, ipc: IpcNames, procs: dict, stop: dict) -> int:
+async def _serve(args: ServerArgs, info: ModelInfo, tokenizer: Any, ipc: IpcNames, procs: dict, stop: dict) -> int:
     import uvicorn
 
     from radixflow.runtime.server.http_server import create_app
     from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
-    tm = TokenizerManager(args, info, ipc)
+    tm = TokenizerManager(args, info, ipc, tokenizer)
     tm.child_pids = {name: p.pid for name, p in procs.items()}
     tm.start()
     config = uvicorn.Config(

@@ -1,0 +1,82 @@
+"""Start-up shortcuts: the tokenizer loaded without AutoTokenizer where that gives the same tokenizer, and the server
+loading it (and starting the detokenizer) while the scheduler loads the model; a model that then fails still fails
+with its reason."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from radixflow.model_files import _loads_directly, load_tokenizer, ready_model_dir, resolve_model
+from radixflow.runtime.server.launch_server import _known_tokenizer_path
+from radixflow.runtime.server_args import ServerArgs
+
+
+@pytest.fixture(scope="module")
+def default_dir() -> str:
+    return resolve_model(None).path
+
+
+def test_direct_tokenizer_is_the_one_autotokenizer_loads(default_dir):
+    from transformers import AutoTokenizer
+
+    assert _loads_directly(default_dir)
+    ours, auto = load_tokenizer(default_dir), AutoTokenizer.from_pretrained(default_dir)
+    assert type(ours) is type(auto) and ours.init_kwargs == auto.init_kwargs
+    text = "Hello <|im_start|>user\n wörld 12345 <|endoftext|>  two  spaces\t"
+    assert ours(text).input_ids == auto(text).input_ids
+    assert (len(ours), ours.all_special_ids, ours.eos_token_id) == (len(auto), auto.all_special_ids, auto.eos_token_id)
+    chat = [{"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False) == auto.apply_chat_template(chat, tokenize=False)
+
+
+def _copy_with(src: str, dst, config: dict | None = None, tokenizer_config: dict | None = None) -> str:
+    os.makedirs(dst)
+    for name in ("config.json", "tokenizer_config.json", "tokenizer.json"):
+        shutil.copy(os.path.join(src, name), dst)
+    for name, changes in (("config.json", config), ("tokenizer_config.json", tokenizer_config)):
+        with open(os.path.join(dst, name)) as f:
+            data = json.load(f)
+        with open(os.path.join(dst, name), "w") as f:
+            json.dump({**data, **(changes or {})}, f)
+    return str(dst)
+
+
+def test_autotokenizer_where_it_may_load_another_class(default_dir, tmp_path):
+    """Other model types (transformers replaces qwen2's saved class), custom code and other saved classes go
+    through AutoTokenizer."""
+    assert _loads_directly(_copy_with(default_dir, tmp_path / "llama"))
+    assert not _loads_directly(_copy_with(default_dir, tmp_path / "qwen2", config={"model_type": "qwen2"}))
+    auto_map = {"auto_map": {"AutoTokenizer": ["x.Tok", None]}}
+    assert not _loads_directly(_copy_with(default_dir, tmp_path / "custom", tokenizer_config=auto_map))
+    fast = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    assert not _loads_directly(_copy_with(default_dir, tmp_path / "fast", tokenizer_config=fast))
+    assert not _loads_directly(str(tmp_path / "missing"))
+
+
+def test_tokenizer_path_known_before_the_model_loads(default_dir, tmp_path):
+    """The folder the scheduler will report: given, a model folder, a converted GGUF, the default model's for a
+    dummy model's .json config; None where only loading can tell (a path that does not exist)."""
+    assert ready_model_dir(None) == default_dir
+    assert _known_tokenizer_path(ServerArgs()) == default_dir
+    assert _known_tokenizer_path(ServerArgs(model_path=str(tmp_path))) == str(tmp_path)
+    assert _known_tokenizer_path(ServerArgs(tokenizer_path="/t", model_path=str(tmp_path))) == "/t"
+    dummy = ServerArgs(model_path=str(tmp_path / "c.json"), load_format="dummy")
+    assert _known_tokenizer_path(dummy) == default_dir
+    assert _known_tokenizer_path(ServerArgs(model_path=str(tmp_path / "none.gguf"))) is None
+
+
+def test_a_model_that_fails_after_the_early_tokenizer_still_fails_with_its_reason(default_dir, tmp_path):
+    """A folder with a tokenizer but no weights: the detokenizer starts early, the scheduler then refuses the
+    folder, and the server exits with the scheduler's reason."""
+    bad = _copy_with(default_dir, tmp_path / "no_weights")
+    assert _known_tokenizer_path(ServerArgs(model_path=bad)) == bad
+    r = subprocess.run([sys.executable, "-m", "radixflow", "serve", "--model-path", bad, "--port", "1"],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert r.returncode != 0
+    assert "failed to start" in r.stderr and "lacks *.safetensors weights" in r.stderr
