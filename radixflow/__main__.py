@@ -29,7 +29,6 @@ def demo(argv: list[str]) -> int:
 
 def serve(argv: list[str]) -> int:
     from radixflow.errors import RadixflowError
-    from radixflow.runtime.server.launch_server import launch_server
     from radixflow.runtime.server_args import ServerArgs
 
     parser = argparse.ArgumentParser(prog="radixflow serve", description="Start the HTTP server (native + OpenAI API).")
@@ -38,6 +37,8 @@ def serve(argv: list[str]) -> int:
         args = ServerArgs.from_cli(parser.parse_args(argv))
     except RadixflowError as e:
         parser.error(str(e))
+    from radixflow.runtime.server.launch_server import launch_server  # torch: not for --help or a bad flag
+
     return launch_server(args)
 
 

@@ -80,3 +80,19 @@ def test_a_model_that_fails_after_the_early_tokenizer_still_fails_with_its_reaso
                        capture_output=True, text=True, timeout=120)  # fmt: skip
     assert r.returncode != 0
     assert "failed to start" in r.stderr and "lacks *.safetensors weights" in r.stderr
+
+
+def test_import_and_serve_help_do_not_load_torch():
+    """`import radixflow` and `radixflow serve --help` (or a bad flag) stay light: ~0.1 s, not torch's ~3 s."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "import radixflow\n"
+        "from radixflow.__main__ import main\n"
+        "try:\n"
+        "    main(['serve', '--help'])\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "exit 0" in out.stdout and "--model-path" in out.stdout, out.stderr[-2000:]

@@ -9,19 +9,22 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
-from radixflow.runtime.scheduling.kv_reserve import RULES
 from radixflow.runtime.extend_graph_args import (
     DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
 )  # fmt: skip
-from radixflow.runtime.scheduling.overlap import MAX_FED_TOKENS
 
 if TYPE_CHECKING:
     from radixflow.kernels.settings import KernelSettings
 
+# Defined here, not in the scheduling modules that use them (kv_reserve, overlap): those import torch, and
+# `import radixflow` (server_args with it) must not, so `radixflow serve --help` and the detokenizer stay light.
+ADMISSION_RULES = ("peak", "ratio")
+MAX_FED_TOKENS = 16  # overlap scheduling: the most pending tokens a row may carry into a pass
+
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
     "schedule_policy": ("lpm", "fcfs"),
-    "admission_rule": RULES,
+    "admission_rule": ADMISSION_RULES,
     "attention_backend": ("auto", "torch_native", "triton", "flashinfer"),
     "load_format": ("auto", "dummy"),
     "device": ("auto", "cpu", "cuda"),

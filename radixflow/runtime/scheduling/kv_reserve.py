@@ -30,12 +30,13 @@ import numpy as np
 from radixflow.radix_cache.radix_tree import TreeNode
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.scheduling.stop_lengths import StopLengths
+from radixflow.runtime.server_args import ADMISSION_RULES
 
 if TYPE_CHECKING:
     from radixflow.radix_cache.radix_tree import MatchResult
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
-RULES = ("peak", "ratio")
+RULES = ADMISSION_RULES
 CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
 
 

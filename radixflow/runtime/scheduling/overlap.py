@@ -39,11 +39,11 @@ from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.scheduling.sampler import SampleResult
+from radixflow.runtime.server_args import MAX_FED_TOKENS
 
 if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
-MAX_FED_TOKENS = 16
 # stand-ins that sample a row whose token is dropped: greedy, or sampled when the batch samples
 # (so a sampled batch does not also pay for greedy rows)
 IDLE_GREEDY = Req(rid="", origin_input_ids=[], sampling=SamplingParams(temperature=0.0))
