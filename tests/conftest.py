@@ -17,6 +17,10 @@ torch.set_num_threads(max(1, min(2, (os.cpu_count() or 2) // _WORKERS)))
 # backend it extends) may be first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+if os.environ.get("TRITON_INTERPRET") == "1":
+    from triton_interpreter import skip_repeated_language_patching
+
+    skip_repeated_language_patching()
 
 PROMPTS = [
     "The capital of France is",
