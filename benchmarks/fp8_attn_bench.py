@@ -52,6 +52,7 @@ from radixflow.kernels.gemv import time_graph_us  # noqa: E402
 
 CASES = {f"{bs}x{length}": (bs, length) for bs in (8, 32, 64, 256, 512) for length in (660, 1536)}
 CASES.update(bf16_attn_bench.CASES)  # the offline pass's shapes: lengths drawn uniformly per case (seeded)
+CASES["1000x1500"] = (1000, 1500)  # the 1,000 in / 1,000 out workload's mean context
 SWEEP_CASES = "768xU,544xU,512x660,384xU,256xU,256x1536,512x1536"
 # The 16-bit pool's launch before issue 28's `bf16` entry (2 warps from batch 256 on an H200), spelt out with
 # no pool entry so it stays the same launch whatever DECODE_CONFIG's entries become: the FP8 row's baseline.
@@ -76,6 +77,15 @@ SWEEP = [
     (32, 2, 5, E2), (32, 2, 8, E2),
     # session 15: one warp a program (more programs an SM), and deeper pipelines at 2 warps
     (64, 1, 3, E2), (64, 1, 5, E2), (32, 1, 5, E2), (32, 1, 8, E2), (128, 2, 5, E2), (64, 2, 8, E2),
+    # session 16: Nsight Compute found 64 / 2 / 5 at 2 warps a scheduler (4 programs an SM, held by both its 180
+    # registers a thread and its 56 KB of shared memory) and latency-bound: registers capped (`_r`), fewer stages
+    *[(n, w, s, {**E2, "maxnreg": r}) for n, w, s, r in ((64, 2, 3, 168), (64, 2, 3, 128), (64, 2, 4, 168),
+                                                        (64, 2, 4, 128), (64, 2, 5, 128), (32, 2, 5, 128),
+                                                        (32, 2, 4, 128), (32, 1, 5, 128), (32, 1, 5, 168))],
+    (64, 4, 3, E2), (64, 4, 5, E2),
+    # ... then one warp (32 / 1 / 5 at 168 registers: 807 against 880 us at 1,000 x 1,500) at its neighbours
+    *[(n, 1, s, {**E2, "maxnreg": r}) for n, s, r in ((32, 5, 144), (32, 5, 160), (32, 5, 176), (32, 5, 192),
+                                                     (32, 4, 168), (32, 6, 168), (16, 8, 168))],
 ]
 FLAGS = {"fp8_exp2": "e2"}  # label suffixes
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
@@ -90,6 +100,7 @@ def _entry(v: tuple) -> dict:
 def _label(entry: dict) -> str:
     tail = f"_wv{entry['waves']}" if "waves" in entry else ""
     tail += "".join(f"_{short}" for key, short in FLAGS.items() if entry.get(key))
+    tail += f"_r{entry['maxnreg']}" if entry.get("maxnreg") else ""
     return f"n{entry['block_n']}w{entry['num_warps']}s{entry['num_stages']}{tail}"
 
 

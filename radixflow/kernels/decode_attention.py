@@ -22,7 +22,8 @@ head_dim, min_kv_heads (the KV heads a rank holds), sm_major (the device's compu
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
 False: where Triton puts it, kept for A/B); `fp8_exp2`: an FP8 pool's scores in log2 units, exponentiated
-by attention_common.exp2_ftz. A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` /
+by attention_common.exp2_ftz; `maxnreg`: a cap on stage 1's registers a thread (Triton's launch option; 0: none),
+so more programs fit an SM. A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` /
 pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool entries do not
 (`resolve_config`).
 
@@ -81,7 +82,7 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8_exp2": False,
+    "fp8_v_regs": True, "fp8_exp2": False, "maxnreg": 0,
     "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True,
             "min_batch": 256, "head_dim": 128, "min_kv_heads": 1, "sm_major": 9},
     "fp8_fallback": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
@@ -377,6 +378,7 @@ def decode_attention(
     if rope is not None:
         assert q.stride(2) == r.k.stride(2) == r.v.stride(2) == r.cos.stride(1) == 1 and r.cos.dtype == torch.float32
         assert d % 2 == 0 and r.cos.shape[1] == d
+    reg_cap = {"maxnreg": cfg["maxnreg"]} if cfg["maxnreg"] else {}
     _decode_stage1[(bsz, hkv, num_splits)](
         q, k_buf, v_buf, req_to_token, req_pool_indices, seq_lens, mid_o, mid_lse, out,
         r.positions, r.cos, r.sin, r.k, r.v, r.loc, k_scale, v_scale,
@@ -387,7 +389,7 @@ def decode_attention(
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16),
         KV_FP8=fp8, KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q, settings),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **reg_cap, **pdl_launch(q, settings),
     )
     if not direct:
         _decode_stage2[(bsz, hq)](
