@@ -26,7 +26,7 @@ and summed, no attention: the read rate the layout allows). Kernels are compiled
 Writes DIR/fp8_attn_bench.json, prints a table, and the swept entry with the lowest geometric mean
 time over the cases from the entry's min_batch up, scored against fp8_default; with --write-config, if it
 beats fp8_default, also puts that entry (with the current entry's gates) into DECODE_CONFIG's `fp8` in
-radixflow/kernels/decode_attention.py (for an engine benchmark that follows in the same call).
+radixflow/kernels/decode_config.py (for an engine benchmark that follows in the same call).
 """
 
 from __future__ import annotations
@@ -185,16 +185,17 @@ def best_entry(cases: list[dict]) -> tuple[str | None, dict | None]:
 
 
 CONFIG_FILE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "radixflow", "kernels",
-                           "decode_attention.py")
+                           "decode_config.py")
 
 
 def write_config(entry: dict) -> None:
     """DECODE_CONFIG's `"fp8": {...}` entry in the source replaced by `entry` with the current entry's gates
-    (POOL_GATES: min_batch, head_dim, ...): the first `"fp8": {...}` in the file, DECODE_CONFIG's."""
+    (POOL_GATES: min_batch, head_dim, ...): the first `"fp8": {...}` in the file, DECODE_CONFIG's, its `large`
+    launch included (the swept entry is one launch for every batch it covers)."""
     gates = {k: v for k, v in DECODE_CONFIG["fp8"].items() if k in ENTRY_GATES["fp8"]}
     text = open(CONFIG_FILE).read()
     source = "{" + ", ".join(f'"{k}": {v!r}' for k, v in {**entry, **gates}.items()) + "}"  # True, not JSON's true
-    new, count = re.subn(r'"fp8": \{[^{}]*\}', lambda _: '"fp8": ' + source, text, count=1)
+    new, count = re.subn(r'"fp8": \{(?:[^{}]|\{[^{}]*\})*\}', lambda _: '"fp8": ' + source, text, count=1)
     assert count == 1, "DECODE_CONFIG's fp8 entry not found"
     with open(CONFIG_FILE, "w") as f:
         f.write(new)

@@ -6,7 +6,7 @@ Cases: 544 requests with lengths U[32, 1536] (offline serving), 200 x 700, 64 x 
 batch 1 at 256, 384 and 4096 tokens. KV slots are a random permutation of the pool's (a pool after
 churn); small cases cycle over enough pool copies to exceed the L2 cache, as 32 layers do.
 
-Every variant (a launch config of kernels/decode_attention.py, see its module doc) is checked
+Every variant (a launch config of kernels/decode_attention.py, see kernels/decode_config.py) is checked
 against the torch reference first (max abs error > 2e-2 fails loudly: listed, not timed, exit 1),
 then timed per call inside a CUDA graph: us and TB/s of K+V bytes read. "old" is the launch
 before the direct/PDL changes (8 warps, stage 2 always, no PDL), "default" today's DECODE_CONFIG.

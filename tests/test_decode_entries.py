@@ -103,15 +103,37 @@ def test_committed_entries_only_on_the_gpus_they_were_timed_on(monkeypatch, majo
 
 
 def _launch(cfg: dict) -> tuple:
-    return cfg["block_n"], cfg["num_warps"], cfg["num_stages"], cfg["fp8_exp2"]
+    return cfg["block_n"], cfg["num_warps"], cfg["num_stages"], cfg["fp8_exp2"], cfg["maxnreg"]
 
 
 def _launch_at(batch: int, pool: str | None, entry: str | None) -> tuple:
-    """The launch of DECODE_CONFIG's `entry`, or where None of `fp8_fallback` for an FP8 pool at its batch sizes
-    (its device gate passing), else of the top level."""
+    """The launch of DECODE_CONFIG's `entry` (its `large` launch from that one's min_batch up), or where None of
+    `fp8_fallback` for an FP8 pool at its batch sizes (its device gate passing), else of the top level."""
     if entry is None and pool == "fp8" and batch >= da.DECODE_CONFIG["fp8_fallback"]["min_batch"]:
         entry = "fp8_fallback"
-    return _launch({**da.DECODE_CONFIG, **(da.DECODE_CONFIG[entry] if entry else {})})
+    own = dict(da.DECODE_CONFIG[entry]) if entry else {}
+    large = own.pop("large", {})
+    return _launch({**da.DECODE_CONFIG, **own, **(large if batch >= large.get("min_batch", batch + 1) else {})})
+
+
+def test_fp8_entry_takes_its_large_launch_from_its_min_batch(monkeypatch):
+    """The `fp8` entry's `large` launch from its own min_batch up and the entry's launch below it, the split count
+    following; a caller's `fp8` entry without `large` has none (sweeps give whole launches); its keys are checked."""
+    _device(monkeypatch, 9, 0, 232_448)
+    entry = da.DECODE_CONFIG["fp8"]
+    large = entry["large"]
+    at, below = (da.resolve_config(b, pool="fp8", **LLAMA) for b in (large["min_batch"], large["min_batch"] - 1))
+    assert all(at[k] == v for k, v in large.items() if k != "min_batch") and not {"large", "min_batch"} & set(at)
+    assert (below["block_n"], below["num_warps"], below["maxnreg"]) == \
+        (entry["block_n"], entry["num_warps"], entry.get("maxnreg", 0)) != (at["block_n"], at["num_warps"], at["maxnreg"])
+    assert da.num_kv_splits(large["min_batch"], 8, 132, pool="fp8", head_dim=128) == \
+        da.num_kv_splits(large["min_batch"], 8, 132, config=at)
+    whole = {k: v for k, v in entry.items() if k != "large"}
+    assert da.resolve_config(4096, {"fp8": whole}, pool="fp8", **LLAMA)["num_warps"] == entry["num_warps"]
+    with pytest.raises(ValueError, match="fp8.large.blok_n"):
+        da.resolve_config(512, {"fp8": {"large": {"min_batch": 1, "blok_n": 32}}}, pool="fp8")
+    with pytest.raises(ValueError, match="small.large"):
+        da.resolve_config(1, {"small": {"large": {}}})
 
 
 def _spy_resolve(monkeypatch) -> list:
@@ -188,16 +210,17 @@ def test_gpu_bf16_entry_llama_shapes():
 
 @pytest.mark.skipif(DEV != "cuda", reason="Llama-3-8B heads at batch 256: too slow for the CPU interpreter")
 @pytest.mark.parametrize("kv_heads", [8, 4, 1])  # Llama-3-8B whole, TP2 / TP8 ranks (all the `fp8` entry since session 12)
-def test_gpu_fp8_entry_llama_shapes(kv_heads):
+@pytest.mark.parametrize("batch", [256, 512])  # the entry's own launch, its `large` one
+def test_gpu_fp8_entry_llama_shapes(kv_heads, batch):
     """DECODE_CONFIG's `fp8` entry (or at fewer KV heads `fp8_fallback`) as the server resolves it (config None, the
     pool's head size and KV heads), at Llama-3-8B heads (128-dim, 4 query heads a KV head, per-head scales) and
-    batch 256, lengths 1 to 1,500: at its own split count, one and 16 against the float32 reference over the
-    dequantized pool."""
-    seq_lens = torch.randint(1, 1500, (256,), generator=torch.Generator().manual_seed(0)).tolist()
+    batch 256 and 512, lengths 1 to 1,500: at its own split count, one and 16 against the float32 reference over
+    the dequantized pool."""
+    seq_lens = torch.randint(1, 1500, (batch,), generator=torch.Generator().manual_seed(0)).tolist()
     shape = {"head_dim": 128, "kv_heads": kv_heads}
     if torch.cuda.get_device_capability()[0] == da.DECODE_CONFIG["fp8"].get("sm_major", 9):  # the entry applies
-        assert _launch(da.resolve_config(256, pool="fp8", **shape)) == \
-            _launch_at(256, "fp8", "fp8" if kv_heads >= da.DECODE_CONFIG["fp8"]["min_kv_heads"] else None)
+        assert _launch(da.resolve_config(batch, pool="fp8", **shape)) == \
+            _launch_at(batch, "fp8", "fp8" if kv_heads >= da.DECODE_CONFIG["fp8"]["min_kv_heads"] else None)
     k, v, table, req_idx = _paged_pool(seq_lens, kv_heads, 128, torch.float32, rows=len(seq_lens) + 1)
     scales = tuple(torch.rand(kv_heads, device=DEV) + 0.05 for _ in range(2))
     k8, v8 = ((t / s[:, None]).to(FP8) for t, s in zip((k, v), scales))

@@ -21,6 +21,7 @@ if not torch.cuda.is_available():
 pytest.importorskip("triton")
 
 import radixflow.kernels.decode_attention as da  # noqa: E402
+import radixflow.kernels.decode_config as dc  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.fp8 import FP8  # noqa: E402
 
@@ -189,7 +190,7 @@ def _device(monkeypatch, major: int, minor: int, optin: int | None) -> None:
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
     # a fresh per-device cache for this fake device, the real one restored afterwards
-    monkeypatch.setattr(da, "_device_limits", functools.lru_cache(da._device_limits.__wrapped__))
+    monkeypatch.setattr(dc, "_device_limits", functools.lru_cache(dc._device_limits.__wrapped__))
 
 
 @pytest.mark.parametrize("major,minor,optin,fits", [
