@@ -83,11 +83,13 @@ def test_a_model_that_fails_after_the_early_tokenizer_still_fails_with_its_reaso
 
 
 def test_import_and_serve_help_do_not_load_torch():
-    """`import radixflow` and `radixflow serve --help` (or a bad flag) stay light: ~0.1 s, not torch's ~3 s."""
+    """`import radixflow` and `radixflow serve --help` (or a bad flag) stay light: ~0.1 s, not torch's ~3 s; so does
+    the detokenizer process's module (it spends its start-up loading the tokenizer, not torch)."""
     code = (
         "import sys\n"
         "sys.modules['torch'] = None\n"
         "import radixflow\n"
+        "import radixflow.runtime.server.detokenizer\n"
         "from radixflow.__main__ import main\n"
         "try:\n"
         "    main(['serve', '--help'])\n"

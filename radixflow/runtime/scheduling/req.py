@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable, Optional
-
-import torch
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 from radixflow.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # annotations only: the detokenizer and the HTTP process import this module without torch
+    import torch
 
 
 class ReqState(Enum):
