@@ -4,7 +4,7 @@
         python3 benchmarks/ncu_decode_attn.py --pool fp8 [--batch 1000 --len 1500] [--config '{"fp8": {...}}']
 
 Llama-3-8B heads (gpu_attn_bench's inputs: KV slots a random permutation of the pool), the FP8 pool with one scale
-per KV head (fp8_kernels.fp8_pool) or the bf16 pool, DECODE_CONFIG as it stands unless --config overrides it.
+per KV head (fp8_attn_bench.fp8_pool_dequantized) or the bf16 pool, DECODE_CONFIG as it stands unless --config overrides it.
 Runs the launch 4 times (the first compiles), checks it against the float32 reference and prints the bytes of the
 pool it reads and its time from CUDA events, so the profile's figures can be set against both.
 """
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import gpu_attn_bench as attn  # noqa: E402
-from gpubench.fp8_kernels import fp8_pool  # noqa: E402
+from fp8_attn_bench import fp8_pool_dequantized  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 
@@ -38,7 +38,7 @@ def main() -> None:
     lens = [args.len] * args.batch
     x = attn.make_inputs(lens)
     fp8 = args.pool == "fp8"
-    kv, scales = fp8_pool(x) if fp8 else ((x["k"], x["v"]), None)
+    kv, scales, deq = fp8_pool_dequantized(x) if fp8 else ((x["k"], x["v"]), None, [x["k"].float(), x["v"].float()])
     splits = num_kv_splits(args.batch, attn.KV_HEADS, torch.cuda.get_device_properties(0).multi_processor_count,
                            config=cfg, pool=args.pool, head_dim=attn.HEAD_DIM)
 
@@ -47,10 +47,6 @@ def main() -> None:
                                 scales=scales)
 
     out = run()
-    if fp8:
-        deq = [p.float() * s[None, :, None] for p, s in zip(kv, scales)]
-    else:
-        deq = [x["k"].float(), x["v"].float()]
     want = ref.decode_attention_ref(x["q"].float(), *deq, x["table"], x["idx"][0], x["lens"], attn.SCALE)
     err = (out.float() - want).abs().max().item()
     del deq, want

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
     from radixflow.radix_cache.radix_tree import MatchResult
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
-RULES = ADMISSION_RULES
 CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
 
 
@@ -85,7 +84,7 @@ class KVReserve:
     new_fraction: float = 1.0  # of its budget a request not started yet is expected to use (this round's)
 
     def __post_init__(self) -> None:
-        assert self.rule in RULES, self.rule
+        assert self.rule in ADMISSION_RULES, self.rule
 
     def finished(self, req: Req) -> None:
         self.retired += 1

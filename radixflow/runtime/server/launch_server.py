@@ -100,11 +100,12 @@ def _start_children(args: ServerArgs, ipc: IpcNames, procs: dict) -> tuple[Model
         if early:
             _start_detokenizer(ctx, args, early, ipc, procs)
         info = _wait_ready(reader, procs["scheduler"])
-        if info.tokenizer_path != early:  # the scheduler's folder wins
-            stop_processes({"detokenizer": procs.pop("detokenizer")} if early else {}, CHILD_JOIN_S, terminate=True)
-            _start_detokenizer(ctx, args, info.tokenizer_path, ipc, procs)
-            return info, None
-        return info, tokenizer.result()
+        if early and info.tokenizer_path == early:
+            return info, tokenizer.result()
+    if early:  # not expected (_known_tokenizer_path follows model_runner), but the scheduler's folder wins
+        stop_processes({"detokenizer": procs.pop("detokenizer")}, CHILD_JOIN_S, terminate=True)
+    _start_detokenizer(ctx, args, info.tokenizer_path, ipc, procs)
+    return info, None
 
 
 def _known_tokenizer_path(args: ServerArgs) -> Optional[str]:
