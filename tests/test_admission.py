@@ -143,3 +143,64 @@ def test_a_waiting_requests_match_is_reused_until_the_tree_grows_under_it_or_los
     tree.evict(200)  # everything unlocked goes, its matched node too
     assert admission.form_extend_batch(sched) == [] and len(walks) == walked + 1
     assert other.waiting_match[1].length == 0
+
+
+class WholePromptInBatch:
+    """The in-batch check as it was before InBatchTails: one tree over every admitted request's whole
+    reusable key (the reference the tails must agree with)."""
+
+    def __init__(self) -> None:
+        self.tree = RadixCache(allocator=None, page_size=1)
+
+    def fresh_enough(self, req: Req, match, _in_batch) -> bool:
+        key = req.token_range(0, admission.match_limit(req))
+        shared = self.tree.match_prefix(key).length - match.length
+        if shared > admission.IN_BATCH_PREFIX_THRESHOLD:
+            return False
+        rest = req.seq_len - match.length
+        if req.sampling.max_new_tokens == 0 and shared >= admission.SCORING_SHARE_MIN and 2 * shared >= rest:
+            return False
+        self.tree.insert(key, torch.zeros(len(key), dtype=torch.int64))
+        return True
+
+
+def _admitted(cached: list, prompts: list, reference: bool = False) -> list:
+    alloc = PageAllocator(4097, 1)
+    tree = RadixCache(alloc, 1)
+    for key in cached:
+        tree.insert(key, alloc.alloc(len(key)))
+    kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(16, 512, "cpu"), tree)
+    waiting = [Req(f"r{i}", p, SamplingParams(max_new_tokens=new), arrival_seq=i)
+               for i, (p, new) in enumerate(prompts)]  # fmt: skip
+    args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="fcfs",
+                           max_running_requests=16, page_size=1)  # fmt: skip
+    sched = SimpleNamespace(args=args, waiting=waiting, running=[], chunked=None, tree=tree, kv=kv,
+                            stats=SchedulerStats(), new_token_ratio=0.0, num_running=0, reserve=KVReserve())  # fmt: skip
+    fresh_enough = admission.fresh_enough
+    if reference:
+        admission.fresh_enough = WholePromptInBatch().fresh_enough
+    try:
+        return [(req.rid, n) for req, n in admission.form_extend_batch(sched)]
+    finally:
+        admission.fresh_enough = fresh_enough
+
+
+PIECES = [list(range(b, b + n)) for b, n in ((1000, 40), (2000, 20), (3000, 36), (4000, 8), (5000, 17))]
+
+
+@settings(max_examples=150, deadline=None)
+@given(cached=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3), max_size=3),
+       prompts=st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.sampled_from([0, 4])),
+                        min_size=1, max_size=8))  # fmt: skip
+def test_in_batch_deferral_by_tails_is_the_whole_prompts_rule(cached, prompts):
+    """Requests built from shared pieces (few-shot prefixes, questions, a select's choices: max_new_tokens 0),
+    some of them cached: InBatchTails admits and defers exactly the requests the whole-prompt tree did."""
+    cached = [sum((PIECES[i] for i in key), []) for key in cached]
+    prompts = [(sum((PIECES[i] for i in key), []), new) for key, new in prompts]
+    assert _admitted(cached, prompts) == _admitted(cached, prompts, reference=True)
+
+
+def test_a_request_sharing_a_long_uncached_tail_after_a_cached_prefix_waits():
+    few_shot, question = PIECES[0], PIECES[2]
+    prompts = [(few_shot + question + [1], 4), (few_shot + question + [2], 4), (few_shot + PIECES[1], 4)]
+    assert _admitted([few_shot], prompts) == [("r0", 37), ("r2", 20)]

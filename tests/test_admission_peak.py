@@ -41,6 +41,22 @@ def test_peak_extra_is_the_highest_step_by_step_need(reqs):
     assert peak_extra(np.array(freed, dtype=np.int64), np.array(left, dtype=np.int64)) == stepped_peak(freed, left)
 
 
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 50), st.integers(0, 30)), max_size=12),
+       st.lists(st.tuples(st.integers(0, 60), st.integers(0, 50), st.integers(0, 30)), min_size=1, max_size=6),
+       st.integers(0, 300))
+def test_round_need_fits_as_the_exact_peak_says(running, newcomers, available):
+    """RoundNeed skips the peak where every `left` at once fits: its answers are the exact rule's."""
+    need = kv_reserve.RoundNeed(np.array([f for f, _ in running], dtype=np.int64),
+                                np.array([r for _, r in running], dtype=np.int64))
+    held = list(running)
+    for take, freed, left in newcomers:
+        exact = take + stepped_peak([f for f, _ in held] + [freed], [r for _, r in held] + [left]) <= available
+        assert need.fits(available, take, freed, left) == exact
+        need.add(freed, left)
+        held.append((freed, left))
+
+
 def small_scheduler(pool: int, rule: str, running: list, waiting: list, ratio: float = 0.7):
     alloc = PageAllocator(pool + 1, 1)
     tree = RadixCache(alloc, 1)

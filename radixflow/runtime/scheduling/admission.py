@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixflow.radix_cache.radix_tree import MatchResult, RadixCache
+from radixflow.radix_cache.radix_tree import MatchResult
 from radixflow.runtime.scheduling.kv_reserve import admission_gate, blocked_state
 from radixflow.runtime.scheduling.req import Req, ReqState
 
@@ -61,7 +61,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     if sched.reserve.blocked == blocked_state(sched) and not batch:
         return batch  # nothing changed since the head request did not fit
     sched.reserve.blocked = None
-    in_batch = RadixCache(allocator=None, page_size=1)
+    in_batch = InBatchTails()
     gate = admission_gate(sched, batch)
     admitted = set()
     for req, match in ordered_waiting(sched):
@@ -99,11 +99,38 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
             sched.chunked = req
             break
     sched.waiting = [r for r in sched.waiting if id(r) not in admitted]
-    in_batch.discard()  # frees its nodes now, not in a later full garbage collection
     return batch
 
 
-def fresh_enough(req: Req, match: MatchResult, in_batch: RadixCache) -> bool:
+class InBatchTails:
+    """The uncached tokens of the requests admitted this round, one token trie (nested dicts) per cached
+    node they continue. Two requests that share uncached tokens continue the same node: the tree's match
+    of the tokens they share is their match, up to the same node. So a request is compared with the
+    others' tails only, never walked again down its cached few-shot prefix, and only as deep as the
+    rules look: past IN_BATCH_PREFIX_THRESHOLD shared tokens a request waits however many more it shares."""
+
+    DEPTH = IN_BATCH_PREFIX_THRESHOLD + 1
+
+    def __init__(self) -> None:
+        self.tries: dict = {}  # TreeNode -> {token: {token: ...}}
+
+    def shared(self, match: MatchResult, tail: list) -> int:
+        """Tokens `tail` shares with an admitted request's, counted up to DEPTH."""
+        level, n = self.tries.get(match.node), 0
+        for tok in tail[: self.DEPTH]:
+            level = level.get(tok) if level is not None else None
+            if level is None:
+                break
+            n += 1
+        return n
+
+    def add(self, match: MatchResult, tail: list) -> None:
+        level = self.tries.setdefault(match.node, {})
+        for tok in tail[: self.DEPTH]:
+            level = level.setdefault(tok, {})
+
+
+def fresh_enough(req: Req, match: MatchResult, in_batch: InBatchTails) -> bool:
     """In-batch prefix sharing: if this request shares a long uncached prefix with one
     already admitted this round, wait a round and reuse its KV instead. A prompt-only
     request (a select's scoring) has no first token to delay, so it also waits when the
@@ -113,12 +140,12 @@ def fresh_enough(req: Req, match: MatchResult, in_batch: RadixCache) -> bool:
     to recompute than a pass of latency). Only the reusable part counts (up to
     `match_limit`): tokens whose input logprobs are wanted are computed again anyway, so
     waiting for them would gain nothing and cost a pass."""
-    key = req.token_range(0, match_limit(req))
-    shared = in_batch.match_prefix(key).length - match.length
+    tail = req.token_range(match.length, max(min(match_limit(req), match.length + InBatchTails.DEPTH), match.length))
+    shared = in_batch.shared(match, tail)
     if shared > IN_BATCH_PREFIX_THRESHOLD:
         return False
     rest = req.seq_len - match.length
     if req.sampling.max_new_tokens == 0 and shared >= SCORING_SHARE_MIN and 2 * shared >= rest:
         return False
-    in_batch.insert(key, torch.zeros(len(key), dtype=torch.int64))
+    in_batch.add(match, tail)
     return True

@@ -127,14 +127,30 @@ class RoundNeed:
 
     freed: np.ndarray
     left: np.ndarray
+    left_sum: int = -1  # sum(left), kept up to date: at most the peak (a request holds at most its `left` extra)
+
+    def __post_init__(self) -> None:
+        self.left_sum = int(self.left.sum())
+        self._new: list = []  # (freed, left) of the requests admitted this round, joined into the arrays on demand
 
     def fits(self, available: int, take: int, freed: int, left: int) -> bool:
         """Whether a request taking `take` slots now (its prefill, its prefix locked) and then (freed, left)
-        keeps the peak within the `available` free + evictable slots."""
+        keeps the peak within the `available` free + evictable slots. Most rounds have room for every
+        `left` at once, which bounds the peak, and skip working it out."""
+        if take + self.left_sum + left <= available:
+            return True
+        self._join()
         return take + peak_extra(np.append(self.freed, freed), np.append(self.left, left)) <= available
 
     def add(self, freed: int, left: int) -> None:
-        self.freed, self.left = np.append(self.freed, freed), np.append(self.left, left)
+        self._new.append((freed, left))
+        self.left_sum += left
+
+    def _join(self) -> None:
+        if self._new:
+            new = np.array(self._new, dtype=np.int64)
+            self.freed, self.left = np.append(self.freed, new[:, 0]), np.append(self.left, new[:, 1])
+            self._new = []
 
 
 class PeakGate:
