@@ -3,6 +3,7 @@ KV page owned exactly once and leak nothing."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -313,3 +314,40 @@ def test_a_match_that_stays_current_is_what_a_new_walk_gives(operations, keys):
                 if current:
                     assert fresh.node is match.node and torch.equal(fresh.slots, match.slots)
                 kept[i] = (key, fresh)
+
+
+def _flush_case(device: str, writes: list, flush_after) -> None:
+    from radixflow.radix_cache.memory_pool import ReqToTokenPool
+
+    pool = ReqToTokenPool(4, 20, device)
+    if pool.host is pool.table:  # on the CPU: a host copy apart, as on a GPU
+        pool.host = pool.table.clone()
+    want = torch.zeros(4, 20, dtype=torch.int32)
+    for i, (row, start, slots) in enumerate(writes):
+        pool.write(row, start, torch.tensor(slots, dtype=torch.int64))
+        want[row, start : start + len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        if flush_after is not None and i % flush_after == flush_after - 1:
+            pool.flush()
+    assert torch.equal(pool.host, want)
+    pool.flush()
+    assert torch.equal(pool.table.cpu(), want)
+    pool.flush()  # nothing noted since: a no-op
+    assert torch.equal(pool.table.cpu(), want)
+
+
+WRITES = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 12), st.lists(st.integers(1, 99), max_size=6)), max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(WRITES, st.sampled_from([None, 3, 7]))
+def test_req_to_token_writes_reach_the_device_table_at_flush(writes, flush_after):
+    """A table whose host copy is apart (as on a GPU; here both on the CPU): writes land on the host at
+    once and on the device table only at flush, all of them, in their order (a later write of a cell wins)."""
+    _flush_case("cpu", writes, flush_after)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+@settings(max_examples=30, deadline=None)
+@given(WRITES, st.sampled_from([None, 3]))
+def test_gpu_req_to_token_flush(writes, flush_after):
+    _flush_case("cuda", writes, flush_after)

@@ -140,14 +140,18 @@ class KVPool:
 class ReqToTokenPool:
     """`[max_running_requests, max_context]` int32 table; row r = KV slots of request r.
 
-    The scheduler reads a host copy (`host`), so that it never waits for the GPU; each
-    write goes to both, the device side as an asynchronous copy (on CPU they are one tensor).
+    The scheduler reads a host copy (`host`), so that it never waits for the GPU. `write` updates the
+    host copy and notes the span; `flush`, before each forward pass, copies every span noted since in one
+    asynchronous copy and one scatter (on CPU they are one tensor). A copy a write cost three small
+    transfers and kernel launches a request in every extend pass (its cached prefix, its new slots,
+    the tree's slots after the pass): a pass admitting a hundred requests spent milliseconds launching them.
     """
 
     def __init__(self, size: int, max_context: int, device: str):
         self.table = torch.zeros(size, max_context, dtype=torch.int32, device=device)
         on_host = self.table.device.type == "cpu"
         self.host = self.table if on_host else torch.zeros(size, max_context, dtype=torch.int32)
+        self._spans: list = []  # (row, start, length) written on the host since the last flush
         self.size = size
         self.clear()
 
@@ -155,6 +159,7 @@ class ReqToTokenPool:
         """Drops the table and its host copy now (at shutdown), whoever still holds the pool: with a
         long context and many rows the table alone is hundreds of MB on the device."""
         self.table = self.host = torch.empty(0, 0, dtype=torch.int32)
+        self._spans = []
 
     def alloc(self) -> int | None:
         if not self._free_rows:
@@ -171,8 +176,29 @@ class ReqToTokenPool:
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
         vals = slots.to("cpu", torch.int32)
         self.host[row, start : start + vals.numel()] = vals
-        if self.host is not self.table:
-            self.table[row, start : start + vals.numel()] = to_device_async(vals, self.table.device)
+        if self.host is not self.table and vals.numel():
+            self._spans.append((row, start, vals.numel()))
+
+    def flush(self) -> None:
+        """The device table gets every span written since the last flush: each row's written range (its
+        current host values, which equal the device's outside the spans) packed into one copy, and the
+        cells' indices worked out on the device (a host loop over the tokens cost more than the copies)."""
+        if not self._spans:
+            return
+        ranges: dict = {}  # row -> (lo, hi) covering its spans
+        for row, start, n in self._spans:
+            lo, hi = ranges.get(row, (start, start + n))
+            ranges[row] = (min(lo, start), max(hi, start + n))
+        self._spans = []
+        width, dev = self.host.shape[1], self.table.device
+        vals = torch.cat([self.host[row, lo:hi] for row, (lo, hi) in ranges.items()])
+        meta = torch.tensor([(row * width + lo, hi - lo) for row, (lo, hi) in ranges.items()], dtype=torch.int64)
+        vals, meta = to_device_async(vals, dev), to_device_async(meta, dev)
+        starts, lens = meta.unbind(1)
+        before = torch.cumsum(lens, 0) - lens  # where each range starts in `vals`
+        flat = torch.repeat_interleave(starts - before, lens, output_size=vals.numel())
+        flat += torch.arange(vals.numel(), device=dev)
+        self.table.view(-1).index_copy_(0, flat, vals)
 
     def write_points(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
         """table[rows[i], cols[i]] = slots[i] (host int64 tensors), in one scatter."""

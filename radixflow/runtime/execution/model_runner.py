@@ -316,6 +316,7 @@ class ModelRunner:
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """Logits `[len(fb.logits_indices), vocab]` in float32."""
+        self.req_to_token.flush()
         if self.pass_hook is not None:
             self.pass_hook(fb)
         if self.graph_runner is not None and self.graph_runner.can_run(fb):
