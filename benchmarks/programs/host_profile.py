@@ -135,12 +135,15 @@ def main(argv=None) -> None:
     ap.add_argument("--config", default=None)
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--max-total-tokens", type=int, default=None)
+    ap.add_argument("--tokenizer", default=None, help="a tokenizer folder (a --config model has none of its own)")
     ap.add_argument("--stand-in-model", action="store_true",
                     help="fixed logits instead of the forward pass (step_timeline.stand_in_forward): host time alone")
     args = ap.parse_args(argv)
     kw = {"load_format": args.load_format}
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
+    if args.tokenizer:
+        kw["tokenizer_path"] = args.tokenizer
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     with rf.Engine(args.config, **kw) as engine:
         if args.stand_in_model:
