@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import torch
-
 from radixflow.radix_cache.radix_tree import MatchResult
 from radixflow.runtime.scheduling.kv_reserve import admission_gate, blocked_state
 from radixflow.runtime.scheduling.req import Req, ReqState
@@ -140,7 +138,7 @@ def fresh_enough(req: Req, match: MatchResult, in_batch: InBatchTails) -> bool:
     to recompute than a pass of latency). Only the reusable part counts (up to
     `match_limit`): tokens whose input logprobs are wanted are computed again anyway, so
     waiting for them would gain nothing and cost a pass."""
-    tail = req.token_range(match.length, max(min(match_limit(req), match.length + InBatchTails.DEPTH), match.length))
+    tail = req.token_range(match.length, min(match_limit(req), match.length + InBatchTails.DEPTH))
     shared = in_batch.shared(match, tail)
     if shared > IN_BATCH_PREFIX_THRESHOLD:
         return False

@@ -127,11 +127,11 @@ class RoundNeed:
 
     freed: np.ndarray
     left: np.ndarray
-    left_sum: int = -1  # sum(left), kept up to date: at most the peak (a request holds at most its `left` extra)
+    left_sum: int = field(init=False)  # sum of every `left`, the newcomers' too: the peak is at most this
+    new: list = field(init=False, default_factory=list)  # (freed, left) admitted this round, not yet in the arrays
 
     def __post_init__(self) -> None:
         self.left_sum = int(self.left.sum())
-        self._new: list = []  # (freed, left) of the requests admitted this round, joined into the arrays on demand
 
     def fits(self, available: int, take: int, freed: int, left: int) -> bool:
         """Whether a request taking `take` slots now (its prefill, its prefix locked) and then (freed, left)
@@ -143,14 +143,14 @@ class RoundNeed:
         return take + peak_extra(np.append(self.freed, freed), np.append(self.left, left)) <= available
 
     def add(self, freed: int, left: int) -> None:
-        self._new.append((freed, left))
+        self.new.append((freed, left))
         self.left_sum += left
 
     def _join(self) -> None:
-        if self._new:
-            new = np.array(self._new, dtype=np.int64)
+        if self.new:
+            new = np.array(self.new, dtype=np.int64)
             self.freed, self.left = np.append(self.freed, new[:, 0]), np.append(self.left, new[:, 1])
-            self._new = []
+            self.new = []
 
 
 class PeakGate:

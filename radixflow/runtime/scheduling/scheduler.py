@@ -152,7 +152,7 @@ class Scheduler:
         if tokens_arrived(self.pending_extend):  # no need to hold them while the next pass is built
             touched += self._read_back_extend()
         batch = form_extend_batch(self)
-        self.kv.req_to_token.flush()  # the admitted rows' copies queue behind the pass in flight, before _drain waits for it
+        self.kv.req_to_token.flush()  # the admitted rows' copies queue behind the pass in flight, before _drain waits
         if self.inflight is not None:
             assert self.pending_extend is None, "a pending extend pass is read back before any decode pass"
             chained = None if batch else self._chain_decode()
