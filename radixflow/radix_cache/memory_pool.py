@@ -142,9 +142,9 @@ class ReqToTokenPool:
 
     The scheduler reads a host copy (`host`), so that it never waits for the GPU. `write` updates the
     host copy and notes the span; `flush`, before each forward pass, copies every span noted since in one
-    asynchronous copy and one scatter (on CPU they are one tensor). Copying at every write cost three
-    small transfers and kernel launches per request in every extend pass (its cached prefix, its new
-    slots, the tree's slots after the pass): milliseconds of launches for a pass admitting a hundred.
+    asynchronous copy and one scatter (on CPU they are one tensor), where copying at every write took
+    three small transfers and kernel launches per request in every extend pass (its cached prefix, its
+    new slots, the tree's slots after the pass).
     """
 
     def __init__(self, size: int, max_context: int, device: str):

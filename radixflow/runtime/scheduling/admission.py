@@ -113,10 +113,12 @@ class InBatchTails:
         self.tries: dict = {}  # TreeNode -> {token: {token: ...}}
 
     def shared(self, match: MatchResult, tail: list) -> int:
-        """Tokens `tail` shares with an admitted request's, counted up to DEPTH."""
+        """Tokens `tail` (at most DEPTH: fresh_enough cuts it) shares with an admitted request's."""
         level, n = self.tries.get(match.node), 0
-        for tok in tail[: self.DEPTH]:
-            level = level.get(tok) if level is not None else None
+        if level is None:
+            return 0
+        for tok in tail:
+            level = level.get(tok)
             if level is None:
                 break
             n += 1
@@ -124,7 +126,7 @@ class InBatchTails:
 
     def add(self, match: MatchResult, tail: list) -> None:
         level = self.tries.setdefault(match.node, {})
-        for tok in tail[: self.DEPTH]:
+        for tok in tail:
             level = level.setdefault(tok, {})
 
 
