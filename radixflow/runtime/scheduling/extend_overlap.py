@@ -7,16 +7,21 @@ them), and their sampled ids are read back by the next step: at its start when t
 reached the host, else right after it launches the next extend pass, or before anything else when the
 next step has no extend pass to launch. Until then nothing reads their first token: no decode pass
 runs before the read-back, and an extend batch holds only waiting or chunked requests. The tokens, stops and outputs are those of the synchronous path.
+
+A pass's input logprobs (a select's scoring requests, a prompt's logprobs) are read back the same way; the
+requests whose prompts end in the pass without generating (max_new_tokens 0) are retired at once, so their KV
+goes into the tree, but finish only at the read-back, when their logprobs are in.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixflow.runtime.scheduling.overlap import copy_to_host
+from radixflow.host_copy import copy_to_host
+from radixflow.runtime.scheduling.logprobs import PendingInputs
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.scheduling.sampler import SampleResult
 
@@ -26,12 +31,22 @@ if TYPE_CHECKING:
 
 @dataclass
 class PendingExtend:
-    """The sampled first tokens of an extend pass's finishing requests, not yet read back."""
+    """The sampled first tokens of an extend pass's finishing requests, and its input logprobs, not yet read back."""
 
-    reqs: list[Req]
-    result: SampleResult  # next_ids on the device
-    host_ids: torch.Tensor  # their host copy, valid once `ready` has completed
-    ready: Optional[torch.cuda.Event] = None
+    reqs: list[Req]  # sampled (possibly none)
+    result: Optional[SampleResult]  # next_ids on the device
+    host_ids: Optional[torch.Tensor]  # their host copy, valid once `ready` has completed
+    ready: Optional[torch.cuda.Event] = None  # the pass's last copy: when it has completed, every copy has
+    inputs: Optional[PendingInputs] = None
+    prompt_only: list[Req] = field(default_factory=list)  # retired, finished by the read-back
+
+    def finish_inputs(self) -> list[Req]:
+        """Apply the input logprobs and finish the prompt-only requests; returns those finished."""
+        if self.inputs is not None:
+            self.inputs.apply()
+        for req in self.prompt_only:
+            req.finish({"type": "length", "length": 0})
+        return self.prompt_only
 
 
 def defers_extends(sched: Scheduler) -> bool:
@@ -47,7 +62,11 @@ def tokens_arrived(pending: Optional[PendingExtend]) -> bool:
     return pending is not None and pending.ready is not None and pending.ready.query()
 
 
-def sample_deferred(sched: Scheduler, reqs: list[Req], logits: torch.Tensor) -> PendingExtend:
-    """Sample `reqs`' first tokens and start copying them to the host; nothing here waits for the GPU."""
+def sample_deferred(sched: Scheduler, reqs: list[Req], logits: Optional[torch.Tensor],
+                    inputs: Optional[PendingInputs] = None, prompt_only: Optional[list[Req]] = None) -> PendingExtend:
+    """Sample `reqs`' first tokens (if any) and start copying them to the host; nothing here waits for the GPU."""
+    if not reqs:
+        assert inputs is not None, "an extend pass defers its sampled tokens, its input logprobs or both"
+        return PendingExtend([], None, None, inputs.ready, inputs, prompt_only or [])
     result = sched.sample(logits, reqs)
-    return PendingExtend(reqs, result, *copy_to_host(result.next_ids))
+    return PendingExtend(reqs, result, *copy_to_host(result.next_ids), inputs=inputs, prompt_only=prompt_only or [])

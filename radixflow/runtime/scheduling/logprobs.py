@@ -3,26 +3,52 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
+from radixflow.host_copy import copy_to_host, to_device_async
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.scheduling.sampler import SampleResult
 
 CHUNK_ROWS = 512  # rows per logsumexp in add_inputs (bounds its temporaries: 512 x vocab floats)
 
 
+@dataclass
+class PendingInputs:
+    """One pass's input logprobs on their way to the host, for `spans` of (req, first, last) prompt positions."""
+
+    spans: list
+    values: torch.Tensor  # the spans' logprobs, one after another; valid once `ready` has completed
+    ready: Optional[torch.cuda.Event] = None  # None: already on the host
+
+    def apply(self) -> None:
+        """Append each span's logprobs to its request (waits for the copy)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        values, at = self.values.tolist(), 0
+        for req, first, last in self.spans:
+            m = last + 1 - first
+            req.input_token_logprobs.extend(zip(values[at : at + m], req.origin_input_ids[first : last + 1]))
+            at += m
+
+
 class LogprobCollector:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
 
-    def add_inputs(self, logits: torch.Tensor, items: list) -> None:
+    def add_inputs(self, logits: torch.Tensor, items: list, defer: bool = False) -> Optional[PendingInputs]:
         """Input logprobs for one pass's requests: `items` are (req, row, start_pos, n), where
         `logits[row + j]` is the distribution after position start_pos + j (predicting token +1).
         A logprob is the target's logit minus its row's logsumexp, read from the pass's rows
         without copying them (no vocabulary-wide log-softmax written out; float32 already), in
         chunks of rows, and copied to the host once for all requests: a select's many scoring
-        requests in a pass would each wait for the GPU otherwise."""
+        requests in a pass would each wait for the GPU otherwise. With `defer` (overlapped extend
+        passes) the copy is only started and the caller applies the returned PendingInputs after
+        launching the next pass, so the host does not wait for this one (a select's scoring passes
+        would otherwise each stop the GPU while the next is built); None when applied here (also
+        with top logprobs, which are read at once)."""
         spans, rows, targets = [], [], []
         for req, row, start_pos, n in items:
             first, last = self._span(req, start_pos, n)
@@ -32,20 +58,21 @@ class LogprobCollector:
             rows.append(range(row + first - 1 - start_pos, row + last - start_pos))
             targets.extend(req.origin_input_ids[first : last + 1])
         if not spans:
-            return
+            return None
         lo, hi = rows[0].start, rows[-1].stop
         lse = torch.cat([torch.logsumexp(logits[a : min(a + CHUNK_ROWS, hi)], dim=-1) for a in range(lo, hi, CHUNK_ROWS)])
-        row_ids = torch.tensor(list(itertools.chain.from_iterable(rows)), device=logits.device)
-        target_ids = torch.tensor(targets, device=logits.device)
-        values = (logits[row_ids, target_ids] - lse[row_ids - lo]).tolist()
-        at = 0
+        flat_rows = list(itertools.chain.from_iterable(rows))
+        row_ids, target_ids = to_device_async(torch.tensor([flat_rows, targets], dtype=torch.int64), logits.device)
+        pending = PendingInputs(spans, *copy_to_host(logits[row_ids, target_ids] - lse[row_ids - lo]))
         for (req, first, last), span_rows in zip(spans, rows):
-            m = last + 1 - first
-            req.input_token_logprobs.extend(zip(values[at : at + m], req.origin_input_ids[first : last + 1]))
             if req.logprob.top_logprobs_num:
                 req.input_top_logprobs.extend(_top_rows(logits, lse, lo, span_rows, req.logprob.top_logprobs_num))
-            req.input_logprob_next = last + 1
-            at += m
+                defer = False
+            req.input_logprob_next = last + 1  # the next chunk's span starts here, applied or not
+        if defer:
+            return pending
+        pending.apply()
+        return None
 
     @staticmethod
     def _span(req: Req, start_pos: int, n: int) -> tuple[int, int]:

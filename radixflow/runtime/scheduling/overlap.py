@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixflow.host_copy import to_device_async
+from radixflow.host_copy import copy_to_host, to_device_async
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch
@@ -120,17 +120,6 @@ def sample_flight(sched: Scheduler, flight: InflightDecode, real: list, continue
     result = sched.sample(flight.logits, rows)
     flight.logits, flight.real, flight.result = None, real, result
     flight.host_ids, flight.ready = copy_to_host(result.next_ids)
-
-
-def copy_to_host(ids: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.cuda.Event]]:
-    """Start copying sampled `ids` to the host without waiting; the copy is valid once the returned
-    event has completed (None on CPU, where it already is)."""
-    host = ids.to("cpu", non_blocking=True)
-    if not ids.is_cuda:
-        return host, None
-    ready = torch.cuda.Event()
-    ready.record()
-    return host, ready
 
 
 def start_decode(sched: Scheduler) -> Optional[InflightDecode]:

@@ -124,8 +124,9 @@ class Scheduler:
         return req
 
     def has_work(self) -> bool:
-        # an in-flight pass's unfinished requests are all in `running`
-        return bool(self.waiting or self.running or self.chunked or self.pending_grammar)
+        # an in-flight pass's unfinished requests are all in `running`; a pending extend pass may hold
+        # prompt-only requests that finish when it is read back
+        return bool(self.waiting or self.running or self.chunked or self.pending_grammar or self.pending_extend)
 
     @property
     def num_running(self) -> int:
@@ -195,22 +196,27 @@ class Scheduler:
             offsets.append(offset)
             offset += len(req_rows)
         items = [(r, at, first_logit_pos(r), len(v)) for (r, _), v, at in zip(batch, views, offsets) if r.needs_input_logprobs]
-        self.logprobs.add_inputs(logits, items)
-        finishing = []
+        deferred = defers_extends(self)
+        inputs = self.logprobs.add_inputs(logits, items, defer=deferred)  # None: already applied
+        finishing, prompt_only = [], []
         for (req, n), req_logits in zip(batch, views):
             req.kv_len += n
             self.kv.cache_unfinished(req)  # share what is computed so far
             if req.kv_len < req.seq_len:  # more chunks to come
                 continue
             if req.sampling.max_new_tokens == 0:
-                req.finish({"type": "length", "length": 0})
                 self._retire(req)
+                prompt_only.append(req)
                 continue
             finishing.append((req, req_logits[-1:]))
+        if inputs is None:
+            for req in prompt_only:
+                req.finish({"type": "length", "length": 0})
         touched = [r for r, _ in batch if r.finished]
         reqs = [r for r, _ in finishing]
-        if finishing and defers_extends(self):  # read back by the next step, after it launches its pass
-            pending = sample_deferred(self, reqs, torch.cat([lg for _, lg in finishing]))
+        if (finishing or inputs is not None) and deferred:  # read back by the next step, after it launches its pass
+            logits_rows = torch.cat([lg for _, lg in finishing]) if finishing else None
+            pending = sample_deferred(self, reqs, logits_rows, inputs, prompt_only if inputs is not None else None)
             self.running += reqs
             prev, self.pending_extend = self.pending_extend, pending  # kept even if reading `prev` back fails
             self.stats.late_extend_read_backs += prev is not None
@@ -231,7 +237,10 @@ class Scheduler:
     def _advance_pending(self, pending: Optional[PendingExtend]) -> list[Req]:
         if pending is None:
             return []
-        return self._advance_host(pending.reqs, pending.host_ids, pending.ready, pending.result)
+        done = pending.finish_inputs()
+        if not pending.reqs:
+            return done
+        return done + self._advance_host(pending.reqs, pending.host_ids, pending.ready, pending.result)
 
     # -- decode (overlapped passes: overlap.py) --------------------------------------------------
     def _decode(self) -> list[Req]:

@@ -194,7 +194,7 @@ class SchedulerLoop:
         stay queued. Frees their KV, and any slots the broken pass left unowned."""
         waiting = {id(r) for r in self.scheduler.waiting + self.scheduler.pending_grammar}
         admitted = [r for r in self.inflight.values() if id(r) not in waiting]
-        outs = [r.to_output() if r.state == ReqState.FINISHED else self._fail(r, err) for r in admitted]
+        outs = [r.to_output() if r.finished else self._fail(r, err) for r in admitted]
         lost = self.scheduler.reclaim_unowned_pages()
         if lost:
             log.warning("reclaimed %d KV pages left by the failed step", lost)
@@ -203,7 +203,9 @@ class SchedulerLoop:
     def _fail(self, req: Req, err: Exception) -> ReqOutput:
         msg = f"internal error while serving this request: {type(err).__name__}: {err}"
         req.finish({"type": "abort", "message": msg, "status_code": 500})
-        if self.scheduler.abort(req.rid) is None:  # not in any queue: free what it holds
+        # retired but not finished: a prompt-only request of a pending extend pass, its KV already in the tree
+        retired = req.state == ReqState.FINISHED
+        if not retired and self.scheduler.abort(req.rid) is None:  # not in any queue: free what it holds
             self.scheduler.kv.release(req, cache=False)
         req.state = ReqState.FINISHED
         out = req.to_output()
