@@ -1,7 +1,8 @@
 """Where a workload's wall time goes, graph vs eager: the engine thread's time inside scheduler
 steps, inside the program executor (request graphs' per-step work), and idle between turns
 (waiting for program threads to hand it work), per mode, one interleaved round after a
-full-size warm-up of each; and the model's own time: on CUDA the GPU time of the forward passes
+full-size warm-up of each (with --syncs, then one more graph round, untimed, listing where the host waited
+for the GPU: probe_logs.SyncLog); and the model's own time: on CUDA the GPU time of the forward passes
 (events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
 is the rest of the wall time per pass: what the host adds to the model's work; the phase
 columns split the engine thread's part of it (pass_timer.PHASES; on CUDA each forward pass is
@@ -27,6 +28,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from run import run_mode  # noqa: E402
 from pass_timer import PHASES, Timeline  # noqa: E402
+from probe_logs import SyncLog  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
 
 
@@ -51,6 +53,15 @@ def timeline(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     finally:
         tl.close()
     return out
+
+
+def sync_sites(engine, name: str, n: int, size: float, sampling: dict) -> dict:
+    """One graph round under SyncLog: the host's synchronizing CUDA calls and its waits on CUDA events not
+    yet complete, by the radixflow line that made them (the round is already warm)."""
+    w = BY_NAME[name]
+    with SyncLog(str(engine.runner.device).startswith("cuda")) as log:
+        run_mode(engine, w, w.inputs(random.Random(0), n, size), "graph", sampling)
+    return log.summary()
 
 
 def stand_in_forward(engine, token: int = 1000) -> None:
@@ -85,6 +96,7 @@ def main(argv=None) -> None:
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (e.g. a GPU's, to time the host's work with a pool that large)")
+    ap.add_argument("--syncs", action="store_true", help="then one graph round listing where the host waited for the GPU")
     ap.add_argument("--stand-in-model", action="store_true",
                     help="the forward pass returns fixed logits (one token always first) and computes nothing: "
                          "a round's time is the host's alone")
@@ -102,6 +114,9 @@ def main(argv=None) -> None:
         for name in args.workloads.split(","):
             results[name] = timeline(engine, name, args.n, args.size, sampling)
             print_rows(name, results[name])
+            if args.syncs:
+                results[name]["graph_syncs"] = sync_sites(engine, name, args.n, args.size, sampling)
+                print(json.dumps(results[name]["graph_syncs"], indent=1), flush=True)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"args": vars(args), "results": results}, f, indent=1)
