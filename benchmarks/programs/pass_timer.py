@@ -8,7 +8,9 @@ from __future__ import annotations
 import time
 
 
-PHASES = ("admission", "input_logprobs", "cache_unfinished", "release", "sample")
+# parts may nest: `advance` (a pass's read-back: tokens, stops, finished requests) holds the release of those
+# it finishes; `launch` is the host's time inside a forward call (on CUDA before waiting for the pass)
+PHASES = ("admission", "input_logprobs", "cache_unfinished", "release", "sample", "advance", "launch")
 
 
 class Timeline:
@@ -34,7 +36,7 @@ class Timeline:
 
         parts = [(scheduler_module, "form_extend_batch", "admission"), (sched.logprobs, "add_inputs", "input_logprobs"),
                  (sched.kv, "cache_unfinished", "cache_unfinished"), (sched.kv, "release", "release"),
-                 (sched, "_sample_and_advance", "sample")]  # fmt: skip
+                 (sched, "sample", "sample"), (sched, "_advance", "advance")]  # fmt: skip
         for obj, name, phase in parts:
             fn = getattr(obj, name)
             self._restore.append((obj, name, fn))
@@ -56,12 +58,14 @@ class Timeline:
         def wrapped(*a, **k):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            t = time.perf_counter()
             try:
                 return fn(*a, **k)
             finally:
                 end.record()
                 self.events.append((start, end))
                 if wait:
+                    self.phase_s["launch"] = self.phase_s.get("launch", 0.0) + time.perf_counter() - t
                     end.synchronize()
 
         return wrapped
