@@ -2,7 +2,8 @@
 steps, inside the program executor (request graphs' per-step work), and idle between turns
 (waiting for program threads to hand it work), per mode, one interleaved round after a
 full-size warm-up of each (with --syncs, then one more graph round, untimed, listing where the host waited
-for the GPU: probe_logs.SyncLog); and the model's own time: on CUDA the GPU time of the forward passes
+for the GPU: probe_logs.SyncLog; with --profile-forward, one more listing the host's work inside the forward
+calls by cProfile); and the model's own time: on CUDA the GPU time of the forward passes
 (events around each, read after the round), on CPU the wall time inside them. "Host ms / pass"
 is the rest of the wall time per pass: what the host adds to the model's work; the phase
 columns split the engine thread's part of it (pass_timer.PHASES; on CUDA each forward pass is
@@ -64,6 +65,33 @@ def sync_sites(engine, name: str, n: int, size: float, sampling: dict) -> dict:
     return log.summary()
 
 
+def forward_profile(engine, name: str, n: int, size: float, sampling: dict, n_top: int = 30) -> str:
+    """One graph round with cProfile on inside the runner's forward calls only (the host's launch of each
+    pass, its table flush and batch set-up): the top functions by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    w, runner, prof = BY_NAME[name], engine.runner, cProfile.Profile()
+    forward = runner.forward
+
+    def profiled(fb):
+        prof.enable()
+        try:
+            return forward(fb)
+        finally:
+            prof.disable()
+
+    runner.forward = profiled
+    try:
+        run_mode(engine, w, w.inputs(random.Random(0), n, size), "graph", sampling)
+    finally:
+        runner.forward = forward
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(n_top)
+    return out.getvalue()
+
+
 def stand_in_forward(engine, token: int = 1000) -> None:
     """Replace the model's forward pass by fixed logits (`token` first on every row): the
     scheduler, the radix cache, the executor and the callers run as usual (gens run to their
@@ -97,6 +125,7 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--max-total-tokens", type=int, default=None, help="KV pool size in tokens (e.g. a GPU's, to time the host's work with a pool that large)")
     ap.add_argument("--syncs", action="store_true", help="then one graph round listing where the host waited for the GPU")
+    ap.add_argument("--profile-forward", action="store_true", help="then one graph round under cProfile inside the forward calls")
     ap.add_argument("--stand-in-model", action="store_true",
                     help="the forward pass returns fixed logits (one token always first) and computes nothing: "
                          "a round's time is the host's alone")
@@ -117,6 +146,8 @@ def main(argv=None) -> None:
             if args.syncs:
                 results[name]["graph_syncs"] = sync_sites(engine, name, args.n, args.size, sampling)
                 print(json.dumps(results[name]["graph_syncs"], indent=1), flush=True)
+            if args.profile_forward:
+                print(forward_profile(engine, name, args.n, args.size, sampling), flush=True)
             if args.json:
                 with open(args.json, "w") as f:
                     json.dump({"args": vars(args), "results": results}, f, indent=1)
