@@ -7,6 +7,8 @@ The shared engine runs on CPU, where overlap is off by default; these tests swit
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 from conftest import PROMPTS
 from test_overlap_schedule import _settle, overlap_on
 
@@ -53,27 +55,52 @@ def test_prompt_logprobs_overlap_with_the_same_outputs(engine):
         assert inputs[0][0] is None and all(lp[0] is not None for lp in inputs[1:])
 
 
-def test_a_prompt_only_request_finishes_when_its_logprobs_are_read_back(engine):
-    """Its KV goes into the tree with its pass, but it is not finished (nothing reads it) until the next
-    step reads the pass back; then it holds every prompt position's logprob."""
+def _step_to_pending_prompt_only(engine, sched) -> Req:
+    """Add a prompt-only request with prompt logprobs and step (a 4-token chunk a step) until its last chunk's
+    pass is pending: then it is retired, but not finished."""
     ids = engine.tokenizer.encode(PROMPTS[1])
     req = Req(rid="p0", origin_input_ids=ids, sampling=SamplingParams(max_new_tokens=0))
     req.logprob.return_logprob, req.logprob.logprob_start_len = True, 0
+    engine.stepper.exclusive(lambda: sched.add_request(req))
+    for _ in range(len(ids)):  # each chunk's logprobs read back by the next step
+        engine.stepper.exclusive(sched.step)
+        pending = sched.pending_extend
+        assert pending is not None and pending.reqs == [] and not req.finished
+        if pending.prompt_only:
+            break
+    assert pending.prompt_only == [req] and req.req_pool_idx is None, "retired with its last chunk"
+    return req
+
+
+def test_a_prompt_only_request_finishes_when_its_logprobs_are_read_back(engine):
+    """Its KV goes into the tree with its pass, but it is not finished (nothing reads it) until the next
+    step reads the pass back; then it holds every prompt position's logprob."""
     sched = engine.scheduler
     with overlap_on(engine, cold_chunk=4):
         sched.stats.chained_decode_steps += 1  # no decode pass here: overlap_on's check is for other tests
-        engine.stepper.exclusive(lambda: sched.add_request(req))
-        for _ in range(len(ids)):  # a chunk a step, each chunk's logprobs read back by the next
-            engine.stepper.exclusive(sched.step)
-            pending = sched.pending_extend
-            assert pending is not None and pending.reqs == [] and not req.finished
-            if pending.prompt_only:
-                break
-        assert pending.prompt_only == [req] and req.req_pool_idx is None, "retired with its last chunk"
-        assert not req.finished and len(req.input_token_logprobs) < len(ids) and sched.has_work()
+        req = _step_to_pending_prompt_only(engine, sched)
+        assert len(req.input_token_logprobs) < len(req.origin_input_ids) and sched.has_work()
         engine.stepper.exclusive(sched.step)
         assert req.finished and req.finish_reason == {"type": "length", "length": 0}
-        assert len(req.input_token_logprobs) == len(ids) and sched.pending_extend is None
+        assert len(req.input_token_logprobs) == len(req.origin_input_ids) and sched.pending_extend is None
+        _settle(sched)
+
+
+def test_a_failed_step_fails_a_pending_prompt_only_request(engine):
+    """The server's failed-step path (SchedulerLoop._fail_batch) fails a retired request that has not finished
+    with an error output, instead of reporting it unfinished; the pending pass is still read back, and no page leaks."""
+    from radixflow.runtime.server.scheduler_process import SchedulerLoop
+
+    sched = engine.scheduler
+    with overlap_on(engine, cold_chunk=4):
+        sched.stats.chained_decode_steps += 1
+        req = _step_to_pending_prompt_only(engine, sched)
+        loop = SimpleNamespace(scheduler=sched, inflight={req.rid: req})
+        loop._fail = lambda r, e: SchedulerLoop._fail(loop, r, e)
+        outs = engine.stepper.exclusive(lambda: SchedulerLoop._fail_batch(loop, RuntimeError("boom")))
+        assert len(outs) == 1 and outs[0].finished and "boom" in outs[0].error
+        engine.stepper.exclusive(sched.step)
+        assert req.finish_reason["type"] == "abort" and sched.pending_extend is None
         _settle(sched)
 
 

@@ -203,9 +203,7 @@ class SchedulerLoop:
     def _fail(self, req: Req, err: Exception) -> ReqOutput:
         msg = f"internal error while serving this request: {type(err).__name__}: {err}"
         req.finish({"type": "abort", "message": msg, "status_code": 500})
-        # retired but not finished: a prompt-only request of a pending extend pass, its KV already in the tree
-        retired = req.state == ReqState.FINISHED
-        if not retired and self.scheduler.abort(req.rid) is None:  # not in any queue: free what it holds
+        if self.scheduler.abort(req.rid) is None:  # not in any queue: free what it holds (a retired one holds nothing)
             self.scheduler.kv.release(req, cache=False)
         req.state = ReqState.FINISHED
         out = req.to_output()
