@@ -22,11 +22,11 @@ SELECTS = [
 ]
 
 
-def _logprob_outputs(engine, max_new: list) -> list:
+def _logprob_outputs(engine, max_new: list, top: int | list = 0) -> list:
     params = [{"max_new_tokens": m, "temperature": 0, "ignore_eos": True} for m in max_new]
-    outs = engine.generate(PROMPTS[: len(max_new)], params, return_logprob=True, logprob_start_len=0)
+    outs = engine.generate(PROMPTS[: len(max_new)], params, return_logprob=True, logprob_start_len=0, top_logprobs_num=top)
     return [(o["output_ids"], o["meta_info"]["finish_reason"], o["meta_info"]["input_token_logprobs"],
-             o["meta_info"]["output_token_logprobs"]) for o in outs]  # fmt: skip
+             o["meta_info"]["output_token_logprobs"], o["meta_info"].get("input_top_logprobs")) for o in outs]  # fmt: skip
 
 
 def _close(a: list, b: list) -> bool:
@@ -49,10 +49,29 @@ def test_prompt_logprobs_overlap_with_the_same_outputs(engine):
     with overlap_on(engine, cold_chunk=16) as sched:
         got = _logprob_outputs(engine, max_new)
         _settle(sched)
-    for (ids, reason, inputs, outputs), (rids, rreason, rinputs, routputs) in zip(got, ref):
+    _same(got, ref)
+
+
+def _same(got: list, ref: list) -> None:
+    for (ids, reason, inputs, outputs, _), (rids, rreason, rinputs, routputs, _) in zip(got, ref):
         assert ids == rids and reason == rreason
         assert _close(inputs, rinputs) and _close(outputs, routputs)
         assert inputs[0][0] is None and all(lp[0] is not None for lp in inputs[1:])
+
+
+def test_top_logprob_rows_keep_every_requests_chunks_in_order(engine):
+    """Top logprobs are read at once; a pass holding them must not apply another request's chunk before that
+    request's earlier chunk, still pending: every request's logprobs (and top rows) as without overlap."""
+    max_new, top = [0, 2, 0, 3], [0, 3, 0, 2]
+    ref = _logprob_outputs(engine, max_new, top)
+    with overlap_on(engine, cold_chunk=8) as sched:
+        got = _logprob_outputs(engine, max_new, top)
+        _settle(sched)
+    _same(got, ref)
+    for g, r in zip(got, ref):
+        assert (g[4] is None) == (r[4] is None)
+        if g[4] is not None:
+            assert [[t[1] for t in row] if row else row for row in g[4]] == [[t[1] for t in row] if row else row for row in r[4]]
 
 
 def _step_to_pending_prompt_only(engine, sched) -> Req:

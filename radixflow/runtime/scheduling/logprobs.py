@@ -47,8 +47,9 @@ class LogprobCollector:
         requests in a pass would each wait for the GPU otherwise. With `defer` (overlapped extend
         passes) the copy is only started and the caller applies the returned PendingInputs after
         launching the next pass, so the host does not wait for this one (a select's scoring passes
-        would otherwise each stop the GPU while the next is built); None when applied here (also
-        with top logprobs, which are read at once)."""
+        would otherwise each stop the GPU while the next is built); None when applied here. Top
+        logprobs are read at once (rare; they wait for the pass), but the token logprobs are still
+        deferred: a request's chunks must be applied in pass order."""
         spans, rows, targets = [], [], []
         for req, row, start_pos, n in items:
             first, last = self._span(req, start_pos, n)
@@ -67,7 +68,6 @@ class LogprobCollector:
         for (req, first, last), span_rows in zip(spans, rows):
             if req.logprob.top_logprobs_num:
                 req.input_top_logprobs.extend(_top_rows(logits, lse, lo, span_rows, req.logprob.top_logprobs_num))
-                defer = False
             req.input_logprob_next = last + 1  # the next chunk's span starts here, applied or not
         if defer:
             return pending
