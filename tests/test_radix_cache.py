@@ -329,6 +329,10 @@ def _flush_case(device: str, writes: list, flush_after) -> None:
         if flush_after is not None and i % flush_after == flush_after - 1:
             pool.flush()
     assert torch.equal(pool.host, want)
+    for row in range(4):  # the host reads see every write (int64 copies)
+        got = pool.read(row, 20, start=3)
+        assert got.dtype == torch.int64 and torch.equal(got, want[row, 3:].to(torch.int64))
+        assert pool.read_at(row, 5) == int(want[row, 5])
     pool.flush()
     assert torch.equal(pool.table.cpu(), want)
     pool.flush()  # nothing noted since: a no-op

@@ -7,6 +7,7 @@ slots are a scratch target for padded rows (e.g. CUDA-graph padding).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from radixflow.host_copy import to_device_async
@@ -161,6 +162,16 @@ class ReqToTokenPool:
         self.table = self.host = torch.empty(0, 0, dtype=torch.int32)
         self._spans = []
 
+    @property
+    def host(self) -> torch.Tensor:
+        return self._host
+
+    @host.setter
+    def host(self, table: torch.Tensor) -> None:
+        # with an array over the same memory: the scheduler's per-request reads and writes slice it, and
+        # a numpy slice costs well under a microsecond where a torch one costs several
+        self._host, self._cells = table, table.numpy()
+
     def alloc(self) -> int | None:
         if not self._free_rows:
             return None
@@ -174,10 +185,10 @@ class ReqToTokenPool:
         self._free_rows.append(row)
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
-        vals = slots.to("cpu", torch.int32)
-        self.host[row, start : start + vals.numel()] = vals
-        if self.host is not self.table and vals.numel():
-            self._spans.append((row, start, vals.numel()))
+        n = slots.numel()
+        self._cells[row, start : start + n] = slots.cpu().numpy()
+        if self.host is not self.table and n:
+            self._spans.append((row, start, n))
 
     def flush(self) -> None:
         """The device table gets every span written since the last flush: each row's written range (its
@@ -191,7 +202,7 @@ class ReqToTokenPool:
             ranges[row] = (min(lo, start), max(hi, start + n))
         self._spans = []
         width, dev = self.host.shape[1], self.table.device
-        vals = torch.cat([self.host[row, lo:hi] for row, (lo, hi) in ranges.items()])
+        vals = torch.from_numpy(np.concatenate([self._cells[row, lo:hi] for row, (lo, hi) in ranges.items()]))
         meta = torch.tensor([(row * width + lo, hi - lo) for row, (lo, hi) in ranges.items()], dtype=torch.int64)
         vals, meta = to_device_async(vals, dev), to_device_async(meta, dev)
         starts, lens = meta.unbind(1)
@@ -210,10 +221,10 @@ class ReqToTokenPool:
 
     def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
         """The row's slots `start:end`, int64, on the host (a copy of just those)."""
-        return self.host[row, start:end].to(torch.int64)
+        return torch.from_numpy(self._cells[row, start:end].astype(np.int64))
 
     def read_at(self, row: int, col: int) -> int:
-        return int(self.host[row, col])
+        return int(self._cells[row, col])
 
     def clear(self) -> None:
         self._free_rows = list(range(self.size))
