@@ -3,6 +3,8 @@ KV page owned exactly once and leak nothing."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -355,3 +357,33 @@ def test_req_to_token_writes_reach_the_device_table_at_flush(writes, flush_after
 @given(WRITES, st.sampled_from([None, 3]))
 def test_gpu_req_to_token_flush(writes, flush_after):
     _flush_case("cuda", writes, flush_after)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=8))
+def test_span_reads_and_concatenated_ranges_match_a_loop(spans):
+    """The extend pass's inputs built without a loop over requests: read_spans against a read per span, and
+    concat_ranges against an arange per request."""
+    from radixflow.radix_cache.memory_pool import ReqToTokenPool
+    from radixflow.runtime.scheduling.forward_inputs import concat_ranges
+
+    pool = ReqToTokenPool(4, 40, "cpu")
+    pool.host.copy_(torch.arange(160, dtype=torch.int32).view(4, 40))
+    spans = [(row, a, a + n) for row, a, n in spans]
+    got = pool.read_spans(spans)
+    assert got.dtype == torch.int64 and torch.equal(got, torch.cat([pool.read(r, b, start=a) for r, a, b in spans]))
+    starts, lens = [a for _, a, _ in spans], [b - a for _, a, b in spans]
+    assert torch.equal(concat_ranges(starts, lens), torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens)]))
+
+
+def test_req_table_cost_benchmark_runs(capsys):
+    """benchmarks/programs/req_table_cost.py, tiny: its table has a row per size with a ratio."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs", "req_table_cost.py")
+    spec = importlib.util.spec_from_file_location("req_table_cost", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.main(["--requests", "2,3", "--prefix", "6", "--new", "2", "--repeats", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 2 ") or line.startswith("| 3 ")]
+    assert len(rows) == 2 and all(row.count("x |") == 1 for row in rows)

@@ -223,6 +223,10 @@ class ReqToTokenPool:
         """The row's slots `start:end`, int64, on the host (a copy of just those)."""
         return torch.from_numpy(self._cells[row, start:end].astype(np.int64))
 
+    def read_spans(self, spans: list) -> torch.Tensor:
+        """The slots of each (row, start, end) of `spans`, one after another, int64, on the host."""
+        return torch.from_numpy(np.concatenate([self._cells[row, a:b] for row, a, b in spans]).astype(np.int64))
+
     def read_at(self, row: int, col: int) -> int:
         return int(self._cells[row, col])
 

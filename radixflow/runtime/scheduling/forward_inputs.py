@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import torch
 
 from radixflow.host_copy import to_device_async
@@ -29,6 +30,15 @@ def first_logit_pos(req: Req) -> int:
     before the next token whose logprob is due (its logits predict that token), but not before
     the chunk's first position (req.kv_len)."""
     return max(req.kv_len, req.input_logprob_next - 1)
+
+
+def concat_ranges(starts: list[int], lens: list[int]) -> torch.Tensor:
+    """arange(starts[i], starts[i] + lens[i]) for every i, one after another (int64), built without a
+    loop over the requests: a torch.arange each and their cat cost ~10 us a request."""
+    lens_a = np.asarray(lens, dtype=np.int64)
+    before = np.cumsum(lens_a) - lens_a  # where each range starts in the result
+    out = np.repeat(np.asarray(starts, dtype=np.int64) - before, lens_a) + np.arange(int(lens_a.sum()), dtype=np.int64)
+    return torch.from_numpy(out)
 
 
 def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch, prefix, ext, rows) -> ForwardBatch:

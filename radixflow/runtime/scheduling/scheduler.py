@@ -34,7 +34,7 @@ from radixflow.runtime.scheduling.sampler import SampleResult, record_sampled, s
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
-from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, first_logit_pos, logit_rows_for
+from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, concat_ranges, first_logit_pos, logit_rows_for
 from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
@@ -176,17 +176,16 @@ class Scheduler:
 
     # -- extend ----------------------------------------------------------------------------------
     def _run_extend(self, batch: list[tuple[Req, int]]) -> list[Req]:
-        ids, pos, locs, rows = [], [], [], []
+        ids, rows = [], []
         start = 0
         for req, n in batch:
             ids.extend(req.token_range(req.kv_len, req.kv_len + n))
-            pos.append(torch.arange(req.kv_len, req.kv_len + n))
-            locs.append(self.kv.req_to_token.read(req.req_pool_idx, req.kv_len + n, start=req.kv_len))
             rows.append(logit_rows_for(req, n, start))
             start += n
         prefix = [r.kv_len for r, _ in batch]
         ext = [n for _, n in batch]
-        fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, torch.cat(pos), torch.cat(locs), batch, prefix, ext, rows)
+        locs = self.kv.req_to_token.read_spans([(r.req_pool_idx, r.kv_len, r.kv_len + n) for r, n in batch])
+        fb = build_forward_batch(self.device, ForwardMode.EXTEND, ids, concat_ranges(prefix, ext), locs, batch, prefix, ext, rows)
         logits = self.runner.forward(fb)
         self.stats.extend_tokens += len(ids)
 
