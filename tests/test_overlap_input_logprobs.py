@@ -95,8 +95,7 @@ def test_a_prompt_only_request_finishes_when_its_logprobs_are_read_back(engine):
     """Its KV goes into the tree with its pass, but it is not finished (nothing reads it) until the next
     step reads the pass back; then it holds every prompt position's logprob."""
     sched = engine.scheduler
-    with overlap_on(engine, cold_chunk=4):
-        sched.stats.chained_decode_steps += 1  # no decode pass here: overlap_on's check is for other tests
+    with overlap_on(engine, cold_chunk=4, decodes=False):
         req = _step_to_pending_prompt_only(engine, sched)
         assert len(req.input_token_logprobs) < len(req.origin_input_ids) and sched.has_work()
         engine.stepper.exclusive(sched.step)
@@ -111,8 +110,7 @@ def test_a_failed_step_fails_a_pending_prompt_only_request(engine):
     from radixflow.runtime.server.scheduler_process import SchedulerLoop
 
     sched = engine.scheduler
-    with overlap_on(engine, cold_chunk=4):
-        sched.stats.chained_decode_steps += 1
+    with overlap_on(engine, cold_chunk=4, decodes=False):
         req = _step_to_pending_prompt_only(engine, sched)
         loop = SimpleNamespace(scheduler=sched, inflight={req.rid: req})
         loop._fail = lambda r, e: SchedulerLoop._fail(loop, r, e)
@@ -127,8 +125,7 @@ def test_selects_overlap_with_the_same_choices_and_logprobs(engine):
     """A select's scoring requests (each scoring method) run in overlapped passes: the same choice and
     the same normalized logprobs."""
     ref = engine.run_program(SELECTS)
-    with overlap_on(engine, cold_chunk=8) as sched:
-        sched.stats.chained_decode_steps += 1  # selects run no decode pass
+    with overlap_on(engine, cold_chunk=8, decodes=False) as sched:  # selects run no decode pass
         late = sched.stats.late_extend_read_backs
         got = engine.run_program(SELECTS)
         assert sched.stats.late_extend_read_backs > late, "no scoring pass was read back late"

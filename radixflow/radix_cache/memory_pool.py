@@ -202,7 +202,7 @@ class ReqToTokenPool:
             ranges[row] = (min(lo, start), max(hi, start + n))
         self._spans = []
         width, dev = self.host.shape[1], self.table.device
-        vals = torch.from_numpy(np.concatenate([self._cells[row, lo:hi] for row, (lo, hi) in ranges.items()]))
+        vals = self.packed(ranges)
         meta = torch.tensor([(row * width + lo, hi - lo) for row, (lo, hi) in ranges.items()], dtype=torch.int64)
         vals, meta = to_device_async(vals, dev), to_device_async(meta, dev)
         starts, lens = meta.unbind(1)
@@ -210,6 +210,10 @@ class ReqToTokenPool:
         flat = torch.repeat_interleave(starts - before, lens, output_size=vals.numel())
         flat += torch.arange(vals.numel(), device=dev)
         self.table.view(-1).index_copy_(0, flat, vals)
+
+    def packed(self, ranges: dict) -> torch.Tensor:
+        """The host values of each row's range (`{row: (lo, hi)}`), one after another (int32)."""
+        return torch.from_numpy(np.concatenate([self._cells[row, lo:hi] for row, (lo, hi) in ranges.items()]))
 
     def write_points(self, rows: torch.Tensor, cols: torch.Tensor, slots: torch.Tensor) -> None:
         """table[rows[i], cols[i]] = slots[i] (host int64 tensors), in one scatter."""

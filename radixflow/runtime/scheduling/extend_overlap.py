@@ -44,9 +44,14 @@ class PendingExtend:
         """Apply the input logprobs and finish the prompt-only requests; returns those finished."""
         if self.inputs is not None:
             self.inputs.apply()
-        for req in self.prompt_only:
-            req.finish({"type": "length", "length": 0})
-        return self.prompt_only
+        return finish_prompt_only(self.prompt_only)
+
+
+def finish_prompt_only(reqs: list[Req]) -> list[Req]:
+    """Finish requests whose prompts are computed and that generate nothing (max_new_tokens 0)."""
+    for req in reqs:
+        req.finish({"type": "length", "length": 0})
+    return reqs
 
 
 def defers_extends(sched: Scheduler) -> bool:
@@ -63,10 +68,10 @@ def tokens_arrived(pending: Optional[PendingExtend]) -> bool:
 
 
 def sample_deferred(sched: Scheduler, reqs: list[Req], logits: Optional[torch.Tensor],
-                    inputs: Optional[PendingInputs] = None, prompt_only: Optional[list[Req]] = None) -> PendingExtend:
+                    inputs: Optional[PendingInputs] = None, prompt_only: tuple | list = ()) -> PendingExtend:
     """Sample `reqs`' first tokens (if any) and start copying them to the host; nothing here waits for the GPU."""
     if not reqs:
         assert inputs is not None, "an extend pass defers its sampled tokens, its input logprobs or both"
-        return PendingExtend([], None, None, inputs.ready, inputs, prompt_only or [])
+        return PendingExtend([], None, None, inputs.ready, inputs, list(prompt_only))
     result = sched.sample(logits, reqs)
-    return PendingExtend(reqs, result, *copy_to_host(result.next_ids), inputs=inputs, prompt_only=prompt_only or [])
+    return PendingExtend(reqs, result, *copy_to_host(result.next_ids), inputs=inputs, prompt_only=list(prompt_only))

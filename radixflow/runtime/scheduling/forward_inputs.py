@@ -63,12 +63,11 @@ def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch,
 
 def pending_tokens(kv: KVManager, reqs: list[Req], ext: list[int]):
     """Inputs of a continuation pass where some requests hold several pending tokens."""
-    locs, ids, pos = [], [], []
+    locs, ids = [], []
     for req, n in zip(reqs, ext):
         slots = kv.alloc(req, n)
         assert slots is not None, "decode room was reserved"
         locs.append(slots)
         ids.extend(req.pending_ids())
-        pos.append(torch.arange(req.kv_len, req.kv_len + n))
-    ends = torch.tensor(ext).cumsum(0).tolist()
-    return ids, torch.cat(pos), torch.cat(locs), [[e - 1] for e in ends]
+    pos = concat_ranges([r.kv_len for r in reqs], ext)
+    return ids, pos, torch.cat(locs), [[e - 1] for e in itertools.accumulate(ext)]

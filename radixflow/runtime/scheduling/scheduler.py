@@ -35,7 +35,8 @@ from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, concat_ranges, first_logit_pos, logit_rows_for
-from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, sample_deferred, tokens_arrived
+from radixflow.runtime.scheduling.extend_overlap import (PendingExtend, defers_extends, finish_prompt_only, sample_deferred,
+                                                         tokens_arrived)
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
@@ -208,14 +209,14 @@ class Scheduler:
                 prompt_only.append(req)
                 continue
             finishing.append((req, req_logits[-1:]))
-        if inputs is None:
-            for req in prompt_only:
-                req.finish({"type": "length", "length": 0})
+        if inputs is None:  # their logprobs, if any, are in
+            finish_prompt_only(prompt_only)
+            prompt_only = []
         touched = [r for r, _ in batch if r.finished]
         reqs = [r for r, _ in finishing]
         if (finishing or inputs is not None) and deferred:  # read back by the next step, after it launches its pass
             logits_rows = torch.cat([lg for _, lg in finishing]) if finishing else None
-            pending = sample_deferred(self, reqs, logits_rows, inputs, prompt_only if inputs is not None else None)
+            pending = sample_deferred(self, reqs, logits_rows, inputs, prompt_only)
             self.running += reqs
             prev, self.pending_extend = self.pending_extend, pending  # kept even if reading `prev` back fails
             self.stats.late_extend_read_backs += prev is not None
