@@ -15,11 +15,23 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "
 import bound_floor  # noqa: E402
 import extend_shapes  # noqa: E402
 import host_profile  # noqa: E402
+import idle_gaps  # noqa: E402
 import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
 import workloads as program_workloads  # noqa: E402
 from radixflow.runtime import gc_freeze  # noqa: E402
+
+
+def test_idle_gaps_charges_each_idle_moment_to_the_innermost_open_interval():
+    # a 10 ms round; kernels 1-3 and 5-9 ms; a launch 2.5-4.5 ms inside a step 0-9.5 ms inside a turn 0-10 ms
+    r = idle_gaps.attribute([(1000, 3000), (5000, 9000)], [("launch", 0.0025, 0.0045), ("step", 0.0, 0.0095),
+                            ("turn", 0.0, 0.01)], h0=0.0, g0=0.0, h1=0.01, g1=10000)  # fmt: skip
+    ms = {k: round(1000 * v, 2) for k, v in r.items() if k.endswith("_s")}
+    assert (ms["busy_s"], ms["lead_s"], ms["tail_s"]) == (6.0, 1.0, 1.01)  # the tail holds the grid's last cell
+    assert (ms["launch_s"], ms["step_s"], ms["turn_s"], ms["outside turns_s"]) == (1.5, 0.5, 0.0, 0.0)  # 3-5 ms idle
+    stacks = idle_gaps.idle_stacks([(0.0005, "a"), (0.002, "b"), (0.004, "c"), (0.0042, "c")], [(1000, 3000)], 0.0, 0.0)
+    assert stacks == [("c", 2 / 3), ("a", 1 / 3)]  # "b" was taken while a kernel ran
 
 
 def test_optimal_hit_rate_counts_shared_prefixes_and_earlier_outputs():

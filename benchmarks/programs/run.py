@@ -579,6 +579,9 @@ def main(argv=None) -> str:
                     help="after each workload's rounds, one more per mode under torch.profiler: the GPU's kernel-busy "
                          "time, without the launch gaps inside a pass (CUDA only)")
     ap.add_argument("--json", default=None, help="also write the raw results here (after each workload)")
+    ap.add_argument("--switch-interval-ms", type=float, default=None,
+                    help="sys.setswitchinterval for this process (Python's default: 5 ms): how long a thread running "
+                         "Python may keep the GIL from one that wants it back, e.g. the engine thread after a torch call")
     ap.add_argument("--deadline-s", type=float, default=None,
                     help="start no workload after this many seconds, counted from when the engine is up (skipped "
                          "ones are listed under the tables and in the JSON); with several --extend-graph-tokens the "
@@ -603,6 +606,8 @@ def main(argv=None) -> str:
     args = ap.parse_args(argv)
     if args.smoke:
         args.n, args.size, args.max_new_tokens = 2, 0.05, 2
+    if args.switch_interval_ms is not None:
+        sys.setswitchinterval(args.switch_interval_ms / 1000)
     kw = {"device": args.device, "load_format": args.load_format}
     if args.tokenizer:
         kw["tokenizer_path"] = args.tokenizer

@@ -88,7 +88,8 @@ def forward_profile(engine, name: str, n: int, size: float, sampling: dict, n_to
     finally:
         runner.forward = forward
     out = io.StringIO()
-    pstats.Stats(prof, stream=out).sort_stats("cumulative").print_stats(n_top)
+    for key in ("cumulative", "tottime"):  # where the time goes, then which calls spend it themselves
+        pstats.Stats(prof, stream=out).sort_stats(key).print_stats(n_top)
     return out.getvalue()
 
 
@@ -112,6 +113,16 @@ def print_rows(name: str, result: dict) -> None:
               f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} | {phases} |", flush=True)  # fmt: skip
 
 
+def engine_kwargs(args) -> dict:
+    """The Engine's arguments from a tool's --device, --load-format, --tokenizer and --max-total-tokens."""
+    kw = {"device": args.device, "load_format": args.load_format}
+    if args.tokenizer:
+        kw["tokenizer_path"] = args.tokenizer
+    if args.max_total_tokens:
+        kw["max_total_tokens"] = args.max_total_tokens
+    return kw
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", default="mmlu,hellaswag,generative_agents")
@@ -130,11 +141,7 @@ def main(argv=None) -> None:
                     help="the forward pass returns fixed logits (one token always first) and computes nothing: "
                          "a round's time is the host's alone")
     args = ap.parse_args(argv)
-    kw = {"device": args.device, "load_format": args.load_format}
-    if args.tokenizer:
-        kw["tokenizer_path"] = args.tokenizer
-    if args.max_total_tokens:
-        kw["max_total_tokens"] = args.max_total_tokens
+    kw = engine_kwargs(args)
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     results = {}
     with rf.Engine(args.config, **kw) as engine:
