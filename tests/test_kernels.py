@@ -538,6 +538,26 @@ def test_extend_attention_prefix_plus_causal():
     _close(got, want, 1e-5)
 
 
+@pytest.mark.parametrize("hq,hkv", [(4, 4), (6, 2), (8, 2)])
+def test_extend_attention_few_new_tokens_after_long_prefixes(hq, hkv):
+    """A program's rows are one request's (token, query head) pairs of one KV head (groups of 1, 3 and 4):
+    requests of one token (16-row blocks padded), a request without a prefix, and one whose rows take two
+    32-row blocks (11 tokens; with a group of 3 the heads of token 10 are split between the blocks)."""
+    torch.manual_seed(1)
+    prefix, extend = [40, 0, 17, 33], [1, 3, 11, 5]
+    d = 16
+    k_buf, v_buf, table, req_idx = _paged_pool([p + e for p, e in zip(prefix, extend)], hkv, d, torch.float32)
+    qkv = torch.randn(sum(extend), (hq + 2 * hkv) * d, device=DEV)  # q as the model passes it: a view of qkv
+    q = qkv[:, : hq * d].view(-1, hq, d)
+    pre, ext = torch.tensor(prefix, device=DEV), torch.tensor(extend, device=DEV)
+    starts = torch.tensor([0, 1, 4, 15], device=DEV)
+    got = extend_attention(q, k_buf, v_buf, table, req_idx, pre, ext, starts, max(extend), 0.25)
+    want = ref.extend_attention_ref(q, k_buf, v_buf, table, req_idx, pre, ext, 0.25)
+    _close(got, want, 1e-5)
+    one = extend_attention(q[:1], k_buf, v_buf, table, req_idx[:1], pre[:1], ext[:1], starts[:1], 1, 0.25)
+    _close(one, want[:1], 1e-5)  # 1-token requests alone: hkv programs of one 16-row block
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[gpu, needs_cuda])])
 @pytest.mark.parametrize("kernel", ["decode", "extend"])
 def test_split_p_brings_16bit_attention_to_float32(kernel, dtype):

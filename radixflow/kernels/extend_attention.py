@@ -3,8 +3,13 @@
 The new tokens' K/V are stored in the pool first; then query i of request b (at
 position prefix_len + i) attends to KV positions 0..prefix_len + i of that request,
 read through req_to_token: the cached prefix and, causally, its own new tokens.
-A program handles BLOCK_M queries of one request for one query head (flash-attention
-style online softmax). Reference: `reference.extend_attention_ref`.
+A program handles BLOCK_M rows of one request for one KV head (flash-attention style online
+softmax), a row being a (new token, query head) pair of that KV head's group, token-major: the
+group's query heads share each K/V block read. So a request with a few new tokens after a long
+cached prefix (a select's choices, a program's next segment) fills a block with its tokens' heads
+instead of padding a 128-row block per query head, and reads the prefix once per KV head instead
+of once per query head. Each row's scores and softmax are computed exactly as with one head per
+program. Reference: `reference.extend_attention_ref`.
 """
 
 from __future__ import annotations
@@ -21,32 +26,33 @@ from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 def _extend_kernel(
     Q, K, V, Out, ReqToToken, ReqIdx, PrefixLens, ExtendLens, QStart,
     stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh, stride_ot, stride_oh, stride_r2t,
-    scale, GROUP, D, KScale, VScale,
+    scale, GROUP: tl.constexpr, D, KScale, VScale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, IEEE: tl.constexpr,
     P_PARTS: tl.constexpr, KV_FP8: tl.constexpr, KV_F16: tl.constexpr,
 ):
     b = tl.program_id(0)
-    h = tl.program_id(1)
+    kvh = tl.program_id(1)
     mblk = tl.program_id(2)
     ext = tl.load(ExtendLens + b).to(tl.int32)
-    if mblk * BLOCK_M < ext:
+    if mblk * BLOCK_M < ext * GROUP:
         pre = tl.load(PrefixLens + b).to(tl.int32)
         q0 = tl.load(QStart + b).to(tl.int64)
         row = tl.load(ReqIdx + b).to(tl.int64)
-        kvh = h // GROUP
         if KV_FP8:  # the pool holds K / k_scale, V / v_scale (decode_attention.py does the same)
             scale = scale * tl.load(KScale + kvh)
-        offs_m = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
-        mask_m = offs_m < ext
+        offs_r = mblk * BLOCK_M + tl.arange(0, BLOCK_M)
+        tok = offs_r // GROUP  # the row's new token
+        head = kvh * GROUP + offs_r % GROUP  # and its query head
+        mask_m = tok < ext
         offs_d = tl.arange(0, BLOCK_D)
         mask_d = offs_d < D
-        q = tl.load(Q + (q0 + offs_m[:, None]) * stride_qt + h * stride_qh + offs_d[None, :],
+        q = tl.load(Q + (q0 + tok[:, None]) * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
                     mask=mask_m[:, None] & mask_d[None, :], other=0.0)
         if KV_F16:
             q, q_unit = as_f16_pow2(q)
             scale = scale * q_unit
-        q_pos = pre + offs_m
-        kv_end = pre + tl.minimum((mblk + 1) * BLOCK_M, ext)
+        q_pos = pre + tok
+        kv_end = pre + tl.minimum(((mblk + 1) * BLOCK_M + GROUP - 1) // GROUP, ext)
 
         m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
         l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -62,15 +68,16 @@ def _extend_kernel(
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
         if KV_FP8:
             out *= tl.load(VScale + kvh)
-        tl.store(Out + (q0 + offs_m[:, None]) * stride_ot + h * stride_oh + offs_d[None, :],
+        tl.store(Out + (q0 + tok[:, None]) * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
                  out.to(Out.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
 
-def _blocks(dtype: torch.dtype, d: int) -> tuple[int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps): smaller tiles for float32 and wide heads."""
-    if dtype == torch.float32 or d > 128:
-        return 32, 32, 4
-    return 128, 64, 8
+def _blocks(dtype: torch.dtype, d: int, rows: int) -> tuple[int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps) for requests of up to `rows` rows (new tokens x the group's query
+    heads): 128-row blocks (32 for float32 and wide heads), smaller where no request fills one."""
+    most, block_n, warps = (32, 32, 4) if dtype == torch.float32 or d > 128 else (128, 64, 8)
+    block_m = min(most, max(16, triton.next_power_of_2(rows)))
+    return block_m, block_n, warps if block_m == 128 else 4
 
 
 def extend_attention(
@@ -100,8 +107,9 @@ def extend_attention(
     kv_f16 = fp8 and q.dtype != torch.float32  # products in float16 (attention_common.as_f16_pow2)
     assert scales is not None or not fp8
     k_scale, v_scale = scales if fp8 else (q, q)  # unused unless FP8
-    block_m, block_n, warps = _blocks(q.dtype, d)
-    grid = (bsz, hq, triton.cdiv(max_extend, block_m))
+    # batch-invariant passes keep one block size: a row's bits must not depend on the pass's other requests
+    block_m, block_n, warps = _blocks(q.dtype, d, 1 << 20 if settings.batch_invariant else max_extend * group)
+    grid = (bsz, k_buf.shape[1], triton.cdiv(max_extend * group, block_m))
     _extend_kernel[grid](
         q, k_buf, v_buf, out, req_to_token, req_pool_indices, prefix_lens, extend_lens, q_start,
         q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
