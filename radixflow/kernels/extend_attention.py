@@ -8,8 +8,8 @@ softmax), a row being a (new token, query head) pair of that KV head's group, to
 group's query heads share each K/V block read. So a request with a few new tokens after a long
 cached prefix (a select's choices, a program's next segment) fills a block with its tokens' heads
 instead of padding a 128-row block per query head, and reads the prefix once per KV head instead
-of once per query head. Each row's scores and softmax are computed exactly as with one head per
-program. Reference: `reference.extend_attention_ref`.
+of once per query head. Each row's scores and softmax run over the same K/V tiles in the same order
+as with one head per program. Reference: `reference.extend_attention_ref`.
 """
 
 from __future__ import annotations
