@@ -250,17 +250,20 @@ def check_decode_attention(pdl: int) -> None:
 
 
 def check_extend_attention() -> None:
-    """Extend (prefill) attention at Llama-3-8B heads, bf16, p in 2 and in 3 parts."""
+    """Extend (prefill) attention at Llama-3-8B heads (4 query heads a KV head), bf16, p in 2 and in 3 parts,
+    at every block size the launch picks (16 rows: one new token's heads; 128: long chunks)."""
     sig = {"Q": BF16, "K": BF16, "V": BF16, "Out": BF16, "ReqToToken": "*i32", "ReqIdx": "*i64",
            "PrefixLens": "*i64", "ExtendLens": "*i64", "QStart": "*i64",
            **_ints("stride_qt", "stride_qh", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "stride_ot",
-                   "stride_oh", "stride_r2t"), "scale": "fp32", **_ints("GROUP", "D"), "KScale": "*fp32", "VScale": "*fp32"}
-    block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128)
-    for parts, kv_fp8 in ((2, False), (3, False), (2, True)):
-        consts = {"BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False, "P_PARTS": parts,
-                  "KV_FP8": kv_fp8, "KV_F16": kv_fp8}
-        _compile(extend_attention._extend_kernel, dict(sig, K=FP8, V=FP8) if kv_fp8 else sig, consts,
-                 num_warps=warps, num_stages=2)
+                   "stride_oh", "stride_r2t"), "scale": "fp32", "GROUP": "constexpr", **_ints("D"), "KScale": "*fp32",
+           "VScale": "*fp32"}  # GROUP where the kernel has it: the hints go by position
+    for tokens in (1, 8, 16, 1024):
+        block_m, block_n, warps = extend_attention._blocks(torch.bfloat16, 128, 4 * tokens)
+        for parts, kv_fp8 in ((2, False), (3, False), (2, True)):
+            consts = {"GROUP": 4, "BLOCK_M": block_m, "BLOCK_N": block_n, "BLOCK_D": 128, "IEEE": False,
+                      "P_PARTS": parts, "KV_FP8": kv_fp8, "KV_F16": kv_fp8}
+            _compile(extend_attention._extend_kernel, dict(sig, K=FP8, V=FP8) if kv_fp8 else sig, consts,
+                     num_warps=warps, num_stages=2)
 
 
 def check_matmul() -> None:
