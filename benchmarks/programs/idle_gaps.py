@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import radixflow as rf  # noqa: E402
 from run import run_mode, warm_up  # noqa: E402
+from pass_timer import phase_sites  # noqa: E402
 from step_timeline import engine_kwargs  # noqa: E402
 
 # innermost first: a moment inside several open intervals is charged to the first listed
@@ -44,15 +45,11 @@ class HostLog:
     """(label, start, end) in perf_counter seconds for the wrapped calls made on the engine thread."""
 
     def __init__(self, engine) -> None:
-        from radixflow.runtime.scheduling import scheduler as scheduler_module
-
-        sched, stepper = engine.scheduler, engine.stepper
+        sched = engine.scheduler
         self.spans: list = []
         self._restore: list = []
-        parts = [(stepper, "_turn", "turn"), (sched, "step", "step"), (engine.programs, "on_step", "executor"),
-                 (engine.runner, "forward", "launch"), (scheduler_module, "form_extend_batch", "admission"),
-                 (sched.logprobs, "add_inputs", "input_logprobs"), (sched.kv, "cache_unfinished", "cache_unfinished"),
-                 (sched.kv, "release", "release"), (sched, "sample", "sample"), (sched, "_advance", "advance")]  # fmt: skip
+        parts = [(engine.stepper, "_turn", "turn"), (sched, "step", "step"), (engine.programs, "on_step", "executor"),
+                 (engine.runner, "forward", "launch"), *phase_sites(sched)]  # fmt: skip
         for obj, name, label in parts:
             fn = getattr(obj, name)
             self._restore.append((obj, name, fn))
@@ -238,7 +235,6 @@ def main(argv=None) -> None:
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
     rows: dict = {}
     with rf.Engine(args.config, **kw) as engine:
-        assert threading.current_thread() is threading.main_thread()
         for name in args.workloads.split(","):
             w = BY_NAME[name]
             inputs, _ = warm_up(engine, w, args.n, args.size, sampling, 0, args.min_round_s, ("graph", "eager"), None)

@@ -13,6 +13,15 @@ import time
 PHASES = ("admission", "input_logprobs", "cache_unfinished", "release", "sample", "advance", "launch")
 
 
+def phase_sites(sched) -> list:
+    """(object, attribute, phase) of the scheduler's parts in PHASES other than `launch` (the forward call)."""
+    from radixflow.runtime.scheduling import scheduler as scheduler_module
+
+    return [(scheduler_module, "form_extend_batch", "admission"), (sched.logprobs, "add_inputs", "input_logprobs"),
+            (sched.kv, "cache_unfinished", "cache_unfinished"), (sched.kv, "release", "release"),
+            (sched, "sample", "sample"), (sched, "_advance", "advance")]  # fmt: skip
+
+
 class Timeline:
     """Wraps the scheduler's step and the executor's on_step with timers (engine thread only).
     With `phases`, also the wall time of the scheduler's parts in PHASES (`phase_s`); on CUDA
@@ -32,12 +41,7 @@ class Timeline:
             self._time_phases(sched)
 
     def _time_phases(self, sched) -> None:
-        from radixflow.runtime.scheduling import scheduler as scheduler_module
-
-        parts = [(scheduler_module, "form_extend_batch", "admission"), (sched.logprobs, "add_inputs", "input_logprobs"),
-                 (sched.kv, "cache_unfinished", "cache_unfinished"), (sched.kv, "release", "release"),
-                 (sched, "sample", "sample"), (sched, "_advance", "advance")]  # fmt: skip
-        for obj, name, phase in parts:
+        for obj, name, phase in phase_sites(sched):
             fn = getattr(obj, name)
             self._restore.append((obj, name, fn))
             setattr(obj, name, self._phase_timed(fn, phase))
