@@ -501,6 +501,37 @@ def test_a_failed_read_back_keeps_the_new_pass(engine):
     assert [len(ids) for ids, _ in outs] == [0, 6, 6]
 
 
+def test_an_extend_pass_is_launched_behind_the_decode_pass_in_flight(engine):
+    """A request admitted while a decode pass is in flight has its extend pass launched before that decode
+    pass is read back (on a GPU the read-back then runs while the extend pass does); outputs as without overlap."""
+    from radixflow.runtime.execution.forward_batch import ForwardMode
+    from radixflow.runtime.sampling_params import SamplingParams
+    from radixflow.runtime.scheduling.req import Req
+
+    text = engine.tokenizer.encode(" ".join(PROMPTS))
+    params = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    prompts = [text[0:30], text[40:70]]
+    ref = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
+    first, late = (Req(rid=f"b{i}", origin_input_ids=p, sampling=SamplingParams(**params)) for i, p in enumerate(prompts))
+    sched, seen = engine.scheduler, []
+    forward = sched.runner.forward
+    sched.runner.forward = lambda fb: (seen.append((fb.mode, len(first.output_ids))), forward(fb))[1]
+    try:
+        with overlap_on(engine):
+            engine.stepper.exclusive(lambda: sched.add_request(first))
+            while sched.inflight is None:
+                engine.stepper.exclusive(sched.step)
+            decoded = len(first.output_ids)
+            engine.stepper.exclusive(lambda: sched.add_request(late))
+            engine.stepper.exclusive(sched.step)
+            assert seen[-1] == (ForwardMode.EXTEND, decoded), "the extend pass must launch before the read-back"
+            assert len(first.output_ids) == decoded + 1 and sched.inflight is None
+            _settle(sched)
+    finally:
+        sched.runner.__dict__.pop("forward", None)
+    assert [(r.output_ids, r.finish_reason) for r in (first, late)] == ref
+
+
 def test_abort_while_an_extend_pass_is_pending(engine):
     """A request aborted between its extend pass and the read-back drops its first token; nothing leaks."""
     from radixflow.runtime.sampling_params import SamplingParams

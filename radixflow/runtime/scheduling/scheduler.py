@@ -6,10 +6,11 @@ something to admit, otherwise one decode step for every running request. When a
 decode step lacks KV slots, the newest requests are retracted to the waiting queue;
 their KV goes into the radix tree, so a resume often re-prefills nothing.
 
-Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n
-is read back, constrained rows included (their masks are filled while the GPU runs the
-forward pass). A request that finishes this way has had one extra token computed; it is dropped.
-Extend passes overlap too (extend_overlap.py): their first tokens are read back by the next step.
+Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n is read back,
+constrained rows included (their masks are filled while the GPU runs the forward pass); a request that
+finishes this way has had one extra token computed, dropped. Extend passes overlap too (extend_overlap.py):
+launched behind an in-flight decode pass, which is read back while the GPU runs them, and their first
+tokens read back by the next step.
 """
 
 from __future__ import annotations
@@ -124,9 +125,7 @@ class Scheduler:
         req.state = ReqState.FINISHED
         return req
 
-    def has_work(self) -> bool:
-        # an in-flight pass's unfinished requests are all in `running`; a pending extend pass may hold
-        # prompt-only requests that finish when it is read back
+    def has_work(self) -> bool:  # a pending extend pass may hold prompt-only requests, finished at its read-back
         return bool(self.waiting or self.running or self.chunked or self.pending_grammar or self.pending_extend)
 
     @property
@@ -161,10 +160,13 @@ class Scheduler:
             if chained is not None:
                 self.stats.forward_steps += 1
                 return self._outputs(touched + chained)
-            touched += self._drain()
+            if not (batch and defers_extends(self)):
+                touched += self._drain()
         if batch:
             self.stats.forward_steps += 1
             touched += self._run_extend(batch)
+            if self.inflight is not None:  # the extend pass was launched behind it: this read-back overlaps it
+                touched += self._drain()
             return self._outputs(touched)
         touched += self._read_back_extend()
         if self.running:
@@ -250,7 +252,7 @@ class Scheduler:
         self.inflight = flight
         return []
 
-    def _chain_decode(self) -> Optional[list[Req]]:
+    def _chain_decode(self) -> Optional[list[Req]]:  # a method: tests count its calls
         return chain_decode(self)
 
     def room_for(self, reqs: list) -> bool:
@@ -360,12 +362,10 @@ class Scheduler:
         return jumps_after_sampling(self.overlap, rows, self.args.jump_forward_max_batch)
 
     def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None, cut: bool = True) -> None:
-        """Append tokens the grammar forces, without sampling them (`allowed`: the step may
-        jump; `cut`: it may re-tokenize the sampled token (jump_policy); a replacement that keeps
-        the output within its budget is applied regardless);
-        their KV is computed by the next pass (which becomes an extend). The hook returns the
-        tokens to append, or (keep, tokens) to first cut the output back to `keep` tokens
-        (re-tokenizing at the boundary)."""
+        """Append tokens the grammar forces, without sampling them (`allowed`: the step may jump; `cut`: it may
+        re-tokenize the sampled token (jump_policy); a replacement that keeps the output within its budget is
+        applied regardless); the next pass computes their KV. The hook returns the tokens to append, or
+        (keep, tokens) to first cut the output back to `keep` tokens (re-tokenizing at the boundary)."""
         forced = self.jump_forward(req, allowed, limit, cut)
         if not forced:
             return
