@@ -532,6 +532,36 @@ def test_an_extend_pass_is_launched_behind_the_decode_pass_in_flight(engine):
     assert [(r.output_ids, r.finish_reason) for r in (first, late)] == ref
 
 
+def test_the_first_decode_pass_launches_before_the_extend_pass_is_read_back(engine):
+    """After an extend pass, the first decode pass takes the new rows' first tokens from the device: it is
+    launched before they are read back (a penalty's rows are sampled after the read-back); outputs as without overlap."""
+    from radixflow.runtime.execution.forward_batch import ForwardMode
+    from radixflow.runtime.sampling_params import SamplingParams
+    from radixflow.runtime.scheduling.req import Req
+
+    text = engine.tokenizer.encode(" ".join(PROMPTS))
+    params = [{"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+              {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True, "frequency_penalty": 0.5}]
+    for param in params:
+        ref = _outputs(engine.generate(input_ids=[text[0:30], text[30:50]], sampling_params=param))
+        reqs = [Req(rid=f"d{i}", origin_input_ids=p, sampling=SamplingParams(**param)) for i, p in enumerate([text[0:30], text[30:50]])]
+        sched, seen = engine.scheduler, []
+        forward = sched.runner.forward
+        sched.runner.forward = lambda fb: (seen.append((fb.mode, len(reqs[0].output_ids))), forward(fb))[1]
+        try:
+            with overlap_on(engine):
+                engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
+                engine.stepper.exclusive(sched.step)
+                assert sched.pending_extend is not None and reqs[0].output_ids == []
+                engine.stepper.exclusive(sched.step)
+                assert seen[-1] == (ForwardMode.DECODE, 0), "the decode pass must launch before the read-back"
+                assert sched.pending_extend is None and len(reqs[0].output_ids) == 1 and sched.inflight is not None
+                _settle(sched)
+        finally:
+            sched.runner.__dict__.pop("forward", None)
+        assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
+
+
 def test_abort_while_an_extend_pass_is_pending(engine):
     """A request aborted between its extend pass and the read-back drops its first token; nothing leaks."""
     from radixflow.runtime.sampling_params import SamplingParams

@@ -4,9 +4,10 @@ An extend pass is otherwise synchronous: the host waits for its sampled ids, adv
 then admits and builds the next batch while the GPU idles. With overlap scheduling on, the requests
 whose prompts end in the pass are sampled on the GPU and join `running` at once (so admission counts
 them), and their sampled ids are read back by the next step: at its start when they have already
-reached the host, else right after it launches the next extend pass, or before anything else when the
-next step has no extend pass to launch. Until then nothing reads their first token: no decode pass
-runs before the read-back, and an extend batch holds only waiting or chunked requests. The tokens, stops and outputs are those of the synchronous path.
+reached the host, else right after it launches its pass (an extend pass, or the first decode pass, which
+takes those rows' inputs from the device: overlap.start_decode; where a row cannot overlap, the read-back
+comes first). Until then no host code reads their first token: an extend batch holds only waiting or
+chunked requests. The tokens, stops and outputs are those of the synchronous path.
 
 A pass's input logprobs (a select's scoring requests, a prompt's logprobs) are read back the same way; the
 requests whose prompts end in the pass without generating (max_new_tokens 0) are retired at once, so their KV

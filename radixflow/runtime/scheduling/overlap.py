@@ -29,7 +29,7 @@ earlier gens waited for the host.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import torch
 
@@ -122,18 +122,31 @@ def sample_flight(sched: Scheduler, flight: InflightDecode, real: list, continue
     flight.host_ids, flight.ready = copy_to_host(result.next_ids)
 
 
-def start_decode(sched: Scheduler) -> Optional[InflightDecode]:
-    """The first overlapped pass over the running requests (nothing in flight), or None
-    when one of them cannot overlap."""
+def start_decode(sched: Scheduler) -> tuple[Optional[InflightDecode], list[Req]]:
+    """The first overlapped pass over the running requests (no decode pass in flight), and the requests
+    read back: a pending extend pass's rows take their first tokens from the device, and it is read back
+    once this pass is launched. (None, []) when a request cannot overlap: nothing launched or read back."""
     reqs = list(sched.running)
-    pending = [r.seq_len - r.kv_len for r in reqs]
+    pending = [r.seq_len - r.kv_len for r in reqs]  # 0: a pending extend pass's row
     if not all(overlappable(r, n) for r, n in zip(reqs, pending)) or feeds_only(reqs, pending):
-        return None
+        return None, []
     if not sched.room_for(reqs):
+        return None, []
+    flight = launch_decode(sched, reqs, _first_ids(sched.pending_extend, reqs, pending))
+    return flight, _sample_and_read_back(sched, flight, reqs, pending, sched._read_back_extend)
+
+
+def _first_ids(ext, reqs: list[Req], pending: list[int]) -> Optional[torch.Tensor]:
+    """The first pass's input ids: a row's first host-side pending token, or, for the rows of the pending
+    extend pass `ext`, its sampled token still on the device. None: every input is on the host."""
+    if ext is None or not ext.reqs:
         return None
-    flight = launch_decode(sched, reqs)
-    sample_flight(sched, flight, [r.seq_len == r.kv_len for r in reqs])  # the host's view is current
-    return flight
+    row = {id(r): i for i, r in enumerate(ext.reqs)}
+    assert all(n or id(r) in row for r, n in zip(reqs, pending)), "a row with no host-side token is the extend pass's"
+    ids = ext.result.next_ids
+    at = to_device_async(torch.tensor([row.get(id(r), 0) for r in reqs]), ids.device)
+    host = to_device_async(torch.tensor([r.pending_ids()[0] if n else -1 for r, n in zip(reqs, pending)]), ids.device)
+    return torch.where(host >= 0, host, ids[at])
 
 
 def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
@@ -151,17 +164,25 @@ def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
     assert all((n == 0) == prev.real[i] for i, n in zip(keep, pending)), "a real row's next input is on the device"
     flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
     sched.stats.chained_decode_steps += 1
+    touched = _sample_and_read_back(sched, flight, reqs, pending, lambda: sched.read_back(prev))
+    sched.inflight = flight
+    return touched
+
+
+def _sample_and_read_back(sched: Scheduler, flight: InflightDecode, reqs: list[Req], pending: list[int],
+                          read_back: Callable[[], list[Req]]) -> list[Req]:
+    """Sample a just-launched pass and read back the pass before it (`pending`: each row's host-side tokens
+    before the launch; 0: its input was on the device). A batch with rows that need the host's view is read
+    back first, then sampled; otherwise sampled first. Returns the requests read back."""
     if any(needs_host_view(r) for r in reqs):
         was = [r.continuable and n == 0 for r, n in zip(reqs, pending)]  # a row the read-back may continue
-        touched = sched.read_back(prev)
+        touched = read_back()
         real = [not r.finished and r.seq_len == r.kv_len for r in reqs]
         continued = sum(w and not ok and not r.finished for r, w, ok in zip(reqs, was, real))
         sample_flight(sched, flight, real, continued)
-    else:
-        sample_flight(sched, flight, [n == 0 or r.seq_len == r.kv_len for r, n in zip(reqs, pending)])
-        touched = sched.read_back(prev)
-    sched.inflight = flight
-    return touched
+        return touched
+    sample_flight(sched, flight, [n == 0 or r.seq_len == r.kv_len for r, n in zip(reqs, pending)])
+    return read_back()
 
 
 def _chained_ids(prev: InflightDecode, keep: list, reqs: list, pending: list) -> torch.Tensor:

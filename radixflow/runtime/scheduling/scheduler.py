@@ -168,11 +168,9 @@ class Scheduler:
             if self.inflight is not None:  # the extend pass was launched behind it: this read-back overlaps it
                 touched += self._drain()
             return self._outputs(touched)
-        touched += self._read_back_extend()
         if self.running:
-            self.stats.forward_steps += 1
             touched += self._decode()
-        return self._outputs(touched)
+        return self._outputs(touched + self._read_back_extend())
 
     def _outputs(self, touched: list[Req]) -> list[ReqOutput]:
         return [r.to_output() for r in touched] if self.emit_outputs else []
@@ -231,8 +229,7 @@ class Scheduler:
         return touched
 
     def _read_back_extend(self) -> list[Req]:
-        """Advance the pending extend pass's requests by their first tokens (those aborted meanwhile drop
-        theirs); returns the requests advanced (none pending: [])."""
+        """Advance the pending extend pass's requests by their first tokens (aborted ones drop theirs)."""
         pending, self.pending_extend = self.pending_extend, None
         return self._advance_pending(pending)
 
@@ -240,17 +237,21 @@ class Scheduler:
         if pending is None:
             return []
         done = pending.finish_inputs()
-        if not pending.reqs:
-            return done
-        return done + self._advance_host(pending.reqs, pending.host_ids, pending.ready, pending.result)
+        return done + (self._advance_host(pending.reqs, pending.host_ids, pending.ready, pending.result) if pending.reqs else [])
 
     # -- decode (overlapped passes: overlap.py) --------------------------------------------------
     def _decode(self) -> list[Req]:
-        flight = start_decode(self) if self.overlap else None
-        if flight is None:
-            return self._run_decode()
-        self.inflight = flight
-        return []
+        """A decode pass over `running`; a pending extend pass is read back, after launching it where it can."""
+        flight, touched = start_decode(self) if self.overlap else (None, [])
+        if flight is not None:
+            self.inflight = flight
+            self.stats.forward_steps += 1
+            return touched
+        touched = self._read_back_extend()
+        if self.running:  # unless all finished at their first token
+            self.stats.forward_steps += 1
+            touched += self._run_decode()
+        return touched
 
     def _chain_decode(self) -> Optional[list[Req]]:  # a method: tests count its calls
         return chain_decode(self)
@@ -283,8 +284,7 @@ class Scheduler:
         return advanced
 
     def _run_decode(self) -> list[Req]:
-        """One token per running request, read back at once; requests holding several
-        pending tokens (jump-forward, appended program text) make it an extend pass (split_decode)."""
+        """One token a running request, read back at once; rows holding several (split_decode) make it an extend."""
         self._make_room_for_decode()
         if not self.running:
             return []
