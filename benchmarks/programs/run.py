@@ -48,6 +48,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(__file__))
 import radixflow as rf  # noqa: E402
 from radixflow.lang.backends.engine_backend import EngineBackend  # noqa: E402
+from jit_variants import compiled_variants, new_variants  # noqa: E402
 from pass_timer import GcPauses, KernelTime, Timeline  # noqa: E402
 from workloads import BY_NAME, WORKLOADS, Workload  # noqa: E402
 
@@ -115,6 +116,7 @@ def run_mode(
         slots = asyncio.Semaphore(in_flight or len(inputs))
         return await asyncio.gather(*(one(kw, slots) for kw in inputs))
 
+    variants = compiled_variants()
     start, cpu = time.perf_counter(), time.process_time()
     try:
         with Timeline(engine) as tl, GcPauses() as gcs:
@@ -141,6 +143,7 @@ def run_mode(
         "scheduler_steps": steps,  # what host_ms_per_pass divides by: model_s + host_ms x steps = the round
         "gc_full": gcs.full,
         "gc_ms": 1000 * gcs.seconds,
+        "jit_compiles": new_variants(variants),  # Triton variants compiled in the round: their compile counts as GPU busy
     }
 
 
@@ -292,8 +295,13 @@ def run_all(
         print(f"{name}: {time.perf_counter() - t:.1f}s, then {results[name]['tracked_after']['tracked']} objects tracked by the GC",
               file=sys.stderr, flush=True)  # fmt: skip
         print(table({name: results[name]}).splitlines()[2], file=sys.stderr, flush=True)  # the row so far
+        for mode in MODES:
+            for i, run in enumerate(results[name].get(mode, {}).get("runs", [])):
+                if run.get("jit_compiles"):
+                    print(f"{name} {mode} round {i + 1} compiled Triton variants: {run['jit_compiles']}", file=sys.stderr)
         if on_workload is not None:
             on_workload(results)
+    print(f"Triton variants compiled in this process: {sum(compiled_variants().values())}", file=sys.stderr)
     return results
 
 
