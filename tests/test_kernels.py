@@ -558,6 +558,26 @@ def test_extend_attention_few_new_tokens_after_long_prefixes(hq, hkv):
     _close(one, want[:1], 1e-5)  # 1-token requests alone: hkv programs of one 16-row block
 
 
+def test_extend_warm_up_launches_every_block_size(monkeypatch):
+    """The start-up warm-up launches the extend kernel at each block size a pass may pick (16-128 rows for
+    16-bit q; 16-32 for float32, which it also runs here), so none compiles mid-run."""
+    from radixflow.kernels import extend_attention as ea
+
+    k_buf, v_buf, table, _ = _paged_pool([8], 2, 16, torch.float32)
+    assert ea.warm_up(torch.float32, k_buf, v_buf, 8, table) == [16, 32]  # runs in the interpreter off CUDA
+    launched = []
+
+    class Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: launched.append((kw["BLOCK_M"], kw["num_warps"]))
+
+    monkeypatch.setattr(ea, "_extend_kernel", Recorder())
+    assert ea.warm_up(torch.float16, k_buf.half(), v_buf.half(), 8, table) == [16, 32, 64, 128]
+    assert launched == [(16, 4), (32, 4), (64, 4), (128, 8)]
+    picked = {ea._blocks(torch.float16, 16, rows)[0] for rows in range(1, 5000)}
+    assert picked == {m for m, _ in launched}
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, pytest.param(torch.bfloat16, marks=[gpu, needs_cuda])])
 @pytest.mark.parametrize("kernel", ["decode", "extend"])
 def test_split_p_brings_16bit_attention_to_float32(kernel, dtype):

@@ -153,6 +153,7 @@ class ModelRunner:
             deterministic=self.args.enable_deterministic_inference,
             settings=self.settings,
         )
+        self.backend.warm_up(self.dtype)
         log.info("KV pool: %d tokens (%.1f MiB)", num_slots, num_slots * per_token / 2**20)
 
     def _kv_slots(self, per_token: int) -> int:
@@ -289,6 +290,7 @@ class ModelRunner:
         self.release_cuda_graphs()
         self.settings = settings
         self.backend.settings = settings
+        self.backend.warm_up(self.dtype)  # the kernels' variants may depend on the settings
         self.model.set_kernel_settings(settings, self._fused())
         self.graph_runner = self._init_cuda_graphs(graph_max_bs)
         self.extend_graphs = self._init_extend_graphs()

@@ -32,6 +32,9 @@ class AttentionBackend:
         self.head_dim = head_dim
         self.scale = head_dim**-0.5
 
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """At start-up, with activations of `dtype`: build what the first passes would otherwise build mid-run."""
+
     def init_forward_metadata(self, fb: ForwardBatch) -> None:
         """Called once per forward pass, before the first layer."""
 

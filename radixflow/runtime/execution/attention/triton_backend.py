@@ -24,6 +24,7 @@ from radixflow.kernels.decode_attention import (
     DETERMINISTIC_CONFIG, DecodeRope, decode_attention, num_kv_splits, pool_kind,
 )
 from radixflow.kernels.extend_attention import extend_attention
+from radixflow.kernels.extend_attention import warm_up as warm_up_extend
 from radixflow.kernels.flash_varlen import FLASH_DTYPES, flash_varlen_attention, flash_varlen_supported
 from radixflow.kernels.kv_store import store_kv
 from radixflow.kernels.rotary import apply_rotary, apply_rotary_store_kv
@@ -87,6 +88,12 @@ class TritonBackend(AttentionBackend):
         self.cudnn_ok = self.flash_ok and cudnn_dense_supported(str(device), self.num_q_heads, self.num_kv_heads,
                                                                  self.head_dim)
         self.cudnn_shapes = CudnnShapes()
+
+    def warm_up(self, dtype: torch.dtype) -> None:
+        """Compile the extend kernel at each block size (extend_attention.warm_up), on CUDA."""
+        if self.kv_pool.k[0].is_cuda:
+            warm_up_extend(dtype, self.kv_pool.k[0], self.kv_pool.v[0], self.num_q_heads, self.req_to_token.table,
+                           self._scales(0), self.settings)
 
     def flash_enabled(self) -> bool:
         """Whether extend passes may take the flash path: this backend can (`flash_ok`) and the settings ask."""
