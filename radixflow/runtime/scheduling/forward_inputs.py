@@ -47,12 +47,17 @@ def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch,
     flat_rows = list(itertools.chain.from_iterable(rows)) or [0]
     pool_rows = [r.req_pool_idx for r, _ in batch]
     host_ids = ids if isinstance(ids, list) else []
-    # one asynchronous host-to-device copy for all of the pass's index tensors
-    packed = to_device_async(torch.cat([torch.tensor(host_ids + pool_rows + seq + prefix + ext + flat_rows, dtype=torch.int64),
-                                        positions.to(torch.int64), locs.to(torch.int64)]), device)  # fmt: skip
-    b = len(batch)
-    sizes = [len(host_ids), b, b, b, b, len(flat_rows), positions.numel(), locs.numel()]
-    ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, loc_t = torch.split(packed, sizes)
+    lists = [host_ids, pool_rows, seq, prefix, ext, flat_rows]
+    sizes = [len(x) for x in lists] + [positions.numel(), locs.numel()]
+    # one asynchronous host-to-device copy for all of the pass's index tensors, each 16-byte aligned in it (an
+    # even number of int64s before it): Triton compiles a kernel variant per alignment of its pointer arguments,
+    # so unaligned parts made one per parity of the pass's token and request counts, some first met mid-run
+    head = list(itertools.chain.from_iterable(x + [0] * (len(x) % 2) for x in lists))
+    pad = torch.zeros(positions.numel() % 2, dtype=torch.int64)
+    packed = to_device_async(torch.cat([torch.tensor(head, dtype=torch.int64), positions.to(torch.int64), pad,
+                                        locs.to(torch.int64)]), device)  # fmt: skip
+    parts = torch.split(packed, [n + n % 2 for n in sizes[:-1]] + sizes[-1:])
+    ids_t, rows_t, seq_t, pre_t, ext_t, logit_t, pos_t, loc_t = (part[:n] for part, n in zip(parts, sizes))
     ids_t = ids_t if isinstance(ids, list) else ids
     return ForwardBatch(
         mode=mode, input_ids=ids_t, positions=pos_t, out_cache_loc=loc_t, req_pool_indices=rows_t,
