@@ -376,6 +376,33 @@ def test_span_reads_and_concatenated_ranges_match_a_loop(spans):
     assert torch.equal(concat_ranges(starts, lens), torch.cat([torch.arange(a, a + n) for a, n in zip(starts, lens)]))
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 9), st.integers(1, 5)), min_size=1, max_size=7), st.booleans())
+def test_forward_batch_index_tensors_are_aligned_and_hold_their_values(reqs, device_ids):
+    """build_forward_batch's index tensors each start 16-byte aligned in the pass's one copy (Triton compiles a
+    kernel variant per pointer alignment) and hold the values of each request's rows, for any parity of the
+    pass's token and request counts."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.execution.forward_batch import ForwardMode
+    from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, concat_ranges
+
+    prefix, ext = [p for p, _ in reqs], [n for _, n in reqs]
+    batch = [(SimpleNamespace(req_pool_idx=10 + i), n) for i, n in enumerate(ext)]
+    tokens = sum(ext)
+    ids = torch.arange(100, 100 + tokens) if device_ids else list(range(100, 100 + tokens))
+    positions, locs = concat_ranges(prefix, ext), torch.arange(500, 500 + tokens)
+    rows = [[sum(ext[: i + 1]) - 1] for i in range(len(ext))]
+    fb = build_forward_batch(torch.device("cpu"), ForwardMode.EXTEND, ids, positions, locs, batch, prefix, ext, rows)
+    want = {"input_ids": list(range(100, 100 + tokens)), "positions": positions.tolist(), "out_cache_loc": locs.tolist(),
+            "req_pool_indices": [10 + i for i in range(len(ext))], "seq_lens": [p + n for p, n in reqs],
+            "prefix_lens": prefix, "extend_lens": ext, "logits_indices": [r[0] for r in rows]}
+    for name, values in want.items():
+        t = getattr(fb, name)
+        assert t.tolist() == values, name
+        assert name == "input_ids" and device_ids or t.data_ptr() % 16 == 0, name
+
+
 def test_req_table_cost_benchmark_runs(capsys):
     """benchmarks/programs/req_table_cost.py, tiny: its table has a row per size with a ratio."""
     import importlib.util
