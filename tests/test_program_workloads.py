@@ -273,6 +273,27 @@ def test_fewer_no_radix_rounds_run_after_the_paired_ones(engine, monkeypatch):
     assert [len(r[m]["runs"]) for m in program_bench.MODES] == [2, 2, 1] and len(r["graph_vs_eager"]) == 2
 
 
+def test_a_round_that_compiled_a_kernel_runs_again(engine, monkeypatch):
+    """A round during which Triton compiled a variant (its compile ran inside a forward pass) is not a
+    steady-state round: it runs again once, and only the second run counts; the first is kept apart."""
+    calls, run_mode = [], program_bench.run_mode
+
+    def compiles_once(*a, **kw):
+        r = run_mode(*a, **kw)
+        calls.append(a[3])
+        if len(calls) == 8:  # the first timed graph round (six warm-ups, then no radix, graph, eager)
+            r["jit_compiles"] = {"extend_attention._extend_kernel": 1}
+        return r
+
+    monkeypatch.setattr(program_bench, "run_mode", compiles_once)
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    r = program_bench.run_workload(engine, program_bench.BY_NAME["mmlu"], 2, 0.05, sampling, seed=0, freeze_gc=False)
+    assert calls[6:] == ["eager-noradix", "graph", "graph", "eager"]
+    assert [c["round"] for c in r["compiling_rounds"]] == ["graph"]
+    assert r["compiling_rounds"][0]["jit_compiles"] and not r["graph"]["runs"][0]["jit_compiles"]
+    assert [len(r[m]["runs"]) for m in program_bench.MODES] == [1, 1, 1]
+
+
 def test_extend_shapes_counts_the_passes_each_setting_would_take():
     # (new tokens, requests, logits rows): the last pass's 70 logits rows (input logprobs) fit no bucket of 64
     shapes = {"w": [(20, 2, 2), (300, 8, 8), (100, 80, 80), (30, 4, 70)], "none": []}
