@@ -562,6 +562,46 @@ def test_the_first_decode_pass_launches_before_the_extend_pass_is_read_back(engi
         assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_requests_arriving_between_overlapped_passes_keep_their_outputs(engine, seed):
+    """Requests of mixed parameters (stops, penalties, min_new_tokens, sampled with a seed) arrive at random
+    steps while others decode, so extend passes launch behind decode passes in flight and decode passes
+    before extend read-backs, in every order the schedule gives; outputs as without overlap, no KV lost."""
+    import random
+
+    from radixflow.runtime.sampling_params import SamplingParams
+    from radixflow.runtime.scheduling.req import Req
+
+    rng = random.Random(seed)
+    params = MIXED + [{"max_new_tokens": 12, "temperature": 0, "frequency_penalty": 0.7},
+                      {"max_new_tokens": 9, "temperature": 0, "presence_penalty": 0.5, "stop": [" the"]}]
+    picks = [(p, rng.choice(params)) for p in rng.sample(PROMPTS, 6)]
+    ref = [_outputs(engine.generate([p], q))[0] for p, q in picks]
+    reqs = [Req(rid=f"s{seed}-{i}", origin_input_ids=engine.tokenizer.encode(p), sampling=SamplingParams.from_dict(q))
+            for i, (p, q) in enumerate(picks)]
+    arrivals = sorted(rng.randrange(0, 12) for _ in reqs)
+    sched, seen = engine.scheduler, set()
+    forward = sched.runner.forward
+    sched.runner.forward = lambda fb: (seen.add((fb.mode.value, sched.inflight is not None, sched.pending_extend is not None)),
+                                       forward(fb))[1]
+    try:
+        with overlap_on(engine, decodes=False):
+            step = 0
+            while arrivals or sched.has_work():
+                while arrivals and arrivals[0] <= step:
+                    arrivals.pop(0)
+                    req = reqs[len(reqs) - len(arrivals) - 1]
+                    engine.stepper.exclusive(lambda: sched.add_request(req))
+                engine.stepper.exclusive(sched.step)
+                step += 1
+            _settle(sched)
+    finally:
+        sched.runner.__dict__.pop("forward", None)
+    assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
+    assert ("decode", False, True) in seen, "no decode pass launched before an extend pass's read-back"
+    assert ("extend", True, False) in seen, "no extend pass launched behind a decode pass in flight"
+
+
 def test_abort_while_an_extend_pass_is_pending(engine):
     """A request aborted between its extend pass and the read-back drops its first token; nothing leaks."""
     from radixflow.runtime.sampling_params import SamplingParams
