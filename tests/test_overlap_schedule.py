@@ -562,7 +562,7 @@ def test_the_first_decode_pass_launches_before_the_extend_pass_is_read_back(engi
         assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
+@pytest.mark.parametrize("seed", [0, 2])  # schedules that take both new orders
 def test_requests_arriving_between_overlapped_passes_keep_their_outputs(engine, seed):
     """Requests of mixed parameters (stops, penalties, min_new_tokens, sampled with a seed) arrive at random
     steps while others decode, so extend passes launch behind decode passes in flight and decode passes
