@@ -501,6 +501,17 @@ def test_a_failed_read_back_keeps_the_new_pass(engine):
     assert [len(ids) for ids, _ in outs] == [0, 6, 6]
 
 
+@contextmanager
+def _recording_passes(sched, record):
+    """Call record(fb) as each forward pass of the block is launched (before it runs)."""
+    forward = sched.runner.forward
+    sched.runner.forward = lambda fb: (record(fb), forward(fb))[1]
+    try:
+        yield
+    finally:
+        sched.runner.__dict__.pop("forward", None)
+
+
 def test_an_extend_pass_is_launched_behind_the_decode_pass_in_flight(engine):
     """A request admitted while a decode pass is in flight has its extend pass launched before that decode
     pass is read back (on a GPU the read-back then runs while the extend pass does); outputs as without overlap."""
@@ -514,21 +525,16 @@ def test_an_extend_pass_is_launched_behind_the_decode_pass_in_flight(engine):
     ref = _outputs(engine.generate(input_ids=prompts, sampling_params=params))
     first, late = (Req(rid=f"b{i}", origin_input_ids=p, sampling=SamplingParams(**params)) for i, p in enumerate(prompts))
     sched, seen = engine.scheduler, []
-    forward = sched.runner.forward
-    sched.runner.forward = lambda fb: (seen.append((fb.mode, len(first.output_ids))), forward(fb))[1]
-    try:
-        with overlap_on(engine):
-            engine.stepper.exclusive(lambda: sched.add_request(first))
-            while sched.inflight is None:
-                engine.stepper.exclusive(sched.step)
-            decoded = len(first.output_ids)
-            engine.stepper.exclusive(lambda: sched.add_request(late))
+    with _recording_passes(sched, lambda fb: seen.append((fb.mode, len(first.output_ids)))), overlap_on(engine):
+        engine.stepper.exclusive(lambda: sched.add_request(first))
+        while sched.inflight is None:
             engine.stepper.exclusive(sched.step)
-            assert seen[-1] == (ForwardMode.EXTEND, decoded), "the extend pass must launch before the read-back"
-            assert len(first.output_ids) == decoded + 1 and sched.inflight is None
-            _settle(sched)
-    finally:
-        sched.runner.__dict__.pop("forward", None)
+        decoded = len(first.output_ids)
+        engine.stepper.exclusive(lambda: sched.add_request(late))
+        engine.stepper.exclusive(sched.step)
+        assert seen[-1] == (ForwardMode.EXTEND, decoded), "the extend pass must launch before the read-back"
+        assert len(first.output_ids) == decoded + 1 and sched.inflight is None
+        _settle(sched)
     assert [(r.output_ids, r.finish_reason) for r in (first, late)] == ref
 
 
@@ -546,19 +552,14 @@ def test_the_first_decode_pass_launches_before_the_extend_pass_is_read_back(engi
         ref = _outputs(engine.generate(input_ids=[text[0:30], text[30:50]], sampling_params=param))
         reqs = [Req(rid=f"d{i}", origin_input_ids=p, sampling=SamplingParams(**param)) for i, p in enumerate([text[0:30], text[30:50]])]
         sched, seen = engine.scheduler, []
-        forward = sched.runner.forward
-        sched.runner.forward = lambda fb: (seen.append((fb.mode, len(reqs[0].output_ids))), forward(fb))[1]
-        try:
-            with overlap_on(engine):
-                engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
-                engine.stepper.exclusive(sched.step)
-                assert sched.pending_extend is not None and reqs[0].output_ids == []
-                engine.stepper.exclusive(sched.step)
-                assert seen[-1] == (ForwardMode.DECODE, 0), "the decode pass must launch before the read-back"
-                assert sched.pending_extend is None and len(reqs[0].output_ids) == 1 and sched.inflight is not None
-                _settle(sched)
-        finally:
-            sched.runner.__dict__.pop("forward", None)
+        with _recording_passes(sched, lambda fb: seen.append((fb.mode, len(reqs[0].output_ids)))), overlap_on(engine):
+            engine.stepper.exclusive(lambda: [sched.add_request(r) for r in reqs])
+            engine.stepper.exclusive(sched.step)
+            assert sched.pending_extend is not None and reqs[0].output_ids == []
+            engine.stepper.exclusive(sched.step)
+            assert seen[-1] == (ForwardMode.DECODE, 0), "the decode pass must launch before the read-back"
+            assert sched.pending_extend is None and len(reqs[0].output_ids) == 1 and sched.inflight is not None
+            _settle(sched)
         assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
 
 
@@ -581,22 +582,17 @@ def test_requests_arriving_between_overlapped_passes_keep_their_outputs(engine, 
             for i, (p, q) in enumerate(picks)]
     arrivals = sorted(rng.randrange(0, 12) for _ in reqs)
     sched, seen = engine.scheduler, set()
-    forward = sched.runner.forward
-    sched.runner.forward = lambda fb: (seen.add((fb.mode.value, sched.inflight is not None, sched.pending_extend is not None)),
-                                       forward(fb))[1]
-    try:
-        with overlap_on(engine, decodes=False):
-            step = 0
-            while arrivals or sched.has_work():
-                while arrivals and arrivals[0] <= step:
-                    arrivals.pop(0)
-                    req = reqs[len(reqs) - len(arrivals) - 1]
-                    engine.stepper.exclusive(lambda: sched.add_request(req))
-                engine.stepper.exclusive(sched.step)
-                step += 1
-            _settle(sched)
-    finally:
-        sched.runner.__dict__.pop("forward", None)
+    order = lambda fb: seen.add((fb.mode.value, sched.inflight is not None, sched.pending_extend is not None))  # noqa: E731
+    with _recording_passes(sched, order), overlap_on(engine, decodes=False):
+        step = 0
+        while arrivals or sched.has_work():
+            while arrivals and arrivals[0] <= step:
+                arrivals.pop(0)
+                req = reqs[len(reqs) - len(arrivals) - 1]
+                engine.stepper.exclusive(lambda: sched.add_request(req))
+            engine.stepper.exclusive(sched.step)
+            step += 1
+        _settle(sched)
     assert [(r.output_ids, r.finish_reason) for r in reqs] == ref
     assert ("decode", False, True) in seen, "no decode pass launched before an extend pass's read-back"
     assert ("extend", True, False) in seen, "no extend pass launched behind a decode pass in flight"

@@ -26,10 +26,7 @@ def _jit_functions() -> dict:
 
 
 def _variants(fn) -> int:
-    caches = getattr(fn, "device_caches", None)
-    if caches is not None:  # device -> (kernel cache, ...)
-        return sum(len(entry[0]) for entry in caches.values())
-    return sum(len(c) for c in getattr(fn, "cache", {}).values())
+    return sum(len(entry[0]) for entry in fn.device_caches.values())  # device -> (kernel cache, ...): Triton 3.2 on
 
 
 def compiled_variants() -> dict[str, int]:

@@ -52,7 +52,11 @@ def build_forward_batch(device: torch.device, mode, ids, positions, locs, batch,
     # one asynchronous host-to-device copy for all of the pass's index tensors, each 16-byte aligned in it (an
     # even number of int64s before it): Triton compiles a kernel variant per alignment of its pointer arguments,
     # so unaligned parts made one per parity of the pass's token and request counts, some first met mid-run
-    head = list(itertools.chain.from_iterable(x + [0] * (len(x) % 2) for x in lists))
+    head: list = []
+    for x in lists:  # one copy of each list (the token ids are thousands in an extend pass)
+        head += x
+        if len(x) % 2:
+            head.append(0)
     pad = torch.zeros(positions.numel() % 2, dtype=torch.int64)
     packed = to_device_async(torch.cat([torch.tensor(head, dtype=torch.int64), positions.to(torch.int64), pad,
                                         locs.to(torch.int64)]), device)  # fmt: skip

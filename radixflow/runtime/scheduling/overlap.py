@@ -144,8 +144,8 @@ def _first_ids(ext, reqs: list[Req], pending: list[int]) -> Optional[torch.Tenso
     row = {id(r): i for i, r in enumerate(ext.reqs)}
     assert all(n or id(r) in row for r, n in zip(reqs, pending)), "a row with no host-side token is the extend pass's"
     ids = ext.result.next_ids
-    at = to_device_async(torch.tensor([row.get(id(r), 0) for r in reqs]), ids.device)
-    host = to_device_async(torch.tensor([r.pending_ids()[0] if n else -1 for r, n in zip(reqs, pending)]), ids.device)
+    at, host = to_device_async(torch.tensor([[row.get(id(r), 0) for r in reqs],  # one copy for both rows
+                                             [r.pending_ids()[0] if n else -1 for r, n in zip(reqs, pending)]]), ids.device)
     return torch.where(host >= 0, host, ids[at])
 
 
