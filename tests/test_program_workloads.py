@@ -16,6 +16,7 @@ import bound_floor  # noqa: E402
 import extend_shapes  # noqa: E402
 import host_profile  # noqa: E402
 import idle_gaps  # noqa: E402
+import mixed_pass_probe  # noqa: E402
 import pass_shapes  # noqa: E402
 import pass_timer  # noqa: E402
 import run as program_bench  # noqa: E402
@@ -392,3 +393,28 @@ def test_later_engines_run_the_first_engines_workloads_and_rounds(monkeypatch, t
                               "180", "--later-modes", "graph"])  # fmt: skip
     assert [(w, m) for s, w, m, _ in seen if s == 0] == [(w, ("graph",)) for w in names[:4]]  # all 180 s: 4 started
     assert "(first's no radix)" in out and "over 4 of 5 workloads (skipped past the deadline: hellaswag)" in out
+
+
+def test_mixed_pass_probe_prices_the_extend_passes_run_while_requests_decode():
+    passes = [("extend", 0, 0.010, 4), ("decode", 0, 0.004, 2), ("extend", 3, 0.012, 1), ("decode", 0, 0.006, 4),
+              ("segment", 0, 0.008, 3)]  # fmt: skip
+    r = mixed_pass_probe.summary(passes)
+    assert (r["extend_passes"], r["decode_passes"], r["segment_passes"], r["extends_while_decoding"]) == (2, 2, 1, 1)
+    assert r["mean_decode_ms"] == pytest.approx(5.0) and r["mean_decode_rows"] == 3 and r["mean_decoding_rows"] == 3
+    assert r["saving_at_most"] == pytest.approx(0.005 / 0.040)
+
+
+def test_mixed_pass_probe_logs_every_forward_pass_of_a_round(engine):
+    w = program_workloads.BY_NAME["generative_agents"]
+    inputs = w.inputs(random.Random(0), 2, 0.05)
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    before = engine.scheduler.stats.forward_steps
+    log = mixed_pass_probe.PassLog(engine)
+    try:
+        program_bench.run_mode(engine, w, inputs, "graph", sampling)
+    finally:
+        passes = log.close()
+    assert engine.scheduler._run_extend.__func__ is type(engine.scheduler)._run_extend  # unwrapped again
+    assert len(passes) == engine.scheduler.stats.forward_steps - before
+    assert {p[0] for p in passes} <= {"extend", "decode", "segment"} and "extend" in {p[0] for p in passes}
+    assert all(t > 0 and rows > 0 for _, _, t, rows in passes)

@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import radixflow as rf  # noqa: E402
 from run import run_mode, warm_up  # noqa: E402
 from pass_timer import phase_sites  # noqa: E402
-from step_timeline import engine_kwargs  # noqa: E402
+from step_timeline import add_round_args, engine_kwargs  # noqa: E402
 
 # innermost first: a moment inside several open intervals is charged to the first listed
 LABELS = ("launch", "release", "admission", "input_logprobs", "cache_unfinished", "sample", "advance", "step",
@@ -215,21 +215,11 @@ def main(argv=None) -> None:
     from workloads import BY_NAME
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workloads", default=",".join(BY_NAME))
-    ap.add_argument("--n", type=int, default=64)
-    ap.add_argument("--size", type=float, default=1.0)
-    ap.add_argument("--max-new-tokens", type=int, default=8)
-    ap.add_argument("--min-round-s", type=float, default=0.5, help="as run.py: rounds of k waves of n programs")
+    add_round_args(ap, device="cuda")
     ap.add_argument("--mode", default="graph", choices=("graph", "eager"))
-    ap.add_argument("--device", default="cuda")
-    ap.add_argument("--config", default=None)
-    ap.add_argument("--load-format", default="auto")
-    ap.add_argument("--tokenizer", default=None)
-    ap.add_argument("--max-total-tokens", type=int, default=None)
     ap.add_argument("--stacks", action="store_true",
                     help="also sample the engine thread's stack (every 0.2 ms, in a second profiled round) and list "
                          "where it was while the GPU sat idle")
-    ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     kw = engine_kwargs(args)
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}

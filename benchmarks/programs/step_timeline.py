@@ -113,6 +113,24 @@ def print_rows(name: str, result: dict) -> None:
               f"{r['idle_s']:.3f} | {r['model_s']:.3f} | {r['steps']} | {r['host_ms_per_pass']:.1f} | {phases} |", flush=True)  # fmt: skip
 
 
+def add_round_args(ap, device: str) -> None:
+    """The arguments of the one-round-a-workload probes (idle_gaps, mixed_pass_probe): which workloads, how
+    many programs in flight and how large (as run.py), the rounds' size, the engine's (engine_kwargs), --json."""
+    from workloads import BY_NAME
+
+    ap.add_argument("--workloads", default=",".join(BY_NAME))
+    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--size", type=float, default=1.0)
+    ap.add_argument("--max-new-tokens", type=int, default=8)
+    ap.add_argument("--min-round-s", type=float, default=0.5, help="as run.py: rounds of k waves of n programs")
+    ap.add_argument("--device", default=device)
+    ap.add_argument("--config", default=None)
+    ap.add_argument("--load-format", default="auto")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--max-total-tokens", type=int, default=None)
+    ap.add_argument("--json", default=None)
+
+
 def engine_kwargs(args) -> dict:
     """The Engine's arguments from a tool's --device, --load-format, --tokenizer and --max-total-tokens."""
     kw = {"device": args.device, "load_format": args.load_format}
