@@ -34,8 +34,8 @@ def test_a_match_evicted_by_an_earlier_admission_is_matched_again():
     first = Req("first", first_prefix + list(range(300, 303 + free)), SamplingParams(max_new_tokens=1), arrival_seq=1)
     second = Req("second", second_prefix + [400, 401], SamplingParams(max_new_tokens=1), arrival_seq=0)
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="lpm",
-                           max_running_requests=8, page_size=1)  # fmt: skip
-    sched = SimpleNamespace(args=args, waiting=[second, first], running=[], chunked=None, tree=tree, kv=kv,
+                           max_running_requests=8, page_size=1, resolve_in_batch_threshold=lambda device: 32)  # fmt: skip
+    sched = SimpleNamespace(args=args, waiting=[second, first], running=[], chunked=None, tree=tree, kv=kv, device="cpu",
                             stats=SchedulerStats(), new_token_ratio=0.0, num_running=0, reserve=KVReserve())  # fmt: skip
 
     batch = admission.form_extend_batch(sched)
@@ -119,8 +119,8 @@ def test_a_waiting_requests_match_is_reused_until_the_tree_grows_under_it_or_los
     kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(4, 128, "cpu"), tree)
     req = Req("r", prompt, SamplingParams(max_new_tokens=1))
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="lpm",
-                           max_running_requests=1, page_size=1)  # fmt: skip
-    sched = SimpleNamespace(args=args, waiting=[req], running=[], chunked=None, tree=tree, kv=kv,
+                           max_running_requests=1, page_size=1, resolve_in_batch_threshold=lambda device: 32)  # fmt: skip
+    sched = SimpleNamespace(args=args, waiting=[req], running=[], chunked=None, tree=tree, kv=kv, device="cpu",
                             stats=SchedulerStats(), new_token_ratio=0.0, num_running=1, reserve=KVReserve())  # fmt: skip
     walks = []
     match_prefix = tree.match_prefix
@@ -149,13 +149,14 @@ class WholePromptInBatch:
     """The in-batch check as it was before InBatchTails: one tree over every admitted request's whole
     reusable key (the reference the tails must agree with)."""
 
-    def __init__(self) -> None:
+    def __init__(self, threshold: int) -> None:
         self.tree = RadixCache(allocator=None, page_size=1)
+        self.threshold = threshold
 
     def fresh_enough(self, req: Req, match, _in_batch) -> bool:
         key = req.token_range(0, admission.match_limit(req))
         shared = self.tree.match_prefix(key).length - match.length
-        if shared > admission.IN_BATCH_PREFIX_THRESHOLD:
+        if shared > self.threshold:
             return False
         rest = req.seq_len - match.length
         if req.sampling.max_new_tokens == 0 and shared >= admission.SCORING_SHARE_MIN and 2 * shared >= rest:
@@ -164,7 +165,7 @@ class WholePromptInBatch:
         return True
 
 
-def _admitted(cached: list, prompts: list, reference: bool = False) -> list:
+def _admitted(cached: list, prompts: list, threshold: int, reference: bool = False) -> list:
     alloc = PageAllocator(4097, 1)
     tree = RadixCache(alloc, 1)
     for key in cached:
@@ -173,12 +174,12 @@ def _admitted(cached: list, prompts: list, reference: bool = False) -> list:
     waiting = [Req(f"r{i}", p, SamplingParams(max_new_tokens=new), arrival_seq=i)
                for i, (p, new) in enumerate(prompts)]  # fmt: skip
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="fcfs",
-                           max_running_requests=16, page_size=1)  # fmt: skip
-    sched = SimpleNamespace(args=args, waiting=waiting, running=[], chunked=None, tree=tree, kv=kv,
+                           max_running_requests=16, page_size=1, resolve_in_batch_threshold=lambda device: threshold)  # fmt: skip
+    sched = SimpleNamespace(args=args, waiting=waiting, running=[], chunked=None, tree=tree, kv=kv, device="cpu",
                             stats=SchedulerStats(), new_token_ratio=0.0, num_running=0, reserve=KVReserve())  # fmt: skip
     fresh_enough = admission.fresh_enough
     if reference:
-        admission.fresh_enough = WholePromptInBatch().fresh_enough
+        admission.fresh_enough = WholePromptInBatch(threshold).fresh_enough
     try:
         return [(req.rid, n) for req, n in admission.form_extend_batch(sched)]
     finally:
@@ -191,16 +192,27 @@ PIECES = [list(range(b, b + n)) for b, n in ((1000, 40), (2000, 20), (3000, 36),
 @settings(max_examples=150, deadline=None)
 @given(cached=st.lists(st.lists(st.integers(0, 4), min_size=1, max_size=3), max_size=3),
        prompts=st.lists(st.tuples(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.sampled_from([0, 4])),
-                        min_size=1, max_size=8))  # fmt: skip
-def test_in_batch_deferral_by_tails_is_the_whole_prompts_rule(cached, prompts):
+                        min_size=1, max_size=8),
+       threshold=st.sampled_from([4, 32]))  # fmt: skip
+def test_in_batch_deferral_by_tails_is_the_whole_prompts_rule(cached, prompts, threshold):
     """Requests built from shared pieces (few-shot prefixes, questions, a select's choices: max_new_tokens 0),
-    some of them cached: InBatchTails admits and defers exactly the requests the whole-prompt tree did."""
+    some of them cached: InBatchTails admits and defers exactly the requests the whole-prompt tree did, at
+    the CPU's threshold and the GPU's."""
     cached = [sum((PIECES[i] for i in key), []) for key in cached]
     prompts = [(sum((PIECES[i] for i in key), []), new) for key, new in prompts]
-    assert _admitted(cached, prompts) == _admitted(cached, prompts, reference=True)
+    assert _admitted(cached, prompts, threshold) == _admitted(cached, prompts, threshold, reference=True)
 
 
 def test_a_request_sharing_a_long_uncached_tail_after_a_cached_prefix_waits():
     few_shot, question = PIECES[0], PIECES[2]
     prompts = [(few_shot + question + [1], 4), (few_shot + question + [2], 4), (few_shot + PIECES[1], 4)]
-    assert _admitted([few_shot], prompts) == [("r0", 37), ("r2", 20)]
+    assert _admitted([few_shot], prompts, 32) == [("r0", 37), ("r2", 20)]
+
+
+def test_the_cpus_threshold_defers_a_short_shared_tail_the_gpus_computes_twice():
+    """A fork's branches after a short uncached context (tree_of_thought at small sizes): on the GPU a pass
+    computes the few shared tokens twice at almost no cost; on the CPU the second branch waits a pass."""
+    context, branches = PIECES[3], [[7, 1], [7, 2]]  # 8 shared uncached tokens, then 1 more, then their own
+    prompts = [(context + b, 4) for b in branches]
+    assert _admitted([], prompts, 32) == [("r0", 10), ("r1", 10)]
+    assert _admitted([], prompts, 4) == [("r0", 10)]

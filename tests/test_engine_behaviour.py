@@ -97,6 +97,15 @@ def test_a_memory_fraction_outside_0_1_says_what_to_give():
     assert ServerArgs(mem_fraction_static=0.9).mem_fraction_static == 0.9
 
 
+def test_the_in_batch_prefix_threshold_defaults_by_device_and_refuses_a_negative_one():
+    from radixflow.runtime.server_args import ServerArgs
+
+    assert (ServerArgs().resolve_in_batch_threshold("cuda:0"), ServerArgs().resolve_in_batch_threshold("cpu")) == (32, 4)
+    assert ServerArgs(in_batch_prefix_threshold=0).resolve_in_batch_threshold("cuda") == 0
+    with pytest.raises(RadixflowError, match="in_batch_prefix_threshold must be >= 0"):
+        ServerArgs(in_batch_prefix_threshold=-1)
+
+
 def test_deterministic_inference_says_what_it_needs():
     from radixflow.runtime.server_args import ServerArgs
 

@@ -157,17 +157,19 @@ def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenize
             assert [t[1] for t in best] == ref[k + 1].topk(2).indices.tolist()
 
 
-def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer):
+def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer, monkeypatch):
     """A select scores each choice as prompt + choice (prompt-only requests, logprobs from the
     choice on). With the prompt uncached, over a handful of tokens and shorter than the
-    in-batch sharing threshold, the first choice computes it and the others wait a pass and
-    compute the position before their choice and the choice only. The logprobs match
-    transformers."""
+    in-batch sharing threshold (the GPU's, 32: the CPU's would defer them anyway), the first
+    choice computes it and the others wait a pass and compute the position before their choice
+    and the choice only. The logprobs match transformers."""
     from radixflow.runtime.scheduling import admission
+    from radixflow.runtime.server_args import IN_BATCH_PREFIX_THRESHOLD
 
+    monkeypatch.setattr(engine.scheduler.args, "in_batch_prefix_threshold", IN_BATCH_PREFIX_THRESHOLD["cuda"])
     prompt = tokenizer.encode("The weather report for the small villages high up in the northern mountains this coming weekend says that it will be")
     choices = [tokenizer.encode(c, add_special_tokens=False) for c in (" sunny and warm", " cold", " windy", " rainy again")]
-    assert admission.SCORING_SHARE_MIN <= len(prompt) - 1 < admission.IN_BATCH_PREFIX_THRESHOLD
+    assert admission.SCORING_SHARE_MIN <= len(prompt) - 1 < IN_BATCH_PREFIX_THRESHOLD["cuda"]
     engine.flush_cache()
     before = engine.scheduler.stats.extend_tokens
     outs = engine.generate(input_ids=[prompt + c for c in choices], sampling_params={"max_new_tokens": 0},

@@ -20,6 +20,9 @@ if TYPE_CHECKING:
 # `import radixflow` (server_args with it) must not, so `radixflow serve --help` and the detokenizer stay light.
 ADMISSION_RULES = ("peak", "ratio")
 MAX_FED_TOKENS = 16  # overlap scheduling: the most pending tokens a row may carry into a pass
+# in-batch prefix sharing (admission.fresh_enough): on a GPU a few dozen more tokens cost a pass almost nothing, so
+# only a longer shared prefix is worth a pass of waiting (SGLang's 32); on a CPU a pass costs about its token count
+IN_BATCH_PREFIX_THRESHOLD = {"cuda": 32, "cpu": 4}
 
 _CHOICES = {
     "dtype": ("auto", "float32", "bfloat16", "float16"),
@@ -47,6 +50,9 @@ _HELP = {
     "page_size": "KV slots per page; the radix cache matches whole pages",
     "disable_radix_cache": "no prefix reuse (for ablations)",
     "schedule_policy": "lpm = longest cached prefix first; fcfs = arrival order",
+    "in_batch_prefix_threshold": "a waiting request that shares more than this many uncached prompt tokens with one "
+    "admitted to the same pass waits a pass and reuses its KV instead of computing them again (default: 32 on CUDA, "
+    "4 on CPU, where a pass costs about as much as the tokens it computes)",
     "admission_rule": "how admission keeps room for what running requests will still decode. peak (the default): a "
     "request is admitted only if the pool's need at its highest, as requests grow and end, fits; budgets of requests "
     "that may stop early (EOS, stops) count what finished and running requests' lengths say they will use, "
@@ -157,6 +163,7 @@ class ServerArgs:
     chunked_prefill_size: int = 4096
     page_size: int = 1
     schedule_policy: str = "lpm"
+    in_batch_prefix_threshold: Optional[int] = None
     admission_rule: str = "peak"
     disable_radix_cache: bool = False
     overlap_schedule: str = "auto"
@@ -233,6 +240,8 @@ class ServerArgs:
                                  "(e.g. 0.85), the share of device memory the weights and KV pool may take")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
+        if self.in_batch_prefix_threshold is not None and self.in_batch_prefix_threshold < 0:
+            raise RadixflowError("in_batch_prefix_threshold must be >= 0 (0: a request sharing any uncached token waits)")
         if self.max_running_requests is not None and self.max_running_requests < 1:
             raise RadixflowError("max_running_requests must be >= 1")
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
@@ -295,6 +304,11 @@ class ServerArgs:
         launches a layer), so every batch size the scheduler may run gets a graph."""
         running = self.resolve_max_running(device)
         return running if self.cuda_graph_max_bs is None else min(self.cuda_graph_max_bs, running)
+
+    def resolve_in_batch_threshold(self, device: str) -> int:
+        if self.in_batch_prefix_threshold is not None:
+            return self.in_batch_prefix_threshold
+        return IN_BATCH_PREFIX_THRESHOLD["cuda" if str(device).startswith("cuda") else "cpu"]
 
     def overlap_enabled(self, device: str) -> bool:
         if self.disable_overlap_schedule or self.overlap_schedule == "off":

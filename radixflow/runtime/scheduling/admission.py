@@ -15,7 +15,6 @@ from radixflow.runtime.scheduling.req import Req, ReqState
 if TYPE_CHECKING:
     from radixflow.runtime.scheduling.scheduler import Scheduler
 
-IN_BATCH_PREFIX_THRESHOLD = 32  # defer a request sharing this many uncached tokens with one being admitted
 SCORING_SHARE_MIN = 16  # a prompt-only request also waits for one sharing this many, if they are half or more of its work
 LPM_MAX_WAITING = 128  # above this, lpm falls back to fcfs (matching every request costs)
 
@@ -59,7 +58,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     if sched.reserve.blocked == blocked_state(sched) and not batch:
         return batch  # nothing changed since the head request did not fit
     sched.reserve.blocked = None
-    in_batch = InBatchTails()
+    in_batch = InBatchTails(sched.args.resolve_in_batch_threshold(sched.device))
     gate = admission_gate(sched, batch)
     admitted = set()
     for req, match in ordered_waiting(sched):
@@ -105,15 +104,16 @@ class InBatchTails:
     node they continue. Two requests that share uncached tokens continue the same node: the tree's match
     of the tokens they share is their match, up to the same node. So a request is compared with the
     others' tails only, never walked again down its cached few-shot prefix, and only as deep as the
-    rules look: past IN_BATCH_PREFIX_THRESHOLD shared tokens a request waits however many more it shares."""
+    rules look: past `threshold` shared tokens (ServerArgs.in_batch_prefix_threshold) a request waits
+    however many more it shares."""
 
-    DEPTH = IN_BATCH_PREFIX_THRESHOLD + 1
-
-    def __init__(self) -> None:
+    def __init__(self, threshold: int) -> None:
+        self.threshold = threshold
+        self.depth = max(threshold, SCORING_SHARE_MIN) + 1
         self.tries: dict = {}  # TreeNode -> {token: {token: ...}}
 
     def shared(self, match: MatchResult, tail: list) -> int:
-        """Tokens `tail` (at most DEPTH: fresh_enough cuts it) shares with an admitted request's."""
+        """Tokens `tail` (at most `depth`: fresh_enough cuts it) shares with an admitted request's."""
         level, n = self.tries.get(match.node), 0
         if level is None:
             return 0
@@ -140,9 +140,9 @@ def fresh_enough(req: Req, match: MatchResult, in_batch: InBatchTails) -> bool:
     to recompute than a pass of latency). Only the reusable part counts (up to
     `match_limit`): tokens whose input logprobs are wanted are computed again anyway, so
     waiting for them would gain nothing and cost a pass."""
-    tail = req.token_range(match.length, min(match_limit(req), match.length + InBatchTails.DEPTH))
+    tail = req.token_range(match.length, min(match_limit(req), match.length + in_batch.depth))
     shared = in_batch.shared(match, tail)
-    if shared > IN_BATCH_PREFIX_THRESHOLD:
+    if shared > in_batch.threshold:
         return False
     rest = req.seq_len - match.length
     if req.sampling.max_new_tokens == 0 and shared >= SCORING_SHARE_MIN and 2 * shared >= rest:
