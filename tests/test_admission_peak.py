@@ -65,8 +65,9 @@ def small_scheduler(pool: int, rule: str, running: list, waiting: list, ratio: f
         assert kv.admit(req, tree.match_prefix([])) and kv.alloc(req, req.seq_len - 1) is not None
         req.kv_len = req.seq_len - 1
     args = SimpleNamespace(chunked_prefill_size=0, max_prefill_tokens=4096, schedule_policy="fcfs",
-                           max_running_requests=8, page_size=1)  # fmt: skip
+                           max_running_requests=8, page_size=1, resolve_in_batch_threshold=lambda device: 32)  # fmt: skip
     return SimpleNamespace(args=args, waiting=list(waiting), running=list(running), chunked=None, tree=tree, kv=kv,
+                           device="cpu",
                            stats=SchedulerStats(), new_token_ratio=ratio, num_running=len(running),
                            reserve=KVReserve(rule))  # fmt: skip
 
