@@ -409,11 +409,14 @@ def test_mixed_pass_probe_logs_every_forward_pass_of_a_round(engine):
     inputs = w.inputs(random.Random(0), 2, 0.05)
     sampling = {"max_new_tokens": 2, "temperature": 0}
     before = engine.scheduler.stats.forward_steps
-    log = mixed_pass_probe.PassLog(engine)
+    log = mixed_pass_probe.PassLog(engine, kv=True)
     try:
         program_bench.run_mode(engine, w, inputs, "graph", sampling)
     finally:
         passes = log.close()
+    decodes = [p for p in passes if p[0] == "decode"]
+    assert decodes and len(log.kv_reads) == len(decodes)  # --kv: one count a decode pass
+    assert all(0 < distinct <= read for read, distinct in log.kv_reads)
     assert engine.scheduler._run_extend.__func__ is type(engine.scheduler)._run_extend  # unwrapped again
     assert len(passes) == engine.scheduler.stats.forward_steps - before
     assert {p[0] for p in passes} <= {"extend", "decode", "segment"} and "extend" in {p[0] for p in passes}

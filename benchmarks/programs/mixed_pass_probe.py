@@ -34,14 +34,14 @@ class PassLog:
     requests), "decode" for decode passes (one token a row), "segment" for the decode step's extend-mode
     passes (a request graph's next segment, or rows holding several host-side tokens)."""
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, kv: bool = False) -> None:
         import torch
 
         self.sched, self.runner = engine.scheduler, engine.runner
         self.cuda = str(self.runner.device).startswith("cuda")
         self._event = (lambda: torch.cuda.Event(enable_timing=True)) if self.cuda else None
         self.passes: list = []
-        self.kv_reads: Optional[list] = None  # with kv=True: (KV slots, distinct KV slots) a decode pass reads
+        self.kv_reads: Optional[list] = [] if kv else None  # with kv: (KV slots, distinct KV slots) a decode pass reads
         self._decoding = None  # set while an extend pass is being built and launched
         self._orig = (self.sched._run_extend, self.runner.forward)
         self.sched._run_extend, self.runner.forward = self._run_extend, self._forward
@@ -131,8 +131,7 @@ def main(argv=None) -> None:
         for name in args.workloads.split(","):
             w = BY_NAME[name]
             inputs, _ = warm_up(engine, w, args.n, args.size, sampling, 0, args.min_round_s, ("graph", "eager"), None)
-            log = PassLog(engine)
-            log.kv_reads = [] if args.kv else None
+            log = PassLog(engine, kv=args.kv)
             try:
                 run_mode(engine, w, inputs, args.mode, sampling, in_flight=args.n)
             finally:
