@@ -67,6 +67,10 @@ Sections (each isolated: a failure is logged and the next one runs):
                Triton extend-attention kernel's share (is a bucket-bound grid's waste a cost?)
   decode_graphs the same decode without the profiler, from CUDA graphs and eagerly above 256, in one engine
                (needs graphs up to batch 512: the default)
+  decode_sweep decode at each --sweep-batches batch over ~prof_len-token contexts: step_profile's kernel groups
+               (PDL off) and the served step's GPU ms (PDL on) against the bytes-read / dense-FLOP bound
+  decode_gemm  the four bf16 linears at 16-200 rows: cuBLAS, the batch-invariant Triton GEMM and the split-K
+               Triton GEMM's candidate configs (kernels/skinny_gemm.py), us and share of the bound
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
 (FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), ratio /
@@ -99,6 +103,7 @@ from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
 from gpubench.extend_graphs import sec_extend_graph_buckets  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
+from gpubench.decode_gemm import sec_decode_gemm  # noqa: E402
 from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
@@ -111,7 +116,7 @@ from gpubench.row_blocks import sec_gemm_row_blocks  # noqa: E402
 from gpubench.prefill import sec_deterministic, sec_prefill  # noqa: E402
 from gpubench.prefill_attention import sec_prefill_attention  # noqa: E402
 from gpubench.prefill_profile import sec_prefill_kernels, sec_prefill_profile  # noqa: E402
-from gpubench.step_profile import sec_decode_graphs, sec_step_profile  # noqa: E402
+from gpubench.step_profile import sec_decode_graphs, sec_decode_sweep, sec_step_profile  # noqa: E402
 
 
 SECTIONS = {
@@ -125,7 +130,7 @@ SECTIONS = {
     "offline_arms": sec_offline_arms, "offline_decode_ab": sec_offline_decode_ab, "gemm_shapes": sec_gemm_shapes,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
-    "decode_graphs": sec_decode_graphs, "prefill_attention": sec_prefill_attention,
+    "decode_graphs": sec_decode_graphs, "decode_sweep": sec_decode_sweep, "decode_gemm": sec_decode_gemm, "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
     "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
     "memory": sec_memory, "logprob_peak": sec_logprob_peak,
@@ -140,7 +145,7 @@ VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype"
                            "kernel_settings": {"fp8_fused_quantize": False}},
             "fp8nofq": {"quantization": "fp8", "kernel_settings": {"fp8_fused_quantize": False}}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
-                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "prefill_profile", "memory",
+                      "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "decode_sweep", "prefill_profile", "memory",
                       "logprob_peak"}
 
 
@@ -175,6 +180,8 @@ def main() -> None:
                    help="prefill: also time prompt-only rows through the Triton kernel, then torch's flash kernel")
     p.add_argument("--prefill-cudnn-ab", action="store_true",
                    help="prefill: also time equal-length prompt passes with torch's cuDNN attention off, on, off again")
+    p.add_argument("--sweep-batches", default="1,16,64,128,200",
+                   help="decode_sweep: the decode batches to profile, comma-separated")
     p.add_argument("--fp8-kernels", default="gemv,gemm,attention", help="fp8_kernels: which kernels to time")
     p.add_argument("--deadline-s", type=float, default=0,
                    help="sections that would start this many seconds after the script began are skipped (recorded as "

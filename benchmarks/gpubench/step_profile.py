@@ -157,3 +157,36 @@ def sec_decode_graphs() -> dict:
         g.max_bs = full
     out["eager_over_graphs_gpu_ms"] = out["eager_above_256"]["gpu_ms_per_step"] / out["graphs"]["gpu_ms_per_step"]
     return out
+
+
+def sec_decode_sweep() -> dict:
+    """Decode at each batch of OPTS.sweep_batches over ~prof_len-token contexts: the step's GPU time by
+    kernel group (step_profile's run, PDL off) and its mean GPU time with the engine's own settings (PDL as
+    served, no profiler), against the bytes the step must read (weights used plus each row's KV) at
+    READ_TBS and the dense bf16 FLOPs at MMA_TFLOPS, whichever bound is higher."""
+    from gpubench.common import decode_step_read_bytes, log
+    from gpubench.decode_gemm import MMA_TFLOPS, READ_TBS
+
+    eng = OPTS.bench_engine
+    runner = eng.runner
+    out = {"lt_rows": {}}  # per weight shape, the timed Ms up to which cuBLASLt runs (kernels/blas_choice.py)
+    for m in runner.model.modules():
+        if hasattr(m, "lt_rows") and hasattr(m, "weight"):
+            rows = m.lt_rows
+            out["lt_rows"]["x".join(map(str, m.weight.shape))] = [b for b, lt in zip(rows.bounds, rows.lt) if lt]
+    for n in (int(b) for b in OPTS.sweep_batches.split(",")):
+        SZ["prof_n"] = n
+        prof = sec_step_profile()
+        rng = random.Random(11)  # _step_profile's prompts, now in the radix cache
+        served = _decode_run(eng, [rand_ids(rng, SZ["prof_len"]) for _ in range(n)])
+        context = SZ["prof_len"] + SZ["prof_out"] / 2
+        read = n * decode_step_read_bytes(runner, context) - (n - 1) * decode_step_read_bytes(runner, 0)
+        flops = 2 * n * decode_step_read_bytes(runner, 0) / 2  # two FLOPs per bf16 weight per row
+        bound_ms = max(read / READ_TBS / 1e9, flops / MMA_TFLOPS / 1e9)
+        out[f"bs{n}"] = {"bound_ms": round(bound_ms, 3), "served_gpu_ms": round(served["gpu_ms_per_step"], 3),
+                         "served_of_bound": round(bound_ms / served["gpu_ms_per_step"], 3),
+                         "profiled_gpu_ms": round(prof["decode_gpu_ms_per_step"], 3),
+                         "groups_ms": prof["groups_ms_per_step"], "top": prof["top_kernels_ms_per_step"][:12],
+                         "served_out_tok_s": round(served["out_tok_s"], 1)}
+        log(f"decode_sweep bs{n}: {out[f'bs{n}']}")
+    return out
