@@ -69,8 +69,8 @@ Sections (each isolated: a failure is logged and the next one runs):
                (needs graphs up to batch 512: the default)
   decode_sweep decode at each --sweep-batches batch over ~prof_len-token contexts: step_profile's kernel groups
                (PDL off) and the served step's GPU ms (PDL on) against the bytes-read / dense-FLOP bound
-  decode_gemm  the four bf16 linears at 16-200 rows: cuBLAS, the batch-invariant Triton GEMM and the split-K
-               Triton GEMM's candidate configs (kernels/skinny_gemm.py), us and share of the bound
+  decode_gemm  the four bf16 linears at 16-200 rows: cuBLAS, cuBLASLt and the batch-invariant Triton GEMM, us
+               and share of the bytes / FLOP bound
 A section named twice runs twice (results under name, name#1, ...). A bench-engine section
 runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 weights), kv8
 (FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), ratio /
