@@ -45,13 +45,20 @@ from radixflow.kernels.gemv import capture_graph, replay_us  # noqa: E402
 
 # name: (batch, lengths: int, or (low, high) drawn uniformly)
 CASES = {"768xU": (768, (32, 1024)), "544xU": (544, (64, 1280)), "512x660": (512, 660), "384xU": (384, (200, 1400)),
-         "256xU": (256, (300, 1500))}
+         "256xU": (256, (300, 1500)),
+         # decode batches of the program suite's graph mode (benchmarks/programs/mixed_pass_probe.py: 40-200 rows)
+         "16x516": (16, 516), "64x516": (64, 516), "128x516": (128, 516), "200x516": (200, 516),
+         "64xU": (64, (200, 1500)), "128xU": (128, (100, 1200))}
+MID_CASES = "16x516,64x516,128x516,200x516,64xU,128xU"
 # (block_n, num_warps, num_stages, other keys) over gpu_attn_bench.BASE (DECODE_CONFIG's large-batch launch)
 SWEEP = [
     (64, 4, 3, {}), (64, 4, 2, {}), (64, 4, 4, {}), (64, 4, 5, {}), (64, 8, 3, {}), (64, 8, 4, {}), (64, 2, 3, {}),
     (32, 4, 3, {}), (32, 4, 4, {}), (32, 4, 5, {}), (32, 4, 6, {}), (32, 2, 4, {}), (32, 2, 6, {}),
     (128, 4, 2, {}), (128, 4, 3, {}), (128, 8, 2, {}), (128, 8, 3, {}),
     (64, 4, 3, {"waves": 16}), (64, 4, 4, {"waves": 16}), (32, 4, 4, {"waves": 16}), (64, 4, 3, {"waves": 32}),
+    # more splits for the mid-sized batches (MID_CASES)
+    (64, 4, 3, {"waves": 8}), (64, 2, 3, {"waves": 8}), (64, 2, 3, {"waves": 16}), (64, 2, 4, {"waves": 8}),
+    (32, 2, 4, {"waves": 8}), (32, 4, 4, {"waves": 8}), (128, 4, 3, {"waves": 8}), (32, 2, 4, {"waves": 16}),
 ]
 ENTRY_KEYS = ("block_n", "num_warps", "num_stages", "waves")  # what a swept variant may change, hence the entry's keys
 

@@ -54,15 +54,17 @@ import triton
 #   1,536 431 / 453 and 438 / 444; 256 x 1,536 238 / 231 (slower: hence min_batch 512). In the engine, the 1,000 in /
 #   1,000 out workload 1.018x (15,379 / 15,102 out tok/s), the offline pass 1.006x; the 2-warp launch's 168-register
 #   neighbours at 1 warp (144-192, 4-8 stages, 16-token blocks) were all slower.
-# - bf16 pools from batch 256 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
+# - bf16 pools from batch 16 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
-#   (Llama-3-8B unsharded: one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
+#   (Llama-3-8B unsharded: from batch 256 one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
 #   compiles it to 255 registers: at the register cliff. Hence the gates: other head sizes (256 spills at 2
 #   warps), other GPUs, and tensor-parallel ranks with fewer than 8 KV heads (more splits and stage 2, a grid
-#   not timed with 2 warps) keep the launch above, as do smaller batches (not timed). Warps cost registers,
-#   not shared memory: no min_shared_memory. With CUDA graphs a real batch of 241-255 replays the 256 graph,
-#   so it runs this entry too. fp16 pools (`fp16`) were not timed: no entry. benchmarks/history/2026-12-02.md
-#   has the sweep.
+#   not timed with 2 warps) keep the launch above. Warps cost registers,
+#   not shared memory: no min_shared_memory. fp16 pools (`fp16`) were not timed: no entry.
+#   benchmarks/history/2026-12-02.md has the sweep. Session 22 timed the program suite's decode batches
+#   (bf16_attn_bench.py's MID_CASES: batch 16-200 over 516-token contexts and 64 / 128 rows of U[200, 1500] /
+#   U[100, 1200]): the same 2-warp launch at the same split counts was the fastest over them, 1.05-1.18x the
+#   4-warp one (1.08x geometric mean), hence min_batch 16 (batches 2-15 were not timed).
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
@@ -71,7 +73,7 @@ DECODE_CONFIG = {
             "min_batch": 256, "head_dim": 128, "min_kv_heads": 1, "sm_major": 9,
             "large": {"min_batch": 512, "block_n": 32, "num_warps": 1, "num_stages": 5, "maxnreg": 168}},
     "fp8_fallback": {"block_n": 128, "num_warps": 4, "num_stages": 5, "min_batch": 256, "min_shared_memory": 110_000},
-    "bf16": {"num_warps": 2, "min_batch": 256, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
+    "bf16": {"num_warps": 2, "min_batch": 16, "head_dim": 128, "min_kv_heads": 8, "sm_major": 9},
     "fp16": {},
 }
 DETERMINISTIC_CONFIG = {"small": {}, "fp8": {}, "bf16": {}, "fp16": {}, "fixed_splits": 16, "split_align": 16,
