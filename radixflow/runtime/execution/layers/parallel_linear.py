@@ -17,8 +17,8 @@ dummy weights that must match tp=1). With tp_size=1 the layers are plain nn.Line
 nn.Embedding and compute exactly what they did.
 
 On CUDA, `choose_small_batch_matmuls` may route a layer's local matmul with few rows
-(decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS;
-collectives stay where they are. With `batch_invariant` set (deterministic inference) every
+(decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS, and a few dozen
+rows to cuBLASLt where that measured faster (kernels/blas_choice.py); collectives stay where they are. With `batch_invariant` set (deterministic inference) every
 matmul, the output head's included, goes through kernels/matmul.py instead.
 """
 
@@ -35,6 +35,7 @@ from torch import nn
 
 from radixflow.errors import RadixflowError
 from radixflow.kernels import cpu_linear
+from radixflow.kernels.blas_choice import NO_LT, LtRows, choose_lt_rows, linear_lt
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 from radixflow.runtime.distributed.tp_group import all_gather_last_dim, all_reduce, get_tp
 
@@ -113,6 +114,7 @@ class SmallBatchMatmul:
 
     gemv_max_m = 0
     gemv_config: dict | None = None  # the GEMV's launch config (None: its default)
+    lt_rows: LtRows = NO_LT  # row counts run through cuBLASLt (kernels/blas_choice.py), set with gemv_max_m
     batch_invariant = False  # every row through kernels/matmul.py (CUDA): the same bits in any batch
     kernels: KernelSettings = DEFAULT_KERNEL_SETTINGS  # how its kernels launch (the model runner's settings)
     weight: torch.Tensor
@@ -129,6 +131,8 @@ class SmallBatchMatmul:
             from radixflow.kernels.gemv import gemv
 
             return gemv(x, self.weight, bias, config=self.gemv_config, settings=self.kernels)
+        if x.dim() == 2 and self.lt_rows(x.shape[0]) and x.is_cuda and torch.cuda.is_current_stream_capturing():
+            return linear_lt(x, self.weight, bias)
         return cpu_linear.linear(x, self.weight, bias)
 
     def takes_fp8_rows(self, x: torch.Tensor) -> bool:
@@ -198,7 +202,8 @@ def _mm_float32_into(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor) -
 
 def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: KernelSettings) -> dict[str, int]:
     """Per distinct (shape, dtype, bias) among `layers`, time cuBLAS against the GEMV (kernels/gemv.py)
-    and set each layer's gemv_max_m. Returns {shape: gemv_max_m}, also logged with the timings."""
+    and set each layer's gemv_max_m; for bf16 / fp16 weights also cuBLAS against cuBLASLt at decode-sized
+    batches (kernels/blas_choice.py: each layer's lt_rows). Returns {shape: gemv_max_m}, also logged with the timings."""
     from radixflow.kernels.gemv import choose_gemv
 
     groups: dict[tuple, list[SmallBatchMatmul]] = {}
@@ -210,12 +215,17 @@ def choose_small_batch_matmuls(layers: Sequence[SmallBatchMatmul], settings: Ker
         scaled = dtype == torch.float8_e4m3fn  # (weight, bias, scale): the FP8 GEMM against the FP8 GEMV
         max_m, config, timings = choose_gemv([(g.weight, getattr(g, "bias", None), *([g.weight_scale] if scaled else []))
                                               for g in group], settings=settings)
+        lt_rows, lt_times = (NO_LT, {}) if scaled else choose_lt_rows([(g.weight, getattr(g, "bias", None)) for g in group])
         for g in group:
-            g.gemv_max_m, g.gemv_config = max_m, config
+            g.gemv_max_m, g.gemv_config, g.lt_rows = max_m, config, lt_rows
         name = f"{n}x{k} {str(dtype).removeprefix('torch.')}{' +bias' if has_bias else ''} x{len(group)}"
         chosen[name] = max_m
         times = ", ".join(f"M={m} cublas {b:.1f} triton {t:.1f}" for m, (b, t) in timings.items())
         log.info("matmul %s: %s us -> %s", name, times, f"Triton GEMV {config} for M <= {max_m}" if max_m else "cuBLAS")
+        if lt_times:
+            lt_ms = [m for m, use in zip(lt_rows.bounds, lt_rows.lt) if use]
+            log.info("matmul %s: %s us -> cuBLASLt at the rows up to M in %s", name,
+                     ", ".join(f"M={m} cublas {b:.1f} lt {t:.1f}" for m, (b, t) in lt_times.items()), lt_ms or "none")
     return chosen
 
 
