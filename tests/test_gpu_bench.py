@@ -144,17 +144,18 @@ def test_attention_bench_baselines_name_the_launch_they_run(monkeypatch):
 def test_bf16_sweep_writes_the_entry_gated_on_what_it_timed(monkeypatch):
     """bf16_attn_bench.entry_for: the winning launch's keys over DECODE_CONFIG's top level, gated on the sweep's
     batch, head size, KV heads and GPU; the same whatever DECODE_CONFIG's `bf16` entry is when the sweep runs;
-    None when the top-level launch won. The committed entry is what the session-9 sweep's winner gives."""
+    None when the top-level launch won. The committed entry is what the session-22 sweep's winner gives (the session-9
+    winner's launch, from batch 16: `--min-batch 16`)."""
     monkeypatch.syspath_prepend(BENCH)
     import bf16_attn_bench as bab
     from radixflow.kernels import decode_attention as da
 
     committed = dict(da.DECODE_CONFIG["bf16"])
-    assert bab.entry_for("n64w2s3", 256, 9) == committed
-    assert bab.entry_for("default", 256, 9) == committed  # on the CPU the entry's device gates pass
-    assert bab.entry_for("n64w4s3", 256, 9) is None
+    assert bab.entry_for("n64w2s3", 16, 9) == committed
+    assert bab.entry_for("default", 16, 9) == committed  # on the CPU the entry's device gates pass
+    assert bab.entry_for("n64w4s3", 16, 9) is None
     monkeypatch.setitem(da.DECODE_CONFIG, "bf16", {})
-    assert bab.entry_for("n64w2s3", 256, 9) == committed and bab.entry_for("default", 256, 9) is None
+    assert bab.entry_for("n64w2s3", 16, 9) == committed and bab.entry_for("default", 16, 9) is None
     assert bab.entry_for("n128w4s3", 512, 10) == {"block_n": 128, "min_batch": 512, "head_dim": 128,
                                                    "min_kv_heads": 8, "sm_major": 10}
 
