@@ -11,7 +11,7 @@ decode step slower.
 The choice is made before the decode CUDA graphs are captured, which bake it in. Layers use cuBLASLt inside
 a CUDA graph capture only: torch asks cuBLASLt's heuristic for an algorithm on every call, a host cost that a
 graph pays once at capture but an eager pass would pay on every linear (an A/B of the program suite with
-cuBLASLt in eager passes too had graph mode's host-only time up on 7 of 10 workloads).
+cuBLASLt in eager passes too had graph mode's host-only time up on 8 of 10 workloads).
 """
 
 from __future__ import annotations
