@@ -101,9 +101,9 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from gpubench.common import OPTS, RESULTS, SMOKE, SZ, free, log, make_engine, parse_sizes, past_deadline, save  # noqa: E402
 from gpubench.correctness import sec_correctness, sec_tiny_ckpt  # noqa: E402
 from gpubench.decode import sec_bs1, sec_decode_bs1, sec_qwen3, sec_sampled_bs1  # noqa: E402
+from gpubench.decode_gemm import sec_decode_gemm  # noqa: E402
 from gpubench.extend_graphs import sec_extend_graph_buckets  # noqa: E402
 from gpubench.fp8_kernels import fp8_kernel_parts, sec_fp8_kernels  # noqa: E402
-from gpubench.decode_gemm import sec_decode_gemm  # noqa: E402
 from gpubench.gemm_shapes import sec_gemm_shapes  # noqa: E402
 from gpubench.gemv_configs import sec_gemv_config_search, sec_gemv_configs  # noqa: E402
 from gpubench.hf import sec_hf, sec_hf_compile  # noqa: E402
@@ -130,7 +130,8 @@ SECTIONS = {
     "offline_arms": sec_offline_arms, "offline_decode_ab": sec_offline_decode_ab, "gemm_shapes": sec_gemm_shapes,
     "shared": sec_shared, "idle": sec_idle, "prefill": sec_prefill, "deterministic": sec_deterministic,
     "bs1": sec_bs1, "offline_1k": sec_offline_1k, "fp8_kernels": sec_fp8_kernels, "step_profile": sec_step_profile,
-    "decode_graphs": sec_decode_graphs, "decode_sweep": sec_decode_sweep, "decode_gemm": sec_decode_gemm, "prefill_attention": sec_prefill_attention,
+    "decode_graphs": sec_decode_graphs, "decode_sweep": sec_decode_sweep, "decode_gemm": sec_decode_gemm,
+    "prefill_attention": sec_prefill_attention,
     "extend_graph_buckets": sec_extend_graph_buckets,
     "gemm_row_blocks": sec_gemm_row_blocks, "prefill_profile": sec_prefill_profile, "prefill_kernels": sec_prefill_kernels,
     "memory": sec_memory, "logprob_peak": sec_logprob_peak,

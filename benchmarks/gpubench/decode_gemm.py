@@ -1,10 +1,11 @@
 """Section decode_gemm: the bf16 linear layers at decode batches (16..200 rows), cuBLAS against the alternatives.
 
 Per Llama-3-8B weight shape and M: `F.linear` (cuBLAS, what the engine runs above the GEMV's rows), the same
-through cuBLASLt (kernels/blas_choice.py) and the batch-invariant Triton GEMM (kernels/matmul.py). (A split-K
-Triton GEMM, commit 03d820c, timed 0.59-1.07x cuBLAS here in session 22 and was removed.) us per call in a CUDA graph with the
-weights rotating over copies that outgrow the L2 (as 32 layers do), against the bound: the weight, x and out
-bytes at the measured read bandwidth (READ_TBS) or the dense bf16 FLOPs at MMA_TFLOPS, whichever is higher.
+through cuBLASLt (kernels/blas_choice.py) and the batch-invariant Triton GEMM (kernels/matmul.py); a split-K
+Triton GEMM (commit 03d820c) timed 0.59-1.07x cuBLAS here in session 22 and was removed. us per call in a CUDA
+graph with the weights rotating over copies that outgrow the L2 (as 32 layers do), against the bound: the
+weight, x and out bytes at the measured read bandwidth (READ_TBS) or the dense bf16 FLOPs at MMA_TFLOPS,
+whichever is higher.
 Every Triton result is checked against cuBLAS first.
 """
 
@@ -17,9 +18,8 @@ import torch.nn.functional as F
 
 from gpubench.common import free, log
 from gpubench.fp8_kernels import L2
-from gpubench.gemm_shapes import _cublaslt
+from gpubench.gemm_shapes import SHAPES, _cublaslt
 
-SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 MS = (16, 40, 64, 128, 200)
 READ_TBS = 4.38  # the H200's measured read bandwidth (benchmarks/read_bandwidth.py)
 MMA_TFLOPS = 989.0  # bf16 dense peak

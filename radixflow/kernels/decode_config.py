@@ -56,11 +56,11 @@ import triton
 #   neighbours at 1 warp (144-192, 4-8 stages, 16-token blocks) were all slower.
 # - bf16 pools from batch 16 (`bf16`, chosen by benchmarks/bf16_attn_bench.py at the offline pass's batch
 #   sizes and contexts): 2 warps. Timed only on an H200 (sm_90), 128-dim heads, 8 KV heads in groups of 4
-#   (Llama-3-8B unsharded: from batch 256 one split per request, no stage 2), attention p in 2 parts, and there Triton 3.6
-#   compiles it to 255 registers: at the register cliff. Hence the gates: other head sizes (256 spills at 2
-#   warps), other GPUs, and tensor-parallel ranks with fewer than 8 KV heads (more splits and stage 2, a grid
-#   not timed with 2 warps) keep the launch above. Warps cost registers,
-#   not shared memory: no min_shared_memory. fp16 pools (`fp16`) were not timed: no entry.
+#   (Llama-3-8B unsharded: from batch 256 one split per request, no stage 2), attention p in 2 parts, and there
+#   Triton 3.6 compiles it to 255 registers: at the register cliff. Hence the gates: other head sizes (256 spills
+#   at 2 warps), other GPUs, and tensor-parallel ranks with fewer than 8 KV heads (more splits and stage 2, a grid
+#   not timed with 2 warps) keep the launch above. Warps cost registers, not shared memory: no
+#   min_shared_memory. fp16 pools (`fp16`) were not timed: no entry.
 #   benchmarks/history/2026-12-02.md has the sweep. Session 22 timed the program suite's decode batches
 #   (bf16_attn_bench.py's MID_CASES: batch 16-200 over 516-token contexts and 64 / 128 rows of U[200, 1500] /
 #   U[100, 1200]): the same 2-warp launch at the same split counts was the fastest over them, 1.05-1.18x the

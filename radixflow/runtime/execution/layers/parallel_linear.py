@@ -17,9 +17,10 @@ dummy weights that must match tp=1). With tp_size=1 the layers are plain nn.Line
 nn.Embedding and compute exactly what they did.
 
 On CUDA, `choose_small_batch_matmuls` may route a layer's local matmul with few rows
-(decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS, and a few dozen
-rows to cuBLASLt where that measured faster (kernels/blas_choice.py); collectives stay where they are. With `batch_invariant` set (deterministic inference) every
-matmul, the output head's included, goes through kernels/matmul.py instead.
+(decode) to the Triton GEMV in kernels/gemv.py, where it measured faster than cuBLAS, and a few
+dozen rows to cuBLASLt where that measured faster (kernels/blas_choice.py); collectives stay
+where they are. With `batch_invariant` set (deterministic inference) every matmul, the output
+head's included, goes through kernels/matmul.py instead.
 """
 
 from __future__ import annotations
