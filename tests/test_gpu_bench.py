@@ -310,3 +310,25 @@ def test_auto_first_batch_checks_its_sizes_and_shuts_the_replaced_backend_down(m
             pool.submit(print)
     new.cache.pool.submit(print).result()  # the new one works
     afb.shut_down(new)
+
+
+def test_decode_sweep_bounds_each_batch_by_the_bytes_it_reads(tmp_path, monkeypatch):
+    """decode_sweep on the CPU at smoke sizes (tiny model): per batch the served step's time against its bound, the
+    bytes a step reads being the weights once plus each row's KV, so the bound grows with the batch; no cuBLASLt rows."""
+    from radixflow.model_files import resolve_model
+
+    saved = _run(tmp_path, monkeypatch, lambda: {}, "--sections", "decode_sweep", "--sweep-batches", "1,3",
+                 "--tokenizer", resolve_model(None).path)  # the default model's tokenizer; the tiny model's weights
+    out = saved["decode_sweep"]
+    assert "error" not in out, out.get("trace")
+    assert out["lt_rows"] and all(v == [] for v in out["lt_rows"].values())  # cuBLASLt is timed on CUDA only
+    from gpubench.common import SMOKE, TINY_CONFIG
+
+    c = TINY_CONFIG
+    kv_per_token = c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"] * 2 * 4  # K and V, float32
+    one, three = out["bs1"], out["bs3"]
+    assert three["read_bytes"] - one["read_bytes"] == int(2 * (SMOKE["prof_len"] + SMOKE["prof_out"] / 2) * kv_per_token)
+    assert 0 < one["bound_ms"] <= three["bound_ms"]
+    for r in (one, three):
+        assert r["served_gpu_ms"] > 0 and r["served_of_bound"] == round(r["bound_ms"] / r["served_gpu_ms"], 3)
+        assert r["served_out_tok_s"] > 0 and r["profiled_gpu_ms"] > 0

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from gpubench.common import free, log
 from gpubench.fp8_kernels import L2
-from gpubench.gemm_shapes import SHAPES, _cublaslt
+from gpubench.gemm_shapes import SHAPES
 
 MS = (16, 40, 64, 128, 200)
 READ_TBS = 4.38  # the H200's measured read bandwidth (benchmarks/read_bandwidth.py)
@@ -31,6 +31,7 @@ def bound_us(m: int, n: int, k: int) -> float:
 
 
 def _shape(n: int, k: int) -> dict:
+    from radixflow.kernels.blas_choice import linear_lt
     from radixflow.kernels.gemv import time_graph_us
     from radixflow.kernels.matmul import matmul_batch_invariant
 
@@ -41,7 +42,7 @@ def _shape(n: int, k: int) -> dict:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         ref = F.linear(x, weights[0]).float()
         variants = {"cublas": lambda i: F.linear(x, weights[i % copies]),
-                    "cublaslt": _cublaslt(lambda i: F.linear(x, weights[i % copies])),
+                    "cublaslt": lambda i: linear_lt(x, weights[i % copies]),
                     "triton_bi": lambda i: matmul_batch_invariant(x, weights[i % copies])}
         row: dict = {"bound_us": round(bound_us(m, n, k), 2)}
         for label, fn in variants.items():

@@ -21,18 +21,6 @@ SHAPES = {"qkv": (6144, 4096), "o_proj": (4096, 4096), "gate_up": (28672, 4096),
 MS = (544, 1024, 8192)
 
 
-def _cublaslt(fn):
-    """fn with cuBLASLt as torch's preferred BLAS while it runs (and while a graph captures it)."""
-    def run(i: int):
-        before = torch.backends.cuda.preferred_blas_library()
-        torch.backends.cuda.preferred_blas_library("cublaslt")
-        try:
-            return fn(i)
-        finally:
-            torch.backends.cuda.preferred_blas_library(before)
-    return run
-
-
 def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Tensor:
     """x @ weight.T as `parts` GEMMs over equal blocks of weight rows, each written into its columns of one
     output (cuBLAS takes the column slice's row stride as is: no copy)."""
@@ -44,6 +32,7 @@ def split_linear(x: torch.Tensor, weight: torch.Tensor, parts: int) -> torch.Ten
 
 
 def _shape_rates(n: int, k: int) -> dict:
+    from radixflow.kernels.blas_choice import linear_lt
     from radixflow.kernels.gemv import time_graph_us
 
     copies = max(2, math.ceil(2 * L2 / (2 * n * k)))
@@ -56,7 +45,7 @@ def _shape_rates(n: int, k: int) -> dict:
             "linear": lambda i: F.linear(x, weights[i % copies]),
             "split2": lambda i: split_linear(x, weights[i % copies], 2),
             "kn_layout": lambda i: torch.mm(x, transposed[i % copies]),
-            "cublaslt": _cublaslt(lambda i: F.linear(x, weights[i % copies])),
+            "cublaslt": lambda i: linear_lt(x, weights[i % copies]),
         }
         ref = F.linear(x, weights[0]).float()
         row: dict = {}

@@ -163,8 +163,8 @@ def sec_decode_sweep() -> dict:
     """Decode at each batch of OPTS.sweep_batches over ~prof_len-token contexts: the step's GPU time by
     kernel group (step_profile's run, PDL off) and its mean GPU time with the engine's own settings (PDL as
     served, no profiler), against the bytes the step must read (weights used plus each row's KV) at
-    READ_TBS and the dense bf16 FLOPs at MMA_TFLOPS, whichever bound is higher."""
-    from gpubench.common import decode_step_read_bytes, log
+    READ_TBS and its FLOPs (prefill_flops of one token a row) at MMA_TFLOPS, whichever bound is higher."""
+    from gpubench.common import kv_bytes_per_token, log, prefill_flops, weight_bytes
     from gpubench.decode_gemm import MMA_TFLOPS, READ_TBS
 
     eng = OPTS.bench_engine
@@ -180,10 +180,9 @@ def sec_decode_sweep() -> dict:
         rng = random.Random(11)  # _step_profile's prompts, now in the radix cache
         served = _decode_run(eng, [rand_ids(rng, SZ["prof_len"]) for _ in range(n)])
         context = SZ["prof_len"] + SZ["prof_out"] / 2
-        read = n * decode_step_read_bytes(runner, context) - (n - 1) * decode_step_read_bytes(runner, 0)
-        flops = 2 * n * decode_step_read_bytes(runner, 0) / 2  # two FLOPs per bf16 weight per row
-        bound_ms = max(read / READ_TBS / 1e9, flops / MMA_TFLOPS / 1e9)
-        out[f"bs{n}"] = {"bound_ms": round(bound_ms, 3), "served_gpu_ms": round(served["gpu_ms_per_step"], 3),
+        read = weight_bytes(runner.model)[1] + n * context * kv_bytes_per_token(runner)
+        bound_ms = max(read / READ_TBS / 1e9, prefill_flops(runner.model, n, 1) / MMA_TFLOPS / 1e9)
+        out[f"bs{n}"] = {"read_bytes": int(read), "bound_ms": round(bound_ms, 3), "served_gpu_ms": round(served["gpu_ms_per_step"], 3),
                          "served_of_bound": round(bound_ms / served["gpu_ms_per_step"], 3),
                          "profiled_gpu_ms": round(prof["decode_gpu_ms_per_step"], 3),
                          "groups_ms": prof["groups_ms_per_step"], "top": prof["top_kernels_ms_per_step"][:12],

@@ -61,7 +61,7 @@ def choose_lt_rows(layers: Sequence[tuple], ms: Sequence[int] = LT_MS, rounds: i
     taken in turn so the L2 cache holds what it holds in a real step), each the best of `rounds` interleaved
     timings in a CUDA graph. Returns the LtRows (cuBLASLt between two Ms where it won at both) and
     {M: (cublas_us, cublaslt_us)}."""
-    from radixflow.kernels.gemv import capture_graph, replay_us
+    from radixflow.kernels.gemv import best_of_rounds, capture_graph
 
     w0 = layers[0][0]
     calls = max(len(layers), 8)
@@ -69,15 +69,13 @@ def choose_lt_rows(layers: Sequence[tuple], ms: Sequence[int] = LT_MS, rounds: i
     for m in ms:
         x = torch.randn(m, w0.shape[1], dtype=w0.dtype, device=w0.device)
         try:
-            graphs = [capture_graph(lambda i, fn=fn: fn(x, *layers[i % len(layers)]), calls) for fn in (F.linear, linear_lt)]
+            graphs = {name: capture_graph(lambda i, fn=fn: fn(x, *layers[i % len(layers)]), calls)
+                      for name, fn in (("cublas", F.linear), ("lt", linear_lt))}
         except RuntimeError as e:  # a torch build without cuBLASLt (or hipBLASLt): cuBLAS throughout
             log.warning("cuBLASLt not timed (%s): linear layers stay on cuBLAS", e)
             return NO_LT, {}
-        best = [float("inf")] * 2
-        for _ in range(rounds):
-            for j, graph in enumerate(graphs):
-                best[j] = min(best[j], replay_us(graph, calls, reps=reps))
-        timings[m] = (best[0], best[1])
-        wins.append(best[1] < (1 - MARGIN) * best[0])
+        us = best_of_rounds(graphs, calls, rounds, reps)
+        timings[m] = (us["cublas"], us["lt"])
+        wins.append(us["lt"] < (1 - MARGIN) * us["cublas"])
     lt = tuple(w and (i == 0 or wins[i - 1]) for i, w in enumerate(wins))
     return LtRows(tuple(ms), lt), timings

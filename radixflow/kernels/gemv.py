@@ -261,6 +261,16 @@ def replay_us(graph: torch.cuda.CUDAGraph, calls: int, reps: int = 20, warmup: i
     return start.elapsed_time(end) * 1e3 / (reps * calls)
 
 
+def best_of_rounds(graphs: dict, calls: int, rounds: int = 3, reps: int = 20) -> dict:
+    """{name: us a call} for {name: graph of `calls` calls}: the best of `rounds` interleaved replays of each,
+    so a slow spell of the GPU does not decide between two close candidates."""
+    best = {name: float("inf") for name in graphs}
+    for _ in range(rounds):
+        for name, graph in graphs.items():
+            best[name] = min(best[name], replay_us(graph, calls, reps))
+    return best
+
+
 def time_graph_us(fn: Callable[[int], object], calls: int, reps: int = 20, warmup: int = 3) -> float:
     """Mean GPU time of fn(i), i in range(calls), captured in one CUDA graph (launch costs as in a
     decode step, which replays a graph)."""
@@ -298,16 +308,11 @@ def choose_gemv(
     calls = max(len(layers), 8)
     norm_w = torch.ones(w0.shape[1], dtype=act_dtype, device=w0.device)
 
-    def fastest(candidates: dict, x: torch.Tensor, rounds: int = 3) -> dict:
-        """{name: us} for {name: (mm, kwargs)}: the best of `rounds` interleaved timings of each, so a
-        slow spell of the GPU does not decide between two close candidates."""
+    def fastest(candidates: dict, x: torch.Tensor) -> dict:
+        """{name: us} for {name: (mm, kwargs)}: best_of_rounds of each."""
         graphs = {name: capture_graph(lambda i: mm(rmsnorm(x, norm_w, 1e-6, settings=settings), *layers[i % len(layers)], **kw), calls)
                   for name, (mm, kw) in candidates.items()}
-        best = {name: float("inf") for name in graphs}
-        for _ in range(rounds):
-            for name, graph in graphs.items():
-                best[name] = min(best[name], replay_us(graph, calls))
-        return best
+        return best_of_rounds(graphs, calls)
 
     timings, max_m, winning, config = {}, 0, True, all_configs[0]
     for m in ms:
