@@ -95,6 +95,26 @@ def test_default_tokenizer_and_public_errors():
     assert issubclass(GrammarError, RadixflowError)
 
 
+
+def test_an_llguidance_older_than_the_pin_is_refused_with_the_fix(engine, monkeypatch):
+    """llguidance 1.6 took one EOS id: each grammar failed with a TypeError ending "simplify it"
+    (session 23's GPU carry had that wheel). Now building the llguidance backend refuses it and
+    says which version to install; the message is what a constrained request's error carries."""
+    from radixflow.constrained import grammar, llguidance_tokenizer
+    from radixflow.constrained.backend import _message
+
+    for ok in ("1.9.1", "1.10.0", "1.9.2.post1", "2.0.0"):
+        llguidance_tokenizer.check_version(ok)
+    with pytest.raises(GrammarError, match=r"llguidance 1\.6\.1 is installed.*pip install 'llguidance>=1\.9\.1,<2'") as e:
+        llguidance_tokenizer.check_version("1.6.1")
+    assert _message(e.value) == str(e.value)  # not "the grammar could not be compiled ...; simplify it"
+    monkeypatch.setattr(llguidance_tokenizer.metadata, "version", lambda name: "1.6.1")
+    info = tokenizer_info(engine.tokenizer)
+    with pytest.raises(GrammarError, match="--grammar-backend outlines"):
+        grammar._backend.__wrapped__("llguidance", info)  # past the cache of backends already built
+    assert grammar._backend.__wrapped__("outlines", info) is not None
+
+
 @pytest.mark.parametrize(
     "backend,schema,keyword,pointer",
     [

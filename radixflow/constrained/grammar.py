@@ -35,7 +35,9 @@ def grammar_backend(name: str, info: TokenizerInfo):
 def _backend(name: str, info: TokenizerInfo):
     if name == "llguidance":
         from radixflow.constrained.llguidance_grammars import LLGuidanceGrammars
+        from radixflow.constrained.llguidance_tokenizer import check_version
 
+        check_version()
         return LLGuidanceGrammars(info)
     from radixflow.constrained.outlines_grammars import OutlinesGrammars
 

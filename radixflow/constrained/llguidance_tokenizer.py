@@ -4,6 +4,8 @@ from the fast tokenizer's JSON, checked to read every token as the bytes it deco
 from __future__ import annotations
 
 import json
+import re
+from importlib import metadata
 
 from llguidance import LLTokenizer
 
@@ -12,6 +14,21 @@ from radixflow.constrained.vocabulary import plain_rust_tokenizer
 from radixflow.errors import GrammarError
 
 _TOKENIZERS: dict = {}
+# LLTokenizer takes several EOS ids as a list from this version (pyproject pins llguidance>=1.9.1,<2);
+# older ones fail every grammar with a TypeError that reads like the grammar's fault
+NEEDED = (1, 9, 1)
+
+
+def check_version(installed: str | None = None) -> None:
+    """RadixflowError naming the fix where the installed llguidance (or `installed`) is older than NEEDED."""
+    version = metadata.version("llguidance") if installed is None else installed
+    parts = tuple(int(x) for x in re.findall(r"\d+", version)[:3])
+    if parts < NEEDED:
+        need = ".".join(map(str, NEEDED))
+        raise GrammarError(
+            f"llguidance {version} is installed; radixflow's llguidance grammar backend needs llguidance>={need},<2: "
+            f"pip install 'llguidance>={need},<2', or choose --grammar-backend outlines"
+        )
 
 
 def ll_tokenizer(info: TokenizerInfo) -> LLTokenizer:
