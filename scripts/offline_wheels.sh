@@ -3,32 +3,46 @@
 # (CPython 3.12, manylinux x86_64), into one folder, and print the install line.
 #
 #   scripts/offline_wheels.sh [--set engine|server] [--have FREEZE_FILE] [DEST]
+#   scripts/offline_wheels.sh --check   only check that the two sets cover pyproject.toml's dependencies
 #
 #   --set engine   what `radixflow.Engine` needs (default); must stay under 64 MiB
 #   --set server   engine + the HTTP server (pyzmq, fastapi, uvicorn, pydantic, ...)
 #   --have FILE    the target's `python3 -m pip list --format=freeze`; packages named there
 #                  are skipped (torch and NVIDIA libraries are always skipped).
 #                  scripts/h200-image-freeze.txt is this workplace's H200 image (2026-11-30):
-#                  with it the engine set is gguf, interegular, outlines-core (2 MiB)
+#                  with it the engine set is gguf, interegular, outlines-core, llguidance (5 MiB)
 #   DEST           output folder (default: .whl)
 #
 # Versions are the ones installed in this checkout's venv (the tested ones); the
 # dependency closure is read from that venv's package metadata.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-SET=engine HAVE="" DEST=.whl
+SET=engine HAVE="" DEST=.whl CHECK=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --set) SET="$2"; shift 2 ;;
     --have) HAVE="$2"; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    --check) CHECK=1; shift ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) DEST="$1"; shift ;;
   esac
 done
 PY=${PYTHON:-.venv/bin/python}
-ENGINE="transformers tokenizers safetensors accelerate numpy gguf tqdm interegular outlines-core"
+ENGINE="transformers tokenizers safetensors accelerate numpy gguf tqdm interegular outlines-core llguidance"
 SERVER="pyzmq fastapi uvicorn pydantic orjson prometheus-client httpx"
 ROOTS="$ENGINE"; [ "$SET" = server ] && ROOTS="$ENGINE $SERVER"
+# every runtime dependency pyproject.toml declares must be in one of the two sets (llguidance, the default
+# grammar backend, was missing until session 23, so a hand-picked wheel older than its pin went to the GPU)
+"$PY" - "$ENGINE $SERVER" <<'PYEOF'
+import re, sys, tomllib
+from packaging.requirements import Requirement
+norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
+declared = {norm(Requirement(r).name) for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]}
+missing = sorted(declared - {norm(n) for n in sys.argv[1].split()} - {"torch"})
+if missing:
+    sys.exit(f"scripts/offline_wheels.sh: pyproject.toml's dependencies {missing} are in neither ENGINE nor SERVER; add them")
+PYEOF
+[ "$CHECK" = 1 ] && { echo "ENGINE and SERVER cover pyproject.toml's dependencies"; exit 0; }
 
 # name==version lines for the closure of ROOTS, minus what the target has
 PINS=$("$PY" - "$HAVE" $ROOTS <<'PYEOF'

@@ -1,0 +1,34 @@
+"""scripts/offline_wheels.sh (the wheels a GPU host without PyPI gets): its two dependency sets cover every
+runtime dependency pyproject.toml declares, and a dependency added to pyproject alone is caught. `--check`
+downloads nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def check(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHON": sys.executable}
+    return subprocess.run(["bash", str(root / "scripts" / "offline_wheels.sh"), "--check"], env=env,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+
+
+def test_the_wheel_sets_cover_pyproject():
+    out = check(ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "cover pyproject.toml's dependencies" in out.stdout
+
+
+def test_a_dependency_in_neither_set_is_named(tmp_path):
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "offline_wheels.sh", tmp_path / "scripts")
+    text = (ROOT / "pyproject.toml").read_text()
+    (tmp_path / "pyproject.toml").write_text(text.replace('"tqdm>=4.66",', '"tqdm>=4.66",\n    "no-such-dep>=1",'))
+    out = check(tmp_path)
+    assert out.returncode != 0 and "['no-such-dep'] are in neither ENGINE nor SERVER" in out.stderr
