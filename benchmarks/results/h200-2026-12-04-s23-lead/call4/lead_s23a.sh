@@ -1,0 +1,16 @@
+rm -rf /tmp/wh; python3 -m pip install -q --no-deps --no-index --no-compile --target /tmp/wh .gpulead/.whl/*.whl > /dev/null 2>&1
+PYTHONPATH=/tmp/wh python3 -c 'import llguidance, outlines_core, zmq; from importlib.metadata import version as v; print("llguidance", v("llguidance"))' || exit 3
+export PYTHONUNBUFFERED=1
+export RADIXFLOW_TOKENIZER=$PWD/.gpulead/.gpu_assets/tokenizer
+T=$RADIXFLOW_TOKENIZER
+M="--config benchmarks/configs/llama3-8b.json --load-format dummy --tokenizer $T --max-total-tokens 400000"
+mkdir -p $OUT
+cp .gpulead/lead_s23a.sh $OUT/
+git log --oneline -1 > $OUT/rev.txt 2>/dev/null
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,power.limit,temperature.gpu --format=csv > $OUT/gpu.txt
+for r in ${RUNS:-1 2}; do
+  echo "== $(date +%T) run $r"
+  PYTHONPATH=$PWD:/tmp/wh timeout 250 python3 benchmarks/programs/run.py --device cuda $M --n 64 --size 1.0 --repeats 2 --baseline-repeats 1 --min-round-s 0.5 --deadline-s 180 --json $OUT/run$r.json > $OUT/run$r.log 2>&1; echo rc $?
+  grep "Geometric\|compiled" $OUT/run$r.log | tail -4 | cut -c1-200
+done
+echo "== $(date +%T) end"
