@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import re
 import weakref
 
 import pytest
@@ -124,6 +125,30 @@ def test_stop_strings_trimmed_unless_no_stop_trim(engine):
     assert stop not in out["text"] and free.startswith(out["text"])
     kept = engine.generate("List three colors:", {**GREEDY, "stop": stop, "no_stop_trim": True})
     assert kept["text"].endswith(stop) or stop in kept["text"]
+
+
+@pytest.mark.parametrize("pattern", [r"[A-Za-z]{3}[^A-Za-z]", r"[A-Za-z]{3,}[^A-Za-z]"], ids=["bounded", "unbounded"])
+def test_stop_regex_stops_at_the_token_that_completes_a_match(engine, pattern):
+    """The output is the free output cut at the first token whose text completes a match (the match stays:
+    SGLang cuts only a pattern's literal text); an unbounded pattern decodes the whole gen to find it."""
+    sampling = {**GREEDY, "max_new_tokens": 24}
+    free = engine.generate("List three colors:", sampling)
+    assert re.search(pattern, free["text"]), free["text"]  # the test needs a match in the free output
+    out = engine.generate("List three colors:", {**sampling, "stop_regex": [r"\d{9}", pattern]})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    ids = out["output_ids"]
+    assert ids == free["output_ids"][: len(ids)] and re.search(pattern, out["text"])
+    assert not re.search(pattern, engine.tokenizer.decode(ids[:-1]))  # it stopped at the first such token
+
+
+def test_stop_regex_of_plain_text_is_trimmed_as_sglang_trims_it(engine):
+    free = engine.generate("List three colors:", GREEDY)["text"]
+    word = next(w for w in free.split()[1:] if w.isalpha())
+    out = engine.generate("List three colors:", {**GREEDY, "stop_regex": word})
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": word}
+    assert word not in out["text"] and free.startswith(out["text"])
+    kept = engine.generate("List three colors:", {**GREEDY, "stop_regex": word, "no_stop_trim": True})
+    assert kept["text"].endswith(word) or word in kept["text"]
 
 
 def test_stop_token_ids_ignore_eos_and_min_new_tokens(engine):

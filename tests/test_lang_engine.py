@@ -173,6 +173,25 @@ def test_gen_int_ends_at_its_stop_as_in_sglang(backend):
     assert graph.get_meta_info("n")["finish_reason"]["matched"] in (" ", "\n")
 
 
+def test_gen_stop_regex_ends_the_gen_in_graph_and_eager_alike(backend):
+    @rf.function
+    def colors(s):
+        s += "List three colors, one per line:\n1." + rf.gen("first", max_tokens=24, stop_regex=r"\n\d") + " and so on."
+
+    graph, eager = both(colors)
+    assert graph["first"] == eager["first"] and graph.text() == eager.text()
+    assert graph["first"].endswith("\n2"), graph["first"]  # the matched text stays, as in SGLang
+    assert graph.get_meta_info("first")["finish_reason"] == {"type": "stop", "matched": r"\n\d"}
+
+    @rf.function
+    def plain(s):
+        s += "List three colors, one per line:\n1." + rf.gen("first", max_tokens=24) + " and so on."
+
+    assert plain.run(stop_regex=r"\n\d", **GREEDY)["first"] == graph["first"]  # run()'s default for every gen
+    with pytest.raises(rf.RadixflowError, match="not a valid regular expression"):
+        plain.run(stop_regex="(", **GREEDY)
+
+
 def test_a_user_defined_backend_has_token_usage(backend):
     """Every backend has token_usage, also one a user writes on the Backend base (here one that
     hands request graphs to the Engine's)."""

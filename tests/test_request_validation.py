@@ -56,10 +56,13 @@ def engine_errors(engine, sampling: dict) -> dict:
 BAD_SAMPLING = [
     ({"stop": [""], "max_new_tokens": 2}, {"stop": [""], "max_tokens": 2}, "stop strings must not be empty"),
     ({"stop_token_ids": [10**7], "max_new_tokens": 2}, {"stop_token_ids": [10**7], "max_tokens": 2}, "stop_token_ids"),
+    ({"stop_regex": "(", "max_new_tokens": 2}, {"stop_regex": "(", "max_tokens": 2}, "is not a valid regular expression"),
+    ({"stop_regex": ["x", "a*"], "max_new_tokens": 2}, {"stop_regex": ["x", "a*"], "max_tokens": 2}, "matches the empty text"),
 ]
 
 
-@pytest.mark.parametrize("sampling,openai,needle", BAD_SAMPLING, ids=["empty-stop", "stop-id-out-of-vocab"])
+@pytest.mark.parametrize("sampling,openai,needle", BAD_SAMPLING,
+                         ids=["empty-stop", "stop-id-out-of-vocab", "stop-regex-invalid", "stop-regex-empty-match"])
 def test_bad_sampling_is_a_400_on_every_route(server, engine, sampling, openai, needle):
     for route, (status, msg) in http_answers(server, sampling, openai).items():
         assert status == 400 and needle in msg, (route, status, msg)

@@ -82,6 +82,19 @@ def test_stop_string_trimmed_in_stream_and_final(server, engine):
     assert all(b.startswith(a) for a, b in zip(texts, texts[1:]))
 
 
+@pytest.mark.parametrize("stop_regex", [r"\n\w", "sea"], ids=["regex", "plain-word"])
+def test_stop_regex_in_stream_and_final(server, engine, stop_regex):
+    """Over HTTP as in-process; a stream never shows text its final answer cuts (a plain word is cut like a stop
+    string, so its beginning is held back), and a regex's matched text stays in both."""
+    sp = {"temperature": 0, "max_new_tokens": 32, "stop_regex": stop_regex}
+    want = engine.generate("Write a haiku about the sea.", sp)
+    assert want["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop_regex}, want
+    body = {"text": "Write a haiku about the sea.", "sampling_params": sp, "stream": True}
+    with server.client() as c, c.stream("POST", "/generate", json=body) as r:
+        texts = [e["text"] for e in sse_events(r.iter_lines())[:-1]]
+    assert texts[-1] == want["text"] and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+
+
 def test_logprobs(server, engine):
     body = {"text": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 3}, "return_logprob": True,
             "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}  # fmt: skip

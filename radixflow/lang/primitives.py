@@ -46,8 +46,6 @@ def gen(
     if choices is not None:
         return select(name, choices, choices_method=choices_method)
     given = dict(locals())
-    if stop_regex is not None:
-        raise RadixflowError(f"gen {name!r}: stop_regex is not supported; use stop strings, or regex= to constrain the output")
     params = {_GEN_TO_SAMPLING[k]: v for k, v in given.items() if k in _GEN_TO_SAMPLING and v is not None}
     params.update({k: given[k] for k in LOGPROB_KEYS if given[k] is not None})
     if regex is not None:

@@ -8,7 +8,7 @@ from what follows, with no new call. On the first text the model did not write, 
 dropped and the next gen calls the backend again.
 
 Only gens with stop strings are cut (the stop says where they end); the others, and gens with
-n > 1, a grammar (regex, json_schema, dtype) or logprobs, call the backend as usual.
+stop_regex, n > 1, a grammar (regex, json_schema, dtype) or logprobs, call the backend as usual.
 """
 
 from __future__ import annotations
@@ -39,7 +39,8 @@ class Speculation:
     def applies(params: dict, gen_params: dict) -> bool:
         grammar = params.get("regex") or params.get("json_schema")
         logprobs = any(gen_params.get(k) for k in LOGPROB_KEYS)
-        return bool(params.get("stop")) and params.get("n", 1) == 1 and not grammar and not logprobs
+        plain_stop = bool(params.get("stop")) and not params.get("stop_regex")
+        return plain_stop and params.get("n", 1) == 1 and not grammar and not logprobs
 
     def take(self, params: dict, call: Callable[[dict], tuple], count: Optional[Callable[[str], int]]) -> Optional[tuple]:
         """(this gen's text, meta) cut from the speculation, calling the backend once if none is

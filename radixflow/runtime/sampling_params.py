@@ -15,6 +15,7 @@ from typing import Any, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
+from radixflow.runtime.stop_regex import StopPatterns, parse_stop_regex
 
 TOP_K_ALL = 1 << 30
 GREEDY_EPS = 1e-6
@@ -40,7 +41,7 @@ class SamplingParams:
     repetition_penalty: float = _param(1.0, gen="", run=True)
     stop: Optional[Union[str, list]] = _param(None, gen="", run=True)
     stop_token_ids: Optional[list] = _param(None, gen="", run=True)
-    stop_regex: Optional[Union[str, list]] = _param(None)  # accepted empty (SGLang's frontend always sends it)
+    stop_regex: Optional[Union[str, list]] = _param(None, gen="", run=True)  # runtime/stop_regex.py
     ignore_eos: bool = _param(False, gen="", run=True)
     no_stop_trim: bool = _param(False)
     skip_special_tokens: bool = _param(True)
@@ -52,6 +53,7 @@ class SamplingParams:
     logit_bias: Optional[dict] = _param(None)
     # filled by normalize()
     stop_strs: list = field(default_factory=list, repr=False)
+    stop_patterns: Optional[StopPatterns] = field(default=None, repr=False)
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
@@ -105,8 +107,7 @@ class SamplingParams:
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
         self.stop_strs = _normalize_stop(self.stop)
-        if self.stop_regex:
-            raise RadixflowError("stop_regex is not supported yet; use stop strings (stop) instead")
+        self.stop_patterns = parse_stop_regex(self.stop_regex)
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids
@@ -123,6 +124,13 @@ class SamplingParams:
     @property
     def is_greedy(self) -> bool:
         return self.temperature < GREEDY_EPS or self.top_k == 1
+
+    @property
+    def cut_strs(self) -> list:
+        """What a finished output's text is cut at, so a stream holds back their beginnings: the stop strings
+        and each stop_regex pattern's own text (its finish reason names the pattern, cut where it appears)."""
+        patterns = [] if self.stop_patterns is None else [p.pattern for p in self.stop_patterns.patterns]
+        return self.stop_strs + patterns
 
     @property
     def grammar(self) -> Optional[tuple]:
@@ -163,7 +171,7 @@ def plain(v: Any) -> bool:
     return t in (list, tuple) and all(plain(x) for x in v)
 
 
-_FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name != "stop_strs"]
+_FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name not in ("stop_strs", "stop_patterns")]
 SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS}
 # what a program's run() may set for every gen call (SGLang's run(max_new_tokens=..., temperature=...))
 RUN_SAMPLING_PARAMS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.metadata["run"])

@@ -32,7 +32,7 @@ class StrandStream:
         logprobs sampled since the last chunk, if `lp`)."""
         sp = req.sampling
         text = self.decoded.update(self.tokenizer, req.output_ids[req.segment_start :], sp.skip_special_tokens)
-        safe = len(text) - partial_stop_len(text, sp.stop_strs)
+        safe = len(text) - partial_stop_len(text, sp.cut_strs)
         if safe > self.shown:
             self.on_delta(var, text[self.shown : safe], None if lp is None else lp.chunk(req))
             self.shown = safe

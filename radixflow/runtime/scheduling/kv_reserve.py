@@ -41,7 +41,8 @@ CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
 
 def may_stop_early(req: Req) -> bool:
     p = req.sampling
-    return not p.ignore_eos or bool(p.stop_strs) or bool(p.stop_token_ids) or req.grammar is not None
+    stops = bool(p.stop_strs) or p.stop_patterns is not None or bool(p.stop_token_ids)
+    return not p.ignore_eos or stops or req.grammar is not None
 
 
 def budget_of(req: Req) -> int:

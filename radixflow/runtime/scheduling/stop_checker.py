@@ -1,4 +1,4 @@
-"""Decides when a request is finished: length, EOS / stop ids, stop strings, grammar end."""
+"""Decides when a request is finished: length, EOS / stop ids, stop strings, stop regexes, grammar end."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import logging
 from typing import Callable
 
 from radixflow.runtime.scheduling.req import Req
+from radixflow.runtime.stop_regex import first_match
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,11 @@ class StopChecker:
             if matched is not None:
                 req.finish({"type": "stop", "matched": matched})
                 return
+        if p.stop_patterns is not None:
+            matched = self._stop_regex(req, added)
+            if matched is not None:
+                req.finish({"type": "stop", "matched": matched})
+                return
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
             closed = {"grammar_closed": True} if req.grammar is not None and req.grammar.budget_closed else {}
@@ -119,3 +125,11 @@ class StopChecker:
             if s in tail:
                 return s
         return None
+
+    def _stop_regex(self, req: Req, added: int):
+        """runtime/stop_regex.py: the tail that holds any match ending in the `added` tokens (the whole
+        gen for a pattern with no longest match)."""
+        stops = req.sampling.stop_patterns
+        start = req.segment_start if stops.width is None else len(req.output_ids) - added - stops.width - 1
+        tail = self._decode(req.output_ids[max(req.segment_start, start) :], req.sampling.skip_special_tokens)
+        return first_match(stops, tail)

@@ -60,7 +60,7 @@ class Detokenizer:
 
     def _incremental(self, st: DecodeState, ids: list) -> str:
         text = st.decoded.update(self.tokenizer, ids, st.params.skip_special_tokens)
-        return text[: len(text) - partial_stop_len(text, st.params.stop_strs)]
+        return text[: len(text) - partial_stop_len(text, st.params.cut_strs)]
 
 
 def run_detokenizer_process(tokenizer_path: str, ipc: IpcNames, parent_pid: int, log_level: str = "info") -> None:

@@ -297,4 +297,4 @@ def _exit_on_rank_failure(reason: str) -> None:
 
 def _decode_params(req: Req) -> DecodeParams:
     sp = req.sampling
-    return DecodeParams(sp.skip_special_tokens, list(sp.stop_strs), sp.no_stop_trim)
+    return DecodeParams(sp.skip_special_tokens, sp.cut_strs, sp.no_stop_trim)

@@ -86,7 +86,7 @@ class ProgramDelta:
 @dataclass
 class DecodeParams:
     skip_special_tokens: bool = True
-    stop_strs: list = field(default_factory=list)
+    cut_strs: list = field(default_factory=list)  # SamplingParams.cut_strs: a stream holds back their beginnings
     no_stop_trim: bool = False
 
 
