@@ -90,5 +90,5 @@ echo "wheels: $(ls "$DEST"/*.whl | wc -l) files, $((BYTES / 1048576)) MiB in $DE
 if [ "$SET" = engine ] && [ "$BYTES" -gt $((64 * 1048576)) ]; then
   echo "warning: the engine set is over 64 MiB; pass --have with the target's package list" >&2
 fi
-echo "install on the target (no network):"
-echo "  python3 -m pip install --no-index --no-deps --no-compile --target /tmp/site $DEST/*.whl && export PYTHONPATH=/tmp/site"
+echo "install on the target (no network), from the repository root; it checks every pin too:"
+echo "  source scripts/gpu_site.sh $DEST /tmp/site || exit 3"

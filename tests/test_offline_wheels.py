@@ -32,3 +32,22 @@ def test_a_dependency_in_neither_set_is_named(tmp_path):
     (tmp_path / "pyproject.toml").write_text(text.replace('"tqdm>=4.66",', '"tqdm>=4.66",\n    "no-such-dep>=1",'))
     out = check(tmp_path)
     assert out.returncode != 0 and "['no-such-dep'] are in neither ENGINE nor SERVER" in out.stderr
+
+
+def test_check_pins_names_a_package_outside_its_pin(tmp_path):
+    """scripts/check_pins.py (what scripts/gpu_site.sh runs on a GPU host after installing the wheels): this
+    venv passes; a pin this venv misses fails naming the package and both versions; a package that is not
+    installed is listed without failing."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_pins.py")], capture_output=True, text=True,
+                         timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(ROOT / "scripts" / "check_pins.py", tmp_path / "scripts")
+    text = (ROOT / "pyproject.toml").read_text()
+    assert '"llguidance>=1.9.1,<2",' in text
+    text = text.replace('"llguidance>=1.9.1,<2",', '"llguidance>=99",\n    "no-such-package>=1",')
+    (tmp_path / "pyproject.toml").write_text(text)
+    out = subprocess.run([sys.executable, str(tmp_path / "scripts" / "check_pins.py")], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1
+    assert "pyproject wants llguidance>=99" in out.stderr and "no-such-package: not installed" in out.stderr
