@@ -21,11 +21,15 @@ from packaging.requirements import Requirement
 PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 
 
+def requirements(pyproject: Path = PYPROJECT) -> list[Requirement]:
+    """pyproject.toml's runtime dependencies (scripts/offline_wheels.sh reads them here too)."""
+    return [Requirement(line) for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]]
+
+
 def check(pyproject: Path = PYPROJECT) -> tuple[list[str], list[str]]:
     """(installed packages outside their pin, declared packages not installed), a line each."""
     wrong, missing = [], []
-    for line in tomllib.loads(pyproject.read_text())["project"]["dependencies"]:
-        req = Requirement(line)
+    for req in requirements(pyproject):
         try:
             version = metadata.version(req.name)
         except metadata.PackageNotFoundError:

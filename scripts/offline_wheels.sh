@@ -34,10 +34,11 @@ ROOTS="$ENGINE"; [ "$SET" = server ] && ROOTS="$ENGINE $SERVER"
 # every runtime dependency pyproject.toml declares must be in one of the two sets (llguidance, the default
 # grammar backend, was missing until session 23, so a hand-picked wheel older than its pin went to the GPU)
 "$PY" - "$ENGINE $SERVER" <<'PYEOF'
-import re, sys, tomllib
-from packaging.requirements import Requirement
+import re, sys
+sys.path.insert(0, "scripts")
+from check_pins import requirements
 norm = lambda n: re.sub(r"[-_.]+", "-", n).lower()
-declared = {norm(Requirement(r).name) for r in tomllib.load(open("pyproject.toml", "rb"))["project"]["dependencies"]}
+declared = {norm(r.name) for r in requirements()}
 missing = sorted(declared - {norm(n) for n in sys.argv[1].split()} - {"torch"})
 if missing:
     sys.exit(f"scripts/offline_wheels.sh: pyproject.toml's dependencies {missing} are in neither ENGINE nor SERVER; add them")

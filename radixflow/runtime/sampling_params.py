@@ -129,8 +129,9 @@ class SamplingParams:
     def cut_strs(self) -> list:
         """What a finished output's text is cut at, so a stream holds back their beginnings: the stop strings
         and each stop_regex pattern's own text (its finish reason names the pattern, cut where it appears)."""
-        patterns = [] if self.stop_patterns is None else [p.pattern for p in self.stop_patterns.patterns]
-        return self.stop_strs + patterns
+        if self.stop_patterns is None:  # the usual case: no new list (streams ask on every token)
+            return self.stop_strs
+        return self.stop_strs + [p.pattern for p in self.stop_patterns.patterns]
 
     @property
     def grammar(self) -> Optional[tuple]:

@@ -87,16 +87,12 @@ class StopChecker:
             # the last token is part of the grammar's output (not a stop token): keep it
             req.finish({"type": "stop", "matched": None})
             return
-        if p.stop_strs:
-            matched = self._stop_str(req, added)
-            if matched is not None:
-                req.finish({"type": "stop", "matched": matched})
-                return
-        if p.stop_patterns is not None:
-            matched = self._stop_regex(req, added)
-            if matched is not None:
-                req.finish({"type": "stop", "matched": matched})
-                return
+        matched = self._stop_str(req, added) if p.stop_strs else None
+        if matched is None and p.stop_patterns is not None:
+            matched = first_match(p.stop_patterns, self._tail(req, added, p.stop_patterns.width))
+        if matched is not None:
+            req.finish({"type": "stop", "matched": matched})
+            return
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
             closed = {"grammar_closed": True} if req.grammar is not None and req.grammar.budget_closed else {}
@@ -116,20 +112,15 @@ class StopChecker:
         return True
 
     def _stop_str(self, req: Req, added: int):
-        longest = max(len(s) for s in req.sampling.stop_strs)
-        # a token decodes to >= 1 char (skipped special tokens aside), so a match that ends in one of
-        # the `added` tokens starts within `longest` tokens before them
-        tail_ids = req.output_ids[max(req.segment_start, len(req.output_ids) - added - longest - 1) :]
-        tail = self._decode(tail_ids, req.sampling.skip_special_tokens)
+        tail = self._tail(req, added, max(len(s) for s in req.sampling.stop_strs))
         for s in req.sampling.stop_strs:
             if s in tail:
                 return s
         return None
 
-    def _stop_regex(self, req: Req, added: int):
-        """runtime/stop_regex.py: the tail that holds any match ending in the `added` tokens (the whole
-        gen for a pattern with no longest match)."""
-        stops = req.sampling.stop_patterns
-        start = req.segment_start if stops.width is None else len(req.output_ids) - added - stops.width - 1
-        tail = self._decode(req.output_ids[max(req.segment_start, start) :], req.sampling.skip_special_tokens)
-        return first_match(stops, tail)
+    def _tail(self, req: Req, added: int, chars) -> str:
+        """The gen's decoded output from where a match of up to `chars` characters that ends in one of the
+        `added` tokens may start (None: the whole gen). A token decodes to >= 1 char (skipped special tokens
+        aside), so such a match starts within `chars` tokens before them."""
+        start = req.segment_start if chars is None else max(req.segment_start, len(req.output_ids) - added - chars - 1)
+        return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens)
