@@ -85,7 +85,7 @@ def server():
 
     s = start_server(
         "--max-total-tokens", "32768", "--max-batch-size", "24", "--max-new-tokens-limit", "2048",
-        "--max-body-bytes", "200000", "--stream-interval", "1", "--log-interval-s", "5",
+        "--max-body-bytes", "200000", "--stream-interval", "1", "--log-interval-s", "5", "--reasoning-parser", "qwen3",
         env={"RADIXFLOW_TEST_FAULT_RID_PREFIX": SERVER_FAULT_PREFIX},
     )  # fmt: skip
     yield s

@@ -14,11 +14,12 @@ from typing import Any, Optional
 
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.errors import ProgramError
-from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, Text, VarRef
+from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, SeparateReasoning, Text, VarRef
 from radixflow.lang.primitives import sampling_params
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
 from radixflow.runtime.programs.segment_tokens import encode_piece
+from radixflow.runtime.reasoning import get_format, prompt_forces, split
 
 STOP_HOLDBACK = 32  # streamed characters held back while a stop string may still cut them
 
@@ -61,6 +62,7 @@ class Interpreter:
         self.role_seen = False
         self.scopes: dict = {}
         self.produced: list = []
+        self.spans: dict = {}  # gen / select name -> [text start, text end, ids start] of its output (separate_reasoning)
         self.base = (0, 0)  # (text, ids) lengths at the fork that made this one
         self.log = StreamLog() if log is None else log
         self.spec: Optional[Speculation] = None  # API speculative execution (speculation.py)
@@ -83,6 +85,8 @@ class Interpreter:
             self.scopes[node.name] = len(self.text)
         elif isinstance(node, ScopeEnd):
             self.set(node.name, self.text[self.scopes.pop(node.name) :])
+        elif isinstance(node, SeparateReasoning):
+            self._separate(node)
         elif isinstance(node, ArgRef):
             raise ProgramError(f"argument {node.name!r} was not given")
         else:
@@ -156,6 +160,9 @@ class Interpreter:
         raise ProgramError(f"gen {node.name!r}: the stream ended without a result")
 
     def _append_generated(self, res: GenResult, var: Optional[str], shown: int, meta: Optional[dict] = None) -> None:
+        assert not self.pending, "a gen's prompt is flushed before it runs"
+        if var is not None:
+            self.spans[var] = [len(self.text), len(self.text) + len(res.text), None if self.ids is None else len(self.ids)]
         self.text += res.text
         if self.ids is not None:
             self.ids.extend(res.ids if res.ids is not None else encode_piece(self.backend.tokenizer, res.text, False))
@@ -174,6 +181,37 @@ class Interpreter:
         choice = node.choices[res.index]
         self.set(node.name, choice, res.meta)
         self._append_generated(GenResult(choice, res.ids), node.name, 0)
+
+    # -- reasoning -------------------------------------------------------------------------------
+    def _separate(self, node: SeparateReasoning) -> None:
+        """The gen's thinking to its own variable; the variable and the text keep the answer."""
+        span, value = self.spans.get(node.name), self.vars.get(node.name)
+        if span is None or not isinstance(value, str):
+            raise ProgramError(f"separate_reasoning: {node.name!r} is not a gen or select with one output in this strand")
+        start, end, ids_start = span
+        fmt = get_format(node.model_type)
+        parts = split(value, fmt, prompt_forces(fmt, self.text[:start]))
+        self.set(node.name, parts.content)
+        self.set(node.reasoning_var, parts.reasoning)
+        self._replace(start, end, parts.content, ids_start)
+
+    def _replace(self, start: int, end: int, new: str, ids_start: Optional[int]) -> None:
+        """text[start:end] becomes `new`; token ids from there on are encoded again at the next flush."""
+        text = self.text[:start] + new + self.text[end:]
+        if self.ids is not None:
+            covered = len(self.text) - len(self.pending)  # the text the ids hold
+            if start < covered:
+                del self.ids[ids_start:]
+                covered = start
+            self.pending = text[covered:]
+        shift = len(new) - (end - start)
+        for span in self.spans.values():
+            if span[0] >= end:
+                span[0], span[1] = span[0] + shift, span[1] + shift
+        self.scopes = {k: v + shift if v >= end else v for k, v in self.scopes.items()}
+        if self.role is not None and self.role[1] >= end:
+            self.role = (self.role[0], self.role[1] + shift)
+        self.text = text
 
     # -- roles ---------------------------------------------------------------------------------
     def _role_begin(self, role: str) -> None:
@@ -217,6 +255,7 @@ class Interpreter:
             kid = copy.copy(self)
             kid.vars, kid.metas = dict(self.vars), dict(self.metas)
             kid.messages, kid.scopes, kid.produced = [dict(m) for m in self.messages], dict(self.scopes), []  # str values
+            kid.spans = {}  # a branch separates only its own outputs
             kid.ids = None if self.ids is None else list(self.ids)
             kid.log = type(self.log)()
             kid.spec = None  # branches call the backend for each gen

@@ -115,7 +115,26 @@ class Join(Node):
     mode: str = "gather"
 
 
-NODE_TYPES = {c.kind: c for c in (Text, ArgRef, VarRef, Gen, Select, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Fork, Join)}
+@dataclass
+class SeparateReasoning(Node):
+    """After gen / select `name`: its thinking goes to `<name>_reasoning_content`, the variable and
+    the program's text keep the answer (runtime/reasoning.py splits it; model_type names the format)."""
+
+    kind = "separate_reasoning"
+    name: str = ""
+    model_type: str = ""
+
+    @property
+    def reasoning_var(self) -> str:
+        return reasoning_var(self.name)
+
+
+def reasoning_var(name: str) -> str:
+    return f"{name}_reasoning_content"
+
+
+NODE_TYPES = {c.kind: c for c in (Text, ArgRef, VarRef, Gen, Select, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Fork, Join,
+                                  SeparateReasoning)}  # fmt: skip
 
 
 def node_to_dict(node: Node) -> dict:
@@ -157,6 +176,7 @@ class Graph:
     @property
     def variables(self) -> list[str]:
         names = [getattr(n, "name", None) for n in self.walk() if n.kind in ("gen", "select", "scope_end")]
+        names += [n.reasoning_var for n in self.walk() if isinstance(n, SeparateReasoning)]
         return list(dict.fromkeys(n for n in names if n))
 
     def __str__(self) -> str:
@@ -203,4 +223,6 @@ def _describe(n: Node) -> str:
         return f"fork x{len(n.branches)}"
     if isinstance(n, Join):
         return f"join %{n.fork} mode={n.mode}"
+    if isinstance(n, SeparateReasoning):
+        return f"separate_reasoning {n.name} model_type={n.model_type}"
     return n.kind

@@ -18,6 +18,7 @@ from radixflow.lang.ir import (
     ScopeBegin,
     ScopeEnd,
     Select,
+    SeparateReasoning,
     Text,
     VarRef,
 )
@@ -31,9 +32,10 @@ class _Ctx:
     role_seen: bool = False
     gen_vars: set = field(default_factory=set)
     fork_vars: dict = field(default_factory=dict)  # fork id -> names its branches set
+    separated: bool = False  # a separate_reasoning ran: the text after it differs from the graph's context
 
     def child(self) -> "_Ctx":
-        return _Ctx(self.template, self.defaults, self.role_seen, set())
+        return _Ctx(self.template, self.defaults, self.role_seen, set(), separated=self.separated)
 
 
 def lower(graph: Graph, template: ChatTemplate, defaults: dict) -> dict:
@@ -44,7 +46,11 @@ def lower(graph: Graph, template: ChatTemplate, defaults: dict) -> dict:
 def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
     ops: list[dict] = []
     for n in nodes:
-        if isinstance(n, Text):
+        if ctx.separated and isinstance(n, (VarRef, Gen, Select, Fork)):
+            raise NotTraceable("a gen, select, fork or variable after separate_reasoning: the runtime would see the thinking")
+        if isinstance(n, SeparateReasoning):
+            ctx.separated = True  # split when the results are replayed (graph_run.replay)
+        elif isinstance(n, Text):
             ops.append({"op": "text", "text": n.text})
         elif isinstance(n, VarRef):
             if n.name not in ctx.gen_vars:
@@ -74,6 +80,7 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
                 k.gen_vars = set(ctx.gen_vars)
             ops.append({"op": "fork", "id": n.nid, "branches": [_lower(b, k) for b, k in zip(n.branches, kids)]})
             ctx.fork_vars[n.nid] = {v for k in kids for v in k.gen_vars - ctx.gen_vars}
+            ctx.separated = any(k.separated for k in kids)
         elif isinstance(n, Join):
             ops.append({"op": "join", "fork": n.fork, "mode": n.mode})
             ctx.gen_vars -= ctx.fork_vars.get(n.fork, set())  # branch variables become lists

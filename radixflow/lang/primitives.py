@@ -8,7 +8,7 @@ from typing import Any, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.lang.choices import ChoicesMethod, method_name
-from radixflow.lang.ir import ExprList, Gen, RoleBegin, RoleEnd, Select
+from radixflow.lang.ir import ExprList, Gen, RoleBegin, RoleEnd, Select, SeparateReasoning
 from radixflow.runtime.sampling_params import api_names
 
 _GEN_TO_SAMPLING = api_names("gen")  # gen() argument -> sampling param name (SGLang's frontend names)
@@ -150,8 +150,27 @@ def video(path: str, num_frames: int) -> None:
     raise RadixflowError("video() is not supported: radixflow serves text-only models")
 
 
-def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> None:
-    raise RadixflowError("separate_reasoning() is not supported yet; parse the reasoning out of the gen's text")
+def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> ExprList:
+    """`s += rf.separate_reasoning(rf.gen("answer"), model_type="deepseek-r1")`: after the gen, its
+    thinking is in s["answer_reasoning_content"], and s["answer"] and the program's text hold the
+    rest (as SGLang's; formats: runtime/reasoning.py). Every named gen / select in `expr` is split."""
+    from radixflow.runtime.reasoning import NAMES, get_format
+
+    if not model_type:
+        raise RadixflowError(f"separate_reasoning() needs model_type, one of {', '.join(NAMES)}")
+    get_format(model_type)
+    if expr is None:
+        return ExprList([])
+    names = [n.name for n in _items(expr) if isinstance(n, (Gen, Select))]
+    if not names or not all(names):
+        raise RadixflowError("separate_reasoning() needs named gens or selects, e.g. separate_reasoning(gen(\"answer\"), ...)")
+    return ExprList([expr] + [SeparateReasoning(name=n, model_type=model_type.lower()) for n in names])
+
+
+def _items(expr: Any) -> list:
+    if isinstance(expr, ExprList):
+        return [n for item in expr.items for n in _items(item)]
+    return [expr]
 
 
 def _dtype_regex(dtype: str) -> str:

@@ -9,7 +9,7 @@ import itertools
 from typing import Any, Optional
 
 from radixflow.lang.errors import DataDependentError
-from radixflow.lang.ir import Fork, Gen, Join, Node, ScopeEnd, Select, VarRef
+from radixflow.lang.ir import Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, VarRef
 from radixflow.lang.placeholder import MARK, Placeholder
 
 
@@ -35,6 +35,8 @@ class Recorder:
         name = getattr(node, "name", None)
         if isinstance(node, (Gen, Select, ScopeEnd)) and name:
             self._produce(name)
+        if isinstance(node, SeparateReasoning):
+            self._produce(node.reasoning_var)
 
     def _produce(self, name: str) -> None:
         self.known[name] = Placeholder("var", name)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
+from radixflow.runtime.reasoning import NAMES as REASONING_PARSERS
 from radixflow.runtime.extend_graph_args import (
     DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
 )  # fmt: skip
@@ -36,6 +37,7 @@ _CHOICES = {
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
     "grammar_backend": ("llguidance", "outlines", "auto"),
     "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
+    "reasoning_parser": REASONING_PARSERS,  # runtime/reasoning.py; None (the default): no parsing
     "attention_p_parts": (1, 2),
     "tp_scheduler": ("replicated", "leader"),
     "native_attention_dtype": ("float32", "float64"),
@@ -117,6 +119,9 @@ _HELP = {
     "outlines compile running longer is stopped (its child process killed) and the grammar stays on llguidance",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
+    "reasoning_parser": "split a reasoning model's thinking from its answer in /v1/chat/completions: the message's "
+    "reasoning_content and content (streamed as delta.reasoning_content); requests may turn it off with "
+    "separate_reasoning: false (docs/openai.md, reasoning models)",
     "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",
     "pdl_late_trigger": "under PDL, let the next kernel be scheduled only after a kernel's wait (default: before it)",
     "attention_p_parts": "Triton attention multiplies the softmax weights p as this many 16-bit parts: 2 keeps "
@@ -203,6 +208,7 @@ class ServerArgs:
     constrained_json_whitespace_pattern: Optional[str] = None
     constrained_json_any_depth: int = 2
     tool_call_parser: str = "auto"
+    reasoning_parser: Optional[str] = None
 
     # serving
     host: str = "127.0.0.1"
@@ -231,7 +237,7 @@ class ServerArgs:
 
     def __post_init__(self) -> None:
         for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices:
+            if getattr(self, name) not in choices and not (getattr(self, name) is None and name == "reasoning_parser"):
                 raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(map(str, choices))}")
         if self.page_size < 1:
             raise RadixflowError("page_size must be >= 1")

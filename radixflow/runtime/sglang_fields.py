@@ -71,7 +71,7 @@ COMPLETION = {**_OPENAI, "best_of": (None, 1)}
 
 CHAT = {
     **_OPENAI,
-    **dict.fromkeys(("parallel_tool_calls", "separate_reasoning", "stream_reasoning", "reasoning_effort",
+    **dict.fromkeys(("parallel_tool_calls", "reasoning_effort",
                      "return_flat_raw_top_logprobs_b64"), ANY),
     **dict.fromkeys(("thinking", "task", "sampling_logprobs_mode", "max_dynamic_patch", "min_dynamic_patch",
                      "video_config", "input_ids"), _NULL),

@@ -30,7 +30,7 @@ from radixflow.runtime.server.http_common import (
     read_json,
     sse,
 )
-from radixflow.runtime import sglang_fields
+from radixflow.runtime import reasoning, sglang_fields
 from radixflow.runtime.server.openai_api import register_openai_routes
 from radixflow.runtime.server.program_service import register_program_routes
 from radixflow.runtime.server.tokenizer_manager import Event, ServerDeadError, TokenizerManager
@@ -217,6 +217,19 @@ def _register_native(app: FastAPI) -> None:
         if not isinstance(src, list) or not all(isinstance(r, str) for r in src) or not isinstance(dst, str):
             raise RadixflowError("the body must be {src_rids: [string, ...], dst_rid: string}")
         return {"success": True}
+
+    @app.post("/separate_reasoning")
+    async def separate_reasoning(request: Request):
+        """SGLang's route: {text, reasoning_parser} -> {text: the answer, reasoning_text}
+        (runtime/reasoning.py; the parser defaults to the server's --reasoning-parser)."""
+        body = await read_json(request)
+        if not isinstance(body, dict) or not isinstance(body.get("text"), str):
+            raise RadixflowError("the body must be {text: string, reasoning_parser: string}")
+        name = body.get("reasoning_parser") or request.app.state.tm.args.reasoning_parser
+        if name is None:
+            raise RadixflowError(f"give reasoning_parser, one of {', '.join(reasoning.NAMES)}")
+        s = reasoning.split(body["text"], reasoning.get_format(name))
+        return {"text": s.content, "reasoning_text": s.reasoning}
 
     @app.get("/metrics")
     async def metrics(request: Request):

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixflow.runtime import sglang_fields
+from radixflow.runtime.reasoning import ReasoningStream, reasoning_tokens
 from radixflow.runtime.server.http_common import (
     SSE_DONE,
     final_results,
@@ -70,7 +71,7 @@ async def _serve(request: Request, call: Call):
     choices = [_choice(call, i, r) for i, r in enumerate(results)]
     obj = "text_completion" if call.kind == "completion" else "chat.completion"
     body = {"id": _id(call), "object": obj, "created": call.created, "model": tm.model_name, "choices": choices,
-            "usage": usage(results, call.n)}  # fmt: skip
+            "usage": _usage(tm, call, results)}  # fmt: skip
     return json_response(body)
 
 
@@ -97,11 +98,28 @@ def _choice(call: Call, i: int, r: dict) -> dict:
         lp = _completion_logprobs(meta, call.echo) if call.logprobs else None
         return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
     lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
-    msg = {"role": "assistant", "content": r["text"], "reasoning_content": None, "tool_calls": None}
+    text, thinking = r["text"], None
+    if call.reasoning:
+        s = call.reasoning.split(text)
+        text, thinking = s.content, (s.reasoning if s.block != "none" else None)
+    msg = {"role": "assistant", "content": text, "reasoning_content": thinking, "tool_calls": None}
     fields = _finish_fields(meta)
     if call.tools:
-        msg, fields["finish_reason"] = tool_message(call.tools.fmt, r["text"], fields["finish_reason"])
+        msg, fields["finish_reason"] = tool_message(call.tools.fmt, text, fields["finish_reason"])
+        msg["reasoning_content"] = thinking
     return {"index": i, "message": msg, "logprobs": lp, **fields}
+
+
+def _usage(tm: TokenizerManager, call: Call, results: list) -> dict:
+    """usage(), and with a reasoning parser the output tokens spent thinking (OpenAI's
+    completion_tokens_details.reasoning_tokens, and SGLang's usage.reasoning_tokens)."""
+    u = usage(results, call.n)
+    if call.reasoning:
+        spent = sum(reasoning_tokens(r["output_ids"], call.reasoning.split(r["text"]), call.reasoning.fmt, tm.tokenizer)
+                    for r in results)  # fmt: skip
+        u["completion_tokens_details"] = {"reasoning_tokens": spent}
+        u["reasoning_tokens"] = spent
+    return u
 
 
 def usage(results: list, n: int) -> dict:
@@ -157,7 +175,7 @@ async def _stream(tm: TokenizerManager, call: Call, events: AsyncIterator[Event]
                 finals[ev.index] = ev.result
         if call.include_usage and finals:
             results = [finals[i] for i in sorted(finals)]
-            yield sse({**_chunk_head(tm, call), "choices": [], "usage": usage(results, call.n)})
+            yield sse({**_chunk_head(tm, call), "choices": [], "usage": _usage(tm, call, results)})
         yield SSE_DONE
     finally:
         await events.aclose()
@@ -171,6 +189,8 @@ class _Sent:
     text: int = 0
     tokens: int = 0
     tools: Optional[ToolStream] = None
+    reasoning: Optional[ReasoningStream] = None
+    content: str = ""  # the answer so far, without the thinking (with a reasoning parser)
 
 
 def _num_choices(call: Call) -> int:
@@ -194,14 +214,30 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     if call.kind == "completion":
         choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
         choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None
-    elif call.tools:
-        sent.tools = sent.tools or ToolStream(call.tools.fmt)
-        choice["delta"], choice["finish_reason"] = sent.tools.delta(r["text"], first, ev.finished, choice["finish_reason"])
-        choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
     else:
-        choice["delta"] = {"role": "assistant", "content": delta} if first else {"content": delta}
+        thinking, new, answer = _split_delta(call, sent, r["text"], delta, ev.finished)
+        if call.tools:
+            sent.tools = sent.tools or ToolStream(call.tools.fmt)
+            choice["delta"], choice["finish_reason"] = sent.tools.delta(answer, first, ev.finished, choice["finish_reason"])
+        else:
+            choice["delta"] = {"role": "assistant"} if first else {}
+            if new or not thinking:
+                choice["delta"]["content"] = new
+        if thinking:
+            choice["delta"]["reasoning_content"] = thinking
         choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
     chunk = {**_chunk_head(tm, call), "choices": [choice]}
     if call.include_usage:  # as OpenAI: null on every chunk but the last (usage only)
         chunk["usage"] = None
     return chunk
+
+
+def _split_delta(call: Call, sent: _Sent, text: str, delta: str, finished: bool) -> tuple[str, str, str]:
+    """(new thinking, new answer text, the answer so far) of a chat choice; without a reasoning
+    parser the whole text is the answer."""
+    if call.reasoning is None:
+        return "", delta, text
+    sent.reasoning = sent.reasoning or call.reasoning.stream()
+    thinking, new = sent.reasoning.delta(text, finished)
+    sent.content += new
+    return thinking, new, sent.content

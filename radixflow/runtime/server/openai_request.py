@@ -13,6 +13,7 @@ from typing import Any, Optional
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.generate_request import GenerateInput
+from radixflow.runtime.reasoning import ReasoningPlan, get_format, prompt_forces
 from radixflow.runtime.sampling_params import api_names
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 from radixflow.runtime.server.tool_request import ToolPlan, plan_tools
@@ -21,7 +22,7 @@ _SAMPLING_FIELDS = api_names("openai")  # OpenAI / SGLang request field -> sampl
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                          "continue_final_message", "chat_template_kwargs"}  # fmt: skip
+                          "continue_final_message", "chat_template_kwargs", "separate_reasoning", "stream_reasoning"}  # fmt: skip
 _TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
                   "return_dict", "return_tensors"}  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -39,6 +40,7 @@ class Call:
     logprobs: bool = False
     include_usage: bool = False
     tools: Optional[ToolPlan] = None  # set when the output is decoded and parsed as tool calls
+    reasoning: Optional[ReasoningPlan] = None  # set when the thinking is split from the answer (--reasoning-parser)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -158,7 +160,21 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
         sp["regex"] = tools.regex
     g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
                       top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
-    return Call("chat", g, _n(body), [text], False, want_lp, usage, tools if tools and tools.regex else None)
+    return Call("chat", g, _n(body), [text], False, want_lp, usage, tools if tools and tools.regex else None,
+                _reasoning_plan(tm, body, text))  # fmt: skip
+
+
+def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str) -> Optional[ReasoningPlan]:
+    """Split the thinking out if the server has a --reasoning-parser and the request does not
+    say separate_reasoning: false (SGLang's fields; stream_reasoning: false sends the thinking
+    in one delta once it ends)."""
+    separate, stream = body.get("separate_reasoning", True), body.get("stream_reasoning", True)
+    if not isinstance(separate, bool) or not isinstance(stream, bool):
+        raise RadixflowError("separate_reasoning and stream_reasoning must be true or false")
+    if not tm.args.reasoning_parser or not separate:
+        return None
+    fmt = get_format(tm.args.reasoning_parser)
+    return ReasoningPlan(fmt, prompt_forces(fmt, prompt), stream)
 
 
 def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
