@@ -207,3 +207,28 @@ def test_program_errors_name_the_variable():
 def test_run_batch_keeps_input_order_with_fake_backend():
     states = template_fill.run_batch([{"name": f"P{i}"} for i in range(6)], backend=FakeBackend(), progress_bar=False)
     assert [s.text().split("for ")[1].split(".")[0] for s in states] == [f"P{i}" for i in range(6)]
+
+
+def test_fork_takes_sglangs_arguments_and_copy():
+    @rf.function
+    def prog(s):
+        s += "Q:"
+        side = s.copy()
+        side += rf.gen("side")
+        forks = s.fork(size=2, position_ids_offset=[0, 0])
+        forks += rf.gen("b")
+        forks.join()
+
+    b = FakeBackend()
+    st = prog.run(backend=b, mode="eager")
+    assert [c[1] for c in b.calls] == ["side", "b", "b"] and all(c[2] == "Q:" for c in b.calls)
+    assert st.text() == "Q:" and len(st["b"]) == 2
+    assert prog.trace().nodes[1].kind == "fork"
+
+    @rf.function
+    def bad(s, offsets):
+        s.fork(2, position_ids_offset=offsets)
+
+    for offsets in ([0], [0, "1"], 3):
+        with pytest.raises(rf.ProgramError, match="position_ids_offset must be None or a list of 2 ints"):
+            bad.run(backend=FakeBackend(), offsets=offsets, mode="eager")

@@ -149,11 +149,22 @@ class ProgramState:
             yield item
 
     # -- fork ------------------------------------------------------------------------------------
-    def fork(self, n: int) -> "ForkGroup":
-        if n < 1:
-            raise ProgramError("fork(n) needs n >= 1")
-        kids, nid = self.executor.fork(n)
+    def fork(self, size: int = 1, position_ids_offset: Optional[list] = None) -> "ForkGroup":
+        """`size` copies of the state that go on independently. position_ids_offset: SGLang's
+        argument, accepted and ignored as SGLang's interpreter ignores it (None or one int a branch)."""
+        if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+            raise ProgramError(f"fork(size) needs an int size >= 1, got {size!r}")
+        if position_ids_offset is not None and (
+            not isinstance(position_ids_offset, list) or len(position_ids_offset) != size
+            or not all(isinstance(p, int) and not isinstance(p, bool) for p in position_ids_offset)
+        ):  # fmt: skip
+            raise ProgramError(f"fork: position_ids_offset must be None or a list of {size} ints")
+        kids, nid = self.executor.fork(size)
         return ForkGroup([ProgramState(k, self.mode) for k in kids], self, nid)
+
+    def copy(self) -> "ProgramState":
+        """One fork branch (SGLang's `s.copy()`)."""
+        return self.fork(1)[0]
 
     def __repr__(self) -> str:
         if hasattr(self.executor, "unknown"):
