@@ -62,6 +62,17 @@ def test_run_async_drives_many_programs_from_one_event_loop(engine):
     assert steps < 3 * one_steps, (steps, one_steps)
 
 
+def test_run_batch_generator_style_shares_scheduler_steps(engine):
+    """SGLang's generator_style: states come one by one in input order, and still batch."""
+    ref = sequential(engine)
+    kwargs = [{"country": c} for c in COUNTRIES]
+    it, _ = steps_of(engine, lambda: checked_answer.run_batch(kwargs, backend=engine, progress_bar=False, generator_style=True, **GREEDY))
+    states, steps = steps_of(engine, lambda: list(it))
+    assert [s.text() for s in states] == [s.text() for s in ref]
+    _, one_steps = steps_of(engine, lambda: checked_answer.run(country="Peru", backend=engine, **GREEDY))
+    assert steps < 3 * one_steps, (steps, one_steps)
+
+
 def test_engine_generate_from_threads_batches_and_stays_consistent(engine):
     prompts = [f"Count to {i}:" for i in range(2, 8)]
     params = {"max_new_tokens": 8, "ignore_eos": True, **GREEDY}

@@ -232,3 +232,11 @@ def test_fork_takes_sglangs_arguments_and_copy():
     for offsets in ([0], [0, "1"], 3):
         with pytest.raises(rf.ProgramError, match="position_ids_offset must be None or a list of 2 ints"):
             bad.run(backend=FakeBackend(), offsets=offsets, mode="eager")
+
+
+def test_run_batch_generator_style_yields_in_input_order():
+    inputs = [{"name": f"P{i}"} for i in range(5)] + [("P5",)]
+    it = template_fill.run_batch(inputs, backend=FakeBackend(), progress_bar=False, generator_style=True, temperature=0)
+    assert not isinstance(it, list)
+    states = list(it)
+    assert [s.text().split("for ")[1].split(".")[0] for s in states] == [f"P{i}" for i in range(6)]

@@ -13,7 +13,7 @@ import inspect
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends import resolve_backend
@@ -126,11 +126,17 @@ class Function:
         num_threads: Union[int, str] = "auto",
         progress_bar: bool = True,
         mode: str = "auto",
+        generator_style: bool = False,
         **sampling: Any,
-    ) -> list[ProgramState]:
-        """Run many; results in input order. Static programs go to the runtime together."""
+    ) -> Union[list[ProgramState], Iterator[ProgramState]]:
+        """Run many; results in input order. Static programs go to the runtime together.
+        generator_style=True (SGLang's): an iterator that yields each state, in input order, as
+        soon as it and those before it are done; programs run GENERATOR_CHUNK at a time."""
         b = resolve_backend(backend)
         items = [dict(kw) if isinstance(kw, dict) else {"args": tuple(kw)} for kw in batch_kwargs]
+        if generator_style:
+            return self._run_batch_iter(b, items, _threads(num_threads, min(len(items), GENERATOR_CHUNK)),
+                                        progress_bar, mode, sampling)  # fmt: skip
         calls = [self._split(it.pop("args", ()), {**it, **sampling}) for it in items]
         states: list = [None] * len(calls)
         bar = _progress(len(calls), progress_bar, self.func.__name__)
@@ -153,6 +159,25 @@ class Function:
                 states[i] = state
         bar.close()
         return states
+
+
+    def _run_batch_iter(self, b, items: list, threads: int, progress_bar: bool, mode: str, sampling: dict) -> Iterator[ProgramState]:
+        """run_batch(generator_style=True): each program is one run() on a worker thread (on an
+        Engine their requests share scheduler steps, as run_async's do)."""
+        bar = _progress(len(items), progress_bar, self.func.__name__)
+        with ThreadPoolExecutor(threads) as pool:
+            for start in range(0, len(items), GENERATOR_CHUNK):
+                futures = []
+                for it in items[start : start + GENERATOR_CHUNK]:
+                    kw = {**{k: v for k, v in it.items() if k != "args"}, **sampling}
+                    futures.append(pool.submit(self.run, *it.get("args", ()), backend=b, mode=mode, **kw))
+                    futures[-1].add_done_callback(lambda _: bar.update(1))
+                for f in futures:
+                    yield f.result()
+        bar.close()
+
+
+GENERATOR_CHUNK = 256  # programs in flight at once under run_batch(generator_style=True)
 
 
 def _run_graphs(b, compiled: list, name: str, on_result=None) -> list:
