@@ -160,8 +160,9 @@ class Function:
         bar.close()
         return states
 
-
-    def _run_batch_iter(self, b, items: list, threads: int, progress_bar: bool, mode: str, sampling: dict) -> Iterator[ProgramState]:
+    def _run_batch_iter(
+        self, b, items: list, threads: int, progress_bar: bool, mode: str, sampling: dict
+    ) -> Iterator[ProgramState]:
         """run_batch(generator_style=True): each program is one run() on a worker thread (on an
         Engine their requests share scheduler steps, as run_async's do)."""
         bar = _progress(len(items), progress_bar, self.func.__name__)

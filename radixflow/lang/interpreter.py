@@ -14,7 +14,9 @@ from typing import Any, Optional
 
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.errors import ProgramError
-from radixflow.lang.ir import ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, SeparateReasoning, Text, VarRef
+from radixflow.lang.ir import (
+    ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, SeparateReasoning, Text, VarRef,
+)
 from radixflow.lang.primitives import sampling_params
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog

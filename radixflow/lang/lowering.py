@@ -47,7 +47,8 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
     ops: list[dict] = []
     for n in nodes:
         if ctx.separated and isinstance(n, (VarRef, Gen, Select, Fork)):
-            raise NotTraceable("a gen, select, fork or variable after separate_reasoning: the runtime would see the thinking")
+            raise NotTraceable("a gen, select, fork or variable after separate_reasoning: "
+                               "the runtime would see the thinking")
         if isinstance(n, SeparateReasoning):
             ctx.separated = True  # split when the results are replayed (graph_run.replay)
         elif isinstance(n, Text):

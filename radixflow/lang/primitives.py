@@ -163,7 +163,7 @@ def separate_reasoning(expr: Any = None, model_type: Optional[str] = None) -> Ex
         return ExprList([])
     names = [n.name for n in _items(expr) if isinstance(n, (Gen, Select))]
     if not names or not all(names):
-        raise RadixflowError("separate_reasoning() needs named gens or selects, e.g. separate_reasoning(gen(\"answer\"), ...)")
+        raise RadixflowError('separate_reasoning() needs named gens or selects, e.g. separate_reasoning(gen("answer"), ...)')
     return ExprList([expr] + [SeparateReasoning(name=n, model_type=model_type.lower()) for n in names])
 
 
