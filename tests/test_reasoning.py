@@ -14,7 +14,7 @@ from radixflow.lang.errors import NotTraceable
 from radixflow.lang.interpreter import GenResult
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
-from radixflow.runtime.reasoning import FORMATS, ReasoningStream, get_format, prompt_forces, split
+from radixflow.runtime.reasoning import FORMATS, ReasoningPlan, get_format, prompt_forces, split
 
 QWEN3, R1, KIMI, MISTRAL = (FORMATS[n] for n in ("qwen3", "deepseek-r1", "kimi", "mistral"))
 PLAIN = ChatTemplate.plain()
@@ -63,7 +63,7 @@ def test_stream_deltas_add_up_to_the_split_of_the_whole_text():
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 8)))
         want = split(text, fmt)
         for stream_reasoning in (True, False):
-            st = ReasoningStream(fmt, fmt.forced, stream_reasoning)
+            st = ReasoningPlan(fmt, fmt.forced, stream_reasoning).stream()
             got = ["", ""]
             for cut in sorted(rng.sample(range(len(text) + 1), min(len(text) + 1, 4))) + [None]:
                 r, c = st.delta(text if cut is None else text[:cut], finished=cut is None)
@@ -72,7 +72,7 @@ def test_stream_deltas_add_up_to_the_split_of_the_whole_text():
 
 
 def test_stream_reasoning_false_sends_the_thinking_in_one_delta():
-    st = ReasoningStream(QWEN3, False, stream_reasoning=False)
+    st = ReasoningPlan(QWEN3, False, stream_reasoning=False).stream()
     assert st.delta("<think>a b", False) == ("", "")
     assert st.delta("<think>a b c</think>", False) == ("a b c", "")
     assert st.delta("<think>a b c</think>Yes", True) == ("", "Yes")

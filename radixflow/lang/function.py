@@ -166,16 +166,18 @@ class Function:
         """run_batch(generator_style=True): each program is one run() on a worker thread (on an
         Engine their requests share scheduler steps, as run_async's do)."""
         bar = _progress(len(items), progress_bar, self.func.__name__)
-        with ThreadPoolExecutor(threads) as pool:
-            for start in range(0, len(items), GENERATOR_CHUNK):
-                futures = []
-                for it in items[start : start + GENERATOR_CHUNK]:
-                    kw = {**{k: v for k, v in it.items() if k != "args"}, **sampling}
-                    futures.append(pool.submit(self.run, *it.get("args", ()), backend=b, mode=mode, **kw))
-                    futures[-1].add_done_callback(lambda _: bar.update(1))
-                for f in futures:
-                    yield f.result()
-        bar.close()
+        try:  # the bar closes also when the caller stops reading early
+            with ThreadPoolExecutor(threads) as pool:
+                for start in range(0, len(items), GENERATOR_CHUNK):
+                    futures = []
+                    for it in items[start : start + GENERATOR_CHUNK]:
+                        kw = {**{k: v for k, v in it.items() if k != "args"}, **sampling}
+                        futures.append(pool.submit(self.run, *it.get("args", ()), backend=b, mode=mode, **kw))
+                        futures[-1].add_done_callback(lambda _: bar.update(1))
+                    for f in futures:
+                        yield f.result()
+        finally:
+            bar.close()
 
 
 GENERATOR_CHUNK = 256  # programs in flight at once under run_batch(generator_style=True)

@@ -125,7 +125,7 @@ class ReasoningPlan:
         return split(text, self.fmt, self.forced)
 
     def stream(self) -> "ReasoningStream":
-        return ReasoningStream(self.fmt, self.forced, self.stream_reasoning)
+        return ReasoningStream(self)
 
 
 @dataclass
@@ -133,22 +133,19 @@ class ReasoningStream:
     """Deltas of one streamed choice: feed the output's text so far, get what is new.
     With stream_reasoning=False the thinking comes as one delta once its block closes."""
 
-    fmt: ReasoningFormat
-    forced: bool
-    stream_reasoning: bool = True
+    plan: ReasoningPlan
     reasoning_sent: int = 0
-    content_sent: int = 0
+    content: str = ""  # the answer so far (what tool-call parsing reads)
 
     def delta(self, text: str, finished: bool) -> tuple[str, str]:
         """(new reasoning text, new content text)."""
-        s = split(text, self.fmt, self.forced, final=finished)
+        s = split(text, self.plan.fmt, self.plan.forced, final=finished)
         reasoning = ""
-        if self.stream_reasoning or s.block != "open" or finished:
+        if self.plan.stream_reasoning or s.block != "open" or finished:
             reasoning = s.reasoning[self.reasoning_sent :]
             self.reasoning_sent = len(s.reasoning)
-        content = s.content[self.content_sent :]
-        self.content_sent = len(s.content)
-        return reasoning, content
+        new, self.content = s.content[len(self.content) :], s.content
+        return reasoning, new
 
 
 def reasoning_tokens(output_ids: list, s: Split, fmt: ReasoningFormat, tokenizer) -> int:

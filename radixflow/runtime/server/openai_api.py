@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
 from radixflow.runtime import sglang_fields
-from radixflow.runtime.reasoning import ReasoningStream, reasoning_tokens
+from radixflow.runtime.reasoning import ReasoningStream, Split, reasoning_tokens
 from radixflow.runtime.server.http_common import (
     SSE_DONE,
     final_results,
@@ -68,10 +68,11 @@ async def _serve(request: Request, call: Call):
     results = await final_results(request, events)
     if isinstance(results, Response):
         return results
-    choices = [_choice(call, i, r) for i, r in enumerate(results)]
+    parts = _reasoning_parts(call, results)
+    choices = [_choice(call, i, r, parts[i] if parts else None) for i, r in enumerate(results)]
     obj = "text_completion" if call.kind == "completion" else "chat.completion"
     body = {"id": _id(call), "object": obj, "created": call.created, "model": tm.model_name, "choices": choices,
-            "usage": _usage(tm, call, results)}  # fmt: skip
+            "usage": _usage(tm, call, results, parts)}  # fmt: skip
     return json_response(body)
 
 
@@ -91,7 +92,7 @@ def _finish_fields(meta: dict) -> dict:
     return fields
 
 
-def _choice(call: Call, i: int, r: dict) -> dict:
+def _choice(call: Call, i: int, r: dict, parts: Optional[Split]) -> dict:
     meta = r["meta_info"]
     if call.kind == "completion":
         text = (call.prompts[i // call.n] if call.echo else "") + r["text"]
@@ -99,9 +100,8 @@ def _choice(call: Call, i: int, r: dict) -> dict:
         return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
     lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
     text, thinking = r["text"], None
-    if call.reasoning:
-        s = call.reasoning.split(text)
-        text, thinking = s.content, (s.reasoning if s.block != "none" else None)
+    if parts is not None:
+        text, thinking = parts.content, (parts.reasoning if parts.block != "none" else None)
     msg = {"role": "assistant", "content": text, "reasoning_content": thinking, "tool_calls": None}
     fields = _finish_fields(meta)
     if call.tools:
@@ -110,13 +110,19 @@ def _choice(call: Call, i: int, r: dict) -> dict:
     return {"index": i, "message": msg, "logprobs": lp, **fields}
 
 
-def _usage(tm: TokenizerManager, call: Call, results: list) -> dict:
+def _reasoning_parts(call: Call, results: list) -> Optional[list]:
+    """Each finished output split into thinking and answer, with a reasoning parser (else None)."""
+    return [call.reasoning.split(r["text"]) for r in results] if call.reasoning else None
+
+
+def _usage(tm: TokenizerManager, call: Call, results: list, parts: Optional[list] = None) -> dict:
     """usage(), and with a reasoning parser the output tokens spent thinking (OpenAI's
-    completion_tokens_details.reasoning_tokens, and SGLang's usage.reasoning_tokens)."""
+    completion_tokens_details.reasoning_tokens, and SGLang's usage.reasoning_tokens). `parts`:
+    _reasoning_parts(call, results), if the caller has them."""
     u = usage(results, call.n)
-    if call.reasoning:
-        spent = sum(reasoning_tokens(r["output_ids"], call.reasoning.split(r["text"]), call.reasoning.fmt, tm.tokenizer)
-                    for r in results)  # fmt: skip
+    parts = parts if parts is not None else _reasoning_parts(call, results)
+    if parts is not None:
+        spent = sum(reasoning_tokens(r["output_ids"], s, call.reasoning.fmt, tm.tokenizer) for r, s in zip(results, parts))
         u["completion_tokens_details"] = {"reasoning_tokens": spent}
         u["reasoning_tokens"] = spent
     return u
@@ -190,7 +196,6 @@ class _Sent:
     tokens: int = 0
     tools: Optional[ToolStream] = None
     reasoning: Optional[ReasoningStream] = None
-    content: str = ""  # the answer so far, without the thinking (with a reasoning parser)
 
 
 def _num_choices(call: Call) -> int:
@@ -239,5 +244,4 @@ def _split_delta(call: Call, sent: _Sent, text: str, delta: str, finished: bool)
         return "", delta, text
     sent.reasoning = sent.reasoning or call.reasoning.stream()
     thinking, new = sent.reasoning.delta(text, finished)
-    sent.content += new
-    return thinking, new, sent.content
+    return thinking, new, sent.reasoning.content
