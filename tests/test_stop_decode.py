@@ -88,3 +88,35 @@ def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
     scheduler = SimpleNamespace(jump_forward=lambda *a: forced, stops=stops, runner=SimpleNamespace(context_len=10**6))
     Scheduler._apply_jump_forward(scheduler, req)
     assert req.output_ids[-10:] == forced and req.finish_reason == {"type": "stop", "matched": "END"}
+
+
+def test_an_unbounded_stop_regex_sees_the_whole_gen_decoded_a_window_at_a_time(tok):
+    """The kept text of a gen (settled text plus an incomplete character's pending text) equals the gen's
+    whole decode after every token, through cuts back (rewind) and new segments, with multi-byte
+    characters split across tokens and special tokens skipped or kept; a check decodes the whole gen only
+    while its kept text is new (until that text first ends on a whole character), else a few tokens."""
+    rng = random.Random(0)
+    decode = backend_decode(tok)
+    pieces = tok.encode("naïve café 東京 🙂 ünïcödé — text, more text\n", add_special_tokens=False)
+    special = sorted(set(tok.all_special_ids))
+    for skip in (True, False):
+        stops = StopChecker(tok, eos_ids=set())
+        windows = []
+        stops._decode = lambda ids, sk: windows.append(len(ids)) or decode(ids, sk)
+        params = SamplingParams.from_dict({"max_new_tokens": 10**4, "stop_regex": "NEVER.*MATCHED",
+                                           "skip_special_tokens": skip})  # fmt: skip
+        assert params.stop_patterns.width is None
+        req, settled, whole = Req("r", [1], params, output_ids=[]), False, 0
+        for _ in range(600):
+            if rng.random() < 0.02 and len(req.output_ids) > req.segment_start + 3:
+                Scheduler.rewind(SimpleNamespace(), req, len(req.output_ids) - rng.randint(1, 3))  # kv_len 0: no KV
+            if rng.random() < 0.01:
+                req.segment_start = len(req.output_ids)  # a request graph's next gen
+            settled = settled and req.stop_text is not None and req.stop_text[0] == req.segment_start
+            req.output_ids.append(rng.choice(special) if rng.random() < 0.05 else rng.choice(pieces))
+            windows.clear()
+            assert stops._gen_text(req) == decode(req.output_ids[req.segment_start :], skip)
+            whole += max(windows) > 16
+            assert not settled or max(windows) <= 16, windows  # 6 tokens of context and any pending ones
+            settled = settled or not req.stop_text[1].pending
+        assert not req.finished and whole < 60  # of 600 checks

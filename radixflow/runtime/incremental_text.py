@@ -1,28 +1,38 @@
 """Text of a growing list of output token ids, decoded a window at a time: only the ids
 since the last confirmed boundary are decoded again, and an incomplete UTF-8 character
-at the end waits for the next token. Used by the detokenizer's streams and by streamed
-request graphs."""
+at the end waits for the next token. Used by the detokenizer's streams, by streamed
+request graphs and by the stop checker's unbounded stop_regex patterns."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
+
+CONTEXT_TOKENS = 6  # a window's context before its new ids: more than one character's tokens (4 bytes)
 
 
 @dataclass
 class IncrementalText:
-    text: str = ""  # confirmed text of ids[:read]
+    text: str = ""  # confirmed text of ids[start:read] (start: the first `surr`)
     surr: int = 0  # decode window start (context so spaces/merges come out right)
     read: int = 0  # ids up to here are in `text`
+    pending: str = ""  # the text of ids[read:] as last decoded, while it ends in an incomplete character
 
     def update(self, tokenizer, ids: list, skip_special_tokens: bool = True) -> str:
         """The text of `ids` (which only grow between calls), as far as it is settled."""
+        return self.update_with(lambda part: tokenizer.decode(part, skip_special_tokens=skip_special_tokens), ids)
+
+    def update_with(self, decode: Callable[[list], str], ids: list) -> str:
+        """update() through `decode(ids) -> str`."""
         if len(ids) > self.read:
-            kw = {"skip_special_tokens": skip_special_tokens}
-            prefix = tokenizer.decode(ids[self.surr : self.read], **kw)
-            full = tokenizer.decode(ids[self.surr :], **kw)
+            prefix = decode(ids[self.surr : self.read])
+            full = decode(ids[self.surr :])
+            self.pending = full[len(prefix) :]
             if not full.endswith("\ufffd"):
-                self.text += full[len(prefix) :]
-                self.surr, self.read = self.read, len(ids)
+                self.text += self.pending
+                # the next window starts a few tokens back (context for spaces and split characters), not at the
+                # old read point: after many tokens at once (a jump, a gen's first check) that would decode them all again
+                self.surr, self.read, self.pending = max(self.read, len(ids) - CONTEXT_TOKENS), len(ids), ""
         return self.text
 
 

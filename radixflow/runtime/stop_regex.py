@@ -3,8 +3,8 @@ its output, checked after every sampled token.
 
 Each check decodes only the output's tail: a token decodes to at least one character, so a match
 that ends in the newest token starts within the patterns' longest match (`width`, in characters) of
-tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) makes the check decode the
-gen's whole output. The finish reason is SGLang's: {"type": "stop", "matched": <the pattern>}, so
+tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the gen's whole
+output, whose text the request keeps and extends a few tokens at a time (stop_checker.py). The finish reason is SGLang's: {"type": "stop", "matched": <the pattern>}, so
 the output is cut where the pattern's own text appears in it, as SGLang cuts it; a pattern with
 regex syntax (almost every one) keeps the text it matched.
 """
@@ -24,7 +24,7 @@ except ImportError:  # pragma: no cover
 
 MAX_PATTERNS = 32  # SGLang's limits
 MAX_PATTERN_BYTES = 256
-UNBOUNDED = 1 << 16  # a longest match past this many characters: decode the whole output instead
+UNBOUNDED = 1 << 16  # a longest match past this many characters: search the whole output instead
 
 
 @dataclass(frozen=True)

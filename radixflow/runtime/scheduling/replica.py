@@ -165,6 +165,7 @@ def replicated_continue(sync: ReplicaSync, sched: Scheduler, hook: Optional[Call
         if keep < len(req.output_ids):
             sched.rewind(req, keep)  # drops the KV of the cut tokens, as rank 0's rewind did
         req.output_ids[keep:] = output_ids[keep:]
+        req.stop_text = None
         if continued:
             req.segment_start, req.sampling, req.finish_reason = segment_start, sampling, finish_reason
             req.grammar = req.output_counts = None

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from radixflow.runtime.incremental_text import IncrementalText
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.stop_regex import first_match
 
@@ -89,7 +90,8 @@ class StopChecker:
             return
         matched = self._stop_str(req, added) if p.stop_strs else None
         if matched is None and p.stop_patterns is not None:
-            matched = first_match(p.stop_patterns, self._tail(req, added, p.stop_patterns.width))
+            width = p.stop_patterns.width
+            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, width))
         if matched is not None:
             req.finish({"type": "stop", "matched": matched})
             return
@@ -118,9 +120,20 @@ class StopChecker:
                 return s
         return None
 
-    def _tail(self, req: Req, added: int, chars) -> str:
+    def _tail(self, req: Req, added: int, chars: int) -> str:
         """The gen's decoded output from where a match of up to `chars` characters that ends in one of the
-        `added` tokens may start (None: the whole gen). A token decodes to >= 1 char (skipped special tokens
-        aside), so such a match starts within `chars` tokens before them."""
-        start = req.segment_start if chars is None else max(req.segment_start, len(req.output_ids) - added - chars - 1)
+        `added` tokens may start. A token decodes to >= 1 char (skipped special tokens aside), so such a
+        match starts within `chars` tokens before them."""
+        start = max(req.segment_start, len(req.output_ids) - added - chars - 1)
         return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens)
+
+    def _gen_text(self, req: Req) -> str:
+        """The gen's whole decoded output, for patterns with no longest match: kept on the request and
+        decoded a window at a time (incremental_text.py), so a check decodes only the newest tokens, not
+        the whole gen again (quadratic in its length). Outputs cut back (rewind) drop the kept text."""
+        kept = req.stop_text
+        if kept is None or kept[0] != req.segment_start:
+            kept = req.stop_text = (req.segment_start, IncrementalText(surr=req.segment_start, read=req.segment_start))
+        skip = req.sampling.skip_special_tokens
+        text = kept[1].update_with(lambda ids: self._decode(ids, skip), req.output_ids)
+        return text + kept[1].pending
