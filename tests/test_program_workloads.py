@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "programs"))
 import bound_floor  # noqa: E402
+import engine_sampler  # noqa: E402
 import extend_shapes  # noqa: E402
 import host_profile  # noqa: E402
 import idle_gaps  # noqa: E402
@@ -421,3 +422,20 @@ def test_mixed_pass_probe_logs_every_forward_pass_of_a_round(engine):
     assert len(passes) == engine.scheduler.stats.forward_steps - before
     assert {p[0] for p in passes} <= {"extend", "decode", "segment"} and "extend" in {p[0] for p in passes}
     assert all(t > 0 and rows > 0 for _, _, t, rows in passes)
+
+
+def test_engine_sampler_counts_the_engine_loops_stack_by_part_and_function(engine):
+    w = program_workloads.BY_NAME["generative_agents"]
+    inputs = w.inputs(random.Random(0), 2, 0.05)
+    sampling = {"max_new_tokens": 2, "temperature": 0}
+    switch = sys.getswitchinterval()
+    with engine_sampler.StackSampler(0.0005) as s:
+        for _ in range(20):  # a few rounds: the sampler only counts moments the engine loop is running
+            program_bench.run_mode(engine, w, inputs, "graph", sampling)
+            if s.samples >= 5:
+                break
+    assert sys.getswitchinterval() == switch  # restored
+    assert s.samples >= 5 and s.inclusive["radixflow/runtime/engine_stepper.py:_loop"] == s.samples
+    assert sum(s.own.values()) == s.samples and 0 < sum(s.parts.values()) <= s.samples
+    assert all(k.split(" > ")[0] in ("step", "_turn") for k in s.parts)
+    assert "%" in s.table(s.parts, 3)

@@ -132,6 +132,7 @@ def main(argv=None) -> None:
     ap.add_argument("--size", type=float, default=1.0)
     ap.add_argument("--max-new-tokens", type=int, default=8)
     ap.add_argument("--top", type=int, default=25, help="functions listed per thread group and sort key")
+    ap.add_argument("--device", default="auto")
     ap.add_argument("--config", default=None)
     ap.add_argument("--load-format", default="auto")
     ap.add_argument("--max-total-tokens", type=int, default=None)
@@ -139,7 +140,10 @@ def main(argv=None) -> None:
     ap.add_argument("--stand-in-model", action="store_true",
                     help="fixed logits instead of the forward pass (step_timeline.stand_in_forward): host time alone")
     args = ap.parse_args(argv)
-    kw = {"load_format": args.load_format}
+    if sys.version_info >= (3, 12):  # cProfile on sys.monitoring: a second thread's enable() raises ValueError
+        raise SystemExit("host_profile.py needs Python < 3.12, where each thread can have its own cProfile; "
+                         "on 3.12+ use benchmarks/programs/engine_sampler.py (it samples the engine loop's stack)")
+    kw = {"device": args.device, "load_format": args.load_format}
     if args.max_total_tokens:
         kw["max_total_tokens"] = args.max_total_tokens
     if args.tokenizer:
