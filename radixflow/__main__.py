@@ -27,16 +27,29 @@ def demo(argv: list[str]) -> int:
     return 0
 
 
-def serve(argv: list[str]) -> int:
+def serve_args(argv: list[str]):
+    """`radixflow serve`'s arguments as ServerArgs; argparse's exit (status 2, the reason on stderr) for bad ones."""
     from radixflow.errors import RadixflowError
     from radixflow.runtime.server_args import ServerArgs
+    from radixflow.runtime.sglang_flags import add_sglang_flags
 
     parser = argparse.ArgumentParser(prog="radixflow serve", description="Start the HTTP server (native + OpenAI API).")
     ServerArgs.add_cli_args(parser)
+    add_sglang_flags(parser)
+    namespace = parser.parse_args(argv)
     try:
-        args = ServerArgs.from_cli(parser.parse_args(argv))
+        args = ServerArgs.from_cli(namespace)
+        if args.chat_template is not None:  # read and compiled now, not after the model has loaded
+            from radixflow.model_files import read_chat_template
+
+            read_chat_template(args.chat_template)
     except RadixflowError as e:
         parser.error(str(e))
+    return args
+
+
+def serve(argv: list[str]) -> int:
+    args = serve_args(argv)
     from radixflow.runtime.server.launch_server import launch_server  # torch: not for --help or a bad flag
 
     return launch_server(args)

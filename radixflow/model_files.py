@@ -159,14 +159,40 @@ def load_config(path: str):
 _DIRECT_TOKENIZER_TYPES = {"llama"}
 
 
-def load_tokenizer(path: str):
+def load_tokenizer(path: str, chat_template: Optional[str] = None):
+    """The tokenizer in `path`; with `chat_template` (a file: --chat-template), that template instead of its own."""
     if _loads_directly(path):
         from transformers import TokenizersBackend
 
-        return TokenizersBackend.from_pretrained(path)
-    from transformers import AutoTokenizer
+        tokenizer = TokenizersBackend.from_pretrained(path)
+    else:
+        from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    if chat_template is not None:
+        tokenizer.chat_template = read_chat_template(chat_template)
+    return tokenizer
+
+
+def read_chat_template(path: str) -> str:
+    """A chat template from a file: a Jinja template, or a JSON object with a "chat_template" string (as
+    transformers saves chat_template.json). Checked by compiling it; ModelPathError says what is wrong."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        if path.endswith(".json"):
+            text = json.loads(text).get("chat_template")
+    except (OSError, ValueError, AttributeError) as e:
+        raise ModelPathError(f"cannot read the chat template {path!r}: {e}") from None
+    if not isinstance(text, str) or not text.strip():
+        raise ModelPathError(f"the chat template {path!r} is empty (a .json file needs a \"chat_template\" string)")
+    import jinja2
+
+    try:
+        jinja2.Environment().parse(text)
+    except jinja2.TemplateSyntaxError as e:
+        raise ModelPathError(f"the chat template {path!r} is not valid Jinja: {e.message} (line {e.lineno})") from None
+    return text
 
 
 def _loads_directly(path: str) -> bool:

@@ -44,7 +44,7 @@ def build_runtime(
             tp.kill()
         raise
     tokenizer_path = args.tokenizer_path or runner.model_dir
-    tokenizer = load_tokenizer(tokenizer_path)
+    tokenizer = load_tokenizer(tokenizer_path, args.chat_template)
     eos_ids = eos_token_ids(tokenizer_path, runner.config, tokenizer)
     programs: ProgramExecutor  # the scheduler calls it back when a request graph's request finishes
     scheduler = Scheduler(args, runner, tokenizer, eos_ids, emit_outputs=emit_outputs,

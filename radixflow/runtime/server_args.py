@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Optional
 from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
 from radixflow.errors import RadixflowError
 from radixflow.runtime.reasoning import NAMES as REASONING_PARSERS
+from radixflow.runtime.sglang_flags import ALIASES as SGLANG_ALIASES, HELP as SGLANG_HELP, check_sglang_args
 from radixflow.runtime.extend_graph_args import (
     DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
 )  # fmt: skip
@@ -147,6 +148,7 @@ _HELP = {
     "symmetric-memory one-shot all-reduce, inside the CUDA graphs, instead of NCCL",
     "constrained_json_any_depth": "how deep free-form JSON ({\"type\": \"object\"}, json_object) may nest "
     "objects/arrays, 0-3; each level multiplies its compile time (2: ~1 s, 3: ~12 s)",
+    **SGLANG_HELP,
 }
 
 
@@ -221,6 +223,10 @@ class ServerArgs:
     max_body_bytes: int = 32 * 1024 * 1024
     stream_interval: int = 1
     log_interval_s: float = 10.0
+    chat_template: Optional[str] = None  # SGLang's serving flags: runtime/sglang_flags.py
+    stream_response_default_include_usage: bool = False
+    log_requests: bool = False
+    log_requests_level: int = 2
 
     # parallelism
     tp_size: int = 1
@@ -253,6 +259,7 @@ class ServerArgs:
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
             raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
         check_extend_graphs(self)
+        check_sglang_args(self)
         if self.enable_deterministic_inference and (self.tp_size > 1 or self.attention_backend == "flashinfer"):
             raise RadixflowError(
                 "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
@@ -361,15 +368,14 @@ class ServerArgs:
         for f in dataclasses.fields(cls):
             if f.metadata.get("cli") is False:
                 continue
-            flag = "--" + f.name.replace("_", "-")
-            default = f.default
+            flags = ("--" + f.name.replace("_", "-"), *SGLANG_ALIASES.get(f.name, ()))
             if f.type in ("bool", bool):
-                parser.add_argument(flag, action="store_true", help=_HELP.get(f.name))
+                parser.add_argument(*flags, action="store_true", help=_HELP.get(f.name))
                 continue
             kind = {"int": int, "float": float}.get(str(f.type), str)
             if str(f.type) == "Optional[int]":
                 kind = int
-            parser.add_argument(flag, type=kind, default=default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+            parser.add_argument(*flags, type=kind, default=f.default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
 
     def to_cli(self, **overrides: Any) -> list[str]:
         """The `radixflow serve` flags that reproduce these arguments (with `overrides`), for the

@@ -19,6 +19,8 @@ class RuntimeEndpoint(NativeBackend):
         self.client = client(self.base_url, api_key, timeout)
         self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
+        if self.tokenizer is not None and self.model_info.get("chat_template"):  # the server's --chat-template
+            self.tokenizer.chat_template = self.model_info["chat_template"]
         # A router in front (sglang-router) forwards /generate but has no /program route: then
         # programs run eagerly, one /generate call at a time, instead of as request graphs.
         self.supports_graphs = self.streams_graphs = self.client.get("/program").status_code != 404

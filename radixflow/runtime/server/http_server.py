@@ -267,4 +267,5 @@ def model_info_dict(tm: TokenizerManager) -> dict:
         "architectures": info.architectures,
         "context_length": info.context_len,
         "vocab_size": info.vocab_size,
+        "chat_template": tm.tokenizer.chat_template if tm.args.chat_template else None,  # --chat-template's
     }

@@ -83,14 +83,16 @@ def _response_format(rf: Any) -> Optional[str]:
     raise RadixflowError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
 
 
-def _stream_flags(body: dict) -> tuple[bool, bool]:
+def _stream_flags(body: dict, usage_default: bool = False) -> tuple[bool, bool]:
+    """(stream, include_usage); `usage_default`: include_usage where the request does not say
+    (--stream-response-default-include-usage)."""
     stream = body.get("stream", False)
     opts = body.get("stream_options") or {}
     if not isinstance(stream, bool):
         raise RadixflowError("stream must be true or false")
-    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", False), bool):
+    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", usage_default), bool):
         raise RadixflowError("stream_options must be an object like {\"include_usage\": true}")
-    return stream, bool(opts.get("include_usage", False))
+    return stream, opts.get("include_usage", usage_default)
 
 
 def _n(body: dict) -> int:
@@ -106,7 +108,7 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
     if body.get("suffix"):
         raise RadixflowError("suffix is not supported; put the whole prompt in 'prompt'")
     prompt = body.get("prompt")
-    stream, usage = _stream_flags(body)
+    stream, usage = _stream_flags(body, tm.args.stream_response_default_include_usage)
     text, ids, prompts = _completion_prompt(tm, prompt)
     k = body.get("logprobs")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20):
@@ -141,7 +143,7 @@ def _int_list(p: list) -> bool:
 
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
-    stream, usage = _stream_flags(body)
+    stream, usage = _stream_flags(body, tm.args.stream_response_default_include_usage)
     messages = _messages(body.get("messages"))
     tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
     text = tools.prompt if tools else _chat_prompt(tm, body, messages)

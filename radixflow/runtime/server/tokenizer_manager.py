@@ -18,6 +18,7 @@ import zmq.asyncio
 from radixflow.errors import RadixflowError
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
+from radixflow.runtime.server import request_log
 from radixflow.runtime.server.metrics import ServerMetrics
 from radixflow.runtime.scheduling.req import ReqOutput
 from radixflow.runtime.server_args import ServerArgs
@@ -48,6 +49,7 @@ class Pending:
     last_time: float = 0.0
     last_len: int = 0
     done: bool = False
+    req: Any = None  # the request as sent, kept for --log-requests
 
 
 @dataclass
@@ -79,9 +81,11 @@ class TokenizerManager:
     child_pids: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from radixflow.model_files import load_tokenizer
+        from radixflow.model_files import load_tokenizer, read_chat_template
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.info.tokenizer_path)
+        if self.args.chat_template is not None:
+            self.tokenizer.chat_template = read_chat_template(self.args.chat_template)
         self.builder = RequestBuilder(
             self.tokenizer,
             self.info.vocab_size,
@@ -114,7 +118,8 @@ class TokenizerManager:
         queue: asyncio.Queue = asyncio.Queue()
         now = time.time()
         for i, r in enumerate(reqs):
-            self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now)
+            self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now,
+                                          req=r if self.args.log_requests else None)
         self.send(TokenizedBatch(reqs, stream=stream))
         left = len(reqs)
         try:
@@ -213,6 +218,9 @@ class TokenizerManager:
                 error = reason.get("message", "request rejected")
             finished = out.finished or error is not None
             self._record(p, out, now, finished)
+            if finished and p.req is not None:
+                request_log.log.info(request_log.finished_line(self.args.log_requests_level, p.req, out, text,
+                                                               now - p.created, self.tokenizer.decode))
             p.done = finished
             if error is not None:
                 self.send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
