@@ -175,6 +175,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     overlap_schedule: str = "auto"
     disable_overlap_schedule: bool = False
+    enable_mixed_chunk: bool = False  # SGLang's: runtime/scheduling/mixed_pass.py
     disable_gc_freeze: bool = False
 
     # kernels

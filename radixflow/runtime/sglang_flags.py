@@ -26,6 +26,8 @@ HELP = {
     "OpenAI chat route, tool calls and programs' user() / assistant() roles render with it",
     "stream_response_default_include_usage": "OpenAI streams end with a usage chunk unless the request's "
     "stream_options.include_usage is false",
+    "enable_mixed_chunk": "the running requests' next tokens ride in the extend pass of newly admitted prompts "
+    "(one read of the weights for both) where every admitted prompt ends in that pass and wants no input logprobs",
     "log_requests": "log every finished request: its rid, token counts, finish reason and latency, and by "
     "--log-requests-level its sampling parameters, input and output",
     "log_requests_level": "what --log-requests logs: 0 counts, 1 and the sampling parameters, 2 and the input and "
@@ -66,7 +68,6 @@ REFUSED = {
     "--sampling-backend": "samples with its own Triton kernel (--disable-triton-sampling: torch's)",
     "--skip-tokenizer-init": "always loads the tokenizer; requests may still send input_ids",
     "--completion-template": "has no completion (fill-in-the-middle) templates",
-    "--enable-mixed-chunk": "runs prefill chunks and decode steps as separate passes",
     "--enable-priority-scheduling": "has no request priorities; --schedule-policy picks lpm or fcfs",
     "--schedule-conservativeness": "keeps decode room by --admission-rule (peak: the pool's projected peak; "
     "ratio: SGLang's new-token ratio)",

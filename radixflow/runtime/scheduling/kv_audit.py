@@ -58,6 +58,7 @@ class SchedulerStats:
         self.chained_decode_steps = 0  # decode passes launched before the previous one was read back
         self.fed_rows = 0  # overlapped decode rows that fed a pending (jump-forward) token, their sample dropped
         self.continued_rows = 0  # overlapped rows of a request graph's gen continued by the read-back before their sample
+        self.mixed_steps = 0  # extend passes that also took the running requests' next tokens (--enable-mixed-chunk)
         self.split_decode_steps = 0  # decode steps run as an extend pass of the continuing rows and a decode pass
         self.late_extend_read_backs = 0  # extend passes read back after the next extend pass was launched
         self.grammar_rows_switched = 0  # auto: running rows moved from llguidance to outlines mid-request

@@ -133,7 +133,7 @@ def start_decode(sched: Scheduler) -> tuple[Optional[InflightDecode], list[Req]]
     if not sched.room_for(reqs):
         return None, []
     flight = launch_decode(sched, reqs, _first_ids(sched.pending_extend, reqs, pending))
-    return flight, _sample_and_read_back(sched, flight, reqs, pending, sched._read_back_extend)
+    return flight, sample_and_read_back(sched, flight, reqs, pending, sched._read_back_extend)
 
 
 def _first_ids(ext, reqs: list[Req], pending: list[int]) -> Optional[torch.Tensor]:
@@ -153,23 +153,33 @@ def chain_decode(sched: Scheduler) -> Optional[list[Req]]:
     """Launch the next pass from the in-flight pass's ids, then read those back (for a batch
     with rows that need the host's view: read back, then sample). Returns the requests read
     back; None (nothing launched) when the in-flight pass must be drained first."""
-    prev = sched.inflight
-    keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
-    reqs = [prev.reqs[i] for i in keep]
-    pending = [r.seq_len - r.kv_len for r in reqs]
-    if not reqs or sched.chunked is not None or not sched.room_for(reqs):
+    rows = chain_rows(sched) if sched.chunked is None else None  # a prompt's next chunk runs first
+    if rows is None:
         return None
-    if not all(overlappable(r, n) for r, n in zip(reqs, pending)) or feeds_only(reqs, pending):
-        return None
-    assert all((n == 0) == prev.real[i] for i, n in zip(keep, pending)), "a real row's next input is on the device"
-    flight = launch_decode(sched, reqs, _chained_ids(prev, keep, reqs, pending))
+    prev, keep, reqs, pending = rows
+    flight = launch_decode(sched, reqs, chained_ids(prev, keep, reqs, pending))
     sched.stats.chained_decode_steps += 1
-    touched = _sample_and_read_back(sched, flight, reqs, pending, lambda: sched.read_back(prev))
+    touched = sample_and_read_back(sched, flight, reqs, pending, lambda: sched.read_back(prev))
     sched.inflight = flight
     return touched
 
 
-def _sample_and_read_back(sched: Scheduler, flight: InflightDecode, reqs: list[Req], pending: list[int],
+def chain_rows(sched: Scheduler) -> Optional[tuple[InflightDecode, list, list[Req], list[int]]]:
+    """What a pass launched behind the in-flight one takes from it: (that pass, the indices of its unfinished
+    rows, their requests, each one's host-side pending tokens); None when it must be drained first."""
+    prev = sched.inflight
+    keep = [i for i, r in enumerate(prev.reqs) if not r.finished]  # finished: aborted meanwhile
+    reqs = [prev.reqs[i] for i in keep]
+    pending = [r.seq_len - r.kv_len for r in reqs]
+    if not reqs or not sched.room_for(reqs):
+        return None
+    if not all(overlappable(r, n) for r, n in zip(reqs, pending)) or feeds_only(reqs, pending):
+        return None
+    assert all((n == 0) == prev.real[i] for i, n in zip(keep, pending)), "a real row's next input is on the device"
+    return prev, keep, reqs, pending
+
+
+def sample_and_read_back(sched: Scheduler, flight: InflightDecode, reqs: list[Req], pending: list[int],
                           read_back: Callable[[], list[Req]]) -> list[Req]:
     """Sample a just-launched pass and read back the pass before it (`pending`: each row's host-side tokens
     before the launch; 0: its input was on the device). A batch with rows that need the host's view is read
@@ -185,7 +195,7 @@ def _sample_and_read_back(sched: Scheduler, flight: InflightDecode, reqs: list[R
     return read_back()
 
 
-def _chained_ids(prev: InflightDecode, keep: list, reqs: list, pending: list) -> torch.Tensor:
+def chained_ids(prev: InflightDecode, keep: list, reqs: list, pending: list) -> torch.Tensor:
     """The next pass's input ids on the device: the in-flight pass's sample, or the first
     host-side pending token of a request that has some."""
     ids = prev.result.next_ids

@@ -1,16 +1,15 @@
 """Continuous batching over the radix cache.
 
-Each `step()` runs one forward pass: an extend batch (prefill of newly admitted
-requests, from their cached prefix, chunked to `chunked_prefill_size`) when there is
-something to admit, otherwise one decode step for every running request. When a
-decode step lacks KV slots, the newest requests are retracted to the waiting queue;
-their KV goes into the radix tree, so a resume often re-prefills nothing.
+Each `step()` runs one forward pass: an extend batch (prefill of newly admitted requests, from their cached
+prefix, chunked to `chunked_prefill_size`; with --enable-mixed-chunk the running requests' next tokens too:
+mixed_pass.py) when there is something to admit, otherwise one decode step for every running request. When a
+decode step lacks KV slots, the newest requests are retracted to the waiting queue; their KV goes into the
+radix tree, so a resume often re-prefills nothing.
 
-Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n is read back,
-constrained rows included (their masks are filled while the GPU runs the forward pass); a request that
-finishes this way has had one extra token computed, dropped. Extend passes overlap too (extend_overlap.py):
-launched behind an in-flight decode pass, which is read back while the GPU runs them, and their first
-tokens read back by the next step.
+Overlap (on by default on CUDA; overlap.py): decode pass n+1 is launched before pass n is read back, constrained
+rows included (their masks are filled while the GPU runs the forward pass); a request that finishes this way has
+had one extra token computed, dropped. Extend passes overlap too (extend_overlap.py): launched behind an
+in-flight decode pass, which is read back while the GPU runs them, and their first tokens read back by the next step.
 """
 
 from __future__ import annotations
@@ -41,6 +40,7 @@ from radixflow.runtime.scheduling.extend_overlap import (PendingExtend, defers_e
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
+from radixflow.runtime.scheduling.mixed_pass import run_mixed
 from radixflow.runtime.scheduling.overlap import InflightDecode, chain_decode, start_decode
 from radixflow.runtime.scheduling.split_decode import run_decode_step
 from radixflow.runtime.scheduling.stop_checker import StopChecker
@@ -154,6 +154,8 @@ class Scheduler:
             touched += self._read_back_extend()
         batch = form_extend_batch(self)
         self.kv.req_to_token.flush()  # the admitted rows' copies queue behind the pass in flight, before _drain waits
+        if batch and self.args.enable_mixed_chunk and (mixed := run_mixed(self, batch)) is not None:
+            return self._outputs(touched + mixed)
         if self.inflight is not None:
             assert self.pending_extend is None, "a pending extend pass is read back before any decode pass"
             chained = None if batch else self._chain_decode()
@@ -258,8 +260,7 @@ class Scheduler:
 
     def room_for(self, reqs: list) -> bool:
         """Free or evictable slots for every pending token of `reqs` and one more each, in any page layout."""
-        pending = sum(r.seq_len - r.kv_len for r in reqs)
-        return self.kv.available_slots() >= (pending + len(reqs)) * self.args.page_size
+        return self.kv.available_slots() >= (sum(r.seq_len - r.kv_len for r in reqs) + len(reqs)) * self.args.page_size
 
     def decode_launched(self) -> None:
         self.new_token_ratio = max(NEW_TOKEN_RATIO_MIN, self.new_token_ratio - NEW_TOKEN_RATIO_DECAY)
@@ -389,7 +390,6 @@ class Scheduler:
         self.reserve.finished(req)
         self.kv.release(req, cache=True)
 
-    # -- introspection ---------------------------------------------------------------------------------
     def token_usage(self) -> float:
         return kv_audit.token_usage(self)
 
