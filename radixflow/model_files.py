@@ -174,6 +174,21 @@ def load_tokenizer(path: str, chat_template: Optional[str] = None):
     return tokenizer
 
 
+GENERATION_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")  # as SGLang reads them
+
+
+def generation_defaults(folder: Optional[str]) -> dict:
+    """The sampling settings the model's generation_config.json sets itself (of GENERATION_DEFAULTS), for
+    requests that leave them out (--sampling-defaults model); {} without the file."""
+    path = os.path.join(folder or "", "generation_config.json")
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return {k: config[k] for k in GENERATION_DEFAULTS if isinstance(config.get(k), (int, float)) and not isinstance(config[k], bool)}
+
+
 def read_chat_template(path: str) -> str:
     """A chat template from a file: a Jinja template, or a JSON object with a "chat_template" string (as
     transformers saves chat_template.json). Checked by compiling it; ModelPathError says what is wrong."""

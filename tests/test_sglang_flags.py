@@ -6,6 +6,7 @@ SGLang-style command."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import httpx
@@ -88,13 +89,35 @@ def test_request_log_lines_grow_with_the_level():
     assert len(lines[2]) < len(lines[3]) and lines[3].endswith('x' * 5000 + '"') and "input=" in lines[2]
 
 
+def test_generation_config_sampling_settings_are_read_where_set(tmp_path):
+    from radixflow.model_files import generation_defaults
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": 0.6, "top_k": 20, "do_sample": True,
+                                                                 "top_p": None, "min_p": "x", "eos_token_id": 2}))  # fmt: skip
+    assert generation_defaults(str(tmp_path)) == {"temperature": 0.6, "top_k": 20}
+    assert generation_defaults(str(tmp_path / "missing")) == {} and generation_defaults(None) == {}
+
+
+def _model_with_generation_config(folder, settings: dict) -> str:
+    """The default model's files linked into `folder`, with a generation_config.json that sets `settings`."""
+    from radixflow.model_files import convert_gguf, default_gguf_path
+
+    source = convert_gguf(default_gguf_path())
+    for name in os.listdir(source):
+        if name != "generation_config.json" and not name.startswith("."):
+            os.symlink(os.path.join(source, name), folder / name)
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": 2, **settings}))
+    return str(folder)
+
+
 @pytest.fixture(scope="module")
 def sglang_style_server(tmp_path_factory):
     from serving_helpers import start_server
 
     path = tmp_path_factory.mktemp("tpl") / "template.jinja"
     path.write_text(TEMPLATE)
-    s = start_server("--model", resolve_model(None).path, "--trust-remote-code", "--enable-metrics", "--enable-cache-report",
+    model = _model_with_generation_config(tmp_path_factory.mktemp("model"), {"temperature": 0.0})  # greedy unless asked
+    s = start_server("--model", model, "--trust-remote-code", "--enable-metrics", "--enable-cache-report",
                      "--tensor-parallel-size", "1", "--chat-template", str(path), "--stream-response-default-include-usage",
                      "--log-requests", "--log-requests-level", "3", "--max-total-tokens", "8192")  # fmt: skip
     yield s
@@ -118,6 +141,14 @@ def test_a_server_started_with_sglangs_flags_renders_logs_and_reports_as_asked(s
     assert all(c.get("usage") is None for c in chunks)
     logged = [line for line in s.log().splitlines() if "finished rid=" in line]
     assert len(logged) == 3 and all(json.dumps(prompt) in line for line in logged)
+    # the model's generation_config sets temperature 0: requests that leave it out are greedy, sampled if they ask
+    plain = {"model": "default", "prompt": "Once upon a time", "max_tokens": 12, "top_p": 1.0}
+    greedy = [client.post("/v1/completions", json=plain).json()["choices"][0]["text"] for _ in range(2)]
+    explicit = client.post("/v1/completions", json={**plain, "temperature": 0}).json()["choices"][0]["text"]
+    assert greedy == [explicit, explicit]
+    sampled = {client.post("/v1/completions", json={**plain, "temperature": 1.5, "seed": k}).json()["choices"][0]["text"]
+               for k in range(3)}  # fmt: skip
+    assert len(sampled) > 1
     from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
 
     endpoint = RuntimeEndpoint(s.url, api_key=s.api_key)  # programs on this server render roles with its template

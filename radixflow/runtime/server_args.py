@@ -42,6 +42,7 @@ _CHOICES = {
     "attention_p_parts": (1, 2),
     "tp_scheduler": ("replicated", "leader"),
     "native_attention_dtype": ("float32", "float64"),
+    "sampling_defaults": ("model", "openai"),
 }
 
 _HELP = {
@@ -226,6 +227,7 @@ class ServerArgs:
     log_interval_s: float = 10.0
     chat_template: Optional[str] = None  # SGLang's serving flags: runtime/sglang_flags.py
     stream_response_default_include_usage: bool = False
+    sampling_defaults: str = "model"
     log_requests: bool = False
     log_requests_level: int = 2
 

@@ -28,6 +28,9 @@ HELP = {
     "stream_options.include_usage is false",
     "enable_mixed_chunk": "the running requests' next tokens ride in the extend pass of newly admitted prompts "
     "(one read of the weights for both) where every admitted prompt ends in that pass and wants no input logprobs",
+    "sampling_defaults": "where OpenAI requests that leave out temperature, top_p, top_k, min_p or "
+    "repetition_penalty take them from: model = the model's generation_config.json where it sets them, else "
+    "SGLang's defaults; openai = SGLang's defaults",
     "log_requests": "log every finished request: its rid, token counts, finish reason and latency, and by "
     "--log-requests-level its sampling parameters, input and output",
     "log_requests_level": "what --log-requests logs: 0 counts, 1 and the sampling parameters, 2 and the input and "
@@ -47,7 +50,8 @@ _HIERARCHICAL = ("keeps the radix cache in GPU memory only (no host-memory tier)
                  "--mem-fraction-static or --max-total-tokens")  # fmt: skip
 _LORA = "serves no LoRA adapters; merge the adapter into the weights and serve the merged model"
 _ATTENTION = "has one --attention-backend for prefill and decode"
-_SAMPLING = "takes sampling defaults from each request (its fields, else SGLang's defaults)"
+_SAMPLING = ("takes no server-wide sampling parameters: a request's own, else (OpenAI routes, --sampling-defaults "
+             "model) the model's generation_config.json, else SGLang's defaults")
 
 # SGLang's other flags: what radixflow does instead (the error says "radixflow " + this)
 REFUSED = {
@@ -74,7 +78,6 @@ REFUSED = {
     "--max-queued-requests": "queues every request it accepts; bound a call with --max-batch-size and "
     "--max-body-bytes",
     "--radix-eviction-policy": "evicts the least recently used leaves (SGLang's default, lru); leave the flag out",
-    "--sampling-defaults": _SAMPLING,
     "--preferred-sampling-params": _SAMPLING,
     "--incremental-streaming-output": "streams the whole text so far in each native-API chunk and deltas in the "
     "OpenAI API's, as SGLang does without this flag",

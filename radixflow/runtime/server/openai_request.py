@@ -55,8 +55,10 @@ def parse_body(body: Any, allowed: set, sglang_extras: dict, route: str) -> dict
 
 
 # -- request mapping ---------------------------------------------------------------------------------------------
-def _sampling(body: dict, max_tokens: Any) -> dict:
-    sp = {dst: body[src] for src, dst in _SAMPLING_FIELDS.items() if body.get(src) is not None}
+def _sampling(body: dict, max_tokens: Any, defaults: dict) -> dict:
+    """The request's sampling parameters; `defaults` (the model's generation_config: --sampling-defaults) fill
+    those it leaves out."""
+    sp = {**defaults, **{dst: body[src] for src, dst in _SAMPLING_FIELDS.items() if body.get(src) is not None}}
     if max_tokens is not None:
         sp["max_new_tokens"] = max_tokens
     schema = _response_format(body.get("response_format"))
@@ -117,7 +119,8 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
     if not isinstance(echo, bool):
         raise RadixflowError("echo must be true or false")
     max_tokens = body.get("max_tokens", 16)
-    g = GenerateInput(text=text, input_ids=ids, sampling_params=_sampling(body, 16 if max_tokens is None else max_tokens),
+    sp = _sampling(body, 16 if max_tokens is None else max_tokens, tm.sampling_defaults)
+    g = GenerateInput(text=text, input_ids=ids, sampling_params=sp,
                       rid=body.get("rid"), return_logprob=k is not None, top_logprobs_num=k or 0,
                       logprob_start_len=0 if (echo and k is not None) else None,
                       return_text_in_logprobs=True, stream=stream)  # fmt: skip
@@ -157,7 +160,7 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
     max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
     if max_tokens is None:  # like OpenAI: up to the context length
         max_tokens = max(min(tm.info.context_len - len(ids), tm.args.max_new_tokens_limit), 0)
-    sp = _sampling(body, max_tokens)
+    sp = _sampling(body, max_tokens, tm.sampling_defaults)
     if tools and tools.regex:
         sp["regex"] = tools.regex
     g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,

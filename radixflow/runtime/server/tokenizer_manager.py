@@ -81,11 +81,13 @@ class TokenizerManager:
     child_pids: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        from radixflow.model_files import load_tokenizer, read_chat_template
+        from radixflow.model_files import generation_defaults, load_tokenizer, read_chat_template
 
         self.tokenizer = self.tokenizer or load_tokenizer(self.info.tokenizer_path)
         if self.args.chat_template is not None:
             self.tokenizer.chat_template = read_chat_template(self.args.chat_template)
+        model = self.info.model_dir or self.info.tokenizer_path
+        self.sampling_defaults = generation_defaults(model) if self.args.sampling_defaults == "model" else {}
         self.builder = RequestBuilder(
             self.tokenizer,
             self.info.vocab_size,
