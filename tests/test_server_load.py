@@ -137,3 +137,21 @@ def test_duplicate_rid_rejected(server):
     t.join(60)
     assert r.status_code == 400 and "already in use" in r.json()["error"]["message"]
     assert_no_leak(wait_idle(server))
+
+
+def test_concurrent_calls_with_one_rid_get_one_answer_each(server):
+    """Sent at once, calls sharing a rid all passed the check before any took it, and all but one waited forever."""
+
+    async def one(c: httpx.AsyncClient, i: int):
+        body = {"text": "Hello", "rid": "same-rid", "sampling_params": {"max_new_tokens": 2}}
+        path, body = ("/generate", body) if i % 2 else ("/v1/chat/completions", {
+            "model": "default", "rid": "same-rid", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}]})
+        return await c.post(path, json=body)
+
+    async def main():
+        async with httpx.AsyncClient(base_url=server.url, headers=server.headers, timeout=60) as c:
+            return await asyncio.gather(*(one(c, i) for i in range(10)))
+
+    codes = sorted(r.status_code for r in asyncio.run(main()))
+    assert codes[0] == 200 and set(codes) <= {200, 400} and codes.count(400) >= 1, codes
+    assert_no_leak(wait_idle(server))

@@ -117,6 +117,9 @@ class TokenizerManager:
         return self._run(self.build(g), bool(g.stream))
 
     async def _run(self, reqs: list, stream: bool) -> AsyncIterator[Event]:
+        # checked again here, where the rids are taken without a wait in between: a concurrent call with the same
+        # rid may have passed build()'s check after this one did, and would take over its queue
+        self._check_rids(reqs)
         queue: asyncio.Queue = asyncio.Queue()
         now = time.time()
         for i, r in enumerate(reqs):
@@ -139,12 +142,15 @@ class TokenizerManager:
             raise RadixflowError(
                 f"the call makes {len(reqs)} requests (prompts x n); this server accepts at most {self.args.max_batch_size} (--max-batch-size)"
             )
+        self._check_rids(reqs)
+        return reqs
+
+    def _check_rids(self, reqs: list) -> None:
         seen = set()
         for r in reqs:
             if r.rid in self.pending or r.rid in seen:
                 raise RadixflowError(f"rid {r.rid!r} is already in use by a running request; choose another rid")
             seen.add(r.rid)
-        return reqs
 
     def _abort_unfinished(self, rids: list) -> None:
         for rid in rids:
