@@ -120,3 +120,21 @@ def test_an_unbounded_stop_regex_sees_the_whole_gen_decoded_a_window_at_a_time(t
             assert not settled or max(windows) <= 16, windows  # 6 tokens of context and any pending ones
             settled = settled or not req.stop_text[1].pending
         assert not req.finished and whole < 60  # of 600 checks
+
+
+def test_an_unbounded_stop_regex_searches_the_gens_last_characters_only(tok):
+    """A search costs at most UNBOUNDED_WINDOW characters, whatever the pattern's search time grows with."""
+    from radixflow.runtime.stop_regex import UNBOUNDED_WINDOW
+
+    stops = StopChecker(tok, eos_ids=set())
+    words = tok.encode(" word" * (UNBOUNDED_WINDOW // 4), add_special_tokens=False)
+    params = SamplingParams.from_dict({"max_new_tokens": 10**5, "stop_regex": "START.*END"})
+    req = Req("r", [1], params, output_ids=tok.encode("START", add_special_tokens=False) + words)
+    stops.check(req, 10**6, added=len(req.output_ids))
+    req.output_ids += tok.encode(" END", add_special_tokens=False)
+    stops.check(req, 10**6)
+    assert not req.finished  # START is further back than the window
+    assert len(stops._gen_text(req)) == UNBOUNDED_WINDOW
+    req.output_ids += tok.encode(" START END", add_special_tokens=False)
+    stops.check(req, 10**6)
+    assert req.finish_reason == {"type": "stop", "matched": "START.*END"}

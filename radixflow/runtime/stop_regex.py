@@ -3,8 +3,11 @@ its output, checked after every sampled token.
 
 Each check decodes only the output's tail: a token decodes to at least one character, so a match
 that ends in the newest token starts within the patterns' longest match (`width`, in characters) of
-tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the gen's whole
-output, whose text the request keeps and extends a few tokens at a time (stop_checker.py). The finish reason is SGLang's: {"type": "stop", "matched": <the pattern>}, so
+tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the last
+UNBOUNDED_WINDOW characters of the gen's output, whose text the request keeps and extends a few tokens at a
+time (stop_checker.py): a search costs at most that window, even for patterns whose search time grows with the
+square (or a higher power) of the text. Patterns that nest unbounded repeats (`(a+)+`, `(\w+\s?)*`) are
+refused: Python's regex search can take exponential time on them, and it runs in the scheduler's loop. The finish reason is SGLang's: {"type": "stop", "matched": <the pattern>}, so
 the output is cut where the pattern's own text appears in it, as SGLang cuts it; a pattern with
 regex syntax (almost every one) keeps the text it matched.
 """
@@ -17,14 +20,16 @@ from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 
-try:  # Python 3.11+; sre_parse before
-    from re import _parser as _sre_parse
+try:  # Python 3.11+; sre_parse and sre_constants before
+    from re import _constants as _sre_c, _parser as _sre_parse
 except ImportError:  # pragma: no cover
+    import sre_constants as _sre_c  # type: ignore[no-redef]
     import sre_parse as _sre_parse  # type: ignore[no-redef]
 
 MAX_PATTERNS = 32  # SGLang's limits
 MAX_PATTERN_BYTES = 256
 UNBOUNDED = 1 << 16  # a longest match past this many characters: search the whole output instead
+UNBOUNDED_WINDOW = 4096  # the characters of a gen's output searched for a pattern with no longest match
 
 
 @dataclass(frozen=True)
@@ -51,11 +56,31 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
             p = re.compile(t)
         except (re.error, RecursionError, OverflowError) as e:
             raise RadixflowError(f"stop_regex {t!r} is not a valid regular expression: {e}") from None
+        if _nested_repeats(_sre_parse.parse(t)):
+            raise RadixflowError(f"stop_regex {t!r} nests unbounded repeats (as in (a+)+), whose search can take "
+                                 "exponential time; rewrite it without the nesting (e.g. (a+)+b as a+b)")
         if p.search("") is not None:
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
         width = max(width, _sre_parse.parse(t).getwidth()[1])
     return StopPatterns(tuple(patterns), None if width >= UNBOUNDED else width)
+
+
+def _nested_repeats(items, inside: bool = False) -> bool:
+    """Whether a parsed pattern has an unbounded backtracking repeat inside another (star height two or more).
+    Possessive repeats and atomic groups do not backtrack into their bodies, so they neither count nor nest."""
+    for op, av in items:
+        if op in (_sre_c.MAX_REPEAT, _sre_c.MIN_REPEAT):
+            unbounded = av[1] == _sre_c.MAXREPEAT
+            if (unbounded and inside) or _nested_repeats(av[2], inside or unbounded):
+                return True
+        elif op is _sre_c.SUBPATTERN and _nested_repeats(av[3], inside):
+            return True
+        elif op is _sre_c.BRANCH and any(_nested_repeats(b, inside) for b in av[1]):
+            return True
+        elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT) and _nested_repeats(av[1], inside):
+            return True
+    return False
 
 
 def first_match(stops: StopPatterns, text: str) -> Optional[str]:

@@ -7,7 +7,7 @@ from typing import Callable
 
 from radixflow.runtime.incremental_text import IncrementalText
 from radixflow.runtime.scheduling.req import Req
-from radixflow.runtime.stop_regex import first_match
+from radixflow.runtime.stop_regex import UNBOUNDED_WINDOW, first_match
 
 log = logging.getLogger(__name__)
 
@@ -128,12 +128,12 @@ class StopChecker:
         return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens)
 
     def _gen_text(self, req: Req) -> str:
-        """The gen's whole decoded output, for patterns with no longest match: kept on the request and
-        decoded a window at a time (incremental_text.py), so a check decodes only the newest tokens, not
-        the whole gen again (quadratic in its length). Outputs cut back (rewind) drop the kept text."""
+        """The gen's decoded output (its last UNBOUNDED_WINDOW characters), for patterns with no longest match:
+        kept on the request and decoded a window at a time (incremental_text.py), so a check decodes only the
+        newest tokens, not the whole gen again (quadratic in its length). Outputs cut back (rewind) drop it."""
         kept = req.stop_text
         if kept is None or kept[0] != req.segment_start:
             kept = req.stop_text = (req.segment_start, IncrementalText(surr=req.segment_start, read=req.segment_start))
         skip = req.sampling.skip_special_tokens
         text = kept[1].update_with(lambda ids: self._decode(ids, skip), req.output_ids)
-        return text + kept[1].pending
+        return (text + kept[1].pending)[-UNBOUNDED_WINDOW:]
