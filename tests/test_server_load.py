@@ -155,3 +155,17 @@ def test_concurrent_calls_with_one_rid_get_one_answer_each(server):
     codes = sorted(r.status_code for r in asyncio.run(main()))
     assert codes[0] == 200 and set(codes) <= {200, 400} and codes.count(400) >= 1, codes
     assert_no_leak(wait_idle(server))
+
+
+def test_calls_over_max_batch_size_are_refused_before_any_request_is_made(server):
+    """prompts x n was expanded (and every prompt tokenized) before the count was checked: a huge n held the
+    event loop for seconds and grew the server by a gigabyte before its 400."""
+    calls = [("/generate", {"text": "hi", "sampling_params": {"n": 10**6, "max_new_tokens": 1}}),
+             ("/generate", {"text": ["hi"] * 10**4, "sampling_params": {"max_new_tokens": 1}}),
+             ("/v1/completions", {"model": "default", "prompt": "hi", "n": 10**6, "max_tokens": 1})]  # fmt: skip
+    with server.client() as c:
+        for path, body in calls:
+            t = time.perf_counter()
+            r = c.post(path, json=body)
+            assert r.status_code == 400 and "--max-batch-size" in r.json()["error"]["message"], r.text
+            assert time.perf_counter() - t < 3, path

@@ -48,6 +48,7 @@ class RequestBuilder:
         self.max_pool_tokens = max_pool_tokens
         self.max_new_tokens_limit = max_new_tokens_limit
         self.grammar_backend = grammar_backend
+        self.max_requests: Optional[int] = None  # a server's --max-batch-size: checked before any prompt is tokenized
         self._checked: dict = {}  # params_key(sampling_params) -> the SamplingParams that passed sampling()
 
     def build(self, g: GenerateInput) -> list[Req]:
@@ -59,9 +60,11 @@ class RequestBuilder:
         want_lp = _per_item(g.return_logprob, count, "return_logprob")
         start = _per_item(g.logprob_start_len, count, "logprob_start_len")
         topk = _per_item(g.top_logprobs_num, count, "top_logprobs_num")
+        sps = [self.sampling(p) for p in params]
+        self._check_count(sum(sp.n for sp in sps))  # before a request is made for each of n samples
         reqs = []
         for i, ids in enumerate(prompts):
-            sp = self.sampling(params[i])
+            sp = sps[i]
             lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
@@ -102,6 +105,11 @@ class RequestBuilder:
             raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
         return sp
 
+    def _check_count(self, requests: int) -> None:
+        if self.max_requests is not None and requests > self.max_requests:
+            raise RadixflowError(f"the call makes {requests} requests (prompts x n); this server accepts at most "
+                                 f"{self.max_requests} (--max-batch-size)")
+
     def _prompts(self, g: GenerateInput) -> list[list[int]]:
         if (g.text is None) == (g.input_ids is None):
             raise RadixflowError("give exactly one of text (prompt) or input_ids")
@@ -109,6 +117,7 @@ class RequestBuilder:
             texts = g.text if isinstance(g.text, list) else [g.text]
             if not texts:
                 raise RadixflowError("the batch of prompts is empty")
+            self._check_count(len(texts))
             for t in texts:
                 if not isinstance(t, str):
                     raise RadixflowError(f"each prompt must be a string, got {type(t).__name__}")
@@ -119,6 +128,7 @@ class RequestBuilder:
             batch = g.input_ids if g.is_batch else [g.input_ids]
             if not batch:
                 raise RadixflowError("input_ids is empty")
+            self._check_count(len(batch))
         for ids in batch:
             self._check_ids(ids)
         return batch

@@ -96,6 +96,7 @@ class TokenizerManager:
             self.args.max_new_tokens_limit,
             self.args.grammar_backend,
         )
+        self.builder.max_requests = self.args.max_batch_size
         self.logprobs = LogprobCollector(self.tokenizer)
         self.model_name = self.args.served_model_name or self.info.model_path or "default"
         self.metrics = ServerMetrics(self.model_name)
@@ -137,11 +138,7 @@ class TokenizerManager:
 
     def build(self, g: GenerateInput) -> list:
         self._check_alive()
-        reqs = self.builder.build(g)
-        if len(reqs) > self.args.max_batch_size:
-            raise RadixflowError(
-                f"the call makes {len(reqs)} requests (prompts x n); this server accepts at most {self.args.max_batch_size} (--max-batch-size)"
-            )
+        reqs = self.builder.build(g)  # refuses more than --max-batch-size requests before making them
         self._check_rids(reqs)
         return reqs
 
