@@ -157,3 +157,18 @@ def test_raw_httpx_stream(server):
         events = sse_events(r.iter_lines())
     assert events[-1] == "[DONE]" and all(e["object"] == "text_completion" for e in events[:-1])
     assert events[-2]["choices"][0]["finish_reason"] == "length"
+
+
+def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
+    """Found by fuzzing: each was a 500 (an exception past the validation)."""
+    bad = [("/v1/completions", {"model": "default", "prompt": [-1], "max_tokens": 2}, "[0, "),
+           ("/v1/completions", {"model": "default", "prompt": [[1], [2**40]], "max_tokens": 2}, "[0, "),
+           ("/v1/chat/completions", {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+                                     "chat_template_kwargs": {"documents": 5}}, "chat template"),
+           ("/program", {"program": {"ops": [{"op": "text", "text": "Q:"},
+                                             {"op": "gen", "id": 1, "name": "a", "sampling_params": "x"}]}}, "object")]  # fmt: skip
+    with server.client() as c:
+        for path, body, needle in bad:
+            r = c.post(path, json=body)
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (path, r.text)
+        assert c.post("/v1/completions", json={"model": "default", "prompt": [1, 2], "max_tokens": 1}).status_code == 200

@@ -136,7 +136,7 @@ class RequestBuilder:
     def _check_ids(self, ids: Any) -> None:
         if not isinstance(ids, list) or not ids:
             raise RadixflowError("input_ids must be a non-empty list of token ids")
-        if not _token_ids_in(ids, self.vocab_size):
+        if not token_ids_in(ids, self.vocab_size):
             raise RadixflowError(f"input_ids must be integers in [0, {self.vocab_size})")
         if len(ids) >= self.context_len:
             raise RadixflowError(
@@ -149,7 +149,7 @@ class RequestBuilder:
             )
 
 
-def _token_ids_in(ids: list, vocab_size: int) -> bool:
+def token_ids_in(ids: list, vocab_size: int) -> bool:
     """Whether every entry is an int (not a bool) in [0, vocab_size). Plain ints, the usual case, are
     checked in C (type set, min, max): a Python test per token cost eager programs ~1 us a prompt
     token on every call. Other types (int subclasses are allowed) take the per-item test."""

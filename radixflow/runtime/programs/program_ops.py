@@ -220,6 +220,8 @@ _PARSED: dict = {}  # params_key(sampling_params) -> SamplingParams
 
 
 def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
+    if raw is not None and not isinstance(raw, dict):
+        raise RadixflowError(f"a gen's sampling_params must be an object, got {type(raw).__name__}")
     key = params_key(raw) if type(raw) is dict else None
     sp = None if key is None else _PARSED.get(key)
     if sp is None:  # a cached one holds copies: the caller's lists may change after

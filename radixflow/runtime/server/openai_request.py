@@ -12,7 +12,7 @@ from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
-from radixflow.runtime.generate_request import GenerateInput
+from radixflow.runtime.generate_request import GenerateInput, token_ids_in
 from radixflow.runtime.reasoning import ReasoningPlan, get_format, prompt_forces
 from radixflow.runtime.sampling_params import api_names
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
@@ -135,14 +135,17 @@ def _completion_prompt(tm: TokenizerManager, prompt: Any) -> tuple:
         if all(isinstance(p, str) for p in prompt):
             return prompt, None, prompt
         if all(isinstance(p, int) and not isinstance(p, bool) for p in prompt):
-            return None, prompt, [tm.tokenizer.decode(prompt)]
+            return None, prompt, [tm.tokenizer.decode(_in_vocab(tm, prompt))]
         if all(isinstance(p, list) for p in prompt):
-            return None, prompt, [tm.tokenizer.decode(p) for p in prompt if _int_list(p)]
+            return None, prompt, [tm.tokenizer.decode(_in_vocab(tm, p)) for p in prompt]
     raise RadixflowError("prompt must be a non-empty string, a list of strings, a list of token ids or a list of those")
 
 
-def _int_list(p: list) -> bool:
-    return all(isinstance(t, int) and not isinstance(t, bool) for t in p)
+def _in_vocab(tm: TokenizerManager, ids: list) -> list:
+    """`ids`, checked before they are decoded (the decoder overflows on ids past the vocabulary or below 0)."""
+    if not ids or not token_ids_in(ids, tm.info.vocab_size):
+        raise RadixflowError(f"a prompt of token ids must be a non-empty list of integers in [0, {tm.info.vocab_size})")
+    return ids
 
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
