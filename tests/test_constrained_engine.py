@@ -251,3 +251,15 @@ def test_jumped_tokens_ride_in_the_same_pass_as_the_others(engine):
     mixed = [lens for mode, lens in passes[1:] if mode == "EXTEND" and len(lens) == 3 and max(lens) > 1]
     assert mixed and min(mixed[0]) == 1, passes  # jumped tokens travelled with the others' decode tokens
     assert len(passes) == 24, passes  # prefill + one pass per further sampled token of the 24-token requests
+
+
+def test_a_grammar_that_ends_before_min_new_tokens_ends_the_output(engine):
+    """min_new_tokens banned EOS while the grammar allowed only EOS: no token was left and the request failed
+    with 'constrained decoding failed' (a 500; found by fuzzing). Now the grammar wins where it must end, and
+    min_new_tokens still holds where the grammar may go on."""
+    for regex, text in (("a", "a"), ("abc", "abc"), ("(yes|no)", None)):
+        out = engine.generate("x", {"regex": regex, "min_new_tokens": 8, "max_new_tokens": 8, "temperature": 0})
+        assert out["meta_info"]["finish_reason"]["type"] == "stop", out["meta_info"]
+        assert text is None or out["text"] == text
+    out = engine.generate("x", {"regex": "[ab]+", "min_new_tokens": 4, "max_new_tokens": 8, "temperature": 0})
+    assert out["meta_info"]["completion_tokens"] >= 4

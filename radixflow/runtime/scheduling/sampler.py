@@ -92,6 +92,19 @@ def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
             logits[i, banned] = float("-inf")
 
 
+def let_grammars_end(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:
+    """min_new_tokens against a grammar: where the grammar allows nothing but its end (EOS, which min_new_tokens
+    banned), no token would be left to sample: the grammar wins, and EOS is allowed again. Only rows under both
+    are looked at (a read of their mask rows), so other batches pay nothing."""
+    rows = [i for i, r in enumerate(reqs) if r.grammar is not None and r.segment_len < r.sampling.min_new_tokens]
+    if not rows:
+        return
+    stuck = torch.isneginf(logits[rows]).all(dim=1).tolist()
+    for i, none_left in zip(rows, stuck):
+        if none_left:
+            logits[i, sorted(eos_ids)] = 0.0
+
+
 SMALL_MASK_BATCH = 2  # up to this many constrained rows on CPU: add cached bias rows
 _BIAS_ROWS = BiasRowCache()
 
@@ -260,6 +273,7 @@ def sample(logits: torch.Tensor, reqs: list, eos_ids: set,
     apply_penalties(logits, reqs)
     mask_stop_tokens(logits, reqs, eos_ids)
     apply_grammar_masks(logits, reqs)
+    let_grammars_end(logits, reqs, eos_ids)
     apply_logit_bias(logits, reqs)
     next_ids = sample_from(logits, reqs, settings.batch_invariant, settings.triton_sampling)
     chosen = raw_lp.gather(1, next_ids.unsqueeze(1)).squeeze(1) if want_lp else None
