@@ -59,12 +59,13 @@ BAD_SAMPLING = [
     ({"stop_regex": "(", "max_new_tokens": 2}, {"stop_regex": "(", "max_tokens": 2}, "is not a valid regular expression"),
     ({"stop_regex": ["x", "a*"], "max_new_tokens": 2}, {"stop_regex": ["x", "a*"], "max_tokens": 2}, "matches the empty text"),
     ({"stop_regex": "(a+)+b", "max_new_tokens": 2}, {"stop_regex": r"(\w+\s?)*$", "max_tokens": 2}, "nests unbounded repeats"),
+    ({"regex": "", "max_new_tokens": 2}, {"json_schema": False, "max_tokens": 2}, "or null for no grammar"),
 ]
 
 
 @pytest.mark.parametrize("sampling,openai,needle", BAD_SAMPLING,
                          ids=["empty-stop", "stop-id-out-of-vocab", "stop-regex-invalid", "stop-regex-empty-match",
-                             "stop-regex-nested-repeats"])
+                             "stop-regex-nested-repeats", "grammar-empty"])
 def test_bad_sampling_is_a_400_on_every_route(server, engine, sampling, openai, needle):
     for route, (status, msg) in http_answers(server, sampling, openai).items():
         assert status == 400 and needle in msg, (route, status, msg)

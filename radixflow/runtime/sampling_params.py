@@ -115,6 +115,11 @@ class SamplingParams:
                 raise RadixflowError("stop_token_ids must be a list of integers")
         if isinstance(self.json_schema, dict):
             self.json_schema = json.dumps(self.json_schema)
+        for name in ("regex", "json_schema", "ebnf"):  # "", false, 0 or [] turned the grammar off unseen
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value):
+                kind = "a non-empty string" + (" or a JSON schema object" if name == "json_schema" else "")
+                raise RadixflowError(f"{name} must be {kind}, or null for no grammar; got {value!r}")
         grammars = [g for g in ("regex", "json_schema", "ebnf") if getattr(self, g)]
         if len(grammars) > 1:
             raise RadixflowError(f"set at most one of regex / json_schema / ebnf, got {', '.join(grammars)}")
