@@ -169,3 +169,19 @@ def test_calls_over_max_batch_size_are_refused_before_any_request_is_made(server
             r = c.post(path, json=body)
             assert r.status_code == 400 and "--max-batch-size" in r.json()["error"]["message"], r.text
             assert time.perf_counter() - t < 3, path
+
+
+def test_a_client_gone_while_sending_its_body_leaves_no_traceback(server):
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(server.url)
+    before = server.log().count("Traceback")
+    with socket.create_connection((url.hostname, url.port)) as s:
+        head = (f"POST /generate HTTP/1.1\r\nHost: {url.netloc}\r\nContent-Type: application/json\r\n"
+                f"Content-Length: 1000\r\nAuthorization: Bearer {server.api_key}\r\n\r\n")  # fmt: skip
+        s.sendall(head.encode() + b'{"text": "par')
+    time.sleep(1.0)
+    assert server.log().count("Traceback") == before, server.log()[-2000:]
+    with server.client() as c:
+        assert c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200

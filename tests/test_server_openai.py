@@ -128,7 +128,7 @@ def test_response_format_json_schema(client):
 @pytest.mark.parametrize(
     "kwargs,needle",
     [
-        ({"max_tokens": -1}, "max_new_tokens"),
+        ({"max_tokens": -1}, "max_tokens must be"),  # the OpenAI name, not max_new_tokens
         ({"extra_body": {"bogus_field": 1}}, "unknown field"),
         ({"temperature": "hot"}, "temperature"),
         ({"messages": []}, "messages"),
@@ -166,7 +166,10 @@ def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
            ("/v1/chat/completions", {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
                                      "chat_template_kwargs": {"documents": 5}}, "chat template"),
            ("/program", {"program": {"ops": [{"op": "text", "text": "Q:"},
-                                             {"op": "gen", "id": 1, "name": "a", "sampling_params": "x"}]}}, "object")]  # fmt: skip
+                                             {"op": "gen", "id": 1, "name": "a", "sampling_params": "x"}]}}, "object"),
+           ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, "temperature": 0,  # valid, too wide
+                                                           "ebnf": "start: " + " | ".join(f'"w{i}"' for i in range(3000))}},
+            "parser's limits")]  # fmt: skip
     with server.client() as c:
         for path, body, needle in bad:
             r = c.post(path, json=body)

@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Optional
 import orjson
 from fastapi import Request
 from fastapi.responses import Response
+from starlette.requests import ClientDisconnect
 
 from radixflow.runtime.server.tokenizer_manager import Event
 
@@ -42,11 +43,14 @@ async def read_json(request: Request) -> Any:
     """The body as JSON, at most max_body_bytes (413 above), 400 if it is not JSON."""
     limit = request.app.state.args.max_body_bytes
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise HTTPError(413, f"the request body is over {limit} bytes; send less or raise --max-body-bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise HTTPError(413, f"the request body is over {limit} bytes; send less or raise --max-body-bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone while sending its body: nothing to answer (was a logged traceback)
+        raise HTTPError(499, "client disconnected") from None
     raw = b"".join(chunks)
     if not raw.strip():
         raise HTTPError(400, "the request body is empty; send a JSON object")

@@ -16,6 +16,7 @@ from typing import AsyncIterator, Optional
 from fastapi import FastAPI, Request
 from fastapi.responses import Response, StreamingResponse
 
+from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
 from radixflow.runtime.reasoning import ReasoningStream, Split, reasoning_tokens
 from radixflow.runtime.server.http_common import (
@@ -26,7 +27,8 @@ from radixflow.runtime.server.http_common import (
     read_json,
     sse,
 )
-from radixflow.runtime.server.openai_request import CHAT_FIELDS, COMPLETION_FIELDS, Call, chat_call, completion_call, parse_body
+from radixflow.runtime.server.openai_request import (CHAT_FIELDS, COMPLETION_FIELDS, Call, chat_call, completion_call,
+                                                      openai_names, parse_body)
 from radixflow.runtime.server.tokenizer_manager import Event, TokenizerManager
 from radixflow.runtime.server.tool_request import check_legacy_functions
 from radixflow.runtime.server.tool_response import ToolStream, tool_message
@@ -59,7 +61,12 @@ _FINISH = {"stop": "stop", "length": "length", "abort": "abort"}
 # -- serving -----------------------------------------------------------------------------------------------------------
 async def _serve(request: Request, call: Call):
     tm: TokenizerManager = request.app.state.tm
-    events = tm.generate(call.g)
+    try:
+        events = tm.generate(call.g)
+    except RadixflowError as e:  # its checks name sampling_params keys: say them as the request did
+        if type(e) is not RadixflowError:  # a subclass (server busy or down) keeps its own status
+            raise
+        raise RadixflowError(openai_names(str(e))) from None
     if call.g.stream:
         opened = await open_stream(request, events)
         if isinstance(opened, Response):

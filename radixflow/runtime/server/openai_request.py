@@ -5,6 +5,7 @@ clear error for each bad field. Tools are planned by tool_request.py."""
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -19,6 +20,9 @@ from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 from radixflow.runtime.server.tool_request import ToolPlan, plan_tools
 
 _SAMPLING_FIELDS = api_names("openai")  # OpenAI / SGLang request field -> sampling_params key
+# sampling_params key -> the field an OpenAI request sets it with, where the names differ (for error messages)
+_OPENAI_NAMES = {"max_new_tokens": "max_tokens", **{v: k for k, v in _SAMPLING_FIELDS.items() if k != v}}
+_OPENAI_NAME = re.compile(r"\b(" + "|".join(_OPENAI_NAMES) + r")\b")
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
@@ -55,6 +59,12 @@ def parse_body(body: Any, allowed: set, sglang_extras: dict, route: str) -> dict
 
 
 # -- request mapping ---------------------------------------------------------------------------------------------
+def openai_names(message: str) -> str:
+    """An error message about sampling parameters, in the names an OpenAI request uses (max_tokens, not
+    max_new_tokens)."""
+    return _OPENAI_NAME.sub(lambda m: _OPENAI_NAMES[m.group(1)], message)
+
+
 def _sampling(body: dict, max_tokens: Any, defaults: dict) -> dict:
     """The request's sampling parameters; `defaults` (the model's generation_config: --sampling-defaults) fill
     those it leaves out."""
