@@ -50,7 +50,7 @@ PARTS = {
     "fill": (sampler, "fill_bitmask_rows"),
     "sample": (overlap, "sample_flight"),
     "launch": (overlap, "launch_decode"),
-    "chained_ids": (overlap, "_chained_ids"),
+    "chained_ids": (overlap, "chained_ids"),
     "poll_grammars": (scheduler, "poll_grammars"),
     "admit": (scheduler, "form_extend_batch"),
 }
