@@ -57,7 +57,7 @@ BAD_SAMPLING = [
     ({"stop": [""], "max_new_tokens": 2}, {"stop": [""], "max_tokens": 2}, "stop strings must not be empty"),
     ({"stop_token_ids": [10**7], "max_new_tokens": 2}, {"stop_token_ids": [10**7], "max_tokens": 2}, "stop_token_ids"),
     ({"stop_regex": "(", "max_new_tokens": 2}, {"stop_regex": "(", "max_tokens": 2}, "is not a valid regular expression"),
-    ({"stop_regex": ["x", "a*"], "max_new_tokens": 2}, {"stop_regex": ["x", "a*"], "max_tokens": 2}, "matches the empty text"),
+    ({"stop_regex": ["x", "a*"], "max_new_tokens": 2}, {"stop_regex": ["x", r"\b"], "max_tokens": 2}, "matches the empty text"),
     ({"stop_regex": "(a+)+b", "max_new_tokens": 2}, {"stop_regex": r"(\w+\s?)*$", "max_tokens": 2}, "nests unbounded repeats"),
     ({"regex": "", "max_new_tokens": 2}, {"json_schema": False, "max_tokens": 2}, "or null for no grammar"),
 ]
@@ -225,3 +225,15 @@ def test_input_ids_are_checked_token_by_token_in_c_or_python(ids, ok):
     else:
         with pytest.raises(RadixflowError, match="input_ids must be integers"):
             builder.build(g)
+
+
+def test_max_new_tokens_is_cut_to_the_room_the_context_leaves():
+    """The output ends at the context length anyway; cut here, a grammar's budget closes its output within that
+    room (found by fuzzing: an 8,187-token prompt with max_new_tokens 16 ended as '{"a":1', a length finish)."""
+    from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+
+    builder = RequestBuilder(None, vocab_size=100, context_len=20, max_pool_tokens=1000)
+    fits, cut = builder.build(GenerateInput(input_ids=[[1] * 4, [1] * 16], sampling_params={"max_new_tokens": 8,
+                                                                                            "min_new_tokens": 6}))
+    assert (fits.sampling.max_new_tokens, fits.sampling.min_new_tokens) == (8, 6)
+    assert (cut.sampling.max_new_tokens, cut.sampling.min_new_tokens) == (4, 4)

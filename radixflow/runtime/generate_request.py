@@ -64,7 +64,7 @@ class RequestBuilder:
         self._check_count(sum(sp.n for sp in sps))  # before a request is made for each of n samples
         reqs = []
         for i, ids in enumerate(prompts):
-            sp = sps[i]
+            sp = _fit_context(sps[i], self.context_len - len(ids))
             lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
@@ -147,6 +147,14 @@ class RequestBuilder:
                 f"the prompt has {len(ids)} tokens but the KV pool holds {self.max_pool_tokens}; "
                 "shorten the prompt or raise max_total_tokens"
             )
+
+
+def _fit_context(sp: SamplingParams, room: int) -> SamplingParams:
+    """`sp` with max_new_tokens cut to the `room` the context length leaves after the prompt: the output ends
+    there anyway, and a grammar's budget must close it within that room, not within max_new_tokens."""
+    if sp.max_new_tokens <= room:
+        return sp
+    return sp.copy(max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))
 
 
 def token_ids_in(ids: list, vocab_size: int) -> bool:
