@@ -169,7 +169,9 @@ def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
                                              {"op": "gen", "id": 1, "name": "a", "sampling_params": "x"}]}}, "object"),
            ("/generate", {"text": "x", "sampling_params": {"max_new_tokens": 4, "temperature": 0,  # valid, too wide
                                                            "ebnf": "start: " + " | ".join(f'"w{i}"' for i in range(3000))}},
-            "parser's limits")]  # fmt: skip
+            "parser's limits"),
+           ("/abort_request", {"rid": "x", "abort_al": True}, "unknown field"),
+           ("/separate_reasoning", {"text": "a", "parser": "qwen3"}, "unknown field")]  # fmt: skip
     with server.client() as c:
         for path, body, needle in bad:
             r = c.post(path, json=body)

@@ -59,7 +59,7 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
         if _nested_repeats(_sre_parse.parse(t)):
             raise RadixflowError(f"stop_regex {t!r} nests unbounded repeats (as in (a+)+), whose search can take "
                                  "exponential time; rewrite it without the nesting (e.g. (a+)+b as a+b)")
-        if p.search("") is not None:
+        if p.search("") is not None or _sre_parse.parse(t).getwidth()[0] == 0:  # e.g. \b: empty, mid-text
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
         width = max(width, _sre_parse.parse(t).getwidth()[1])
