@@ -618,6 +618,8 @@ def main(argv=None) -> str:
                          "modes' figures are the first engine's, marked (e.g. 'graph': one no-radix baseline for all)")
     ap.add_argument("--extend-graph-reqs", type=int, default=None,
                     help="engine --cuda-graph-extend-max-reqs (default: the engine's)")
+    ap.add_argument("--enable-mixed-chunk", action="store_true",
+                    help="engine --enable-mixed-chunk: the running requests' next tokens in the extend passes")
     ap.add_argument("--timeline", default="", help="then these workloads' step timelines (step_timeline.py), same engine; none started past --deadline-s")
     args = ap.parse_args(argv)
     if args.smoke:
@@ -631,6 +633,8 @@ def main(argv=None) -> str:
         kw["max_total_tokens"] = args.max_total_tokens
     if args.extend_graph_reqs is not None:
         kw["cuda_graph_extend_max_reqs"] = args.extend_graph_reqs
+    if args.enable_mixed_chunk:
+        kw["enable_mixed_chunk"] = True
     sampling = {"max_new_tokens": args.max_new_tokens, "temperature": 0}
 
     extra: dict = {"frozen_at_start": FROZEN_AT_START, "frozen_after_imports": gc.get_freeze_count()}
