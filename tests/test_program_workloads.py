@@ -429,7 +429,7 @@ def test_engine_sampler_counts_the_engine_loops_stack_by_part_and_function(engin
     inputs = w.inputs(random.Random(0), 2, 0.05)
     sampling = {"max_new_tokens": 2, "temperature": 0}
     switch = sys.getswitchinterval()
-    with engine_sampler.StackSampler(0.0005) as s:
+    with engine_sampler.LoopSampler(0.0005) as s:
         for _ in range(20):  # a few rounds: the sampler only counts moments the engine loop is running
             program_bench.run_mode(engine, w, inputs, "graph", sampling)
             if s.samples >= 5:

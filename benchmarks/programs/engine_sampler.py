@@ -28,6 +28,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import radixflow as rf  # noqa: E402
+from idle_gaps import SamplingThread  # noqa: E402
 from run import run_mode  # noqa: E402
 from step_timeline import add_round_args, engine_kwargs, stand_in_forward  # noqa: E402
 from workloads import BY_NAME  # noqa: E402
@@ -48,35 +49,21 @@ def _label(code) -> str:
     return f"{os.path.basename(path)}:{code.co_name}"
 
 
-class StackSampler:
+class LoopSampler(SamplingThread):
     """Samples the stacks of threads running the engine loop while open."""
 
     def __init__(self, interval_s: float) -> None:
-        self.interval_s = interval_s
+        super().__init__(interval_s)
         self.samples = 0
         self.parts: collections.Counter = collections.Counter()
         self.inclusive: collections.Counter = collections.Counter()
         self.own: collections.Counter = collections.Counter()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "StackSampler":
-        self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch, self.interval_s / 2))
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-        sys.setswitchinterval(self._switch)
-
-    def _run(self) -> None:
+    def sample(self) -> None:
         me = threading.get_ident()
-        while not self._stop.wait(self.interval_s):
-            for tid, frame in sys._current_frames().items():
-                if tid != me:
-                    self._take(frame)
+        for tid, frame in sys._current_frames().items():
+            if tid != me:
+                self._take(frame)
 
     def _take(self, frame) -> None:
         stack = []
@@ -118,7 +105,7 @@ def main(argv=None) -> None:
             for _ in range(2):
                 run_mode(engine, w, inputs, args.mode, sampling)
             walls = []
-            with StackSampler(args.interval_ms / 1000) as s:
+            with LoopSampler(args.interval_ms / 1000) as s:
                 for _ in range(args.rounds):
                     t = time.perf_counter()
                     run_mode(engine, w, inputs, args.mode, sampling)

@@ -70,21 +70,18 @@ class HostLog:
             setattr(obj, name, fn)
 
 
-class StackSampler:
-    """Samples one thread's Python stack every `interval_s` from a thread of its own (with the interpreter's
-    switch interval shortened meanwhile, so that a thread running Python still lets the sampler in): (time,
-    key) with key the innermost radixflow frame and the innermost frame of all, e.g. `scheduler.py:201
-    _run_extend > tensor`."""
+class SamplingThread:
+    """While open, calls `sample()` every `interval_s` from a thread of its own, with the interpreter's switch
+    interval shortened meanwhile (so that a thread running Python still lets the sampler in)."""
 
-    def __init__(self, thread_id: int, interval_s: float = 2e-4) -> None:
-        self.thread_id, self.interval_s = thread_id, interval_s
-        self.samples: list = []
+    def __init__(self, interval_s: float) -> None:
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
-    def __enter__(self) -> "StackSampler":
+    def __enter__(self):
         self._switch = sys.getswitchinterval()
-        sys.setswitchinterval(self.interval_s / 2)
+        sys.setswitchinterval(min(self._switch, self.interval_s / 2))
         self._thread.start()
         return self
 
@@ -94,11 +91,26 @@ class StackSampler:
         sys.setswitchinterval(self._switch)
 
     def _run(self) -> None:
-        while not self._stop.is_set():
-            frame = sys._current_frames().get(self.thread_id)
-            if frame is not None:
-                self.samples.append((time.perf_counter(), stack_key(frame)))
-            time.sleep(self.interval_s)
+        while not self._stop.wait(self.interval_s):
+            self.sample()
+
+    def sample(self) -> None:
+        raise NotImplementedError
+
+
+class StackSampler(SamplingThread):
+    """Samples one thread's Python stack: (time, key) with key the innermost radixflow frame and the innermost
+    frame of all, e.g. `scheduler.py:201 _run_extend > tensor`."""
+
+    def __init__(self, thread_id: int, interval_s: float = 2e-4) -> None:
+        super().__init__(interval_s)
+        self.thread_id = thread_id
+        self.samples: list = []
+
+    def sample(self) -> None:
+        frame = sys._current_frames().get(self.thread_id)
+        if frame is not None:
+            self.samples.append((time.perf_counter(), stack_key(frame)))
 
 
 def stack_key(frame) -> str:
