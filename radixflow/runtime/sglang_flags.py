@@ -27,7 +27,7 @@ HELP = {
     "stream_response_default_include_usage": "OpenAI streams end with a usage chunk unless the request's "
     "stream_options.include_usage is false",
     "enable_mixed_chunk": "the running requests' next tokens ride in the extend pass of newly admitted prompts "
-    "(one read of the weights for both) where every admitted prompt ends in that pass and wants no input logprobs",
+    "(prefill chunks included; one read of the weights for both), unless an admitted prompt wants input logprobs",
     "sampling_defaults": "where OpenAI requests that leave out temperature, top_p, top_k, min_p or "
     "repetition_penalty take them from: model = the model's generation_config.json where it sets them, else "
     "SGLang's defaults; openai = SGLang's defaults",
