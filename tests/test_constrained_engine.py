@@ -263,3 +263,12 @@ def test_a_grammar_that_ends_before_min_new_tokens_ends_the_output(engine):
         assert text is None or out["text"] == text
     out = engine.generate("x", {"regex": "[ab]+", "min_new_tokens": 4, "max_new_tokens": 8, "temperature": 0})
     assert out["meta_info"]["completion_tokens"] >= 4
+
+
+def test_cached_tokens_never_exceed_the_prompt(engine):
+    """A grammar's forced first tokens are output tokens appended before the prompt is admitted; a second request
+    found them cached too and reported cached_tokens 124 of a 121-token prompt (found by fuzzing)."""
+    prompt = "Write the record. " * 30
+    sp = {"max_new_tokens": 40, "temperature": 0, "regex": r'\{"name": "[a-z]{1,8}", "city": "[a-z]{1,8}"\}'}
+    metas = [engine.generate(prompt, sp)["meta_info"] for _ in range(2)]
+    assert all(m["cached_tokens"] <= m["prompt_tokens"] for m in metas) and metas[1]["cached_tokens"] > 0

@@ -84,7 +84,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
             sched.kv.release(req, cache=False)
             break
         if req.num_retractions == 0:
-            req.cached_tokens = match.length
+            req.cached_tokens = min(match.length, len(req.origin_input_ids))  # a grammar's forced first tokens aside
         sched.stats.cached_tokens += match.length
         sched.stats.prompt_tokens += req.seq_len
         admitted.add(id(req))
