@@ -272,3 +272,13 @@ def test_cached_tokens_never_exceed_the_prompt(engine):
     sp = {"max_new_tokens": 40, "temperature": 0, "regex": r'\{"name": "[a-z]{1,8}", "city": "[a-z]{1,8}"\}'}
     metas = [engine.generate(prompt, sp)["meta_info"] for _ in range(2)]
     assert all(m["cached_tokens"] <= m["prompt_tokens"] for m in metas) and metas[1]["cached_tokens"] > 0
+
+
+def test_requests_that_return_logprobs_do_not_jump(engine):
+    """A jumped token is not sampled, so it had no logprob: the OpenAI chat route listed 1 entry for 6 tokens
+    (found by fuzzing). Such requests sample every token; the others still jump."""
+    sp = {"max_new_tokens": 40, "temperature": 0, "regex": r'\{"name": "[a-z]{1,8}"\}'}
+    with_lp = engine.generate("Record:", sp, return_logprob=True)["meta_info"]
+    plain = engine.generate("Record:", sp)["meta_info"]
+    assert len(with_lp["output_token_logprobs"]) == with_lp["completion_tokens"]
+    assert plain.get("jump_forward_tokens", 0) > 0 and not with_lp.get("jump_forward_tokens")

@@ -183,6 +183,7 @@ class FakeReq:
         self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
         self.output_ids, self.segment_start, self.streamed = [], 0, False
         self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
+        self.logprob = SimpleNamespace(return_logprob=False)
 
     @property
     def segment_len(self) -> int:

@@ -158,7 +158,7 @@ class GrammarBackend:
         req.grammar = impl.matcher(grammar, req, self.cache.pool)  # llguidance: further builds of a busy grammar
         if name == "llguidance" and self.mover is not None and grammar.regex is not None:
             self.mover.track(req)  # its grammar may move while it runs
-        if self.jump_enabled and not req.grammar.is_terminated():
+        if self.jump_enabled and not req.logprob.return_logprob and not req.grammar.is_terminated():
             forced = impl.jump(req.grammar, req, first=True)
             if forced:
                 req.output_ids.extend(forced)
@@ -224,7 +224,8 @@ class GrammarBackend:
         if req.grammar is None or req.grammar.is_terminated():
             return []
         impl = self.impl_named(req.grammar.backend)
-        return impl.jump(req.grammar, req, forced=forced and self.jump_enabled, limit=limit, cut=cut)
+        jumps = forced and self.jump_enabled and not req.logprob.return_logprob  # a jumped token has no logprob
+        return impl.jump(req.grammar, req, forced=jumps, limit=limit, cut=cut)
 
     @staticmethod
     def _reject(req, message: str, status: int = 400) -> bool:
