@@ -472,3 +472,13 @@ def test_small_batch_bias_rows_equal_the_bitmask_path():
         assert len(cache.rows) == 2
     finally:
         sampler._BIAS_ROWS = saved
+
+
+def test_a_regex_librarys_message_keeps_its_cause():
+    """The regex library says "regex parse error:" on its first line and the cause on a later "error:" line;
+    messages were cut to the first line and said nothing (found by fuzzing)."""
+    from radixflow.constrained.grammar_errors import summary
+
+    detail = "regex parse error:\n    (\n    ^\nerror: unclosed group"
+    assert summary(detail) == "regex parse error: unclosed group"
+    assert summary("one line\nmore") == "one line" and summary("  ") == "cannot be compiled"

@@ -40,9 +40,19 @@ def find_keyword(schema: Any, keyword: str, value: Any = None) -> Optional[str]:
     return None
 
 
+def summary(detail: str, fallback: str = "cannot be compiled") -> str:
+    """A backend's message in one line: its first line, and where that ends in a colon ("regex parse error:",
+    which says nothing alone), the regex library's "error: ..." line after it (e.g. "unclosed group")."""
+    lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
+    if not lines:
+        return fallback
+    cause = next((line[len("error:"):].strip() for line in lines[1:] if line.startswith("error:")), None)
+    return f"{lines[0]} {cause}" if cause and lines[0].endswith(":") else lines[0]
+
+
 def grammar_error(detail: str, schema: Any = None) -> GrammarError:
     """A GrammarError for a backend's message about `schema` (a dict, its JSON text, or None)."""
-    first = (detail.strip().splitlines() or ["cannot be compiled"])[0]
+    first = summary(detail)
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)

@@ -27,6 +27,7 @@ from typing import Any, Optional
 
 from outlines_core.json_schema import build_regex_from_schema
 
+from radixflow.constrained.grammar_errors import summary
 from radixflow.constrained.json_any import DEFAULT_DEPTH, any_array_regex, any_object_regex, any_value_regex, check_depth
 from radixflow.constrained.regex_helpers import ecma_regex, int_range_regex, integer_bounds, number_range_regex
 from radixflow.errors import GrammarError
@@ -117,7 +118,7 @@ def _regex_for_text(text: str, whitespace: str, any_depth: int) -> str:
     try:
         regex = build_regex_from_schema(json.dumps(schema), whitespace)
     except (ValueError, TypeError) as e:
-        first = str(e).strip().splitlines()[0]
+        first = summary(str(e))
         raise GrammarError(f"unsupported JSON schema: {first}") from None
     for name, sub in swaps.items():
         rendered = f'"{name}"'

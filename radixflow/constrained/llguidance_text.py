@@ -8,7 +8,7 @@ from typing import Any
 from llguidance import LLMatcher
 from llguidance.gbnf_to_lark import any_to_lark
 
-from radixflow.constrained.grammar_errors import grammar_error
+from radixflow.constrained.grammar_errors import grammar_error, summary
 from radixflow.constrained.options import GrammarOptions
 from radixflow.constrained.spec_checks import check_spec, strip_anchors
 from radixflow.errors import GrammarError
@@ -47,7 +47,7 @@ def grammar_text_error(kind: str, spec: Any, detail: str) -> GrammarError:
     """llguidance's complaint about a spec, as the GrammarError a user reads."""
     if kind == "json_schema":
         return grammar_error(detail, spec)
-    first = (detail.strip().splitlines() or ["cannot be compiled"])[0]
+    first = summary(detail)
     what = {"regex": "regex", "ebnf": "ebnf grammar (llguidance Lark syntax, or GBNF)"}[kind]
     return GrammarError(f"invalid or unsupported {what}: {first}")
 

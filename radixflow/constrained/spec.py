@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from outlines_core import Index, Vocabulary
 
+from radixflow.constrained.grammar_errors import summary
 from radixflow.constrained.json_any import DEFAULT_DEPTH
 from radixflow.constrained.json_schema import COMPACT_WHITESPACE, regex_for_schema
 from radixflow.constrained.options import DEFAULT_BACKEND
@@ -73,7 +74,7 @@ def check_regex(regex: str) -> None:
 
 
 def regex_error(regex: str, detail: str) -> str:
-    first = detail.strip().splitlines()[0] if detail.strip() else "cannot be compiled"
+    first = summary(detail)
     if "anchored" in first or "look" in first:
         hint = "anchors and look-arounds (^, $, \\b, (?=...)) are not supported inside a regex; remove them"
     elif "incompatible" in first:
