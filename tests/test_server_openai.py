@@ -159,6 +159,9 @@ def test_raw_httpx_stream(server):
     assert events[-2]["choices"][0]["finish_reason"] == "length"
 
 
+GEN = {"op": "gen", "id": 1, "name": "a", "sampling_params": {"max_new_tokens": 1}}
+
+
 def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
     """Found by fuzzing: each was a 500 (an exception past the validation)."""
     bad = [("/v1/completions", {"model": "default", "prompt": [-1], "max_tokens": 2}, "[0, "),
@@ -171,6 +174,9 @@ def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
                                                            "ebnf": "start: " + " | ".join(f'"w{i}"' for i in range(3000))}},
             "parser's limits"),
            ("/abort_request", {"rid": "x", "abort_al": True}, "unknown field"),
+           ("/program", {"programs": [{"rid": "p", "ops": [{"op": "text", "text": "Q:"}, GEN]}] * 2}, "same rid"),
+           ("/v1/chat/completions", {"model": "default", "max_tokens": 2, "messages": [{"role": "user", "content": "Hi"}],
+                                     "response_format": {"type": "json_object"}, "regex": "a+"}, "send one of them"),
            ("/separate_reasoning", {"text": "a", "parser": "qwen3"}, "unknown field")]  # fmt: skip
     with server.client() as c:
         for path, body, needle in bad:

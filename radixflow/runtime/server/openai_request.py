@@ -73,6 +73,9 @@ def _sampling(body: dict, max_tokens: Any, defaults: dict) -> dict:
         sp["max_new_tokens"] = max_tokens
     schema = _response_format(body.get("response_format"))
     if schema is not None:
+        given = [k for k in ("json_schema", "regex", "ebnf") if body.get(k) is not None]
+        if given:  # the request's own grammar would have been replaced unseen
+            raise RadixflowError(f"response_format and {', '.join(given)} both constrain the output; send one of them")
         sp["json_schema"] = schema
     return sp
 

@@ -115,6 +115,9 @@ def parse_program_body(body: Any, builder, max_requests: int) -> tuple[list, lis
     else:
         programs, single = [body["program"]], True
     ops = check_programs(programs, builder.sampling, max_requests)
+    rids = [p.get("rid") for p in programs if isinstance(p, dict) and p.get("rid")]
+    if len(set(rids)) < len(rids):  # an abort by rid would reach only one of them
+        raise RadixflowError("two programs of the call have the same rid; give each its own (or none)")
     return [{**p, "rid": p.get("rid") or uuid.uuid4().hex} for p in programs], ops, single
 
 
