@@ -138,3 +138,9 @@ def test_an_unbounded_stop_regex_searches_the_gens_last_characters_only(tok):
     req.output_ids += tok.encode(" START END", add_special_tokens=False)
     stops.check(req, 10**6)
     assert req.finish_reason == {"type": "stop", "matched": "START.*END"}
+    req = Req("r2", [1], params, output_ids=[])
+    for t in words * 3:  # past twice the window: the kept text is trimmed, not grown and copied per token
+        req.output_ids.append(t)
+        stops.check(req, 10**6)
+    assert len(req.stop_text[1].text) <= 2 * UNBOUNDED_WINDOW and not req.finished
+    assert stops._gen_text(req) == tok.decode(req.output_ids)[-UNBOUNDED_WINDOW:]

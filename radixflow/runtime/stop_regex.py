@@ -56,13 +56,15 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
             p = re.compile(t)
         except (re.error, RecursionError, OverflowError) as e:
             raise RadixflowError(f"stop_regex {t!r} is not a valid regular expression: {e}") from None
-        if _nested_repeats(_sre_parse.parse(t)):
+        parsed = _sre_parse.parse(t)
+        if _nested_repeats(parsed):
             raise RadixflowError(f"stop_regex {t!r} nests unbounded repeats (as in (a+)+), whose search can take "
                                  "exponential time; rewrite it without the nesting (e.g. (a+)+b as a+b)")
-        if p.search("") is not None or _sre_parse.parse(t).getwidth()[0] == 0:  # e.g. \b: empty, mid-text
+        shortest, longest = parsed.getwidth()
+        if shortest == 0:  # it matches the empty text, or an empty place in any text (\b, (?=a))
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
-        width = max(width, _sre_parse.parse(t).getwidth()[1])
+        width = max(width, longest)
     return StopPatterns(tuple(patterns), None if width >= UNBOUNDED else width)
 
 

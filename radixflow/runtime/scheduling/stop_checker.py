@@ -144,4 +144,6 @@ class StopChecker:
             kept = req.stop_text = (req.segment_start, IncrementalText(surr=req.segment_start, read=req.segment_start))
         skip = req.sampling.skip_special_tokens
         text = kept[1].update_with(lambda ids: self._decode(ids, skip), req.output_ids)
+        if len(text) > 2 * UNBOUNDED_WINDOW:  # only the window is searched: keep no more (nor copy it per token)
+            kept[1].text = text = text[-UNBOUNDED_WINDOW:]
         return (text + kept[1].pending)[-UNBOUNDED_WINDOW:]

@@ -200,7 +200,7 @@ def _register_native(app: FastAPI) -> None:
         body = await read_json(request)
         if not isinstance(body, dict):
             raise RadixflowError("the request body must be a JSON object {rid, abort_all}")
-        _only_fields(body, ("rid", "abort_all"))
+        sglang_fields.check_fields(body, {"rid", "abort_all"}, {}, "/abort_request")
         rid, abort_all = body.get("rid"), body.get("abort_all", False)
         if not isinstance(abort_all, bool) or (rid is not None and not isinstance(rid, str)):
             raise RadixflowError("rid must be a string and abort_all true or false")
@@ -226,7 +226,7 @@ def _register_native(app: FastAPI) -> None:
         body = await read_json(request)
         if not isinstance(body, dict) or not isinstance(body.get("text"), str):
             raise RadixflowError("the body must be {text: string, reasoning_parser: string}")
-        _only_fields(body, ("text", "reasoning_parser"))
+        sglang_fields.check_fields(body, {"text", "reasoning_parser"}, {}, "/separate_reasoning")
         name = body.get("reasoning_parser") or request.app.state.tm.args.reasoning_parser
         if name is None:
             raise RadixflowError(f"give reasoning_parser, one of {', '.join(reasoning.NAMES)}")
@@ -255,13 +255,6 @@ async def _native_stream(events: AsyncIterator[Event], single: bool) -> AsyncIte
         yield SSE_DONE
     finally:
         await events.aclose()
-
-
-def _only_fields(body: dict, fields: tuple) -> None:
-    """A small route's body: a misspelt field is refused by name, as every route refuses it."""
-    unknown = sorted(set(body) - set(fields))
-    if unknown:
-        raise RadixflowError(f"unknown field(s) {', '.join(unknown)}; this route takes {', '.join(fields)}")
 
 
 def model_info_dict(tm: TokenizerManager) -> dict:

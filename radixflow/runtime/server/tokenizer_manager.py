@@ -113,13 +113,13 @@ class TokenizerManager:
 
     # -- generate -------------------------------------------------------------------------------
     def generate(self, g: GenerateInput) -> AsyncIterator[Event]:
-        """Events for every request of the call until all are finished. Raises
-        RadixflowError (bad input) at once, before anything is queued."""
+        """Events for every request of the call until all are finished. Raises RadixflowError (bad input)
+        before anything is queued: at once, or for a rid already in use, on the first iteration."""
         return self._run(self.build(g), bool(g.stream))
 
     async def _run(self, reqs: list, stream: bool) -> AsyncIterator[Event]:
-        # checked again here, where the rids are taken without a wait in between: a concurrent call with the same
-        # rid may have passed build()'s check after this one did, and would take over its queue
+        # the rids are checked where they are taken, with no wait in between: checked in generate(), a concurrent
+        # call with the same rid could pass the check before this one took it, and take over its queue
         self._check_rids(reqs)
         queue: asyncio.Queue = asyncio.Queue()
         now = time.time()
@@ -138,9 +138,7 @@ class TokenizerManager:
 
     def build(self, g: GenerateInput) -> list:
         self._check_alive()
-        reqs = self.builder.build(g)  # refuses more than --max-batch-size requests before making them
-        self._check_rids(reqs)
-        return reqs
+        return self.builder.build(g)  # refuses more than --max-batch-size requests before making them
 
     def _check_rids(self, reqs: list) -> None:
         seen = set()
