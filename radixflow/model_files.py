@@ -14,6 +14,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from typing import Optional
 
@@ -96,9 +97,18 @@ def ready_model_dir(model_path: Optional[str]) -> Optional[str]:
 
 
 def _gguf_cache_dir(gguf_path: str) -> str:
-    st = os.stat(gguf_path)
-    tag = hashlib.sha1(f"{os.path.abspath(gguf_path)}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:12]
-    return os.path.join(env.cache_dir(), f"gguf-{tag}")
+    """Keyed by the file's content (size and its first and last MiB), not its path or mtime: the same GGUF
+    installed in several virtual environments shares one converted folder instead of ~0.5 GB each."""
+    size = os.path.getsize(gguf_path)
+    digest = hashlib.sha1(str(size).encode())
+    with open(gguf_path, "rb") as f:
+        digest.update(f.read(_KEY_BYTES))
+        f.seek(max(0, size - _KEY_BYTES))
+        digest.update(f.read(_KEY_BYTES))
+    return os.path.join(env.cache_dir(), f"gguf-{digest.hexdigest()[:12]}")
+
+
+_KEY_BYTES = 1 << 20
 
 
 def convert_gguf(gguf_path: str) -> str:
@@ -106,22 +116,33 @@ def convert_gguf(gguf_path: str) -> str:
     out = _gguf_cache_dir(gguf_path)
     if os.path.isfile(os.path.join(out, "done")):
         return out
+    tmp = out + f".tmp{os.getpid()}"
     try:
-        _convert_gguf_into(gguf_path, out)
+        _convert_gguf_into(gguf_path, tmp)
+        _publish(tmp, out)
     except ModelPathError:
         raise
     except Exception as e:  # a damaged or unsupported file
         raise ModelPathError(f"cannot read GGUF file {gguf_path!r}: {type(e).__name__}: {e}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # left only by a failure or by losing the race below
     return out
 
 
-def _convert_gguf_into(gguf_path: str, out: str) -> None:
+def _publish(tmp: str, out: str) -> None:
+    try:
+        os.rename(tmp, out)
+    except OSError:  # another process finished first: its folder is as good as ours
+        if not os.path.isfile(os.path.join(out, "done")):
+            raise
+
+
+def _convert_gguf_into(gguf_path: str, tmp: str) -> None:
     import torch
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     folder, name = os.path.split(os.path.abspath(gguf_path))
-    tmp = out + f".tmp{os.getpid()}"
     os.makedirs(tmp, exist_ok=True)
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -137,11 +158,6 @@ def _convert_gguf_into(gguf_path: str, out: str) -> None:
     GenerationConfig.from_model_config(model.config).save_pretrained(tmp)
     tok.save_pretrained(tmp)
     open(os.path.join(tmp, "done"), "w").close()
-    os.makedirs(os.path.dirname(out), exist_ok=True)
-    try:
-        os.rename(tmp, out)
-    except OSError:  # another process finished first
-        pass
 
 
 def load_config(path: str):

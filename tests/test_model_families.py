@@ -89,7 +89,7 @@ def test_dtypes_bf16_and_fp16_run(model_dir):
 
 def test_gguf_paths(tmp_path, model_dir):
     from radixflow.errors import ModelPathError
-    from radixflow.model_files import default_gguf_path, resolve_model
+    from radixflow.model_files import _gguf_cache_dir, default_gguf_path, resolve_model
 
     assert resolve_model(default_gguf_path()).path == model_dir  # converted once, then cached
     assert resolve_model(None).path == model_dir
@@ -97,6 +97,10 @@ def test_gguf_paths(tmp_path, model_dir):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ModelPathError, match="cannot read GGUF"):
         resolve_model(str(bad))
+    assert not glob.glob(_gguf_cache_dir(str(bad)) + ".tmp*")  # a failed conversion leaves nothing behind
+    copy = tmp_path / "elsewhere.gguf"  # the same file in another venv: keyed by content, so converted once
+    shutil.copyfile(default_gguf_path(), copy)
+    assert resolve_model(str(copy)).path == model_dir
     other = tmp_path / "weights.bin"
     other.write_bytes(b"x")
     with pytest.raises(ModelPathError, match=".gguf"):
