@@ -237,3 +237,49 @@ def test_max_new_tokens_is_cut_to_the_room_the_context_leaves():
                                                                                             "min_new_tokens": 6}))
     assert (fits.sampling.max_new_tokens, fits.sampling.min_new_tokens) == (8, 6)
     assert (cut.sampling.max_new_tokens, cut.sampling.min_new_tokens) == (4, 4)
+
+
+def test_openai_chat_fields_are_typed_as_openai_types_them(server):
+    """Found by fuzzing: these were accepted whatever their value (parallel_tool_calls only checked with tools, a
+    message without content rendered as empty, continue_final_message silently off after a user turn)."""
+    user = [{"role": "user", "content": "hi"}]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    refused = [
+        ({"parallel_tool_calls": "x"}, "parallel_tool_calls must be true or false"),
+        ({"user": 5}, "user must be a string"),
+        ({"store": 1}, "store must be true or false"),
+        ({"metadata": "m"}, "metadata must be an object"),
+        ({"messages": [{"role": "user"}]}, "messages[0] (user) needs content"),
+        ({"continue_final_message": True}, "it is 'user': add the assistant's partial answer"),
+    ]
+    accepted = [{"user": "bob", "store": False, "metadata": {"k": "v"}, "parallel_tool_calls": False},
+                {"messages": [*user, {"role": "assistant", "content": None, "tool_calls": [call]},
+                              {"role": "tool", "tool_call_id": "c1", "content": "ok"}]}]  # fmt: skip
+    with server.client() as c:
+        for extra, needle in refused:
+            r = c.post("/v1/chat/completions", json={"messages": user, "max_tokens": 2, **extra})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (extra, r.text)
+        for extra in accepted:
+            r = c.post("/v1/chat/completions", json={"messages": user, "max_tokens": 2, **extra})
+            assert r.status_code == 200, (extra, r.text)
+
+
+def test_grammar_errors_say_what_is_wrong(server):
+    """llguidance's "NoExtensionBias" (nothing matches), a hint naming a server flag for a keyword no backend
+    enforces, and a 500 for a grammar that forces a token forever: each found by fuzzing."""
+    cases = [
+        ({"regex": "a[^\\x00-\\U0010ffff]b"}, "invalid or unsupported regex: it matches no text at all"),
+        ({"ebnf": "start: start"}, "it matches no text at all"),
+        ({"json_schema": json.dumps({"$ref": "#"})}, "unsupported JSON schema: it matches no text at all"),
+        ({"json_schema": json.dumps({"not": {"type": "string"}})}, "radixflow cannot enforce 'not'; remove it"),
+        ({"ebnf": 'root ::= "a" root'}, "the grammar is over the parser's limits"),
+    ]
+    with server.client() as c:
+        for grammar, needle in cases:
+            r = c.post("/generate", json={"text": "x", "sampling_params": {"max_new_tokens": 8, **grammar}})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], (grammar, r.text)
+            assert "NoExtensionBias" not in r.text and "--grammar-backend" not in r.text
+        wrong_method = c.get("/v1/chat/completions")
+    assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
+    assert wrong_method.json()["error"] == {"message": "GET is not allowed on /v1/chat/completions; use POST",
+                                            "type": "invalid_request_error", "code": 405}  # fmt: skip

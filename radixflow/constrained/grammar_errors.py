@@ -15,6 +15,10 @@ from radixflow.errors import GrammarError
 _UNIMPLEMENTED = re.compile(r'Unimplemented keys: \["([^"]+)"')
 _UNKNOWN_FORMAT = re.compile(r"Unknown format: (\S+)")
 _BAD_POINTER = re.compile(r"Pointer '([^']*)' does not exist")
+# llguidance's regex engine's name for a lexeme no text matches
+_EMPTY_LANGUAGE = "NoExtensionBias"
+_EMPTY_MEANING = ("it matches no text at all (e.g. a character class that excludes every character, "
+                  "or a rule or $ref that only refers to itself)")
 
 
 def escape_pointer(key: str) -> str:
@@ -46,6 +50,8 @@ def summary(detail: str, fallback: str = "cannot be compiled") -> str:
     lines = [line.strip() for line in detail.strip().splitlines() if line.strip()]
     if not lines:
         return fallback
+    if lines[0] == _EMPTY_LANGUAGE:
+        return _EMPTY_MEANING
     cause = next((line[len("error:"):].strip() for line in lines[1:] if line.startswith("error:")), None)
     return f"{lines[0]} {cause}" if cause and lines[0].endswith(":") else lines[0]
 
@@ -62,7 +68,7 @@ def grammar_error(detail: str, schema: Any = None) -> GrammarError:
     m = _UNIMPLEMENTED.search(first)
     if m:
         keyword = m.group(1)
-        hint = f"'{keyword}' cannot be enforced by this grammar backend; remove it or try another --grammar-backend"
+        hint = f"radixflow cannot enforce '{keyword}'; remove it"
     elif _UNKNOWN_FORMAT.search(first):
         keyword = "format"
         value = _UNKNOWN_FORMAT.search(first).group(1)

@@ -6,6 +6,8 @@ Every route refuses a field it does not know; a field SGLang knows is accepted w
 its value leaves the output unchanged:
 
 - `ANY`: routing or bookkeeping only (data_parallel_rank, priority, custom_labels, ...);
+- a type (`str`, `bool`, `dict`): bookkeeping fields OpenAI types (`user`, `store`, ...): any value of that
+  type, or null;
 - otherwise only the listed "off" values (None, False, its default), or an empty or
   all-off per-prompt list. Anything else is a 400 naming the field.
 
@@ -59,20 +61,20 @@ GENERATE = {
 
 _OPENAI = {
     **_SHARED,
-    "user": ANY,
+    "user": str,
     "spaces_between_special_tokens": SAMPLING["spaces_between_special_tokens"],
     "custom_params": _NULL,
     **dict.fromkeys(("return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids"), _FALSE),
     # OpenAI fields that only concern OpenAI's own service
-    **dict.fromkeys(("service_tier", "store", "metadata"), ANY),
+    "service_tier": str, "store": bool, "metadata": dict,
 }
 
 COMPLETION = {**_OPENAI, "best_of": (None, 1)}
 
 CHAT = {
     **_OPENAI,
-    **dict.fromkeys(("parallel_tool_calls", "reasoning_effort",
-                     "return_flat_raw_top_logprobs_b64"), ANY),
+    **dict.fromkeys(("parallel_tool_calls", "return_flat_raw_top_logprobs_b64"), ANY),
+    "reasoning_effort": str,
     **dict.fromkeys(("thinking", "task", "sampling_logprobs_mode", "max_dynamic_patch", "min_dynamic_patch",
                      "video_config", "input_ids"), _NULL),
     **dict.fromkeys(("return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",
@@ -90,9 +92,17 @@ def check_fields(body: dict, supported: set, extras: dict, route: str) -> None:
             "(and SGLang's fields at values that change nothing)"
         )
     for name, value in body.items():
-        if name not in supported and not _inert(value, extras[name]):
+        if name in supported:
+            continue
+        if isinstance(extras[name], type):
+            if value is not None and not isinstance(value, extras[name]):
+                raise RadixflowError(f"{name} must be {_TYPE_NAMES[extras[name]]} or null, got {value!r}")
+        elif not _inert(value, extras[name]):
             offs = " or ".join("null" if v is None else str(v).lower() for v in extras[name])
             raise RadixflowError(f"{name}={value!r} is not supported by radixflow; remove it or set it to {offs}")
+
+
+_TYPE_NAMES = {str: "a string", bool: "true or false", dict: "an object"}
 
 
 def _inert(value: Any, offs: Any) -> bool:

@@ -16,9 +16,10 @@ _STOCK_DECODE = ("transformers.tokenization_utils_base", "transformers.tokenizat
                  "transformers.tokenization_utils_fast")  # fmt: skip
 
 
-# llguidance's error for a grammar past its Earley parser's row limit ("Current row has 3001 items; max is 2000"),
-# met only while decoding (a 3,000-alternative EBNF rule passes its validation)
-_PARSER_LIMIT = "items; max is"
+# llguidance's errors for a grammar past its Earley parser's limits, met only while decoding: a row's limit
+# ("Current row has 3001 items; max is 2000": a 3,000-alternative EBNF rule passes its validation) and the items
+# one step may add ("Too many items (limit 50000; ff_tokens)": `root ::= "a" root` forces "a" forever)
+_PARSER_LIMITS = ("items; max is", "Too many items (limit")
 
 # text whose decode the space clean-up changes (" ." -> ".", " n't" -> "n't", ...), for _same_text's probe
 _CLEANUP_PROBE = "a . b , c ! d ? e n't f 's g 'm h 've i 're j ' k"
@@ -113,9 +114,9 @@ class StopChecker:
         error = req.grammar.error()
         if error is None:
             return False
-        if _PARSER_LIMIT in error:  # the grammar's size, not the server: the request's to change
+        if any(limit in error for limit in _PARSER_LIMITS):  # the grammar's size, not the server: the request's to change
             req.finish({"type": "abort", "status_code": 400, "message": f"the grammar is over the parser's limits "
-                        f"({error}); simplify it: fewer alternatives in one rule, shorter lexemes"})  # fmt: skip
+                        f"({error}); simplify it: fewer alternatives in one rule, longer lexemes, no rule that only repeats itself"})  # fmt: skip
             return True
         log.error("request %s: constrained decoding failed: %s", req.rid, error)
         req.finish({"type": "abort", "message": f"constrained decoding failed: {error}", "status_code": 500})

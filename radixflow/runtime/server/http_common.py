@@ -34,9 +34,8 @@ def error_response(status: int, message: str, kind: Optional[str] = None) -> Res
 
 
 def _error_type(status: int) -> str:
-    return {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error", 413: "request_too_large"}.get(
-        status, "server_error"
-    )
+    named = {401: "authentication_error", 404: "not_found_error", 413: "request_too_large"}
+    return named.get(status, "invalid_request_error" if 400 <= status < 500 else "server_error")
 
 
 async def read_json(request: Request) -> Any:

@@ -105,6 +105,11 @@ def _register_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _starlette(request, exc: StarletteHTTPException):
+        allow = (exc.headers or {}).get("Allow")
+        if exc.status_code == 405 and allow:  # say which methods the route takes, and keep the Allow header
+            response = error_response(405, f"{request.method} is not allowed on {request.url.path}; use {allow}")
+            response.headers["Allow"] = allow
+            return response
         return error_response(exc.status_code, str(exc.detail))
 
     @app.exception_handler(Exception)

@@ -210,7 +210,9 @@ def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
     clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
     if clash:
         raise RadixflowError(f"chat_template_kwargs may not set {', '.join(clash)}")
-    cont = cont and messages[-1]["role"] == "assistant"
+    if cont and messages[-1]["role"] != "assistant":
+        raise RadixflowError(f"continue_final_message continues the last message, which must be the assistant's; "
+                             f"it is {messages[-1]['role']!r}: add the assistant's partial answer or drop the flag")
     return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **kwargs)
 
 
@@ -221,6 +223,9 @@ def _messages(messages: Any) -> list:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES:
             raise RadixflowError(f"messages[{i}] must be an object with role one of {', '.join(_ROLES)}")
+        if m.get("content") is None and not (m["role"] == "assistant" and m.get("tool_calls")):
+            raise RadixflowError(f"messages[{i}] ({m['role']}) needs content (only an assistant message with tool_calls "
+                                 "may leave it out)")
         out.append({"role": m["role"], "content": _content(m.get("content"), i)})
     return out
 

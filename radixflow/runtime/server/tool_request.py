@@ -64,15 +64,15 @@ class ToolPlan:
 def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> Optional[ToolPlan]:
     """`messages`: the request's messages with their content already normalized (role, content).
     None when the request has neither tools nor tool messages."""
+    parallel = body.get("parallel_tool_calls")
+    if parallel is not None and not isinstance(parallel, bool):  # checked with or without tools, as OpenAI does
+        raise RadixflowError(f"parallel_tool_calls must be true or false, got {parallel!r}")
     raw = body.get("messages") or []
     has_history = any(isinstance(m, dict) and (m.get("tool_calls") or m.get("role") == "tool") for m in raw)
     if body.get("tools") is None and body.get("tool_choice") in (None, "none") and not has_history:
         return None
     tools = parse_tools(body.get("tools"))
     choice, named = parse_tool_choice(body.get("tool_choice"), tools)
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool):
-        raise RadixflowError("parallel_tool_calls must be true or false")
     if choice != "none" and any(body.get(f) is not None for f in _GRAMMAR_FIELDS):
         given = ", ".join(f for f in _GRAMMAR_FIELDS if body.get(f) is not None)
         raise RadixflowError(f"{given} cannot be combined with tool calls; drop it or set tool_choice to 'none'")
@@ -83,7 +83,7 @@ def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> O
         prompt = _render(tokenizer, history, [t.spec() for t in tools] or None)
     else:
         prompt = _render(tokenizer, generic_history(history, tools, fmt), None)
-    return ToolPlan(tools, fmt, choice, prompt, grammar(tools, fmt, choice, named, parallel))
+    return ToolPlan(tools, fmt, choice, prompt, grammar(tools, fmt, choice, named, parallel is not False))
 
 
 def grammar(tools: list, fmt: ToolFormat, choice: str, named: Optional[str], parallel: bool) -> Optional[str]:
