@@ -489,3 +489,29 @@ def test_a_failed_late_check_undoes_at_most_64_tokens(backend, engine):
         raise AssertionError("the output was never cut back")
     assert 0 < len(req.output_ids) - keep <= 64, len(req.output_ids) - keep
     assert req.grammar.budget_closed and tokens
+
+
+def test_an_auto_tool_call_that_cannot_fit_is_not_opened(backend, engine):
+    """tool_choice auto: free text, then optionally calls. A call opened with less budget left than it needs is
+    undone and the output ends there, complete as free text (found by fuzzing: the content ended with a partial
+    opener and a length finish; that is this case, and docs/tools.md says so)."""
+    from radixflow.runtime.server.tool_formats import FORMATS, auto_regex, call_regex, calls_regex
+
+    fmt = FORMATS["generic"]
+    args = r'\{"city": "[a-z]{1,12}", "unit": "(c|f)"\}'
+    regex = auto_regex(fmt, calls_regex(fmt, [call_regex(fmt, "get_weather", args)], False))
+    encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    opener = encode('Sure. <tool_call>\n{"name": "')
+    req = start(backend, len(opener) + 6, "regex", regex)
+    for token in opener[len(req.output_ids) :]:
+        req.output_ids.append(token)
+        req.grammar.accept_token(token)
+    keep, tokens = backend.jump_forward(req)
+    assert keep == len(opener) - 1 and tokens == [backend.info.eos_ids[0]]  # ' "', which opened the call, undone
+    assert req.grammar.budget_closed and req.grammar.is_accepting
+    roomy = start(backend, len(opener) + 40, "regex", regex)
+    for token in opener[len(roomy.output_ids) :]:
+        roomy.output_ids.append(token)
+        roomy.grammar.accept_token(token)
+    forced = backend.jump_forward(roomy)  # with room, the call goes on: its name is forced
+    assert engine.tokenizer.decode(forced).startswith('get_weather", "') and not roomy.grammar.budget_closed
