@@ -33,6 +33,7 @@ from radixflow.runtime.server.http_common import (
 from radixflow.runtime import reasoning, sglang_fields
 from radixflow.runtime.server.openai_api import register_openai_routes
 from radixflow.runtime.server.program_service import register_program_routes
+from radixflow.runtime.server.tokenize_api import register_tokenize_routes
 from radixflow.runtime.server.tokenizer_manager import Event, ServerDeadError, TokenizerManager
 
 OPEN_ROUTES = frozenset({"/health"})
@@ -82,6 +83,7 @@ def create_app(tm: TokenizerManager) -> FastAPI:
     _register_native(app)
     register_openai_routes(app)
     register_program_routes(app)  # request graphs (runtime/server/program_service.py)
+    register_tokenize_routes(app)
     app.add_middleware(GuardMiddleware, api_key=tm.args.api_key, max_body_bytes=tm.args.max_body_bytes)
     return app
 

@@ -198,6 +198,11 @@ def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str) -> Optional[R
     return ReasoningPlan(fmt, prompt_forces(fmt, prompt), stream)
 
 
+def chat_prompt_text(tm: TokenizerManager, body: dict) -> str:
+    """The prompt a chat request's `messages` render to (no tools), as /tokenize counts it."""
+    return _chat_prompt(tm, body, _messages(body.get("messages")))
+
+
 def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
     """The chat template applied to the messages; with continue_final_message a last
     assistant message is continued rather than followed by a new turn (as in SGLang)."""

@@ -1,0 +1,80 @@
+"""/tokenize and /detokenize (also under /v1/): the server's own tokenizer over HTTP, in SGLang's and vLLM's
+shapes, so a client can count a prompt against the context before sending it.
+
+    POST /tokenize   {"prompt": "Hello"}            -> {"tokens": [...], "count": 2, "max_model_len": 8192}
+                     {"prompt": ["a", "b"]}         -> tokens and count per prompt
+                     {"messages": [...]}            -> the chat prompt, as /v1/chat/completions renders it
+    POST /detokenize {"tokens": [19556, 28]}        -> {"text": "Hello!"}   (or a list of lists -> a list)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+
+from radixflow.errors import RadixflowError
+from radixflow.runtime.generate_request import token_ids_in
+from radixflow.runtime.server.http_common import json_response, read_json
+from radixflow.runtime.server.openai_request import chat_prompt_text, parse_body
+from radixflow.runtime.server.tokenizer_manager import TokenizerManager
+
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs"}
+DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
+
+
+def register_tokenize_routes(app: FastAPI) -> None:
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize(request: Request):
+        tm: TokenizerManager = request.app.state.tm
+        body = parse_body(await read_json(request), TOKENIZE_FIELDS, {}, request.url.path)
+        return json_response(tokenize_body(tm, body))
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(request: Request):
+        tm: TokenizerManager = request.app.state.tm
+        body = parse_body(await read_json(request), DETOKENIZE_FIELDS, {}, request.url.path)
+        return json_response(detokenize_body(tm, body))
+
+
+def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
+    prompt, messages = body.get("prompt"), body.get("messages")
+    if (prompt is None) == (messages is None):
+        raise RadixflowError("send exactly one of 'prompt' (a string or a list of strings) and 'messages'")
+    special = _flag(body, "add_special_tokens", messages is None)  # a chat template writes its own special tokens
+    if messages is not None:
+        prompt = chat_prompt_text(tm, body)
+    elif not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
+        raise RadixflowError("prompt must be a string or a list of strings")
+    elif "continue_final_message" in body or "chat_template_kwargs" in body:
+        raise RadixflowError("continue_final_message and chat_template_kwargs apply to 'messages' only")
+    if isinstance(prompt, str):
+        tokens = tm.tokenizer.encode(prompt, add_special_tokens=special)
+        count: Any = len(tokens)
+    else:
+        tokens = [tm.tokenizer.encode(p, add_special_tokens=special) for p in prompt]
+        count = [len(t) for t in tokens]
+    return {"tokens": tokens, "count": count, "max_model_len": tm.info.context_len}
+
+
+def detokenize_body(tm: TokenizerManager, body: dict) -> dict:
+    tokens = body.get("tokens")
+    skip = _flag(body, "skip_special_tokens", True)
+    nested = isinstance(tokens, list) and bool(tokens) and all(isinstance(t, list) for t in tokens)
+    for ids in tokens if nested else [tokens]:
+        if not isinstance(ids, list) or not token_ids_in(ids, tm.info.vocab_size):
+            raise RadixflowError(f"tokens must be a list of token ids in [0, {tm.info.vocab_size}), or a list of such lists")
+    if nested:
+        return {"text": [tm.tokenizer.decode(ids, skip_special_tokens=skip) for ids in tokens]}
+    return {"text": tm.tokenizer.decode(tokens, skip_special_tokens=skip)}
+
+
+def _flag(body: dict, name: str, default: bool) -> bool:
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RadixflowError(f"{name} must be true or false")
+    return value
