@@ -94,6 +94,23 @@ def test_stream_usage_is_null_until_the_last_chunk(server):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+def test_continuous_usage_stats_count_each_chunk(server):
+    """vLLM's and SGLang's stream_options.continuous_usage_stats: every chunk carries the counts so far; unknown
+    stream_options are refused (they were ignored)."""
+    options = {"include_usage": True, "continuous_usage_stats": True}
+    body = {"model": "default", "prompt": "Count: 1, 2,", "max_tokens": 4, "temperature": 0, "stream": True,
+            "stream_options": options, "ignore_eos": True}  # fmt: skip
+    with server.client() as c:
+        with c.stream("POST", "/v1/completions", json=body) as r:
+            chunks = sse_events(r.iter_lines())[:-1]
+        bad = c.post("/v1/completions", json={**body, "stream_options": {"include_usage": True, "usage": True}})
+    counts = [e["usage"]["completion_tokens"] for e in chunks[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 4 and chunks[-1]["usage"]["completion_tokens"] == 4
+    prompt = chunks[-1]["usage"]["prompt_tokens"]
+    assert all(e["usage"]["prompt_tokens"] == prompt and e["usage"]["total_tokens"] == prompt + n for e, n in zip(chunks, counts))
+    assert bad.status_code == 400 and "unknown stream_options field(s): usage" in bad.json()["error"]["message"]
+
+
 def test_chat_n_stop_seed_logprobs(client):
     r = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=4, n=3, temperature=0.9, seed=7)
     assert sorted(c.index for c in r.choices) == [0, 1, 2]

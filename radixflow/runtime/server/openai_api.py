@@ -239,7 +239,11 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
             choice["delta"]["reasoning_content"] = thinking
         choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
     chunk = {**_chunk_head(tm, call), "choices": [choice]}
-    if call.include_usage:  # as OpenAI: null on every chunk but the last (usage only)
+    if call.continuous_usage:  # this choice's counts so far
+        done = meta.get("completion_tokens", len(r["output_ids"]))
+        chunk["usage"] = {"prompt_tokens": meta.get("prompt_tokens", 0), "completion_tokens": done,
+                          "total_tokens": meta.get("prompt_tokens", 0) + done}  # fmt: skip
+    elif call.include_usage:  # as OpenAI: null on every chunk but the last (usage only)
         chunk["usage"] = None
     return chunk
 

@@ -43,6 +43,7 @@ class Call:
     echo: bool = False
     logprobs: bool = False
     include_usage: bool = False
+    continuous_usage: bool = False  # usage so far on every streamed chunk (stream_options.continuous_usage_stats)
     tools: Optional[ToolPlan] = None  # set when the output is decoded and parsed as tool calls
     reasoning: Optional[ReasoningPlan] = None  # set when the thinking is split from the answer (--reasoning-parser)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
@@ -98,16 +99,27 @@ def _response_format(rf: Any) -> Optional[str]:
     raise RadixflowError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
 
 
-def _stream_flags(body: dict, usage_default: bool = False) -> tuple[bool, bool]:
-    """(stream, include_usage); `usage_default`: include_usage where the request does not say
-    (--stream-response-default-include-usage)."""
+def _stream_flags(body: dict, usage_default: bool = False) -> tuple[bool, bool, bool]:
+    """(stream, include_usage, continuous_usage_stats); `usage_default`: include_usage where the request does not
+    say (--stream-response-default-include-usage). continuous_usage_stats (vLLM's and SGLang's) puts the counts so
+    far on every chunk."""
     stream = body.get("stream", False)
     opts = body.get("stream_options") or {}
     if not isinstance(stream, bool):
         raise RadixflowError("stream must be true or false")
-    if not isinstance(opts, dict) or not isinstance(opts.get("include_usage", usage_default), bool):
-        raise RadixflowError("stream_options must be an object like {\"include_usage\": true}")
-    return stream, opts.get("include_usage", usage_default)
+    if not isinstance(opts, dict):
+        raise RadixflowError('stream_options must be an object like {"include_usage": true}')
+    unknown = sorted(set(opts) - _STREAM_OPTIONS)
+    if unknown:
+        raise RadixflowError(f"unknown stream_options field(s): {', '.join(unknown)}; accepted: {', '.join(sorted(_STREAM_OPTIONS))}")
+    usage, continuous = opts.get("include_usage", usage_default), opts.get("continuous_usage_stats", False)
+    if not isinstance(usage, bool) or not isinstance(continuous, bool) or not isinstance(opts.get("include_obfuscation", False), bool):
+        raise RadixflowError("stream_options' fields must be true or false")
+    return stream, usage, continuous and usage
+
+
+# include_obfuscation (OpenAI's padding against side channels) is accepted and does nothing
+_STREAM_OPTIONS = {"include_usage", "continuous_usage_stats", "include_obfuscation"}
 
 
 def _n(body: dict) -> int:
@@ -123,7 +135,7 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
     if body.get("suffix"):
         raise RadixflowError("suffix is not supported; put the whole prompt in 'prompt'")
     prompt = body.get("prompt")
-    stream, usage = _stream_flags(body, tm.args.stream_response_default_include_usage)
+    stream, usage, continuous = _stream_flags(body, tm.args.stream_response_default_include_usage)
     text, ids, prompts = _completion_prompt(tm, prompt)
     k = body.get("logprobs")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20):
@@ -137,7 +149,7 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
                       rid=body.get("rid"), return_logprob=k is not None, top_logprobs_num=k or 0,
                       logprob_start_len=0 if (echo and k is not None) else None,
                       return_text_in_logprobs=True, stream=stream)  # fmt: skip
-    return Call("completion", g, _n(body), prompts, echo, k is not None, usage)
+    return Call("completion", g, _n(body), prompts, echo, k is not None, usage, continuous_usage=continuous)
 
 
 def _completion_prompt(tm: TokenizerManager, prompt: Any) -> tuple:
@@ -162,7 +174,7 @@ def _in_vocab(tm: TokenizerManager, ids: list) -> list:
 
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
-    stream, usage = _stream_flags(body, tm.args.stream_response_default_include_usage)
+    stream, usage, continuous = _stream_flags(body, tm.args.stream_response_default_include_usage)
     messages = _messages(body.get("messages"))
     tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
     text = tools.prompt if tools else _chat_prompt(tm, body, messages)
@@ -181,7 +193,7 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
         sp["regex"] = tools.regex
     g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
                       top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
-    return Call("chat", g, _n(body), [text], False, want_lp, usage, tools if tools and tools.regex else None,
+    return Call("chat", g, _n(body), [text], False, want_lp, usage, continuous, tools if tools and tools.regex else None,
                 _reasoning_plan(tm, body, text))  # fmt: skip
 
 
