@@ -144,6 +144,7 @@ def test_model_and_server_info(server):
 def test_health_routes(server):
     with server.client() as c:
         assert c.get("/health").status_code == 200
+        assert c.get("/ready").status_code == c.get("/ping").status_code == 200  # SGLang's other names
         assert c.get("/health_generate").status_code == 200
 
 
@@ -216,7 +217,7 @@ PROTECTED = [("POST", "/generate"), ("PUT", "/generate"), ("GET", "/get_model_in
              ("GET", "/get_server_info"), ("GET", "/server_info"), ("GET", "/health_generate"),
              ("POST", "/flush_cache"), ("GET", "/flush_cache"), ("POST", "/abort_request"), ("GET", "/metrics"),
              ("GET", "/v1/models"), ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-             ("GET", "/nope")]  # fmt: skip
+             ("POST", "/tokenize"), ("POST", "/v1/detokenize"), ("GET", "/nope")]  # fmt: skip
 
 
 @pytest.mark.parametrize("method,path", PROTECTED)
@@ -229,4 +230,5 @@ def test_auth_required(server, method, path, auth):
 
 
 def test_health_is_open(server):
-    assert httpx.get(server.url + "/health", timeout=30).status_code == 200
+    for path in ("/health", "/ready", "/ping"):
+        assert httpx.get(server.url + path, timeout=30).status_code == 200

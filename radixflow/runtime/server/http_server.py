@@ -1,7 +1,7 @@
 """The HTTP server (FastAPI): SGLang's native routes, the OpenAI routes (openai_api.py),
 auth, request limits and `{"error": {"message": ...}}` error bodies.
 
-Auth: with --api-key every route except GET /health needs `Authorization: Bearer KEY`
+Auth: with --api-key every route except GET /health (/ready, /ping) needs `Authorization: Bearer KEY`
 (unlike SGLang, /metrics and /health_generate are protected too: they reveal load and
 run the model).
 """
@@ -36,7 +36,7 @@ from radixflow.runtime.server.program_service import register_program_routes
 from radixflow.runtime.server.tokenize_api import register_tokenize_routes
 from radixflow.runtime.server.tokenizer_manager import Event, ServerDeadError, TokenizerManager
 
-OPEN_ROUTES = frozenset({"/health"})
+OPEN_ROUTES = frozenset({"/health", "/ready", "/ping"})
 HEALTH_GENERATE_TIMEOUT_S = 20.0
 _GENERATE_FIELDS = {
     "text": None,
@@ -150,6 +150,8 @@ def _register_native(app: FastAPI) -> None:
         return json_response(results[0] if single and len(results) == 1 else results)
 
     @app.get("/health")
+    @app.get("/ready")  # SGLang's other names for it (load balancers and Kubernetes probes use them)
+    @app.get("/ping")
     async def health(request: Request):
         tm: TokenizerManager = request.app.state.tm
         if tm.dead_reason:
