@@ -59,6 +59,24 @@ GEMV_CONFIGS_FP8 = (
 # Tried on the H200 and no faster than these on any Llama-3-8B shape (benchmarks/history/): 8 / 2048 with
 # 8 warps, a K=4096 row's whole weight requested before the PDL wait, and a persistent grid (one program
 # per SM slot walking row blocks p, p + G, ... in one flat K loop), in bf16 too.
+# The K loop on tensor cores ("dot": `_gemv_dot`, x's rows padded to 16 columns): the accumulator is an MMA
+# fragment of a few registers a thread, where `_gemv_acc`'s elementwise one takes 32-96, the suspected limit of
+# the FP8 GEMV (benchmarks/history/2026-12-02.md, session 5). Compiled for sm_90 and checked in the interpreter
+# but not yet timed on a GPU (session 26 had none), so they are not the chooser's candidates: gpu_bench's
+# fp8_kernels section times them beside the lists above.
+GEMV_DOT_CONFIGS = (
+    {"block_n": 16, "block_k": 256, "num_warps": 4, "stages": 4, "dot": True},
+    {"block_n": 16, "block_k": 512, "num_warps": 4, "stages": 3, "dot": True},
+    {"block_n": 32, "block_k": 256, "num_warps": 4, "stages": 4, "dot": True},
+    {"block_n": 64, "block_k": 128, "num_warps": 4, "stages": 5, "dot": True},
+)
+GEMV_DOT_CONFIGS_FP8 = (
+    {"block_n": 16, "block_k": 512, "num_warps": 4, "stages": 4, "dot": True},
+    {"block_n": 16, "block_k": 1024, "num_warps": 4, "stages": 3, "dot": True},
+    {"block_n": 32, "block_k": 512, "num_warps": 4, "stages": 4, "dot": True},
+    {"block_n": 64, "block_k": 256, "num_warps": 4, "stages": 4, "dot": True},
+    {"block_n": 16, "block_k": 256, "num_warps": 4, "stages": 6, "dot": True},
+)
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 
@@ -81,14 +99,20 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
-                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
-    mask_n = offs_n < N
+def _summed(acc, BLOCK_M: tl.constexpr):
+    """An elementwise accumulator summed over K: [BLOCK_M, BLOCK_N]."""
     if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
+    return out
+
+
+@triton.jit
+def _store_rows(out, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """Out[offs_m, offs_n] = out times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
+    mask_n = offs_n < N
     if HAS_SCALE:  # FP8 weights: one scale per output row
         out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
     if HAS_BIAS:
@@ -129,18 +153,78 @@ def _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL: tl.c
 
 
 @triton.jit
+def _dot_step(acc, X, w, offs_m, offs_k, k0, M, K, stride_xm, BLOCK_M: tl.constexpr):
+    """acc [BLOCK_N, 16] += w [BLOCK_N, BLOCK_K] @ x^T, x's rows as the columns of a [BLOCK_K, 16] operand (zero past
+    M). One row (BLOCK_M 1) is loaded as a vector and placed in column 0 in registers: a [BLOCK_K, 16] load would be
+    pipelined through shared memory, 15 of its 16 columns zeros, at twice the weight tile's bytes. FP8 weights widen
+    to x's dtype exactly; float32 x keeps full precision (no TF32)."""
+    mask_k = (k0 + offs_k) < K
+    if BLOCK_M == 1:
+        x = tl.load(X + k0 + offs_k, mask=mask_k, other=0.0)
+        xt = tl.where((offs_m == 0)[None, :], x[:, None], tl.zeros_like(x)[:, None])
+    else:
+        xt = tl.load(X + offs_m[None, :] * stride_xm + (k0 + offs_k)[:, None], mask=(offs_m < M)[None, :] & mask_k[:, None],
+                     other=0.0)
+    if X.dtype.element_ty == tl.float32:
+        acc = tl.dot(w.to(tl.float32), xt, acc, input_precision="ieee")
+    else:
+        acc = tl.dot(w.to(X.dtype.element_ty), xt, acc)
+    return acc
+
+
+@triton.jit
+def _gemv_dot(X, W, M, N, K, stride_xm, stride_wn, offs_n, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, STAGES: tl.constexpr):
+    """The K loop on tensor cores ("dot" configs): [BLOCK_M, BLOCK_N] = x @ W[offs_n].T, x's rows padded to 16 for
+    the product, the accumulator an MMA fragment of a few registers a thread instead of `_gemv_acc`'s elementwise
+    tile. BLOCK_M: 1 (one row) or 16."""
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_m = tl.arange(0, 16)
+    mask_n = offs_n < N
+    w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    w = tl.load(w_ptrs, mask=mask_n[:, None] & (offs_k < K)[None, :], other=0.0)  # before the PDL wait, as there
+    pdl_wait(USE_PDL)
+    acc = _dot_step(tl.zeros([BLOCK_N, 16], tl.float32), X, w, offs_m, offs_k, 0, M, K, stride_xm, BLOCK_M)
+    for k0 in tl.range(BLOCK_K, K, BLOCK_K, num_stages=STAGES):
+        w = tl.load(w_ptrs + k0, mask=mask_n[:, None] & (k0 + offs_k < K)[None, :], other=0.0)
+        acc = _dot_step(acc, X, w, offs_m, offs_k, k0, M, K, stride_xm, BLOCK_M)
+    if BLOCK_M == 1:  # column 0 of acc: the others are zero
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.trans(acc)
+    return out
+
+
+@triton.jit
+def gemv_rows(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
+              DOT: tl.constexpr):
+    """x @ W[offs_n].T as float32 [BLOCK_M, BLOCK_N], unscaled: on tensor cores (DOT: BLOCK_M 1 or 16) or summed from
+    `_gemv_acc`'s elementwise accumulator. Shared by `_gemv_kernel` and kernels/gemv_epilogue.py."""
+    if DOT:
+        out = _gemv_dot(X, W, M, N, K, stride_xm, stride_wn, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
+    else:
+        acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K,
+                        UNROLL, STAGES)
+        out = _summed(acc, BLOCK_M)
+    return out
+
+
+@triton.jit
 def _gemv_kernel(
     X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
+    DOT: tl.constexpr,
 ):
     """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
     so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, STAGES)
-    _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
+    out = gemv_rows(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL,
+                    STAGES, DOT)
+    _store_rows(out, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE)
 
 
 @triton.jit
@@ -184,14 +268,24 @@ def _gemv_fp8_words_kernel(
         for j in tl.static_range(4):
             acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 4 * w0, M, K, stride_xm), _e4m3_byte_as_f32(words, j),
                        BLOCK_M)
-    _store_rows(acc, Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
-                HAS_BIAS, True, BLOCK_M)
+    _store_rows(_summed(acc, BLOCK_M), Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
+                HAS_BIAS, True)
 
 
 def gemv_block_k(cfg: dict, block_m: int) -> int:
     """`_gemv_kernel`'s BLOCK_K for a config at BLOCK_M rows: block_k split over the unrolled tiles and
-    shrunk by the rows (the accumulator's registers stay constant), at least 16 columns."""
+    shrunk by the rows (the accumulator's registers stay constant), at least 16 columns. A dot config's
+    accumulator does not grow with the rows: its block_k as it is."""
+    if cfg.get("dot"):
+        return cfg["block_k"]
     return max(16, cfg["block_k"] // cfg.get("unroll", 1) // block_m)
+
+
+def gemv_block_m(cfg: dict, m: int) -> int:
+    """BLOCK_M for M rows: a power of two; a dot config's 1 or 16 (tensor cores' smallest operand)."""
+    if cfg.get("dot"):
+        return 1 if m == 1 else 16
+    return triton.next_power_of_2(m)
 
 
 def gemv_block_w(cfg: dict, block_m: int) -> int:
@@ -211,7 +305,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = triton.next_power_of_2(m)
+    block_m = gemv_block_m(cfg, m)
     if w_scale is not None and cfg.get("words") and k % 4 == 0 and weight.stride(0) % 4 == 0:
         _gemv_fp8_words_kernel[(triton.cdiv(n, cfg["block_n"]),)](
             x, weight.view(torch.int32), w_scale, out if bias is None else bias, out,
@@ -222,13 +316,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         )
         return out
     unroll = cfg.get("unroll", 1)
-    assert unroll in (1, 2)
+    assert unroll in (1, 2) and not (unroll == 2 and cfg.get("dot"))
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
-        **pdl_launch(x, settings),
+        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], DOT=bool(cfg.get("dot")),
+        num_warps=cfg["num_warps"], **pdl_launch(x, settings),
     )
     return out
 
