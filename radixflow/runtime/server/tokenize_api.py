@@ -9,7 +9,7 @@ shapes, so a client can count a prompt against the context before sending it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from fastapi import FastAPI, Request
 
@@ -24,19 +24,17 @@ DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 
 def register_tokenize_routes(app: FastAPI) -> None:
-    @app.post("/tokenize")
-    @app.post("/v1/tokenize")
-    async def tokenize(request: Request):
-        tm: TokenizerManager = request.app.state.tm
-        body = parse_body(await read_json(request), TOKENIZE_FIELDS, {}, request.url.path)
-        return json_response(tokenize_body(tm, body))
+    _register(app, ("/tokenize", "/v1/tokenize"), TOKENIZE_FIELDS, tokenize_body)
+    _register(app, ("/detokenize", "/v1/detokenize"), DETOKENIZE_FIELDS, detokenize_body)
 
-    @app.post("/detokenize")
-    @app.post("/v1/detokenize")
-    async def detokenize(request: Request):
-        tm: TokenizerManager = request.app.state.tm
-        body = parse_body(await read_json(request), DETOKENIZE_FIELDS, {}, request.url.path)
-        return json_response(detokenize_body(tm, body))
+
+def _register(app: FastAPI, paths: tuple, fields: set, handle: Callable[[TokenizerManager, dict], dict]) -> None:
+    async def route(request: Request):
+        body = parse_body(await read_json(request), fields, {}, request.url.path)
+        return json_response(handle(request.app.state.tm, body))
+
+    for path in paths:
+        app.post(path)(route)
 
 
 def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
