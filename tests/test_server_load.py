@@ -83,6 +83,23 @@ def test_abort_request_frees_kv(server):
     assert_no_leak(wait_idle(server))
 
 
+@pytest.mark.parametrize("body", [{"text": "Tell me a long story.", "sampling_params": dict(LONG, n=2)},
+                                  {"text": ["Story one:", "Story two:"], "sampling_params": LONG}])
+def test_abort_by_the_rid_the_call_was_sent_with(server, body):
+    """n > 1 and a batch run as several requests (rid-j, rid_i): aborting the call's own rid stops them all (found
+    by fuzzing: it stopped none), and the rid stays taken while they run."""
+    out: dict = {}
+    t = _generate_in_thread(server, {**body, "rid": "group-me"}, out)
+    wait_running(server, 2)
+    with server.client() as c:
+        taken = c.post("/generate", json={"text": "x", "rid": "group-me", "sampling_params": {"max_new_tokens": 1}})
+        assert c.post("/abort_request", json={"rid": "group-me"}).status_code == 200
+    t.join(60)
+    assert taken.status_code == 400 and "already in use" in taken.json()["error"]["message"]
+    assert out["status"] == 200 and [o["meta_info"]["finish_reason"]["type"] for o in out["body"]] == ["abort", "abort"]
+    assert_no_leak(wait_idle(server))
+
+
 def test_abort_all(server):
     out: dict = {}
     t = _generate_in_thread(server, {"text": ["Story one:", "Story two:"], "sampling_params": LONG}, out)

@@ -76,6 +76,9 @@ class TokenizerManager:
     pending: dict = field(default_factory=dict)
     controls: dict = field(default_factory=dict)
     program_streams: dict = field(default_factory=dict)  # req_id -> asyncio.Queue of ProgramDelta, then the ControlReply
+    # a call's own rid -> its requests' rids, where they differ (n > 1: rid-j; a batch: rid_i): /abort_request
+    # with the rid the client sent stops them all
+    groups: dict = field(default_factory=dict)
     stats: StatsSnapshot = field(default_factory=StatsSnapshot)
     dead_reason: Optional[str] = None
     child_pids: dict = field(default_factory=dict)
@@ -115,12 +118,16 @@ class TokenizerManager:
     def generate(self, g: GenerateInput) -> AsyncIterator[Event]:
         """Events for every request of the call until all are finished. Raises RadixflowError (bad input)
         before anything is queued: at once, or for a rid already in use, on the first iteration."""
-        return self._run(self.build(g), bool(g.stream))
+        reqs = self.build(g)
+        group = g.rid if isinstance(g.rid, str) and [r.rid for r in reqs] != [g.rid] else None
+        return self._run(reqs, bool(g.stream), group)
 
-    async def _run(self, reqs: list, stream: bool) -> AsyncIterator[Event]:
+    async def _run(self, reqs: list, stream: bool, group: Optional[str] = None) -> AsyncIterator[Event]:
         # the rids are checked where they are taken, with no wait in between: checked in generate(), a concurrent
         # call with the same rid could pass the check before this one took it, and take over its queue
-        self._check_rids(reqs)
+        self._check_rids(reqs, group)
+        if group is not None:
+            self.groups[group] = [r.rid for r in reqs]
         queue: asyncio.Queue = asyncio.Queue()
         now = time.time()
         for i, r in enumerate(reqs):
@@ -134,18 +141,19 @@ class TokenizerManager:
                 left -= event.finished
                 yield event
         finally:
+            self.groups.pop(group, None)
             self._abort_unfinished([r.rid for r in reqs])
 
     def build(self, g: GenerateInput) -> list:
         self._check_alive()
         return self.builder.build(g)  # refuses more than --max-batch-size requests before making them
 
-    def _check_rids(self, reqs: list) -> None:
+    def _check_rids(self, reqs: list, group: Optional[str] = None) -> None:
         seen = set()
-        for r in reqs:
-            if r.rid in self.pending or r.rid in seen:
-                raise RadixflowError(f"rid {r.rid!r} is already in use by a running request; choose another rid")
-            seen.add(r.rid)
+        for rid in [r.rid for r in reqs] + ([] if group is None else [group]):
+            if rid in self.pending or rid in self.groups or rid in seen:
+                raise RadixflowError(f"rid {rid!r} is already in use by a running request; choose another rid")
+            seen.add(rid)
 
     def _abort_unfinished(self, rids: list) -> None:
         for rid in rids:
@@ -154,7 +162,9 @@ class TokenizerManager:
                 self.send(AbortReq(rid))
 
     def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
-        self.send(AbortReq(rid, abort_all))
+        """Abort `rid`: a request's, or the rid a call was sent with (all of its requests), or everything."""
+        for one in self.groups.get(rid, [rid]) if not abort_all else [rid]:
+            self.send(AbortReq(one, abort_all))
 
     def new_control(self) -> tuple[int, asyncio.Future]:
         """A control request's id and the future its reply will resolve (remove it from
