@@ -90,6 +90,35 @@ def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
     assert req.output_ids[-10:] == forced and req.finish_reason == {"type": "stop", "matched": "END"}
 
 
+@pytest.mark.parametrize("field", ["stop", "stop_regex"])
+@pytest.mark.parametrize("text, stop", [("编辑，但是没有任何编辑工元", "编辑工"), ("A story: 😖😖 the end", "😖😖"),
+                                        ("中文：编辑", "编辑")])
+def test_a_multi_byte_stop_is_found_whichever_token_completes_it(tok, field, text, stop):
+    """Byte-level vocabularies spell a CJK character or an emoji in up to 4 tokens: the decoded window is as many
+    tokens as the stop has bytes, not characters (found by fuzzing: 12 of 13 such stop strings were missed). Fed a
+    token at a time, the stop is found at the token that completes it, and not before (half a character decodes
+    as U+FFFD, which is not matched)."""
+    ids = tok.encode(text, add_special_tokens=False)
+    end = next(i for i in range(1, len(ids) + 1) if stop in tok.decode(ids[:i]))
+    assert len(tok.encode(stop, add_special_tokens=False)) > len(stop)  # the case this covers: bytes, not chars
+    stops = StopChecker(tok, eos_ids=set())
+    req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, field: [stop]}))
+    for i, token in enumerate(ids, 1):
+        req.output_ids.append(token)
+        stops.check(req, context_len=10**6)
+        assert (req.finish_reason is not None) == (i >= end), (i, end)
+        if req.finish_reason is not None:
+            break
+    assert req.finish_reason == {"type": "stop", "matched": stop}
+
+
+def test_a_stop_string_with_the_replacement_character_is_refused():
+    from radixflow.errors import RadixflowError
+
+    with pytest.raises(RadixflowError, match="must not contain U\\+FFFD"):
+        SamplingParams.from_dict({"stop": ["a\ufffd"]})
+
+
 def test_an_unbounded_stop_regex_sees_the_whole_gen_decoded_a_window_at_a_time(tok):
     """The kept text of a gen (settled text plus an incomplete character's pending text) equals the gen's
     whole decode after every token, through cuts back (rewind) and new segments, with multi-byte

@@ -213,4 +213,7 @@ def _normalize_stop(stop: Any) -> list:
         raise RadixflowError("at most 32 stop strings are allowed")
     if "" in stop:
         raise RadixflowError("stop strings must not be empty (an empty one would match at once); remove \"\"")
+    if any("\ufffd" in s for s in stop):  # it would match a character decoded before all of its bytes are out
+        raise RadixflowError("stop strings must not contain U+FFFD, the replacement character a decode shows for "
+                             "a character whose bytes are not all generated yet")
     return stop

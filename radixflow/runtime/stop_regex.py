@@ -1,9 +1,9 @@
-"""`stop_regex` (SGLang's sampling field): a gen stops once one of these patterns matches the end of
+r"""`stop_regex` (SGLang's sampling field): a gen stops once one of these patterns matches the end of
 its output, checked after every sampled token.
 
-Each check decodes only the output's tail: a token decodes to at least one character, so a match
-that ends in the newest token starts within the patterns' longest match (`width`, in characters) of
-tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the last
+Each check decodes only the output's tail: a token decodes to at least one byte, so a match
+that ends in the newest token starts within 4 times the patterns' longest match (`width`, in characters, each at
+most 4 bytes of UTF-8) of tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the last
 UNBOUNDED_WINDOW characters of the gen's output, whose text the request keeps and extends a few tokens at a
 time (stop_checker.py): a search costs at most that window, even for patterns whose search time grows with the
 square (or a higher power) of the text. Patterns that nest unbounded repeats (`(a+)+`, `(\w+\s?)*`) are

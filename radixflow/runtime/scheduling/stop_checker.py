@@ -95,8 +95,8 @@ class StopChecker:
             return
         matched = self._stop_str(req, added) if p.stop_strs else None
         if matched is None and p.stop_patterns is not None:
-            width = p.stop_patterns.width
-            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, width))
+            width = p.stop_patterns.width  # characters: at most 4 bytes each
+            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, 4 * width))
         if matched is not None:
             req.finish({"type": "stop", "matched": matched})
             return
@@ -123,18 +123,20 @@ class StopChecker:
         return True
 
     def _stop_str(self, req: Req, added: int):
-        tail = self._tail(req, added, max(len(s) for s in req.sampling.stop_strs))
+        tail = self._tail(req, added, max(len(s.encode()) for s in req.sampling.stop_strs))
         for s in req.sampling.stop_strs:
             if s in tail:
                 return s
         return None
 
-    def _tail(self, req: Req, added: int, chars: int) -> str:
-        """The gen's decoded output from where a match of up to `chars` characters that ends in one of the
-        `added` tokens may start. A token decodes to >= 1 char (skipped special tokens aside), so such a
-        match starts within `chars` tokens before them."""
-        start = max(req.segment_start, len(req.output_ids) - added - chars - 1)
-        return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens)
+    def _tail(self, req: Req, added: int, nbytes: int) -> str:
+        """The gen's decoded output from where a match of up to `nbytes` bytes of UTF-8 that ends in one of the
+        `added` tokens may start, without a last character whose bytes are not all out yet (it decodes as U+FFFD).
+        A token decodes to >= 1 byte (skipped special tokens aside): byte-level vocabularies spell a CJK character
+        or an emoji in up to 4 tokens, so a match starts within `nbytes` tokens before them, not within its length
+        in characters (found by fuzzing: 12 of 13 CJK / emoji stop strings were missed)."""
+        start = max(req.segment_start, len(req.output_ids) - added - nbytes - 1)
+        return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens).rstrip("\ufffd")
 
     def _gen_text(self, req: Req) -> str:
         """The gen's decoded output (its last UNBOUNDED_WINDOW characters), for patterns with no longest match:
