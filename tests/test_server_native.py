@@ -70,6 +70,18 @@ def test_batch_stream_has_index(server):
     assert sorted(finals) == [0, 1]
 
 
+def test_samples_of_one_prompt_stream_with_their_index(server):
+    """n > 1 on one prompt: its samples' chunks interleave, so each says which it is (found by fuzzing: they had no
+    index), and the non-streamed answer is a list, as for a batch."""
+    body = {"text": PROMPTS[0], "sampling_params": {"max_new_tokens": 3, "n": 2, "temperature": 1.0}}
+    with server.client() as c:
+        with c.stream("POST", "/generate", json={**body, "stream": True}) as r:
+            events = sse_events(r.iter_lines())[:-1]
+        whole = c.post("/generate", json=body).json()
+    assert all("index" in e for e in events) and {e["index"] for e in events} == {0, 1}
+    assert isinstance(whole, list) and len(whole) == 2
+
+
 def test_stop_string_trimmed_in_stream_and_final(server, engine):
     sp = {"temperature": 0, "max_new_tokens": 24, "stop": ["\n"]}
     want = engine.generate("Write a haiku about the sea.", sp)

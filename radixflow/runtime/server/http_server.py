@@ -137,8 +137,9 @@ def _register_native(app: FastAPI) -> None:
     async def generate(request: Request):
         tm: TokenizerManager = request.app.state.tm
         g = parse_generate(await read_json(request))
-        single = not g.is_batch
         events = tm.generate(g)
+        # one prompt and one sample: a bare result (stream chunks without "index"); n > 1 is a list, as a batch
+        single = not g.is_batch and not (isinstance(g.sampling_params, dict) and (g.sampling_params.get("n") or 1) > 1)
         if g.stream:
             opened = await open_stream(request, events)
             if isinstance(opened, Response):
@@ -147,7 +148,7 @@ def _register_native(app: FastAPI) -> None:
         results = await final_results(request, events)
         if isinstance(results, Response):
             return results
-        return json_response(results[0] if single and len(results) == 1 else results)
+        return json_response(results[0] if single else results)
 
     @app.get("/health")
     @app.get("/ready")  # SGLang's other names for it (load balancers and Kubernetes probes use them)
