@@ -146,6 +146,18 @@ def test_errors_name_the_program_variable(backend):
             bad.run(mode=mode)
 
 
+def test_a_select_with_nothing_before_it_is_refused_in_both_modes(backend):
+    """Found by fuzzing: with no text before it every choice scored 0 and the first always won."""
+
+    @rf.function
+    def pick(s):
+        s += rf.select("c", choices=["no", "yes"])
+
+    for mode in ("graph", "eager"):
+        with pytest.raises(rf.ProgramError, match="some text before its first gen or select"):
+            pick.run(mode=mode)
+
+
 def test_gen_regex_and_dtype_pass_through_as_constraints(backend):
     pytest.importorskip("radixflow.constrained.backend", reason="constrained decoding not available")
 

@@ -176,3 +176,28 @@ def test_streamed_program_chunks_carry_their_gens_output_logprobs(server):
     result = meta["output_token_logprobs"]
     assert len(streamed) == meta["output_token_logprobs_length"] and streamed == result and [x[1:] for x in result] == [x[1:] for x in plain["meta_info"]["output_token_logprobs"]]
     assert [round(x[0], 3) for x in result] == [round(x[0], 3) for x in plain["meta_info"]["output_token_logprobs"]]
+
+
+def test_programs_that_are_the_callers_fault_are_400s(server):
+    """Found by fuzzing: forks nested ~140 deep overflowed the stack (a 500, then a dropped connection); a var no
+    gen set, met after a gen ended, was a 500; a select with no text before it scored every choice 0."""
+    gen = {"op": "gen", "id": 0, "name": "x", "sampling_params": {"max_new_tokens": 2}}
+    nested = [gen]
+    for depth in range(1, 200):
+        nested = [{"op": "fork", "id": depth, "branches": [nested]}]
+    cases = [
+        ({"ops": [{"op": "text", "text": "Q:"}] + nested}, "forks nest more than 64 deep"),
+        ({"ops": [{"op": "text", "text": "Q:"}, gen, {"op": "var", "name": "nope"},
+                  {"op": "gen", "id": 1, "name": "y", "sampling_params": {"max_new_tokens": 2}}]},
+         "variable 'nope' is used before any gen or select sets it"),
+        ({"ops": [{"op": "select", "id": 1, "name": "c", "choices": ["no", "yes"]}]}, "some text before its first"),
+    ]  # fmt: skip
+    with server.client() as c:
+        for program, needle in cases:
+            r = c.post("/program", json={"program": program})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+        shallow = [gen]
+        for depth in range(1, 20):  # each level is a request: under the test server's --max-batch-size
+            shallow = [{"op": "fork", "id": depth, "branches": [shallow]}]
+        ok = c.post("/program", json={"program": {"ops": [{"op": "text", "text": "Q:"}] + shallow}})
+    assert ok.status_code == 200, ok.text

@@ -99,6 +99,9 @@ class ProgramExecutor:
             return False
         try:
             return self._continue(st, req)
+        except RadixflowError as e:  # the program's own fault, met once a gen ended (a var no gen set, ...)
+            st.run.fail(str(e))
+            return False
         except Exception as e:  # never break the scheduler loop
             st.run.fail(f"{type(e).__name__}: {e}", status_code=500)
             return False
@@ -272,6 +275,8 @@ class ProgramExecutor:
     # -- select ---------------------------------------------------------------------------------------
     def _start_select(self, st: Strand, op: Op) -> None:
         prefix = self._flush(st)
+        if not prefix:  # nothing to score the choices after: every choice would score 0 (found by fuzzing)
+            raise RadixflowError("a program must have some text before its first gen or select")
         cids = [self._encode(st, c, first=False) for c in op.choices]
         cond = [self._new_req(st, prefix + c, _PREFILL_ONLY, LogprobOptions(True, len(prefix))) for c in cids]
         uncond = []

@@ -53,6 +53,11 @@ class Op:
     sampling_key: Optional[str] = None  # a gen's sampling_params as params_key gives them (None: not cached)
 
 
+# how deep forks may nest: the program is walked (and sent between processes) recursively, and ~140 levels
+# overflowed Python's stack while pickling (found by fuzzing: a 500, then a dropped connection)
+MAX_FORK_DEPTH = 64
+
+
 def parse_program(program: Any) -> list[Op]:
     """Validate a program dict and return its top-level ops. Raises RadixflowError."""
     if not isinstance(program, dict) or not isinstance(program.get("ops"), list):
@@ -105,13 +110,16 @@ def _walk(ops: list[Op]):
             yield from _walk(b)
 
 
-def _parse_ops(raw: list, ids: set) -> list[Op]:
+def _parse_ops(raw: list, ids: set, depth: int = 0) -> list[Op]:
+    if depth > MAX_FORK_DEPTH:
+        raise RadixflowError(f"forks nest more than {MAX_FORK_DEPTH} deep; flatten the program (a fork's branches "
+                             "may hold forks, up to that depth)")
     out = []
     forks = set()
     for i, r in enumerate(raw):
         if not isinstance(r, dict):
             raise RadixflowError(f"op {i} must be an object")
-        op = _parse_op(r, ids)
+        op = _parse_op(r, ids, depth)
         if op.kind == "fork":
             forks.add(op.id)
         if op.kind == "join" and op.fork not in forks:
@@ -120,7 +128,7 @@ def _parse_ops(raw: list, ids: set) -> list[Op]:
     return out
 
 
-def _parse_op(r: dict, ids: set) -> Op:
+def _parse_op(r: dict, ids: set, depth: int) -> Op:
     kind = r.get("op")
     if kind in OP_FIELDS:
         _check_keys(r, OP_FIELDS[kind], f"a {kind} op")
@@ -155,7 +163,7 @@ def _parse_op(r: dict, ids: set) -> Op:
         branches = r.get("branches")
         if not isinstance(branches, list) or not branches or not all(isinstance(b, list) for b in branches):
             raise RadixflowError(f"fork {op.id}: branches must be a non-empty list of op lists")
-        op.branches = [_parse_ops(b, ids) for b in branches]
+        op.branches = [_parse_ops(b, ids, depth + 1) for b in branches]
     return op
 
 
