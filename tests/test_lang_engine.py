@@ -158,6 +158,19 @@ def test_a_select_with_nothing_before_it_is_refused_in_both_modes(backend):
             pick.run(mode=mode)
 
 
+def test_arguments_may_hold_any_character(backend):
+    """Placeholders are bracketed by a per-process random mark: an argument holding the old mark's character
+    (U+001F) failed every mode with a DataDependentError (found by fuzzing)."""
+
+    @rf.function
+    def qa(s, q):
+        s += f"Q: {q}\nA:" + rf.gen("a", max_tokens=3, temperature=0)
+        s += " so " + s["a"] + rf.gen("b", max_tokens=2, temperature=0)
+
+    texts = {mode: qa.run(q="a\x1fb", mode=mode).text() for mode in ("eager", "graph", "auto")}
+    assert texts["eager"].startswith("Q: a\x1fb\nA:") and len(set(texts.values())) == 1, texts
+
+
 def test_gen_regex_and_dtype_pass_through_as_constraints(backend):
     pytest.importorskip("radixflow.constrained.backend", reason="constrained decoding not available")
 

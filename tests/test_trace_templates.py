@@ -160,13 +160,17 @@ def test_augmented_assignment_to_anything_but_the_state_or_a_fork_has_no_templat
 
 
 def test_a_mark_in_any_keyed_value_refuses_the_call(engine):
+    """An argument holding a placeholder's text (the mark is random per process, so only code that read it can)."""
+    from radixflow.lang.placeholder import MARK
+
+    forged = f"{MARK}arg:q{MARK}"
     a = analyse(injects.func)
     assert a.text == {"q"}
-    assert key(injects.func, a, {"q": "x", "ctx": "\x1farg:q\x1f"}) is None
-    assert key(injects.func, a, {"q": "x", "ctx": ["a", {"k": "\x1farg:q\x1f"}]}) is None
+    assert key(injects.func, a, {"q": "x", "ctx": forged}) is None
+    assert key(injects.func, a, {"q": "x", "ctx": ["a", {"k": forged}]}) is None
     b = EngineBackend.for_engine(engine)
     with pytest.raises(rf.ProgramError, match="'q'"):  # as when tracing it: not another argument's value
-        injects.run(q="SECRET", ctx="\x1farg:q\x1f", backend=b, temperature=0, max_new_tokens=2)
+        injects.run(q="SECRET", ctx=forged, backend=b, temperature=0, max_new_tokens=2)
 
 
 def test_a_replaced_code_object_is_read_again(engine, monkeypatch):
@@ -201,7 +205,10 @@ def test_the_key_holds_what_else_the_trace_reads():
     assert k == key(ask.func, a, {"context": "other", "question": "text"})  # text values are not in it
     assert k != key(ask.func, a, {"context": "x", "question": "y", "n": 2})
     assert key(ask.func, a, {"context": 1, "question": "y"}) is None  # not exactly a str
-    assert key(ask.func, a, {"context": "\x1farg:question\x1f", "question": "y"}) is None  # the placeholder mark
+    from radixflow.lang.placeholder import MARK
+
+    assert key(ask.func, a, {"context": f"{MARK}arg:question{MARK}", "question": "y"}) is None  # the placeholder mark
+    assert key(ask.func, a, {"context": "a\x1fb", "question": "y"}) == k  # a bare U+001F is text (the old mark)
     SUFFIXES[0] = "\n\n"
     try:
         assert key(ask.func, a, {"context": "x", "question": "y"}) != k  # a global it reads changed
