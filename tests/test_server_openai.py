@@ -200,3 +200,42 @@ def test_inputs_the_server_cannot_use_are_400s_not_500s(server):
             r = c.post(path, json=body)
             assert r.status_code == 400 and needle in r.json()["error"]["message"], (path, r.text)
         assert c.post("/v1/completions", json={"model": "default", "prompt": [1, 2], "max_tokens": 1}).status_code == 200
+
+
+def test_logprobs_of_tokens_that_hold_part_of_a_character(server):
+    """Found by fuzzing: chat logprobs' `bytes` were U+FFFD's for every byte token, so a CJK answer could not be
+    rebuilt from them; legacy completions' text_offset ran past the text; and a token the grammar put in place of a
+    sampled one (a budget repair) kept the sampled token's id and logprob. Now the bytes join to the content, a
+    byte token shows as OpenAI's "bytes:\\x..", offsets count characters, and a repaired token's logprob is null."""
+    cjk = {"regex": "[\u4e00-\u9fff]{2}", "temperature": 0}
+    with server.client() as c:
+        chat = c.post("/v1/chat/completions", json={"messages": MESSAGES, "max_tokens": 4, "logprobs": True,
+                                                    "top_logprobs": 2, **cjk}).json()["choices"][0]  # fmt: skip
+        legacy = c.post("/v1/completions", json={"prompt": "中文：我喜欢", "max_tokens": 5, "logprobs": 2,
+                                                 "temperature": 0}).json()["choices"][0]  # fmt: skip
+        native = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4, **cjk},
+                                           "return_logprob": True, "top_logprobs_num": 2}).json()  # fmt: skip
+    content = chat["logprobs"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode() == chat["message"]["content"]
+    lp = legacy["logprobs"]
+    assert any(t.startswith("bytes:\\x") for t in lp["tokens"]) and "\ufffd" not in "".join(lp["tokens"])
+    assert lp["text_offset"] == sorted(lp["text_offset"]) and max(lp["text_offset"]) < len(legacy["text"])
+    entries = native["meta_info"]["output_token_logprobs"]
+    assert [e[1] for e in entries] == native["output_ids"]
+    assert any(e[0] is None for e in entries)  # this case (temperature 0) has a repair: 2 characters in 4 tokens
+    assert len(native["meta_info"]["output_top_logprobs"]) == len(entries)
+    assert all((e[0] is None) == (t is None) for e, t in zip(entries, native["meta_info"]["output_top_logprobs"]))
+
+
+def test_token_bytes_of_each_vocabulary_kind(engine):
+    from types import SimpleNamespace
+
+    from radixflow.runtime.token_bytes import TokenBytes
+
+    byte_level = TokenBytes(engine.tokenizer)
+    ids = engine.tokenizer.encode("编辑 Hello 😖", add_special_tokens=False)
+    assert b"".join(byte_level(i) for i in ids).decode() == "编辑 Hello 😖" and len(ids) > 4
+    pieces = {0: "<0xE6>", 1: "▁the", 2: "<s>"}  # a SentencePiece vocabulary with byte fallback
+    sp = SimpleNamespace(convert_ids_to_tokens=pieces.get, decode=lambda ids: pieces[ids[0]], all_special_ids=[2])
+    fallback = TokenBytes(sp)
+    assert (fallback(0), fallback(1), fallback(2)) == (b"\xe6", b" the", b"<s>")

@@ -246,5 +246,5 @@ def build_result(
         if logprob.top_logprobs_num:
             tops = out.input_top_logprobs or []
             meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in tops]
-            meta["output_top_logprobs"] = [logprob_text(t, want) for t in out.new_output_top_logprobs]
+            meta["output_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in out.new_output_top_logprobs]
     return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}

@@ -42,7 +42,7 @@ class GenLogprobs:
         }
         if self.options.top_logprobs_num:
             tops = req.output_top_logprobs[self.top_start + since :]
-            meta["output_top_logprobs"] = [self.with_text(t, want) for t in tops]
+            meta["output_top_logprobs"] = [None if t is None else self.with_text(t, want) for t in tops]
         return meta
 
     def chunk(self, req: Req, completion_tokens: Optional[int] = None) -> dict:

@@ -92,6 +92,20 @@ class LogprobCollector:
             vals, ids = result.logprobs[row].topk(k)
             req.output_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
 
+    @staticmethod
+    def replace_outputs(req: Req, dropped: int, tokens: list) -> None:
+        """The grammar cut the last `dropped` outputs and appended `tokens` it chose, unsampled (a budget repair):
+        their logprobs are unknown (None), under their own ids, so the lists still match the output (they kept
+        the cut tokens' ids; found by fuzzing)."""
+        if not req.logprob.return_logprob:
+            return
+        lists = [req.output_token_logprobs] + ([req.output_top_logprobs] if req.logprob.top_logprobs_num else [])
+        for entries in lists:
+            del entries[len(entries) - min(dropped, len(entries)):]
+        req.output_token_logprobs.extend((None, t) for t in tokens)
+        if req.logprob.top_logprobs_num:
+            req.output_top_logprobs.extend([None] * len(tokens))
+
     def with_text(self, pairs: list, want_text: bool) -> list:
         """[(lp, id)] -> [[lp, id, text|None]]."""
         if not want_text:

@@ -363,14 +363,14 @@ class Scheduler:
         return jumps_after_sampling(self.overlap, rows, self.args.jump_forward_max_batch)
 
     def _apply_jump_forward(self, req: Req, allowed: bool = True, limit: Optional[int] = None, cut: bool = True) -> None:
-        """Append tokens the grammar forces, without sampling them (`allowed`: the step may jump; `cut`: it may
-        re-tokenize the sampled token (jump_policy); a replacement that keeps the output within its budget is
-        applied regardless); the next pass computes their KV. The hook returns the tokens to append, or
-        (keep, tokens) to first cut the output back to `keep` tokens (re-tokenizing at the boundary)."""
+        """Append tokens the grammar forces, unsampled (`allowed`: the step may jump; `cut`: it may re-tokenize the
+        sampled token (jump_policy); a budget repair applies regardless); the next pass computes their KV. The hook
+        returns the tokens to append, or (keep, tokens) to cut the output back to `keep` tokens first."""
         forced = self.jump_forward(req, allowed, limit, cut)
         if not forced:
             return
         keep, tokens = jump_parts(forced, len(req.output_ids))
+        self.logprobs.replace_outputs(req, len(req.output_ids) - keep, tokens)
         if keep < len(req.output_ids):
             self.rewind(req, keep)
         req.output_ids.extend(tokens)

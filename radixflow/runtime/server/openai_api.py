@@ -9,8 +9,9 @@ lists the accepted ones); tool calls in responses are shaped by tool_response.py
 
 from __future__ import annotations
 
+import codecs
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
@@ -76,7 +77,7 @@ async def _serve(request: Request, call: Call):
     if isinstance(results, Response):
         return results
     parts = _reasoning_parts(call, results)
-    choices = [_choice(call, i, r, parts[i] if parts else None) for i, r in enumerate(results)]
+    choices = [_choice(tm, call, i, r, parts[i] if parts else None) for i, r in enumerate(results)]
     obj = "text_completion" if call.kind == "completion" else "chat.completion"
     body = {"id": _id(call), "object": obj, "created": call.created, "model": tm.model_name, "choices": choices,
             "usage": _usage(tm, call, results, parts)}  # fmt: skip
@@ -99,13 +100,13 @@ def _finish_fields(meta: dict) -> dict:
     return fields
 
 
-def _choice(call: Call, i: int, r: dict, parts: Optional[Split]) -> dict:
+def _choice(tm: TokenizerManager, call: Call, i: int, r: dict, parts: Optional[Split]) -> dict:
     meta = r["meta_info"]
     if call.kind == "completion":
         text = (call.prompts[i // call.n] if call.echo else "") + r["text"]
-        lp = _completion_logprobs(meta, call.echo) if call.logprobs else None
+        lp = _completion_logprobs(tm, meta, call.echo) if call.logprobs else None
         return {"index": i, "text": text, "logprobs": lp, **_finish_fields(meta)}
-    lp = {"content": _chat_logprobs(meta, 0)} if call.logprobs else None
+    lp = {"content": _chat_logprobs(tm, meta, 0)} if call.logprobs else None
     text, thinking = r["text"], None
     if parts is not None:
         text, thinking = parts.content, (parts.reasoning if parts.block != "none" else None)
@@ -146,32 +147,56 @@ def usage(results: list, n: int) -> dict:
             "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
 
 
-def _completion_logprobs(meta: dict, echo: bool, start: int = 0) -> dict:
+def _completion_logprobs(tm: TokenizerManager, meta: dict, echo: bool, start: int = 0,
+                         at: Optional["_TextOffsets"] = None) -> dict:
+    """Legacy completions' logprobs. `at`: where the choice's text stands (a stream's earlier chunks)."""
     entries = (meta.get("input_token_logprobs") or []) if echo else []
     tops = (meta.get("input_top_logprobs") or []) if echo else []
     entries = entries + (meta.get("output_token_logprobs") or [])[start:]
     tops = tops + (meta.get("output_top_logprobs") or [])[start:]
-    tokens = [e[2] or "" for e in entries]
-    offsets, pos = [], 0
-    for t in tokens:
-        offsets.append(pos)
-        pos += len(t)
-    top = [None if t is None else {e[2] or "": e[0] for e in t} for t in tops] if tops else None
-    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries], "top_logprobs": top, "text_offset": offsets}
+    at = _TextOffsets() if at is None else at
+    offsets = [at.advance(tm, e) for e in entries]
+    top = [None if t is None else {_token_string(tm, a): a[0] for a in t} for t in tops] if tops else None
+    return {"tokens": [_token_string(tm, e) for e in entries], "token_logprobs": [e[0] for e in entries],
+            "top_logprobs": top, "text_offset": offsets}  # fmt: skip
 
 
-def _chat_logprobs(meta: dict, start: int) -> list:
+def _token_string(tm: TokenizerManager, e: list) -> str:
+    """A token as legacy completions show it: its text, or OpenAI's "bytes:\\xe7\\xbc" for part of a character."""
+    text = e[2] or ""
+    if "\ufffd" not in text:
+        return text
+    return "bytes:" + "".join(f"\\x{b:02x}" for b in tm.token_bytes(e[1]))
+
+
+@dataclass
+class _TextOffsets:
+    """Characters of a choice's text before each token: the tokens' bytes decoded as they come, so a character
+    spelled in several tokens starts where its first byte is and counts once."""
+
+    pos: int = 0
+    decoder: codecs.IncrementalDecoder = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+
+    def advance(self, tm: TokenizerManager, e: list) -> int:
+        at = self.pos
+        special = e[1] in tm.token_bytes.special  # its text as the output shows it (empty where skipped)
+        self.pos += len(e[2] or "") if special else len(self.decoder.decode(tm.token_bytes(e[1])))
+        return at
+
+
+def _chat_logprobs(tm: TokenizerManager, meta: dict, start: int) -> list:
     out = []
     tops = meta.get("output_top_logprobs") or []
     for k, e in enumerate((meta.get("output_token_logprobs") or [])[start:], start):
-        alts = [_lp_entry(a) for a in tops[k]] if k < len(tops) else []
-        out.append({**_lp_entry(e), "top_logprobs": alts})
+        alts = [_lp_entry(tm, a) for a in tops[k]] if k < len(tops) and tops[k] is not None else []
+        out.append({**_lp_entry(tm, e), "top_logprobs": alts})
     return out
 
 
-def _lp_entry(e: list) -> dict:
-    tok = e[2] or ""
-    return {"token": tok, "logprob": e[0], "bytes": list(tok.encode("utf-8"))}
+def _lp_entry(tm: TokenizerManager, e: list) -> dict:
+    """An OpenAI logprob entry; `bytes` are the token's own (runtime/token_bytes.py): for a token holding part of a
+    character, its text alone is U+FFFD."""
+    return {"token": e[2] or "", "logprob": e[0], "bytes": list(tm.token_bytes(e[1]))}
 
 
 # -- streaming -----------------------------------------------------------------------------------------------------------
@@ -203,6 +228,7 @@ class _Sent:
     tokens: int = 0
     tools: Optional[ToolStream] = None
     reasoning: Optional[ReasoningStream] = None
+    offsets: _TextOffsets = field(default_factory=_TextOffsets)  # legacy completions' text_offset
 
 
 def _num_choices(call: Call) -> int:
@@ -225,7 +251,7 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
     choice: dict = {"index": i, **_finish_fields(meta if ev.finished else {})}
     if call.kind == "completion":
         choice["text"] = (call.prompts[i // call.n] if call.echo and first else "") + delta
-        choice["logprobs"] = _completion_logprobs(meta, call.echo and first, start) if call.logprobs else None
+        choice["logprobs"] = _completion_logprobs(tm, meta, call.echo and first, start, sent.offsets) if call.logprobs else None
     else:
         thinking, new, answer = _split_delta(call, sent, r["text"], delta, ev.finished)
         if call.tools:
@@ -237,7 +263,7 @@ def _chunk(tm: TokenizerManager, call: Call, ev: Event, sent: _Sent) -> dict:
                 choice["delta"]["content"] = new
         if thinking:
             choice["delta"]["reasoning_content"] = thinking
-        choice["logprobs"] = {"content": _chat_logprobs(meta, start)} if call.logprobs else None
+        choice["logprobs"] = {"content": _chat_logprobs(tm, meta, start)} if call.logprobs else None
     chunk = {**_chunk_head(tm, call), "choices": [choice]}
     if call.continuous_usage:  # this choice's counts so far
         done = meta.get("completion_tokens", len(r["output_ids"]))

@@ -22,6 +22,7 @@ from radixflow.runtime.server import request_log
 from radixflow.runtime.server.metrics import ServerMetrics
 from radixflow.runtime.scheduling.req import ReqOutput
 from radixflow.runtime.server_args import ServerArgs
+from radixflow.runtime.token_bytes import TokenBytes
 from radixflow.runtime.server.server_messages import (
     AbortReq,
     ControlReply,
@@ -101,6 +102,7 @@ class TokenizerManager:
         )
         self.builder.max_requests = self.args.max_batch_size
         self.logprobs = LogprobCollector(self.tokenizer)
+        self.token_bytes = TokenBytes(self.tokenizer)  # OpenAI logprobs' `bytes`
         self.model_name = self.args.served_model_name or self.info.model_path or "default"
         self.metrics = ServerMetrics(self.model_name)
         self.ctx = zmq.asyncio.Context()
