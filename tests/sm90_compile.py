@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radixflow.kernels import (  # noqa: E402
-    argmax, decode_attention, extend_attention, fp8, gemv, gemv_epilogue, kv_store, matmul, norm_act, rotary, sampling,
+    argmax, decode_attention, extend_attention, fp8, gemv, gemv_dot, gemv_epilogue, kv_store, matmul, norm_act, rotary, sampling,
 )
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -48,7 +48,7 @@ def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
     fp8_w = weight != BF16
     sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16,
            **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
-    configs = (gemv.GEMV_CONFIGS_FP8 + gemv.GEMV_DOT_CONFIGS_FP8) if fp8_w else (gemv.GEMV_CONFIGS + gemv.GEMV_DOT_CONFIGS)
+    configs = (gemv.GEMV_CONFIGS_FP8 + gemv_dot.GEMV_DOT_CONFIGS_FP8) if fp8_w else (gemv.GEMV_CONFIGS + gemv_dot.GEMV_DOT_CONFIGS)
     for cfg in configs:
         rows = gemv.gemv_block_m(cfg, block_m)
         consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": rows,

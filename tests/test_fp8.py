@@ -171,7 +171,8 @@ def test_fp8_gemv_matches_dequantized_reference(m, bias, variant):
 @pytest.mark.parametrize("k", [4096, 5000])  # one tile per row (block_k 4096) or several; a ragged last tile
 def test_every_fp8_gemv_config_matches_the_reference(k):
     """The load-time chooser keeps whichever candidate is fastest, so every candidate must be right."""
-    from radixflow.kernels.gemv import GEMV_CONFIGS_FP8, GEMV_DOT_CONFIGS_FP8
+    from radixflow.kernels.gemv import GEMV_CONFIGS_FP8
+    from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS_FP8
 
     x = torch.randn(2, k, device=DEV).to(torch.bfloat16)
     wq, ws = quantize_rows_torch(torch.randn(96, k, device=DEV))

@@ -313,7 +313,8 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("fp8", [False, True])
 @pytest.mark.parametrize("kind", ["rstd", "silu", "residual"])
 def test_gpu_llama_shapes_every_config(fp8, kind):
-    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8
+    from radixflow.kernels.gemv import GEMV_CONFIGS
+    from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8
 
     configs = GEMV_CONFIGS_FP8 + GEMV_DOT_CONFIGS_FP8 if fp8 else GEMV_CONFIGS + GEMV_DOT_CONFIGS
     shapes = {"rstd": [(6144, 4096)], "silu": [(28672, 4096)], "residual": [(4096, 4096), (4096, 14336)]}[kind]

@@ -27,7 +27,8 @@ from radixflow.kernels.bitmask import apply_token_bitmask, apply_token_bitmask_t
 from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
-from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_DOT_CONFIGS, choose_gemv, gemv  # noqa: E402
+from radixflow.kernels.gemv import GEMV_CONFIGS, choose_gemv, gemv  # noqa: E402
+from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.matmul import SMALL_M, TINY_M, matmul_batch_invariant  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402

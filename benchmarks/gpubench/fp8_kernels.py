@@ -27,7 +27,7 @@ from gpubench.common import OPTS, free, log
 
 # Candidates timed beside the chooser's own (GEMV_CONFIGS / GEMV_CONFIGS_FP8), so a run shows which are
 # worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths,
-# and the tensor-core K loop (gemv.GEMV_DOT_CONFIGS*, added in _gemv_rates). No entry repeats one of the
+# and the tensor-core K loop (gemv_dot.GEMV_DOT_CONFIGS*, added in _gemv_rates). No entry repeats one of the
 # chooser's (it would be timed twice).
 SWEEP_BF16 = (
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
@@ -55,7 +55,8 @@ L2 = 60 << 20
 
 
 def _gemv_rates(name: str, n: int, k: int) -> dict:
-    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8, GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8, choose_gemv
+    from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8, choose_gemv
+    from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8
     from radixflow.kernels.reference import quantize_rows_torch
 
     copies = max(2, math.ceil(4 * L2 / (n * k)))  # the FP8 copies hold 4x the L2, as 32 layers would
