@@ -171,6 +171,23 @@ def test_arguments_may_hold_any_character(backend):
     assert texts["eager"].startswith("Q: a\x1fb\nA:") and len(set(texts.values())) == 1, texts
 
 
+def test_inputs_that_are_not_text_are_refused_by_name(backend, engine):
+    """Found by fuzzing: a lone surrogate raised tokenizers' TypeError about its input types, and select's choices
+    given as one string ran as its characters."""
+    with pytest.raises(rf.RadixflowError, match="lone surrogate"):
+        engine.generate("a\udcff", {"max_new_tokens": 2})
+
+    @rf.function
+    def ask(s, q):
+        s += "Q: " + q + rf.gen("a", max_tokens=2)
+
+    for mode in ("eager", "graph"):
+        with pytest.raises(rf.RadixflowError, match="lone surrogate"):
+            ask.run(q="x\udcff", mode=mode)
+    with pytest.raises(rf.RadixflowError, match="choices must be a non-empty list"):
+        rf.select("c", "ab")
+
+
 def test_gen_regex_and_dtype_pass_through_as_constraints(backend):
     pytest.importorskip("radixflow.constrained.backend", reason="constrained decoding not available")
 

@@ -180,7 +180,8 @@ def test_streamed_program_chunks_carry_their_gens_output_logprobs(server):
 
 def test_programs_that_are_the_callers_fault_are_400s(server):
     """Found by fuzzing: forks nested ~140 deep overflowed the stack (a 500, then a dropped connection); a var no
-    gen set, met after a gen ended, was a 500; a select with no text before it scored every choice 0."""
+    gen set, met after a gen ended, was a 500; a select with no text before it scored every choice 0; a fork
+    joined twice appended its branches twice."""
     gen = {"op": "gen", "id": 0, "name": "x", "sampling_params": {"max_new_tokens": 2}}
     nested = [gen]
     for depth in range(1, 200):
@@ -191,6 +192,9 @@ def test_programs_that_are_the_callers_fault_are_400s(server):
                   {"op": "gen", "id": 1, "name": "y", "sampling_params": {"max_new_tokens": 2}}]},
          "variable 'nope' is used before any gen or select sets it"),
         ({"ops": [{"op": "select", "id": 1, "name": "c", "choices": ["no", "yes"]}]}, "some text before its first"),
+        ({"ops": [{"op": "text", "text": "Q:"}, {"op": "fork", "id": 1, "branches": [[gen]]},
+                  {"op": "join", "fork": 1, "mode": "concat"}, {"op": "join", "fork": 1, "mode": "concat"}]},
+         "fork 1 is joined twice"),
     ]  # fmt: skip
     with server.client() as c:
         for program, needle in cases:

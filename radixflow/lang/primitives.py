@@ -77,7 +77,8 @@ def select(
     choices_method: Optional[ChoicesMethod] = None,
 ) -> Select:
     """Append the most likely of `choices` (all scored in one batch) and store it as `name`."""
-    if not choices or not all(isinstance(c, str) and c for c in choices):
+    if isinstance(choices, str) or not choices or not all(isinstance(c, str) and c for c in choices):
+        # a string is refused, not split into its characters
         raise RadixflowError(f"select {name!r}: choices must be a non-empty list of non-empty strings")
     return Select(name=name, choices=list(choices), method=method_name(choices_method), temperature=temperature)
 

@@ -123,7 +123,10 @@ class RequestBuilder:
                     raise RadixflowError(f"each prompt must be a string, got {type(t).__name__}")
                 if not t:
                     raise RadixflowError("a prompt is empty; give at least one character")
-            batch = [self.tokenizer.encode(t) for t in texts]
+            try:
+                batch = [self.tokenizer.encode(t) for t in texts]
+            except TypeError:  # tokenizers' complaint about a lone surrogate ('\udcff'), the only non-text a str holds
+                raise RadixflowError("a prompt holds a lone surrogate (such as '\\udcff'), which is not text; remove it") from None
         else:
             batch = g.input_ids if g.is_batch else [g.input_ids]
             if not batch:

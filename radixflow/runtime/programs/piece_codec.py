@@ -10,10 +10,12 @@ GIL to launch passes; the backend's encode_batch releases it.
 from __future__ import annotations
 
 import copy
+import functools
 import threading
 import weakref
 from typing import Any, Callable, Optional
 
+from radixflow.errors import RadixflowError
 from radixflow.runtime.scheduling.stop_checker import _defined_in, decode_backend, decode_with
 
 BatchEncode = Callable[[list, bool], list]  # (texts, first) -> each text's token ids
@@ -75,7 +77,7 @@ def _make_encoder(tokenizer_ref: Callable[[], Any]) -> BatchEncode:
 
     backend = _plain_backend(tokenizer_ref())
     if backend is None:
-        return each
+        return _text_only(each)
 
     def fast(texts: list, first: bool) -> list:
         split = bool(getattr(tokenizer_ref(), "split_special_tokens", False))
@@ -84,7 +86,32 @@ def _make_encoder(tokenizer_ref: Callable[[], Any]) -> BatchEncode:
         return [e.ids for e in backend.encode_batch(texts, add_special_tokens=first)]
 
     same = all(fast([_PROBE, _PROBE[5:]], first) == each([_PROBE, _PROBE[5:]], first) for first in (True, False))
-    return fast if same else each
+    return _text_only(fast if same else each)
+
+
+def _text_only(encode: BatchEncode) -> BatchEncode:
+    """`encode`, with a lone surrogate in a text ('\\udcff': not UTF-8, so not text) refused by name: tokenizers
+    raised a TypeError about its input types (found by fuzzing)."""
+
+    @functools.wraps(encode)  # keeps its name: which path was chosen (fast or each) shows in tests
+    def checked(texts: list, first: bool) -> list:
+        try:
+            return encode(texts, first)
+        except (TypeError, UnicodeEncodeError):
+            if all(isinstance(t, str) for t in texts) and any(_has_surrogate(t) for t in texts):
+                raise RadixflowError("the program's text holds a lone surrogate (such as '\\udcff'), which is not "
+                                     "text; remove it or decode the bytes it came from properly") from None
+            raise
+
+    return checked
+
+
+def _has_surrogate(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+        return False
+    except UnicodeEncodeError:
+        return True
 
 
 def _plain_backend(tokenizer) -> Optional[object]:

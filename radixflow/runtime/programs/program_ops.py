@@ -115,7 +115,7 @@ def _parse_ops(raw: list, ids: set, depth: int = 0) -> list[Op]:
         raise RadixflowError(f"forks nest more than {MAX_FORK_DEPTH} deep; flatten the program (a fork's branches "
                              "may hold forks, up to that depth)")
     out = []
-    forks = set()
+    forks, joined = set(), set()
     for i, r in enumerate(raw):
         if not isinstance(r, dict):
             raise RadixflowError(f"op {i} must be an object")
@@ -124,6 +124,9 @@ def _parse_ops(raw: list, ids: set, depth: int = 0) -> list[Op]:
             forks.add(op.id)
         if op.kind == "join" and op.fork not in forks:
             raise RadixflowError(f"join of fork {op.fork} comes before that fork (or in another branch)")
+        if op.kind == "join" and op.fork in joined:  # concat would append the branches' text twice
+            raise RadixflowError(f"fork {op.fork} is joined twice; join each fork once")
+        joined.update([op.fork] if op.kind == "join" else [])
         out.append(op)
     return out
 
