@@ -72,9 +72,9 @@ def test_a_chat_template_is_a_jinja_file_or_a_chat_template_json(tmp_path, capsy
 
 
 def test_openai_streams_take_the_servers_default_for_usage():
-    assert _stream_flags({"stream": True}) == (True, False)
-    assert _stream_flags({"stream": True}, usage_default=True) == (True, True)
-    assert _stream_flags({"stream": True, "stream_options": {"include_usage": False}}, usage_default=True) == (True, False)
+    assert _stream_flags({"stream": True}) == (True, False, False)  # (stream, include_usage, continuous_usage_stats)
+    assert _stream_flags({"stream": True}, usage_default=True) == (True, True, False)
+    assert _stream_flags({"stream": True, "stream_options": {"include_usage": False}}, usage_default=True) == (True, False, False)
     with pytest.raises(RadixflowError, match="stream_options"):
         _stream_flags({"stream": True, "stream_options": {"include_usage": "yes"}}, usage_default=True)
 
