@@ -370,7 +370,7 @@ class Scheduler:
         if not forced:
             return
         keep, tokens = jump_parts(forced, len(req.output_ids))
-        self.logprobs.replace_outputs(req, len(req.output_ids) - keep, tokens)
+        LogprobCollector.replace_outputs(req, len(req.output_ids) - keep, tokens)
         if keep < len(req.output_ids):
             self.rewind(req, keep)
         req.output_ids.extend(tokens)
