@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import re
 import subprocess
 import sys
 
 import pytest
 
+from radixflow.errors import RadixflowError
 from radixflow.model_files import _loads_directly, load_tokenizer, ready_model_dir, resolve_model
 from radixflow.runtime.server.launch_server import _known_tokenizer_path
 from radixflow.runtime.server_args import ServerArgs
@@ -65,7 +67,9 @@ def test_tokenizer_path_known_before_the_model_loads(default_dir, tmp_path):
     assert ready_model_dir(None) == default_dir
     assert _known_tokenizer_path(ServerArgs()) == default_dir
     assert _known_tokenizer_path(ServerArgs(model_path=str(tmp_path))) == str(tmp_path)
-    assert _known_tokenizer_path(ServerArgs(tokenizer_path="/t", model_path=str(tmp_path))) == "/t"
+    (tmp_path / "tok").mkdir()
+    given = str(tmp_path / "tok")
+    assert _known_tokenizer_path(ServerArgs(tokenizer_path=given, model_path=str(tmp_path))) == given
     dummy = ServerArgs(model_path=str(tmp_path / "c.json"), load_format="dummy")
     assert _known_tokenizer_path(dummy) == default_dir
     assert _known_tokenizer_path(ServerArgs(model_path=str(tmp_path / "none.gguf"))) is None
@@ -98,3 +102,25 @@ def test_import_and_serve_help_do_not_load_torch():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "exit 0" in out.stdout and "--model-path" in out.stdout, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "kwargs, needle",
+    [({"max_prefill_tokens": 0}, "max_prefill_tokens must be >= 1"),  # started, then every request hung
+     ({"max_total_tokens": 1}, "max_total_tokens must be >= 64"), ({"max_batch_size": 0}, "max_batch_size must be >= 1"),
+     ({"max_new_tokens_limit": -1}, "max_new_tokens_limit must be >= 1"), ({"max_body_bytes": 0}, "max_body_bytes must"),
+     ({"grammar_compile_timeout_s": float("nan")}, "grammar_compile_timeout_s must be a positive"),
+     ({"log_interval_s": 0.0}, "log_interval_s must be a positive"), ({"stream_interval": 0}, "stream_interval must"),
+     ({"grammar_compile_workers": 0}, "grammar_compile_workers must"), ({"context_length": -5}, "context_length must"),
+     ({"port": 70000}, "give a TCP port"), ({"random_seed": 10**23}, "random_seed="), ({"api_key": ""}, "api_key is empty"),
+     ({"log_level": "junk"}, "log_level='junk'"), ({"tokenizer_path": "/nonexistent"}, "does not exist"),
+     ({"dp_size": 10**5}, "more replicas than this host has CPUs"), ({"max_total_tokens": "abc"}, "must be an integer"),
+     ({"page_size": "4"}, "page_size='4': must be an integer"), ({"mem_fraction_static": True}, "must be a number"),
+     ({"constrained_json_whitespace_pattern": "a*"}, "may match more than JSON whitespace")],
+)  # fmt: skip
+def test_arguments_no_request_could_run_with_are_refused_before_loading(kwargs, needle):
+    """Found by fuzzing the launch flags: each of these started a server that refused, or hung on, every request, or
+    failed with a traceback (Engine(...) takes them unchecked by argparse, so types are checked too)."""
+    with pytest.raises(RadixflowError, match=re.escape(needle)):
+        ServerArgs(**kwargs)
+    ServerArgs(constrained_json_whitespace_pattern="[ \n]*")  # JSON whitespace only: fine

@@ -7,12 +7,13 @@ import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Optional
 
-from radixflow.constrained.options import MAX_GRAMMAR_THREADS, PROMOTE_AFTER
+from radixflow.constrained.options import PROMOTE_AFTER
 from radixflow.errors import RadixflowError
 from radixflow.runtime.reasoning import NAMES as REASONING_PARSERS
-from radixflow.runtime.sglang_flags import ALIASES as SGLANG_ALIASES, HELP as SGLANG_HELP, check_sglang_args
+from radixflow.runtime.server_args_checks import check_args
+from radixflow.runtime.sglang_flags import ALIASES as SGLANG_ALIASES, HELP as SGLANG_HELP
 from radixflow.runtime.extend_graph_args import (
-    DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, check_extend_graphs, extend_graph_tokens,
+    DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, extend_graph_tokens,
 )  # fmt: skip
 
 if TYPE_CHECKING:
@@ -123,7 +124,7 @@ _HELP = {
     "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
     "reasoning_parser": "split a reasoning model's thinking from its answer in /v1/chat/completions: the message's "
     "reasoning_content and content (streamed as delta.reasoning_content); requests may turn it off with "
-    "separate_reasoning: false (docs/openai.md, reasoning models)",
+    "separate_reasoning: false (docs/serving.md, Reasoning models)",
     "disable_pdl": "launch the decode kernels without programmatic dependent launch (Hopper and newer GPUs)",
     "pdl_late_trigger": "under PDL, let the next kernel be scheduled only after a kernel's wait (default: before it)",
     "attention_p_parts": "Triton attention multiplies the softmax weights p as this many 16-bit parts: 2 keeps "
@@ -245,58 +246,7 @@ class ServerArgs:
     router_args: Optional[str] = None
 
     def __post_init__(self) -> None:
-        for name, choices in _CHOICES.items():
-            if getattr(self, name) not in choices and not (getattr(self, name) is None and name == "reasoning_parser"):
-                raise RadixflowError(f"{name}={getattr(self, name)!r}: choose one of {', '.join(map(str, choices))}")
-        if self.page_size < 1:
-            raise RadixflowError("page_size must be >= 1")
-        if not 0 < self.mem_fraction_static < 1:
-            raise RadixflowError(f"mem_fraction_static={self.mem_fraction_static}: give a fraction between 0 and 1 "
-                                 "(e.g. 0.85), the share of device memory the weights and KV pool may take")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise RadixflowError("chunked_prefill_size must be positive, or -1 to disable chunking")
-        if self.in_batch_prefix_threshold is not None and self.in_batch_prefix_threshold < 0:
-            raise RadixflowError("in_batch_prefix_threshold must be >= 0 (0: a request sharing any uncached token waits)")
-        if self.max_running_requests is not None and self.max_running_requests < 1:
-            raise RadixflowError("max_running_requests must be >= 1")
-        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 0:
-            raise RadixflowError("cuda_graph_max_bs must be >= 0 (0 captures no graphs; or use --disable-cuda-graph)")
-        check_extend_graphs(self)
-        check_sglang_args(self)
-        if self.enable_deterministic_inference and (self.tp_size > 1 or self.attention_backend == "flashinfer"):
-            raise RadixflowError(
-                "enable_deterministic_inference needs tp_size 1 and the triton or torch_native attention backend"
-            )
-        if self.quantization not in (None, "fp8"):
-            raise RadixflowError(f"quantization={self.quantization!r}: the only quantization is fp8 (or leave it unset)")
-        if self.enable_deterministic_inference and (self.quantization or self.kv_cache_dtype != "auto"):
-            raise RadixflowError("enable_deterministic_inference runs bf16/fp32 weights and KV cache only; "
-                                 "drop --quantization / --kv-cache-dtype")
-        if self.kv_cache_dtype != "auto" and self.attention_backend == "flashinfer":
-            raise RadixflowError("kv_cache_dtype fp8_e4m3 runs with the triton or torch_native attention backend")
-        if self.dp_size < 1:
-            raise RadixflowError("dp_size must be >= 1")
-        if self.dp_size > 1 and self.nnodes > 1:
-            raise RadixflowError("dp_size > 1 runs replicas on this host only; for several hosts start one server per "
-                                 "host and put sglang-router in front (docs/scale_out.md)")
-        if self.fused_rotary_max_batch < 0:
-            raise RadixflowError("fused_rotary_max_batch must be >= 0 (0: never inside the attention kernel)")
-        if self.jump_forward_max_batch < 0:
-            raise RadixflowError("jump_forward_max_batch must be >= 0 (0: only a request's first jump, before its prefill)")
-        if self.grammar_compile_timeout_s <= 0:
-            raise RadixflowError("grammar_compile_timeout_s must be positive")
-        if not 0 <= self.grammar_threads <= MAX_GRAMMAR_THREADS:
-            raise RadixflowError(f"grammar_threads must be from 0 (llguidance's default) to {MAX_GRAMMAR_THREADS}; "
-                                 "more threads than CPUs do not fill masks faster")
-        if not 0 <= self.constrained_json_any_depth <= 3:
-            raise RadixflowError("constrained_json_any_depth must be from 0 to 3")
-        if self.constrained_json_whitespace_pattern:
-            from radixflow.constrained.spec import check_regex
-
-            try:
-                check_regex(self.constrained_json_whitespace_pattern)
-            except RadixflowError as e:
-                raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
+        check_args(self, _CHOICES)
 
     def extend_graph_tokens(self, device: str, fp8: bool = False) -> int:
         """The extend graphs' largest token bucket on `device`, 0: eager (extend_graph_args.py)."""
