@@ -482,3 +482,18 @@ def test_a_regex_librarys_message_keeps_its_cause():
     detail = "regex parse error:\n    (\n    ^\nerror: unclosed group"
     assert summary(detail) == "regex parse error: unclosed group"
     assert summary("one line\nmore") == "one line" and summary("  ") == "cannot be compiled"
+
+
+def test_property_names_that_json_escapes_are_written_escaped():
+    """outlines-core writes property names as they are: a name holding a quote came out as `"n"x"`, invalid JSON
+    (found by fuzzing a tool parameter); such names now go in as placeholders for their escaped text."""
+    import re
+
+    from radixflow.constrained import regex_for_schema
+
+    names = ['n"x', "b\\s", "tab\there", "città"]
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in names}, "required": names}
+    rx = regex_for_schema(schema)
+    doc = {k: i for i, k in enumerate(names)}
+    assert re.fullmatch(rx, json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
+    assert not re.fullmatch(rx, "{" + ",".join(f'"{k}":{i}' for i, k in enumerate(names)) + "}")  # unescaped

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -104,9 +105,28 @@ class _Rules:
     swaps: dict = field(default_factory=dict)
 
     def swap(self, regex: str) -> dict:
+        return {"const": self.placeholder(regex)}
+
+    def placeholder(self, regex: str) -> str:
+        """A name that stands, quoted, for `regex` in the regex outlines-core builds."""
         name = _PLACEHOLDER.format(len(self.swaps))
         self.swaps[name] = regex
-        return {"const": name}
+        return name
+
+
+def _escaped_keys(node: dict, rules: _Rules) -> dict:
+    """Property names that JSON writes escaped (a quote, a backslash, a control character) go in as placeholders for
+    their escaped, quoted text: outlines-core writes names as they are, so `n"x` came out as `"n"x"` (invalid JSON,
+    found by fuzzing tool parameters)."""
+    props = node.get("properties")
+    renames = {k: rules.placeholder(re.escape(json.dumps(k, ensure_ascii=False))) for k in props
+               if json.dumps(k, ensure_ascii=False)[1:-1] != k}  # fmt: skip
+    if not renames:
+        return node
+    out = {**node, "properties": {renames.get(k, k): v for k, v in props.items()}}
+    if isinstance(node.get("required"), list):
+        out["required"] = [renames.get(k, k) for k in node["required"]]
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -187,6 +207,8 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
             out[key] = [_rewrite(v, rules, f"{path}/{key}/{i}") for i, v in enumerate(node[key])]
     if "properties" in node and node.get("additionalProperties", False) is not False:
         del out["additionalProperties"]  # outlines-core ignores it beside properties: only listed keys
+    if isinstance(out.get("properties"), dict):
+        out = _escaped_keys(out, rules)
     for key in ("items", "additionalProperties"):
         if key in out and (isinstance(node[key], dict) or node[key] is True):
             out[key] = _rewrite(node[key], rules, f"{path}/{key}")
