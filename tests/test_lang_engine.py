@@ -188,6 +188,20 @@ def test_inputs_that_are_not_text_are_refused_by_name(backend, engine):
         rf.select("c", "ab")
 
 
+def test_a_text_only_program_runs_in_every_mode(backend, engine):
+    """Found by fuzzing: graph and auto modes refused a program with no gen ("use /generate for plain text");
+    SGLang runs it, and so does eager mode: nothing is sent, the text is the result."""
+
+    @rf.function
+    def greet(s, who):
+        s += "hello " + who
+
+    assert {mode: greet.run(who="w", mode=mode).text() for mode in ("eager", "graph", "auto")} == dict.fromkeys(
+        ("eager", "graph", "auto"), "hello w")
+    with pytest.raises(rf.RadixflowError, match="the same rid twice"):  # results told apart by position only
+        engine.generate(["a", "b"], {"max_new_tokens": 1}, rid=["x", "x"])
+
+
 def test_gen_regex_and_dtype_pass_through_as_constraints(backend):
     pytest.importorskip("radixflow.constrained.backend", reason="constrained decoding not available")
 

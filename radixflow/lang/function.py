@@ -31,6 +31,11 @@ from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFA
 MODES = ("auto", "graph", "eager")
 
 
+def _makes_requests(ops: list) -> bool:
+    return any(op.get("op") in ("gen", "select") or (op.get("op") == "fork" and any(map(_makes_requests, op["branches"])))
+               for op in ops)  # fmt: skip
+
+
 class Function:
     def __init__(self, func: Callable, bound: Optional[dict] = None, num_api_spec_tokens: Optional[int] = None):
         self.func = func
@@ -97,15 +102,19 @@ class Function:
                 raise RadixflowError(f"{type(b).__name__} cannot run request graphs")
             return None
         p = prepared(self, b, arguments, defaults)
-        if p is not None:
-            return p.graph, p.program, p
         try:
-            graph = trace_graph(self.func, arguments, self.arg_names)
-            return graph, lower(graph, b.chat_template(), defaults), None
+            compiled = (p.graph, p.program, p) if p is not None else self._traced(b, arguments, defaults)
         except NotTraceable:
             if mode == "graph":
                 raise
             return None
+        # text only (no gen, select or fork): nothing to send, the text is the result (the runtime refuses such a
+        # graph, as /program does; SGLang runs the program)
+        return compiled if _makes_requests(compiled[1]["ops"]) else None
+
+    def _traced(self, b, arguments: dict, defaults: dict) -> tuple:
+        graph = trace_graph(self.func, arguments, self.arg_names)
+        return graph, lower(graph, b.chat_template(), defaults), None
 
     def _run_eager(self, b, arguments: dict, defaults: dict, stream: bool) -> ProgramState:
         ex = Interpreter(b, defaults, b.chat_template(), use_ids=b.tokenizer is not None, streaming=stream)

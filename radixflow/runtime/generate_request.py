@@ -193,6 +193,8 @@ def _rids(rid: Any, count: int) -> list[str]:
     if isinstance(rid, str):
         return [rid] if count == 1 else [f"{rid}_{i}" for i in range(count)]
     if isinstance(rid, list) and len(rid) == count and all(isinstance(r, str) for r in rid):
+        if len(set(rid)) < len(rid):  # the results would be told apart by position only, an abort would hit one
+            raise RadixflowError("rid has the same rid twice; give each prompt its own")
         return rid
     raise RadixflowError("rid must be a string or a list of strings, one per prompt")
 
