@@ -159,11 +159,12 @@ def feed_until_cut(backend: GrammarBackend, req: FakeReq, tokens: list) -> tuple
     raise AssertionError("the output was never cut back")
 
 
-def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, engine):
+def test_a_failed_late_check_cuts_back_to_the_latest_state_with_a_completion(backend, engine):
     """Far from the budget `ab`, `1` and the digits after it are taken unchecked; once the
-    budget comes near, no completion fits (60 digits are owed), so the output is cut back to
-    where the path was last verified, the start, and closed there (EOS: the empty output is
-    complete)."""
+    budget comes near, no completion fits (60 digits are owed). The unchecked tokens are then
+    checked one at a time from where the path was last verified (the start), as a streamed
+    request's are: `ab` still has a completion (it is complete), `1` has none, so the output is
+    cut back to `ab` and closed there with EOS (before session 26: cut back to the start)."""
     encode = lambda s: engine.tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
     req = start(backend, 50, "regex", "[a-z]{0,10}(1[0-9]{60})?")
     prefix = encode("ab")
@@ -172,7 +173,7 @@ def test_a_failed_late_check_cuts_back_to_where_the_path_was_verified(backend, e
         req.grammar.accept_token(t)
     assert backend.jump_forward(req) == []
     keep, tokens = feed_until_cut(backend, req, encode("1") + encode("2") * 45)
-    assert keep == 0 and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
+    assert keep == len(prefix) and tokens == [backend.info.eos_ids[0]] and len(req.output_ids) > len(prefix) + 2
     assert req.grammar.budget_closed and req.grammar.is_terminated()
 
 
@@ -515,3 +516,22 @@ def test_an_auto_tool_call_that_cannot_fit_is_not_opened(backend, engine):
         roomy.grammar.accept_token(token)
     forced = backend.jump_forward(roomy)  # with room, the call goes on: its name is forced
     assert engine.tokenizer.decode(forced).startswith('get_weather", "') and not roomy.grammar.budget_closed
+
+
+def test_a_non_streamed_request_keeps_what_a_streamed_one_keeps(engine):
+    """Found by fuzzing: with parallel calls allowed, the second call's forced opening did not fit the budget and
+    the lazy check of a non-streamed request cut back 13 tokens to where its path was last verified, replacing the
+    model's `":` inside the first call; a streamed request (checked per token) kept it. The unchecked tokens are now
+    checked one at a time before a cut, so both end alike at temperature 0."""
+    from radixflow.runtime.server.tool_request import plan_tools
+
+    params = {"type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Paris"]}}, "required": ["city"]}
+    messages = [{"role": "user", "content": "Call a tool please. Weather in Oslo?"}]
+    body = {"messages": messages, "tool_choice": "required",
+            "tools": [{"type": "function", "function": {"name": "get_weather2", "description": "weather", "parameters": params}}]}  # fmt: skip
+    plan = plan_tools(body, messages, engine.tokenizer, "auto")
+    ids = engine.tokenizer.encode(plan.prompt, add_special_tokens=False)
+    sp = {"regex": plan.regex, "max_new_tokens": 60, "temperature": 0}
+    whole = engine.generate(input_ids=ids, sampling_params=sp)
+    streamed = list(engine.generate(input_ids=ids, sampling_params=sp, stream=True))[-1]
+    assert whole["output_ids"] == streamed["output_ids"] and '"arguments": {"city": "Oslo"}' in whole["text"]

@@ -131,6 +131,7 @@ class LLGuidanceMatcher:
         # a completion within the budget from the state `since` tokens back; None: no budget tracking
         self.path = list(grammar.closing) if req is not None and grammar.closing is not None else None
         self.since = 0  # tokens consumed since the path was last verified
+        self.unverified: list = []  # those tokens
         # a streamed request's shown tokens cannot be cut back: its path is verified after every token
         self.verify_each = req is not None and req.streamed
         self.undo = 0  # output tokens undone by a failed check: the jump hook cuts them, then path[0]
@@ -250,26 +251,49 @@ class LLGuidanceMatcher:
 
     def follow(self, tokens: list, left: int) -> bool:
         """Update the path after `tokens` were consumed, `left` tokens of budget remaining.
-        False when no completion within `left` is found: the matcher is then back where the
-        path was last verified, `self.undo` tokens earlier."""
+        False when no completion within `left` is found: the matcher is then back at the latest
+        state that still has one (`_replay`), `self.undo` tokens earlier."""
         path, n = self.path, len(tokens)
         if not self.since and path[:n] == tokens:
             self.path = path[n:]
             return True
         self.since += n
+        self.unverified += tokens
         if not self.verify_each and left > len(path) + self.since // GROWTH + VERIFY_MARGIN and self.since < MAX_UNVERIFIED:
             return True  # far from the budget: verified later
-        for tail in (path, path[1:], path[2:]):  # the model may have taken a step of the path its own way
-            if len(tail) <= left and self._completes(tail):
-                self.path, self.since = list(tail), 0
-                return True
-        found = self.search.find(self.m, left, self.grammar.hints)
+        found = self._completion(path, left)
         if found is not None:
-            self.path, self.since = found, 0
+            self.path, self.since, self.unverified = found, 0, []
             return True
-        self.m.rollback(self.since)
-        self.undo, self.since = self.since, 0
+        good, self.path = self._replay(left + n, len(self.unverified) - n)
+        self.undo, self.since, self.unverified = self.since - good, 0, []
         return False
+
+    def _completion(self, path: list, left: int) -> Optional[list]:
+        """A completion within `left` from the matcher's state: a tail of `path` (the model may have taken a step
+        of it its own way), else a search's."""
+        for tail in (path, path[1:], path[2:]):
+            if len(tail) <= left and self._completes(tail):
+                return list(tail)
+        return self.search.find(self.m, left, self.grammar.hints)
+
+    def _replay(self, left: int, earlier: int) -> tuple[int, list]:
+        """After a failed check: the `earlier` unverified tokens (those before the ones just consumed) checked one at
+        a time from the last verified state, as a streamed request's are, `left` being the budget after them. Leaves
+        the matcher after the last of them that still has a completion within the budget and returns (how many
+        that is, the completion): a repair then cuts back only to there, not to the last verified state (found by
+        fuzzing: a non-streamed tool call lost its model-chosen `":` to a repair 13 tokens back, where a streamed
+        one kept it)."""
+        path = self.path
+        self.m.rollback(self.since)
+        for k, token in enumerate(self.unverified[:earlier]):
+            assert self.m.consume_token(token), "a token the matcher took before"
+            step = path[1:] if path[:1] == [token] else self._completion(path, left + earlier - k - 1)
+            if step is None:
+                self.m.rollback(1)
+                return k, path
+            path = step
+        return earlier, path
 
     def _completes(self, tokens: list) -> bool:
         done = self.m.try_consume_tokens(tokens)
