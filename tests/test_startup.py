@@ -124,3 +124,15 @@ def test_arguments_no_request_could_run_with_are_refused_before_loading(kwargs, 
     with pytest.raises(RadixflowError, match=re.escape(needle)):
         ServerArgs(**kwargs)
     ServerArgs(constrained_json_whitespace_pattern="[ \n]*")  # JSON whitespace only: fine
+
+
+def test_a_context_length_over_the_models_own_is_refused():
+    """Found by fuzzing: --context-length 99999999 failed in the allocator with a traceback."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.execution.model_runner import _context_len
+
+    config = SimpleNamespace(max_position_embeddings=8192)
+    assert (_context_len(None, config), _context_len(4096, config), _context_len(None, SimpleNamespace())) == (8192, 4096, 4096)
+    with pytest.raises(RadixflowError, match="over the model's max_position_embeddings \\(8192\\)"):
+        _context_len(99_999_999, config)

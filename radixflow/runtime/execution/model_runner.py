@@ -52,7 +52,7 @@ class ModelRunner:
         self.ckpt_fp8 = read_checkpoint_quantization(self.config) if self.model_dir else None
         if args.enable_deterministic_inference and self.device != "cuda":
             raise RadixflowError("enable_deterministic_inference needs a CUDA device (its batch-invariant matmul is Triton)")
-        self.context_len = args.context_length or getattr(self.config, "max_position_embeddings", 4096)
+        self.context_len = _context_len(args.context_length, self.config)
         self.model = self._load_model()
         self.memory_plan: dict[str, int] = {}  # how the KV pool was sized on CUDA (_kv_slots), in bytes
         self.vocab_size = self.model.shape.vocab_size
@@ -329,6 +329,16 @@ class ModelRunner:
         self.backend.init_forward_metadata(fb)
         hidden = self.model(fb, self.backend)
         return self.model.compute_logits(hidden)
+
+
+def _context_len(asked: Optional[int], config) -> int:
+    """--context-length, at most the model's own (rotary tables and attention past it are untrained; found by
+    fuzzing: 99,999,999 failed in the allocator with a traceback), or the model's own."""
+    own = getattr(config, "max_position_embeddings", None)
+    if asked and own and asked > own:
+        raise RadixflowError(f"context_length={asked} is over the model's max_position_embeddings ({own}); give at "
+                             f"most {own}, or leave it out")
+    return asked or own or 4096
 
 
 def release_weights(model: torch.nn.Module) -> None:

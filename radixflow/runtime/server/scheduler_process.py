@@ -19,6 +19,7 @@ import zmq
 from radixflow import env
 from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
+from radixflow.errors import RadixflowError
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
     AbortReq,
@@ -46,7 +47,9 @@ def run_scheduler_process(args: ServerArgs, ipc: IpcNames, ready_conn, parent_pi
     try:
         loop = SchedulerLoop(args, ipc, parent_pid)
     except Exception as e:  # report why start-up failed, then exit
-        ready_conn.send(("error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+        # the arguments' or the model's fault (RadixflowError) says what to change in its message: no traceback
+        trace = "" if isinstance(e, RadixflowError) else f"\n{traceback.format_exc()}"
+        ready_conn.send(("error", f"{type(e).__name__}: {e}{trace}"))
         return
     ready_conn.send(("ok", loop.model_info()))
     ready_conn.close()
