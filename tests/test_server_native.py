@@ -150,6 +150,7 @@ def test_model_and_server_info(server):
     assert model["is_generation"] is True and model["architectures"] == ["LlamaForCausalLM"]
     assert info["max_total_num_tokens"] == 32768 and "api_key" not in info
     assert info["free_slots"] + info["used_slots"] == info["max_total_num_tokens"]
+    assert isinstance(info["max_running_requests"], int) and info["max_running_requests"] >= 1  # resolved, not null
     assert info["scheduler_pid"] > 0 and info["detokenizer_pid"] > 0
 
 

@@ -165,6 +165,7 @@ class SchedulerLoop:
         cached = s.tree.total_size
         return {
             "max_total_num_tokens": alloc.capacity_slots,
+            "max_running_requests": s.args.max_running_requests,  # as resolved for the device (the flag may be unset)
             "free_slots": alloc.num_free_slots,
             "used_slots": used,
             "cached_slots": cached,
