@@ -253,13 +253,10 @@ class ServerArgs:
         return extend_graph_tokens(self, device, fp8)
 
     def resolved_device(self) -> str:
-        import torch
-
-        if self.device == "cuda" and not torch.cuda.is_available():
-            raise RadixflowError(f"device=cuda, but torch {torch.__version__} sees no CUDA device here; use --device cpu "
-                                 "or auto")
         if self.device != "auto":
             return self.device
+        import torch
+
         return "cuda" if torch.cuda.is_available() else "cpu"
 
     def resolve_max_running(self, device: str) -> int:

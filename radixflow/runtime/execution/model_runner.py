@@ -34,6 +34,9 @@ class ModelRunner:
     def __init__(self, args: ServerArgs):
         self.args = args
         self.device = args.resolved_device()
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise RadixflowError(f"device={self.device}, but torch {torch.__version__} sees no CUDA device here; use "
+                                 "--device cpu or auto")
         self.dtype = _DTYPES[args.resolved_dtype()]
         self.settings = args.kernel_settings()  # set_kernel_settings changes them
         args.resolve_max_running(self.device)  # the scheduler reads it after this
