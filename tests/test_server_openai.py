@@ -236,6 +236,7 @@ def test_token_bytes_of_each_vocabulary_kind(engine):
     ids = engine.tokenizer.encode("编辑 Hello 😖", add_special_tokens=False)
     assert b"".join(byte_level(i) for i in ids).decode() == "编辑 Hello 😖" and len(ids) > 4
     pieces = {0: "<0xE6>", 1: "▁the", 2: "<s>"}  # a SentencePiece vocabulary with byte fallback
-    sp = SimpleNamespace(convert_ids_to_tokens=pieces.get, decode=lambda ids: pieces[ids[0]], all_special_ids=[2])
+    sp = SimpleNamespace(convert_ids_to_tokens=pieces.get, decode=lambda ids: pieces[ids[0]], all_special_ids=[2],
+                         get_vocab=lambda: {p: i for i, p in pieces.items()})
     fallback = TokenBytes(sp)
     assert (fallback(0), fallback(1), fallback(2)) == (b"\xe6", b" the", b"<s>")
