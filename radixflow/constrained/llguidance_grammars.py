@@ -287,7 +287,8 @@ class LLGuidanceMatcher:
         path = self.path
         self.m.rollback(self.since)
         for k, token in enumerate(self.unverified[:earlier]):
-            assert self.m.consume_token(token), "a token the matcher took before"
+            took = self.m.consume_token(token)  # not inside the assert: it must run under python -O too
+            assert took, "a token the matcher took before"
             step = path[1:] if path[:1] == [token] else self._completion(path, left + earlier - k - 1)
             if step is None:
                 self.m.rollback(1)
