@@ -53,6 +53,7 @@ class SamplingParams:
     logit_bias: Optional[dict] = _param(None)
     # filled by normalize()
     stop_strs: list = field(default_factory=list, repr=False)
+    stop_strs_bytes: int = field(default=0, repr=False)  # the longest stop string's UTF-8 bytes (the checked tail)
     stop_patterns: Optional[StopPatterns] = field(default=None, repr=False)
 
     @classmethod
@@ -107,6 +108,7 @@ class SamplingParams:
         if self.sampling_seed is not None:
             _check_type("sampling_seed", self.sampling_seed, int)
         self.stop_strs = _normalize_stop(self.stop)
+        self.stop_strs_bytes = max((len(t.encode()) for t in self.stop_strs), default=0)
         self.stop_patterns = parse_stop_regex(self.stop_regex)
         if self.stop_token_ids is not None:
             if not isinstance(self.stop_token_ids, list) or not all(
@@ -177,7 +179,7 @@ def plain(v: Any) -> bool:
     return t in (list, tuple) and all(plain(x) for x in v)
 
 
-_FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name not in ("stop_strs", "stop_patterns")]
+_FIELDS = [f for f in dataclasses.fields(SamplingParams) if f.name not in ("stop_strs", "stop_strs_bytes", "stop_patterns")]
 SAMPLING_DEFAULTS: dict[str, Any] = {f.name: f.default for f in _FIELDS}
 # what a program's run() may set for every gen call (SGLang's run(max_new_tokens=..., temperature=...))
 RUN_SAMPLING_PARAMS: tuple[str, ...] = tuple(f.name for f in _FIELDS if f.metadata["run"])

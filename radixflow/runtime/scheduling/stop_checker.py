@@ -123,7 +123,7 @@ class StopChecker:
         return True
 
     def _stop_str(self, req: Req, added: int):
-        tail = self._tail(req, added, max(len(s.encode()) for s in req.sampling.stop_strs))
+        tail = self._tail(req, added, req.sampling.stop_strs_bytes)
         for s in req.sampling.stop_strs:
             if s in tail:
                 return s
