@@ -107,6 +107,14 @@ def test_parse_whole_and_streamed(name):
     assert all(v["id"] for v in calls.values())
 
 
+def test_empty_output_streams_empty_content_as_the_message_has():
+    fmt = FORMATS["hermes"]
+    msg, finish = tool_message(fmt, "", "stop")
+    assert msg["content"] == "" and finish == "stop"
+    delta, fin = ToolStream(fmt).delta("", True, True, "stop")
+    assert delta == {"role": "assistant", "content": ""} and fin == "stop"
+
+
 def test_output_without_a_complete_call_stays_content():
     fmt = FORMATS["hermes"]
     cut = format_calls(fmt, _calls(fmt))[:30]

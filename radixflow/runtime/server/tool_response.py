@@ -50,6 +50,8 @@ class ToolStream:
         if len(content) > self.content:
             delta["content"] = content[self.content :]
             self.content = len(content)
+        elif no_calls and self.content == 0:  # an empty answer: "" as the non-streamed message has, not null
+            delta["content"] = ""
         calls = [self._call_delta(k, c) for k, c in enumerate(p.calls) if c.name is not None]
         calls = [c for c in calls if c is not None]
         if calls:
