@@ -282,3 +282,15 @@ def test_requests_that_return_logprobs_do_not_jump(engine):
     plain = engine.generate("Record:", sp)["meta_info"]
     assert len(with_lp["output_token_logprobs"]) == with_lp["completion_tokens"]
     assert plain.get("jump_forward_tokens", 0) > 0 and not with_lp.get("jump_forward_tokens")
+
+
+@pytest.mark.parametrize("jump", [True, False])
+def test_a_stop_string_in_the_grammars_last_token_still_stops(engine, jump):
+    """The grammar's end was checked before stop strings: regex "(yes|no)" with stop "o" gave "no" with matched
+    null, and on outlines "abc" with stop "b" gave "abc" when jumping but "a" token by token (found by fuzzing)."""
+    with jump_forward(engine, jump):
+        for regex, stop, text in (("no", "o", "n"), ("abc", "b", "a"), ("[0-9]abc", "c", None)):
+            out = engine.generate("x", {"regex": regex, "stop": [stop], "max_new_tokens": 8, "temperature": 0})
+            reason = out["meta_info"]["finish_reason"]
+            assert reason == {"type": "stop", "matched": stop}, (regex, out)
+            assert (out["text"] == text) if text else (re.fullmatch("[0-9]ab", out["text"]) is not None), out["text"]

@@ -181,7 +181,7 @@ def _backend(engine, **args) -> GrammarBackend:
 class FakeReq:
     def __init__(self, kind: str, spec, max_new_tokens: int = 64):
         self.sampling = SimpleNamespace(grammar=(kind, spec), max_new_tokens=max_new_tokens)
-        self.output_ids, self.segment_start, self.streamed = [], 0, False
+        self.output_ids, self.segment_start, self.streamed, self.stop_checked = [], 0, False, 0
         self.jump_forward_tokens, self.grammar, self.finish_reason = 0, None, None
         self.logprob = SimpleNamespace(return_logprob=False)
 
@@ -523,7 +523,7 @@ def test_auto_switch_keeps_a_budget_closed_finish(engine):
     checker = StopChecker(engine.tokenizer, engine.eos_ids)
     for req in rows[:2]:
         req.rid, req.seq_len = "r", 0
-        req.sampling.__dict__.update(ignore_eos=False, stop_token_ids=None, stop_strs=None)
+        req.sampling.__dict__.update(ignore_eos=False, stop_token_ids=None, stop_strs=None, stop_patterns=None)
         _feed(req, encode("567"))
         assert req.grammar.is_terminated()
         checker.check(req, 10**6)
@@ -1073,3 +1073,10 @@ def test_isolated_compile_limits(engine):
         compile_isolated(regex, vocab, Limits(60, 1, 4 << 30))
     with pytest.raises(ValueError):
         compile_isolated("a(?=b)", vocab, Limits(60, 1 << 30, 4 << 30))
+
+
+def test_a_stop_string_in_the_grammars_last_token_stops_on_llguidance(engine):
+    """As on outlines (test_constrained_engine.py): the stop string, not the grammar's end, ends the output."""
+    for regex, stop, text in (("no", "o", "n"), ("abc", "b", "a")):
+        out = engine.generate("x", {"regex": regex, "stop": [stop], "max_new_tokens": 8, "temperature": 0})
+        assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop} and out["text"] == text, out

@@ -173,3 +173,15 @@ def test_an_unbounded_stop_regex_searches_the_gens_last_characters_only(tok):
         stops.check(req, 10**6)
     assert len(req.stop_text[1].text) <= 2 * UNBOUNDED_WINDOW and not req.finished
     assert stops._gen_text(req) == tok.decode(req.output_ids)[-UNBOUNDED_WINDOW:]
+
+
+@pytest.mark.parametrize("ends_on_eos", [True, False])
+def test_every_budget_closed_finish_has_one_shape(tok, ends_on_eos):
+    """A budget-closed output that ended on EOS said matched 2 (the EOS id), one cut at max_new_tokens left
+    matched out (found by fuzzing); both now read as docs/serving.md shows."""
+    eos = tok.eos_token_id
+    grammar = SimpleNamespace(budget_closed=True, is_terminated=lambda: ends_on_eos, error=lambda: None)
+    req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 3}), output_ids=[5, 6, eos if ends_on_eos else 7])
+    req.grammar = grammar
+    StopChecker(tok, eos_ids={eos}).check(req, context_len=10**6)
+    assert req.finish_reason == {"type": "length", "length": 3, "grammar_closed": True, "matched": None}

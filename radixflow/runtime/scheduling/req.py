@@ -55,6 +55,7 @@ class Req:
     output_counts: Optional[torch.Tensor] = None  # [V] counts of sampled tokens (penalties)
     prompt_mask: Optional[torch.Tensor] = None  # [V] bool, tokens of the prompt (repetition penalty)
     jump_forward_tokens: int = 0
+    stop_checked: int = 0  # output tokens the stop checker has seen (a grammar's first jump is appended unchecked)
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
     continuable: bool = False  # a request graph's: the scheduler's continue_request may extend it
@@ -156,4 +157,5 @@ class ReqOutput:
     input_top_logprobs: Optional[list] = None
     num_retractions: int = 0
     jump_forward_tokens: int = 0
+    stop_checked: int = 0  # output tokens the stop checker has seen (a grammar's first jump is appended unchecked)
     error: Optional[str] = None

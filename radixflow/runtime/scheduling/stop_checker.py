@@ -75,16 +75,22 @@ class StopChecker:
         """`added`: outputs appended (or replaced) since the last check, e.g. a jump's tokens."""
         if req.finished:
             return
+        added = max(added, len(req.output_ids) - max(req.stop_checked, req.segment_start))
+        req.stop_checked = len(req.output_ids)
         p = req.sampling
         last = req.output_ids[-1]
         stop_token = (last in self.eos_ids and not p.ignore_eos) or (p.stop_token_ids and last in p.stop_token_ids)
         grammar_done = req.grammar is not None and req.grammar.is_terminated()  # asked once: every row, every step
         if req.grammar is not None and (stop_token or grammar_done) and self._grammar_failed(req):
             return
+        if (grammar_done and not stop_token or stop_token and added > 1) and (matched := self._stop_match(req, added)) is not None:
+            # the grammar's last token, or jumped tokens before a stop token, complete a stop string: it ends the output,
+            # as it would have one token earlier (fuzzing: regex "(yes|no)" with stop "o" gave "no", matched null)
+            req.finish({"type": "stop", "matched": matched})
+            return
         if req.grammar is not None and req.grammar.budget_closed and (stop_token or grammar_done):
             # complete for the grammar, but cut short to fit max_new_tokens: a length finish
-            req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True,
-                        "matched": last if stop_token else None})  # fmt: skip
+            req.finish({"type": "length", "length": p.max_new_tokens, "grammar_closed": True, "matched": None})
             return
         if stop_token:
             req.finish({"type": "stop", "matched": last})
@@ -93,16 +99,13 @@ class StopChecker:
             # the last token is part of the grammar's output (not a stop token): keep it
             req.finish({"type": "stop", "matched": None})
             return
-        matched = self._stop_str(req, added) if p.stop_strs else None
-        if matched is None and p.stop_patterns is not None:
-            width = p.stop_patterns.width  # characters: at most 4 bytes each
-            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, 4 * width))
+        matched = self._stop_match(req, added)
         if matched is not None:
             req.finish({"type": "stop", "matched": matched})
             return
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
-            closed = {"grammar_closed": True} if req.grammar is not None and req.grammar.budget_closed else {}
+            closed = {"grammar_closed": True, "matched": None} if req.grammar is not None and req.grammar.budget_closed else {}
             req.finish({"type": "length", "length": p.max_new_tokens, **closed})
         elif req.seq_len >= context_len:
             req.finish({"type": "length", "length": len(req.output_ids)})
@@ -121,6 +124,15 @@ class StopChecker:
         log.error("request %s: constrained decoding failed: %s", req.rid, error)
         req.finish({"type": "abort", "message": f"constrained decoding failed: {error}", "status_code": 500})
         return True
+
+    def _stop_match(self, req: Req, added: int):
+        """The stop string or stop_regex match that the `added` tokens complete, or None."""
+        p = req.sampling
+        matched = self._stop_str(req, added) if p.stop_strs else None
+        if matched is None and p.stop_patterns is not None:
+            width = p.stop_patterns.width  # characters: at most 4 bytes each
+            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, 4 * width))
+        return matched
 
     def _stop_str(self, req: Req, added: int):
         tail = self._tail(req, added, req.sampling.stop_strs_bytes)
