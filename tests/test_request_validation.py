@@ -84,6 +84,8 @@ def test_grammar_minimum_is_a_400_on_every_route(server, engine):
         answers["/v1/chat/completions response_format"] = (r.status_code, r.json().get("error", {}).get("message", ""))
     for route, (status, msg) in answers.items():
         assert status == 400 and "too small for this grammar" in msg, (route, status, msg)
+        name = "max_tokens" if "/v1/" in route else "max_new_tokens"  # each route names its own field
+        assert f"{name}=2 " in msg and f"raise {name} " in msg, (route, msg)
     for route, msg in engine_errors(engine, sampling).items():
         assert "too small for this grammar" in msg, (route, msg)
 

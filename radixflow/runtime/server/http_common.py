@@ -4,7 +4,7 @@ error responses, SSE framing, and waiting for results while watching the client.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import orjson
 from fastapi import Request
@@ -97,14 +97,16 @@ async def until_done_or_disconnected(request: Request, fut: asyncio.Future) -> b
             return False
 
 
-async def final_results(request: Request, events: AsyncIterator[Event]) -> "list[dict] | Response":
-    """The results of a non-streamed call in order, or the error response to send."""
+async def final_results(request: Request, events: AsyncIterator[Event],
+                        names: Callable[[str], str] = str) -> "list[dict] | Response":
+    """The results of a non-streamed call in order, or the error response to send (`names`: how its message
+    names sampling parameters; the OpenAI routes say max_tokens)."""
     finals = await collect(request, events)
     if finals is None:
         return error_response(499, "client disconnected")
     err = first_error(finals)
     if err is not None:
-        return error_response(err.status_code, err.error)
+        return error_response(err.status_code, names(err.error))
     return [finals[i].result for i in sorted(finals)]
 
 
@@ -112,9 +114,10 @@ def first_error(finals: dict) -> Optional[Event]:
     return next((ev for ev in finals.values() if ev.error), None)
 
 
-async def open_stream(request: Request, events: AsyncIterator[Event]) -> "AsyncIterator[Event] | Response":
+async def open_stream(request: Request, events: AsyncIterator[Event],
+                      names: Callable[[str], str] = str) -> "AsyncIterator[Event] | Response":
     """Wait for a stream's first event before answering: a request rejected before it ran
-    (e.g. a grammar that cannot fit max_new_tokens) gets its 400 as the HTTP status."""
+    (e.g. a grammar that cannot fit max_new_tokens) gets its 400 as the HTTP status (`names`: as final_results)."""
     task = asyncio.ensure_future(events.__anext__())
     if not await until_done_or_disconnected(request, task):
         task.cancel()
@@ -124,7 +127,7 @@ async def open_stream(request: Request, events: AsyncIterator[Event]) -> "AsyncI
     first = task.result()
     if first.error is not None and first.status_code == 400:
         await events.aclose()
-        return error_response(400, first.error)
+        return error_response(400, names(first.error))
     return _prepend(first, events)
 
 

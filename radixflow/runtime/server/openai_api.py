@@ -69,11 +69,11 @@ async def _serve(request: Request, call: Call):
             raise
         raise RadixflowError(openai_names(str(e))) from None
     if call.g.stream:
-        opened = await open_stream(request, events)
+        opened = await open_stream(request, events, openai_names)
         if isinstance(opened, Response):
             return opened
         return StreamingResponse(_stream(tm, call, opened), media_type="text/event-stream")
-    results = await final_results(request, events)
+    results = await final_results(request, events, openai_names)
     if isinstance(results, Response):
         return results
     parts = _reasoning_parts(call, results)
