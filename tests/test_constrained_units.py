@@ -128,6 +128,10 @@ def test_formats_are_real_values():
         ("json_schema", {"type": "string", "format": "hostname"}, "hostname"),
         ("json_schema", {"allOf": [{"type": "object"}, {"type": "object"}]}, "allOf"),
         ("json_schema", {"$ref": "#/$defs/missing"}, "unsupported JSON schema"),
+        ("json_schema", "true", "for any JSON value use {}"),
+        ("json_schema", {"oneOf": [{"type": "integer"}, {"type": "number"}]}, "branches 0 and 1 may both match"),
+        ("json_schema", {"type": "string", "pattern": "ab+c", "maxLength": 10}, "pattern with minLength/maxLength"),
+        ("regex", "a{5,2}", "min repeat greater than max repeat"),
         ("ebnf", "root ::= (", "invalid ebnf grammar"),
         ("grammar", "x", "unknown grammar kind"),
     ],
@@ -137,6 +141,36 @@ def test_validate_names_the_problem(backend, kind, spec, needle):
         validate(kind, spec, backend="outlines")
         if kind == "regex":  # outlines builds a regex's DFA in its compile (regex_guard.py), not up front
             backend.compile(kind, spec)
+
+
+ONE_OF_EXCLUSIVE = [
+    [{"type": "string"}, {"type": "integer"}],
+    [{"const": "a"}, {"enum": ["b", "c"]}],
+    [{"type": "number", "const": 1.5}, {"type": "integer"}],
+    [{"type": "object", "properties": {"kind": {"const": "cat"}}, "required": ["kind"]},
+     {"type": "object", "properties": {"kind": {"const": "dog"}, "bark": {"type": "boolean"}}, "required": ["kind"]}],
+]
+ONE_OF_OVERLAPPING = [
+    [{"type": "integer"}, {"type": "number"}],
+    [{"const": "yes"}, {"enum": ["yes", "no"]}],
+    [{"const": 1}, {"const": 1.0}],
+    [{"type": "string"}, {}],
+    [{"properties": {"k": {"const": 1}}, "required": ["k"]}, {"properties": {"k": {"const": 2}}, "required": ["k"]}],
+]
+
+
+@pytest.mark.parametrize("branches", ONE_OF_EXCLUSIVE)
+def test_one_of_with_exclusive_branches_converts(branches):
+    defs = {f"B{i}": b for i, b in enumerate(branches)}  # through $refs too, as pydantic writes unions
+    for schema in ({"oneOf": branches}, {"$defs": defs, "oneOf": [{"$ref": f"#/$defs/B{i}"} for i in range(len(branches))]}):
+        regex_for_schema(schema)
+
+
+@pytest.mark.parametrize("branches", ONE_OF_OVERLAPPING)
+def test_one_of_that_may_match_twice_is_refused_by_the_regex_conversion(branches):
+    """outlines-core renders oneOf as anyOf: {"oneOf": [integer, number]} gave 1000 (found by fuzzing)."""
+    with pytest.raises(RadixflowError, match="may both match one value"):
+        regex_for_schema({"oneOf": branches})
 
 
 def test_a_passed_check_is_remembered_and_a_failed_one_raises_every_time():

@@ -29,6 +29,7 @@ from typing import Any, Optional
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.constrained.grammar_errors import summary
+from radixflow.constrained.json_one_of import check_one_of
 from radixflow.constrained.json_any import DEFAULT_DEPTH, any_array_regex, any_object_regex, any_value_regex, check_depth
 from radixflow.constrained.regex_helpers import ecma_regex, int_range_regex, integer_bounds, number_range_regex
 from radixflow.errors import GrammarError
@@ -102,6 +103,7 @@ class _Rules:
 
     whitespace: str
     any_depth: int
+    root: Any = None  # the whole schema, where a oneOf's $refs are followed
     swaps: dict = field(default_factory=dict)
 
     def swap(self, regex: str) -> dict:
@@ -132,7 +134,7 @@ def _escaped_keys(node: dict, rules: _Rules) -> dict:
 @functools.lru_cache(maxsize=256)
 def _regex_for_text(text: str, whitespace: str, any_depth: int) -> str:
     schema = _parse(text)
-    rules = _Rules(whitespace, any_depth)
+    rules = _Rules(whitespace, any_depth, schema)
     schema = _rewrite(schema, rules, "#")
     swaps = rules.swaps
     try:
@@ -192,6 +194,11 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
         node["pattern"] = ecma_regex(node["pattern"])
     if len(node.get("allOf", [])) > 1:
         raise GrammarError(f"allOf with several subschemas at {path} is not supported; merge them into one")
+    if isinstance(node.get("oneOf"), list):
+        check_one_of(node["oneOf"], rules.root, path)
+    if "pattern" in node and ("minLength" in node or "maxLength" in node):  # outlines-core would drop the pattern
+        raise GrammarError(f"pattern with minLength/maxLength at {path} is not supported by the regex conversion; put the "
+                           "length into the pattern (e.g. ^[a-z]{1,10}$) or use --grammar-backend llguidance")
     if "enum" in node or "const" in node:
         node = _typed_enum(node, path)
     node = _complete_items(_complete_required(_split_typed_bounds(node), path))

@@ -72,8 +72,9 @@ def regex_dfa_size(regex: str, timeout_s: float) -> tuple[str, int]:
         stop(child)
         why = f"within the {timeout_s:g} s limit (--grammar-compile-timeout-s)" if not ready else "within the memory limit"
         raise GrammarError(
-            f"this regex's automaton is too large to build {why}: a repeat after an alternation, such as "
-            "(a|b)*a(a|b){24}, grows it exponentially; simplify the regex or bound the repeats"
+            f"this regex's automaton is too large to build {why}: long counted repeats (a JSON schema's minLength / "
+            "maxItems of tens, x{30,}) multiply its states, and a repeat after an alternation, such as (a|b)*a(a|b){24}, "
+            "grows it exponentially; make the counts smaller, or use --grammar-backend llguidance (no automaton)"
         )
     _give_back(child)
     error, states = json.loads(line)

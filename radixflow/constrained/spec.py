@@ -9,6 +9,7 @@ limit (regex_guard.py), never on the request path.
 from __future__ import annotations
 
 import functools
+import re
 from typing import Any, Optional
 
 from outlines_core import Index, Vocabulary
@@ -81,5 +82,19 @@ def regex_error(regex: str, detail: str) -> str:
         hint = "no sequence of this model's tokens can produce it; use characters the model's vocabulary has"
     else:
         hint = "use plain regex syntax: no look-arounds, back-references or \\b/\\Z assertions"
+        syntax = _syntax_error(regex)
+        if syntax:  # outlines-core's own message does not say what is wrong ("error building NFA")
+            hint = f"{syntax}; {hint}"
     short = regex if len(regex) <= 120 else regex[:117] + "..."
     return f"invalid or unsupported regex {short!r}: {first}; {hint}"
+
+
+def _syntax_error(regex: str) -> str:
+    """Python's account of a syntax error in `regex` ("missing ), unterminated subpattern at position 0"), or ""."""
+    try:
+        re.compile(regex)
+    except re.error as e:
+        return str(e)
+    except (RecursionError, OverflowError):
+        return ""
+    return ""

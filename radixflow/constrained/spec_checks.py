@@ -19,18 +19,22 @@ def check_spec(kind: str, spec: Any) -> None:
     if kind == "json_schema":
         if not isinstance(spec, (str, dict)):
             raise GrammarError("json_schema must be a JSON schema object or its JSON text")
-        check_nesting(spec)
+        if not isinstance(check_nesting(spec), dict):  # `true` is a schema, but llguidance's message for it was internal
+            raise GrammarError('json_schema must be a JSON object (a schema), e.g. {"type": "object"}; for any JSON value use {}')
     elif not isinstance(spec, str) or not spec:
         raise GrammarError(f"{kind} must be a non-empty string")
 
 
-def check_nesting(schema: Any) -> None:
-    """Refuse schemas nested deeper than MAX_SCHEMA_DEPTH (iteratively: no recursion limit)."""
+def check_nesting(schema: Any) -> Any:
+    """Refuse schemas nested deeper than MAX_SCHEMA_DEPTH (iteratively: no recursion limit); returns the schema parsed."""
+    too_deep = GrammarError(
+        f"json_schema is nested too deeply (over {MAX_SCHEMA_DEPTH} levels of objects/arrays); flatten it or use $ref"
+    )
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except RecursionError:
-            schema = None
+            raise too_deep from None
         except ValueError as e:
             raise GrammarError(f"json_schema is not valid JSON: {e}") from None
     stack, depth = [(schema, 1)], 0
@@ -38,10 +42,9 @@ def check_nesting(schema: Any) -> None:
         node, depth = stack.pop()
         children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
         stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
-    if schema is None or depth > MAX_SCHEMA_DEPTH:
-        raise GrammarError(
-            f"json_schema is nested too deeply (over {MAX_SCHEMA_DEPTH} levels of objects/arrays); flatten it or use $ref"
-        )
+    if depth > MAX_SCHEMA_DEPTH:
+        raise too_deep
+    return schema
 
 
 def strip_anchors(regex: str) -> str:
