@@ -11,7 +11,7 @@ import re
 import jsonschema
 import pytest
 
-from radixflow.constrained import Grammar
+from radixflow.constrained import Grammar, regex_for_schema
 from radixflow.errors import RadixflowError
 from radixflow.runtime.server_args import _CHOICES
 from radixflow.runtime.server.tool_formats import FORMATS, PARSER_CHOICES, avoiding, detect_format, parse
@@ -178,3 +178,16 @@ def test_arguments_keep_the_schemas_property_order():
     rx = grammar(tools, FORMATS["generic"], "required", None, False)
     call = {"name": "pay", "arguments": {"zone": "eu", "amount": 3}}  # as the prompt lists them
     assert re.fullmatch(rx, format_calls(FORMATS["generic"], [call]))
+
+
+def test_tool_parameters_loosen_what_the_json_schema_route_refuses():
+    """pydantic writes `pattern` beside `minLength` and unions as oneOf; tools have no backend but the regex
+    conversion, so these are loosened there (the pattern kept, oneOf as anyOf), not refused (review of fuzz round 4)."""
+    params = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[a-z]+$", "minLength": 1},
+                                                "n": {"oneOf": [{"type": "integer"}, {"type": "number"}]}},
+              "required": ["code", "n"]}  # fmt: skip
+    tool = parse_tools([{"type": "function", "function": {"name": "f", "parameters": params}}])[0]
+    rx = re.compile(tool.args_regex)
+    assert rx.fullmatch('{"code":"abc","n":1.5}') and not rx.fullmatch('{"code":"ABC","n":1}')
+    with pytest.raises(RadixflowError, match="pattern with minLength"):
+        regex_for_schema(params)

@@ -77,6 +77,10 @@ def grammar_error(detail: str, schema: Any = None) -> GrammarError:
     elif _BAD_POINTER.search(first):
         keyword = "$ref"
         hint = "point $ref at a definition that exists"
+    elif "coerce_one_of" in first:  # llguidance's option, not ours to turn on: say what the user can change
+        keyword, first = "oneOf", "oneOf branches that may both match one value are not supported"
+        hint = ("make the branches exclusive (different types, different const / enum values, or a required property "
+                "with different const values), or use anyOf")
     elif "Unsatisfiable" in first:
         hint = "no JSON value satisfies it; fix the schema"
     elif "too big" in first or "limit" in first:

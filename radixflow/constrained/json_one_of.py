@@ -19,7 +19,7 @@ def check_one_of(branches: list, root: Any, path: str) -> None:
             raise GrammarError(
                 f"oneOf at {path}: branches {i} and {j} may both match one value, and the regex conversion can only "
                 "enforce anyOf; make the branches exclusive (different types, different const / enum values, or a "
-                "required property with different const values), use anyOf, or use --grammar-backend llguidance",
+                "required property with different const values), or use anyOf",
                 keyword="oneOf", pointer=f"{path[1:]}/oneOf",
             )  # fmt: skip
 

@@ -84,17 +84,19 @@ _FORMATS = {  # outlines-core's email and uri regexes let `"` into the string (i
 
 
 def regex_for_schema(
-    schema: Any, whitespace: Optional[str] = COMPACT_WHITESPACE, any_depth: int = DEFAULT_DEPTH
+    schema: Any, whitespace: Optional[str] = COMPACT_WHITESPACE, any_depth: int = DEFAULT_DEPTH, loose: bool = False
 ) -> str:
     """A regex whose matches are exactly (a subset of) the JSON documents valid under
     `schema` (a dict or its JSON text). `any_depth`: how many levels of containers a
-    free-form value may nest. Raises RadixflowError naming what is unsupported."""
+    free-form value may nest. Raises RadixflowError naming what is unsupported. `loose` (tool
+    arguments, which have no other backend): a oneOf whose branches may overlap is enforced as anyOf,
+    and a pattern beside minLength / maxLength keeps the pattern alone, where they are otherwise refused."""
     text = schema if isinstance(schema, str) else json.dumps(schema)
     try:
         check_depth(any_depth)
     except ValueError as e:
         raise GrammarError(str(e)) from None
-    return _regex_for_text(text, whitespace or COMPACT_WHITESPACE, any_depth)
+    return _regex_for_text(text, whitespace or COMPACT_WHITESPACE, any_depth, loose)
 
 
 @dataclass
@@ -104,6 +106,7 @@ class _Rules:
     whitespace: str
     any_depth: int
     root: Any = None  # the whole schema, where a oneOf's $refs are followed
+    loose: bool = False  # regex_for_schema's
     swaps: dict = field(default_factory=dict)
 
     def swap(self, regex: str) -> dict:
@@ -132,9 +135,9 @@ def _escaped_keys(node: dict, rules: _Rules) -> dict:
 
 
 @functools.lru_cache(maxsize=256)
-def _regex_for_text(text: str, whitespace: str, any_depth: int) -> str:
+def _regex_for_text(text: str, whitespace: str, any_depth: int, loose: bool) -> str:
     schema = _parse(text)
-    rules = _Rules(whitespace, any_depth, schema)
+    rules = _Rules(whitespace, any_depth, schema, loose)
     schema = _rewrite(schema, rules, "#")
     swaps = rules.swaps
     try:
@@ -194,8 +197,10 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
         node["pattern"] = ecma_regex(node["pattern"])
     if len(node.get("allOf", [])) > 1:
         raise GrammarError(f"allOf with several subschemas at {path} is not supported; merge them into one")
-    if isinstance(node.get("oneOf"), list):
+    if isinstance(node.get("oneOf"), list) and not rules.loose:
         check_one_of(node["oneOf"], rules.root, path)
+    if "pattern" in node and rules.loose:
+        node = {k: v for k, v in node.items() if k not in ("minLength", "maxLength")}
     if "pattern" in node and ("minLength" in node or "maxLength" in node):  # outlines-core would drop the pattern
         raise GrammarError(f"pattern with minLength/maxLength at {path} is not supported by the regex conversion; put the "
                            "length into the pattern (e.g. ^[a-z]{1,10}$) or use --grammar-backend llguidance")

@@ -135,7 +135,7 @@ def _tool(t: Any, where: str) -> Tool:
     if not isinstance(params, dict) or params.get("type", "object") != "object":
         raise RadixflowError(f'{where}.function.parameters must be a JSON schema with "type": "object"')
     try:
-        args = regex_for_schema(json.dumps(params), ARGS_WHITESPACE)
+        args = regex_for_schema(json.dumps(params), ARGS_WHITESPACE, loose=True)
     except RadixflowError as e:
         raise RadixflowError(f"{where} ({name}) parameters: {e}") from None
     return Tool(name, desc, params, args)
