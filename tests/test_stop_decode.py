@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from radixflow.errors import RadixflowError
 from radixflow.model_files import load_tokenizer, resolve_model
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.req import Req
@@ -185,3 +186,33 @@ def test_every_budget_closed_finish_has_one_shape(tok, ends_on_eos):
     req.grammar = grammar
     StopChecker(tok, eos_ids={eos}).check(req, context_len=10**6)
     assert req.finish_reason == {"type": "length", "length": 3, "grammar_closed": True, "matched": None}
+
+
+@pytest.mark.parametrize("field,stop", [("stop_regex", "zq{1,500}"), ("stop", "zq" * 200)])
+def test_a_long_stop_is_searched_in_the_kept_text_not_a_decoded_tail(tok, field, stop):
+    """A stop_regex of width 500 decoded 2,000 tokens on every token, x{1,60000} the whole output (review): past
+    TAIL_WIDTH characters a stop is searched for in the gen's kept text, a few tokens decoded a check."""
+    stops = StopChecker(tok, eos_ids=set())
+    windows: list = []
+    decode = stops._decode
+    stops._decode = lambda ids, sk: windows.append(len(ids)) or decode(ids, sk)
+    params = SamplingParams.from_dict({"max_new_tokens": 10**4, field: [stop]})
+    req = Req("r", [1], params, output_ids=[])
+    for t in tok.encode(" word" * 300, add_special_tokens=False):
+        req.output_ids.append(t)
+        stops.check(req, 10**6)
+    assert not req.finished and max(windows[-100:]) <= 16, max(windows[-100:])
+    req.output_ids += tok.encode(" zqzq" + ("zq" * 200 if field == "stop" else ""), add_special_tokens=False)
+    stops.check(req, 10**6, added=2)
+    assert req.finish_reason == {"type": "stop", "matched": stop}
+
+
+@pytest.mark.parametrize("field", ["stop", "stop_regex"])
+def test_a_stop_with_a_lone_surrogate_is_refused_by_name(field):
+    with pytest.raises(RadixflowError, match="lone surrogate"):
+        SamplingParams.from_dict({field: ["ok", "a\udcff"]})
+
+
+def test_a_stop_string_longer_than_the_searched_text_is_refused():
+    with pytest.raises(RadixflowError, match="at most 4096 characters"):
+        SamplingParams.from_dict({"stop": ["x" * 5000]})

@@ -15,7 +15,7 @@ from typing import Any, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
-from radixflow.runtime.stop_regex import StopPatterns, parse_stop_regex
+from radixflow.runtime.stop_regex import UNBOUNDED_WINDOW, StopPatterns, check_text, parse_stop_regex
 
 TOP_K_ALL = 1 << 30
 GREEDY_EPS = 1e-6
@@ -213,6 +213,10 @@ def _normalize_stop(stop: Any) -> list:
         raise RadixflowError("stop must be a string or a list of strings")
     if len(stop) > 32:
         raise RadixflowError("at most 32 stop strings are allowed")
+    for s in stop:
+        check_text("stop string", s)
+        if len(s) > UNBOUNDED_WINDOW:  # the longest text a stop check searches
+            raise RadixflowError(f"a stop string may be at most {UNBOUNDED_WINDOW} characters, got {len(s)}")
     if "" in stop:
         raise RadixflowError("stop strings must not be empty (an empty one would match at once); remove \"\"")
     if any("\ufffd" in s for s in stop):  # it would match a character decoded before all of its bytes are out

@@ -28,8 +28,11 @@ except ImportError:  # pragma: no cover
 
 MAX_PATTERNS = 32  # SGLang's limits
 MAX_PATTERN_BYTES = 256
-UNBOUNDED = 1 << 16  # a longest match past this many characters: search the whole output instead
-UNBOUNDED_WINDOW = 4096  # the characters of a gen's output searched for a pattern with no longest match
+# A longest match past TAIL_WIDTH characters is searched for in the gen's kept text (its last UNBOUNDED_WINDOW
+# characters, decoded a few tokens at a time), as one with none is: a check decodes up to 4 tokens a character of
+# the width (stop_checker.py's _tail), so x{1,60000} decoded the whole output on every token.
+TAIL_WIDTH = 64
+UNBOUNDED_WINDOW = 4096  # the characters of a gen's output searched for a pattern with no (or a long) longest match
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
         raise RadixflowError(f"at most {MAX_PATTERNS} stop_regex patterns are allowed, got {len(texts)}")
     patterns, width = [], 0
     for t in texts:
+        check_text("stop_regex", t)
         if len(t.encode()) > MAX_PATTERN_BYTES:
             raise RadixflowError(f"a stop_regex pattern is {len(t.encode())} bytes, over the {MAX_PATTERN_BYTES}-byte limit")
         try:
@@ -65,7 +69,15 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
         width = max(width, longest)
-    return StopPatterns(tuple(patterns), None if width >= UNBOUNDED else width)
+    return StopPatterns(tuple(patterns), None if width > TAIL_WIDTH else width)
+
+
+def check_text(name: str, text: str) -> None:
+    """A stop string or pattern must be text: a lone surrogate ('\\udcff') has no UTF-8."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise RadixflowError(f"{name} {text!r} holds a lone surrogate (such as '\\udcff'), which is not text; remove it") from None
 
 
 def _nested_repeats(items, inside: bool = False) -> bool:

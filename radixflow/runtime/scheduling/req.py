@@ -157,5 +157,4 @@ class ReqOutput:
     input_top_logprobs: Optional[list] = None
     num_retractions: int = 0
     jump_forward_tokens: int = 0
-    stop_checked: int = 0  # output tokens the stop checker has seen (a grammar's first jump is appended unchecked)
     error: Optional[str] = None

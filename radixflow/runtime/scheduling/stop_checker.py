@@ -7,7 +7,7 @@ from typing import Callable
 
 from radixflow.runtime.incremental_text import IncrementalText
 from radixflow.runtime.scheduling.req import Req
-from radixflow.runtime.stop_regex import UNBOUNDED_WINDOW, first_match
+from radixflow.runtime.stop_regex import TAIL_WIDTH, UNBOUNDED_WINDOW, first_match
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +135,8 @@ class StopChecker:
         return matched
 
     def _stop_str(self, req: Req, added: int):
-        tail = self._tail(req, added, req.sampling.stop_strs_bytes)
+        nbytes = req.sampling.stop_strs_bytes
+        tail = self._tail(req, added, nbytes) if nbytes <= 4 * TAIL_WIDTH else self._gen_text(req)  # as stop_regex's widths
         for s in req.sampling.stop_strs:
             if s in tail:
                 return s
