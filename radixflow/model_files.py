@@ -9,6 +9,7 @@ through it, and `constrained.Grammar` finds the default model's tokenizer throug
 
 from __future__ import annotations
 
+import functools
 import glob
 import hashlib
 import importlib.util
@@ -97,18 +98,21 @@ def ready_model_dir(model_path: Optional[str]) -> Optional[str]:
 
 
 def _gguf_cache_dir(gguf_path: str) -> str:
-    """Keyed by the file's content (size and its first and last MiB), not its path or mtime: the same GGUF
-    installed in several virtual environments shares one converted folder instead of ~0.5 GB each."""
-    size = os.path.getsize(gguf_path)
-    digest = hashlib.sha1(str(size).encode())
-    with open(gguf_path, "rb") as f:
-        digest.update(f.read(_KEY_BYTES))
-        f.seek(max(0, size - _KEY_BYTES))
-        digest.update(f.read(_KEY_BYTES))
-    return os.path.join(env.cache_dir(), f"gguf-{digest.hexdigest()[:12]}")
+    """Keyed by the file's content, not its path or mtime: the same GGUF installed in several virtual environments
+    shares one converted folder instead of ~0.5 GB each. The whole file is hashed (~1 GB/s): a key of its first
+    and last MiB gave a fine-tune that changed only middle layers another file's weights (review)."""
+    st = os.stat(gguf_path)
+    return os.path.join(env.cache_dir(), f"gguf-{_content_key(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns, st.st_ino)}")
 
 
-_KEY_BYTES = 1 << 20
+@functools.lru_cache(maxsize=16)
+def _content_key(path: str, size: int, mtime_ns: int, inode: int) -> str:
+    """sha1 of the file, once per process for each (path, size, mtime, inode): a start asks twice."""
+    digest = hashlib.sha1()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()[:12]
 
 
 def convert_gguf(gguf_path: str) -> str:

@@ -101,6 +101,10 @@ def test_gguf_paths(tmp_path, model_dir):
     copy = tmp_path / "elsewhere.gguf"  # the same file in another venv: keyed by content, so converted once
     shutil.copyfile(default_gguf_path(), copy)
     assert resolve_model(str(copy)).path == model_dir
+    data = bytearray(copy.read_bytes())  # a byte changed mid-file (a fine-tune of middle layers): another key
+    data[len(data) // 2] ^= 1
+    (tmp_path / "tuned.gguf").write_bytes(bytes(data))
+    assert _gguf_cache_dir(str(tmp_path / "tuned.gguf")) != model_dir
     other = tmp_path / "weights.bin"
     other.write_bytes(b"x")
     with pytest.raises(ModelPathError, match=".gguf"):
