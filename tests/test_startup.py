@@ -134,5 +134,13 @@ def test_a_context_length_over_the_models_own_is_refused():
 
     config = SimpleNamespace(max_position_embeddings=8192)
     assert (_context_len(None, config), _context_len(4096, config), _context_len(None, SimpleNamespace())) == (8192, 4096, 4096)
-    with pytest.raises(RadixflowError, match="over the model's max_position_embeddings \\(8192\\)"):
+    with pytest.raises(RadixflowError, match="over the model's context \\(8192: max_position_embeddings"):
         _context_len(99_999_999, config)
+    # rope scaling extends it where the config's length leaves the factor out (review: YaRN was capped at 32,768)
+    yarn = SimpleNamespace(max_position_embeddings=32768, rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                                                        "original_max_position_embeddings": 32768})
+    linear = SimpleNamespace(max_position_embeddings=4096, rope_parameters={"rope_type": "linear", "factor": 2.0})
+    llama3 = SimpleNamespace(max_position_embeddings=131072, rope_scaling={"rope_type": "llama3", "factor": 8.0})
+    assert [_context_len(None, c) for c in (yarn, linear, llama3)] == [131072, 8192, 131072]
+    with pytest.raises(RadixflowError, match="131072"):
+        _context_len(131073, yarn)

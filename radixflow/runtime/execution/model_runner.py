@@ -337,11 +337,25 @@ class ModelRunner:
 def _context_len(asked: Optional[int], config) -> int:
     """--context-length, at most the model's own (rotary tables and attention past it are untrained; found by
     fuzzing: 99,999,999 failed in the allocator with a traceback), or the model's own."""
-    own = getattr(config, "max_position_embeddings", None)
+    own = _model_context_len(config)
     if asked and own and asked > own:
-        raise RadixflowError(f"context_length={asked} is over the model's max_position_embeddings ({own}); give at "
-                             f"most {own}, or leave it out")
+        raise RadixflowError(f"context_length={asked} is over the model's context ({own}: max_position_embeddings, "
+                             f"times its rope scaling factor where that extends it); give at most {own}, or leave it out")
     return asked or own or 4096
+
+
+def _model_context_len(config) -> Optional[int]:
+    """max_position_embeddings, extended by rope scaling where the scaling's factor is not in it already (as vLLM
+    reads it): YaRN over original_max_position_embeddings (Qwen2.5 32,768 x 4), linear and dynamic over
+    max_position_embeddings; llama3 and longrope configs give the extended length itself."""
+    own = getattr(config, "max_position_embeddings", None)
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
+    factor = rope.get("factor") if isinstance(rope, dict) else None
+    if own is None or kind in (None, "default", "llama3", "longrope", "su") or not isinstance(factor, (int, float)):
+        return own
+    base = rope.get("original_max_position_embeddings", own) if kind == "yarn" else own
+    return max(own, int(base * factor))
 
 
 def release_weights(model: torch.nn.Module) -> None:
