@@ -29,8 +29,8 @@ from typing import Any, Optional
 from outlines_core.json_schema import build_regex_from_schema
 
 from radixflow.constrained.grammar_errors import summary
-from radixflow.constrained.json_one_of import check_one_of
 from radixflow.constrained.json_any import DEFAULT_DEPTH, any_array_regex, any_object_regex, any_value_regex, check_depth
+from radixflow.constrained.json_one_of import check_one_of
 from radixflow.constrained.regex_helpers import ecma_regex, int_range_regex, integer_bounds, number_range_regex
 from radixflow.errors import GrammarError
 
