@@ -22,7 +22,7 @@ from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from radixflow.kernels import (  # noqa: E402
-    argmax, decode_attention, extend_attention, fp8, gemv, gemv_dot, gemv_epilogue, kv_store, matmul, norm_act, rotary, sampling,
+    argmax, decode_attention, extend_attention, fp8, gemv, gemv_epilogue, kv_store, matmul, norm_act, rotary, sampling,
 )
 
 SM90 = GPUTarget("cuda", 90, 32)
@@ -48,16 +48,13 @@ def check_gemv(pdl: int, block_m: int, weight: str = BF16) -> None:
     fp8_w = weight != BF16
     sig = {"X": BF16, "W": weight, "Bias": BF16, "Scale": "*fp32" if fp8_w else BF16, "Out": BF16,
            **_ints("M", "N", "K", "stride_xm", "stride_wn", "stride_om")}
-    configs = (gemv.GEMV_CONFIGS_FP8 + gemv_dot.GEMV_DOT_CONFIGS_FP8) if fp8_w else (gemv.GEMV_CONFIGS + gemv_dot.GEMV_DOT_CONFIGS)
-    for cfg in configs:
-        rows = gemv.gemv_block_m(cfg, block_m)
-        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": rows,
-                  "BLOCK_N": cfg["block_n"], "BLOCK_K": gemv.gemv_block_k(cfg, rows),
-                  "UNROLL": cfg.get("unroll", 1), "STAGES": cfg["stages"], "DOT": bool(cfg.get("dot"))}
+    for cfg in gemv.GEMV_CONFIGS_FP8 if fp8_w else gemv.GEMV_CONFIGS:
+        consts = {"HAS_BIAS": block_m == 4, "HAS_SCALE": fp8_w, "USE_PDL": pdl, "BLOCK_M": block_m,
+                  "BLOCK_N": cfg["block_n"], "BLOCK_K": gemv.gemv_block_k(cfg, block_m),
+                  "UNROLL": cfg.get("unroll", 1), "STAGES": cfg["stages"]}
         ptx = _compile(gemv._gemv_kernel, sig, consts, num_warps=cfg["num_warps"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl)
         assert "cp.async" in ptx, "the K loop is no longer pipelined through shared memory"
-        assert not cfg.get("dot") or "mma" in ptx, "a dot config's K loop is not on tensor cores"
         if pdl:  # the first weight tile is requested before the wait
             assert ptx.index("ld.global") < ptx.index("griddepcontrol.wait")
 
@@ -124,7 +121,7 @@ def check_gemv_epilogue(pdl: int, weight: str = BF16) -> None:
                       "NORM_IN": kind != "residual", "RESIDUAL": kind == "residual", "SILU": kind == "silu",
                       "USE_PDL": pdl, "BLOCK_M": block_m, "BLOCK_N": cfg["block_n"],
                       "BLOCK_K": gemv.gemv_block_k(cfg, block_m), "UNROLL": cfg.get("unroll", 1),
-                      "STAGES": cfg["stages"], "DOT": False}
+                      "STAGES": cfg["stages"]}
             ptx = _compile(gemv_epilogue._gemv_epilogue_kernel, sig, consts, num_warps=cfg["num_warps"],
                            launch_pdl=pdl > 0)
             assert _pdl_order_ok(ptx, pdl) and "cp.async" in ptx

@@ -86,31 +86,6 @@ def test_residual_epilogue_adds_stores_and_sums(m, res_dtype):
     assert ticket.item() == 0  # left ready for the next use
 
 
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("fp8", [False, True])
-def test_dot_configs_run_every_epilogue(m, fp8):
-    """A dot config (the K loop on tensor cores, x's rows padded to 16: its BLOCK_M is 16 whatever M is) gives each
-    epilogue what the elementwise loop gives, up to the order of the sums. float32, as the CPU interpreter's bf16
-    dot is unusable; bf16 runs in the GPU test below."""
-    k, n = 96, 40
-    dot = dict(TINY, dot=True)
-    x = torch.randn(m, k, device=DEV) * 2
-    w = torch.randn(n, k, device=DEV)
-    w, scale = quantize_rows_torch(w) if fp8 else (w, None)
-    sums = (x**2).sum(-1)
-    for silu in (False, True):
-        want = gemv_rstd(x, w, sums, EPS, silu=silu, w_scale=scale, config=TINY)
-        _close(gemv_rstd(x, w, sums, EPS, silu=silu, w_scale=scale, config=dot), want, 1e-5 * want.abs().max().item())
-    res = torch.randn(m, n, device=DEV)
-    runs = []
-    for config in (TINY, dot):
-        sums_out, ticket = torch.zeros(m, device=DEV), torch.zeros(1, dtype=torch.int32, device=DEV)
-        runs.append([*gemv_residual(x, w, res, sums_out, ticket, w_scale=scale, config=config), sums_out])
-        assert ticket.item() == 0  # left ready for the next use
-    for want, got in zip(*runs):  # the new residual, its copy in x's dtype, the rows' sums of squares
-        _close(got, want, 1e-5 * want.abs().max().item())
-
-
 def _run_grid_in_order(monkeypatch, order) -> None:
     """Make Triton's interpreter run a launch's programs in `order(n)` (a list of 0..n-1) instead of 0, 1, ..."""
     import builtins
@@ -314,15 +289,14 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 @pytest.mark.parametrize("kind", ["rstd", "silu", "residual"])
 def test_gpu_llama_shapes_every_config(fp8, kind):
     from radixflow.kernels.gemv import GEMV_CONFIGS
-    from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8
 
-    configs = GEMV_CONFIGS_FP8 + GEMV_DOT_CONFIGS_FP8 if fp8 else GEMV_CONFIGS + GEMV_DOT_CONFIGS
+    configs = GEMV_CONFIGS_FP8 if fp8 else GEMV_CONFIGS
     shapes = {"rstd": [(6144, 4096)], "silu": [(28672, 4096)], "residual": [(4096, 4096), (4096, 14336)]}[kind]
     for n, k in shapes:
         w32 = torch.randn(n, k, device=DEV) * k**-0.5
         wq, scale = quantize_rows_torch(w32) if fp8 else (w32.to(torch.bfloat16), None)
         wf = wq.float() * (1 if scale is None else scale.view(-1, 1))
-        for m in (1, 3):  # BLOCK_M 1 and 4 (a dot config's 1 and 16)
+        for m in (1, 3):  # BLOCK_M 1 and 4
             x = torch.randn(m, k, device=DEV).to(torch.bfloat16) * 4
             sums = (x.float() ** 2).sum(-1)
             dot = x.float() @ wf.T

@@ -28,7 +28,6 @@ from radixflow.kernels.bitmask_triton import apply_token_bitmask_triton  # noqa:
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
 from radixflow.kernels.extend_attention import extend_attention  # noqa: E402
 from radixflow.kernels.gemv import GEMV_CONFIGS, choose_gemv, gemv  # noqa: E402
-from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS  # noqa: E402
 from radixflow.kernels.kv_store import store_kv  # noqa: E402
 from radixflow.kernels.matmul import SMALL_M, TINY_M, matmul_batch_invariant  # noqa: E402
 from radixflow.kernels.norm_act import rmsnorm, silu_and_mul  # noqa: E402
@@ -320,7 +319,6 @@ def test_gemv_matches_reference(m, bias, dtype, n, k):
     tol = 1e-4 if dtype == torch.float32 else 2e-2
     _close(gemv(x, w, b, config=GEMV_TINY), want, tol)  # several K tiles, ragged N
     _close(gemv(x, w, b, config=dict(GEMV_TINY, unroll=2)), want, tol)  # 2 tiles of 16 per step
-    _close(gemv(x, w, b, config=dict(GEMV_TINY, dot=True)), want, tol)  # tensor cores: x's rows padded to 16
     _close(gemv(x, w, b), want, tol)  # the default config: one masked K tile
 
 
@@ -833,7 +831,7 @@ def test_gpu_gemv_llama_shapes(n, k, bias):
     b = torch.randn(n, device=DEV, dtype=torch.bfloat16) if bias else None
     for m in (1, 3, 8):
         x = torch.randn(m, k, device=DEV, dtype=torch.bfloat16)
-        for config in GEMV_CONFIGS + GEMV_DOT_CONFIGS:
+        for config in GEMV_CONFIGS:
             got = gemv(x, w, b, config=config)
             _close(got, ref.gemv_ref(x, w, b), 0.07)  # ~1 bf16 ulp of outputs up to ~8
             _close(got, F.linear(x, w, b), 0.1)

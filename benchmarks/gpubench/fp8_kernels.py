@@ -26,9 +26,8 @@ import torch
 from gpubench.common import OPTS, free, log
 
 # Candidates timed beside the chooser's own (GEMV_CONFIGS / GEMV_CONFIGS_FP8), so a run shows which are
-# worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths,
-# and the tensor-core K loop (gemv_dot.GEMV_DOT_CONFIGS*, added in _gemv_rates). No entry repeats one of the
-# chooser's (it would be timed twice).
+# worth a place in the chooser's lists: two tiles per loop step ("unroll") at other shapes, warps and depths.
+# No entry repeats one of the chooser's (it would be timed twice).
 SWEEP_BF16 = (
     {"block_n": 8, "block_k": 1024, "num_warps": 4, "stages": 3, "unroll": 2},
     {"block_n": 4, "block_k": 2048, "num_warps": 4, "stages": 3, "unroll": 2},
@@ -56,17 +55,15 @@ L2 = 60 << 20
 
 def _gemv_rates(name: str, n: int, k: int) -> dict:
     from radixflow.kernels.gemv import GEMV_CONFIGS, GEMV_CONFIGS_FP8, choose_gemv
-    from radixflow.kernels.gemv_dot import GEMV_DOT_CONFIGS, GEMV_DOT_CONFIGS_FP8
     from radixflow.kernels.reference import quantize_rows_torch
 
     copies = max(2, math.ceil(4 * L2 / (n * k)))  # the FP8 copies hold 4x the L2, as 32 layers would
     weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
     bf16, fp8 = {}, {}
-    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16, configs=GEMV_CONFIGS + SWEEP_BF16 + GEMV_DOT_CONFIGS)
+    choose_gemv([(w, None) for w in weights], ms=(1,), report=bf16, configs=GEMV_CONFIGS + SWEEP_BF16)
     quantized = [quantize_rows_torch(w) for w in weights]
     del weights
-    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8,
-                configs=GEMV_CONFIGS_FP8 + SWEEP_FP8 + GEMV_DOT_CONFIGS_FP8)
+    choose_gemv([(q, None, s) for q, s in quantized], ms=(1,), report=fp8, configs=GEMV_CONFIGS_FP8 + SWEEP_FP8)
 
     def rates(times: dict, nbytes: int) -> dict:
         return {c: {"us": round(us, 2), "TBps": round(nbytes / us / 1e6, 3)} for c, us in sorted(times.items(), key=lambda t: t[1])}

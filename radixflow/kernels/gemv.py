@@ -25,7 +25,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from radixflow.kernels.gemv_dot import gemv_dot
 from radixflow.kernels.pdl import pdl_launch, pdl_wait
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -82,20 +81,14 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _summed(acc, BLOCK_M: tl.constexpr):
-    """An elementwise accumulator summed over K: [BLOCK_M, BLOCK_N]."""
+def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
+    mask_n = offs_n < N
     if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
-    return out
-
-
-@triton.jit
-def _store_rows(out, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
-                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """Out[offs_m, offs_n] = out times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
-    mask_n = offs_n < N
     if HAS_SCALE:  # FP8 weights: one scale per output row
         out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
     if HAS_BIAS:
@@ -136,35 +129,18 @@ def _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL: tl.c
 
 
 @triton.jit
-def gemv_rows(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr,
-              BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
-              DOT: tl.constexpr):
-    """x @ W[offs_n].T as float32 [BLOCK_M, BLOCK_N], unscaled: on tensor cores (DOT: BLOCK_M 1 or 16) or summed from
-    `_gemv_acc`'s elementwise accumulator. Shared by `_gemv_kernel` and kernels/gemv_epilogue.py."""
-    if DOT:
-        out = gemv_dot(X, W, M, N, K, stride_xm, stride_wn, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, STAGES)
-    else:
-        acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K,
-                        UNROLL, STAGES)
-        out = _summed(acc, BLOCK_M)
-    return out
-
-
-@triton.jit
 def _gemv_kernel(
     X, W, Bias, Scale, Out,
     M, N, K, stride_xm, stride_wn, stride_om,
     HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
-    DOT: tl.constexpr,
 ):
     """Each loop step loads UNROLL (1 or 2) tiles of BLOCK_K columns into one [BLOCK_N, BLOCK_K] accumulator,
     so a stage holds UNROLL times the bytes for the accumulator's registers (an FP8 row is half the bytes)."""
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    out = gemv_rows(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL,
-                    STAGES, DOT)
-    _store_rows(out, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE)
+    acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, STAGES)
+    _store_rows(acc, Out, Bias, Scale, 1.0, offs_m, offs_n, M, N, stride_om, HAS_BIAS, HAS_SCALE, BLOCK_M)
 
 
 @triton.jit
@@ -208,24 +184,14 @@ def _gemv_fp8_words_kernel(
         for j in tl.static_range(4):
             acc = _fma(acc, _load_x(X, offs_m, 4 * offs_w + j, 4 * w0, M, K, stride_xm), _e4m3_byte_as_f32(words, j),
                        BLOCK_M)
-    _store_rows(_summed(acc, BLOCK_M), Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
-                HAS_BIAS, True)
+    _store_rows(acc, Out, Bias, Scale, 1.329227995784916e36, offs_m, offs_n, M, N, stride_om,  # 2^120
+                HAS_BIAS, True, BLOCK_M)
 
 
 def gemv_block_k(cfg: dict, block_m: int) -> int:
     """`_gemv_kernel`'s BLOCK_K for a config at BLOCK_M rows: block_k split over the unrolled tiles and
-    shrunk by the rows (the accumulator's registers stay constant), at least 16 columns. A dot config's
-    accumulator does not grow with the rows: its block_k as it is."""
-    if cfg.get("dot"):
-        return cfg["block_k"]
+    shrunk by the rows (the accumulator's registers stay constant), at least 16 columns."""
     return max(16, cfg["block_k"] // cfg.get("unroll", 1) // block_m)
-
-
-def gemv_block_m(cfg: dict, m: int) -> int:
-    """BLOCK_M for M rows: a power of two; a dot config's 1 or 16 (tensor cores' smallest operand)."""
-    if cfg.get("dot"):
-        return 1 if m == 1 else 16
-    return triton.next_power_of_2(m)
 
 
 def gemv_block_w(cfg: dict, block_m: int) -> int:
@@ -245,7 +211,7 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
     if x.stride(1) != 1:
         x = x.contiguous()
     out = torch.empty((m, n), dtype=x.dtype, device=x.device)
-    block_m = gemv_block_m(cfg, m)
+    block_m = triton.next_power_of_2(m)
     if w_scale is not None and cfg.get("words") and k % 4 == 0 and weight.stride(0) % 4 == 0:
         _gemv_fp8_words_kernel[(triton.cdiv(n, cfg["block_n"]),)](
             x, weight.view(torch.int32), w_scale, out if bias is None else bias, out,
@@ -256,13 +222,13 @@ def gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
         )
         return out
     unroll = cfg.get("unroll", 1)
-    assert unroll in (1, 2) and not (unroll == 2 and cfg.get("dot"))
+    assert unroll in (1, 2)
     _gemv_kernel[(triton.cdiv(n, cfg["block_n"]),)](
         x, weight, out if bias is None else bias, out if w_scale is None else w_scale, out,
         m, n, k, x.stride(0), weight.stride(0), out.stride(0),
         HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], DOT=bool(cfg.get("dot")),
-        num_warps=cfg["num_warps"], **pdl_launch(x, settings),
+        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=unroll, STAGES=cfg["stages"], num_warps=cfg["num_warps"],
+        **pdl_launch(x, settings),
     )
     return out
 

@@ -17,7 +17,7 @@ the normalisation is one scalar a row, applied to the GEMV's outputs. So:
 Each program reads one x vector per weight tile, as the plain GEMV does, and a scalar a row: nothing
 re-read per tile (session 10's prologue fusion re-read x, the float32 residual and g per tile and lost).
 The slot is read, and the residual read and written, after the PDL wait (kernels/pdl.py), so the
-producer's last program has stored the sum: the wait covers every earlier kernel. The K loop is kernels/gemv.py's (`gemv_rows`).
+producer's last program has stored the sum: the wait covers every earlier kernel. The K loop is kernels/gemv.py's.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS_FP8, GEMV_MAX_M, gemv_block_k, gemv_block_m, gemv_rows
+from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS_FP8, GEMV_MAX_M, _gemv_acc, gemv_block_k
 from radixflow.kernels.pdl import pdl_launch
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -55,12 +55,15 @@ def _gemv_epilogue_kernel(
     M, N, K, stride_xm, stride_wn, stride_om, stride_r, eps,
     PROGRAMS: tl.constexpr, BLOCK_P: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
     NORM_IN: tl.constexpr, RESIDUAL: tl.constexpr, SILU: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr, DOT: tl.constexpr,
+    BLOCK_K: tl.constexpr, UNROLL: tl.constexpr, STAGES: tl.constexpr,
 ):
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
-    out = gemv_rows(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL,
-                    STAGES, DOT)
+    acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, STAGES)
+    if BLOCK_M == 1:
+        out = tl.sum(acc, axis=1)[None, :]
+    else:
+        out = tl.sum(acc, axis=2)
     mask_m, mask_n = offs_m < M, offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
     if HAS_SCALE:  # FP8 weights: one scale per output row
@@ -102,7 +105,7 @@ def _launch(x, weight, out, *, bias=None, w_scale=None, config=None, settings=DE
     assert weight.dtype == x.dtype if w_scale is None else (weight.element_size() == 1 and w_scale.numel() == n)
     cfg = epilogue_config(config, w_scale is not None)
     assert not silu or (n % 2 == 0 and cfg["block_n"] % 2 == 0)
-    block_m = gemv_block_m(cfg, m)
+    block_m = triton.next_power_of_2(m)
     programs = triton.cdiv(n, cfg["block_n"])
     dummy = out
     # each program's partial sums of squares (graph memory, no kernel: every program stores its own)
@@ -115,7 +118,7 @@ def _launch(x, weight, out, *, bias=None, w_scale=None, config=None, settings=DE
         m, n, k, x.stride(0), weight.stride(0), out.stride(0), 0 if res is None else res.stride(0), eps,
         PROGRAMS=programs, BLOCK_P=triton.next_power_of_2(programs), HAS_BIAS=bias is not None, HAS_SCALE=w_scale is not None, NORM_IN=sum_in is not None,
         RESIDUAL=res is not None, SILU=silu, BLOCK_M=block_m, BLOCK_N=cfg["block_n"],
-        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=cfg.get("unroll", 1), STAGES=cfg["stages"], DOT=bool(cfg.get("dot")),
+        BLOCK_K=gemv_block_k(cfg, block_m), UNROLL=cfg.get("unroll", 1), STAGES=cfg["stages"],
         num_warps=cfg["num_warps"], **pdl_launch(x, settings),
     )
 
