@@ -42,18 +42,23 @@ def _exclusive(a: Any, b: Any) -> bool:
     ta, tb = _types(a), _types(b)
     if ta is not None and tb is not None and not _types_meet(ta, tb):
         return True
-    va, vb = _values(a), _values(b)
-    if va is not None and vb is not None:
-        return not {_key(v) for v in va} & {_key(v) for v in vb}
+    ka, kb = _keys(a), _keys(b)
+    if ka is not None and kb is not None:
+        return _disjoint(ka, kb)
     if {"object"} not in (ta, tb):  # required / properties say nothing about values that are not objects
         return False
     common = set(_list(a.get("required"))) & set(_list(b.get("required")))
-    return any(_exclusive_values(_prop(a, p), _prop(b, p)) for p in common)
+    return any(_disjoint(_keys(_prop(a, p)), _keys(_prop(b, p))) for p in common)
 
 
-def _exclusive_values(a: Any, b: Any) -> bool:
-    va, vb = _values(a) if isinstance(a, dict) else None, _values(b) if isinstance(b, dict) else None
-    return va is not None and vb is not None and not {_key(v) for v in va} & {_key(v) for v in vb}
+def _disjoint(ka: Optional[set], kb: Optional[set]) -> bool:
+    return ka is not None and kb is not None and not ka & kb
+
+
+def _keys(node: Any) -> Optional[set]:
+    """The identities of a node's const / enum values (None: it has neither)."""
+    values = _values(node) if isinstance(node, dict) else None
+    return None if values is None else {_key(v) for v in values}
 
 
 def _prop(node: dict, name: str) -> Any:

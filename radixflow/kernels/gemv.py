@@ -59,7 +59,8 @@ GEMV_CONFIGS_FP8 = (
 # Tried on the H200 and no faster than these on any Llama-3-8B shape (benchmarks/history/): 8 / 2048 with
 # 8 warps, a K=4096 row's whole weight requested before the PDL wait, and a persistent grid (one program
 # per SM slot walking row blocks p, p + G, ... in one flat K loop), in bf16 too; and the K loop on tensor cores
-# (x's rows padded to 16, one MMA a weight tile: 0.72x at best, session 27; the kernel is at commit 3f5aa9d).
+# (x's rows padded to 16, one MMA a weight tile: the fastest on no shape, 0.72x at best on qkv bf16, session 27;
+# the kernel is at commit 3f5aa9d).
 GEMV_CONFIG = GEMV_CONFIGS[0]
 GEMV_MAX_M = 8  # rows; above this a GEMM (cuBLAS) is the right tool
 

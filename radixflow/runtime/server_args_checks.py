@@ -120,9 +120,7 @@ def _check_whitespace_pattern(pattern: str) -> None:
     try:
         check_regex(pattern)
         only_whitespace = _matches_only(sre_parse.parse(pattern), _WHITESPACE)
-    except RadixflowError as e:
-        raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
-    except (sre_constants.error, ValueError) as e:
+    except (RadixflowError, sre_constants.error, ValueError) as e:
         raise RadixflowError(f"constrained_json_whitespace_pattern: {e}") from None
     if not only_whitespace:
         raise RadixflowError(f"constrained_json_whitespace_pattern {pattern!r} may match more than JSON whitespace "

@@ -375,7 +375,7 @@ class Scheduler:
             self.rewind(req, keep)
         req.output_ids.extend(tokens)
         req.jump_forward_tokens += len(tokens)
-        self.stops.check(req, self.runner.context_len, added=len(tokens))
+        self.stops.check(req, self.runner.context_len)
 
     def rewind(self, req: Req, keep_outputs: int) -> None:
         """Drop outputs past `keep_outputs`, and the KV of dropped tokens."""

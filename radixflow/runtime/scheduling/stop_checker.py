@@ -71,11 +71,12 @@ class StopChecker:
         self.eos_ids = eos_ids
         self._decode = backend_decode(tokenizer)
 
-    def check(self, req: Req, context_len: int, added: int = 1) -> None:
-        """`added`: outputs appended (or replaced) since the last check, e.g. a jump's tokens."""
+    def check(self, req: Req, context_len: int) -> None:
+        """Checks the outputs appended (or put in place of cut ones) since this request's last check: a sampled
+        token, a jump's tokens, a grammar's first jump appended before the first sample (req.stop_checked)."""
         if req.finished:
             return
-        added = max(added, len(req.output_ids) - max(req.stop_checked, req.segment_start))
+        added = max(1, len(req.output_ids) - max(req.stop_checked, req.segment_start))
         req.stop_checked = len(req.output_ids)
         p = req.sampling
         last = req.output_ids[-1]

@@ -17,9 +17,9 @@ from typing import Optional
 import zmq
 
 from radixflow import env
+from radixflow.errors import RadixflowError
 from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
-from radixflow.errors import RadixflowError
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
     AbortReq,
