@@ -110,6 +110,29 @@ def e4m3_to_f16_in_registers(x):
         "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
 
 
+# e4m3 -> float16 by integer operations, the value divided by 2^8 (the caller folds 2^8 into a scale): each byte
+# b = s eeee mmm lands in a 16-bit half as b + (b & 0x80), shifted left by 7: the magnitude's bits become float16's
+# (exponent bias 15 against e4m3's 7, so 2^-8 times the value, subnormals included) and the doubled sign bit carries
+# out of bit 14 into bit 15. prmt puts bytes 0, 1 (2, 3) of the packed input in the halves of the first (second)
+# output, so element i of the input is element i of the output, as the hardware conversion keeps them.
+E4M3_BITS_PTX = tl.constexpr("{ .reg .b32 lo, hi, m; "
+                 "prmt.b32 lo, $2, 0, 0x4140; and.b32 m, lo, 0x00800080; add.u32 lo, lo, m; shl.b32 $0, lo, 7; "
+                 "prmt.b32 hi, $2, 0, 0x4342; and.b32 m, hi, 0x00800080; add.u32 hi, hi, m; shl.b32 $1, hi, 7; }")
+
+
+@triton.jit
+def e4m3_div256_to_f16(x, PINNED: tl.constexpr):
+    """x (e4m3) / 2^8 as float16 through integer operations (E4M3_BITS_PTX) instead of the conversion instruction,
+    which Hopper issues at a fraction of the integer units' rate. PINNED: computed where this call stands (V before
+    its shared-memory store, as `e4m3_to_f16_in_registers`); else pure, so Triton may move it after the shared read
+    into the tensor-core operand's layout, as it moves a cast (K). Exact: every e4m3 value / 2^8 is a float16 one."""
+    if INTERPRETED:
+        return (x.to(tl.float32) * 0.00390625).to(tl.float16)
+    if PINNED:
+        return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
+    return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+
+
 @triton.jit
 def load_kv_block(Slots, offs_n, mask_n, K, V, stride_kt, stride_vt, offs_d, mask_d):
     """Gather a block of tokens' K (as [D, N], ready for q @ k) and V ([N, D]) of one KV
