@@ -209,7 +209,7 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl,
-              "EXP2": False, "BITS_K": False, "BITS_V": False}
+              "EXP2": False, "BITS_K": False, "BITS_V": False, "LAZY": False}
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
     off = {"KV_FP8": False, "KV_F16": False, "V_REGS": False}
     f16 = {"KV_FP8": True, "KV_F16": True, "V_REGS": True}  # an FP8 pool widened to float16, V in registers
@@ -225,7 +225,8 @@ def check_decode_attention(pdl: int) -> None:
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **e2},
                   {"DIRECT": False, "ROPE": True, "P_PARTS": 1, **e2},
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **bits},
-                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **bits, "BITS_V": False}):
+                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **bits, "BITS_V": False, "LAZY": True},
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 2, **off, "LAZY": True}):
         launch = decode_attention.resolve_config(256, pool="fp8" if extra["KV_FP8"] else "bf16", head_dim=128,
                                                  kv_heads=8)
         ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig,

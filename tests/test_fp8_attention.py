@@ -170,10 +170,12 @@ def test_e4m3_integer_widening_is_exact_and_keeps_element_order():
         assert (halves[:, place].view(np.int16) == want).all(), place
 
 
-@pytest.mark.parametrize("bits", [{"fp8_bits_k": True}, {"fp8_bits_v": True}, {"fp8_bits_k": True, "fp8_bits_v": True}])
+@pytest.mark.parametrize("bits", [{"fp8_bits_k": True}, {"fp8_bits_v": True}, {"fp8_bits_k": True, "fp8_bits_v": True},
+                                  {"lazy_rescale": True}, {"lazy_rescale": True, "fp8_bits_k": True}])
 def test_fp8_kv_decode_integer_widening(bits):
     """K and / or V widened by integer operations (a value / 2^8, the 2^8 folded into the softmax scale and the
-    output) give the dequantized reference's output at 1 and 4 splits; on the CPU the interpreter divides."""
+    output), and the lazy rescale, give the dequantized reference's output at 1 and 4 splits; on the CPU the
+    interpreter divides."""
     seq_lens, hq, hkv, d = [70, 7, 1, 130], 8, 2, 16
     bufs, scales, deq, table, req_idx = _fp8_pool(seq_lens, hkv, d)
     q = torch.randn(len(seq_lens), hq, d, device=DEV).to(torch.bfloat16)

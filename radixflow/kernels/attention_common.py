@@ -38,24 +38,45 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, EXP2: tl.constexpr = False):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, EXP2: tl.constexpr = False,
+                        LAZY: tl.constexpr = False):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
     running max m_i, denominator l_i and unnormalised output acc. EXP2: qk and m_i are in log2 units
-    (the scale times log2(e)), exponentiated by `exp2_ftz`; l_i and acc come out the same."""
+    (the scale times log2(e)), exponentiated by `exp2_ftz`; l_i and acc come out the same. LAZY: the running max
+    moves (and l_i, acc are rescaled) only when some row's max passes it by more than a factor 2^8, so a block's p
+    stays below 2^8 (16-bit floats hold it) and most blocks skip rescaling acc, a multiply for every element of
+    every padded row; the first block always moves it (m_i starts at -inf)."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
+    if LAZY:
+        if tl.max(m_new - m_i, axis=0) > LAZY_THRESHOLD_LOG2 * (1.0 if EXP2 else 0.6931471805599453):
+            l_i, acc = _rescaled(m_i, m_new, l_i, acc, EXP2)
+            m_i = m_new
+        m_new = m_i
+    else:
+        l_i, acc = _rescaled(m_i, m_new, l_i, acc, EXP2)
     if EXP2:
-        alpha = exp2_ftz(m_i - m_new)
         p = exp2_ftz(qk - m_new[:, None])
     else:
-        alpha = tl.exp(m_i - m_new)
         p = tl.exp(qk - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None]
+    l_i += tl.sum(p, axis=1)
     part = p.to(v.dtype)
     acc += dot(part, v, IEEE)
     if P_PARTS > 1:
         acc += dot((p - part.to(tl.float32)).to(v.dtype), v, IEEE)
     return m_new, l_i, acc
+
+
+LAZY_THRESHOLD_LOG2 = tl.constexpr(8.0)  # online_softmax_step's LAZY: p below 2^8
+
+
+@triton.jit
+def _rescaled(m_i, m_new, l_i, acc, EXP2: tl.constexpr):
+    """l_i and acc moved from the running max m_i to m_new."""
+    if EXP2:
+        alpha = exp2_ftz(m_i - m_new)
+    else:
+        alpha = tl.exp(m_i - m_new)
+    return l_i * alpha, acc * alpha[:, None]
 
 
 @triton.jit

@@ -58,7 +58,7 @@ def _decode_stage1(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
     KV_F16: tl.constexpr, V_REGS: tl.constexpr, EXP2: tl.constexpr, USE_PDL: tl.constexpr,
-    BITS_K: tl.constexpr, BITS_V: tl.constexpr,
+    BITS_K: tl.constexpr, BITS_V: tl.constexpr, LAZY: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -121,7 +121,7 @@ def _decode_stage1(
             k = k.to(q.dtype)
         qk = dot(q, k, IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2)
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2, LAZY)
     if EXP2:
         m_i = m_i * 0.6931471805599453  # back to natural-log units for the log-sum-exp
     nonempty = l_i > 0
@@ -252,6 +252,7 @@ def decode_attention(
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16),
         KV_FP8=fp8, KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
         BITS_K=kv_f16 and cfg["fp8_bits_k"], BITS_V=kv_f16 and cfg["fp8_v_regs"] and cfg["fp8_bits_v"],
+        LAZY=cfg["lazy_rescale"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **reg_cap, **pdl_launch(q, settings),
     )
     if not direct:
