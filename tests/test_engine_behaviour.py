@@ -210,6 +210,30 @@ def test_repetition_penalty_matches_transformers(engine, hf_model, tokenizer):
     assert out["output_ids"] == ref
 
 
+def test_repetition_penalty_covers_the_prompt_in_any_batch(engine):
+    """A request with only a frequency penalty has no prompt mask, and beside one the repetition penalty of every
+    other row left its prompt out (fuzzing, session 28): in a batch the output is the one alone."""
+    prompt = "The cat sat on the mat. The cat sat on the mat. The cat sat on the"
+    rep = {"max_new_tokens": 12, "temperature": 0, "repetition_penalty": 1.8}
+    alone = engine.generate(prompt, rep)["output_ids"]
+    both = engine.generate([prompt, "Hello there, my friend"], [rep, {**rep, "repetition_penalty": 1.0,
+                                                                     "frequency_penalty": 0.5}])
+    assert both[0]["output_ids"] == alone
+
+
+@pytest.mark.parametrize("penalty", [{"repetition_penalty": 2.0}, {"frequency_penalty": 2.0, "presence_penalty": 2.0}])
+def test_penalties_count_tokens_a_grammar_jumped_over(engine, penalty):
+    """Tokens a grammar forces are appended unsampled (jump-forward); the penalties left them out of their counts,
+    so the output changed with jumping (fuzzing, session 28). A request with logprobs does not jump: both agree."""
+    regex = r" (Yes|No), Paris is the capital of France\. The capital of France is [A-Za-z ]{3,30}\."
+    params = {"max_new_tokens": 32, "temperature": 0, "regex": regex, **penalty}
+    prompt = "Q: What is the capital of France? A:"
+    jumped = engine.generate(prompt, params)
+    sampled = engine.generate(prompt, params, return_logprob=True)
+    assert jumped["meta_info"]["jump_forward_tokens"] > 0 and sampled["meta_info"].get("jump_forward_tokens", 0) == 0
+    assert jumped["output_ids"] == sampled["output_ids"]
+
+
 def test_frequency_and_presence_penalties_reduce_repeats(engine):
     prompt = "Repeat after me: la la la la la la la la"
     plain = engine.generate(prompt, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})["output_ids"]

@@ -60,28 +60,32 @@ def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
     part = part - freq * counts - pres * (counts > 0).float()
     rep = _row_tensor([r.sampling.repetition_penalty for r in sub], torch.float32, dev).unsqueeze(1)
     seen = counts > 0
-    prompt = [r.prompt_mask for r in sub]
-    if all(p is not None for p in prompt):
-        seen = seen | torch.stack(prompt)
+    if any(r.prompt_mask is not None for r in sub):  # only rows with a repetition penalty have one
+        none = torch.zeros(vocab, dtype=torch.bool, device=dev)
+        seen = seen | torch.stack([none if r.prompt_mask is None else r.prompt_mask for r in sub])
     penalized = torch.where(part > 0, part / rep, part * rep)
     part = torch.where(seen, penalized, part)
     logits[idx] = part
 
 
 def _counts(r: Req, vocab: int, device) -> torch.Tensor:
-    if r.output_counts is None:
+    """The request's output token counts, counted again from output_ids where they no longer match it (tokens a
+    grammar jumped over, a rewind, a retraction): the penalties count every output token, however it came."""
+    if r.output_counts is None or r.counted != len(r.output_ids):
         r.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
         if r.output_ids:
             ids = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
             r.output_counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        r.counted = len(r.output_ids)
     return r.output_counts
 
 
 def record_sampled(reqs: list, next_ids: list) -> None:
-    """Keep penalty counts current after a step."""
+    """Keep penalty counts current after a step (called before each token joins output_ids)."""
     for r, t in zip(reqs, next_ids):
-        if r.output_counts is not None:
+        if r.output_counts is not None and r.counted == len(r.output_ids):
             r.output_counts[t] += 1
+            r.counted += 1
 
 
 def mask_stop_tokens(logits: torch.Tensor, reqs: list, eos_ids: set) -> None:

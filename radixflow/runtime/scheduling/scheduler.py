@@ -380,7 +380,7 @@ class Scheduler:
     def rewind(self, req: Req, keep_outputs: int) -> None:
         """Drop outputs past `keep_outputs`, and the KV of dropped tokens."""
         del req.output_ids[keep_outputs:]
-        req.stop_text, req.stop_checked = None, min(req.stop_checked, keep_outputs)
+        req.stop_text, req.stop_checked, req.output_counts = None, min(req.stop_checked, keep_outputs), None
         new_kv = min(req.kv_len, req.seq_len - 1)
         if new_kv < req.kv_len:
             self.kv.truncate(req, new_kv)
