@@ -203,6 +203,8 @@ BAD_BODIES = [
     (json.dumps({"text": "hi", "image_data": "x"}).encode(), "image_data"),
     (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"abc": 1}}}).encode(), "logit_bias key"),
     (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"99999999": 1}}}).encode(), "logit_bias key"),
+    (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"\u00b2": 1}}}).encode(), "logit_bias key"),  # isdigit
+    (json.dumps({"text": "hi", "sampling_params": {"logit_bias": {"2": 1e39}}}).encode(), "outside [-100, 100]"),
 ]
 
 

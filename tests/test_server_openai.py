@@ -94,6 +94,16 @@ def test_stream_usage_is_null_until_the_last_chunk(server):
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 3
 
 
+def test_null_max_completion_tokens_leaves_max_tokens(server):
+    """Clients that send unset fields as null: `max_completion_tokens: null` beside `max_tokens` ran to the end of
+    the context (fuzzing, session 28); null is unset, so max_tokens holds."""
+    body = {"model": "default", "messages": MESSAGES, "max_tokens": 3, "max_completion_tokens": None, "temperature": 0,
+            "ignore_eos": True}
+    with server.client() as c:
+        r = c.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
 def test_continuous_usage_stats_count_each_chunk(server):
     """vLLM's and SGLang's stream_options.continuous_usage_stats: every chunk carries the counts so far; unknown
     stream_options are refused (they were ignored)."""

@@ -169,14 +169,23 @@ def token_ids_in(ids: list, vocab_size: int) -> bool:
     return all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab_size for t in ids)
 
 
+LOGIT_BIAS_RANGE = 100  # OpenAI's: -100 bans a token, 100 all but forces it
+
+
 def _check_logit_bias(bias: Any, vocab_size: int) -> None:
-    """Keys are token ids (ints or digit strings, as JSON forces) in the vocabulary."""
+    """Keys are token ids (ints or ASCII digit strings, as JSON forces) in the vocabulary; values within OpenAI's
+    [-100, 100]: beyond float32's range a value became inf, and inf plus a ban (-inf) is NaN, which let a token
+    that min_new_tokens or a grammar had banned through."""
     for k, v in (bias or {}).items():
-        tid = k if isinstance(k, int) and not isinstance(k, bool) else (int(k) if isinstance(k, str) and k.isdigit() else -1)
+        digits = isinstance(k, str) and k.isascii() and k.isdigit()
+        tid = k if isinstance(k, int) and not isinstance(k, bool) else (int(k) if digits else -1)
         if not 0 <= tid < vocab_size:
             raise RadixflowError(f"logit_bias key {k!r} is not a token id in [0, {vocab_size})")
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise RadixflowError(f"logit_bias[{k!r}] must be a number, got {type(v).__name__}")
+        if not -LOGIT_BIAS_RANGE <= v <= LOGIT_BIAS_RANGE:  # NaN fails too
+            raise RadixflowError(f"logit_bias[{k!r}] = {v} is outside [-{LOGIT_BIAS_RANGE}, {LOGIT_BIAS_RANGE}] "
+                                 "(-100 bans the token, 100 all but forces it)")
 
 
 def _per_item(value: Any, count: int, name: str) -> list:

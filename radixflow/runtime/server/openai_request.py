@@ -185,7 +185,8 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
         raise RadixflowError("logprobs must be true or false (use top_logprobs for the number of alternatives)")
     if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20 or not want_lp):
         raise RadixflowError("top_logprobs must be an integer in [0, 20], and needs logprobs: true")
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    max_tokens = body.get("max_completion_tokens")  # null, as some clients send unset fields, is unset
+    max_tokens = body.get("max_tokens") if max_tokens is None else max_tokens
     if max_tokens is None:  # like OpenAI: up to the context length
         max_tokens = max(min(tm.info.context_len - len(ids), tm.args.max_new_tokens_limit), 0)
     sp = _sampling(body, max_tokens, tm.sampling_defaults)
