@@ -234,6 +234,21 @@ def test_penalties_count_tokens_a_grammar_jumped_over(engine, penalty):
     assert jumped["output_ids"] == sampled["output_ids"]
 
 
+@pytest.mark.parametrize("regex", ["(\U0001f600\U0001f389\u65e5\u672c\u8a9ee\u0301){2}",
+                                   "\U0001f600\U0001f389\u65e5\u672c\u8a9ee\u0301[a-z ]{1,20}"])
+def test_a_stop_inside_jumped_tokens_ends_the_output_where_sampling_would(engine, regex):
+    """A grammar's forced run past a stop string: the output (ids, usage) ends at the token completing the stop, as
+    it does for a request with logprobs (which does not jump); before, all 30 jumped ids stayed, or a token sampled
+    after them (fuzzing, session 28)."""
+    params = {"max_new_tokens": 32, "temperature": 0, "regex": regex, "stop": ["\u8a9ee"]}
+    jumped = engine.generate("Emoji:", params)
+    sampled = engine.generate("Emoji:", params, return_logprob=True)
+    assert jumped["meta_info"]["jump_forward_tokens"] > 0
+    assert jumped["text"] == sampled["text"] == "\U0001f600\U0001f389\u65e5\u672c"
+    assert jumped["output_ids"] == sampled["output_ids"]
+    assert jumped["meta_info"]["completion_tokens"] == len(sampled["output_ids"])
+
+
 def test_frequency_and_presence_penalties_reduce_repeats(engine):
     prompt = "Repeat after me: la la la la la la la la"
     plain = engine.generate(prompt, {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True})["output_ids"]

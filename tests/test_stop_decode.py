@@ -81,14 +81,32 @@ def test_a_clean_up_transformers_skips_still_takes_the_backend_path(tok):
 
 
 def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
-    """A jump appends many tokens at once, checked once: the decoded window must reach back to its first."""
+    """A jump appends many tokens at once, checked once: the decoded window must reach back to its first, and the
+    output is cut back to the token that completes the stop, where a request that sampled them stops (session 28:
+    the jump's tokens past it stayed in output_ids and in the usage count)."""
     stops = StopChecker(tok, eos_ids=set())
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": ["END"]}), output_ids=tok.encode("hello", add_special_tokens=False))
     forced = tok.encode(" END of the text that the grammar forces here and goes on", add_special_tokens=False)[:10]
     assert len(forced) == 10 and "END" in tok.decode(forced)
     scheduler = SimpleNamespace(jump_forward=lambda *a: forced, stops=stops, runner=SimpleNamespace(context_len=10**6))
     Scheduler._apply_jump_forward(scheduler, req)
-    assert req.output_ids[-10:] == forced and req.finish_reason == {"type": "stop", "matched": "END"}
+    k = next(i for i in range(1, 11) if "END" in tok.decode(forced[:i]))
+    assert k < 10 and req.output_ids == tok.encode("hello", add_special_tokens=False) + forced[:k]
+    assert req.finish_reason == {"type": "stop", "matched": "END"}
+
+
+def test_of_two_stops_one_token_completes_the_one_that_starts_first_is_cut(tok):
+    """One token completing two stop strings: the output is cut where the first of them starts, whatever their order
+    in the list (fuzzing: " open" completed ["n", "ope"]; cut at "n", the text still held "ope")."""
+    ids = tok.encode("As the user clicks open", add_special_tokens=False)
+    for stops in (["n", "ope"], ["ope", "n"]):
+        req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": stops}))
+        for token in ids:
+            req.output_ids.append(token)
+            StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+            if req.finish_reason is not None:
+                break
+        assert req.finish_reason == {"type": "stop", "matched": "ope"}, stops
 
 
 @pytest.mark.parametrize("field", ["stop", "stop_regex"])

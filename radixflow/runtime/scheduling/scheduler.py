@@ -67,7 +67,7 @@ class Scheduler:
         self.eos_ids = eos_ids
         self.tree = RadixCache(runner.kv_pool.allocator, args.page_size, disable=args.disable_radix_cache)
         self.kv = KVManager(runner.kv_pool, runner.req_to_token, self.tree)
-        self.stops = StopChecker(tokenizer, eos_ids)
+        self.stops = StopChecker(tokenizer, eos_ids, self.rewind)
         self.logprobs = LogprobCollector(tokenizer)
         self.waiting: list[Req] = []
         self.running: list[Req] = []

@@ -66,10 +66,17 @@ def _defined_in(cls: type, name: str) -> str:
     return "" if owner is None else owner.__module__
 
 
+def _drop_outputs(req: Req, keep: int) -> None:
+    del req.output_ids[keep:]
+
+
 class StopChecker:
-    def __init__(self, tokenizer, eos_ids: set):
+    def __init__(self, tokenizer, eos_ids: set, rewind: Callable[[Req, int], None] | None = None):
+        """`rewind(req, keep)`: drops outputs past `keep` and their KV (Scheduler.rewind; None: the outputs only, for
+        requests that hold no KV)."""
         self.eos_ids = eos_ids
         self._decode = backend_decode(tokenizer)
+        self._rewind = rewind or _drop_outputs
 
     def check(self, req: Req, context_len: int) -> None:
         """Checks the outputs appended (or put in place of cut ones) since this request's last check: a sampled
@@ -87,7 +94,7 @@ class StopChecker:
         if (grammar_done and not stop_token or stop_token and added > 1) and (matched := self._stop_match(req, added)) is not None:
             # the grammar's last token, or jumped tokens before a stop token, complete a stop string: it ends the output,
             # as it would have one token earlier (fuzzing: regex "(yes|no)" with stop "o" gave "no", matched null)
-            req.finish({"type": "stop", "matched": matched})
+            self._finish_at_stop(req, added, matched)
             return
         if req.grammar is not None and req.grammar.budget_closed and (stop_token or grammar_done):
             # complete for the grammar, but cut short to fit max_new_tokens: a length finish
@@ -102,7 +109,7 @@ class StopChecker:
             return
         matched = self._stop_match(req, added)
         if matched is not None:
-            req.finish({"type": "stop", "matched": matched})
+            self._finish_at_stop(req, added, matched)
             return
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
@@ -126,36 +133,58 @@ class StopChecker:
         req.finish({"type": "abort", "message": f"constrained decoding failed: {error}", "status_code": 500})
         return True
 
-    def _stop_match(self, req: Req, added: int):
-        """The stop string or stop_regex match that the `added` tokens complete, or None."""
+    def _finish_at_stop(self, req: Req, added: int, matched) -> None:
+        """Finish on the stop `matched`. Where the outputs up to an earlier one of the `added` already complete it
+        (tokens a grammar jumped over, and what followed them), the output is cut back to that one, where a request
+        that sampled them (one with logprobs: it does not jump) stops (fuzzing: 31 ids for its 13, and a sampled
+        token after the stop)."""
+        first = len(req.output_ids) - added
+        lo, hi = first + 1, len(req.output_ids)  # the fewest outputs that complete a stop: in [lo, hi]; hi does
+        while lo < hi:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if self._stop_match(req, mid - first, mid) is not None else (mid + 1, hi)
+        if hi < len(req.output_ids):
+            matched = self._stop_match(req, hi - first, hi)
+            self._rewind(req, hi)
+        req.finish({"type": "stop", "matched": matched})
+
+    def _stop_match(self, req: Req, added: int, end: int | None = None):
+        """The stop string or stop_regex match that the `added` tokens complete, or None; with `end`, in the outputs
+        before it (the `added` are the last of those)."""
         p = req.sampling
-        matched = self._stop_str(req, added) if p.stop_strs else None
+        matched = self._stop_str(req, added, end) if p.stop_strs else None
         if matched is None and p.stop_patterns is not None:
             width = p.stop_patterns.width  # characters: at most 4 bytes each
-            matched = first_match(p.stop_patterns, self._gen_text(req) if width is None else self._tail(req, added, 4 * width))
+            text = self._gen_text(req, end) if width is None else self._tail(req, added, 4 * width, end)
+            matched = first_match(p.stop_patterns, text)
         return matched
 
-    def _stop_str(self, req: Req, added: int):
+    def _stop_str(self, req: Req, added: int, end: int | None):
+        """The stop string the `added` tokens complete; of several, the one that starts first (it is cut there:
+        fuzzing found " open" completing stops ["n", "ope"], and the text cut at "n" still held "ope")."""
         nbytes = req.sampling.stop_strs_bytes
-        tail = self._tail(req, added, nbytes) if nbytes <= 4 * TAIL_WIDTH else self._gen_text(req)  # as stop_regex's widths
-        for s in req.sampling.stop_strs:
-            if s in tail:
-                return s
-        return None
+        tail = self._tail(req, added, nbytes, end) if nbytes <= 4 * TAIL_WIDTH else self._gen_text(req, end)
+        found = [(tail.find(s), -len(s), s) for s in req.sampling.stop_strs if s in tail]
+        return min(found)[2] if found else None
 
-    def _tail(self, req: Req, added: int, nbytes: int) -> str:
+    def _tail(self, req: Req, added: int, nbytes: int, end: int | None = None) -> str:
         """The gen's decoded output from where a match of up to `nbytes` bytes of UTF-8 that ends in one of the
         `added` tokens may start, without a last character whose bytes are not all out yet (it decodes as U+FFFD).
         A token decodes to >= 1 byte (skipped special tokens aside): byte-level vocabularies spell a CJK character
         or an emoji in up to 4 tokens, so a match starts within `nbytes` tokens before them, not within its length
         in characters (found by fuzzing: 12 of 13 CJK / emoji stop strings were missed)."""
-        start = max(req.segment_start, len(req.output_ids) - added - nbytes - 1)
-        return self._decode(req.output_ids[start:], req.sampling.skip_special_tokens).rstrip("\ufffd")
+        end = len(req.output_ids) if end is None else end
+        start = max(req.segment_start, end - added - nbytes - 1)
+        return self._decode(req.output_ids[start:end], req.sampling.skip_special_tokens).rstrip("\ufffd")
 
-    def _gen_text(self, req: Req) -> str:
+    def _gen_text(self, req: Req, end: int | None = None) -> str:
         """The gen's decoded output (its last UNBOUNDED_WINDOW characters), for patterns with no longest match:
         kept on the request and decoded a window at a time (incremental_text.py), so a check decodes only the
-        newest tokens, not the whole gen again (quadratic in its length). Outputs cut back (rewind) drop it."""
+        newest tokens, not the whole gen again (quadratic in its length). Outputs cut back (rewind) drop it. With
+        `end` (a stop's search for where it completed), the outputs before it are decoded afresh."""
+        if end is not None:
+            ids = req.output_ids[req.segment_start : end]
+            return self._decode(ids, req.sampling.skip_special_tokens).rstrip("\ufffd")[-UNBOUNDED_WINDOW:]
         kept = req.stop_text
         if kept is None or kept[0] != req.segment_start:
             kept = req.stop_text = (req.segment_start, IncrementalText(surr=req.segment_start, read=req.segment_start))
