@@ -175,9 +175,7 @@ def _in_vocab(tm: TokenizerManager, ids: list) -> list:
 
 def chat_call(tm: TokenizerManager, body: dict) -> Call:
     stream, usage, continuous = _stream_flags(body, tm.args.stream_response_default_include_usage)
-    messages = _messages(body.get("messages"))
-    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
-    text = tools.prompt if tools else _chat_prompt(tm, body, messages)
+    text, tools = _chat_text(tm, body)
     ids = tm.tokenizer.encode(text, add_special_tokens=False)
     want_lp = body.get("logprobs", False)
     top = body.get("top_logprobs")
@@ -212,8 +210,16 @@ def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str) -> Optional[R
 
 
 def chat_prompt_text(tm: TokenizerManager, body: dict) -> str:
-    """The prompt a chat request's `messages` render to (no tools), as /tokenize counts it."""
-    return _chat_prompt(tm, body, _messages(body.get("messages")))
+    """The prompt a chat request renders to, as /tokenize counts it."""
+    return _chat_text(tm, body)[0]
+
+
+def _chat_text(tm: TokenizerManager, body: dict) -> tuple[str, Optional[ToolPlan]]:
+    """The prompt of a chat request's `messages` (with its tools, or in the tool format where the messages hold tool
+    calls or results: /tokenize rendered those with the plain template and undercounted) and its tool plan."""
+    messages = _messages(body.get("messages"))
+    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
+    return (tools.prompt if tools else _chat_prompt(tm, body, messages)), tools
 
 
 def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:

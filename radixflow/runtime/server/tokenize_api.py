@@ -19,7 +19,9 @@ from radixflow.runtime.server.http_common import json_response, read_json
 from radixflow.runtime.server.openai_request import chat_prompt_text, parse_body
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
-TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs"}
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs",
+                   "tools", "tool_choice", "parallel_tool_calls"}  # the fields that shape a chat prompt
+_CHAT_ONLY = ("continue_final_message", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls")
 DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 
@@ -46,8 +48,8 @@ def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
         prompt = chat_prompt_text(tm, body)
     elif not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
         raise RadixflowError("prompt must be a string or a list of strings")
-    elif "continue_final_message" in body or "chat_template_kwargs" in body:
-        raise RadixflowError("continue_final_message and chat_template_kwargs apply to 'messages' only")
+    elif any(f in body for f in _CHAT_ONLY):
+        raise RadixflowError(f"{', '.join(f for f in _CHAT_ONLY if f in body)} apply to 'messages' only")
     if isinstance(prompt, str):
         tokens = tm.tokenizer.encode(prompt, add_special_tokens=special)
         count: Any = len(tokens)
