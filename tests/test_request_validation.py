@@ -284,4 +284,4 @@ def test_grammar_errors_say_what_is_wrong(server):
         wrong_method = c.get("/v1/chat/completions")
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert wrong_method.json()["error"] == {"message": "GET is not allowed on /v1/chat/completions; use POST",
-                                            "type": "invalid_request_error", "code": 405}  # fmt: skip
+                                            "type": "invalid_request_error", "param": None, "code": 405}  # fmt: skip

@@ -28,6 +28,29 @@ def chat_prompt(engine):
 def test_models(client):
     models = client.models.list().data
     assert len(models) == 1 and models[0].id == "default" and models[0].owned_by == "radixflow"
+    assert client.models.retrieve("default") == models[0] == client.models.list().data[0]  # `created` stays put
+    with pytest.raises(openai.NotFoundError, match="serves 'default'"):
+        client.models.retrieve("gpt-4o")
+
+
+def test_null_flags_are_unset(client):
+    """The client types stream, logprobs and echo as optional: a wrapper passing stream=None sent null, refused
+    with "stream must be true or false" (fuzzing, session 28). Null is unset."""
+    chat = client.chat.completions.create(model="default", messages=MESSAGES, max_tokens=2, stream=None,
+                                          logprobs=None)
+    legacy = client.completions.create(model="default", prompt=PROMPT, max_tokens=2, echo=None, stream=None)
+    assert chat.choices[0].logprobs is None and not legacy.choices[0].text.startswith(PROMPT)
+
+
+def test_completion_top_logprobs_hold_the_sampled_token(client):
+    """OpenAI: "the API will always return the logprob of the sampled token, so there may be up to logprobs+1
+    elements"; a sampled token outside the top-k was missing (fuzzing), and logprobs 0 gave null."""
+    for k in (0, 1):
+        r = client.completions.create(model="default", prompt="The weather", max_tokens=8, logprobs=k,
+                                      temperature=1.5, seed=3)
+        lp = r.choices[0].logprobs
+        assert all(tok in top and top[tok] == v and len(top) <= k + 1
+                   for tok, v, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs)), (k, lp)
 
 
 def test_completion_matches_engine(client, engine):

@@ -107,6 +107,12 @@ def test_multi_turn_with_tool_result(client):
     assert r.usage.prompt_tokens > bare.usage.prompt_tokens + 20  # the call and its result are in the prompt
 
 
+def test_response_format_text_goes_with_tools(client):
+    """response_format {"type": "text"} is OpenAI's default and constrains nothing: it no longer refuses tools."""
+    r = _chat(client, tool_choice="required", response_format={"type": "text"}, max_tokens=40)
+    assert r.choices[0].message.tool_calls
+
+
 def test_auto_and_none_answer_in_text(client):
     for choice in ("auto", "none"):
         r = _chat(client, tool_choice=choice, max_tokens=8)

@@ -29,7 +29,7 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def error_response(status: int, message: str, kind: Optional[str] = None) -> Response:
-    err = {"message": message, "type": kind or _error_type(status), "code": status}
+    err = {"message": message, "type": kind or _error_type(status), "param": None, "code": status}  # OpenAI's keys
     return json_response({"error": err}, status)
 
 

@@ -22,6 +22,7 @@ from radixflow.runtime import sglang_fields
 from radixflow.runtime.reasoning import ReasoningStream, Split, reasoning_tokens
 from radixflow.runtime.server.http_common import (
     SSE_DONE,
+    HTTPError,
     final_results,
     json_response,
     open_stream,
@@ -36,12 +37,22 @@ from radixflow.runtime.server.tool_response import ToolStream, tool_message
 
 
 def register_openai_routes(app: FastAPI) -> None:
+    started = int(time.time())  # the card's `created`: the same on every call
+
+    def card(tm: TokenizerManager) -> dict:
+        return {"id": tm.model_name, "object": "model", "created": started, "owned_by": "radixflow",
+                "root": tm.info.model_path or tm.info.model_dir, "max_model_len": tm.info.context_len}
+
     @app.get("/v1/models")
     async def models(request: Request):
+        return json_response({"object": "list", "data": [card(request.app.state.tm)]})
+
+    @app.get("/v1/models/{model:path}")
+    async def model(request: Request, model: str):  # the client's models.retrieve(id)
         tm: TokenizerManager = request.app.state.tm
-        card = {"id": tm.model_name, "object": "model", "created": int(time.time()), "owned_by": "radixflow",
-                "root": tm.info.model_path or tm.info.model_dir, "max_model_len": tm.info.context_len}  # fmt: skip
-        return json_response({"object": "list", "data": [card]})
+        if model != tm.model_name:
+            raise HTTPError(404, f"model {model!r} is not served here; this server serves {tm.model_name!r}")
+        return json_response(card(tm))
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -156,9 +167,11 @@ def _completion_logprobs(tm: TokenizerManager, meta: dict, echo: bool, start: in
     tops = tops + (meta.get("output_top_logprobs") or [])[start:]
     at = _TextOffsets() if at is None else at
     offsets = [at.advance(tm, e) for e in entries]
-    top = [None if t is None else {_token_string(tm, a): a[0] for a in t} for t in tops] if tops else None
-    return {"tokens": [_token_string(tm, e) for e in entries], "token_logprobs": [e[0] for e in entries],
-            "top_logprobs": top, "text_offset": offsets}  # fmt: skip
+    tokens = [_token_string(tm, e) for e in entries]
+    tops = tops + [[]] * (len(entries) - len(tops))  # logprobs 0: no alternatives, the token itself below
+    top = [None if e[0] is None else {**{_token_string(tm, a): a[0] for a in t or []}, tok: e[0]}
+           for e, t, tok in zip(entries, tops, tokens)]  # OpenAI: "always the logprob of the sampled token"
+    return {"tokens": tokens, "token_logprobs": [e[0] for e in entries], "top_logprobs": top, "text_offset": offsets}
 
 
 def _token_string(tm: TokenizerManager, e: list) -> str:
@@ -206,7 +219,7 @@ async def _stream(tm: TokenizerManager, call: Call, events: AsyncIterator[Event]
     try:
         async for ev in events:
             if ev.error:
-                yield sse({"error": {"message": ev.error, "type": "server_error", "code": ev.status_code}})
+                yield sse({"error": {"message": ev.error, "type": "server_error", "param": None, "code": ev.status_code}})
                 continue
             yield sse(_chunk(tm, call, ev, sent[ev.index]))
             if ev.finished:

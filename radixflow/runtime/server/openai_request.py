@@ -99,14 +99,22 @@ def _response_format(rf: Any) -> Optional[str]:
     raise RadixflowError(f"response_format type {kind!r} is not supported; use text, json_object or json_schema")
 
 
+def flag(body: dict, name: str, default: bool, hint: str = "") -> bool:
+    """A true / false field; null (as clients send unset fields) is unset."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        raise RadixflowError(f"{name} must be true or false{hint}")
+    return value
+
+
 def _stream_flags(body: dict, usage_default: bool = False) -> tuple[bool, bool, bool]:
     """(stream, include_usage, continuous_usage_stats); `usage_default`: include_usage where the request does not
     say (--stream-response-default-include-usage). continuous_usage_stats (vLLM's and SGLang's) puts the counts so
     far on every chunk."""
-    stream = body.get("stream", False)
+    stream = flag(body, "stream", False)
     opts = body.get("stream_options") or {}
-    if not isinstance(stream, bool):
-        raise RadixflowError("stream must be true or false")
     if not isinstance(opts, dict):
         raise RadixflowError('stream_options must be an object like {"include_usage": true}')
     unknown = sorted(set(opts) - _STREAM_OPTIONS)
@@ -140,9 +148,7 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
     k = body.get("logprobs")
     if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= 20):
         raise RadixflowError("logprobs must be an integer in [0, 20] (the number of top tokens to return)")
-    echo = body.get("echo", False)
-    if not isinstance(echo, bool):
-        raise RadixflowError("echo must be true or false")
+    echo = flag(body, "echo", False)
     max_tokens = body.get("max_tokens", 16)
     sp = _sampling(body, 16 if max_tokens is None else max_tokens, tm.sampling_defaults)
     g = GenerateInput(text=text, input_ids=ids, sampling_params=sp,
@@ -177,10 +183,8 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
     stream, usage, continuous = _stream_flags(body, tm.args.stream_response_default_include_usage)
     text, tools = _chat_text(tm, body)
     ids = tm.tokenizer.encode(text, add_special_tokens=False)
-    want_lp = body.get("logprobs", False)
+    want_lp = flag(body, "logprobs", False, " (use top_logprobs for the number of alternatives)")
     top = body.get("top_logprobs")
-    if not isinstance(want_lp, bool):
-        raise RadixflowError("logprobs must be true or false (use top_logprobs for the number of alternatives)")
     if top is not None and (not isinstance(top, int) or isinstance(top, bool) or not 0 <= top <= 20 or not want_lp):
         raise RadixflowError("top_logprobs must be an integer in [0, 20], and needs logprobs: true")
     max_tokens = body.get("max_completion_tokens")  # null, as some clients send unset fields, is unset
@@ -200,9 +204,7 @@ def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str) -> Optional[R
     """Split the thinking out if the server has a --reasoning-parser and the request does not
     say separate_reasoning: false (SGLang's fields; stream_reasoning: false sends the thinking
     in one delta once it ends)."""
-    separate, stream = body.get("separate_reasoning", True), body.get("stream_reasoning", True)
-    if not isinstance(separate, bool) or not isinstance(stream, bool):
-        raise RadixflowError("separate_reasoning and stream_reasoning must be true or false")
+    separate, stream = flag(body, "separate_reasoning", True), flag(body, "stream_reasoning", True)
     if not tm.args.reasoning_parser or not separate:
         return None
     fmt = get_format(tm.args.reasoning_parser)

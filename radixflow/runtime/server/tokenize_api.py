@@ -16,7 +16,7 @@ from fastapi import FastAPI, Request
 from radixflow.errors import RadixflowError
 from radixflow.runtime.generate_request import token_ids_in
 from radixflow.runtime.server.http_common import json_response, read_json
-from radixflow.runtime.server.openai_request import chat_prompt_text, parse_body
+from radixflow.runtime.server.openai_request import chat_prompt_text, flag, parse_body
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs",
@@ -43,7 +43,7 @@ def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
     prompt, messages = body.get("prompt"), body.get("messages")
     if (prompt is None) == (messages is None):
         raise RadixflowError("send exactly one of 'prompt' (a string or a list of strings) and 'messages'")
-    special = _flag(body, "add_special_tokens", messages is None)  # a chat template writes its own special tokens
+    special = flag(body, "add_special_tokens", messages is None)  # a chat template writes its own special tokens
     if messages is not None:
         prompt = chat_prompt_text(tm, body)
     elif not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
@@ -61,7 +61,7 @@ def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
 
 def detokenize_body(tm: TokenizerManager, body: dict) -> dict:
     tokens = body.get("tokens")
-    skip = _flag(body, "skip_special_tokens", True)
+    skip = flag(body, "skip_special_tokens", True)
     nested = isinstance(tokens, list) and bool(tokens) and all(isinstance(t, list) for t in tokens)
     for ids in tokens if nested else [tokens]:
         if not isinstance(ids, list) or not token_ids_in(ids, tm.info.vocab_size):
@@ -69,12 +69,3 @@ def detokenize_body(tm: TokenizerManager, body: dict) -> dict:
     if nested:
         return {"text": [tm.tokenizer.decode(ids, skip_special_tokens=skip) for ids in tokens]}
     return {"text": tm.tokenizer.decode(tokens, skip_special_tokens=skip)}
-
-
-def _flag(body: dict, name: str, default: bool) -> bool:
-    value = body.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        raise RadixflowError(f"{name} must be true or false")
-    return value

@@ -73,8 +73,9 @@ def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> O
         return None
     tools = parse_tools(body.get("tools"))
     choice, named = parse_tool_choice(body.get("tool_choice"), tools)
-    if choice != "none" and any(body.get(f) is not None for f in _GRAMMAR_FIELDS):
-        given = ", ".join(f for f in _GRAMMAR_FIELDS if body.get(f) is not None)
+    constrained = [f for f in _GRAMMAR_FIELDS if body.get(f) is not None and not _plain_text(body, f)]
+    if choice != "none" and constrained:
+        given = ", ".join(constrained)
         raise RadixflowError(f"{given} cannot be combined with tool calls; drop it or set tool_choice to 'none'")
     template = tokenizer.chat_template
     fmt = detect_format(template) if parser == "auto" else FORMATS[parser]
@@ -84,6 +85,11 @@ def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> O
     else:
         prompt = _render(tokenizer, generic_history(history, tools, fmt), None)
     return ToolPlan(tools, fmt, choice, prompt, grammar(tools, fmt, choice, named, parallel is not False))
+
+
+def _plain_text(body: dict, field: str) -> bool:
+    """response_format {"type": "text"}: OpenAI's default, which constrains nothing (so goes with tools)."""
+    return field == "response_format" and body[field] == {"type": "text"}
 
 
 def grammar(tools: list, fmt: ToolFormat, choice: str, named: Optional[str], parallel: bool) -> Optional[str]:
