@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 import radixflow as rf
+from radixflow.lang import NotTraceable
 from radixflow.lang.backends.engine_backend import EngineBackend
 
 from lang_programs import concat_story, few_shot_qa, one_sentence, tips
@@ -218,3 +219,68 @@ def test_a_finished_program_and_flushed_trees_leave_no_cyclic_garbage(engine, ba
         assert len(nodes) > 1 and all(ref() is None for ref in nodes)
     finally:
         gc.enable()
+
+
+@rf.function
+def sets_variables(s):
+    s += "Hi" + rf.gen("a", max_tokens=3)
+    s["k"] = "const"
+    s["copy"] = s["a"]
+    s.set_var("n", [1, 2])
+    return s["a"]
+
+
+@rf.function
+def copies(s):
+    s += "Story:"
+    with s.copy() as c:
+        c += rf.gen("x", max_tokens=3)
+    s += " end"
+
+
+def test_python_set_variables_copy_blocks_and_the_return_value_as_a_graph(backend):
+    """`s[name] = v` was lost in graph mode (KeyError after the run), `with s.copy() as c:` (SGLang's copy, a fork of
+    one joined on exit) was a TypeError, and there was no `ret_value` (SGLang's): fuzzing, session 28."""
+    graph, eager = graph_and_eager(sets_variables, backend)
+    for key in ("k", "copy", "n"):
+        assert graph[key] == eager[key]
+    assert graph["copy"] == graph["a"] == graph.ret_value == eager.ret_value and graph["n"] == [1, 2]
+    graph, eager = graph_and_eager(copies, backend)
+    assert graph.text() == eager.text() == "Story: end" and graph["x"] == eager["x"] and len(graph["x"]) == 1
+    with pytest.raises(rf.ProgramError, match="only s.copy"):
+        with graph:
+            pass
+
+
+@rf.function
+def reprs_a_value(s):
+    s += "Hi" + rf.gen("a", max_tokens=3)
+    s += f" again:{s['a']!r}" + rf.gen("b", max_tokens=3)
+
+
+@rf.function
+def parses_with_a_fallback(s):
+    s += "Q: 2+2=" + rf.gen("n", max_tokens=2, regex="[0-9]")
+    try:
+        x = int(s["n"])
+    except Exception:
+        x = 0
+    s += f"\nDouble: {2 * x}."
+
+
+@rf.function
+def returns_built_text(s):
+    s += "Hi" + rf.gen("a", max_tokens=3)
+    return s["a"] + "!"
+
+
+@pytest.mark.parametrize("program", [reprs_a_value, parses_with_a_fallback, returns_built_text])
+def test_values_only_eager_mode_has_make_the_program_eager(backend, program):
+    """repr() of a generated value put the placeholder's own repr into the prompt, and a broad `except` around
+    int(s["n"]) took its fallback branch while tracing, so graph mode ran another program (fuzzing, session 28); a
+    return value built from a generated one exists only in eager mode. Each now runs eagerly, as eager mode would."""
+    auto = program.run(backend=backend, **GREEDY)
+    eager = program.run(backend=backend, mode="eager", **GREEDY)
+    assert auto.mode == "eager" and auto.text() == eager.text() and auto.ret_value == eager.ret_value
+    with pytest.raises(NotTraceable):
+        program.trace()

@@ -122,9 +122,9 @@ class Function:
             ex.spec = Speculation(self.num_api_spec_tokens)
         state = ProgramState(ex, "eager")
         if not stream:
-            self.func(state, **arguments)
+            state.ret_value = self.func(state, **arguments)
             return state
-        _in_thread(state, lambda: self.func(state, **arguments), self.func.__name__)
+        _in_thread(state, lambda: setattr(state, "ret_value", self.func(state, **arguments)), self.func.__name__)
         return state
 
     def run_batch(
@@ -238,7 +238,7 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
             raise ProgramError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)
         done.executor.log = log
-        state.executor, state.program_meta = done.executor, done.program_meta
+        state.executor, state.program_meta, state.ret_value = done.executor, done.program_meta, done.ret_value
 
     _in_thread(state, body, graph.name)
     return state

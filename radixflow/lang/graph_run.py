@@ -8,13 +8,13 @@ from typing import Callable
 
 from radixflow.lang.backends.base import Backend
 from radixflow.lang.chat_template import ChatTemplate
-from radixflow.lang.errors import NotTraceable
+from radixflow.lang.errors import NotTraceable, raised_while_tracing
 from radixflow.lang.interpreter import GenResult, Interpreter, SelectResult
-from radixflow.lang.ir import Fork, Graph, Join
+from radixflow.lang.ir import Fork, Graph, Join, SetVar
 from radixflow.lang.placeholder import Placeholder
 from radixflow.lang.state import ProgramState
 from radixflow.lang.stream_log import QuietLog
-from radixflow.lang.tracer import Recorder
+from radixflow.lang.tracer import Recorder, check_plain
 
 
 @functools.lru_cache(maxsize=1024)
@@ -30,14 +30,21 @@ def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
     for name in arg_names:
         if name not in args and params[name].default is inspect.Parameter.empty:
             args[name] = Placeholder("arg", name)
-    rec = Recorder()
+    rec, ret = Recorder(), []
     try:
-        func(ProgramState(rec, "trace"), **args)
+        caught = raised_while_tracing(lambda: ret.append(func(ProgramState(rec, "trace"), **args)))
     except NotTraceable:
         raise
     except Exception as e:  # e.g. a placeholder reached code that needs a real value
         raise NotTraceable(f"tracing {func.__name__} raised {type(e).__name__}: {e}") from e
-    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()})
+    if caught:  # `try: int(s["n"]) except Exception: ...` took its fallback branch on the placeholder
+        raise NotTraceable(f"{func.__name__} caught an exception raised by a value unknown while tracing")
+    value, ref = ret[0], None
+    if isinstance(value, Placeholder) and value._kind == "var":
+        value, ref = None, value._name
+    else:
+        check_plain("the return value", value)  # a value built from a generated one: only eager mode has it
+    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()}, value, ref)
 
 
 def _jsonable(v):
@@ -71,7 +78,9 @@ class ReplayBackend(Backend):
 def replay(graph: Graph, out: dict, template: ChatTemplate, defaults: dict) -> ProgramState:
     ex = Interpreter(ReplayBackend(out["results"]), defaults, template, use_ids=False, log=QuietLog())
     _replay(ex, graph.nodes, {})
-    return ProgramState(ex, "graph")
+    state = ProgramState(ex, "graph")
+    state.ret_value = ex.get(graph.ret_ref) if graph.ret_ref else graph.ret
+    return state
 
 
 def _replay(ex: Interpreter, nodes: list, forks: dict) -> None:
@@ -83,5 +92,7 @@ def _replay(ex: Interpreter, nodes: list, forks: dict) -> None:
                 _replay(kid, branch, forks)
         elif isinstance(n, Join):
             ex.join(forks[n.fork], n.mode)
+        elif isinstance(n, SetVar):
+            ex.set(n.name, ex.get(n.ref) if n.ref else n.value)
         else:
             ex.execute(n)

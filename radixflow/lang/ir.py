@@ -129,12 +129,23 @@ class SeparateReasoning(Node):
         return reasoning_var(self.name)
 
 
+@dataclass
+class SetVar(Node):
+    """`s[name] = value` from Python: no request, the replay of the graph's results sets it. `ref`: the variable
+    whose value it is (`s["b"] = s["a"]` with `a` generated), else `value` itself."""
+
+    kind = "set_var"
+    name: str = ""
+    value: Any = None
+    ref: Optional[str] = None
+
+
 def reasoning_var(name: str) -> str:
     return f"{name}_reasoning_content"
 
 
 NODE_TYPES = {c.kind: c for c in (Text, ArgRef, VarRef, Gen, Select, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Fork, Join,
-                                  SeparateReasoning)}  # fmt: skip
+                                  SeparateReasoning, SetVar)}  # fmt: skip
 
 
 def node_to_dict(node: Node) -> dict:
@@ -160,6 +171,8 @@ class Graph:
     name: str
     nodes: list
     args: dict = field(default_factory=dict)
+    ret: Any = None  # what the function returned (SGLang's state.ret_value), if no placeholder
+    ret_ref: Optional[str] = None  # ... or the generated variable it returned
 
     def to_json(self) -> dict:
         return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes]}
@@ -225,4 +238,6 @@ def _describe(n: Node) -> str:
         return f"join %{n.fork} mode={n.mode}"
     if isinstance(n, SeparateReasoning):
         return f"separate_reasoning {n.name} model_type={n.model_type}"
+    if isinstance(n, SetVar):
+        return f"set_var {n.name} = " + (f"var {n.ref}" if n.ref else repr(n.value))
     return n.kind

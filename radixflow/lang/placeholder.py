@@ -47,8 +47,8 @@ class Placeholder:
     def __radd__(self, other: Any) -> ExprList:
         return ExprList(_items(other) + [self.node()])
 
-    def __repr__(self) -> str:
-        return f"<{self._kind} {self._name!r} (unknown while tracing)>"
+    def __repr__(self) -> str:  # f"{x!r}", "%r", str([x]): the value's repr, which only eager mode has
+        self._fail("repr")
 
     def _fail(self, what: str):
         raise DataDependentError(f"the program uses the value of {self._kind} {self._name!r} in Python ({what})")

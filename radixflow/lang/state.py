@@ -37,6 +37,8 @@ class ProgramState:
         self.executor = executor
         self.mode = mode  # "eager", "graph" or "trace": how it ran
         self.thread: Optional[threading.Thread] = None
+        self.ret_value: Any = None  # what the program function returned (SGLang's)
+        self._copied_from: Optional["ForkGroup"] = None  # s.copy()'s one-branch fork, joined by `with`'s exit
 
     # -- appending ---------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> "ProgramState":
@@ -163,8 +165,20 @@ class ProgramState:
         return ForkGroup([ProgramState(k, self.mode) for k in kids], self, nid)
 
     def copy(self) -> "ProgramState":
-        """One fork branch (SGLang's `s.copy()`)."""
-        return self.fork(1)[0]
+        """One fork branch. As SGLang's, also a context manager: `with s.copy() as c:` joins it on exit."""
+        group = self.fork(1)
+        group[0]._copied_from = group
+        return group[0]
+
+    def __enter__(self) -> "ProgramState":
+        if self._copied_from is None:
+            raise ProgramError("only s.copy() is a context manager (`with s.copy() as c:`); for roles use "
+                               "`with s.user():`, for branches `with s.fork(n) as forks:`")
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None and not self._copied_from.joined:
+            self._copied_from.join()
 
     def __repr__(self) -> str:
         if hasattr(self.executor, "unknown"):

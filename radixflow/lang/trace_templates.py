@@ -75,7 +75,8 @@ def prepared(fn, b, arguments: dict, defaults: dict) -> Optional[Prepared]:
 
 def _fill(t: Template, b, arguments: dict, values: dict) -> Prepared:
     fill = lambda text: _PATTERN.sub(lambda m: values[m.group(2)], text) if MARK in text else text  # noqa: E731
-    graph = Graph(t.graph.name, _fill_nodes(t.graph.nodes, fill), {n: _jsonable(v) for n, v in arguments.items()})
+    graph = dataclasses.replace(t.graph, nodes=_fill_nodes(t.graph.nodes, fill),
+                                args={n: _jsonable(v) for n, v in arguments.items()})
     program = {"ops": _fill_wire(t.program["ops"], fill)}
     ops = _fill_ops(t.ops, fill)
     return Prepared(graph, program, ops, b.constant_pieces(ops, known=t.pieces))
@@ -89,7 +90,7 @@ def _template(fn, b, args: dict, defaults: dict) -> Union[Template, None, bool]:
     call's own trace and run say what the caller sees in both cases)."""
     try:
         traced = trace_graph(fn.func, args, fn.arg_names)
-        graph = Graph(traced.name, _fill_nodes(traced.nodes, None), traced.args)
+        graph = dataclasses.replace(traced, nodes=_fill_nodes(traced.nodes, None))
         program = lower(graph, b.chat_template(), defaults)
     except NotTraceable:
         return None

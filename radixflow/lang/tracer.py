@@ -9,7 +9,7 @@ import itertools
 from typing import Any, Optional
 
 from radixflow.lang.errors import DataDependentError
-from radixflow.lang.ir import Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, VarRef
+from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef
 from radixflow.lang.placeholder import MARK, Placeholder
 
 
@@ -48,7 +48,13 @@ class Recorder:
         return self.known[name]
 
     def set(self, name: str, value: Any) -> None:
+        """`s[name] = value`: recorded (SetVar), so the graph's replay sets it as eager mode does (it was lost)."""
+        ref = value._name if isinstance(value, Placeholder) and value._kind == "var" else None
+        if ref is None:
+            check_plain(f"variable {name!r}", value)
         self.known[name] = value
+        self.nodes.append(SetVar(name=name, value=None if ref else value, ref=ref, nid=next(self.counter)))
+        self.produced.append(name)
 
     def contains(self, name: str) -> bool:
         return name in self.known
@@ -66,6 +72,14 @@ class Recorder:
         self.nodes.append(Join(fork=fork_nid, mode=mode, nid=next(self.counter)))
         for name in dict.fromkeys(n for k in kids for n in k.produced):
             self._produce(name)
+
+
+def check_plain(what: str, value: Any) -> None:
+    """DataDependentError for a value that holds a placeholder (an argument, text built from a generated value, a
+    container of them): only its real value can be kept (a variable the program sets, its return value)."""
+    if isinstance(value, (Placeholder, Expr)) or (isinstance(value, str) and MARK in value):  # Expr: s["a"] + "!"
+        raise DataDependentError(f"{what} is set from a value unknown while tracing")
+    repr(value)  # a container's repr reaches its items' (Placeholder.__repr__ raises)
 
 
 def _check_no_placeholders(node: Node) -> None:
