@@ -284,3 +284,26 @@ def test_values_only_eager_mode_has_make_the_program_eager(backend, program):
     assert auto.mode == "eager" and auto.text() == eager.text() and auto.ret_value == eager.ret_value
     with pytest.raises(NotTraceable):
         program.trace()
+
+
+@rf.function
+def echo_gen(s, q, t=0.0):
+    s += q + rf.gen("a", max_tokens=3, temperature=t)
+
+
+@pytest.mark.parametrize("mode", ["auto", "eager"])
+def test_run_batch_keeps_the_programs_the_backend_did_not_fail(backend, mode):
+    """One program over the context or with a refused parameter failed the whole run_batch, its good programs' states
+    lost (fuzzing, session 28). As in SGLang, each program keeps its own outcome: the failed one's error() says why
+    and reading its variables raises it."""
+    states = echo_gen.run_batch([{"q": "Hi"}, {"q": "x " * 9000}, {"q": "Hi", "t": -1.0}, {"q": "Yo"}],
+                                backend=backend, mode=mode, progress_bar=False)
+    alone = echo_gen.run(q="Yo", backend=backend, mode=mode)
+    assert [s.error() is None for s in states] == [True, False, False, True]
+    assert states[3]["a"] == alone["a"] and "context length" in str(states[1].error())
+    assert "temperature must be >= 0" in str(states[2].error())
+    with pytest.raises(rf.ProgramError):
+        states[2]["a"]
+    streamed = list(echo_gen.run_batch([{"q": "Hi"}, {"q": "x " * 9000}], backend=backend, mode=mode,
+                                       progress_bar=False, generator_style=True))
+    assert [s.error() is None for s in streamed] == [True, False]

@@ -151,15 +151,17 @@ class Function:
         bar = _progress(len(calls), progress_bar, self.func.__name__)
         compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
         static = [i for i, c in compiled.items() if c is not None]
-        if static:
-            outs = _run_graphs(b, [compiled[i] for i in static], self.func.__name__, lambda k, out: bar.update(1))
-            for i, out in zip(static, outs):
-                states[i] = _replayed(compiled[i][0], out, b, calls[i][1])
+        for i, out in zip(static, self._graph_outs(b, [compiled[i] for i in static], bar)):
+            states[i] = _failed(b, calls[i][1], out) if isinstance(out, RadixflowError) else _replayed_or_failed(
+                compiled[i][0], out, b, calls[i][1])
         rest = [i for i in range(len(calls)) if states[i] is None]
         threads = _threads(num_threads, len(rest))
 
         def one(i: int) -> ProgramState:
-            state = self._run_eager(b, calls[i][0], calls[i][1], False)
+            try:
+                state = self._run_eager(b, calls[i][0], calls[i][1], False)
+            except RadixflowError as e:  # the backend's (a bad parameter, a prompt over the context): this program's
+                state = _failed(b, calls[i][1], e)
             bar.update(1)
             return state
 
@@ -168,6 +170,18 @@ class Function:
                 states[i] = state
         bar.close()
         return states
+
+    def _graph_outs(self, b, compiled: list, bar) -> list:
+        """Each graph's results, or the RadixflowError that failed it: when the batch fails as a whole (one
+        program's parameters refused before running), its graphs run again one at a time to find whose it is."""
+        if not compiled:
+            return []
+        try:
+            return _run_graphs(b, compiled, self.func.__name__, lambda k, out: bar.update(1))
+        except RadixflowError as e:
+            if len(compiled) == 1:
+                return [e]
+        return [self._graph_outs(b, [c], bar)[0] for c in compiled]
 
     def _run_batch_iter(
         self, b, items: list, threads: int, progress_bar: bool, mode: str, sampling: dict
@@ -181,12 +195,20 @@ class Function:
                     futures = []
                     for it in items[start : start + GENERATOR_CHUNK]:
                         kw = {**{k: v for k, v in it.items() if k != "args"}, **sampling}
-                        futures.append(pool.submit(self.run, *it.get("args", ()), backend=b, mode=mode, **kw))
+                        futures.append(pool.submit(self._run_kept, b, it.get("args", ()), mode, kw))
                         futures[-1].add_done_callback(lambda _: bar.update(1))
                     for f in futures:
                         yield f.result()
         finally:
             bar.close()
+
+
+    def _run_kept(self, b, args: tuple, mode: str, kwargs: dict) -> ProgramState:
+        """run(), or a failed state where the backend failed the program (run_batch keeps the others)."""
+        try:
+            return self.run(*args, backend=b, mode=mode, **kwargs)
+        except RadixflowError as e:
+            return _failed(b, self._split(args, dict(kwargs))[1], e)
 
 
 GENERATOR_CHUNK = 256  # programs in flight at once under run_batch(generator_style=True)
@@ -242,6 +264,21 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
 
     _in_thread(state, body, graph.name)
     return state
+
+
+def _failed(b, defaults: dict, error: RadixflowError) -> ProgramState:
+    """A run_batch program the backend failed: as in SGLang, the batch's others are kept; its `error()` is the
+    error, and reading a variable raises it."""
+    state = ProgramState(Interpreter(b, defaults, b.chat_template(), use_ids=False), "eager")
+    state.executor.log.close(error)
+    return state
+
+
+def _replayed_or_failed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
+    try:
+        return _replayed(graph, out, b, defaults)
+    except ProgramError as e:
+        return _failed(b, defaults, e)
 
 
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
