@@ -38,7 +38,13 @@ def __getattr__(name):  # heavy imports (torch, transformers) only when used
         import importlib
 
         return getattr(importlib.import_module(_LANG[name]), name)
+    if name in _SGLANG_BACKENDS:  # SGLang's API backends: one class here serves every OpenAI-compatible server
+        raise AttributeError(f"radixflow has no {name} backend; use rf.OpenAIEndpoint(base_url, model=..., "
+                             "api_key=...) for any OpenAI-compatible server (docs/programs.md, backends)")
     raise AttributeError(f"module 'radixflow' has no attribute {name!r}")
+
+
+_SGLANG_BACKENDS = ("OpenAI", "Anthropic", "LiteLLM", "VertexAI", "Crusoe")
 
 
 __all__ = ["Engine", "ServerArgs", "RadixflowError", "ServerBusyError", "ModelPathError", "GrammarError", *_LANG]

@@ -130,6 +130,10 @@ def branchy(s, question):
 def test_data_dependent_control_flow_falls_back_to_eager(backend, engine):
     with pytest.raises(rf.lang.NotTraceable):
         branchy.trace(question="What is the capital of France?")
+    with pytest.raises(rf.lang.NotTraceable, match="use mode='auto'"):  # says what to change
+        branchy.run(question="What is the capital of France?", mode="graph", **GREEDY)
+    with pytest.raises(AttributeError, match="use rf.OpenAIEndpoint"):  # SGLang's API backend classes
+        rf.OpenAI("gpt-4o")
     s = branchy.run(question="What is the capital of France?", **GREEDY)
     assert s.mode == "eager" and s["answer"] == " Paris" and s["next"] == " Rome"
     ref = engine.generate(s.text()[: -len(s["next"])], {"max_new_tokens": 8, "stop": "\n", **GREEDY})

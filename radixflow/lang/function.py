@@ -104,9 +104,10 @@ class Function:
         p = prepared(self, b, arguments, defaults)
         try:
             compiled = (p.graph, p.program, p) if p is not None else self._traced(b, arguments, defaults)
-        except NotTraceable:
+        except NotTraceable as e:
             if mode == "graph":
-                raise
+                raise NotTraceable(f"{e}; mode='graph' needs a static program: use mode='auto' (it then runs eagerly) "
+                                   "or mode='eager'") from e
             return None
         # text only (no gen, select or fork): nothing to send, the text is the result (the runtime refuses such a
         # graph, as /program does; SGLang runs the program)
