@@ -481,3 +481,28 @@ def test_disable_gc_freeze_leaves_the_collector_alone(monkeypatch):
     monkeypatch.setattr(gc_freeze, "_state", gc_freeze.FreezeState())
     with Engine(max_total_tokens=160, disable_gc_freeze=True) as eng:
         assert _seen_by_gc(eng.runner.model) and eng.freeze_gc() == 0 and gc.get_freeze_count() == 0
+
+
+def test_async_generate_as_sglang_has_it(engine):
+    """SGLang's Engine.async_generate: awaited results equal generate()'s, concurrent calls share the scheduler's
+    steps, stream=True gives an async iterator, bad input raises at the await, and a stream dropped early is
+    aborted (nothing left running)."""
+    import asyncio
+
+    params = {"max_new_tokens": 5, "temperature": 0}
+
+    async def main():
+        many = await asyncio.gather(*[engine.async_generate(f"Count {i}:", params) for i in range(3)])
+        chunks = [c async for c in await engine.async_generate("Hello", params, stream=True)]
+        with pytest.raises(RadixflowError, match="unknown sampling param"):
+            await engine.async_generate("x", {"temprature": 0})
+        dropped = await engine.async_generate("Hello", {**params, "max_new_tokens": 60, "ignore_eos": True}, stream=True)
+        async for _ in dropped:
+            break
+        await dropped.aclose()
+        return many, chunks
+
+    many, chunks = asyncio.run(main())
+    assert [m["text"] for m in many] == [engine.generate(f"Count {i}:", params)["text"] for i in range(3)]
+    assert chunks[-1]["text"] == engine.generate("Hello", params)["text"] and len(chunks) > 1
+    assert not engine.scheduler.running and not engine.scheduler.waiting

@@ -7,7 +7,6 @@ one submission inside the runtime; otherwise it runs eagerly, one call per gen.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import inspect
 import os
@@ -25,6 +24,7 @@ from radixflow.lang.lowering import lower
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
 from radixflow.lang.trace_templates import prepared
+from radixflow.runtime.async_threads import in_thread
 from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
@@ -93,8 +93,7 @@ class Function:
         """`await f.run_async(...)`: run() on a worker thread, so one event loop can drive many
         programs at once. On an Engine their requests share scheduler steps; on a server they
         are concurrent HTTP requests."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(_program_threads(), functools.partial(self.run, *args, **kwargs))
+        return await in_thread(functools.partial(self.run, *args, **kwargs))
 
     def _compile(self, b, arguments: dict, defaults: dict, mode: str) -> Optional[tuple]:
         if mode == "eager" or not b.supports_graphs or (mode == "auto" and self.num_api_spec_tokens):
@@ -291,18 +290,6 @@ def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     state = replay(graph, out, b.chat_template(), defaults)
     state.program_meta = out.get("meta_info", {})
     return state
-
-
-_POOL: list = []  # the worker threads of run_async, made on first use
-_POOL_LOCK = threading.Lock()
-ASYNC_THREADS = 256
-
-
-def _program_threads() -> ThreadPoolExecutor:
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(ThreadPoolExecutor(ASYNC_THREADS, thread_name_prefix="rf-program"))
-        return _POOL[0]
 
 
 def _threads(num_threads: Union[int, str], n: int) -> int:

@@ -7,13 +7,15 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import weakref
-from typing import Any, Iterator, Optional, Union
+from typing import Any, AsyncIterator, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.runtime import sglang_fields
+from radixflow.runtime.async_threads import in_thread, iterate_in_thread
 from radixflow.runtime.engine_stepper import AllFinished, EngineStepper
 from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
@@ -89,6 +91,16 @@ class Engine:
         self._run(reqs)
         results = [self._result(r) for r in reqs]
         return results[0] if single else results
+
+    async def async_generate(self, prompt: Union[str, list, None] = None, sampling_params: Union[dict, list, None] = None,
+                             stream: bool = False, **kwargs: Any) -> Union[dict, list, AsyncIterator]:
+        """SGLang's: `await engine.async_generate(...)` is generate() on a worker thread, so one event loop can have
+        many in flight (their requests share the scheduler's steps); with stream=True it returns an async iterator of
+        growing results (`async for out in await engine.async_generate(..., stream=True)`). Same arguments."""
+        call = functools.partial(self.generate, prompt, sampling_params, stream=stream, **kwargs)
+        if not stream:
+            return await in_thread(call)
+        return iterate_in_thread(await in_thread(call))  # bad input raises here, before anything runs
 
     def _submit(self, reqs: list[Req]) -> None:
         self._check_open()
