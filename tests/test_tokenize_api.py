@@ -70,3 +70,21 @@ def test_bad_bodies_are_400s_that_say_what_to_change(server, route, body, needle
     with server.client() as c:
         r = c.post(route, json=body)
     assert r.status_code == 400 and needle in r.json()["error"]["message"], r.text
+
+
+def test_add_generation_prompt_false_renders_no_assistant_turn(server, engine):
+    """vLLM's add_generation_prompt on chat (and /tokenize): false renders the messages without the assistant turn
+    to answer in; with continue_final_message it is a 400 (that flag continues the last message instead)."""
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    messages = [{"role": "user", "content": "Name a colour."}]
+    want = engine.tokenizer.encode(apply_chat_template(engine.tokenizer, messages, add_generation_prompt=False),
+                                   add_special_tokens=False)
+    with server.client() as c:
+        counted = c.post("/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+        chat = c.post("/v1/chat/completions", json={"messages": messages, "add_generation_prompt": False,
+                                                    "max_tokens": 1}).json()
+        both = c.post("/v1/chat/completions", json={"messages": messages + [{"role": "assistant", "content": "Re"}],
+                                                   "add_generation_prompt": True, "continue_final_message": True})
+    assert counted["tokens"] == want and chat["usage"]["prompt_tokens"] == len(want)
+    assert both.status_code == 400 and "drop add_generation_prompt" in both.json()["error"]["message"]

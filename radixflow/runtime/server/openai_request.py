@@ -26,7 +26,8 @@ _OPENAI_NAME = re.compile(r"\b(" + "|".join(_OPENAI_NAMES) + r")\b")
 _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "response_format", "max_tokens"}
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
-                          "continue_final_message", "chat_template_kwargs", "separate_reasoning", "stream_reasoning"}  # fmt: skip
+                          "continue_final_message", "add_generation_prompt", "chat_template_kwargs", "separate_reasoning",
+                          "stream_reasoning"}  # fmt: skip
 _TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
                   "return_dict", "return_tensors"}  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -230,16 +231,20 @@ def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
     from radixflow.runtime.tokenizer import apply_chat_template
 
     kwargs = body.get("chat_template_kwargs") or {}
-    cont = body.get("continue_final_message") or False
-    if not isinstance(kwargs, dict) or not isinstance(cont, bool):
-        raise RadixflowError("chat_template_kwargs must be an object and continue_final_message true or false")
+    cont = flag(body, "continue_final_message", False)
+    turn = flag(body, "add_generation_prompt", not cont)  # vLLM's: false renders no assistant turn to answer in
+    if not isinstance(kwargs, dict):
+        raise RadixflowError("chat_template_kwargs must be an object")
+    if cont and turn:
+        raise RadixflowError("continue_final_message continues the last message: it cannot also add a new "
+                             "assistant turn; drop add_generation_prompt")
     clash = sorted(set(kwargs) & _TEMPLATE_ARGS)
     if clash:
         raise RadixflowError(f"chat_template_kwargs may not set {', '.join(clash)}")
     if cont and messages[-1]["role"] != "assistant":
         raise RadixflowError(f"continue_final_message continues the last message, which must be the assistant's; "
                              f"it is {messages[-1]['role']!r}: add the assistant's partial answer or drop the flag")
-    return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=not cont, continue_final_message=cont, **kwargs)
+    return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=turn, continue_final_message=cont, **kwargs)
 
 
 def _messages(messages: Any) -> list:

@@ -20,8 +20,9 @@ from radixflow.runtime.server.openai_request import chat_prompt_text, flag, pars
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs",
-                   "tools", "tool_choice", "parallel_tool_calls"}  # the fields that shape a chat prompt
-_CHAT_ONLY = ("continue_final_message", "chat_template_kwargs", "tools", "tool_choice", "parallel_tool_calls")
+                   "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls"}  # the fields that shape a chat prompt
+_CHAT_ONLY = ("continue_final_message", "add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice",
+              "parallel_tool_calls")
 DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 
