@@ -484,9 +484,8 @@ def test_disable_gc_freeze_leaves_the_collector_alone(monkeypatch):
 
 
 def test_async_generate_as_sglang_has_it(engine):
-    """SGLang's Engine.async_generate: awaited results equal generate()'s, concurrent calls share the scheduler's
-    steps, stream=True gives an async iterator, bad input raises at the await, and a stream dropped early is
-    aborted (nothing left running)."""
+    """SGLang's Engine.async_generate: awaited results equal generate()'s, stream=True gives an async iterator, bad
+    input raises at the await, and a stream dropped early or a call cancelled is aborted (nothing left running)."""
     import asyncio
 
     params = {"max_new_tokens": 5, "temperature": 0}
@@ -496,10 +495,19 @@ def test_async_generate_as_sglang_has_it(engine):
         chunks = [c async for c in await engine.async_generate("Hello", params, stream=True)]
         with pytest.raises(RadixflowError, match="unknown sampling param"):
             await engine.async_generate("x", {"temprature": 0})
-        dropped = await engine.async_generate("Hello", {**params, "max_new_tokens": 60, "ignore_eos": True}, stream=True)
+        long = {**params, "max_new_tokens": 60, "ignore_eos": True}
+        dropped = await engine.async_generate("Hello", long, stream=True)
         async for _ in dropped:
             break
         await dropped.aclose()
+        for stream in (True, False):  # cancelled mid-run (the review found a ValueError and requests left running)
+            async def consume(stream=stream):
+                out = await engine.async_generate("Hello", long, stream=stream)
+                return [c async for c in out] if stream else out
+
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(consume(), timeout=0.3)
+        await asyncio.sleep(0.5)  # the worker closes a dropped stream after its current step
         return many, chunks
 
     many, chunks = asyncio.run(main())

@@ -253,6 +253,46 @@ def test_python_set_variables_copy_blocks_and_the_return_value_as_a_graph(backen
 
 
 @rf.function
+def keeps_values(s, q):
+    s += q + rf.gen("a", max_tokens=3)
+    s["b"] = s["a"]
+    s.set_var("lst", [1, {"x": s["a"]}])
+    s += "\n1, 2, 3," + rf.gen("a", max_tokens=3)
+    s += " again" + s["b"] + rf.gen("c", max_tokens=3)  # the old a: in graph mode, b must not stand for the new one
+    return s["a"], 1
+
+
+@rf.function
+def returns_itself(s, q):
+    s += q + rf.gen("a", max_tokens=3)
+    return s
+
+
+@rf.function
+def returns_a_pair(s, q):
+    s += q + rf.gen("a", max_tokens=3)
+    s["first"] = [s["a"]]
+    s += "\nAgain:" + rf.gen("a", max_tokens=3)
+    return {"a": s["a"], "n": 1}
+
+
+def test_kept_values_match_eager_through_templates_aliases_and_containers(backend):
+    """Review of session 28's first fix: b = a then a regenerated put the new a where b was read (graph mode); the
+    values a template's calls shared were one object (a list appended to in one run showed in the next); `return s`
+    gave the trace's own state; a tuple of generated values now stays in graph mode, resolved."""
+    for q in ("Hi", "Yo"):
+        auto = keeps_values.run(q=q, backend=backend, **GREEDY)
+        eager = keeps_values.run(q=q, backend=backend, mode="eager", **GREEDY)
+        assert auto.text() == eager.text() and auto["b"] == eager["b"] and auto["lst"] == eager["lst"]
+        assert auto.ret_value == eager.ret_value == (eager["a"], 1)
+        auto["lst"].append(99)  # must not reach the next call's value
+    state = returns_itself.run(q="Hi", backend=backend, **GREEDY)
+    assert state.mode == "graph" and state.ret_value is state and state.ret_value["a"]
+    graph, eager = graph_and_eager(returns_a_pair, backend, q="Hi")
+    assert graph.ret_value == eager.ret_value == {"a": eager["a"], "n": 1} and graph["first"] == eager["first"]
+
+
+@rf.function
 def reprs_a_value(s):
     s += "Hi" + rf.gen("a", max_tokens=3)
     s += f" again:{s['a']!r}" + rf.gen("b", max_tokens=3)

@@ -109,6 +109,27 @@ def test_of_two_stops_one_token_completes_the_one_that_starts_first_is_cut(tok):
         assert req.finish_reason == {"type": "stop", "matched": "ope"}, stops
 
 
+@pytest.mark.parametrize("stop", [{"stop_regex": "cat$"}, {"stop_regex": "cat\\b"}, {"stop": "cat"}])
+def test_a_jumps_output_is_cut_where_sampling_would_stop(tok, stop):
+    """Outputs appended at once (a jump) and checked once end where the same tokens fed one at a time stop. A
+    stop_regex anchored at the end or at a word boundary matches at some lengths only, so the first is searched
+    for from the shortest (the review of session 28: `cat$` kept all 7 jumped tokens, sampling stopped at 1)."""
+    pieces = (" cat", "s", " and", " dogs", " and", " a", " cat")
+    ids = [t for piece in pieces for t in tok.encode(piece, add_special_tokens=False)]
+
+    def run(at_once: bool):
+        req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, **stop}))
+        for chunk in ([ids] if at_once else [[t] for t in ids]):
+            req.output_ids.extend(chunk)
+            StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+            if req.finish_reason is not None:
+                break
+        return req.output_ids, req.finish_reason
+
+    sampled, jumped = run(False), run(True)
+    assert jumped == sampled and sampled[1]["type"] == "stop" and len(sampled[0]) < len(ids)
+
+
 @pytest.mark.parametrize("field", ["stop", "stop_regex"])
 @pytest.mark.parametrize("text, stop", [("编辑，但是没有任何编辑工元", "编辑工"), ("A story: 😖😖 the end", "😖😖"),
                                         ("中文：编辑", "编辑")])

@@ -88,3 +88,18 @@ def test_add_generation_prompt_false_renders_no_assistant_turn(server, engine):
                                                    "add_generation_prompt": True, "continue_final_message": True})
     assert counted["tokens"] == want and chat["usage"]["prompt_tokens"] == len(want)
     assert both.status_code == 400 and "drop add_generation_prompt" in both.json()["error"]["message"]
+
+
+def test_template_options_apply_with_tools_too(server):
+    """With tools (or tool messages) the prompt went through the tool plan's own rendering, which ignored
+    add_generation_prompt, continue_final_message and chat_template_kwargs, unchecked (review, session 28)."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
+    user = [{"role": "user", "content": "Hi"}]
+    with server.client() as c:
+        count = lambda **extra: c.post("/tokenize", json={"messages": user, "tools": tools, **extra}).json()  # noqa: E731
+        assert count(add_generation_prompt=False)["count"] < count()["count"]
+        assert count(prompt=None, add_generation_prompt=None)["count"] == count()["count"]  # null is unset
+        for bad, needle in (({"continue_final_message": True}, "must be the assistant's"),
+                            ({"chat_template_kwargs": 5}, "must be an object")):
+            r = c.post("/v1/chat/completions", json={"messages": user, "tools": tools, "max_tokens": 1, **bad})
+            assert r.status_code == 400 and needle in r.json()["error"]["message"], bad

@@ -25,7 +25,7 @@ from radixflow.lang.choices import (
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixflow.lang.errors import NotTraceable, ProgramError
+from radixflow.lang.errors import GenerationError, NotTraceable, ProgramError
 from radixflow.lang.function import Function, function
 from radixflow.lang.ir import Graph
 from radixflow.lang.primitives import (
@@ -77,6 +77,7 @@ __all__ = [
     "unconditional_likelihood_normalized",
     "ProgramState",
     "ProgramError",
+    "GenerationError",
     "NotTraceable",
     "Graph",
     "tool_call",

@@ -12,6 +12,11 @@ class ProgramError(RadixflowError):
     """A program failed; the message names the program variable (gen/select) involved."""
 
 
+class GenerationError(ProgramError):
+    """A gen or select the backend refused or failed: the program's inputs, not its Python (run_batch keeps the
+    batch's other programs, as SGLang does)."""
+
+
 class NotTraceable(Exception):
     """The program cannot become a static request graph (it runs eagerly instead)."""
 

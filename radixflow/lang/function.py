@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError
 from radixflow.lang.backends import resolve_backend
-from radixflow.lang.errors import NotTraceable, ProgramError
+from radixflow.lang.errors import GenerationError, NotTraceable
 from radixflow.lang.graph_run import replay, signature, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
@@ -104,9 +104,10 @@ class Function:
         try:
             compiled = (p.graph, p.program, p) if p is not None else self._traced(b, arguments, defaults)
         except NotTraceable as e:
-            if mode == "graph":
-                raise NotTraceable(f"{e}; mode='graph' needs a static program: use mode='auto' (it then runs eagerly) "
-                                   "or mode='eager'") from e
+            if mode == "graph":  # the same exception (a DataDependentError stays one), saying what to change
+                e.args = (f"{e}; mode='graph' needs a static program: use mode='auto' (it then runs eagerly) or "
+                          "mode='eager'",)
+                raise
             return None
         # text only (no gen, select or fork): nothing to send, the text is the result (the runtime refuses such a
         # graph, as /program does; SGLang runs the program)
@@ -152,7 +153,7 @@ class Function:
         compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
         static = [i for i, c in compiled.items() if c is not None]
         for i, out in zip(static, self._graph_outs(b, [compiled[i] for i in static], bar)):
-            states[i] = _failed(b, calls[i][1], out) if isinstance(out, RadixflowError) else _replayed_or_failed(
+            states[i] = _failed(b, calls[i][1], out) if isinstance(out, GenerationError) else _replayed_or_failed(
                 compiled[i][0], out, b, calls[i][1])
         rest = [i for i in range(len(calls)) if states[i] is None]
         threads = _threads(num_threads, len(rest))
@@ -160,7 +161,7 @@ class Function:
         def one(i: int) -> ProgramState:
             try:
                 state = self._run_eager(b, calls[i][0], calls[i][1], False)
-            except RadixflowError as e:  # the backend's (a bad parameter, a prompt over the context): this program's
+            except GenerationError as e:  # the backend's (a refused parameter, a prompt over the context): its own
                 state = _failed(b, calls[i][1], e)
             bar.update(1)
             return state
@@ -172,13 +173,13 @@ class Function:
         return states
 
     def _graph_outs(self, b, compiled: list, bar) -> list:
-        """Each graph's results, or the RadixflowError that failed it: when the batch fails as a whole (one
+        """Each graph's results, or the GenerationError that failed it: when the batch fails as a whole (one
         program's parameters refused before running), its graphs run again one at a time to find whose it is."""
         if not compiled:
             return []
         try:
             return _run_graphs(b, compiled, self.func.__name__, lambda k, out: bar.update(1))
-        except RadixflowError as e:
+        except GenerationError as e:
             if len(compiled) == 1:
                 return [e]
         return [self._graph_outs(b, [c], bar)[0] for c in compiled]
@@ -207,7 +208,7 @@ class Function:
         """run(), or a failed state where the backend failed the program (run_batch keeps the others)."""
         try:
             return self.run(*args, backend=b, mode=mode, **kwargs)
-        except RadixflowError as e:
+        except GenerationError as e:
             return _failed(b, self._split(args, dict(kwargs))[1], e)
 
 
@@ -220,10 +221,10 @@ def _run_graphs(b, compiled: list, name: str, on_result=None) -> list:
         if all(c[2] is not None for c in compiled):
             return b.run_prepared([c[2] for c in compiled], on_result=on_result)
         return b.run_graphs([c[1] for c in compiled], on_result=on_result)
-    except ProgramError:
+    except GenerationError:
         raise
     except RadixflowError as e:  # e.g. a gen's sampling params rejected before running
-        raise ProgramError(f"program {name}: {e}") from e
+        raise GenerationError(f"program {name}: {e}") from e
 
 
 def _in_thread(state: ProgramState, body: Callable[[], None], name: str) -> None:
@@ -257,7 +258,7 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
             else:
                 log.put(event["var"], event["text"], event.get("meta_info"))
         if out is None:
-            raise ProgramError(f"program {graph.name}: the stream ended without a result")
+            raise GenerationError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)
         done.executor.log = log
         state.executor, state.program_meta, state.ret_value = done.executor, done.program_meta, done.ret_value
@@ -266,7 +267,7 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
     return state
 
 
-def _failed(b, defaults: dict, error: RadixflowError) -> ProgramState:
+def _failed(b, defaults: dict, error: GenerationError) -> ProgramState:
     """A run_batch program the backend failed: as in SGLang, the batch's others are kept; its `error()` is the
     error, and reading a variable raises it."""
     state = ProgramState(Interpreter(b, defaults, b.chat_template(), use_ids=False), "eager")
@@ -277,13 +278,13 @@ def _failed(b, defaults: dict, error: RadixflowError) -> ProgramState:
 def _replayed_or_failed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     try:
         return _replayed(graph, out, b, defaults)
-    except ProgramError as e:
+    except GenerationError as e:
         return _failed(b, defaults, e)
 
 
 def _replayed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
     if out.get("error"):
-        raise ProgramError(f"program {graph.name}: {out['error']}")
+        raise GenerationError(f"program {graph.name}: {out['error']}")
     for result in out.get("results", {}).values():
         for meta in metas(result):
             b.token_usage.add(meta)

@@ -14,7 +14,7 @@ from radixflow.lang.ir import Fork, Graph, Join, SetVar
 from radixflow.lang.placeholder import Placeholder
 from radixflow.lang.state import ProgramState
 from radixflow.lang.stream_log import QuietLog
-from radixflow.lang.tracer import Recorder, check_plain
+from radixflow.lang.tracer import Recorder, keepable, resolve
 
 
 @functools.lru_cache(maxsize=1024)
@@ -31,20 +31,19 @@ def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
         if name not in args and params[name].default is inspect.Parameter.empty:
             args[name] = Placeholder("arg", name)
     rec, ret = Recorder(), []
+    state = ProgramState(rec, "trace")
     try:
-        caught = raised_while_tracing(lambda: ret.append(func(ProgramState(rec, "trace"), **args)))
+        caught = raised_while_tracing(lambda: ret.append(func(state, **args)))
+        if ret[0] is not state:
+            keepable("the return value", ret[0])  # a value built from a generated one: only eager mode has it
     except NotTraceable:
         raise
     except Exception as e:  # e.g. a placeholder reached code that needs a real value
         raise NotTraceable(f"tracing {func.__name__} raised {type(e).__name__}: {e}") from e
     if caught:  # `try: int(s["n"]) except Exception: ...` took its fallback branch on the placeholder
         raise NotTraceable(f"{func.__name__} caught an exception raised by a value unknown while tracing")
-    value, ref = ret[0], None
-    if isinstance(value, Placeholder) and value._kind == "var":
-        value, ref = None, value._name
-    else:
-        check_plain("the return value", value)  # a value built from a generated one: only eager mode has it
-    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()}, value, ref)
+    own = ret[0] is state
+    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()}, None if own else ret[0], own)
 
 
 def _jsonable(v):
@@ -79,7 +78,7 @@ def replay(graph: Graph, out: dict, template: ChatTemplate, defaults: dict) -> P
     ex = Interpreter(ReplayBackend(out["results"]), defaults, template, use_ids=False, log=QuietLog())
     _replay(ex, graph.nodes, {})
     state = ProgramState(ex, "graph")
-    state.ret_value = ex.get(graph.ret_ref) if graph.ret_ref else graph.ret
+    state.ret_value = state if graph.ret_state else resolve(graph.ret, ex.get)
     return state
 
 
@@ -93,6 +92,6 @@ def _replay(ex: Interpreter, nodes: list, forks: dict) -> None:
         elif isinstance(n, Join):
             ex.join(forks[n.fork], n.mode)
         elif isinstance(n, SetVar):
-            ex.set(n.name, ex.get(n.ref) if n.ref else n.value)
+            ex.set(n.name, resolve(n.value, ex.get))
         else:
             ex.execute(n)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixflow.lang.chat_template import ChatTemplate
-from radixflow.lang.errors import ProgramError
+from radixflow.lang.errors import GenerationError, ProgramError
 from radixflow.lang.ir import (
     ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, SeparateReasoning, Text, VarRef,
 )
@@ -126,7 +126,7 @@ class Interpreter:
         except ProgramError:
             raise
         except Exception as e:
-            raise ProgramError(f"gen {node.name!r} failed: {e}") from e
+            raise GenerationError(f"gen {node.name!r} failed: {e}") from e
         if isinstance(res, list):  # n > 1: the variable holds all samples, the text the first
             self.set(node.name, [r.text for r in res], [r.meta for r in res])
             res = res[0]
@@ -159,7 +159,7 @@ class Interpreter:
             if safe > shown:
                 self.log.put(node.name, text[shown:safe], chunk_meta(meta))
             shown = safe
-        raise ProgramError(f"gen {node.name!r}: the stream ended without a result")
+        raise GenerationError(f"gen {node.name!r}: the stream ended without a result")
 
     def _append_generated(self, res: GenResult, var: Optional[str], shown: int, meta: Optional[dict] = None) -> None:
         assert not self.pending, "a gen's prompt is flushed before it runs"
@@ -181,7 +181,7 @@ class Interpreter:
         except ProgramError:
             raise
         except Exception as e:
-            raise ProgramError(f"select {node.name!r} failed: {e}") from e
+            raise GenerationError(f"select {node.name!r} failed: {e}") from e
         choice = node.choices[res.index]
         self.set(node.name, choice, res.meta)
         self._append_generated(GenResult(choice, res.ids), node.name, 0)

@@ -131,13 +131,12 @@ class SeparateReasoning(Node):
 
 @dataclass
 class SetVar(Node):
-    """`s[name] = value` from Python: no request, the replay of the graph's results sets it. `ref`: the variable
-    whose value it is (`s["b"] = s["a"]` with `a` generated), else `value` itself."""
+    """`s[name] = value` from Python: no request, the replay of the graph's results sets it. `value` is plain data
+    in which generated variables may stand as placeholders (tracer.keepable), resolved then (tracer.resolve)."""
 
     kind = "set_var"
     name: str = ""
     value: Any = None
-    ref: Optional[str] = None
 
 
 def reasoning_var(name: str) -> str:
@@ -171,17 +170,19 @@ class Graph:
     name: str
     nodes: list
     args: dict = field(default_factory=dict)
-    ret: Any = None  # what the function returned (SGLang's state.ret_value), if no placeholder
-    ret_ref: Optional[str] = None  # ... or the generated variable it returned
+    ret: Any = None  # what the function returned (SGLang's state.ret_value), as SetVar's value
+    ret_state: bool = False  # ... or the state itself (`return s`)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes]}
+        return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes], "ret": self.ret,
+                "ret_state": self.ret_state}
 
     @classmethod
     def from_json(cls, d: Union[dict, str]) -> "Graph":
         if isinstance(d, str):
             d = json.loads(d)
-        return cls(d["name"], [node_from_dict(n) for n in d["nodes"]], d.get("args", {}))
+        return cls(d["name"], [node_from_dict(n) for n in d["nodes"]], d.get("args", {}), d.get("ret"),
+                   d.get("ret_state", False))
 
     def walk(self):
         yield from _walk(self.nodes)
@@ -239,5 +240,5 @@ def _describe(n: Node) -> str:
     if isinstance(n, SeparateReasoning):
         return f"separate_reasoning {n.name} model_type={n.model_type}"
     if isinstance(n, SetVar):
-        return f"set_var {n.name} = " + (f"var {n.ref}" if n.ref else repr(n.value))
+        return f"set_var {n.name}"
     return n.kind

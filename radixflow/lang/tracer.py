@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from radixflow.lang.errors import DataDependentError
 from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef
@@ -48,12 +48,12 @@ class Recorder:
         return self.known[name]
 
     def set(self, name: str, value: Any) -> None:
-        """`s[name] = value`: recorded (SetVar), so the graph's replay sets it as eager mode does (it was lost)."""
-        ref = value._name if isinstance(value, Placeholder) and value._kind == "var" else None
-        if ref is None:
-            check_plain(f"variable {name!r}", value)
-        self.known[name] = value
-        self.nodes.append(SetVar(name=name, value=None if ref else value, ref=ref, nid=next(self.counter)))
+        """`s[name] = value`: recorded (SetVar), so the graph's replay sets it as eager mode does (it was lost). A
+        value holding generated ones is the variable's own placeholder from here on: read back into the text it
+        makes the program eager, where it could otherwise stand for a later value of the same name."""
+        held = keepable(f"variable {name!r}", value)
+        self.known[name] = Placeholder("var", name) if held else value
+        self.nodes.append(SetVar(name=name, value=value, nid=next(self.counter)))
         self.produced.append(name)
 
     def contains(self, name: str) -> bool:
@@ -74,12 +74,40 @@ class Recorder:
             self._produce(name)
 
 
-def check_plain(what: str, value: Any) -> None:
-    """DataDependentError for a value that holds a placeholder (an argument, text built from a generated value, a
-    container of them): only its real value can be kept (a variable the program sets, its return value)."""
-    if isinstance(value, (Placeholder, Expr)) or (isinstance(value, str) and MARK in value):  # Expr: s["a"] + "!"
-        raise DataDependentError(f"{what} is set from a value unknown while tracing")
-    repr(value)  # a container's repr reaches its items' (Placeholder.__repr__ raises)
+_CONTAINERS = (list, tuple, set, frozenset)
+
+
+def keepable(what: str, value: Any) -> bool:
+    """Whether `value` holds generated variables' placeholders, which a graph's replay resolves (`resolve`): it is
+    plain data (str, numbers, bools, None, and lists, tuples, sets, dicts of them) with such placeholders in it. Any
+    other value only eager mode has (text built from a generated value, an argument unknown while tracing, an object
+    of the program's own): DataDependentError."""
+    if isinstance(value, Placeholder):
+        if value._kind != "var":
+            raise DataDependentError(f"{what} holds argument {value._name!r}, unknown while tracing")
+        return True
+    if isinstance(value, str):
+        if MARK in value:
+            raise DataDependentError(f"{what} is text built from a generated value")
+        return False
+    if value is None or type(value) in (bool, int, float):
+        return False
+    items = value if type(value) in _CONTAINERS else [*value, *value.values()] if type(value) is dict else None
+    if items is None:
+        raise DataDependentError(f"{what} is a {type(value).__name__}; a request graph keeps plain data only")
+    return any([keepable(what, v) for v in items])
+
+
+def resolve(value: Any, get: Callable[[str], Any]) -> Any:
+    """A keepable value with each placeholder replaced by its variable's value (`get`), in new containers (a
+    graph's values are shared by the calls its template serves)."""
+    if isinstance(value, Placeholder):
+        return get(value._name)
+    if type(value) in _CONTAINERS:
+        return type(value)(resolve(v, get) for v in value)
+    if type(value) is dict:
+        return {resolve(k, get): resolve(v, get) for k, v in value.items()}
+    return value
 
 
 def _check_no_placeholders(node: Node) -> None:

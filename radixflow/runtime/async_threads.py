@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Iterator
 
 ASYNC_THREADS = 256
@@ -26,14 +27,40 @@ async def in_thread(call: Callable[[], Any]) -> Any:
     return await asyncio.get_running_loop().run_in_executor(async_threads(), call)
 
 
+@dataclass
+class _Raised:
+    error: BaseException
+
+
 async def iterate_in_thread(it: Iterator) -> AsyncIterator:
-    """A blocking iterator's items, each next() on a worker thread; closed if the consumer stops early (so a
-    stream's requests are aborted)."""
-    done = object()
+    """A blocking iterator's items, produced by one worker thread that owns it: a generator cannot be closed from
+    another thread while it runs, so when the consumer stops early (a break, a cancellation) the worker closes it
+    after its current item (a stream's requests are then aborted)."""
+    loop, items, stop, end = asyncio.get_running_loop(), asyncio.Queue(), threading.Event(), object()
+
+    def send(item: Any) -> None:
+        try:
+            loop.call_soon_threadsafe(items.put_nowait, item)
+        except RuntimeError:  # the event loop is gone: nobody reads on
+            stop.set()
+
+    def produce() -> None:
+        try:
+            for item in it:
+                send(item)
+                if stop.is_set():
+                    break
+            send(end)
+        except BaseException as e:
+            send(_Raised(e))
+        finally:
+            getattr(it, "close", lambda: None)()
+
+    async_threads().submit(produce)
     try:
-        while (item := await in_thread(lambda: next(it, done))) is not done:
+        while (item := await items.get()) is not end:
+            if isinstance(item, _Raised):
+                raise item.error
             yield item
     finally:
-        close = getattr(it, "close", None)
-        if close is not None:
-            await in_thread(close)
+        stop.set()

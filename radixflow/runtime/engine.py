@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import logging
 import time
 import weakref
@@ -72,35 +72,37 @@ class Engine:
         """A dict for one prompt, a list of dicts for a batch (prompt-major when n > 1);
         with stream=True an iterator of growing results. `sglang_extras`: SGLang's other
         generate fields, accepted at values that change nothing (runtime/sglang_fields.py)."""
-        sglang_fields.check_fields(sglang_extras, _GENERATE_ARGS, sglang_fields.GENERATE, "Engine.generate")
-        g = GenerateInput(
-            text=prompt,
-            input_ids=input_ids,
-            sampling_params=sampling_params,
-            rid=rid,
-            return_logprob=return_logprob,
-            logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num,
-            return_text_in_logprobs=return_text_in_logprobs,
-            stream=stream,
-        )
-        reqs = self.builder.build(g)  # raises before anything is queued
-        single = not g.is_batch and len(reqs) == 1
+        g = _generate_input(prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
+                            stream, rid, return_text_in_logprobs, **sglang_extras)
+        reqs, single = self._build(g)
         if stream:
             return self._stream(reqs, single)
         self._run(reqs)
+        return self._results(reqs, single)
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> Union[dict, list, AsyncIterator]:
+        """SGLang's: generate() awaited, its wait on a worker thread, so one event loop can have many in flight
+        (their requests share the scheduler's steps); with stream=True an async iterator of growing results
+        (`async for out in await engine.async_generate(..., stream=True)`). Same arguments. Cancelled, or a stream
+        dropped early, it aborts its requests."""
+        g = _generate_input(*args, **kwargs)
+        reqs, single = await in_thread(lambda: self._build(g))  # bad input raises here, before anything runs
+        if g.stream:
+            return iterate_in_thread(self._stream(reqs, single))
+        try:
+            await in_thread(lambda: self._run(reqs))
+        except asyncio.CancelledError:
+            self._abort(reqs)  # the worker's wait then ends
+            raise
+        return self._results(reqs, single)
+
+    def _build(self, g: GenerateInput) -> tuple[list[Req], bool]:
+        reqs = self.builder.build(g)  # raises before anything is queued
+        return reqs, not g.is_batch and len(reqs) == 1
+
+    def _results(self, reqs: list[Req], single: bool) -> Union[dict, list]:
         results = [self._result(r) for r in reqs]
         return results[0] if single else results
-
-    async def async_generate(self, prompt: Union[str, list, None] = None, sampling_params: Union[dict, list, None] = None,
-                             stream: bool = False, **kwargs: Any) -> Union[dict, list, AsyncIterator]:
-        """SGLang's: `await engine.async_generate(...)` is generate() on a worker thread, so one event loop can have
-        many in flight (their requests share the scheduler's steps); with stream=True it returns an async iterator of
-        growing results (`async for out in await engine.async_generate(..., stream=True)`). Same arguments."""
-        call = functools.partial(self.generate, prompt, sampling_params, stream=stream, **kwargs)
-        if not stream:
-            return await in_thread(call)
-        return iterate_in_thread(await in_thread(call))  # bad input raises here, before anything runs
 
     def _submit(self, reqs: list[Req]) -> None:
         self._check_open()
@@ -257,6 +259,19 @@ def _raise_if_rejected(out: dict) -> dict:
     """A program's output, or its 400 / 503 (found while running) raised as the HTTP API answers it."""
     _raise_if_refused({"status_code": out.pop("status_code", 200), "message": out.get("error")})
     return out
+
+
+def _generate_input(prompt: Union[str, list, None] = None, sampling_params: Union[dict, list, None] = None,
+                    input_ids: Optional[list] = None, return_logprob: Union[bool, list] = False,
+                    logprob_start_len: Union[int, list, None] = None, top_logprobs_num: Union[int, list] = 0,
+                    stream: bool = False, rid: Union[str, list, None] = None, return_text_in_logprobs: bool = True,
+                    **sglang_extras: Any) -> GenerateInput:
+    """Engine.generate's arguments (async_generate's too) as one request."""
+    sglang_fields.check_fields(sglang_extras, _GENERATE_ARGS, sglang_fields.GENERATE, "Engine.generate")
+    return GenerateInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
+                         return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+                         top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
+                         stream=stream)
 
 
 def _raise_if_refused(reason: dict) -> None:

@@ -99,9 +99,7 @@ class LogprobCollector:
         the cut tokens' ids; found by fuzzing)."""
         if not req.logprob.return_logprob:
             return
-        lists = [req.output_token_logprobs] + ([req.output_top_logprobs] if req.logprob.top_logprobs_num else [])
-        for entries in lists:
-            del entries[len(entries) - min(dropped, len(entries)):]
+        req.drop_output_logprobs(dropped)
         req.output_token_logprobs.extend((None, t) for t in tokens)
         if req.logprob.top_logprobs_num:
             req.output_top_logprobs.extend([None] * len(tokens))

@@ -118,6 +118,11 @@ class Req:
             and 0 <= self.input_logprob_next < len(self.origin_input_ids)
         )
 
+    def drop_output_logprobs(self, n: int) -> None:
+        """Drop the logprob entries of the last `n` outputs (cut back), so the lists still match output_ids."""
+        for entries in (self.output_token_logprobs, self.output_top_logprobs):
+            del entries[len(entries) - min(n, len(entries)):]
+
     def finish(self, reason: dict) -> None:
         if self.finish_reason is None:
             self.finish_reason = reason

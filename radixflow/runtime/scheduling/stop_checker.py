@@ -139,14 +139,26 @@ class StopChecker:
         that sampled them (one with logprobs: it does not jump) stops (fuzzing: 31 ids for its 13, and a sampled
         token after the stop)."""
         first = len(req.output_ids) - added
-        lo, hi = first + 1, len(req.output_ids)  # the fewest outputs that complete a stop: in [lo, hi]; hi does
+        end = self._first_end(req, first) if added > 1 else len(req.output_ids)
+        if end < len(req.output_ids):
+            matched = self._stop_match(req, end - first, end)
+            req.drop_output_logprobs(len(req.output_ids) - end)  # a budget repair's tokens may have entries
+            self._rewind(req, end)
+        req.finish({"type": "stop", "matched": matched})
+
+    def _first_end(self, req: Req, first: int) -> int:
+        """The fewest outputs (past `first`) that complete a stop: a binary search over stop strings (a match,
+        once there, stays), a scan from the shortest where a stop_regex may match at some ends only (`$`, `\\b`, a
+        lookahead: the review of session 28 found `cat$` kept 7 jumped tokens where sampling stopped after 1)."""
+        total = len(req.output_ids)
+        if req.sampling.stop_patterns is not None:
+            ends = range(first + 1, total)
+            return next((e for e in ends if self._stop_match(req, e - first, e) is not None), total)
+        lo, hi = first + 1, total  # hi completes one
         while lo < hi:
             mid = (lo + hi) // 2
             lo, hi = (lo, mid) if self._stop_match(req, mid - first, mid) is not None else (mid + 1, hi)
-        if hi < len(req.output_ids):
-            matched = self._stop_match(req, hi - first, hi)
-            self._rewind(req, hi)
-        req.finish({"type": "stop", "matched": matched})
+        return hi
 
     def _stop_match(self, req: Req, added: int, end: int | None = None):
         """The stop string or stop_regex match that the `added` tokens complete, or None; with `end`, in the outputs

@@ -220,19 +220,21 @@ def chat_prompt_text(tm: TokenizerManager, body: dict) -> str:
 def _chat_text(tm: TokenizerManager, body: dict) -> tuple[str, Optional[ToolPlan]]:
     """The prompt of a chat request's `messages` (with its tools, or in the tool format where the messages hold tool
     calls or results: /tokenize rendered those with the plain template and undercounted) and its tool plan."""
-    messages = _messages(body.get("messages"))
-    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser)
-    return (tools.prompt if tools else _chat_prompt(tm, body, messages)), tools
-
-
-def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
-    """The chat template applied to the messages; with continue_final_message a last
-    assistant message is continued rather than followed by a new turn (as in SGLang)."""
     from radixflow.runtime.tokenizer import apply_chat_template
 
+    messages = _messages(body.get("messages"))
+    options = _template_options(body, messages)
+    tools = plan_tools(body, messages, tm.tokenizer, tm.args.tool_call_parser, options)
+    return (tools.prompt if tools else apply_chat_template(tm.tokenizer, messages, **options)), tools
+
+
+def _template_options(body: dict, messages: list) -> dict:
+    """The chat template's options the request sets, checked: with continue_final_message a last assistant message
+    is continued rather than followed by a new turn (as in SGLang); add_generation_prompt (vLLM's) false opens no
+    assistant turn; chat_template_kwargs go to the template. With or without tools alike."""
     kwargs = body.get("chat_template_kwargs") or {}
     cont = flag(body, "continue_final_message", False)
-    turn = flag(body, "add_generation_prompt", not cont)  # vLLM's: false renders no assistant turn to answer in
+    turn = flag(body, "add_generation_prompt", not cont)
     if not isinstance(kwargs, dict):
         raise RadixflowError("chat_template_kwargs must be an object")
     if cont and turn:
@@ -244,7 +246,7 @@ def _chat_prompt(tm: TokenizerManager, body: dict, messages: list) -> str:
     if cont and messages[-1]["role"] != "assistant":
         raise RadixflowError(f"continue_final_message continues the last message, which must be the assistant's; "
                              f"it is {messages[-1]['role']!r}: add the assistant's partial answer or drop the flag")
-    return apply_chat_template(tm.tokenizer, messages, add_generation_prompt=turn, continue_final_message=cont, **kwargs)
+    return {"add_generation_prompt": turn, "continue_final_message": cont, **kwargs}
 
 
 def _messages(messages: Any) -> list:

@@ -49,8 +49,8 @@ def tokenize_body(tm: TokenizerManager, body: dict) -> dict:
         prompt = chat_prompt_text(tm, body)
     elif not isinstance(prompt, str) and not (isinstance(prompt, list) and all(isinstance(p, str) for p in prompt)):
         raise RadixflowError("prompt must be a string or a list of strings")
-    elif any(f in body for f in _CHAT_ONLY):
-        raise RadixflowError(f"{', '.join(f for f in _CHAT_ONLY if f in body)} apply to 'messages' only")
+    elif given := [f for f in _CHAT_ONLY if body.get(f) is not None]:
+        raise RadixflowError(f"{', '.join(given)} apply to 'messages' only")
     if isinstance(prompt, str):
         tokens = tm.tokenizer.encode(prompt, add_special_tokens=special)
         count: Any = len(tokens)

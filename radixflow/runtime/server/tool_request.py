@@ -61,8 +61,10 @@ class ToolPlan:
     regex: Optional[str]  # the grammar of the output; None when nothing is constrained
 
 
-def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> Optional[ToolPlan]:
-    """`messages`: the request's messages with their content already normalized (role, content).
+def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto",
+               template_options: Optional[dict] = None) -> Optional[ToolPlan]:
+    """`messages`: the request's messages with their content already normalized (role, content);
+    `template_options`: the chat template's other arguments (continue_final_message, ...).
     None when the request has neither tools nor tool messages."""
     parallel = body.get("parallel_tool_calls")
     if parallel is not None and not isinstance(parallel, bool):  # checked with or without tools, as OpenAI does
@@ -80,10 +82,11 @@ def plan_tools(body: dict, messages: list, tokenizer, parser: str = "auto") -> O
     template = tokenizer.chat_template
     fmt = detect_format(template) if parser == "auto" else FORMATS[parser]
     history = with_tool_fields(raw, messages)
+    options = template_options or {}
     if template_has_tools(template):
-        prompt = _render(tokenizer, history, [t.spec() for t in tools] or None)
+        prompt = _render(tokenizer, history, [t.spec() for t in tools] or None, options)
     else:
-        prompt = _render(tokenizer, generic_history(history, tools, fmt), None)
+        prompt = _render(tokenizer, generic_history(history, tools, fmt), None, options)
     return ToolPlan(tools, fmt, choice, prompt, grammar(tools, fmt, choice, named, parallel is not False))
 
 
@@ -206,11 +209,11 @@ def _history_call(c: Any, where: str) -> dict:
 
 
 # -- prompting -----------------------------------------------------------------------------------------------------
-def _render(tokenizer, messages: list, tools: Optional[list]) -> str:
+def _render(tokenizer, messages: list, tools: Optional[list], options: dict) -> str:
     from jinja2 import TemplateError
 
     try:
-        return apply_chat_template(tokenizer, messages, tools=tools)
+        return apply_chat_template(tokenizer, messages, tools=tools, **options)
     except TemplateError as e:
         raise RadixflowError(f"the model's chat template refused these messages: {e}") from None
 
