@@ -53,7 +53,7 @@ class Req:
     # sampling state
     grammar: Any = None  # constrained-decoding matcher, if any
     output_counts: Optional[torch.Tensor] = None  # [V] counts of output tokens (penalties), sampled or jumped
-    counted: int = 0  # how many of output_ids output_counts holds (fewer after a jump or a rewind: recounted)
+    counted: int = 0  # how many of output_ids output_counts holds (fewer after a jump: the rest are added)
     prompt_mask: Optional[torch.Tensor] = None  # [V] bool, tokens of the prompt (repetition penalty)
     jump_forward_tokens: int = 0
     stop_checked: int = 0  # output tokens the stop checker has seen (a grammar's first jump is appended unchecked)

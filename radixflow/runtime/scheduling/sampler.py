@@ -69,13 +69,14 @@ def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
 
 
 def _counts(r: Req, vocab: int, device) -> torch.Tensor:
-    """The request's output token counts, counted again from output_ids where they no longer match it (tokens a
-    grammar jumped over, a rewind, a retraction): the penalties count every output token, however it came."""
-    if r.output_counts is None or r.counted != len(r.output_ids):
-        r.output_counts = torch.zeros(vocab, dtype=torch.int32, device=device)
-        if r.output_ids:
-            ids = torch.tensor(r.output_ids, dtype=torch.int64, device=device)
-            r.output_counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    """The request's output token counts, brought up to output_ids: the penalties count every output token, however
+    it came. Outputs appended unsampled (a grammar's jump) are added; a cut (Scheduler.rewind) drops the counts,
+    which are then made again from all of output_ids."""
+    if r.output_counts is None or r.counted > len(r.output_ids):
+        r.output_counts, r.counted = torch.zeros(vocab, dtype=torch.int32, device=device), 0
+    if r.counted < len(r.output_ids):
+        ids = torch.tensor(r.output_ids[r.counted :], dtype=torch.int64, device=device)
+        r.output_counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         r.counted = len(r.output_ids)
     return r.output_counts
 
