@@ -149,9 +149,7 @@ def e4m3_div256_to_f16(x, PINNED: tl.constexpr):
     into the tensor-core operand's layout, as it moves a cast (K). Exact: every e4m3 value / 2^8 is a float16 one."""
     if INTERPRETED:
         return (x.to(tl.float32) * 0.00390625).to(tl.float16)
-    if PINNED:
-        return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
-    return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=True, pack=4)
+    return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=not PINNED, pack=4)
 
 
 @triton.jit
