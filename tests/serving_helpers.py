@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import subprocess
 import sys
@@ -59,6 +61,7 @@ def start_server(
 ) -> ServerProc:
     port = free_port()
     log_fd, log_path = tempfile.mkstemp(prefix="radixflow-server-", suffix=".log")
+    atexit.register(_remove, log_path)  # kept while the test process runs (a failure's message reads it): no leftovers
     cmd = [sys.executable, "-m", "radixflow", "serve", "--port", str(port), *extra]
     if api_key:
         cmd += ["--api-key", api_key]
@@ -72,6 +75,11 @@ def start_server(
             raise RuntimeError(f"server did not start (exit {proc.returncode}):\n{server.log()[-4000:]}")
         time.sleep(0.2)
     return server
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
 
 
 def _ready(log: str) -> bool:

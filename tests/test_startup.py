@@ -144,3 +144,22 @@ def test_a_context_length_over_the_models_own_is_refused():
     assert [_context_len(None, c) for c in (yarn, linear, llama3)] == [131072, 8192, 131072]
     with pytest.raises(RadixflowError, match="131072"):
         _context_len(131073, yarn)
+
+
+def test_socket_directories_of_killed_servers_are_removed_at_the_next_start(tmp_path):
+    """A server killed with SIGKILL leaves its /tmp/radixflow-<pid>-* socket directory (a soak test found hundreds):
+    the next start removes this user's whose process is gone, and only those holding nothing but the sockets."""
+    from radixflow.runtime.server.server_messages import remove_stale_ipc_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead, alive, other = (tmp_path / f"radixflow-{gone.pid}-abc", tmp_path / f"radixflow-{os.getpid()}-abc",
+                          tmp_path / f"radixflow-{gone.pid}-keep")
+    for d in (dead, alive, other):
+        d.mkdir()
+        for sock in ("sched", "detok", "tok"):
+            (d / sock).write_text("")
+    (other / "notes.txt").write_text("not ours")
+    (tmp_path / "radixflow-server-x.log").write_text("")
+    assert remove_stale_ipc_dirs(str(tmp_path)) == 1
+    assert not dead.exists() and alive.exists() and other.exists() and (tmp_path / "radixflow-server-x.log").exists()

@@ -3,7 +3,9 @@ RuntimeEndpoint (`.endpoint`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -55,6 +57,7 @@ class Runtime:
             return f.read()
 
     def shutdown(self) -> None:
+        """Stops the server; its log file (`log_path`) is removed unless the server failed."""
         if getattr(self, "endpoint", None) is not None:
             self.endpoint.close()
         if self.process.poll() is None:
@@ -64,6 +67,9 @@ class Runtime:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+        if self.process.returncode in (0, -signal.SIGTERM):
+            with contextlib.suppress(OSError):
+                os.unlink(self.log_path)
 
     @property
     def token_usage(self):

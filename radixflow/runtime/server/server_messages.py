@@ -26,13 +26,50 @@ class IpcNames:
     @classmethod
     def fresh(cls) -> "IpcNames":
         """Sockets in a new directory only this user can enter: the messages are pickles,
-        so no other local user may connect."""
+        so no other local user may connect. The directories of servers killed before they could remove theirs
+        (SIGKILL) are removed first (a soak test found hundreds left in /tmp)."""
+        remove_stale_ipc_dirs()
         base = tempfile.mkdtemp(prefix=f"radixflow-{os.getpid()}-")  # mode 0700
         return cls(f"ipc://{base}/sched", f"ipc://{base}/detok", f"ipc://{base}/tok")
 
     @property
     def directory(self) -> str:
         return os.path.dirname(self.scheduler[len("ipc://") :])
+
+
+_SOCKETS = {"sched", "detok", "tok"}
+
+
+def remove_stale_ipc_dirs(root: Optional[str] = None) -> int:
+    """Removes this user's `radixflow-<pid>-*` socket directories whose process is gone; returns how many. Only
+    directories that hold nothing but the three sockets are touched."""
+    root = root or tempfile.gettempdir()
+    removed = 0
+    for name in os.listdir(root):
+        parts = name.split("-")
+        path = os.path.join(root, name)
+        if len(parts) < 3 or parts[0] != "radixflow" or not parts[1].isdigit() or _alive(int(parts[1])):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid() or not set(os.listdir(path)) <= _SOCKETS:
+                continue
+            for sock in os.listdir(path):
+                os.unlink(os.path.join(path, sock))
+            os.rmdir(path)
+            removed += 1
+        except OSError:  # gone meanwhile, or not a directory
+            continue
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 @dataclass
