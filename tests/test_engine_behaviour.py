@@ -500,14 +500,16 @@ def test_async_generate_as_sglang_has_it(engine):
         async for _ in dropped:
             break
         await dropped.aclose()
+        endless = {**long, "max_new_tokens": 4000}  # runs for seconds even on a GPU: a missed abort is still running
         for stream in (True, False):  # cancelled mid-run (the review found a ValueError and requests left running)
             async def consume(stream=stream):
-                out = await engine.async_generate("Hello", long, stream=stream)
+                out = await engine.async_generate("Hello", endless, stream=stream)
                 return [c async for c in out] if stream else out
 
             with pytest.raises(asyncio.TimeoutError):
                 await asyncio.wait_for(consume(), timeout=0.3)
-        await asyncio.sleep(0.5)  # the worker closes a dropped stream after its current step
+            await asyncio.sleep(0.5)  # the worker closes a dropped stream after its current step
+            assert not engine.scheduler.running and not engine.scheduler.waiting, stream
         return many, chunks
 
     many, chunks = asyncio.run(main())

@@ -255,11 +255,26 @@ def test_python_set_variables_copy_blocks_and_the_return_value_as_a_graph(backen
 @rf.function
 def keeps_values(s, q):
     s += q + rf.gen("a", max_tokens=3)
-    s["b"] = s["a"]
+    s["b"] = s["a"]  # the first a: the replay sets it where it stands
     s.set_var("lst", [1, {"x": s["a"]}])
     s += "\n1, 2, 3," + rf.gen("a", max_tokens=3)
-    s += " again" + s["b"] + rf.gen("c", max_tokens=3)  # the old a: in graph mode, b must not stand for the new one
     return s["a"], 1
+
+
+@rf.function
+def reads_an_old_value(s, q):
+    s += q + rf.gen("a", max_tokens=3)
+    old = s["a"]
+    s += "\n1, 2, 3," + rf.gen("a", max_tokens=3)
+    s["k"] = old  # a placeholder names its variable: it must not stand for the new a (review)
+    return old
+
+
+@rf.function
+def changes_a_value_after_setting_it(s, q):
+    s["lst"] = []
+    s += q + rf.gen("a", max_tokens=3)
+    s["lst"].append(s["a"] + "!")
 
 
 @rf.function
@@ -281,11 +296,15 @@ def test_kept_values_match_eager_through_templates_aliases_and_containers(backen
     values a template's calls shared were one object (a list appended to in one run showed in the next); `return s`
     gave the trace's own state; a tuple of generated values now stays in graph mode, resolved."""
     for q in ("Hi", "Yo"):
-        auto = keeps_values.run(q=q, backend=backend, **GREEDY)
-        eager = keeps_values.run(q=q, backend=backend, mode="eager", **GREEDY)
-        assert auto.text() == eager.text() and auto["b"] == eager["b"] and auto["lst"] == eager["lst"]
+        auto, eager = graph_and_eager(keeps_values, backend, q=q)
+        assert auto.text() == eager.text() and auto["b"] == eager["b"] != eager["a"] and auto["lst"] == eager["lst"]
         assert auto.ret_value == eager.ret_value == (eager["a"], 1)
         auto["lst"].append(99)  # must not reach the next call's value
+    for program in (reads_an_old_value, changes_a_value_after_setting_it):  # only eager mode has these values
+        auto = program.run(q="Hi", backend=backend, **GREEDY)
+        eager = program.run(q="Hi", backend=backend, mode="eager", **GREEDY)
+        assert auto.mode == "eager" and auto.ret_value == eager.ret_value
+        assert auto.get_var("k" if "k" in eager else "lst") == eager.get_var("k" if "k" in eager else "lst")
     state = returns_itself.run(q="Hi", backend=backend, **GREEDY)
     assert state.mode == "graph" and state.ret_value is state and state.ret_value["a"]
     graph, eager = graph_and_eager(returns_a_pair, backend, q="Hi")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import re
 import subprocess
 import sys
@@ -161,5 +162,14 @@ def test_socket_directories_of_killed_servers_are_removed_at_the_next_start(tmp_
             (d / sock).write_text("")
     (other / "notes.txt").write_text("not ours")
     (tmp_path / "radixflow-server-x.log").write_text("")
-    assert remove_stale_ipc_dirs(str(tmp_path)) == 1
+    for odd in ("radixflow-99999999999999999999-x", "radixflow-\u00b2-x", "radixflow-7"):  # crashed the start (review)
+        (tmp_path / odd).write_text("")
+    (tmp_path / f"radixflow-{gone.pid}-link").symlink_to(alive)  # a link is not followed
+    listening = tmp_path / f"radixflow-{gone.pid}-listens"  # a server in another pid namespace: its socket accepts
+    listening.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(str(listening / "sched"))
+        server.listen()
+        assert remove_stale_ipc_dirs(str(tmp_path)) == 1
     assert not dead.exists() and alive.exists() and other.exists() and (tmp_path / "radixflow-server-x.log").exists()
+    assert (alive / "sched").exists() and (listening / "sched").exists()

@@ -130,6 +130,23 @@ def test_a_jumps_output_is_cut_where_sampling_would_stop(tok, stop):
     assert jumped == sampled and sampled[1]["type"] == "stop" and len(sampled[0]) < len(ids)
 
 
+def test_a_cut_at_a_stop_drops_the_cut_outputs_logprob_entries(tok):
+    """A budget repair can give a request with logprobs several unsampled tokens (entries with a null logprob); a
+    stop inside them cuts the outputs, and their entries with them, so the lists still match output_ids."""
+    from radixflow.runtime.scheduling.req import LogprobOptions
+
+    ids = tok.encode(" the cat sat on the mat", add_special_tokens=False)
+    req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": "cat"}),
+              logprob=LogprobOptions(return_logprob=True, top_logprobs_num=2))
+    req.output_ids.extend(ids)
+    req.output_token_logprobs.extend((None, t) for t in ids)
+    req.output_top_logprobs.extend([None] * len(ids))
+    StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+    assert req.finish_reason == {"type": "stop", "matched": "cat"} and len(req.output_ids) < len(ids)
+    assert [t for _, t in req.output_token_logprobs] == req.output_ids == ids[: len(req.output_ids)]
+    assert len(req.output_top_logprobs) == len(req.output_ids)
+
+
 @pytest.mark.parametrize("field", ["stop", "stop_regex"])
 @pytest.mark.parametrize("text, stop", [("编辑，但是没有任何编辑工元", "编辑工"), ("A story: 😖😖 the end", "😖😖"),
                                         ("中文：编辑", "编辑")])

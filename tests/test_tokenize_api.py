@@ -100,6 +100,8 @@ def test_template_options_apply_with_tools_too(server):
         assert count(add_generation_prompt=False)["count"] < count()["count"]
         assert count(prompt=None, add_generation_prompt=None)["count"] == count()["count"]  # null is unset
         for bad, needle in (({"continue_final_message": True}, "must be the assistant's"),
-                            ({"chat_template_kwargs": 5}, "must be an object")):
+                            ({"chat_template_kwargs": 5}, "must be an object"),
+                            ({"chat_template_kwargs": []}, "must be an object"),  # `or {}` let it through
+                            ({"chat_template_kwargs": {"tokenizer": 1}}, "may not set tokenizer")):  # was a TypeError
             r = c.post("/v1/chat/completions", json={"messages": user, "tools": tools, "max_tokens": 1, **bad})
             assert r.status_code == 400 and needle in r.json()["error"]["message"], bad

@@ -14,7 +14,7 @@ from radixflow.lang.ir import Fork, Graph, Join, SetVar
 from radixflow.lang.placeholder import Placeholder
 from radixflow.lang.state import ProgramState
 from radixflow.lang.stream_log import QuietLog
-from radixflow.lang.tracer import Recorder, keepable, resolve
+from radixflow.lang.tracer import Recorder, resolve
 
 
 @functools.lru_cache(maxsize=1024)
@@ -34,8 +34,7 @@ def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
     state = ProgramState(rec, "trace")
     try:
         caught = raised_while_tracing(lambda: ret.append(func(state, **args)))
-        if ret[0] is not state:
-            keepable("the return value", ret[0])  # a value built from a generated one: only eager mode has it
+        rec.check_kept(None if ret[0] is state else ret[0])  # values built from generated ones: eager mode's
     except NotTraceable:
         raise
     except Exception as e:  # e.g. a placeholder reached code that needs a real value

@@ -60,6 +60,7 @@ class VarRef(Node):
 
     kind = "var"
     name: str = ""
+    version: int = 0  # which value of it (tracer: Placeholder's version); the runtime reads its latest
 
 
 @dataclass
@@ -132,11 +133,12 @@ class SeparateReasoning(Node):
 @dataclass
 class SetVar(Node):
     """`s[name] = value` from Python: no request, the replay of the graph's results sets it. `value` is plain data
-    in which generated variables may stand as placeholders (tracer.keepable), resolved then (tracer.resolve)."""
+    in which generated variables may stand as placeholders (tracer.kept), resolved then (tracer.resolve)."""
 
     kind = "set_var"
     name: str = ""
-    value: Any = None
+    value: Any = field(default=None, repr=False)  # its placeholders' repr raises
+    versions: dict = field(default_factory=dict, repr=False)  # each variable's version where it was set
 
 
 def reasoning_var(name: str) -> str:
@@ -170,7 +172,7 @@ class Graph:
     name: str
     nodes: list
     args: dict = field(default_factory=dict)
-    ret: Any = None  # what the function returned (SGLang's state.ret_value), as SetVar's value
+    ret: Any = field(default=None, repr=False)  # what the function returned (SGLang's state.ret_value), as SetVar's value
     ret_state: bool = False  # ... or the state itself (`return s`)
 
     def to_json(self) -> dict:

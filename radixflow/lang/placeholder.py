@@ -20,21 +20,25 @@ from radixflow.lang.ir import ArgRef, ExprList, Text, VarRef, _items
 # changes leave alone, so a placeholder's text altered by str methods still shows one of them
 _NONCE = "".join(chr(0xE000 + secrets.randbelow(0x1900)) for _ in range(4))
 MARK = "\x1f" + _NONCE + "\x1f"
-_PATTERN = re.compile(re.escape(MARK) + r"(var|arg):(.*?)" + re.escape(MARK), re.DOTALL)
+_PATTERN = re.compile(re.escape(MARK) + r"(var|arg):(\d+):(.*?)" + re.escape(MARK), re.DOTALL)  # kind, version, name
 
 
 class Placeholder:
-    __slots__ = ("_kind", "_name")
+    """`version`: which value of a variable it stands for (the tracer counts each gen / select / set of a name), so
+    one read before the name was generated again is not taken for the new value."""
 
-    def __init__(self, kind: str, name: str):
+    __slots__ = ("_kind", "_name", "_version")
+
+    def __init__(self, kind: str, name: str, version: int = 0):
         object.__setattr__(self, "_kind", kind)
         object.__setattr__(self, "_name", name)
+        object.__setattr__(self, "_version", version)
 
     def node(self):
-        return VarRef(name=self._name) if self._kind == "var" else ArgRef(name=self._name)
+        return VarRef(name=self._name, version=self._version) if self._kind == "var" else ArgRef(name=self._name)
 
     def __str__(self) -> str:
-        return f"{MARK}{self._kind}:{self._name}{MARK}"
+        return f"{MARK}{self._kind}:{self._version}:{self._name}{MARK}"
 
     def __format__(self, spec: str) -> str:
         if spec:
@@ -83,7 +87,8 @@ def split_text(text: str) -> list:
     for m in _PATTERN.finditer(text):
         if m.start() > pos:
             nodes.append(Text(text=text[pos : m.start()]))
-        nodes.append(VarRef(name=m.group(2)) if m.group(1) == "var" else ArgRef(name=m.group(2)))
+        kind, version, name = m.groups()
+        nodes.append(VarRef(name=name, version=int(version)) if kind == "var" else ArgRef(name=name))
         pos = m.end()
     if pos < len(text):
         nodes.append(Text(text=text[pos:]))

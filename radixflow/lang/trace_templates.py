@@ -74,7 +74,7 @@ def prepared(fn, b, arguments: dict, defaults: dict) -> Optional[Prepared]:
 
 
 def _fill(t: Template, b, arguments: dict, values: dict) -> Prepared:
-    fill = lambda text: _PATTERN.sub(lambda m: values[m.group(2)], text) if MARK in text else text  # noqa: E731
+    fill = lambda text: _PATTERN.sub(lambda m: values[m.group(3)], text) if MARK in text else text  # noqa: E731
     graph = dataclasses.replace(t.graph, nodes=_fill_nodes(t.graph.nodes, fill),
                                 args={n: _jsonable(v) for n, v in arguments.items()})
     program = {"ops": _fill_wire(t.program["ops"], fill)}

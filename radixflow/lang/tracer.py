@@ -9,20 +9,24 @@ import itertools
 from typing import Any, Callable, Optional
 
 from radixflow.lang.errors import DataDependentError
-from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef
+from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef, _walk
 from radixflow.lang.placeholder import MARK, Placeholder
 
 
 class Recorder:
     """The executor behind a ProgramState while tracing."""
 
-    def __init__(self, counter: Optional[itertools.count] = None, known: Optional[dict] = None):
+    def __init__(self, counter: Optional[itertools.count] = None, known: Optional[dict] = None,
+                 versions: Optional[dict] = None):
         self.nodes: list[Node] = []
         self.counter = counter or itertools.count()
         self.known: dict = dict(known or {})  # name -> Placeholder (generated) or a value the program set
+        self.versions: dict = dict(versions or {})  # name -> how often it was generated or set
         self.produced: list = []
 
     def execute(self, node: Node) -> None:
+        if isinstance(node, VarRef) and node.version != self.versions.get(node.name, 0):
+            raise DataDependentError(f"a value of variable {node.name!r} read before it was generated or set again")
         if isinstance(node, VarRef) and not isinstance(self.known.get(node.name, Placeholder("var", "")), Placeholder):
             from radixflow.lang.placeholder import split_text
 
@@ -39,8 +43,12 @@ class Recorder:
             self._produce(node.reasoning_var)
 
     def _produce(self, name: str) -> None:
-        self.known[name] = Placeholder("var", name)
+        self.known[name] = Placeholder("var", name, self._new_version(name))
         self.produced.append(name)
+
+    def _new_version(self, name: str) -> int:
+        self.versions[name] = self.versions.get(name, 0) + 1
+        return self.versions[name]
 
     def get(self, name: str) -> Any:
         if name not in self.known:
@@ -51,10 +59,20 @@ class Recorder:
         """`s[name] = value`: recorded (SetVar), so the graph's replay sets it as eager mode does (it was lost). A
         value holding generated ones is the variable's own placeholder from here on: read back into the text it
         makes the program eager, where it could otherwise stand for a later value of the same name."""
-        held = keepable(f"variable {name!r}", value)
-        self.known[name] = Placeholder("var", name) if held else value
-        self.nodes.append(SetVar(name=name, value=value, nid=next(self.counter)))
+        held = kept(f"variable {name!r}", value, self.versions)
+        self.nodes.append(SetVar(name=name, value=value, versions=dict(self.versions), nid=next(self.counter)))
+        version = self._new_version(name)
+        self.known[name] = Placeholder("var", name, version) if held else value
         self.produced.append(name)
+
+    def check_kept(self, ret: Any) -> None:
+        """After the trace: the values it keeps are still what its replay can give. A value set and changed
+        afterwards (`s["l"] = []`, then `s["l"].append(...)`) is checked again where it was set, and the return value
+        against the variables' final values."""
+        for n in _walk(self.nodes):
+            if isinstance(n, SetVar):
+                kept(f"variable {n.name!r}", n.value, n.versions)
+        kept("the return value", ret, self.versions)
 
     def contains(self, name: str) -> bool:
         return name in self.known
@@ -63,7 +81,7 @@ class Recorder:
         raise DataDependentError(f"the program reads {what} while it is being traced")
 
     def fork(self, n: int) -> tuple[list["Recorder"], int]:
-        kids = [Recorder(self.counter, self.known) for _ in range(n)]
+        kids = [Recorder(self.counter, self.known, self.versions) for _ in range(n)]
         node = Fork(branches=[k.nodes for k in kids], nid=next(self.counter))
         self.nodes.append(node)
         return kids, node.nid
@@ -77,14 +95,17 @@ class Recorder:
 _CONTAINERS = (list, tuple, set, frozenset)
 
 
-def keepable(what: str, value: Any) -> bool:
+def kept(what: str, value: Any, versions: dict) -> bool:
     """Whether `value` holds generated variables' placeholders, which a graph's replay resolves (`resolve`): it is
-    plain data (str, numbers, bools, None, and lists, tuples, sets, dicts of them) with such placeholders in it. Any
-    other value only eager mode has (text built from a generated value, an argument unknown while tracing, an object
-    of the program's own): DataDependentError."""
+    plain data (str, numbers, bools, None, and lists, tuples, sets, dicts of them) with such placeholders in it, each
+    for its variable's value as of `versions` (where the replay resolves it). Any other value only eager mode has
+    (text built from a generated value, an argument unknown while tracing, an object of the program's own, an
+    earlier value of a variable generated again): DataDependentError."""
     if isinstance(value, Placeholder):
         if value._kind != "var":
             raise DataDependentError(f"{what} holds argument {value._name!r}, unknown while tracing")
+        if value._version != versions.get(value._name, 0):
+            raise DataDependentError(f"{what} holds a value of {value._name!r} from before it was generated again")
         return True
     if isinstance(value, str):
         if MARK in value:
@@ -95,7 +116,7 @@ def keepable(what: str, value: Any) -> bool:
     items = value if type(value) in _CONTAINERS else [*value, *value.values()] if type(value) is dict else None
     if items is None:
         raise DataDependentError(f"{what} is a {type(value).__name__}; a request graph keeps plain data only")
-    return any([keepable(what, v) for v in items])
+    return any([kept(what, v, versions) for v in items])
 
 
 def resolve(value: Any, get: Callable[[str], Any]) -> Any:

@@ -32,25 +32,33 @@ class _Raised:
     error: BaseException
 
 
+AHEAD = 4  # items the worker may produce before the consumer takes them
+
+
 async def iterate_in_thread(it: Iterator) -> AsyncIterator:
     """A blocking iterator's items, produced by one worker thread that owns it: a generator cannot be closed from
     another thread while it runs, so when the consumer stops early (a break, a cancellation) the worker closes it
-    after its current item (a stream's requests are then aborted)."""
+    after its current item (a stream's requests are then aborted). The worker runs at most AHEAD items ahead."""
     loop, items, stop, end = asyncio.get_running_loop(), asyncio.Queue(), threading.Event(), object()
+    room = threading.Semaphore(AHEAD)
 
-    def send(item: Any) -> None:
+    def send(item: Any) -> bool:
+        while not room.acquire(timeout=0.1):
+            if stop.is_set():
+                return False
         try:
             loop.call_soon_threadsafe(items.put_nowait, item)
         except RuntimeError:  # the event loop is gone: nobody reads on
-            stop.set()
+            return False
+        return not stop.is_set()
 
     def produce() -> None:
         try:
             for item in it:
-                send(item)
-                if stop.is_set():
+                if not send(item):
                     break
-            send(end)
+            else:
+                send(end)
         except BaseException as e:
             send(_Raised(e))
         finally:
@@ -59,6 +67,7 @@ async def iterate_in_thread(it: Iterator) -> AsyncIterator:
     async_threads().submit(produce)
     try:
         while (item := await items.get()) is not end:
+            room.release()
             if isinstance(item, _Raised):
                 raise item.error
             yield item

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 import weakref
 from typing import Any, AsyncIterator, Iterator, Optional, Union
@@ -89,12 +90,21 @@ class Engine:
         reqs, single = await in_thread(lambda: self._build(g))  # bad input raises here, before anything runs
         if g.stream:
             return iterate_in_thread(self._stream(reqs, single))
+        cancelled = threading.Event()
+
+        def run() -> None:
+            self._submit(reqs)
+            if cancelled.is_set():  # cancelled before they were queued: the abort below found nothing
+                self._abort(reqs)
+            self._wait(reqs)
+
         try:
-            await in_thread(lambda: self._run(reqs))
+            await in_thread(run)
         except asyncio.CancelledError:
-            self._abort(reqs)  # the worker's wait then ends
+            cancelled.set()
+            await asyncio.shield(in_thread(lambda: self._abort(reqs)))  # off the event loop; the wait then ends
             raise
-        return self._results(reqs, single)
+        return await in_thread(lambda: self._results(reqs, single))
 
     def _build(self, g: GenerateInput) -> tuple[list[Req], bool]:
         reqs = self.builder.build(g)  # raises before anything is queued
@@ -114,8 +124,11 @@ class Engine:
         self.stepper.exclusive(lambda: [abort(r.rid) for r in reqs if not r.finished])
 
     def _run(self, reqs: list[Req]) -> None:
-        """Wait for reqs; requests other threads are waiting for share the same steps."""
+        """Run reqs; requests other threads are waiting for share the same steps."""
         self._submit(reqs)
+        self._wait(reqs)
+
+    def _wait(self, reqs: list[Req]) -> None:
         try:
             self.stepper.run_until(AllFinished(reqs))
         except BaseException as e:

@@ -31,9 +31,11 @@ class Runtime:
         fd, self.log_path = tempfile.mkstemp(prefix="radixflow-runtime-", suffix=".log")
         self.process = subprocess.Popen(cmd, stdout=fd, stderr=subprocess.STDOUT)
         os.close(fd)
+        self._failed = False
         try:
             self._wait_ready(launch_timeout)
         except BaseException:
+            self._failed = True  # its log stays for the reader
             self.shutdown()
             raise
         self.endpoint = RuntimeEndpoint(self.url, self.api_key)
@@ -67,7 +69,7 @@ class Runtime:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
-        if self.process.returncode in (0, -signal.SIGTERM):
+        if self.process.returncode in (0, -signal.SIGTERM) and not self._failed:
             with contextlib.suppress(OSError):
                 os.unlink(self.log_path)
 

@@ -29,7 +29,7 @@ CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_l
                           "continue_final_message", "add_generation_prompt", "chat_template_kwargs", "separate_reasoning",
                           "stream_reasoning"}  # fmt: skip
 _TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
-                  "return_dict", "return_tensors"}  # fmt: skip
+                  "return_dict", "return_tensors", "tokenizer"}  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -232,7 +232,7 @@ def _template_options(body: dict, messages: list) -> dict:
     """The chat template's options the request sets, checked: with continue_final_message a last assistant message
     is continued rather than followed by a new turn (as in SGLang); add_generation_prompt (vLLM's) false opens no
     assistant turn; chat_template_kwargs go to the template. With or without tools alike."""
-    kwargs = body.get("chat_template_kwargs") or {}
+    kwargs = {} if body.get("chat_template_kwargs") is None else body["chat_template_kwargs"]
     cont = flag(body, "continue_final_message", False)
     turn = flag(body, "add_generation_prompt", not cont)
     if not isinstance(kwargs, dict):

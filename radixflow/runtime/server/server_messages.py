@@ -8,6 +8,8 @@ detokenizer -> tokenizer manager: DetokBatch, ControlReply, StatsSnapshot
 from __future__ import annotations
 
 import os
+import socket
+import stat
 import tempfile
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -41,25 +43,31 @@ _SOCKETS = {"sched", "detok", "tok"}
 
 
 def remove_stale_ipc_dirs(root: Optional[str] = None) -> int:
-    """Removes this user's `radixflow-<pid>-*` socket directories whose process is gone; returns how many. Only
-    directories that hold nothing but the three sockets are touched."""
+    """Removes this user's `radixflow-<pid>-*` socket directories left by servers that are gone; returns how many.
+    Only a real directory (not a link) holding nothing but the three sockets, whose pid is not running here and
+    whose scheduler socket refuses connections (a server in another pid namespace sharing /tmp still accepts)."""
     root = root or tempfile.gettempdir()
     removed = 0
     for name in os.listdir(root):
-        parts = name.split("-")
-        path = os.path.join(root, name)
-        if len(parts) < 3 or parts[0] != "radixflow" or not parts[1].isdigit() or _alive(int(parts[1])):
-            continue
         try:
-            if os.stat(path).st_uid != os.getuid() or not set(os.listdir(path)) <= _SOCKETS:
-                continue
-            for sock in os.listdir(path):
-                os.unlink(os.path.join(path, sock))
-            os.rmdir(path)
-            removed += 1
-        except OSError:  # gone meanwhile, or not a directory
+            removed += _remove_if_stale(os.path.join(root, name), name.split("-"))
+        except (OSError, ValueError, OverflowError):  # gone meanwhile, not ours, an odd name: leave it
             continue
     return removed
+
+
+def _remove_if_stale(path: str, parts: list) -> bool:
+    if len(parts) < 3 or parts[0] != "radixflow" or not (parts[1].isascii() and parts[1].isdigit()):
+        return False
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not set(os.listdir(path)) <= _SOCKETS:
+        return False
+    if _alive(int(parts[1])) or _accepts(os.path.join(path, "sched")):
+        return False
+    for sock in _SOCKETS & set(os.listdir(path)):
+        os.unlink(os.path.join(path, sock))
+    os.rmdir(path)
+    return True
 
 
 def _alive(pid: int) -> bool:
@@ -69,6 +77,16 @@ def _alive(pid: int) -> bool:
         return False
     except PermissionError:  # another user's
         return True
+    return True
+
+
+def _accepts(path: str) -> bool:
+    """Whether something listens on the unix socket at `path` (False: refused, or no socket)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(path)
+        except OSError:
+            return False
     return True
 
 
