@@ -163,7 +163,7 @@ def test_a_mark_in_any_keyed_value_refuses_the_call(engine):
     """An argument holding a placeholder's text (the mark is random per process, so only code that read it can)."""
     from radixflow.lang.placeholder import MARK
 
-    forged = f"{MARK}arg:q{MARK}"
+    forged = f"{MARK}arg:0:q{MARK}"  # a placeholder's text: kind, version, name
     a = analyse(injects.func)
     assert a.text == {"q"}
     assert key(injects.func, a, {"q": "x", "ctx": forged}) is None
@@ -207,7 +207,7 @@ def test_the_key_holds_what_else_the_trace_reads():
     assert key(ask.func, a, {"context": 1, "question": "y"}) is None  # not exactly a str
     from radixflow.lang.placeholder import MARK
 
-    assert key(ask.func, a, {"context": f"{MARK}arg:question{MARK}", "question": "y"}) is None  # the placeholder mark
+    assert key(ask.func, a, {"context": f"{MARK}arg:0:question{MARK}", "question": "y"}) is None  # the placeholder mark
     assert key(ask.func, a, {"context": "a\x1fb", "question": "y"}) == k  # a bare U+001F is text (the old mark)
     SUFFIXES[0] = "\n\n"
     try:
