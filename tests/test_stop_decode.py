@@ -84,7 +84,13 @@ def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
     """A jump appends many tokens at once, checked once: the decoded window must reach back to its first, and the
     output is cut back to the token that completes the stop, where a request that sampled them stops (session 28:
     the jump's tokens past it stayed in output_ids and in the usage count)."""
-    stops = StopChecker(tok, eos_ids=set())
+    cuts = []  # the scheduler's rewind (outputs and their KV), as the checker calls it
+
+    def rewind(req, keep):
+        cuts.append(keep)
+        del req.output_ids[keep:]
+
+    stops = StopChecker(tok, eos_ids=set(), rewind=rewind)
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": ["END"]}), output_ids=tok.encode("hello", add_special_tokens=False))
     forced = tok.encode(" END of the text that the grammar forces here and goes on", add_special_tokens=False)[:10]
     assert len(forced) == 10 and "END" in tok.decode(forced)
@@ -92,6 +98,7 @@ def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
     Scheduler._apply_jump_forward(scheduler, req)
     k = next(i for i in range(1, 11) if "END" in tok.decode(forced[:i]))
     assert k < 10 and req.output_ids == tok.encode("hello", add_special_tokens=False) + forced[:k]
+    assert cuts == [len(req.output_ids)]
     assert req.finish_reason == {"type": "stop", "matched": "END"}
 
 

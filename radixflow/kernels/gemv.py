@@ -83,14 +83,21 @@ def _fma(acc, x, w, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
-def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
-                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
-    mask_n = offs_n < N
+def summed_rows(acc, BLOCK_M: tl.constexpr):
+    """An elementwise accumulator (`_fma`'s) summed over K: [BLOCK_M, BLOCK_N]."""
     if BLOCK_M == 1:
         out = tl.sum(acc, axis=1)[None, :]
     else:
         out = tl.sum(acc, axis=2)
+    return out  # one return: Triton refuses a return inside a branch here
+
+
+@triton.jit
+def _store_rows(acc, Out, Bias, Scale, scale_factor, offs_m, offs_n, M, N, stride_om,
+                HAS_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Out[offs_m, offs_n] = acc summed over K, times the row scale (FP8: Scale[n] * scale_factor), plus bias."""
+    mask_n = offs_n < N
+    out = summed_rows(acc, BLOCK_M)
     if HAS_SCALE:  # FP8 weights: one scale per output row
         out *= (tl.load(Scale + offs_n, mask=mask_n, other=0.0) * scale_factor)[None, :]
     if HAS_BIAS:

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS_FP8, GEMV_MAX_M, _gemv_acc, gemv_block_k
+from radixflow.kernels.gemv import GEMV_CONFIG, GEMV_CONFIGS_FP8, GEMV_MAX_M, _gemv_acc, gemv_block_k, summed_rows
 from radixflow.kernels.pdl import pdl_launch
 from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS, KernelSettings
 
@@ -60,10 +60,7 @@ def _gemv_epilogue_kernel(
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.arange(0, BLOCK_M)
     acc = _gemv_acc(X, W, M, N, K, stride_xm, stride_wn, offs_m, offs_n, USE_PDL, BLOCK_M, BLOCK_N, BLOCK_K, UNROLL, STAGES)
-    if BLOCK_M == 1:
-        out = tl.sum(acc, axis=1)[None, :]
-    else:
-        out = tl.sum(acc, axis=2)
+    out = summed_rows(acc, BLOCK_M)
     mask_m, mask_n = offs_m < M, offs_n < N
     mask = mask_m[:, None] & mask_n[None, :]
     if HAS_SCALE:  # FP8 weights: one scale per output row

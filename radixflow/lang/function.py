@@ -153,8 +153,7 @@ class Function:
         compiled = {i: self._compile(b, a, d, mode) for i, (a, d) in enumerate(calls)}
         static = [i for i, c in compiled.items() if c is not None]
         for i, out in zip(static, self._graph_outs(b, [compiled[i] for i in static], bar)):
-            states[i] = _failed(b, calls[i][1], out) if isinstance(out, GenerationError) else _replayed_or_failed(
-                compiled[i][0], out, b, calls[i][1])
+            states[i] = _replayed_or_failed(compiled[i][0], out, b, calls[i][1])
         rest = [i for i in range(len(calls)) if states[i] is None]
         threads = _threads(num_threads, len(rest))
 
@@ -202,7 +201,6 @@ class Function:
                         yield f.result()
         finally:
             bar.close()
-
 
     def _run_kept(self, b, args: tuple, mode: str, kwargs: dict) -> ProgramState:
         """run(), or a failed state where the backend failed the program (run_batch keeps the others)."""
@@ -275,8 +273,11 @@ def _failed(b, defaults: dict, error: GenerationError) -> ProgramState:
     return state
 
 
-def _replayed_or_failed(graph: Graph, out: dict, b, defaults: dict) -> ProgramState:
+def _replayed_or_failed(graph: Graph, out: Union[dict, GenerationError], b, defaults: dict) -> ProgramState:
+    """A run_batch graph's state: its results replayed, or a failed state for the error that failed it."""
     try:
+        if isinstance(out, GenerationError):
+            raise out
         return _replayed(graph, out, b, defaults)
     except GenerationError as e:
         return _failed(b, defaults, e)

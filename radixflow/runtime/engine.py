@@ -92,19 +92,19 @@ class Engine:
             return iterate_in_thread(self._stream(reqs, single))
         cancelled = threading.Event()
 
-        def run() -> None:
+        def run() -> Union[dict, list]:
             self._submit(reqs)
             if cancelled.is_set():  # cancelled before they were queued: the abort below found nothing
                 self._abort(reqs)
             self._wait(reqs)
+            return self._results(reqs, single)
 
         try:
-            await in_thread(run)
+            return await in_thread(run)
         except asyncio.CancelledError:
             cancelled.set()
             await asyncio.shield(in_thread(lambda: self._abort(reqs)))  # off the event loop; the wait then ends
             raise
-        return await in_thread(lambda: self._results(reqs, single))
 
     def _build(self, g: GenerateInput) -> tuple[list[Req], bool]:
         reqs = self.builder.build(g)  # raises before anything is queued

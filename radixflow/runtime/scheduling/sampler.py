@@ -60,9 +60,9 @@ def apply_penalties(logits: torch.Tensor, reqs: list) -> None:
     part = part - freq * counts - pres * (counts > 0).float()
     rep = _row_tensor([r.sampling.repetition_penalty for r in sub], torch.float32, dev).unsqueeze(1)
     seen = counts > 0
-    if any(r.prompt_mask is not None for r in sub):  # only rows with a repetition penalty have one
-        none = torch.zeros(vocab, dtype=torch.bool, device=dev)
-        seen = seen | torch.stack([none if r.prompt_mask is None else r.prompt_mask for r in sub])
+    masked = [i for i, r in enumerate(sub) if r.prompt_mask is not None]  # rows with a repetition penalty
+    if masked:
+        seen[masked] |= torch.stack([sub[i].prompt_mask for i in masked])
     penalized = torch.where(part > 0, part / rep, part * rep)
     part = torch.where(seen, penalized, part)
     logits[idx] = part

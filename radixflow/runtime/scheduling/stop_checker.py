@@ -139,26 +139,31 @@ class StopChecker:
         that sampled them (one with logprobs: it does not jump) stops (fuzzing: 31 ids for its 13, and a sampled
         token after the stop)."""
         first = len(req.output_ids) - added
-        end = self._first_end(req, first) if added > 1 else len(req.output_ids)
+        end, matched = self._first_end(req, first, matched) if added > 1 else (len(req.output_ids), matched)
         if end < len(req.output_ids):
-            matched = self._stop_match(req, end - first, end)
             req.drop_output_logprobs(len(req.output_ids) - end)  # a budget repair's tokens may have entries
             self._rewind(req, end)
         req.finish({"type": "stop", "matched": matched})
 
-    def _first_end(self, req: Req, first: int) -> int:
-        """The fewest outputs (past `first`) that complete a stop: a binary search over stop strings (a match,
-        once there, stays), a scan from the shortest where a stop_regex may match at some ends only (`$`, `\\b`, a
-        lookahead: the review of session 28 found `cat$` kept 7 jumped tokens where sampling stopped after 1)."""
+    def _first_end(self, req: Req, first: int, matched) -> tuple:
+        """The fewest outputs (past `first`) that complete a stop, and the stop they complete (`matched`: all of
+        them): a binary search over stop strings (a match, once there, stays), a scan from the shortest where a
+        stop_regex may match at some ends only (`$`, `\\b`, a lookahead: the review of session 28 found `cat$` kept
+        7 jumped tokens where sampling stopped after 1)."""
         total = len(req.output_ids)
         if req.sampling.stop_patterns is not None:
-            ends = range(first + 1, total)
-            return next((e for e in ends if self._stop_match(req, e - first, e) is not None), total)
-        lo, hi = first + 1, total  # hi completes one
+            for end in range(first + 1, total):
+                if (found := self._stop_match(req, end - first, end)) is not None:
+                    return end, found
+            return total, matched
+        lo, hi = first + 1, total  # hi completes `matched`
         while lo < hi:
             mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if self._stop_match(req, mid - first, mid) is not None else (mid + 1, hi)
-        return hi
+            if (found := self._stop_match(req, mid - first, mid)) is not None:
+                hi, matched = mid, found
+            else:
+                lo = mid + 1
+        return hi, matched
 
     def _stop_match(self, req: Req, added: int, end: int | None = None):
         """The stop string or stop_regex match that the `added` tokens complete, or None; with `end`, in the outputs

@@ -60,23 +60,24 @@ def _remove_if_stale(path: str, parts: list) -> bool:
     if len(parts) < 3 or parts[0] != "radixflow" or not (parts[1].isascii() and parts[1].isdigit()):
         return False
     st = os.lstat(path)
-    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not set(os.listdir(path)) <= _SOCKETS:
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or not (socks := set(os.listdir(path))) <= _SOCKETS:
         return False
     if _alive(int(parts[1])) or _accepts(os.path.join(path, "sched")):
         return False
-    for sock in _SOCKETS & set(os.listdir(path)):
+    for sock in socks:
         os.unlink(os.path.join(path, sock))
     os.rmdir(path)
     return True
 
 
 def _alive(pid: int) -> bool:
+    """Whether process `pid` runs here (another user's too: signalling it is refused, not unknown)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:  # another user's
-        return True
+    except PermissionError:
+        pass
     return True
 
 

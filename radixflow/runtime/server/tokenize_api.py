@@ -19,10 +19,9 @@ from radixflow.runtime.server.http_common import json_response, read_json
 from radixflow.runtime.server.openai_request import chat_prompt_text, flag, parse_body
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
-TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", "continue_final_message", "chat_template_kwargs",
-                   "add_generation_prompt", "tools", "tool_choice", "parallel_tool_calls"}  # the fields that shape a chat prompt
 _CHAT_ONLY = ("continue_final_message", "add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice",
-              "parallel_tool_calls")
+              "parallel_tool_calls")  # the fields that shape a chat prompt
+TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", *_CHAT_ONLY}
 DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
 
