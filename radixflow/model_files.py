@@ -9,6 +9,7 @@ through it, and `constrained.Grammar` finds the default model's tokenizer throug
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import hashlib
@@ -107,12 +108,42 @@ def _gguf_cache_dir(gguf_path: str) -> str:
 
 @functools.lru_cache(maxsize=16)
 def _content_key(path: str, size: int, mtime_ns: int, inode: int) -> str:
-    """sha1 of the file, once per process for each (path, size, mtime, inode): a start asks twice."""
+    """sha1 of the file, once per process for each (path, size, mtime, inode): a start asks twice. It is also memoized
+    on disk by the same four, so a later start reads 12 bytes instead of hashing a file of many GB again."""
+    stat_key = hashlib.sha1(repr((path, size, mtime_ns, inode)).encode()).hexdigest()
+    memo = os.path.join(env.cache_dir(), "gguf-keys", stat_key)
+    try:
+        with open(memo) as f:
+            key = f.read()
+        if len(key) == 12:
+            return key
+    except OSError:
+        pass
+    key = _file_sha1(path)[:12]
+    _write_memo(memo, key)
+    return key
+
+
+def _file_sha1(path: str) -> str:
     digest = hashlib.sha1()
     with open(path, "rb") as f:
         while block := f.read(1 << 22):
             digest.update(block)
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()
+
+
+def _write_memo(memo: str, key: str) -> None:
+    """Best effort (a read-only cache only hashes every start): written under a temporary name and renamed, so a
+    reader never sees half a key."""
+    tmp = f"{memo}.tmp{os.getpid()}"
+    try:
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        with open(tmp, "w") as f:
+            f.write(key)
+        os.replace(tmp, memo)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
 
 
 def convert_gguf(gguf_path: str) -> str:

@@ -87,6 +87,25 @@ def test_dtypes_bf16_and_fp16_run(model_dir):
             assert seen and set(seen) == {(getattr(torch, dtype), torch.float32)}  # (branch output, residual)
 
 
+def test_gguf_key_memo(tmp_path, monkeypatch):
+    """The content key is memoized on disk by (path, size, mtime, inode): the next start does not hash the file again,
+    and a rewritten file is hashed anew."""
+    from radixflow import model_files
+
+    monkeypatch.setenv("RADIXFLOW_CACHE", str(tmp_path / "cache"))
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"weights v1")
+    first = model_files._gguf_cache_dir(str(gguf))
+    (memo,) = (tmp_path / "cache" / "gguf-keys").iterdir()
+    memo.write_text("feedfacecafe")  # stands for a key from an earlier process
+    model_files._content_key.cache_clear()
+    assert model_files._gguf_cache_dir(str(gguf)).endswith("gguf-feedfacecafe")  # read, not hashed
+    gguf.write_bytes(b"weights v2")
+    os.utime(gguf, ns=(1, 1))
+    model_files._content_key.cache_clear()
+    assert model_files._gguf_cache_dir(str(gguf)) not in (first, str(tmp_path / "cache" / "gguf-feedfacecafe"))
+
+
 def test_gguf_paths(tmp_path, model_dir):
     from radixflow.errors import ModelPathError
     from radixflow.model_files import _gguf_cache_dir, default_gguf_path, resolve_model
