@@ -351,12 +351,17 @@ def echo_gen(s, q, t=0.0):
 
 
 @pytest.mark.parametrize("mode", ["auto", "eager"])
-def test_run_batch_keeps_the_programs_the_backend_did_not_fail(backend, mode):
+def test_run_batch_keeps_the_programs_the_backend_did_not_fail(backend, mode, monkeypatch):
     """One program over the context or with a refused parameter failed the whole run_batch, its good programs' states
     lost (fuzzing, session 28). As in SGLang, each program keeps its own outcome: the failed one's error() says why
-    and reading its variables raises it."""
+    and reading its variables raises it. The graphs go to the Engine in one call, the refused ones apart (they were
+    all run again one at a time to find the refused one)."""
+    calls = []
+    for name in ("run_graphs", "run_prepared"):
+        monkeypatch.setattr(backend, name, _counted(getattr(backend, name), calls))
     states = echo_gen.run_batch([{"q": "Hi"}, {"q": "x " * 9000}, {"q": "Hi", "t": -1.0}, {"q": "Yo"}],
                                 backend=backend, mode=mode, progress_bar=False)
+    assert calls == ([] if mode == "eager" else [4])
     alone = echo_gen.run(q="Yo", backend=backend, mode=mode)
     assert [s.error() is None for s in states] == [True, False, False, True]
     assert states[3]["a"] == alone["a"] and "context length" in str(states[1].error())
@@ -366,3 +371,11 @@ def test_run_batch_keeps_the_programs_the_backend_did_not_fail(backend, mode):
     streamed = list(echo_gen.run_batch([{"q": "Hi"}, {"q": "x " * 9000}], backend=backend, mode=mode,
                                        progress_bar=False, generator_style=True))
     assert [s.error() is None for s in streamed] == [True, False]
+
+
+def _counted(method, calls: list):
+    def counted(programs, *args, **kwargs):
+        calls.append(len(programs))
+        return method(programs, *args, **kwargs)
+
+    return counted

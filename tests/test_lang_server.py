@@ -61,6 +61,22 @@ def test_run_batch_reuses_the_shared_prefix_kv_on_server(runtime):
     assert cached / prompt > 0.5 and info["cache_hit_rate"] > 0.5
 
 
+@rf.function
+def echo_gen(s, q, t=0.0):
+    s += q + rf.gen("a", max_tokens=3, temperature=t)
+
+
+def test_run_batch_on_server_keeps_the_programs_the_server_did_not_refuse(runtime):
+    """A /program refused (400) failed the whole run_batch, whose graphs then ran again one at a time; now the refused
+    one alone fails, and each good one runs once."""
+    before = metric(runtime, "num_requests_total")
+    states = echo_gen.run_batch([{"q": "Hi"}, {"q": "x " * 9000}, {"q": "Hi", "t": -1.0}, {"q": "Yo"}],
+                                backend=runtime, progress_bar=False)
+    assert [s.error() is None for s in states] == [True, False, False, True]
+    assert "context length" in str(states[1].error()) and "temperature must be >= 0" in str(states[2].error())
+    assert metric(runtime, "num_requests_total") - before == 3  # the two good ones and the one over the context
+
+
 def test_streaming_runs_as_one_request_graph_on_the_server(runtime):
     before = metric(runtime, "num_requests_total")
     state = one_sentence.run(topic="the sea", stream=True, backend=runtime, **GREEDY)

@@ -172,16 +172,15 @@ class Function:
         return states
 
     def _graph_outs(self, b, compiled: list, bar) -> list:
-        """Each graph's results, or the GenerationError that failed it: when the batch fails as a whole (one
-        program's parameters refused before running), its graphs run again one at a time to find whose it is."""
+        """Each graph's results ({"error"} for one the backend refused alone), or for all of them the
+        GenerationError that failed the whole call."""
         if not compiled:
             return []
         try:
             return _run_graphs(b, compiled, self.func.__name__, lambda k, out: bar.update(1))
         except GenerationError as e:
-            if len(compiled) == 1:
-                return [e]
-        return [self._graph_outs(b, [c], bar)[0] for c in compiled]
+            bar.update(len(compiled))
+            return [e] * len(compiled)
 
     def _run_batch_iter(
         self, b, items: list, threads: int, progress_bar: bool, mode: str, sampling: dict

@@ -185,14 +185,32 @@ class Engine:
         outs = [_raise_if_rejected(out) for out in run_programs(self, programs, ops)]
         return outs if isinstance(program, list) else outs[0]
 
-    def run_checked_programs(self, programs: list, ops: list, pieces: list) -> list[dict]:
-        """run_program for programs whose parsed `ops` were checked against this Engine before
-        (program_ops.check_programs with its builder: a program template's, lang/trace_templates.py),
-        with their constant text tokenized (`pieces`, text_pieces.constant_pieces)."""
+    def run_programs_apart(self, programs: list, ops: Optional[list] = None, pieces: Optional[list] = None) -> list:
+        """run_program for a batch whose programs fail apart (the DSL's run_batch): each program's output, or
+        the RadixflowError (ServerBusyError) that refused it, before running (its parameters) or while running (e.g. a prompt over
+        the context); the others run. `ops` / `pieces`: what a program template checked and tokenized before
+        (program_ops.check_programs with this Engine's builder, text_pieces.constant_pieces)."""
         from radixflow.runtime.programs.program_engine import run_programs
+        from radixflow.runtime.programs.program_ops import check_programs
 
         self._check_open()
-        return [_raise_if_rejected(out) for out in run_programs(self, programs, ops, pieces=pieces)]
+        results: list = [None] * len(programs)
+        if ops is None:
+            ops = [None] * len(programs)
+            for i, program in enumerate(programs):
+                try:
+                    ops[i] = check_programs([program], self.builder.sampling, max_requests=None)[0]
+                except RadixflowError as e:
+                    results[i] = e
+        run = [i for i, r in enumerate(results) if r is None]
+        outs = run_programs(self, [programs[i] for i in run], [ops[i] for i in run],
+                            pieces=None if pieces is None else [pieces[i] for i in run])  # fmt: skip
+        for i, out in zip(run, outs):
+            try:
+                results[i] = _raise_if_rejected(out)
+            except (RadixflowError, ServerBusyError) as e:
+                results[i] = e
+        return results
 
     @staticmethod
     def _program_stream(events: Iterator[dict]) -> Iterator[dict]:

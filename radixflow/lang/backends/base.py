@@ -79,6 +79,8 @@ class Backend:
         raise NotImplementedError
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
+        """Each program's output; one refused alone (its parameters, a prompt over the context) gives
+        {"error": message} and the others run. Raises only where the whole call fails."""
         raise RadixflowError(f"{type(self).__name__} cannot run request graphs")
 
     def run_graph_stream(self, program: dict) -> Iterator[dict]:

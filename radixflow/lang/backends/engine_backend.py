@@ -37,7 +37,7 @@ class EngineBackend(NativeBackend):
         yield from self.engine.generate(stream=True, **self._args(payload))
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
-        return _reported(self.engine.run_program(list(programs)), on_result)
+        return _reported(self.engine.run_programs_apart(list(programs)), on_result)
 
     # -- request graphs checked ahead (a program template's: lang/trace_templates.py) ------------------
     def prepare_graphs(self, programs: list) -> list:
@@ -53,8 +53,8 @@ class EngineBackend(NativeBackend):
 
     def run_prepared(self, prepared: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
         """run_graphs for trace_templates.Prepared programs: not parsed or checked again."""
-        outs = self.engine.run_checked_programs([p.program for p in prepared], [p.ops for p in prepared],
-                                                [p.pieces for p in prepared])  # fmt: skip
+        outs = self.engine.run_programs_apart([p.program for p in prepared], [p.ops for p in prepared],
+                                              [p.pieces for p in prepared])  # fmt: skip
         return _reported(outs, on_result)
 
     def run_graph_stream(self, program: dict) -> Iterator[dict]:
@@ -68,6 +68,8 @@ class EngineBackend(NativeBackend):
 
 
 def _reported(outs: list, on_result: Optional[Callable[[int, dict], None]]) -> list:
+    """Each output, as a backend's run_graphs gives it: a program the Engine refused as {"error": message}."""
+    outs = [{"error": str(out)} if isinstance(out, Exception) else out for out in outs]
     if on_result is not None:
         for i, out in enumerate(outs):
             on_result(i, out)

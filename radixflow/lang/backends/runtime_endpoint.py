@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional
 
 from radixflow.lang.backends.base import NativeBackend
-from radixflow.lang.backends.http_util import check, client, sse_events
+from radixflow.lang.backends.http_util import check, client, error_message, sse_events
 
 MAX_PARALLEL_PROGRAMS = 128
 
@@ -40,7 +40,9 @@ class RuntimeEndpoint(NativeBackend):
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
         def one(i: int) -> dict:
-            out = check(self.client.post("/program", json={"program": programs[i]}), "POST /program").json()
+            r = self.client.post("/program", json={"program": programs[i]})
+            failed = r.status_code >= 400  # this program's alone: the others run on
+            out = {"error": f"POST /program failed ({r.status_code}): {error_message(r)}"} if failed else r.json()
             if on_result is not None:
                 on_result(i, out)
             return out
