@@ -3,6 +3,7 @@ run inside the scheduler and give the same greedy tokens as eager execution."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import sys
 
@@ -90,6 +91,30 @@ def test_streaming_text_iter_yields_the_generated_text(backend):
     assert "".join(pieces) == state["answer"] == " Rome"
     whole = "".join(few_shot_qa.run(question="What is the capital of Italy?", stream=True, **GREEDY).text_iter())
     assert whole == state.text()
+
+
+def test_text_async_iter_streams_many_programs_on_one_event_loop(backend):
+    """Each stream's deltas add up to its variable, several at once on one loop; a consumer that stops early leaves
+    its program to finish."""
+    questions = [f"What is the capital of {c}?" for c in ("Italy", "France", "Spain")]
+
+    async def joined(q: str, stop_early: bool) -> tuple:
+        state = few_shot_qa.run(question=q, stream=True, max_new_tokens=8, **GREEDY)
+        pieces = []
+        async for delta in state.text_async_iter("answer"):
+            pieces.append(delta)
+            if stop_early:
+                break
+        return state, "".join(pieces)
+
+    async def main() -> list:
+        return await asyncio.gather(*(joined(q, i == 0) for i, q in enumerate(questions)))
+
+    results = asyncio.run(main())
+    for (state, text), q in zip(results[1:], questions[1:]):
+        assert text == state["answer"] == few_shot_qa.run(question=q, max_new_tokens=8, **GREEDY)["answer"]
+    first, text = results[0]
+    assert first["answer"].startswith(text) and text
 
 
 def test_run_batch_of_16_in_order_sharing_the_prefix_kv(backend, engine):

@@ -3,7 +3,6 @@ behind it), while tracing (a Recorder) and when holding a request graph's result
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import functools
 import threading
@@ -13,6 +12,7 @@ from radixflow.lang.errors import ProgramError
 from radixflow.lang.ir import ExprList, Node, ScopeBegin, ScopeEnd
 from radixflow.lang.placeholder import Placeholder, split_text
 from radixflow.lang.primitives import assistant, system, user
+from radixflow.runtime.async_threads import iterate_in_thread
 
 JOIN_MODES = {"gather_variable": "gather", "gather": "gather", "concate_and_append": "concat", "concat": "concat"}
 
@@ -144,11 +144,8 @@ class ProgramState:
             text = self.executor.vars.get(var, "") if var is not None else self.executor.text
             yield (text, self.executor.metas.get(var)) if return_meta_data else text
             return
-        loop = asyncio.get_running_loop()
-        chunks = self.executor.log.iter(var, with_meta=return_meta_data)
-        end = object()
-        while (item := await loop.run_in_executor(None, next, chunks, end)) is not end:
-            yield item
+        async for item in iterate_in_thread(self.executor.log.iter(var, with_meta=return_meta_data)):
+            yield item  # from the shared pool of async_threads: the loop's default executor has few threads
 
     # -- fork ------------------------------------------------------------------------------------
     def fork(self, size: int = 1, position_ids_offset: Optional[list] = None) -> "ForkGroup":
