@@ -15,6 +15,7 @@ from radixflow.lang.errors import DataDependentError, NotTraceable
 from radixflow.lang.interpreter import GenResult, SelectResult
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
+from radixflow.lang.tracer import resolve
 from radixflow.runtime.programs import choice_scoring as cs
 from radixflow.runtime.programs.program_ops import parse_program
 
@@ -53,6 +54,28 @@ def test_trace_static_program_gives_printable_json_graph():
     assert again.to_json() == g.to_json()
     text = str(g)
     assert "gen answer max_new_tokens=8 stop='\\n'" in text and text.startswith("program few_shot_qa(question)")
+
+
+def test_graph_json_round_trips_kept_values_holding_generated_variables():
+    """A set variable or return value holding a generated variable made to_json() output that json.dumps refused
+    (review, session 28): a placeholder is {"$var": name, "version": n}, tuples, sets and other keys are tagged."""
+
+    @rf.function
+    def keeps(s):
+        s += "Hi" + rf.gen("a", max_tokens=2)
+        s["pair"] = (s["a"], {1: [s["a"]], "$k": {2, 3}, "x": frozenset({"y"})})
+        s += "Again" + rf.gen("a", max_tokens=2)
+        return [s["a"], {"n": None}]
+
+    g = keeps.trace()
+    text = json.dumps(g.to_json())
+    again = Graph.from_json(text)
+    assert json.dumps(again.to_json()) == text
+    ref = {"a": "first"}
+    value = [n for n in again.nodes if n.kind == "set_var"][0].value
+    assert resolve(value, ref.get) == ("first", {1: ["first"], "$k": {2, 3}, "x": frozenset({"y"})})
+    assert resolve(again.ret, {"a": "second"}.get) == ["second", {"n": None}]
+    assert [str(v) for v in (value[0], again.ret[0])] == [str(v) for v in ([n for n in g.nodes if n.kind == "set_var"][0].value[0], g.ret[0])]
 
 
 def test_trace_without_arguments_uses_placeholders_and_var_refs():

@@ -150,18 +150,26 @@ NODE_TYPES = {c.kind: c for c in (Text, ArgRef, VarRef, Gen, Select, RoleBegin, 
 
 
 def node_to_dict(node: Node) -> dict:
+    from radixflow.lang.placeholder import value_to_json  # it builds on this module's nodes
+
     d = {"kind": node.kind}
     for f in dataclasses.fields(node):
         v = getattr(node, f.name)
         d[f.name] = [[node_to_dict(n) for n in b] for b in v] if f.name == "branches" else v
+    if isinstance(node, SetVar):
+        d["value"] = value_to_json(node.value)
     return d
 
 
 def node_from_dict(d: dict) -> Node:
+    from radixflow.lang.placeholder import value_from_json
+
     d = dict(d)
     cls = NODE_TYPES[d.pop("kind")]
     if "branches" in d:
         d["branches"] = [[node_from_dict(n) for n in b] for b in d["branches"]]
+    if cls is SetVar:
+        d["value"] = value_from_json(d.get("value"))
     return cls(**d)
 
 
@@ -176,14 +184,19 @@ class Graph:
     ret_state: bool = False  # ... or the state itself (`return s`)
 
     def to_json(self) -> dict:
-        return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes], "ret": self.ret,
-                "ret_state": self.ret_state}
+        """Plain JSON (json.dumps takes it), also where a set or returned value holds generated variables."""
+        from radixflow.lang.placeholder import value_to_json
+
+        return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes],
+                "ret": value_to_json(self.ret), "ret_state": self.ret_state}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Union[dict, str]) -> "Graph":
+        from radixflow.lang.placeholder import value_from_json
+
         if isinstance(d, str):
             d = json.loads(d)
-        return cls(d["name"], [node_from_dict(n) for n in d["nodes"]], d.get("args", {}), d.get("ret"),
+        return cls(d["name"], [node_from_dict(n) for n in d["nodes"]], d.get("args", {}), value_from_json(d.get("ret")),
                    d.get("ret_state", False))
 
     def walk(self):
