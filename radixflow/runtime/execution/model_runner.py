@@ -16,6 +16,7 @@ from radixflow.runtime.distributed.tp_group import TPContext, building_with, get
 from radixflow.runtime.execution.forward_batch import ForwardBatch
 from radixflow.runtime.execution.layers.fp8_linear import read_checkpoint_quantization
 from radixflow.runtime.execution.layers.norm_fold import fold_off_reason
+from radixflow.runtime.execution.layers.rotary import rope_params
 from radixflow.model_files import load_config, resolve_model
 from radixflow.runtime.execution.model_loader import init_dummy_weights, iter_safetensors
 from radixflow.runtime.execution.models.llama import SUPPORTED_ARCHITECTURES, LlamaForCausalLM
@@ -349,9 +350,8 @@ def _model_context_len(config) -> Optional[int]:
     reads it): YaRN over original_max_position_embeddings (Qwen2.5 32,768 x 4), linear and dynamic over
     max_position_embeddings; llama3 and longrope configs give the extended length itself."""
     own = getattr(config, "max_position_embeddings", None)
-    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
-    kind = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else None
-    factor = rope.get("factor") if isinstance(rope, dict) else None
+    rope = rope_params(config)
+    kind, factor = rope.get("rope_type", rope.get("type")), rope.get("factor")
     if own is None or kind in (None, "default", "llama3", "longrope", "su") or not isinstance(factor, (int, float)):
         return own
     base = rope.get("original_max_position_embeddings", own) if kind == "yarn" else own

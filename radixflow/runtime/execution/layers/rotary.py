@@ -8,7 +8,8 @@ from torch import nn
 from radixflow.kernels.settings import KernelSettings
 
 
-def _rope_params(config) -> dict:
+def rope_params(config) -> dict:
+    """The config's rope scaling (transformers 5's rope_parameters, or rope_scaling), with its rope_theta."""
     params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
     params = dict(params)
     params.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
@@ -16,7 +17,7 @@ def _rope_params(config) -> dict:
 
 
 def compute_inv_freq(config, head_dim: int) -> tuple[torch.Tensor, float]:
-    params = _rope_params(config)
+    params = rope_params(config)
     rope_type = params.get("rope_type", params.get("type", "default")) or "default"
     if rope_type == "default":
         base = float(params["rope_theta"])
