@@ -38,7 +38,7 @@ class Placeholder:
         return VarRef(name=self._name, version=self._version) if self._kind == "var" else ArgRef(name=self._name)
 
     def __str__(self) -> str:
-        return f"{MARK}{self._kind}:{self._version}:{self._name}{MARK}"
+        return MarkedText(f"{MARK}{self._kind}:{self._version}:{self._name}{MARK}")
 
     def __format__(self, spec: str) -> str:
         if spec:
@@ -79,8 +79,41 @@ for _op in (
     setattr(Placeholder, _op, _make_op(_op))
 
 
+class MarkedText(str):
+    """str(placeholder): text that builds prompt text (`+`, f-strings, `"".join`, `%s`) but fails, as the placeholder
+    does, where the program would use the value itself (`.strip()`, `len`, `==`, `int`, `in`): a plain str there
+    made graph mode take a branch that eager mode does not (`if str(s["v"]).strip():`, fuzzing, session 29)."""
+
+    __slots__ = ()
+
+    def _fail(self, what: str):
+        kind, _, name = _PATTERN.search(str.__str__(self)).groups()
+        raise DataDependentError(f"the program uses the value of {kind} {name!r} in Python (str(...){what})")
+
+
+def _make_text_op(op: str):
+    def method(self, *args, **kwargs):
+        self._fail(f".{op}()" if not op.startswith("__") else f" {op}")
+
+    method.__name__ = op
+    return method
+
+
+for _op in [name for name in dir(str) if not name.startswith("_")] + (
+    "__len__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__ __hash__ __getitem__ __iter__ __contains__ __mul__ "
+    "__rmul__ __mod__ __rmod__ __int__ __float__ __complex__ __index__ __repr__ __bool__"
+).split():
+    setattr(MarkedText, _op, _make_text_op(_op))
+
+
+def plain_str(text: str) -> str:
+    """`text` as a plain str (a MarkedText's own characters)."""
+    return str.__str__(text)
+
+
 def split_text(text: str) -> list:
     """A string that may hold placeholders (from f-strings) -> Text / VarRef / ArgRef nodes."""
+    text = plain_str(text)
     if MARK not in text:
         return [Text(text=text)] if text else []
     nodes, pos = [], 0

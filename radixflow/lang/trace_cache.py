@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
 from radixflow.lang import primitives
-from radixflow.lang.placeholder import MARK
+from radixflow.lang.placeholder import MARK, plain_str
 from radixflow.runtime.sampling_params import plain
 
 PRIMITIVES = frozenset(getattr(primitives, n) for n in (
@@ -92,7 +92,7 @@ _MISSING = object()
 def _has_mark(obj: Any) -> bool:
     """Whether any str in plain data holds the placeholder mark (its repr escapes the mark)."""
     if isinstance(obj, str):
-        return MARK in obj
+        return MARK in plain_str(obj)
     if isinstance(obj, dict):
         return any(_has_mark(k) or _has_mark(v) for k, v in obj.items())
     return isinstance(obj, (list, tuple)) and any(_has_mark(x) for x in obj)

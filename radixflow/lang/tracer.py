@@ -10,7 +10,7 @@ from typing import Any, Callable, Optional
 
 from radixflow.lang.errors import DataDependentError
 from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef, _walk
-from radixflow.lang.placeholder import MARK, Placeholder
+from radixflow.lang.placeholder import MARK, Placeholder, plain_str
 
 
 class Recorder:
@@ -108,7 +108,7 @@ def kept(what: str, value: Any, versions: dict) -> bool:
             raise DataDependentError(f"{what} holds a value of {value._name!r} from before it was generated again")
         return True
     if isinstance(value, str):
-        if MARK in value:
+        if MARK in plain_str(value):
             raise DataDependentError(f"{what} is text built from a generated value")
         return False
     if value is None or type(value) in (bool, int, float):
@@ -136,7 +136,7 @@ def _check_no_placeholders(node: Node) -> None:
         value = getattr(node, name)
         items = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
         for v in items:
-            if isinstance(v, Placeholder) or (isinstance(v, str) and MARK in v):
+            if isinstance(v, Placeholder) or (isinstance(v, str) and MARK in plain_str(v)):
                 raise DataDependentError(f"{node.kind} {getattr(node, 'name', '')!r} has a generated value in {name}")
 
 
