@@ -50,6 +50,22 @@ def choose(method: str, cond: list[list[float]], uncond: Optional[list[list[floa
     raise ValueError(f"unknown choices method {method!r}; use one of {', '.join(METHODS)}")
 
 
+def shared_prefix_scores(scores: list[list[float]], ids: list[list[int]]) -> list[list[float]]:
+    """Each choice's scores, where its tokens from the start are an earlier choice's, taken from that choice: the same
+    context gives the same logprob, but computed in other rows of other passes it differs in the last digits, which
+    flipped greedy_token_selection between a cold and a warm cache (fuzzing, session 29)."""
+    trie: dict = {}  # (node, token) -> node; a node is one token-id prefix
+    value: dict = {}  # node -> the first score seen for it
+    out = []
+    for row, toks in zip(scores, ids):
+        node, new = 0, list(row)
+        for k, tok in enumerate(toks[: len(row)]):
+            node = trie.setdefault((node, tok), len(trie) + 1)
+            new[k] = value.setdefault(node, row[k])
+        out.append(new)
+    return out
+
+
 def select_meta(cond: list[list[float]], uncond: Optional[list[list[float]]]) -> dict:
     meta = {"normalized_prompt_logprobs": [_mean(c) for c in cond], "input_token_logprobs": cond}
     if uncond is not None:
