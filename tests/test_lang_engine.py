@@ -87,7 +87,7 @@ def test_concatenate_and_append_reuses_the_first_branch_kv(backend):
 
 def test_streaming_text_iter_yields_the_generated_text(backend):
     state = few_shot_qa.run(question="What is the capital of Italy?", stream=True, max_new_tokens=8, **GREEDY)
-    pieces = list(state.text_iter("answer"))
+    pieces = list(state.text_iter(var_name="answer"))  # SGLang's keyword
     assert "".join(pieces) == state["answer"] == " Rome"
     whole = "".join(few_shot_qa.run(question="What is the capital of Italy?", stream=True, **GREEDY).text_iter())
     assert whole == state.text()
@@ -101,7 +101,7 @@ def test_text_async_iter_streams_many_programs_on_one_event_loop(backend):
     async def joined(q: str, stop_early: bool) -> tuple:
         state = few_shot_qa.run(question=q, stream=True, max_new_tokens=8, **GREEDY)
         pieces = []
-        async for delta in state.text_async_iter("answer"):
+        async for delta in state.text_async_iter(var_name="answer"):
             pieces.append(delta)
             if stop_early:
                 break

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import radixflow as rf
-from radixflow.lang import NotTraceable
+from radixflow.lang import GenerationError, NotTraceable
 from radixflow.lang.backends.engine_backend import EngineBackend
 
 from lang_programs import concat_story, few_shot_qa, one_sentence, tips
@@ -88,9 +88,16 @@ def test_streamed_graph_error_surfaces_from_text_iter(backend):
     def too_long(s):
         s += "x " * 10000 + rf.gen("y", max_tokens=2)
 
+    @rf.function
+    def refused(s):
+        s += "Q: hi\nA:" + rf.gen("y", max_tokens=2, top_p=5.0)
+
     state = too_long.run(stream=True, backend=backend)
-    with pytest.raises(rf.RadixflowError):
-        list(state.text_iter())
+    with pytest.raises(GenerationError, match="program too_long: .*context"):  # as run() raises it (was a bare
+        list(state.text_iter())  # RadixflowError, which `except rf.ProgramError` missed: fuzzing, session 29)
+    state = refused.run(stream=True, backend=backend)
+    with pytest.raises(GenerationError, match="program refused: .*top_p"):
+        state.sync()
 
 
 def test_concatenate_and_append_reuses_only_the_first_branch(engine, backend, tokenizer):
@@ -328,16 +335,29 @@ def parses_with_a_fallback(s):
 
 
 @rf.function
+def branches_on_str_of_a_value(s):
+    s += "Say nothing." + rf.gen("v", max_tokens=4, stop=["\n", " ", "."])  # "" where the first token stops it
+    s += " NONEMPTY" if str(s["v"]).strip() else " EMPTY"
+    s += " len=" + str(len(str(s["v"])))
+    try:
+        s += f" n={int(str(s['v']))}"
+    except ValueError:
+        s += " n=?"
+
+
+@rf.function
 def returns_built_text(s):
     s += "Hi" + rf.gen("a", max_tokens=3)
     return s["a"] + "!"
 
 
-@pytest.mark.parametrize("program", [reprs_a_value, parses_with_a_fallback, returns_built_text])
+@pytest.mark.parametrize("program", [reprs_a_value, parses_with_a_fallback, branches_on_str_of_a_value, returns_built_text])
 def test_values_only_eager_mode_has_make_the_program_eager(backend, program):
     """repr() of a generated value put the placeholder's own repr into the prompt, and a broad `except` around
-    int(s["n"]) took its fallback branch while tracing, so graph mode ran another program (fuzzing, session 28); a
-    return value built from a generated one exists only in eager mode. Each now runs eagerly, as eager mode would."""
+    int(s["n"]) took its fallback branch while tracing, so graph mode ran another program (fuzzing, session 28); so
+    did str(value).strip(), len(str(value)) and int(str(value)), str() being the placeholder's marked text (fuzzing,
+    session 29); a return value built from a generated one exists only in eager mode. Each now runs eagerly, as eager
+    mode would."""
     auto = program.run(backend=backend, **GREEDY)
     eager = program.run(backend=backend, mode="eager", **GREEDY)
     assert auto.mode == "eager" and auto.text() == eager.text() and auto.ret_value == eager.ret_value
@@ -379,3 +399,19 @@ def _counted(method, calls: list):
         return method(programs, *args, **kwargs)
 
     return counted
+
+
+@rf.function
+def sky_logprobs(s):
+    s += "The sky is" + rf.gen("v", max_tokens=3, return_logprob=True, top_logprobs_num=2)
+
+
+def test_gen_logprobs_have_one_shape_in_graph_and_eager_mode(backend):
+    """Eager mode on an Engine put token text in the logprob entries (Engine.generate's default) and input logprob
+    lists the graph's meta lacked (fuzzing, session 29): each path now gives /generate's shape."""
+    graph, eager = graph_and_eager(sky_logprobs, backend)
+    g, e = graph.get_meta_info("v"), eager.get_meta_info("v")
+    keys = ["input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"]
+    assert [g[k] == [] for k in keys[:2]] == [e[k] == [] for k in keys[:2]] == [True, True]
+    assert [t[1:] for t in g["output_token_logprobs"]] == [t[1:] for t in e["output_token_logprobs"]]
+    assert all(t[2] is None for t in e["output_token_logprobs"]) and len(g["output_top_logprobs"][0]) == 2

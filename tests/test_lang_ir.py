@@ -15,6 +15,7 @@ from radixflow.lang.errors import DataDependentError, NotTraceable
 from radixflow.lang.interpreter import GenResult, SelectResult
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
+from radixflow.lang.placeholder import Placeholder, plain_str
 from radixflow.lang.tracer import resolve
 from radixflow.runtime.programs import choice_scoring as cs
 from radixflow.runtime.programs.program_ops import parse_program
@@ -75,7 +76,22 @@ def test_graph_json_round_trips_kept_values_holding_generated_variables():
     value = [n for n in again.nodes if n.kind == "set_var"][0].value
     assert resolve(value, ref.get) == ("first", {1: ["first"], "$k": {2, 3}, "x": frozenset({"y"})})
     assert resolve(again.ret, {"a": "second"}.get) == ["second", {"n": None}]
-    assert [str(v) for v in (value[0], again.ret[0])] == [str(v) for v in ([n for n in g.nodes if n.kind == "set_var"][0].value[0], g.ret[0])]
+    before = [n for n in g.nodes if n.kind == "set_var"][0].value[0], g.ret[0]
+    assert [plain_str(str(v)) for v in (value[0], again.ret[0])] == [plain_str(str(v)) for v in before]  # names and versions
+
+
+def test_str_of_a_placeholder_builds_text_and_fails_where_its_value_is_used():
+    @rf.function
+    def builds(s):
+        s += "Hi" + rf.gen("a", max_tokens=2)
+        s += "\nA: " + str(s["a"]) + ", ".join([str(s["a"]), "x"]) + "%s!" % s["a"]
+
+    assert [n.kind for n in builds.trace().nodes] == ["text", "gen", "text", "var", "var", "text", "var", "text"]
+    text = str(Placeholder("var", "a", 1))
+    for use in (text.strip, text.isdigit, lambda: len(text), lambda: text == "", lambda: int(text), lambda: "x" in text,
+                lambda: {text: 1}, lambda: text[0], lambda: f"{text!r}"):  # fmt: skip
+        with pytest.raises(DataDependentError, match="var 'a'"):
+            use()
 
 
 def test_trace_without_arguments_uses_placeholders_and_var_refs():
@@ -200,6 +216,16 @@ def test_choice_scoring_methods():
     assert cs.greedy_token_selection(cond) == 1  # -0.5 wins the first position
     uncond = [[0.0, -0.5], [0.0, -4.0], [0.0]]
     assert cs.unconditional_likelihood_normalized(cond, uncond) == 1  # mean(-0.5, 1.0) = 0.25
+
+
+def test_choices_sharing_leading_tokens_share_their_scores():
+    """The choices " Paris", " Par", " Paris, France" share a first token, scored in other rows: its logprob differed in the last
+    digits with a warm cache, and greedy_token_selection picked another choice than with a cold one (fuzzing)."""
+    ids = [[7, 8], [7, 9], [7, 8, 5, 6], [4]]
+    noisy = [[-10.10422993, -0.5], [-10.10422802, -3.0], [-10.10422995, -0.5, -1.0, -9.0], [-11.0]]
+    shared = cs.shared_prefix_scores(noisy, ids)
+    assert shared == [[-10.10422993, -0.5], [-10.10422993, -3.0], [-10.10422993, -0.5, -1.0, -9.0], [-11.0]]
+    assert cs.greedy_token_selection(noisy) == 1 and cs.greedy_token_selection(shared) == 2  # a tie, then -1 beats the mean
 
 
 def test_eager_interpreter_state_api_with_fake_backend():

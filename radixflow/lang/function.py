@@ -14,7 +14,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Iterator, Optional, Union
 
-from radixflow.errors import RadixflowError
+from radixflow.errors import RadixflowError, ServerBusyError
 from radixflow.lang.backends import resolve_backend
 from radixflow.lang.errors import GenerationError, NotTraceable
 from radixflow.lang.graph_run import replay, signature, trace_graph
@@ -249,11 +249,16 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
 
     def body() -> None:
         out = None
-        for event in b.run_graph_stream(program):
-            if "results" in event:
-                out = event
-            else:
-                log.put(event["var"], event["text"], event.get("meta_info"))
+        try:
+            for event in b.run_graph_stream(program):
+                if "results" in event:
+                    out = event
+                else:
+                    log.put(event["var"], event["text"], event.get("meta_info"))
+        except GenerationError:
+            raise
+        except (RadixflowError, ServerBusyError) as e:  # the backend's, as run() raises it (fuzzing: a bare one escaped
+            raise GenerationError(f"program {graph.name}: {e}") from e  # `except rf.ProgramError`)
         if out is None:
             raise GenerationError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)

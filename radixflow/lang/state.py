@@ -128,23 +128,23 @@ class ProgramState:
         log = getattr(self.executor, "log", None)
         return None if log is None else log.error
 
-    def text_iter(self, var: Optional[str] = None) -> Iterator[str]:
-        """Text deltas as they are generated (all text, or one variable's)."""
+    def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
+        """Text deltas as they are generated (all text, or one variable's; `var_name` as SGLang names it)."""
         if self.thread is None:  # not streaming: everything is there already
             self.sync()
-            yield self.executor.vars.get(var, "") if var is not None else self.executor.text
+            yield self.executor.vars.get(var_name, "") if var_name is not None else self.executor.text
             return
-        yield from self.executor.log.iter(var)
+        yield from self.executor.log.iter(var_name)
 
-    async def text_async_iter(self, var: Optional[str] = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
+    async def text_async_iter(self, var_name: Optional[str] = None, return_meta_data: bool = False) -> AsyncIterator[Any]:
         """text_iter for asyncio; with return_meta_data, (delta, meta_info) pairs, where a
         gen's meta_info carries that chunk's own output logprobs (as SGLang's)."""
         if self.thread is None:
             self.sync()
-            text = self.executor.vars.get(var, "") if var is not None else self.executor.text
-            yield (text, self.executor.metas.get(var)) if return_meta_data else text
+            text = self.executor.vars.get(var_name, "") if var_name is not None else self.executor.text
+            yield (text, self.executor.metas.get(var_name)) if return_meta_data else text
             return
-        async for item in iterate_in_thread(self.executor.log.iter(var, with_meta=return_meta_data)):
+        async for item in iterate_in_thread(self.executor.log.iter(var_name, with_meta=return_meta_data)):
             yield item  # from the shared pool of async_threads: the loop's default executor has few threads
 
     # -- fork ------------------------------------------------------------------------------------

@@ -25,7 +25,9 @@ class EngineBackend(NativeBackend):
 
     @staticmethod
     def _args(payload: dict) -> dict:
-        args = dict(payload)
+        """Engine.generate's arguments for a /generate payload, with /generate's default of no text in logprobs
+        (Engine.generate's is text; a gen's logprobs then differed between this backend and a server's)."""
+        args = {"return_text_in_logprobs": False, **payload}
         if "text" in args:
             args["prompt"] = args.pop("text")
         return args

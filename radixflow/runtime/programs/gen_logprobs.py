@@ -37,11 +37,13 @@ class GenLogprobs:
         want = self.options.return_text_in_logprobs
         lps = req.output_token_logprobs  # sliced once: a streamed gen calls this every chunk
         meta = {
+            "input_token_logprobs": [],  # a gen's prompt is scored by no one: as /generate gives them by default
             "output_token_logprobs": self.with_text(lps[self.start + since :], want),
             "output_token_logprobs_length": len(lps) - self.start,
         }
         if self.options.top_logprobs_num:
             tops = req.output_top_logprobs[self.top_start + since :]
+            meta["input_top_logprobs"] = []
             meta["output_top_logprobs"] = [None if t is None else self.with_text(t, want) for t in tops]
         return meta
 
