@@ -15,7 +15,7 @@ from radixflow.lang.errors import DataDependentError, NotTraceable
 from radixflow.lang.interpreter import GenResult, SelectResult
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
-from radixflow.lang.placeholder import Placeholder, plain_str
+from radixflow.lang.placeholder import Placeholder
 from radixflow.lang.tracer import resolve
 from radixflow.runtime.programs import choice_scoring as cs
 from radixflow.runtime.programs.program_ops import parse_program
@@ -59,7 +59,8 @@ def test_trace_static_program_gives_printable_json_graph():
 
 def test_graph_json_round_trips_kept_values_holding_generated_variables():
     """A set variable or return value holding a generated variable made to_json() output that json.dumps refused
-    (review, session 28): a placeholder is {"$var": name, "version": n}, tuples, sets and other keys are tagged."""
+    (review, session 28): the graph holds it as a VarRef, {"$var": name, "version": n} in JSON; tuples, sets and
+    other keys are tagged."""
 
     @rf.function
     def keeps(s):
@@ -77,7 +78,8 @@ def test_graph_json_round_trips_kept_values_holding_generated_variables():
     assert resolve(value, ref.get) == ("first", {1: ["first"], "$k": {2, 3}, "x": frozenset({"y"})})
     assert resolve(again.ret, {"a": "second"}.get) == ["second", {"n": None}]
     before = [n for n in g.nodes if n.kind == "set_var"][0].value[0], g.ret[0]
-    assert [plain_str(str(v)) for v in (value[0], again.ret[0])] == [plain_str(str(v)) for v in before]  # names and versions
+    assert [(v.name, v.version) for v in (value[0], again.ret[0])] == [(v.name, v.version) for v in before]
+    assert before[0].version != before[1].version  # the first a, then the second
 
 
 def test_str_of_a_placeholder_builds_text_and_fails_where_its_value_is_used():

@@ -179,7 +179,6 @@ class Function:
         try:
             return _run_graphs(b, compiled, self.func.__name__, lambda k, out: bar.update(1))
         except GenerationError as e:
-            bar.update(len(compiled))
             return [e] * len(compiled)
 
     def _run_batch_iter(

@@ -34,7 +34,7 @@ def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
     state = ProgramState(rec, "trace")
     try:
         caught = raised_while_tracing(lambda: ret.append(func(state, **args)))
-        rec.check_kept(None if ret[0] is state else ret[0])  # values built from generated ones: eager mode's
+        kept_ret = rec.check_kept(None if ret[0] is state else ret[0])  # values built from generated ones: eager's
     except NotTraceable:
         raise
     except Exception as e:  # e.g. a placeholder reached code that needs a real value
@@ -42,7 +42,7 @@ def trace_graph(func: Callable, arguments: dict, arg_names: list) -> Graph:
     if caught:  # `try: int(s["n"]) except Exception: ...` took its fallback branch on the placeholder
         raise NotTraceable(f"{func.__name__} caught an exception raised by a value unknown while tracing")
     own = ret[0] is state
-    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()}, None if own else ret[0], own)
+    return Graph(func.__name__, rec.nodes, {k: _jsonable(v) for k, v in args.items()}, kept_ret, own)
 
 
 def _jsonable(v):

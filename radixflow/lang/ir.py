@@ -137,7 +137,7 @@ class SetVar(Node):
 
     kind = "set_var"
     name: str = ""
-    value: Any = field(default=None, repr=False)  # its placeholders' repr raises
+    value: Any = field(default=None, repr=False)  # placeholders while tracing, VarRefs in the traced graph
     versions: dict = field(default_factory=dict, repr=False)  # each variable's version where it was set
 
 
@@ -149,9 +149,39 @@ NODE_TYPES = {c.kind: c for c in (Text, ArgRef, VarRef, Gen, Select, RoleBegin, 
                                   SeparateReasoning, SetVar)}  # fmt: skip
 
 
-def node_to_dict(node: Node) -> dict:
-    from radixflow.lang.placeholder import value_to_json  # it builds on this module's nodes
+def value_to_json(value: Any) -> Any:
+    """A kept value (a SetVar's, a graph's return value: plain data, generated variables as VarRefs) as JSON: a VarRef
+    becomes {"$var": name, "version": n}; tuples, sets and dicts with keys other than plain strings are tagged."""
+    if isinstance(value, VarRef):
+        return {"$var": value.name, "version": value.version}
+    if type(value) is list:
+        return [value_to_json(v) for v in value]
+    if type(value) in (tuple, set, frozenset):
+        return {"$" + type(value).__name__: [value_to_json(v) for v in value]}
+    if type(value) is dict:
+        if all(type(k) is str and not k.startswith("$") for k in value):
+            return {k: value_to_json(v) for k, v in value.items()}
+        return {"$dict": [[value_to_json(k), value_to_json(v)] for k, v in value.items()]}
+    return value
 
+
+def value_from_json(value: Any) -> Any:
+    """value_to_json's inverse."""
+    if type(value) is list:
+        return [value_from_json(v) for v in value]
+    if type(value) is not dict:
+        return value
+    if "$var" in value:
+        return VarRef(name=value["$var"], version=value["version"])
+    for tag, make in (("$tuple", tuple), ("$set", set), ("$frozenset", frozenset)):
+        if tag in value:
+            return make(value_from_json(v) for v in value[tag])
+    if "$dict" in value:
+        return {value_from_json(k): value_from_json(v) for k, v in value["$dict"]}
+    return {k: value_from_json(v) for k, v in value.items()}
+
+
+def node_to_dict(node: Node) -> dict:
     d = {"kind": node.kind}
     for f in dataclasses.fields(node):
         v = getattr(node, f.name)
@@ -162,8 +192,6 @@ def node_to_dict(node: Node) -> dict:
 
 
 def node_from_dict(d: dict) -> Node:
-    from radixflow.lang.placeholder import value_from_json
-
     d = dict(d)
     cls = NODE_TYPES[d.pop("kind")]
     if "branches" in d:
@@ -185,15 +213,11 @@ class Graph:
 
     def to_json(self) -> dict:
         """Plain JSON (json.dumps takes it), also where a set or returned value holds generated variables."""
-        from radixflow.lang.placeholder import value_to_json
-
         return {"name": self.name, "args": self.args, "nodes": [node_to_dict(n) for n in self.nodes],
                 "ret": value_to_json(self.ret), "ret_state": self.ret_state}  # fmt: skip
 
     @classmethod
     def from_json(cls, d: Union[dict, str]) -> "Graph":
-        from radixflow.lang.placeholder import value_from_json
-
         if isinstance(d, str):
             d = json.loads(d)
         return cls(d["name"], [node_from_dict(n) for n in d["nodes"]], d.get("args", {}), value_from_json(d.get("ret")),

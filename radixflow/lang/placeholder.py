@@ -129,34 +129,3 @@ def split_text(text: str) -> list:
         raise DataDependentError("a traced placeholder was altered by Python string operations")
     return nodes
 
-
-def value_to_json(value: Any) -> Any:
-    """A kept value (tracer.kept: plain data, generated variables as placeholders) as JSON: a placeholder becomes
-    {"$var": name, "version": n}; tuples, sets and dicts with keys other than plain strings are tagged."""
-    if isinstance(value, Placeholder):
-        return {"$var": value._name, "version": value._version}
-    if type(value) is list:
-        return [value_to_json(v) for v in value]
-    if type(value) in (tuple, set, frozenset):
-        return {"$" + type(value).__name__: [value_to_json(v) for v in value]}
-    if type(value) is dict:
-        if all(type(k) is str and not k.startswith("$") for k in value):
-            return {k: value_to_json(v) for k, v in value.items()}
-        return {"$dict": [[value_to_json(k), value_to_json(v)] for k, v in value.items()]}
-    return value
-
-
-def value_from_json(value: Any) -> Any:
-    """value_to_json's inverse."""
-    if type(value) is list:
-        return [value_from_json(v) for v in value]
-    if type(value) is not dict:
-        return value
-    if "$var" in value:
-        return Placeholder("var", value["$var"], value["version"])
-    for tag, make in (("$tuple", tuple), ("$set", set), ("$frozenset", frozenset)):
-        if tag in value:
-            return make(value_from_json(v) for v in value[tag])
-    if "$dict" in value:
-        return {value_from_json(k): value_from_json(v) for k, v in value["$dict"]}
-    return {k: value_from_json(v) for k, v in value.items()}

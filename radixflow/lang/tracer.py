@@ -65,14 +65,18 @@ class Recorder:
         self.known[name] = Placeholder("var", name, version) if held else value
         self.produced.append(name)
 
-    def check_kept(self, ret: Any) -> None:
+    def check_kept(self, ret: Any) -> Any:
         """After the trace: the values it keeps are still what its replay can give. A value set and changed
         afterwards (`s["l"] = []`, then `s["l"].append(...)`) is checked again where it was set, and the return value
-        against the variables' final values."""
-        for n in _walk(self.nodes):
-            if isinstance(n, SetVar):
-                kept(f"variable {n.name!r}", n.value, n.versions)
+        against the variables' final values. Then each is copied into the graph, its placeholders as VarRefs (to_ir);
+        returns the return value's copy."""
+        sets = [n for n in _walk(self.nodes) if isinstance(n, SetVar)]
+        for n in sets:
+            kept(f"variable {n.name!r}", n.value, n.versions)
         kept("the return value", ret, self.versions)
+        for n in sets:
+            n.value = to_ir(n.value)
+        return to_ir(ret)
 
     def contains(self, name: str) -> bool:
         return name in self.known
@@ -119,11 +123,23 @@ def kept(what: str, value: Any, versions: dict) -> bool:
     return any([kept(what, v, versions) for v in items])
 
 
-def resolve(value: Any, get: Callable[[str], Any]) -> Any:
-    """A keepable value with each placeholder replaced by its variable's value (`get`), in new containers (a
-    graph's values are shared by the calls its template serves)."""
+def to_ir(value: Any) -> Any:
+    """A kept value in new containers, each placeholder as its VarRef: the graph holds IR, not the tracer's objects
+    (sets and dict keys hold none: a placeholder has no hash)."""
     if isinstance(value, Placeholder):
-        return get(value._name)
+        return value.node()
+    if type(value) in _CONTAINERS:
+        return type(value)(to_ir(v) for v in value)
+    if type(value) is dict:
+        return {k: to_ir(v) for k, v in value.items()}
+    return value
+
+
+def resolve(value: Any, get: Callable[[str], Any]) -> Any:
+    """A graph's kept value (to_ir) with each VarRef replaced by its variable's value (`get`), in new containers (a
+    graph's values are shared by the calls its template serves)."""
+    if isinstance(value, VarRef):
+        return get(value.name)
     if type(value) in _CONTAINERS:
         return type(value)(resolve(v, get) for v in value)
     if type(value) is dict:
