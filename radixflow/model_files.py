@@ -100,17 +100,21 @@ def ready_model_dir(model_path: Optional[str]) -> Optional[str]:
 
 def _gguf_cache_dir(gguf_path: str) -> str:
     """Keyed by the file's content, not its path or mtime: the same GGUF installed in several virtual environments
-    shares one converted folder instead of ~0.5 GB each. The whole file is hashed (~1 GB/s): a key of its first
-    and last MiB gave a fine-tune that changed only middle layers another file's weights (review)."""
+    shares one converted folder instead of ~0.5 GB each. The whole file is hashed (~1 GB/s) once per file version
+    (_content_key): a key of its first and last MiB gave a fine-tune that changed only middle layers another file's
+    weights (review)."""
     st = os.stat(gguf_path)
-    return os.path.join(env.cache_dir(), f"gguf-{_content_key(os.path.realpath(gguf_path), st.st_size, st.st_mtime_ns, st.st_ino)}")
+    stat = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+    return os.path.join(env.cache_dir(), f"gguf-{_content_key(os.path.realpath(gguf_path), *stat)}")
 
 
 @functools.lru_cache(maxsize=16)
-def _content_key(path: str, size: int, mtime_ns: int, inode: int) -> str:
-    """sha1 of the file, once per process for each (path, size, mtime, inode): a start asks twice. It is also memoized
-    on disk by the same four, so a later start reads 12 bytes instead of hashing a file of many GB again."""
-    stat_key = hashlib.sha1(repr((path, size, mtime_ns, inode)).encode()).hexdigest()
+def _content_key(path: str, size: int, mtime_ns: int, ctime_ns: int, inode: int) -> str:
+    """sha1 of the file, once per process for each (path, size, mtime, ctime, inode): a start asks twice. It is also
+    memoized on disk by the same, so a later start reads 12 bytes instead of hashing a file of many GB again. The
+    ctime changes with any write, also one that restores the size and mtime (`cp -p` of a same-size fine-tune over
+    the file), and cannot be set back."""
+    stat_key = hashlib.sha1(repr((path, size, mtime_ns, ctime_ns, inode)).encode()).hexdigest()
     memo = os.path.join(env.cache_dir(), "gguf-keys", stat_key)
     try:
         with open(memo) as f:
