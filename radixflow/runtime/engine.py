@@ -22,6 +22,7 @@ from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
 from radixflow.runtime.gc_freeze import EngineFreeze
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
+from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
 
@@ -141,6 +142,7 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
+        texts, cuts = [IncrementalText() for _ in reqs], [0] * len(reqs)
         all_done = AllFinished(reqs)
         try:
             while True:
@@ -150,7 +152,9 @@ class Engine:
                         _raise_if_refused(r.finish_reason or {})
                     if len(r.output_ids) != sent[i] or (r.finished and sent[i] >= 0 and sent[i] != -2):
                         sent[i] = -2 if r.finished else len(r.output_ids)
-                        out = self._result(r, finished=r.finished)
+                        if r.cuts != cuts[i]:  # outputs cut back: their text is decoded again
+                            cuts[i], texts[i] = r.cuts, IncrementalText()
+                        out = self._result(r, finished=r.finished, decoded=texts[i])
                         if not single:
                             out["index"] = i
                         yield out
@@ -160,9 +164,15 @@ class Engine:
             if not all_done():
                 self._abort(reqs)
 
-    def _result(self, req: Req, finished: bool = True) -> dict:
+    def _result(self, req: Req, finished: bool = True, decoded: Optional[IncrementalText] = None) -> dict:
+        """The request's result; while it runs, with the text `decoded` so far (decoded a window at a time; a
+        stop string's possible beginning held back, as the server's streams do)."""
         sp = req.sampling
-        text = output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+        if finished or decoded is None:
+            text = output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+        else:
+            text = decoded.update(self.tokenizer, req.output_ids, sp.skip_special_tokens)
+            text = text[: len(text) - partial_stop_len(text, sp.cut_strs)]
         return build_result(req.to_output(), text, req.logprob, self.scheduler.logprobs.with_text, finished,
                             time.time() - req.created)
 

@@ -37,6 +37,7 @@ class PendingInputs:
 class LogprobCollector:
     def __init__(self, tokenizer):
         self.tokenizer = tokenizer
+        self._texts: dict[int, str] = {}  # token id -> its text alone, decoded once: a stream's every chunk asks
 
     def add_inputs(self, logits: torch.Tensor, items: list, defer: bool = False) -> Optional[PendingInputs]:
         """Input logprobs for one pass's requests: `items` are (req, row, start_pos, n), where
@@ -108,7 +109,13 @@ class LogprobCollector:
         """[(lp, id)] -> [[lp, id, text|None]]."""
         if not want_text:
             return [[lp, tid, None] for lp, tid in pairs]
-        return [[lp, tid, self.tokenizer.decode([tid])] for lp, tid in pairs]
+        return [[lp, tid, self.token_text(tid)] for lp, tid in pairs]
+
+    def token_text(self, tid: int) -> str:
+        text = self._texts.get(tid)
+        if text is None:
+            text = self._texts[tid] = self.tokenizer.decode([tid])
+        return text
 
 
 def _top_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, k: int) -> list:

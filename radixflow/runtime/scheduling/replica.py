@@ -164,7 +164,7 @@ def replicated_continue(sync: ReplicaSync, sched: Scheduler, hook: Optional[Call
         keep = len(os.path.commonprefix([req.output_ids, output_ids]))
         if keep < len(req.output_ids):
             sched.rewind(req, keep)  # drops the KV of the cut tokens, as rank 0's rewind did
-        req.output_ids[keep:] = output_ids[keep:]
+        req.output_ids.extend(output_ids[keep:])
         req.stop_text = None
         if continued:
             req.segment_start, req.sampling, req.finish_reason = segment_start, sampling, finish_reason

@@ -68,6 +68,7 @@ class Req:
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
     input_logprob_next: int = -1  # next prompt position whose logprob is still to report
+    cuts: int = 0  # times its output ids or their logprobs were cut back: a stream's next report and text start over
     # called once each time the request finishes (request graphs: wakes its program); never pickled
     on_finish: Optional[Callable[["Req"], None]] = field(default=None, repr=False)
     # admission's last match while it waits ((limit, seq_len), MatchResult: kv_manager.match_waiting); never pickled
@@ -118,10 +119,18 @@ class Req:
             and 0 <= self.input_logprob_next < len(self.origin_input_ids)
         )
 
+    def cut_outputs(self, keep: int) -> None:
+        """Drop the output ids past `keep` (not their logprobs: drop_output_logprobs)."""
+        if keep < len(self.output_ids):
+            del self.output_ids[keep:]
+            self.cuts += 1
+
     def drop_output_logprobs(self, n: int) -> None:
         """Drop the logprob entries of the last `n` outputs (cut back), so the lists still match output_ids."""
         for entries in (self.output_token_logprobs, self.output_top_logprobs):
-            del entries[len(entries) - min(n, len(entries)):]
+            if n > 0 and entries:
+                del entries[len(entries) - min(n, len(entries)):]
+                self.cuts += 1
 
     def finish(self, reason: dict) -> None:
         if self.finish_reason is None:
@@ -164,3 +173,7 @@ class ReqOutput:
     num_retractions: int = 0
     jump_forward_tokens: int = 0
     error: Optional[str] = None
+    # None: the lists above are whole; else where each starts (output ids, output logprobs, output top logprobs,
+    # input logprobs, input top logprobs): a streamed request's report carries what they gained since its last
+    # (runtime/output_delta.py)
+    starts: Optional[tuple] = None

@@ -38,6 +38,17 @@ POLL_MS = 500
 class DecodeState:
     params: DecodeParams
     decoded: IncrementalText = field(default_factory=IncrementalText)
+    ids: list = field(default_factory=list)  # a stream's output ids, from its reports' deltas (output_delta.py)
+
+    def ids_of(self, out: ReqOutput) -> list:
+        """The request's whole output ids so far."""
+        if out.starts is None:
+            return out.output_ids
+        if out.starts[0] < len(self.ids):  # outputs cut back: their text is decoded again
+            self.decoded = IncrementalText()
+        del self.ids[out.starts[0] :]
+        self.ids.extend(out.output_ids)
+        return self.ids
 
 
 @dataclass
@@ -51,12 +62,13 @@ class Detokenizer:
 
     def text_of(self, out: ReqOutput) -> str:
         st = self.states.get(out.rid) or DecodeState(DecodeParams())
+        ids = st.ids_of(out)
         if out.finished:
             self.states.pop(out.rid, None)
             p = st.params
-            return output_text(self.tokenizer, out.output_ids, out.finish_reason, p.skip_special_tokens, p.no_stop_trim)
+            return output_text(self.tokenizer, ids, out.finish_reason, p.skip_special_tokens, p.no_stop_trim)
         self.states[out.rid] = st
-        return self._incremental(st, out.output_ids)
+        return self._incremental(st, ids)
 
     def _incremental(self, st: DecodeState, ids: list) -> str:
         text = st.decoded.update(self.tokenizer, ids, st.params.skip_special_tokens)

@@ -19,6 +19,7 @@ import zmq
 from radixflow import env
 from radixflow.errors import RadixflowError
 from radixflow.runtime.gc_freeze import freeze_startup_objects
+from radixflow.runtime.output_delta import Sent, as_delta
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
@@ -69,7 +70,7 @@ class SchedulerLoop:
         self.tokenizer_path, self.eos_ids = rt.tokenizer_path, rt.eos_ids
         self.programs = SchedulerPrograms(rt.programs, self.send)
         self.inflight: dict[str, Req] = {}
-        self.streaming: dict[str, int] = {}  # rid -> output length last sent
+        self.streaming: dict[str, Sent] = {}  # rid -> what its last report carried
         ctx = zmq.Context()
         self.recv_sock = ctx.socket(zmq.PULL)
         self.recv_sock.bind(ipc.scheduler)
@@ -132,7 +133,7 @@ class SchedulerLoop:
         for req in batch.reqs:
             self.inflight[req.rid] = req
             if batch.stream:
-                self.streaming[req.rid] = 0
+                self.streaming[req.rid] = Sent()
             try:
                 self.scheduler.add_request(req)
             except Exception as e:
@@ -218,13 +219,14 @@ class SchedulerLoop:
         keep = []
         interval = max(self.args.stream_interval, 1)
         for o in outs:
+            sent = self.streaming.get(o.rid)
+            req = self.inflight.get(o.rid)
             if o.finished:
                 self.inflight.pop(o.rid, None)
                 self.streaming.pop(o.rid, None)
-                keep.append(o)
-            elif o.rid in self.streaming and len(o.output_ids) - self.streaming[o.rid] >= interval:
-                self.streaming[o.rid] = len(o.output_ids)
-                keep.append(o)
+                keep.append(o if sent is None or req is None else as_delta(req, o, sent))
+            elif sent is not None and req is not None and len(o.output_ids) - sent.lengths[0] >= interval:
+                keep.append(as_delta(req, o, sent))
         if keep:
             self.send(OutputBatch(keep, self._stats_if_due()))
 

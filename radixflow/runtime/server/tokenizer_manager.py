@@ -20,6 +20,7 @@ from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, bu
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
 from radixflow.runtime.server import request_log
 from radixflow.runtime.server.metrics import ServerMetrics
+from radixflow.runtime.output_delta import Assembly
 from radixflow.runtime.scheduling.req import ReqOutput
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.token_bytes import TokenBytes
@@ -51,6 +52,7 @@ class Pending:
     last_len: int = 0
     done: bool = False
     req: Any = None  # the request as sent, kept for --log-requests
+    assembly: Assembly = field(default_factory=Assembly)  # a stream's whole lists, from its reports' deltas
 
 
 @dataclass
@@ -227,6 +229,7 @@ class TokenizerManager:
             p = self.pending.get(out.rid)
             if p is None or p.done:
                 continue
+            out = p.assembly.apply(out)
             reason = out.finish_reason or {}
             error = out.error
             if error is None and reason.get("status_code", 200) >= 400:  # rejected before it ran
