@@ -400,6 +400,10 @@ def test_free_form_object_regex_is_json_and_depth_limited():
         ({"type": ["object", "null"]}, ['{"a":[1]}', "null"], ["1"]),
         ({"type": "object", "additionalProperties": False}, ["{}"], ['{"a":1}']),
         ({"type": "object", "properties": {"meta": {}, "n": True}, "required": ["meta", "n"]}, ['{"meta":{"x":[1]},"n":2}'], ['{"meta":1}']),
+        ({"type": "array", "maxItems": 0}, ["[]"], ["[1]"]),  # was refused: "could not place the rule" (fuzzing)
+        ({"type": "object", "properties": {"a": {"type": "array", "maxItems": 0, "items": True}}, "required": ["a"]},
+         ['{"a":[]}'], ['{"a":[1]}']),
+        ({"type": "array", "prefixItems": [{"type": "integer"}], "minItems": 1, "maxItems": 2}, ["[1]"], ["[]", "[true]"]),
     ],
 )
 def test_free_form_nodes_validate(schema, good, bad):
@@ -413,6 +417,19 @@ def test_free_form_nodes_validate(schema, good, bad):
         Draft202012Validator(schema).validate(json.loads(text))
     for text in bad:
         assert not re.fullmatch(rx, text), text
+
+
+@pytest.mark.parametrize("schema,message", [
+    ({"prefixItems": [{"type": "integer"}], "items": {"type": "boolean"}, "minItems": 3}, "prefixItems at .root."),
+    ({"prefixItems": [{"type": "integer"}, {"type": "boolean"}], "maxItems": 1}, "exactly its 2 items"),
+    ({"type": "array", "minItems": 3, "maxItems": 1}, r"minItems \(3\) is greater than maxItems \(1\)"),
+])
+def test_item_counts_outlines_cannot_keep_are_refused(schema, message):
+    """outlines-core writes exactly the prefixItems whatever minItems / maxItems say: [100] came out for minItems 3,
+    [1,false] for maxItems 1, finishing "stop" (fuzzing, session 29). Refused instead (auto then compiles the schema on
+    llguidance); impossible bounds get a message that names them, not a regex."""
+    with pytest.raises(RadixflowError, match=message):
+        regex_for_schema(schema)
 
 
 def test_free_form_object_compiles_in_about_a_second(backend):

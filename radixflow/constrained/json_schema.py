@@ -207,6 +207,7 @@ def _rewrite(node: Any, rules: _Rules, path: str) -> Any:
     if "enum" in node or "const" in node:
         node = _typed_enum(node, path)
     node = _complete_items(_complete_required(_split_typed_bounds(node), path))
+    _check_item_counts(node, path)
     own = _own_regex(node, path) or _free_form_regex(node, rules)
     if own is not None:
         return rules.swap(own)
@@ -305,8 +306,22 @@ def _complete_items(node: dict) -> dict:
     return node
 
 
+def _check_item_counts(node: dict, path: str) -> None:
+    """Item counts outlines-core would not keep: it writes exactly the prefixItems, whatever minItems / maxItems say
+    (fuzzing, session 29: [100] for minItems 3, [1,false] for maxItems 1)."""
+    lo, hi, prefix = node.get("minItems", 0), node.get("maxItems"), node.get("prefixItems")
+    if isinstance(lo, int) and isinstance(hi, int) and lo > hi:
+        raise GrammarError(f"unsatisfiable JSON schema: minItems ({lo}) is greater than maxItems ({hi}) at {path[1:] or '(root)'}")
+    if isinstance(prefix, list) and ((isinstance(lo, int) and lo > len(prefix)) or (isinstance(hi, int) and hi < len(prefix))):
+        raise GrammarError(f"prefixItems at {path[1:] or '(root)'} with minItems / maxItems that rule out an array of exactly "
+                           f"its {len(prefix)} items is not supported by the outlines grammar backend (it writes exactly the "
+                           "prefix items); use --grammar-backend llguidance")  # fmt: skip
+
+
 def _free_form_regex(node: dict, rules: _Rules) -> Optional[str]:
     """Our depth-limited regex for a node that allows any value / object / array."""
+    if node.get("type") == "array" and node.get("maxItems") == 0:  # outlines-core writes "[]" without its items
+        return rf"\[{rules.whitespace}\]"
     keys = set(node) - _ANNOTATIONS
     if not keys:
         return any_value_regex(rules.any_depth, rules.whitespace)
