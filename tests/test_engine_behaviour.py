@@ -46,6 +46,25 @@ def test_retraction_resumes_without_altering_output(engine):
         small.scheduler.check_invariants()
 
 
+def test_a_request_that_outgrows_the_kv_pool_ends_at_it(engine):
+    """prompt + max_new_tokens past the KV pool: the request was retracted when the pool filled, never admitted
+    again, and every request behind it waited for ever (fuzzing, session 29). It now ends with "length" where the
+    pool is full, as a /generate, a program's gen and a gen continued in its request; the others run."""
+    params = {"max_new_tokens": 100, "temperature": 0, "ignore_eos": True}
+    with Engine(max_total_tokens=160) as small:
+        pool = small.runner.kv_pool.allocator.capacity_slots
+        outs = small.generate(input_ids=[[1000 + i for i in range(pool - 40)], [1000, 1001]], sampling_params=params)
+        assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["length", "length"]
+        assert len(outs[0]["output_ids"]) == 41 and len(outs[1]["output_ids"]) == 100  # 40 + 1: the last needs no KV
+        text = small.tokenizer.decode([1000 + i for i in range(pool - 40)])
+        gen = {"op": "gen", "id": 1, "name": "x", "sampling_params": {**params, "max_new_tokens": 30}}
+        program = {"ops": [{"op": "text", "text": text}, gen, {"op": "text", "text": " and"}, {**gen, "id": 2, "name": "y"}]}
+        out = small.run_program(program)
+        assert sum(out["results"][k]["meta_info"]["completion_tokens"] for k in out["results"]) <= 41
+        small.scheduler.check_invariants()
+        assert not small.scheduler.has_work()
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [

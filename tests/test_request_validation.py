@@ -241,6 +241,21 @@ def test_max_new_tokens_is_cut_to_the_room_the_context_leaves():
     assert (cut.sampling.max_new_tokens, cut.sampling.min_new_tokens) == (4, 4)
 
 
+def test_max_new_tokens_is_cut_to_the_kv_pool_and_its_default_to_the_limit():
+    """A request that outgrew the KV pool hung the server (fuzzing, session 29): its outputs now end where the pool
+    is full (the last needs no KV). The default max_new_tokens (128) over --max-new-tokens-limit was a 400 for a
+    value the caller never sent; it is cut to the limit, and an explicit value over it is still refused."""
+    from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+
+    builder = RequestBuilder(None, vocab_size=100, context_len=1000, max_pool_tokens=30, max_new_tokens_limit=50)
+    pooled, = builder.build(GenerateInput(input_ids=[1] * 20, sampling_params={"max_new_tokens": 40}))
+    assert pooled.sampling.max_new_tokens == 11
+    builder.max_pool_tokens = 1000
+    assert builder.build(GenerateInput(input_ids=[1], sampling_params={}))[0].sampling.max_new_tokens == 50
+    with pytest.raises(RadixflowError, match="max_new_tokens=51 is over this server's limit of 50"):
+        builder.build(GenerateInput(input_ids=[1], sampling_params={"max_new_tokens": 51}))
+
+
 def test_openai_chat_fields_are_typed_as_openai_types_them(server):
     """Found by fuzzing: these were accepted whatever their value (parallel_tool_calls only checked with tools, a
     message without content rendered as empty, continue_final_message silently off after a user turn)."""

@@ -94,7 +94,7 @@ def test_a_stop_string_inside_a_jumps_tokens_is_found(tok):
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": ["END"]}), output_ids=tok.encode("hello", add_special_tokens=False))
     forced = tok.encode(" END of the text that the grammar forces here and goes on", add_special_tokens=False)[:10]
     assert len(forced) == 10 and "END" in tok.decode(forced)
-    scheduler = SimpleNamespace(jump_forward=lambda *a: forced, stops=stops, runner=SimpleNamespace(context_len=10**6))
+    scheduler = SimpleNamespace(jump_forward=lambda *a: forced, stops=stops, reserve=SimpleNamespace(seq_limit=10**6))
     Scheduler._apply_jump_forward(scheduler, req)
     k = next(i for i in range(1, 11) if "END" in tok.decode(forced[:i]))
     assert k < 10 and req.output_ids == tok.encode("hello", add_special_tokens=False) + forced[:k]
@@ -110,7 +110,7 @@ def test_of_two_stops_one_token_completes_the_one_that_starts_first_is_cut(tok):
         req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, "stop": stops}))
         for token in ids:
             req.output_ids.append(token)
-            StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+            StopChecker(tok, eos_ids=set()).check(req, seq_limit=10**6)
             if req.finish_reason is not None:
                 break
         assert req.finish_reason == {"type": "stop", "matched": "ope"}, stops
@@ -128,7 +128,7 @@ def test_a_jumps_output_is_cut_where_sampling_would_stop(tok, stop):
         req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, **stop}))
         for chunk in ([ids] if at_once else [[t] for t in ids]):
             req.output_ids.extend(chunk)
-            StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+            StopChecker(tok, eos_ids=set()).check(req, seq_limit=10**6)
             if req.finish_reason is not None:
                 break
         return req.output_ids, req.finish_reason
@@ -148,7 +148,7 @@ def test_a_cut_at_a_stop_drops_the_cut_outputs_logprob_entries(tok):
     req.output_ids.extend(ids)
     req.output_token_logprobs.extend((None, t) for t in ids)
     req.output_top_logprobs.extend([None] * len(ids))
-    StopChecker(tok, eos_ids=set()).check(req, context_len=10**6)
+    StopChecker(tok, eos_ids=set()).check(req, seq_limit=10**6)
     assert req.finish_reason == {"type": "stop", "matched": "cat"} and len(req.output_ids) < len(ids)
     assert [t for _, t in req.output_token_logprobs] == req.output_ids == ids[: len(req.output_ids)]
     assert len(req.output_top_logprobs) == len(req.output_ids)
@@ -169,7 +169,7 @@ def test_a_multi_byte_stop_is_found_whichever_token_completes_it(tok, field, tex
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 100, field: [stop]}))
     for i, token in enumerate(ids, 1):
         req.output_ids.append(token)
-        stops.check(req, context_len=10**6)
+        stops.check(req, seq_limit=10**6)
         assert (req.finish_reason is not None) == (i >= end), (i, end)
         if req.finish_reason is not None:
             break
@@ -247,7 +247,7 @@ def test_every_budget_closed_finish_has_one_shape(tok, ends_on_eos):
     grammar = SimpleNamespace(budget_closed=True, is_terminated=lambda: ends_on_eos, error=lambda: None)
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 3}), output_ids=[5, 6, eos if ends_on_eos else 7])
     req.grammar = grammar
-    StopChecker(tok, eos_ids={eos}).check(req, context_len=10**6)
+    StopChecker(tok, eos_ids={eos}).check(req, seq_limit=10**6)
     assert req.finish_reason == {"type": "length", "length": 3, "grammar_closed": True, "matched": None}
 
 

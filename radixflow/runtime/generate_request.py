@@ -64,7 +64,7 @@ class RequestBuilder:
         self._check_count(sum(sp.n for sp in sps))  # before a request is made for each of n samples
         reqs = []
         for i, ids in enumerate(prompts):
-            sp = _fit_context(sps[i], self.context_len - len(ids))
+            sp = _fit_context(sps[i], min(self.context_len, self.max_pool_tokens + 1) - len(ids))
             lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
@@ -101,8 +101,11 @@ class RequestBuilder:
         bad = [t for t in sp.stop_token_ids or [] if not 0 <= t < self.vocab_size]
         if bad:
             raise RadixflowError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
-        if sp.max_new_tokens > self.max_new_tokens_limit:
-            raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {self.max_new_tokens_limit}")
+        limit = self.max_new_tokens_limit
+        if sp.max_new_tokens > limit and sp.max_new_tokens == DEFAULT_MAX_NEW_TOKENS:  # the default, not the caller's:
+            return sp.copy(max_new_tokens=limit, min_new_tokens=min(sp.min_new_tokens, limit))  # it was a 400 (fuzzing)
+        if sp.max_new_tokens > limit:
+            raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {limit}")
         return sp
 
     def _check_count(self, requests: int) -> None:
@@ -152,9 +155,13 @@ class RequestBuilder:
             )
 
 
+DEFAULT_MAX_NEW_TOKENS = SamplingParams().max_new_tokens
+
+
 def _fit_context(sp: SamplingParams, room: int) -> SamplingParams:
-    """`sp` with max_new_tokens cut to the `room` the context length leaves after the prompt: the output ends
-    there anyway, and a grammar's budget must close it within that room, not within max_new_tokens."""
+    """`sp` with max_new_tokens cut to the `room` the context length (or the KV pool: kv_reserve.seq_limit) leaves
+    after the prompt: the output ends there anyway, and a grammar's budget must close it within that room, not within
+    max_new_tokens."""
     if sp.max_new_tokens <= room:
         return sp
     return sp.copy(max_new_tokens=room, min_new_tokens=min(sp.min_new_tokens, room))

@@ -116,7 +116,7 @@ class ProgramExecutor:
         nxt = st.ops[st.pc] if st.pc < len(st.ops) else None
         if req.continuable and nxt is not None and nxt.kind == "gen" and continuable(nxt.sampling):
             tokens = self._encode(st, st.pending, first=False)
-            if req.seq_len + len(tokens) < self.scheduler.runner.context_len:
+            if req.seq_len + len(tokens) < self.scheduler.reserve.seq_limit:
                 st.pending = ""
                 start_segment(req, tokens, nxt.sampling, self.scheduler.stats)
                 req.continuable = continues_after(st.ops, st.pc)  # the last segment overlaps its decode passes
@@ -232,8 +232,10 @@ class ProgramExecutor:
                  continues: bool = False) -> Req:  # fmt: skip
         if not ids:
             raise RadixflowError("a program must have some text before its first gen or select")
-        if len(ids) >= self.scheduler.runner.context_len:
-            raise RadixflowError(f"the program reached {len(ids)} tokens, over the context length")
+        context, pool = self.scheduler.runner.context_len, self.scheduler.runner.kv_pool.allocator.capacity_slots
+        if len(ids) >= min(context, pool):
+            what = f"the context length is {context}" if len(ids) >= context else f"the KV pool holds {pool}"
+            raise RadixflowError(f"the program reached {len(ids)} tokens but {what}; shorten its text")
         req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=continues,
                   streamed=st.stream is not None, on_finish=st.run.woken)
         if logprob is not None:

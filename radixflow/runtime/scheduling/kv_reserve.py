@@ -39,6 +39,13 @@ if TYPE_CHECKING:
 CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
 
 
+def seq_limit(runner) -> int:
+    """The most tokens a request may hold: its context, or the whole KV pool (the last token needs no KV). A request
+    that outgrew the pool was retracted and never admitted again, and every request queued behind it waited for ever
+    (fuzzing, session 29); it now finishes there with "length", as SGLang caps max_new_tokens by the pool."""
+    return min(runner.context_len, runner.kv_pool.allocator.capacity_slots + 1)
+
+
 def may_stop_early(req: Req) -> bool:
     p = req.sampling
     stops = bool(p.stop_strs) or p.stop_patterns is not None or bool(p.stop_token_ids)
@@ -77,7 +84,7 @@ class KVReserve:
     """The scheduler's admission state: the rule, the early stoppers' lengths, and the last round's block."""
 
     rule: str = "peak"
-    context_len: int = 1 << 30
+    seq_limit: int = 1 << 30  # the most tokens a request may hold: the context length, or the KV pool's size + 1
     page_size: int = 1
     lengths: StopLengths = field(default_factory=StopLengths)
     retired: int = 0  # requests finished so far (any reason): a change admission's block waits for
@@ -97,7 +104,7 @@ class KVReserve:
                      stoppable: np.ndarray) -> np.ndarray:
         """Slots the outputs still to come will take: the remaining budget clipped, estimated for early
         stoppers (stop_lengths.py; this also sets `new_fraction`)."""
-        left = np.minimum(np.clip(remaining, 0, CLIP_NEW_TOKENS), np.maximum(self.context_len - seq_len, 0))
+        left = np.minimum(np.clip(remaining, 0, CLIP_NEW_TOKENS), np.maximum(self.seq_limit - seq_len, 0))
         budget = np.clip(max_new, 1, CLIP_NEW_TOKENS)
         used = np.clip((max_new - remaining) / budget, 0.0, 1.0)[stoppable]
         fractions = self.lengths.remaining(used)
@@ -116,7 +123,7 @@ class KVReserve:
     def newcomer(self, req: Req, chunk: int, extend: int) -> tuple[int, int]:
         """(freed, left) of a request admitted with `chunk` of its `extend` uncomputed prompt tokens now
         (after `running` this round: its estimate of a new request)."""
-        outputs = min(budget_of(req), max(self.context_len - req.seq_len, 0))
+        outputs = min(budget_of(req), max(self.seq_limit - req.seq_len, 0))
         if may_stop_early(req):
             outputs = min(outputs, int(np.ceil(self.new_fraction * budget_of(req))))
         return chunk, extend - chunk + outputs + self.page_size - 1

@@ -26,7 +26,7 @@ from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
-from radixflow.runtime.scheduling.kv_reserve import KVReserve
+from radixflow.runtime.scheduling.kv_reserve import KVReserve, seq_limit
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
 from radixflow.runtime.execution.model_runner import ModelRunner
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
@@ -75,7 +75,7 @@ class Scheduler:
         self.pending_grammar: list[Req] = []
         self._seq = itertools.count()
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT  # the ratio admission rule's (kv_reserve.py)
-        self.reserve = KVReserve(args.admission_rule, runner.context_len, args.page_size)
+        self.reserve = KVReserve(args.admission_rule, seq_limit(runner), args.page_size)
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs
@@ -346,7 +346,7 @@ class Scheduler:
         forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
             req = reqs[i]
-            self.stops.check(req, self.runner.context_len)
+            self.stops.check(req, self.reserve.seq_limit)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
                 self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit, cut=forced)
@@ -375,11 +375,11 @@ class Scheduler:
             self.rewind(req, keep)
         req.output_ids.extend(tokens)
         req.jump_forward_tokens += len(tokens)
-        self.stops.check(req, self.runner.context_len)
+        self.stops.check(req, self.reserve.seq_limit)
 
     def rewind(self, req: Req, keep_outputs: int) -> None:
         """Drop outputs past `keep_outputs`, and the KV of dropped tokens."""
-        del req.output_ids[keep_outputs:]
+        req.cut_outputs(keep_outputs)
         req.stop_text, req.stop_checked, req.output_counts = None, min(req.stop_checked, keep_outputs), None
         new_kv = min(req.kv_len, req.seq_len - 1)
         if new_kv < req.kv_len:

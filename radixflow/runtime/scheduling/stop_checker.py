@@ -67,7 +67,7 @@ def _defined_in(cls: type, name: str) -> str:
 
 
 def _drop_outputs(req: Req, keep: int) -> None:
-    del req.output_ids[keep:]
+    req.cut_outputs(keep)
 
 
 class StopChecker:
@@ -78,7 +78,7 @@ class StopChecker:
         self._decode = backend_decode(tokenizer)
         self._rewind = rewind or _drop_outputs
 
-    def check(self, req: Req, context_len: int) -> None:
+    def check(self, req: Req, seq_limit: int) -> None:
         """Checks the outputs appended (or put in place of cut ones) since this request's last check: a sampled
         token, a jump's tokens, a grammar's first jump appended before the first sample (req.stop_checked)."""
         if req.finished:
@@ -115,7 +115,7 @@ class StopChecker:
         if req.segment_len >= p.max_new_tokens:
             closed = {"grammar_closed": True, "matched": None} if req.grammar is not None and req.grammar.budget_closed else {}
             req.finish({"type": "length", "length": p.max_new_tokens, **closed})
-        elif req.seq_len >= context_len:
+        elif req.seq_len >= seq_limit:
             req.finish({"type": "length", "length": len(req.output_ids)})
 
     @staticmethod
