@@ -3,6 +3,7 @@ everything down; a bad model path fails at start-up with the reason."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
@@ -58,13 +59,30 @@ def test_kill_scheduler_exits_server_fast():
 
 
 def test_sigterm_shuts_down_cleanly():
+    """Requests still running get a 503 with a JSON error (a stream: its error event) before the graceful period
+    ends; uvicorn's cancel gave them a plain-text 500 (fuzzing, session 29)."""
     server = start_server(*SMALL, api_key=None)
     info = server.info()
+    got: dict = {}
+
+    def call(stream: bool) -> None:
+        body = {"text": "Go on forever:", "stream": stream, "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+        with httpx.stream("POST", server.url + "/generate", json=body, timeout=60) as r:
+            got[stream] = (r.status_code, r.read().decode())
+
+    threads = [threading.Thread(target=call, args=(stream,)) for stream in (False, True)]
+    for t in threads:
+        t.start()
+    time.sleep(1.5)
     server.proc.send_signal(signal.SIGTERM)
     code = server.proc.wait(timeout=20)
+    for t in threads:
+        t.join(10)
     assert code == 0, server.log()[-2000:]
     time.sleep(1)
     assert not alive(info["scheduler_pid"]) and not alive(info["detokenizer_pid"])
+    assert got[False][0] == 503 and "shutting down" in json.loads(got[False][1])["error"]["message"]
+    assert got[True][0] == 200 and '"error"' in got[True][1] and "shutting down" in got[True][1]
 
 
 def test_bad_model_path_fails_with_reason():

@@ -175,6 +175,7 @@ async def _serve(args: ServerArgs, info: ModelInfo, tokenizer: Any, ipc: IpcName
     tasks = [
         asyncio.create_task(_watch_children(server, tm, procs, state)),
         asyncio.create_task(_announce(server, args, tm.model_name)),
+        asyncio.create_task(_fail_open_requests_at_shutdown(server, tm)),
     ]
     stop["serving"] = True
     try:
@@ -207,6 +208,15 @@ async def _watch_children(server, tm, procs: dict, state: dict) -> None:
                 state["exit"] = 1
                 server.should_exit = True
                 return
+
+
+async def _fail_open_requests_at_shutdown(server, tm) -> None:
+    """Requests still open halfway through the graceful shutdown get a 503 (a JSON error, or a stream's error event):
+    at its end uvicorn cancels them, and their clients got a plain-text 500 (fuzzing, session 29)."""
+    while not server.should_exit:
+        await asyncio.sleep(WATCH_PERIOD_S)
+    await asyncio.sleep(GRACEFUL_SHUTDOWN_S / 2)
+    tm.fail_all("the server is shutting down; send the request again (to another server)")
 
 
 def _uvicorn_level(level: str) -> str:
