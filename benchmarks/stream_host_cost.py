@@ -1,7 +1,8 @@
 """Host cost per streamed token, early (tokens 1-100) and late (tokens 1,901-2,000) in a 2,000-token output, of
 what a stream does each step besides the forward pass: the server's report (scheduler -> pickle -> detokenizer ->
 pickle -> TokenizerManager result) and the in-process Engine's growing result. Each is timed two ways in the same
-run: as radixflow does it now (reports carry deltas, token texts cached, the Engine's text decoded incrementally)
+run: as radixflow does it now (reports carry deltas, each logprob's text added once, the Engine's text decoded
+incrementally)
 and as it did before session 29 (whole lists in every report, every logprob's text decoded again, the whole
 output decoded every step). A cost that grows with the output's length shows as late / early > 1.
 
@@ -42,17 +43,21 @@ def server_step(state: dict, deltas: bool) -> None:
     sent = pickle.loads(pickle.dumps(OutputBatch([out])))
     texts = [state["detok"].text_of(o) for o in sent.outputs]
     got = pickle.loads(pickle.dumps(DetokBatch(sent.outputs, texts)))
-    whole = state["assembly"].apply(got.outputs[0]) if deltas else got.outputs[0]
-    build_result(whole, got.texts[0], req.logprob, state["with_text"], False, 0.0)
+    if deltas:  # the TokenizerManager's: lists put back together, logprob texts added once an entry
+        build_result(state["assembly"].apply(got.outputs[0]), got.texts[0], req.logprob, None, False, 0.0)
+    else:
+        build_result(got.outputs[0], got.texts[0], req.logprob, state["with_text"], False, 0.0)
 
 
 def engine_step(state: dict, deltas: bool) -> None:
     req, sp = state["req"], state["req"].sampling
-    if deltas:
-        text = state["decoded"].update(state["tok"], req.output_ids, sp.skip_special_tokens)
+    if deltas:  # Engine._result with a stream's view
+        out = state["assembly"].apply(as_delta(req, req.to_output(), state["sent"]))
+        text = state["decoded"].update(state["tok"], out.output_ids, sp.skip_special_tokens)
+        build_result(out, text, req.logprob, None, False, 0.0)
     else:
         text = output_text(state["tok"], req.output_ids, None, sp.skip_special_tokens, sp.no_stop_trim)
-    build_result(req.to_output(), text, req.logprob, state["with_text"], False, 0.0)
+        build_result(req.to_output(), text, req.logprob, state["with_text"], False, 0.0)
 
 
 def timed(step, make_state, tokens: int, ids: list, deltas: bool) -> tuple[float, float]:
@@ -82,9 +87,10 @@ def main() -> None:
         def make_state(deltas: bool, lp=lp) -> dict:
             detok = Detokenizer(tok)
             detok.register({"r": DecodeParams()})
+            want = lp is not None and lp.return_text_in_logprobs
             return {"req": Req("r", [1, 2, 3], SamplingParams.from_dict({"max_new_tokens": 5000}), lp or LogprobOptions()),
-                    "sent": Sent(), "assembly": Assembly(), "detok": detok, "decoded": IncrementalText(), "tok": tok,
-                    "with_text": cached if deltas else uncached}  # fmt: skip
+                    "sent": Sent(), "assembly": Assembly(convert=lambda pairs: cached(pairs, want)), "detok": detok,
+                    "decoded": IncrementalText(), "tok": tok, "with_text": cached if deltas else uncached}  # fmt: skip
         for path, step in (("server report", server_step), ("Engine stream", engine_step)):
             now, before = timed(step, make_state, len(ids), ids, True), timed(step, make_state, len(ids), ids, False)
             print(f"| {path} | {name} | {now[0]:.1f} / {now[1]:.1f} | {before[0]:.1f} / {before[1]:.1f} | "

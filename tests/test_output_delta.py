@@ -69,3 +69,22 @@ def test_the_detokenizer_decodes_a_stream_from_its_deltas_through_a_cut(tokenize
     req.finish({"type": "length", "length": len(req.output_ids)})
     assert detok.text_of(as_delta(req, req.to_output(), sent)) == tokenizer.decode(req.output_ids)
     assert "r" not in detok.states
+
+
+def test_an_assembly_with_a_converter_turns_each_logprob_entry_into_a_triple_once():
+    """The TokenizerManager's: entries converted as they arrive (a whole report too), so a result copies the lists
+    instead of converting every entry of a long stream again (review, session 29)."""
+    from radixflow.runtime.generate_request import build_result
+
+    calls = []
+    convert = lambda pairs: calls.append(len(pairs)) or [[lp, tid, f"t{tid}"] for lp, tid in pairs]  # noqa: E731
+    req = Req("r", [1, 2, 3], SamplingParams.from_dict({}), LogprobOptions(True, 0, 2, True))
+    sent, assembly = Sent(), Assembly(convert=convert)
+    for _ in range(3):
+        _grow(req, 2)
+        result = build_result(assembly.apply(as_delta(req, req.to_output(), sent)), "", req.logprob, None, False, 0.0)
+    assert result["meta_info"]["output_token_logprobs"] == [[-0.5, t, f"t{t}"] for t in req.output_ids]
+    assert result["meta_info"]["output_top_logprobs"][-1] == [[-0.5, 105, "t105"], [-1.5, 7, "t7"]]
+    assert sum(calls) == 6 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs each
+    again = Assembly(convert=convert).apply(req.to_output())  # a non-streamed request's one whole report
+    assert again.new_output_token_logprobs == result["meta_info"]["output_token_logprobs"]

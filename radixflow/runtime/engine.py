@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import weakref
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Iterator, Optional, Union
 
 from radixflow.errors import RadixflowError, ServerBusyError
@@ -23,6 +24,7 @@ from radixflow.runtime.distributed.tp_launch import TPRankFailed
 from radixflow.runtime.gc_freeze import EngineFreeze
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
 from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
+from radixflow.runtime.output_delta import Assembly, Sent, as_delta
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
 
@@ -142,7 +144,7 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
-        texts, cuts = [IncrementalText() for _ in reqs], [0] * len(reqs)
+        views = [_StreamView(Assembly(convert=self._logprob_texts(r))) for r in reqs]
         all_done = AllFinished(reqs)
         try:
             while True:
@@ -152,9 +154,7 @@ class Engine:
                         _raise_if_refused(r.finish_reason or {})
                     if len(r.output_ids) != sent[i] or (r.finished and sent[i] >= 0 and sent[i] != -2):
                         sent[i] = -2 if r.finished else len(r.output_ids)
-                        if r.cuts != cuts[i]:  # outputs cut back: their text is decoded again
-                            cuts[i], texts[i] = r.cuts, IncrementalText()
-                        out = self._result(r, finished=r.finished, decoded=texts[i])
+                        out = self._result(r, finished=r.finished, view=views[i])
                         if not single:
                             out["index"] = i
                         yield out
@@ -164,17 +164,30 @@ class Engine:
             if not all_done():
                 self._abort(reqs)
 
-    def _result(self, req: Req, finished: bool = True, decoded: Optional[IncrementalText] = None) -> dict:
-        """The request's result; while it runs, with the text `decoded` so far (decoded a window at a time; a
-        stop string's possible beginning held back, as the server's streams do)."""
+    def _result(self, req: Req, finished: bool = True, view: Optional["_StreamView"] = None) -> dict:
+        """The request's result; for a stream (`view`), its text so far decoded a window at a time (a stop string's
+        possible beginning held back, as the server's streams do) and its lists from the view's deltas."""
         sp = req.sampling
-        if finished or decoded is None:
-            text = output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+        if view is None:
+            return build_result(req.to_output(), self._text(req), req.logprob, self.scheduler.logprobs.with_text,
+                                finished, time.time() - req.created)  # fmt: skip
+        if req.cuts != view.cuts:  # outputs cut back: their text is decoded again
+            view.cuts, view.text = req.cuts, IncrementalText()
+        out = view.lists.apply(as_delta(req, req.to_output(), view.sent))
+        if finished:
+            text = output_text(self.tokenizer, out.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
         else:
-            text = decoded.update(self.tokenizer, req.output_ids, sp.skip_special_tokens)
+            text = view.text.update(self.tokenizer, out.output_ids, sp.skip_special_tokens)
             text = text[: len(text) - partial_stop_len(text, sp.cut_strs)]
-        return build_result(req.to_output(), text, req.logprob, self.scheduler.logprobs.with_text, finished,
-                            time.time() - req.created)
+        return build_result(out, text, req.logprob, None, finished, time.time() - req.created)
+
+    def _text(self, req: Req) -> str:
+        sp = req.sampling
+        return output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
+
+    def _logprob_texts(self, req: Req):
+        want, with_text = req.logprob.return_text_in_logprobs, self.scheduler.logprobs.with_text
+        return lambda pairs: with_text(pairs, want)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list], stream: bool = False) -> Union[dict, list, Iterator[dict]]:
@@ -294,6 +307,17 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
+
+
+@dataclass
+class _StreamView:
+    """One request of a stream as its caller sees it: its lists put back together from deltas (output_delta), each
+    logprob's text added once, and its text decoded a window at a time, so a late yield costs what an early one does."""
+
+    lists: Assembly
+    sent: Sent = field(default_factory=Sent)
+    text: IncrementalText = field(default_factory=IncrementalText)
+    cuts: int = 0
 
 
 def _raise_if_rejected(out: dict) -> dict:

@@ -246,7 +246,10 @@ def build_result(
 ) -> dict:
     """SGLang's response shape {text, output_ids, meta_info} for a request's output so far: the one
     place the Engine and the server's tokenizer manager build results. `logprob_text`: turns
-    (logprob, id) pairs into SGLang's triples (LogprobCollector.with_text)."""
+    (logprob, id) pairs into SGLang's triples (LogprobCollector.with_text); None where `out`'s lists hold the
+    triples already (output_delta.Assembly's), copied here as a later report extends them."""
+    if logprob_text is None:
+        logprob_text = _copied
     meta = {
         "id": out.rid,
         "prompt_tokens": out.prompt_tokens,
@@ -265,7 +268,14 @@ def build_result(
         meta["output_token_logprobs"] = logprob_text(out.new_output_token_logprobs, want)
         meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
         if logprob.top_logprobs_num:
-            tops = out.input_top_logprobs or []
-            meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in tops]
-            meta["output_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in out.new_output_top_logprobs]
+            tops, new_tops = out.input_top_logprobs or [], out.new_output_top_logprobs
+            if logprob_text is _copied:  # each entry a finished list of triples
+                meta["input_top_logprobs"], meta["output_top_logprobs"] = list(tops), list(new_tops)
+            else:
+                meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in tops]
+                meta["output_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in new_tops]
     return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
+
+
+def _copied(entries: list, want_text: bool) -> list:
+    return list(entries)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable, Optional
 
 from radixflow.runtime.scheduling.req import Req, ReqOutput
 
@@ -31,24 +32,34 @@ def as_delta(req: Req, out: ReqOutput, sent: Sent) -> ReqOutput:
     """`out` (req's whole lists, by reference) as what they gained since `sent`, which then records this report."""
     cut = req.cuts != sent.cuts
     starts = tuple(0 if cut and i < _OUTPUT_LISTS else n for i, n in enumerate(sent.lengths))
-    whole = [getattr(out, name) or [] for name in _LISTS]
-    sent.lengths, sent.cuts = [len(lst) for lst in whole], req.cuts
-    tails = {name: lst[start:] for name, lst, start in zip(_LISTS, whole, starts)}
-    return dataclasses.replace(out, **tails, starts=starts)
+    tails = [(getattr(out, name) or [])[start:] for name, start in zip(_LISTS, starts)]
+    sent.lengths, sent.cuts = [start + len(tail) for start, tail in zip(starts, tails)], req.cuts  # from the slices:
+    return dataclasses.replace(out, **dict(zip(_LISTS, tails)), starts=starts)  # an Engine's lists may grow meanwhile
 
 
 @dataclass
 class Assembly:
-    """The receiver's whole lists of one streamed request, put back together from its reports."""
+    """The receiver's whole lists of one request, put back together from its reports. With `convert` (logprob pairs
+    -> the result's [logprob, id, text] triples) each logprob entry is converted once, as it arrives, and the lists
+    hold the triples (generate_request.build_result with logprob_text None): converted again at every report, a
+    long stream's entries cost O(n) text lookups a token."""
 
+    convert: Optional[Callable[[list], list]] = None
     lists: list = field(default_factory=lambda: [[] for _ in _LISTS])
 
     def apply(self, out: ReqOutput) -> ReqOutput:
-        """`out` with its whole lists (itself where it carries them whole)."""
-        if out.starts is None:
+        """`out` with its whole lists (with convert: always; without: itself where it carries them whole)."""
+        if out.starts is None and self.convert is None:
             return out
-        for lst, name, start in zip(self.lists, _LISTS, out.starts):
+        for i, (lst, name, start) in enumerate(zip(self.lists, _LISTS, out.starts or (0,) * len(_LISTS))):
             assert start <= len(lst), f"a report of {out.rid} starts past what arrived before"
             del lst[start:]
-            lst.extend(getattr(out, name) or [])
+            lst.extend(self._converted(i, getattr(out, name) or []))
         return dataclasses.replace(out, **dict(zip(_LISTS, self.lists)), starts=None)
+
+    def _converted(self, i: int, entries: list) -> list:
+        if self.convert is None or _LISTS[i] == "output_ids":
+            return entries
+        if "top" in _LISTS[i]:
+            return [None if t is None else self.convert(t) for t in entries]
+        return self.convert(entries)

@@ -52,7 +52,7 @@ class Pending:
     last_len: int = 0
     done: bool = False
     req: Any = None  # the request as sent, kept for --log-requests
-    assembly: Assembly = field(default_factory=Assembly)  # a stream's whole lists, from its reports' deltas
+    assembly: Assembly = field(default_factory=Assembly)  # its whole lists, from its reports (deltas when streamed)
 
 
 @dataclass
@@ -136,7 +136,7 @@ class TokenizerManager:
         now = time.time()
         for i, r in enumerate(reqs):
             self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now,
-                                          req=r if self.args.log_requests else None)
+                                          req=r if self.args.log_requests else None, assembly=self._assembly(r))
         self.send(TokenizedBatch(reqs, stream=stream))
         left = len(reqs)
         try:
@@ -252,8 +252,14 @@ class TokenizerManager:
         if finished:
             self.metrics.on_finish(out.prompt_tokens, out.cached_tokens, now - p.created)
 
+    def _assembly(self, req) -> Assembly:
+        """Where a request's reports are put back together, its logprob entries turned into the result's triples
+        once each (a request without logprobs has none)."""
+        want, with_text = req.logprob.return_text_in_logprobs, self.logprobs.with_text
+        return Assembly(convert=lambda pairs: with_text(pairs, want))
+
     def result(self, p: Pending, out: ReqOutput, text: str, finished: bool, now: float) -> dict:
-        return build_result(out, text, p.logprob, self.logprobs.with_text, finished, now - p.created)
+        return build_result(out, text, p.logprob, None, finished, now - p.created)  # out's lists: the assembly's
 
     def fail_all(self, reason: str) -> None:
         """A child process died: every waiting caller gets an error now."""
