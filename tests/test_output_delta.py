@@ -88,3 +88,26 @@ def test_an_assembly_with_a_converter_turns_each_logprob_entry_into_a_triple_onc
     assert sum(calls) == 6 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs each
     again = Assembly(convert=convert).apply(req.to_output())  # a non-streamed request's one whole report
     assert again.new_output_token_logprobs == result["meta_info"]["output_token_logprobs"]
+
+
+def test_an_engine_stream_view_starts_its_text_over_after_a_cut(engine, tokenizer):
+    """Engine._result for a stream: text decoded a window at a time and lists from deltas; after the outputs were cut
+    back and grew other tokens, the text is the new tokens' (decoded again), not the cut ones' (review, session 29)."""
+    from radixflow.runtime.engine import _StreamView
+
+    req = Req("r", [1], SamplingParams.from_dict({}), LogprobOptions(True, -1, 0, True))
+    view = _StreamView(Assembly(convert=engine._logprob_texts(req)))
+    first = tokenizer.encode(" one two three four five", add_special_tokens=False)
+    other = tokenizer.encode(" six seven", add_special_tokens=False)
+    for tok in first:
+        req.output_ids.append(tok)
+        req.output_token_logprobs.append((-0.1, tok))
+        engine._result(req, finished=False, view=view)
+    req.drop_output_logprobs(3)
+    req.cut_outputs(len(first) - 3)
+    for tok in other:
+        req.output_ids.append(tok)
+        req.output_token_logprobs.append((-0.2, tok))
+    out = engine._result(req, finished=False, view=view)
+    assert out["text"] == tokenizer.decode(req.output_ids) and out["output_ids"] == req.output_ids
+    assert [t[1] for t in out["meta_info"]["output_token_logprobs"]] == req.output_ids
