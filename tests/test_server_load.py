@@ -125,6 +125,30 @@ def test_stream_disconnect_frees_kv(server):
     assert_no_leak(info)
 
 
+def test_a_rid_reused_right_after_its_client_left_gets_none_of_the_old_reports(server):
+    """A stream with a rid, left after its first chunk, then the same body again at once: the old request's reports
+    reached the new one (its stream ended early), and with reports as deltas they broke the loop that delivers every
+    output (the server answered nothing more: fuzzing, session 29). The rid is now in use until the old request's last
+    report; a retry then runs in full."""
+    body = {"text": "Tell me about the ocean.", "rid": "reuse-1", "stream": True, "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}  # fmt: skip
+    with server.client() as c:
+        with c.stream("POST", "/generate", json=body) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: "))
+        for _ in range(100):
+            with c.stream("POST", "/generate", json=body) as r:
+                r.read()
+            if r.status_code == 200:
+                break
+            assert r.status_code == 400 and "already in use" in r.text
+            time.sleep(0.05)
+        events = [json.loads(x[6:]) for x in r.text.splitlines() if x.startswith("data: {")]
+        assert events[-1]["meta_info"]["finish_reason"]["type"] == "length" and len(events[-1]["output_ids"]) == 24
+        ok = c.post("/generate", json={"text": "still alive?", "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}})
+        assert ok.status_code == 200
+    assert_no_leak(wait_idle(server))
+
+
 def test_nonstream_disconnect_frees_kv(server):
     with server.client(timeout=3) as c, pytest.raises(httpx.ReadTimeout):
         c.post("/generate", json={"text": "Another endless poem.", "sampling_params": LONG})

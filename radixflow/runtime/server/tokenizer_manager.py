@@ -37,6 +37,7 @@ from radixflow.runtime.server.server_messages import (
 )
 
 log = logging.getLogger("radixflow.tokenizer_manager")
+ABANDONED_KEEP_S = 30.0  # a request whose client left holds its rid until its last report, or this long at most
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Pending:
     done: bool = False
     req: Any = None  # the request as sent, kept for --log-requests
     assembly: Assembly = field(default_factory=Assembly)  # its whole lists, from its reports (deltas when streamed)
+    abandoned: float = 0.0  # when its caller left before it finished: kept (its rid in use) until its last report
 
 
 @dataclass
@@ -155,14 +157,30 @@ class TokenizerManager:
     def _check_rids(self, reqs: list, group: Optional[str] = None) -> None:
         seen = set()
         for rid in [r.rid for r in reqs] + ([] if group is None else [group]):
-            if rid in self.pending or rid in self.groups or rid in seen:
-                raise RadixflowError(f"rid {rid!r} is already in use by a running request; choose another rid")
+            if self._in_use(rid) or rid in self.groups or rid in seen:
+                raise RadixflowError(f"rid {rid!r} is already in use by a running request (one whose client left stays "
+                                     "in use until the scheduler has stopped it, milliseconds); choose another rid")
             seen.add(rid)
 
+    def _in_use(self, rid: str) -> bool:
+        p = self.pending.get(rid)
+        if p is not None and p.abandoned and time.time() - p.abandoned > ABANDONED_KEEP_S:
+            del self.pending[rid]  # its last report never came (the scheduler had dropped it)
+            return False
+        return p is not None
+
     def _abort_unfinished(self, rids: list) -> None:
+        """The call is over: its finished requests are forgotten; an unfinished one (its client left) is aborted
+        and kept until its last report, so that a new request with its rid gets none of its reports (reused at
+        once, the rid's old reports reached the new request: fuzzing, session 29)."""
         for rid in rids:
-            p = self.pending.pop(rid, None)
-            if p is not None and not p.done:
+            p = self.pending.get(rid)
+            if p is None:
+                continue
+            if p.done:
+                del self.pending[rid]
+            else:
+                p.done, p.abandoned = True, time.time()
                 self.send(AbortReq(rid))
 
     def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
@@ -202,20 +220,26 @@ class TokenizerManager:
     async def _recv_loop(self) -> None:
         while True:
             msg = await self.recv_sock.recv_pyobj()
-            if isinstance(msg, DetokBatch):
-                self._dispatch(msg)
-            elif isinstance(msg, ControlReply) and msg.req_id in self.program_streams:
-                self.program_streams[msg.req_id].put_nowait(msg)
-            elif isinstance(msg, ControlReply):
-                fut = self.controls.get(msg.req_id)
-                if fut is not None and not fut.done():
-                    fut.set_result(msg.result)
-            elif isinstance(msg, ProgramDelta):
-                q = self.program_streams.get(msg.req_id)
-                if q is not None:
-                    q.put_nowait(msg)
-            elif isinstance(msg, StatsSnapshot):
-                self._on_stats(msg)
+            try:
+                self._handle(msg)
+            except Exception:  # a bug must not end the loop that delivers every request's output
+                log.exception("handling a %s failed", type(msg).__name__)
+
+    def _handle(self, msg) -> None:
+        if isinstance(msg, DetokBatch):
+            self._dispatch(msg)
+        elif isinstance(msg, ControlReply) and msg.req_id in self.program_streams:
+            self.program_streams[msg.req_id].put_nowait(msg)
+        elif isinstance(msg, ControlReply):
+            fut = self.controls.get(msg.req_id)
+            if fut is not None and not fut.done():
+                fut.set_result(msg.result)
+        elif isinstance(msg, ProgramDelta):
+            q = self.program_streams.get(msg.req_id)
+            if q is not None:
+                q.put_nowait(msg)
+        elif isinstance(msg, StatsSnapshot):
+            self._on_stats(msg)
 
     def _on_stats(self, s: StatsSnapshot) -> None:
         self.stats = s
@@ -227,23 +251,36 @@ class TokenizerManager:
         now = time.time()
         for out, text in zip(batch.outputs, batch.texts):
             p = self.pending.get(out.rid)
-            if p is None or p.done:
-                continue
-            out = p.assembly.apply(out)
-            reason = out.finish_reason or {}
-            error = out.error
-            if error is None and reason.get("status_code", 200) >= 400:  # rejected before it ran
-                error = reason.get("message", "request rejected")
-            finished = out.finished or error is not None
-            self._record(p, out, now, finished)
-            if finished and p.req is not None:
-                request_log.log.info(request_log.finished_line(self.args.log_requests_level, p.req, out, text,
-                                                               now - p.created, self.tokenizer.decode))
-            p.done = finished
-            if error is not None:
-                self.send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
-            status = reason.get("status_code", 500) if error else 200
-            p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, error, status))
+            if p is not None and p.abandoned:
+                if out.finished:  # its last report: the rid is free again
+                    del self.pending[out.rid]
+            elif p is not None and not p.done:
+                try:
+                    self._deliver(p, out, text, now)
+                except Exception as e:  # fail this request, keep delivering the others
+                    log.exception("delivering an output of %s failed", out.rid)
+                    p.done = True
+                    self.send(AbortReq(out.rid))
+                    error = f"internal error: {type(e).__name__}: {e}"
+                    p.queue.put_nowait(Event(p.index, {"text": "", "output_ids": [], "meta_info": {"id": out.rid}},
+                                             True, error, 500))  # fmt: skip
+
+    def _deliver(self, p: Pending, out: ReqOutput, text: str, now: float) -> None:
+        out = p.assembly.apply(out)
+        reason = out.finish_reason or {}
+        error = out.error
+        if error is None and reason.get("status_code", 200) >= 400:  # rejected before it ran
+            error = reason.get("message", "request rejected")
+        finished = out.finished or error is not None
+        self._record(p, out, now, finished)
+        if finished and p.req is not None:
+            request_log.log.info(request_log.finished_line(self.args.log_requests_level, p.req, out, text,
+                                                           now - p.created, self.tokenizer.decode))
+        p.done = finished
+        if error is not None:
+            self.send(AbortReq(out.rid))  # harmless if the scheduler already dropped it
+        status = reason.get("status_code", 500) if error else 200
+        p.queue.put_nowait(Event(p.index, self.result(p, out, text, finished, now), finished, error, status))
 
     def _record(self, p: Pending, out: ReqOutput, now: float, finished: bool) -> None:
         n = len(out.output_ids)
