@@ -209,10 +209,10 @@ class Engine:
         return outs if isinstance(program, list) else outs[0]
 
     def run_programs_apart(self, programs: list, ops: Optional[list] = None, pieces: Optional[list] = None) -> list:
-        """run_program for a batch whose programs fail apart (the DSL's run_batch): each program's output, or
-        the RadixflowError (ServerBusyError) that refused it, before running (its parameters) or while running (e.g. a prompt over
-        the context); the others run. `ops` / `pieces`: what a program template checked and tokenized before
-        (program_ops.check_programs with this Engine's builder, text_pieces.constant_pieces)."""
+        """run_program for a batch whose programs fail apart (the DSL's run_batch): each program's output, or the
+        RadixflowError / ServerBusyError that refused it, before running (its parameters) or while running (e.g. a
+        prompt over the context); the others run. `ops` / `pieces`: what a program template checked and tokenized
+        before (program_ops.check_programs with this Engine's builder, text_pieces.constant_pieces)."""
         from radixflow.runtime.programs.program_engine import run_programs
         from radixflow.runtime.programs.program_ops import check_programs
 
