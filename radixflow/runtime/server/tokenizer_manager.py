@@ -55,6 +55,7 @@ class Pending:
     req: Any = None  # the request as sent, kept for --log-requests
     assembly: Assembly = field(default_factory=Assembly)  # its whole lists, from its reports (deltas when streamed)
     abandoned: float = 0.0  # when its caller left before it finished: kept (its rid in use) until its last report
+    last_report: bool = False  # the scheduler's last report for it arrived (one failed on an error may still send)
 
 
 @dataclass
@@ -177,11 +178,12 @@ class TokenizerManager:
             p = self.pending.get(rid)
             if p is None:
                 continue
-            if p.done:
+            if p.last_report:
                 del self.pending[rid]
             else:
+                if not p.done:
+                    self.send(AbortReq(rid))
                 p.done, p.abandoned = True, time.time()
-                self.send(AbortReq(rid))
 
     def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
         """Abort `rid`: a request's, or the rid a call was sent with (all of its requests), or everything."""
@@ -266,6 +268,7 @@ class TokenizerManager:
                                              True, error, 500))  # fmt: skip
 
     def _deliver(self, p: Pending, out: ReqOutput, text: str, now: float) -> None:
+        p.last_report = out.finished
         out = p.assembly.apply(out)
         reason = out.finish_reason or {}
         error = out.error
