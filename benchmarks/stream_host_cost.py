@@ -3,8 +3,8 @@ what a stream does each step besides the forward pass: the server's report (sche
 pickle -> TokenizerManager result) and the in-process Engine's growing result. Each is timed two ways in the same
 run: as radixflow does it now (reports carry deltas, each logprob's text added once, the Engine's text decoded
 incrementally)
-and as it did before session 29 (whole lists in every report, every logprob's text decoded again, the whole
-output decoded every step). A cost that grows with the output's length shows as late / early > 1.
+and as it did before session 29, re-created here with today's functions (whole lists in every report, every
+logprob's text decoded again, the whole output decoded every step), not the old commit's code. A cost that grows with the output's length shows as late / early > 1.
 
     python benchmarks/stream_host_cost.py [--tokens 2000]
 """

@@ -10,6 +10,7 @@ import sys
 import pytest
 
 import radixflow as rf
+from radixflow.runtime.async_threads import iterate_in_thread
 from radixflow.lang.backends.engine_backend import EngineBackend
 
 from lang_programs import FEW_SHOT, capital_select, chat_two_turns, concat_story, few_shot_qa, tips
@@ -93,9 +94,19 @@ def test_streaming_text_iter_yields_the_generated_text(backend):
     assert whole == state.text()
 
 
-def test_text_async_iter_streams_many_programs_on_one_event_loop(backend):
+def test_text_async_iter_streams_many_programs_on_one_event_loop(backend, monkeypatch):
     """Each stream's deltas add up to its variable, several at once on one loop; a consumer that stops early leaves
-    its program to finish."""
+    its program to finish. The deltas come through the shared async pool (iterate_in_thread), not the loop's small
+    default executor, where each waiting stream held one of its few threads."""
+    import radixflow.lang.state as state_module
+
+    pooled = []
+
+    def spy(it):
+        pooled.append(it)
+        return iterate_in_thread(it)
+
+    monkeypatch.setattr(state_module, "iterate_in_thread", spy)
     questions = [f"What is the capital of {c}?" for c in ("Italy", "France", "Spain")]
 
     async def joined(q: str, stop_early: bool) -> tuple:
@@ -115,6 +126,7 @@ def test_text_async_iter_streams_many_programs_on_one_event_loop(backend):
         assert text == state["answer"] == few_shot_qa.run(question=q, max_new_tokens=8, **GREEDY)["answer"]
     first, text = results[0]
     assert first["answer"].startswith(text) and text
+    assert len(pooled) == 3
 
 
 def test_run_batch_of_16_in_order_sharing_the_prefix_kv(backend, engine):

@@ -96,7 +96,7 @@ def test_an_engine_stream_view_starts_its_text_over_after_a_cut(engine, tokenize
     from radixflow.runtime.engine import _StreamView
 
     req = Req("r", [1], SamplingParams.from_dict({}), LogprobOptions(True, -1, 0, True))
-    view = _StreamView(Assembly(convert=engine._logprob_texts(req)))
+    view = _StreamView(Assembly.with_texts(engine.scheduler.logprobs.with_text, req.logprob))
     first = tokenizer.encode(" one two three four five", add_special_tokens=False)
     other = tokenizer.encode(" six seven", add_special_tokens=False)
     for tok in first:

@@ -278,9 +278,9 @@ def _failed(b, defaults: dict, error: GenerationError) -> ProgramState:
 
 def _replayed_or_failed(graph: Graph, out: Union[dict, GenerationError], b, defaults: dict) -> ProgramState:
     """A run_batch graph's state: its results replayed, or a failed state for the error that failed it."""
+    if isinstance(out, GenerationError):
+        return _failed(b, defaults, out)
     try:
-        if isinstance(out, GenerationError):
-            raise out
         return _replayed(graph, out, b, defaults)
     except GenerationError as e:
         return _failed(b, defaults, e)

@@ -142,8 +142,8 @@ def resolve(value: Any, get: Callable[[str], Any]) -> Any:
         return get(value.name)
     if type(value) in _CONTAINERS:
         return type(value)(resolve(v, get) for v in value)
-    if type(value) is dict:
-        return {resolve(k, get): resolve(v, get) for k, v in value.items()}
+    if type(value) is dict:  # keys hold no variables (kept: a placeholder has no hash)
+        return {k: resolve(v, get) for k, v in value.items()}
     return value
 
 

@@ -144,7 +144,7 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
-        views = [_StreamView(Assembly(convert=self._logprob_texts(r))) for r in reqs]
+        views = [_StreamView(Assembly.with_texts(self.scheduler.logprobs.with_text, r.logprob)) for r in reqs]
         all_done = AllFinished(reqs)
         try:
             while True:
@@ -167,27 +167,17 @@ class Engine:
     def _result(self, req: Req, finished: bool = True, view: Optional["_StreamView"] = None) -> dict:
         """The request's result; for a stream (`view`), its text so far decoded a window at a time (a stop string's
         possible beginning held back, as the server's streams do) and its lists from the view's deltas."""
-        sp = req.sampling
-        if view is None:
-            return build_result(req.to_output(), self._text(req), req.logprob, self.scheduler.logprobs.with_text,
-                                finished, time.time() - req.created)  # fmt: skip
-        if req.cuts != view.cuts:  # outputs cut back: their text is decoded again
-            view.cuts, view.text = req.cuts, IncrementalText()
-        out = view.lists.apply(as_delta(req, req.to_output(), view.sent))
-        if finished:
+        sp, out, with_text = req.sampling, req.to_output(), self.scheduler.logprobs.with_text
+        if view is not None:
+            if req.cuts != view.sent.cuts:  # outputs cut back since the last yield: their text is decoded again
+                view.text = IncrementalText()
+            out, with_text = view.lists.apply(as_delta(req, out, view.sent)), None  # None: its lists hold the triples
+        if finished or view is None:
             text = output_text(self.tokenizer, out.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
         else:
             text = view.text.update(self.tokenizer, out.output_ids, sp.skip_special_tokens)
             text = text[: len(text) - partial_stop_len(text, sp.cut_strs)]
-        return build_result(out, text, req.logprob, None, finished, time.time() - req.created)
-
-    def _text(self, req: Req) -> str:
-        sp = req.sampling
-        return output_text(self.tokenizer, req.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
-
-    def _logprob_texts(self, req: Req):
-        want, with_text = req.logprob.return_text_in_logprobs, self.scheduler.logprobs.with_text
-        return lambda pairs: with_text(pairs, want)
+        return build_result(out, text, req.logprob, with_text, finished, time.time() - req.created)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list], stream: bool = False) -> Union[dict, list, Iterator[dict]]:
@@ -317,7 +307,6 @@ class _StreamView:
     lists: Assembly
     sent: Sent = field(default_factory=Sent)
     text: IncrementalText = field(default_factory=IncrementalText)
-    cuts: int = 0
 
 
 def _raise_if_rejected(out: dict) -> dict:

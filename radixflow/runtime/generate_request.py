@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.piece_codec import piece_decoder
-from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput
+from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput, max_request_tokens
 from radixflow.runtime.sampling_params import SamplingParams, params_key
 
 CHECKED_MAX = 4096  # distinct sampling_params dicts a builder keeps parsed and checked
@@ -64,7 +64,7 @@ class RequestBuilder:
         self._check_count(sum(sp.n for sp in sps))  # before a request is made for each of n samples
         reqs = []
         for i, ids in enumerate(prompts):
-            sp = _fit_context(sps[i], min(self.context_len, self.max_pool_tokens + 1) - len(ids))
+            sp = _fit_context(sps[i], max_request_tokens(self.context_len, self.max_pool_tokens) - len(ids))
             lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
@@ -159,7 +159,7 @@ DEFAULT_MAX_NEW_TOKENS = SamplingParams().max_new_tokens
 
 
 def _fit_context(sp: SamplingParams, room: int) -> SamplingParams:
-    """`sp` with max_new_tokens cut to the `room` the context length (or the KV pool: kv_reserve.seq_limit) leaves
+    """`sp` with max_new_tokens cut to the `room` the context length (or the KV pool: req.max_request_tokens) leaves
     after the prompt: the output ends there anyway, and a grammar's budget must close it within that room, not within
     max_new_tokens."""
     if sp.max_new_tokens <= room:

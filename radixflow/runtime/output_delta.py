@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from radixflow.runtime.scheduling.req import Req, ReqOutput
+from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput
 
 _LISTS = ("output_ids", "new_output_token_logprobs", "new_output_top_logprobs", "input_token_logprobs",
           "input_top_logprobs")  # fmt: skip
@@ -46,6 +46,15 @@ class Assembly:
 
     convert: Optional[Callable[[list], list]] = None
     lists: list = field(default_factory=lambda: [[] for _ in _LISTS])
+
+    @classmethod
+    def with_texts(cls, with_text: Callable[[list, bool], list], options: LogprobOptions) -> "Assembly":
+        """An Assembly whose logprob entries become the triples `options` asks for (LogprobCollector.with_text); a
+        request without logprobs has none to convert."""
+        if not options.return_logprob:
+            return cls()
+        want = options.return_text_in_logprobs
+        return cls(convert=lambda pairs: with_text(pairs, want))
 
     def apply(self, out: ReqOutput) -> ReqOutput:
         """`out` with its whole lists (with convert: always; without: itself where it carries them whole)."""

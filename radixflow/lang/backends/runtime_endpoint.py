@@ -7,8 +7,9 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Optional
 
+from radixflow.errors import RadixflowError
 from radixflow.lang.backends.base import NativeBackend
-from radixflow.lang.backends.http_util import check, client, error_message, sse_events
+from radixflow.lang.backends.http_util import check, client, sse_events
 
 MAX_PARALLEL_PROGRAMS = 128
 
@@ -40,9 +41,10 @@ class RuntimeEndpoint(NativeBackend):
 
     def run_graphs(self, programs: list, on_result: Optional[Callable[[int, dict], None]] = None) -> list:
         def one(i: int) -> dict:
-            r = self.client.post("/program", json={"program": programs[i]})
-            failed = r.status_code >= 400  # this program's alone: the others run on
-            out = {"error": f"POST /program failed ({r.status_code}): {error_message(r)}"} if failed else r.json()
+            try:
+                out = check(self.client.post("/program", json={"program": programs[i]}), "POST /program").json()
+            except RadixflowError as e:  # this program's alone: the others run on
+                out = {"error": str(e)}
             if on_result is not None:
                 on_result(i, out)
             return out

@@ -39,13 +39,6 @@ if TYPE_CHECKING:
 CLIP_NEW_TOKENS = 4096  # a budget counts as at most this many tokens
 
 
-def seq_limit(runner) -> int:
-    """The most tokens a request may hold: its context, or the whole KV pool (the last token needs no KV). A request
-    that outgrew the pool was retracted and never admitted again, and every request queued behind it waited for ever
-    (fuzzing, session 29); it now finishes there with "length", as SGLang caps max_new_tokens by the pool."""
-    return min(runner.context_len, runner.kv_pool.allocator.capacity_slots + 1)
-
-
 def may_stop_early(req: Req) -> bool:
     p = req.sampling
     stops = bool(p.stop_strs) or p.stop_patterns is not None or bool(p.stop_token_ids)

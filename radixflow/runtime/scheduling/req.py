@@ -13,6 +13,13 @@ if TYPE_CHECKING:  # annotations only: the detokenizer and the HTTP process impo
     import torch
 
 
+def max_request_tokens(context_len: int, pool_slots: int) -> int:
+    """The most tokens a request may hold: its context, or the whole KV pool (the last token needs no KV). A request
+    that outgrew the pool was retracted and never admitted again, and every request queued behind it waited for ever
+    (fuzzing, session 29); it now finishes there with "length", as SGLang caps max_new_tokens by the pool."""
+    return min(context_len, pool_slots + 1)
+
+
 class ReqState(Enum):
     GRAMMAR_PENDING = "grammar_pending"
     WAITING = "waiting"

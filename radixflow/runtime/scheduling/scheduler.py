@@ -26,10 +26,10 @@ from radixflow.constrained.batch_mask import accept_tokens
 from radixflow.radix_cache.radix_tree import RadixCache
 from radixflow.runtime.execution.forward_batch import ForwardMode
 from radixflow.runtime.scheduling.kv_manager import KVManager
-from radixflow.runtime.scheduling.kv_reserve import KVReserve, seq_limit
+from radixflow.runtime.scheduling.kv_reserve import KVReserve
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
 from radixflow.runtime.execution.model_runner import ModelRunner
-from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
+from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState, max_request_tokens
 from radixflow.runtime.scheduling.sampler import SampleResult, record_sampled, sample
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
@@ -75,7 +75,7 @@ class Scheduler:
         self.pending_grammar: list[Req] = []
         self._seq = itertools.count()
         self.new_token_ratio = NEW_TOKEN_RATIO_INIT  # the ratio admission rule's (kv_reserve.py)
-        self.reserve = KVReserve(args.admission_rule, seq_limit(runner), args.page_size)
+        self.reserve = KVReserve(args.admission_rule, max_request_tokens(runner.context_len, runner.kv_pool.allocator.capacity_slots), args.page_size)
         self.stats = SchedulerStats()
         self.grammar_backend = None  # created on the first constrained request
         self.emit_outputs = emit_outputs

@@ -139,7 +139,7 @@ class TokenizerManager:
         now = time.time()
         for i, r in enumerate(reqs):
             self.pending[r.rid] = Pending(r.rid, i, queue, now, r.logprob, last_time=now,
-                                          req=r if self.args.log_requests else None, assembly=self._assembly(r))
+                                          req=r if self.args.log_requests else None, assembly=Assembly.with_texts(self.logprobs.with_text, r.logprob))
         self.send(TokenizedBatch(reqs, stream=stream))
         left = len(reqs)
         try:
@@ -291,12 +291,6 @@ class TokenizerManager:
         p.last_len, p.last_time = n, now
         if finished:
             self.metrics.on_finish(out.prompt_tokens, out.cached_tokens, now - p.created)
-
-    def _assembly(self, req) -> Assembly:
-        """Where a request's reports are put back together, its logprob entries turned into the result's triples
-        once each (a request without logprobs has none)."""
-        want, with_text = req.logprob.return_text_in_logprobs, self.logprobs.with_text
-        return Assembly(convert=lambda pairs: with_text(pairs, want))
 
     def result(self, p: Pending, out: ReqOutput, text: str, finished: bool, now: float) -> dict:
         return build_result(out, text, p.logprob, None, finished, now - p.created)  # out's lists: the assembly's
