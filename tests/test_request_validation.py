@@ -300,3 +300,19 @@ def test_grammar_errors_say_what_is_wrong(server):
     assert wrong_method.status_code == 405 and wrong_method.headers["allow"] == "POST"
     assert wrong_method.json()["error"] == {"message": "GET is not allowed on /v1/chat/completions; use POST",
                                             "type": "invalid_request_error", "param": None, "code": 405}  # fmt: skip
+
+
+def test_chat_text_parts_are_joined_as_sglang_joins_them(server):
+    """A list of text parts was joined with "" (found in review: "Say" + "hello." rendered as "Sayhello."); SGLang
+    joins them with spaces for a template that takes text, and takes the responses API's "input_text" too."""
+    client = server.client()
+
+    def tokens(content):
+        r = client.post("/tokenize", json={"messages": [{"role": "user", "content": content}]})
+        assert r.status_code == 200, r.text
+        return r.json()["tokens"]
+
+    assert tokens([{"type": "text", "text": "Say"}, {"type": "input_text", "text": "hello."}]) == tokens("Say hello.")
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": "x"}}]}], "max_tokens": 1})
+    assert r.status_code == 400 and "only text parts are supported" in r.json()["error"]["message"]

@@ -263,13 +263,19 @@ def _messages(messages: Any) -> list:
     return out
 
 
+_TEXT_PARTS = ("text", "input_text")  # OpenAI's chat and responses spellings; SGLang takes both
+
+
 def _content(content: Any, i: int) -> str:
+    """A message's text. A list of text parts is joined with spaces, as SGLang renders it for a template that takes
+    text (vLLM uses newlines): "".join ran a part's last word into the next one's first."""
     if isinstance(content, str):
         return content
     if content is None:
         return ""
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
-        if any(p.get("type") != "text" or not isinstance(p.get("text"), str) for p in content):
-            raise RadixflowError(f"messages[{i}].content: only text parts are supported")
-        return "".join(p["text"] for p in content)
+        if any(p.get("type") not in _TEXT_PARTS or not isinstance(p.get("text"), str) for p in content):
+            raise RadixflowError(f"messages[{i}].content: only text parts are supported "
+                                 '({"type": "text", "text": ...}); images, audio and files are not')
+        return " ".join(p["text"] for p in content)
     raise RadixflowError(f"messages[{i}].content must be a string or a list of text parts")
