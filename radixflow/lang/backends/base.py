@@ -10,7 +10,7 @@ from radixflow.errors import RadixflowError
 from radixflow.lang.chat_template import ChatTemplate
 from radixflow.lang.interpreter import GenResult, Prompt, SelectResult
 from radixflow.lang.primitives import logprob_options
-from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta, shared_prefix_scores
+from radixflow.runtime.programs.choice_scoring import choose, logprob_values, score_choices, select_meta
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
 
 
@@ -157,11 +157,9 @@ class NativeBackend(Backend):
             inputs += cids
             starts += [0] * len(cids)
         outs = self._score(inputs, starts)
-        cond = shared_prefix_scores([logprob_values(o["meta_info"]["input_token_logprobs"]) for o in outs[: len(cids)]], cids)
-        uncond = shared_prefix_scores([logprob_values(o["meta_info"]["input_token_logprobs"]) for o in outs[len(cids) :]],
-                                      cids) or None  # fmt: skip
-        best = choose(method, cond, uncond)
-        return SelectResult(best, cids[best], select_meta(cond, uncond))
+        rows = [o["meta_info"]["input_token_logprobs"] for o in outs]
+        best, meta = score_choices(method, rows[: len(cids)], rows[len(cids) :], cids)
+        return SelectResult(best, cids[best], meta)
 
     def _score(self, inputs: list, starts: list) -> list:
         return self._counted(

@@ -66,6 +66,15 @@ def shared_prefix_scores(scores: list[list[float]], ids: list[list[int]]) -> lis
     return out
 
 
+def score_choices(method: str, cond_rows: list, uncond_rows: list, cids: list[list[int]]) -> tuple[int, dict]:
+    """The chosen choice and the select's meta, from each choice's input_token_logprobs after the prompt (`cond_rows`)
+    and, for unconditional_likelihood_normalized, alone (`uncond_rows`; empty otherwise): the one scoring both the
+    eager backends and the graph executor use."""
+    cond = shared_prefix_scores([logprob_values(r) for r in cond_rows], cids)
+    uncond = shared_prefix_scores([logprob_values(r) for r in uncond_rows], cids) or None
+    return choose(method, cond, uncond), select_meta(cond, uncond)
+
+
 def select_meta(cond: list[list[float]], uncond: Optional[list[list[float]]]) -> dict:
     meta = {"normalized_prompt_logprobs": [_mean(c) for c in cond], "input_token_logprobs": cond}
     if uncond is not None:

@@ -22,7 +22,7 @@ import uuid
 from typing import Callable, Optional, Union
 
 from radixflow.errors import RadixflowError
-from radixflow.runtime.programs.choice_scoring import choose, logprob_values, select_meta, shared_prefix_scores
+from radixflow.runtime.programs.choice_scoring import score_choices
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
 from radixflow.runtime.programs.program_meta import request_meta, run_meta
 from radixflow.runtime.programs.program_ops import Op, parse_program
@@ -294,11 +294,10 @@ class ProgramExecutor:
         if bad:
             _fail_from(st.run, f"select {op.name!r}", bad[0].finish_reason)
             return
-        cond = shared_prefix_scores([logprob_values(r.input_token_logprobs) for r in cond_reqs], cids)
-        uncond = shared_prefix_scores([logprob_values(r.input_token_logprobs) for r in uncond_reqs], cids) or None
-        best = choose(op.method, cond, uncond)
+        best, meta = score_choices(op.method, [r.input_token_logprobs for r in cond_reqs],
+                                   [r.input_token_logprobs for r in uncond_reqs], cids)
         st.ids.extend(cids[best])
-        self._record(st, op, op.choices[best], select_meta(cond, uncond))
+        self._record(st, op, op.choices[best], meta)
         self._appended(st, op.name, op.choices[best])
         st.choice = []
         st.pc += 1
