@@ -415,3 +415,26 @@ def test_gen_logprobs_have_one_shape_in_graph_and_eager_mode(backend):
     assert [g[k] == [] for k in keys[:2]] == [e[k] == [] for k in keys[:2]] == [True, True]
     assert [t[1:] for t in g["output_token_logprobs"]] == [t[1:] for t in e["output_token_logprobs"]]
     assert all(t[2] is None for t in e["output_token_logprobs"]) and len(g["output_top_logprobs"][0]) == 2
+
+
+def test_a_busy_backend_fails_a_program_alike_in_every_mode(backend, monkeypatch):
+    """ServerBusyError came out of a graph-mode run() bare, while eager mode and a streamed graph wrap it in a
+    GenerationError (review, session 29): now every mode raises GenerationError, the busy error its cause."""
+    from radixflow import ServerBusyError
+
+    def busy(*args, **kwargs):
+        raise ServerBusyError("the grammar compile workers are busy; retry later")
+
+    for name in ("run_graphs", "run_prepared", "run_graph_stream", "generate"):
+        monkeypatch.setattr(backend, name, busy)
+
+    @rf.function
+    def ask(s):
+        s += "Q: hi\nA:" + rf.gen("y", max_tokens=2)
+
+    for mode in ("graph", "eager"):
+        with pytest.raises(GenerationError, match="busy") as failed:
+            ask.run(backend=backend, mode=mode)
+        assert isinstance(failed.value.__cause__, ServerBusyError), mode
+    with pytest.raises(GenerationError, match="busy"):
+        ask.run(backend=backend, stream=True).sync()

@@ -219,8 +219,8 @@ def _run_graphs(b, compiled: list, name: str, on_result=None) -> list:
         return b.run_graphs([c[1] for c in compiled], on_result=on_result)
     except GenerationError:
         raise
-    except RadixflowError as e:  # e.g. a gen's sampling params rejected before running
-        raise GenerationError(f"program {name}: {e}") from e
+    except (RadixflowError, ServerBusyError) as e:  # e.g. a gen's sampling params rejected before running; a busy
+        raise GenerationError(f"program {name}: {e}") from e  # backend, as eager mode and a streamed graph raise it
 
 
 def _in_thread(state: ProgramState, body: Callable[[], None], name: str) -> None:
