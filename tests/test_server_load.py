@@ -226,3 +226,27 @@ def test_a_client_gone_while_sending_its_body_leaves_no_traceback(server):
     assert server.log().count("Traceback") == before, server.log()[-2000:]
     with server.client() as c:
         assert c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}).status_code == 200
+
+
+def test_an_abandoned_request_whose_last_report_never_comes_is_forgotten(monkeypatch):
+    """A request whose caller left stays in `pending` (its rid in use) until its last report. Were that report never
+    to come, only a reuse of that very rid cleared it (review, session 29): every call now sweeps such entries once
+    ABANDONED_KEEP_S has passed, and a last report that does come takes its entry out of the sweep."""
+    import asyncio
+
+    from radixflow.runtime.scheduling.req import ReqOutput
+    from radixflow.runtime.server import tokenizer_manager as tm_module
+    from radixflow.runtime.server.server_messages import DetokBatch
+
+    tm = object.__new__(tm_module.TokenizerManager)  # no sockets or tokenizer: the bookkeeping alone
+    tm.pending, tm.abandoned, tm.groups, sent = {}, {}, {}, []
+    tm.send = sent.append
+    for rid in ("old", "answered", "new"):
+        tm.pending[rid] = tm_module.Pending(rid, 0, asyncio.Queue(), 0.0, None)
+    tm._abort_unfinished(["old", "answered"])
+    last = ReqOutput("answered", [], True, {"type": "abort"}, 1, 0)
+    tm._dispatch(DetokBatch([last], [""]))  # its last report: the rid is free
+    tm.pending["old"].abandoned -= tm_module.ABANDONED_KEEP_S + 1
+    tm._abort_unfinished(["new"])
+    assert set(tm.pending) == {"new"} and list(tm.abandoned) == ["new"]
+    assert [a.rid for a in sent] == ["old", "answered", "new"]  # each aborted once, when its caller left

@@ -85,6 +85,7 @@ class TokenizerManager:
     # a call's own rid -> its requests' rids, where they differ (n > 1: rid-j; a batch: rid_i): /abort_request
     # with the rid the client sent stops them all
     groups: dict = field(default_factory=dict)
+    abandoned: dict = field(default_factory=dict)  # rid -> its Pending, for requests whose caller left; oldest first
     stats: StatsSnapshot = field(default_factory=StatsSnapshot)
     dead_reason: Optional[str] = None
     child_pids: dict = field(default_factory=dict)
@@ -156,19 +157,25 @@ class TokenizerManager:
         return self.builder.build(g)  # refuses more than --max-batch-size requests before making them
 
     def _check_rids(self, reqs: list, group: Optional[str] = None) -> None:
+        self._sweep_abandoned()
         seen = set()
         for rid in [r.rid for r in reqs] + ([] if group is None else [group]):
-            if self._in_use(rid) or rid in self.groups or rid in seen:
+            if rid in self.pending or rid in self.groups or rid in seen:
                 raise RadixflowError(f"rid {rid!r} is already in use by a running request (one whose client left stays "
                                      "in use until the scheduler has stopped it, milliseconds); choose another rid")
             seen.add(rid)
 
-    def _in_use(self, rid: str) -> bool:
-        p = self.pending.get(rid)
-        if p is not None and p.abandoned and time.time() - p.abandoned > ABANDONED_KEEP_S:
-            del self.pending[rid]  # its last report never came (the scheduler had dropped it)
-            return False
-        return p is not None
+    def _sweep_abandoned(self) -> None:
+        """Forget requests whose caller left ABANDONED_KEEP_S ago and whose last report never came (the scheduler
+        had dropped them), so that nothing keeps them, or their rids, for good."""
+        cutoff = time.time() - ABANDONED_KEEP_S
+        while self.abandoned:
+            rid, p = next(iter(self.abandoned.items()))
+            if p.abandoned > cutoff:
+                break
+            del self.abandoned[rid]
+            if self.pending.get(rid) is p:
+                del self.pending[rid]
 
     def _abort_unfinished(self, rids: list) -> None:
         """The call is over: its finished requests are forgotten; an unfinished one (its client left) is aborted
@@ -184,6 +191,8 @@ class TokenizerManager:
                 if not p.done:
                     self.send(AbortReq(rid))
                 p.done, p.abandoned = True, time.time()
+                self.abandoned[rid] = p
+        self._sweep_abandoned()
 
     def abort(self, rid: Optional[str], abort_all: bool = False) -> None:
         """Abort `rid`: a request's, or the rid a call was sent with (all of its requests), or everything."""
@@ -256,6 +265,7 @@ class TokenizerManager:
             if p is not None and p.abandoned:
                 if out.finished:  # its last report: the rid is free again
                     del self.pending[out.rid]
+                    self.abandoned.pop(out.rid, None)
             elif p is not None and not p.done:
                 try:
                     self._deliver(p, out, text, now)
