@@ -205,13 +205,13 @@ def test_an_unbounded_stop_regex_sees_the_whole_gen_decoded_a_window_at_a_time(t
                 Scheduler.rewind(SimpleNamespace(), req, len(req.output_ids) - rng.randint(1, 3))  # kv_len 0: no KV
             if rng.random() < 0.01:
                 req.segment_start = len(req.output_ids)  # a request graph's next gen
-            settled = settled and req.stop_text is not None and req.stop_text[0] == req.segment_start
+            settled = settled and req.stop_text is not None and req.stop_text.segment_start == req.segment_start
             req.output_ids.append(rng.choice(special) if rng.random() < 0.05 else rng.choice(pieces))
             windows.clear()
             assert stops._gen_text(req) == decode(req.output_ids[req.segment_start :], skip)
             whole += max(windows) > 16
             assert not settled or max(windows) <= 16, windows  # 6 tokens of context and any pending ones
-            settled = settled or not req.stop_text[1].pending
+            settled = settled or not req.stop_text.text.pending
         assert not req.finished and whole < 60  # of 600 checks
 
 
@@ -235,7 +235,7 @@ def test_an_unbounded_stop_regex_searches_the_gens_last_characters_only(tok):
     for t in words * 3:  # past twice the window: the kept text is trimmed, not grown and copied per token
         req.output_ids.append(t)
         stops.check(req, 10**6)
-    assert len(req.stop_text[1].text) <= 2 * UNBOUNDED_WINDOW and not req.finished
+    assert len(req.stop_text.text.text) <= 2 * UNBOUNDED_WINDOW and not req.finished
     assert stops._gen_text(req) == tok.decode(req.output_ids)[-UNBOUNDED_WINDOW:]
 
 
@@ -279,3 +279,57 @@ def test_a_stop_with_a_lone_surrogate_is_refused_by_name(field):
 def test_a_stop_string_longer_than_the_searched_text_is_refused():
     with pytest.raises(RadixflowError, match="at most 4096 characters"):
         SamplingParams.from_dict({"stop": ["x" * 5000]})
+
+
+GROWING_PATTERNS = [r"a+b", r"[A-Z]{2,}", r"a.*z", r"x\d+y", r"(?i)end\s*$", r"\bcat\b.*dog", r"(?<=q)r+",
+                    r"ab|c+d", r"(a|b)*c", r"[[:digit:]]+!", r"a{2,}?b", r"(?=\w*z)\w+q", r"\n\d+\.", r"c(?!a)\w+"]
+GROWING_PIECES = ["a", "b", "c", "d", "z", "q", "r", "x", "y", " ", "\n", "\n1", "1", "9", ".", "!", "A", "BC", "end",
+                  "END ", " cat ", "dog", ":", "[", "]"]
+
+
+@pytest.mark.filterwarnings("ignore:Possible nested set:FutureWarning")  # re's, for [[:digit:]]
+@pytest.mark.parametrize("pattern", GROWING_PATTERNS)
+def test_an_unbounded_stop_regex_searched_from_where_a_match_can_start_finds_what_re_finds(pattern):
+    """The incremental search (stop_regex_search.py: each check starts where a partial match, or none, left it)
+    stops at the same character, on the same pattern, as `re` searching the whole text at every check, whatever
+    the text arrives in (one character or several at a check). Characters stand for tokens here."""
+    from radixflow.runtime.stop_regex import first_match, parse_stop_regex
+    from radixflow.runtime.stop_regex_search import GrowingText
+
+    stops = parse_stop_regex([pattern, r"ZZZ+"])
+    assert stops.width is None and (stops.growing[0] is None) == ("[:" in pattern)
+    rng = random.Random(pattern)
+    decode = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    for _ in range(200):
+        pieces = rng.sample(GROWING_PIECES, 10)
+        text = "".join(rng.choice(pieces) for _ in range(rng.randint(1, 150)))
+        kept, ids, expected = GrowingText.at(0), [], None
+        while len(ids) < len(text):
+            ids += map(ord, text[len(ids) : len(ids) + rng.choice([1, 1, 1, 3])])
+            got = kept.first_match(stops.patterns, stops.growing, kept.update(ids, decode))
+            expected = first_match(stops, text[: len(ids)])
+            assert got == expected, (text[: len(ids)], got, expected)
+            if got is not None:
+                break
+
+
+def test_an_unbounded_stop_regex_check_does_not_search_the_whole_window_again():
+    """Searched from its start, `[A-Z]{3,}` cost its whole 4,096-character window on every token (30 µs each on
+    the CPU); from where a match could still start, a check reads only the newest characters: a pattern whose
+    search counts the characters it is handed sees each of them a bounded number of times."""
+    from radixflow.runtime.stop_regex import parse_stop_regex
+    from radixflow.runtime.stop_regex_search import GrowingText
+
+    stops = parse_stop_regex([r"[A-Z]{3,}"])
+    seen = []
+
+    class Counting:
+        def search(self, text, pos, partial):
+            seen.append(len(text) - pos)
+            return stops.growing[0].search(text, pos, partial=partial)
+
+    kept, ids = GrowingText.at(0), []
+    for word in ["some", "Words", "AB", "and", "more", "Text"] * 500:
+        ids += map(ord, " " + word)
+        assert kept.first_match(stops.patterns, (Counting(),), kept.update(ids, lambda i: "".join(map(chr, i)))) is None
+    assert max(seen) <= 8 and len(ids) > 4096

@@ -5,8 +5,9 @@ Each check decodes only the output's tail: a token decodes to at least one byte,
 that ends in the newest token starts within 4 times the patterns' longest match (`width`, in characters, each at
 most 4 bytes of UTF-8) of tokens before it. A pattern with no longest match (`+`, `*`, `{n,}`) is searched for in the last
 UNBOUNDED_WINDOW characters of the gen's output, whose text the request keeps and extends a few tokens at a
-time (stop_checker.py): a search costs at most that window, even for patterns whose search time grows with the
-square (or a higher power) of the text. Patterns that nest unbounded repeats (`(a+)+`, `(\w+\s?)*`) are
+time, from the first place where a match could still start (stop_regex_search.py): a search costs at most that
+window, even for patterns whose search time grows with the square (or a higher power) of the text, and for most
+patterns only the newest characters. Patterns that nest unbounded repeats (`(a+)+`, `(\w+\s?)*`) are
 refused: Python's regex search can take exponential time on them, and it runs in the scheduler's loop. The finish reason is SGLang's: {"type": "stop", "matched": <the pattern>}, so
 the output is cut where the pattern's own text appears in it, as SGLang cuts it; a pattern with
 regex syntax (almost every one) keeps the text it matched.
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
+from radixflow.runtime.stop_regex_search import WINDOW, growing_pattern
 
 try:  # Python 3.11+; sre_parse and sre_constants before
     from re import _constants as _sre_c, _parser as _sre_parse
@@ -32,13 +34,14 @@ MAX_PATTERN_BYTES = 256
 # characters, decoded a few tokens at a time), as one with none is: a check decodes up to 4 tokens a character of
 # the width (stop_checker.py's _tail), so x{1,60000} decoded the whole output on every token.
 TAIL_WIDTH = 64
-UNBOUNDED_WINDOW = 4096  # the characters of a gen's output searched for a pattern with no (or a long) longest match
+UNBOUNDED_WINDOW = WINDOW  # the characters of a gen's output searched for a pattern with no (or a long) longest match
 
 
 @dataclass(frozen=True)
 class StopPatterns:
     patterns: tuple  # compiled, in the request's order
     width: Optional[int]  # the longest text any of them matches, in characters; None: no bound
+    growing: tuple = ()  # where width is None: each pattern for the incremental search (stop_regex_search.py)
 
 
 def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
@@ -69,7 +72,9 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
         width = max(width, longest)
-    return StopPatterns(tuple(patterns), None if width > TAIL_WIDTH else width)
+    if width <= TAIL_WIDTH:
+        return StopPatterns(tuple(patterns), width)
+    return StopPatterns(tuple(patterns), None, tuple(growing_pattern(p) for p in patterns))
 
 
 def check_text(name: str, text: str) -> None:

@@ -80,9 +80,9 @@ class Req:
     on_finish: Optional[Callable[["Req"], None]] = field(default=None, repr=False)
     # admission's last match while it waits ((limit, seq_len), MatchResult: kv_manager.match_waiting); never pickled
     waiting_match: Optional[tuple] = field(default=None, repr=False)
-    # the gen's text for unbounded stop_regex patterns ((segment_start, IncrementalText): stop_checker.py);
-    # dropped whenever outputs are cut back
-    stop_text: Optional[tuple] = field(default=None, repr=False)
+    # the gen's text for unbounded stop_regex patterns and long stop strings (stop_regex_search.GrowingText:
+    # stop_checker.py); dropped whenever outputs are cut back
+    stop_text: Any = field(default=None, repr=False)
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "on_finish": None, "waiting_match": None}

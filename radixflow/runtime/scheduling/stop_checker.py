@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from radixflow.runtime.incremental_text import IncrementalText
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.stop_regex import TAIL_WIDTH, UNBOUNDED_WINDOW, first_match
+from radixflow.runtime.stop_regex_search import GrowingText
 
 log = logging.getLogger(__name__)
 
@@ -172,8 +172,13 @@ class StopChecker:
         matched = self._stop_str(req, added, end) if p.stop_strs else None
         if matched is None and p.stop_patterns is not None:
             width = p.stop_patterns.width  # characters: at most 4 bytes each
-            text = self._gen_text(req, end) if width is None else self._tail(req, added, 4 * width, end)
-            matched = first_match(p.stop_patterns, text)
+            if width is not None:
+                matched = first_match(p.stop_patterns, self._tail(req, added, 4 * width, end))
+            elif end is not None:
+                matched = first_match(p.stop_patterns, self._gen_text(req, end))
+            else:
+                kept, stops = self._kept(req), p.stop_patterns
+                matched = kept.first_match(stops.patterns, stops.growing, self._kept_text(req))
         return matched
 
     def _stop_str(self, req: Req, added: int, end: int | None):
@@ -202,11 +207,14 @@ class StopChecker:
         if end is not None:
             ids = req.output_ids[req.segment_start : end]
             return self._decode(ids, req.sampling.skip_special_tokens).rstrip("\ufffd")[-UNBOUNDED_WINDOW:]
-        kept = req.stop_text
-        if kept is None or kept[0] != req.segment_start:
-            kept = req.stop_text = (req.segment_start, IncrementalText(surr=req.segment_start, read=req.segment_start))
+        return self._kept_text(req)[-UNBOUNDED_WINDOW:]
+
+    def _kept_text(self, req: Req) -> str:
         skip = req.sampling.skip_special_tokens
-        text = kept[1].update_with(lambda ids: self._decode(ids, skip), req.output_ids)
-        if len(text) > 2 * UNBOUNDED_WINDOW:  # only the window is searched: keep no more (nor copy it per token)
-            kept[1].text = text = text[-UNBOUNDED_WINDOW:]
-        return (text + kept[1].pending)[-UNBOUNDED_WINDOW:]
+        return self._kept(req).update(req.output_ids, lambda ids: self._decode(ids, skip))
+
+    @staticmethod
+    def _kept(req: Req) -> GrowingText:
+        if req.stop_text is None or req.stop_text.segment_start != req.segment_start:
+            req.stop_text = GrowingText.at(req.segment_start)
+        return req.stop_text
