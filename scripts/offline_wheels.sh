@@ -28,7 +28,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 PY=${PYTHON:-.venv/bin/python}
-ENGINE="transformers tokenizers safetensors accelerate numpy gguf tqdm interegular outlines-core llguidance"
+ENGINE="transformers tokenizers safetensors accelerate numpy gguf tqdm regex interegular outlines-core llguidance"
 SERVER="pyzmq fastapi uvicorn pydantic orjson prometheus-client httpx"
 ROOTS="$ENGINE"; [ "$SET" = server ] && ROOTS="$ENGINE $SERVER"
 # every runtime dependency pyproject.toml declares must be in one of the two sets (llguidance, the default
