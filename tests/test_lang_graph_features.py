@@ -438,3 +438,28 @@ def test_a_busy_backend_fails_a_program_alike_in_every_mode(backend, monkeypatch
         assert isinstance(failed.value.__cause__, ServerBusyError), mode
     with pytest.raises(GenerationError, match="busy"):
         ask.run(backend=backend, stream=True).sync()
+
+
+def test_run_batch_keeps_a_batch_whose_program_selects_after_nothing_in_every_mode(backend):
+    """A select with an empty prompt failed a graph with a GenerationError (the batch kept the others) but raised a
+    plain ProgramError eagerly, which lost the whole batch (fuzzing, session 30). A streamed graph whose program
+    returns its state gave back an internal copy as ret_value."""
+    @rf.function
+    def pick(s, prefix):
+        s += prefix + rf.select("c", [" yes", " no"])
+
+    for mode in ("auto", "eager"):
+        batch = [{"prefix": "Is the sky blue?"}, {"prefix": ""}]
+        for states in (pick.run_batch(batch, mode=mode, backend=backend),
+                       list(pick.run_batch(batch, mode=mode, backend=backend, generator_style=True))):
+            assert states[0].error() is None and states[0]["c"] in (" yes", " no")
+            assert isinstance(states[1].error(), GenerationError), (mode, states[1].error())
+
+    @rf.function
+    def itself(s):
+        s += "Q:" + rf.gen("x", max_tokens=2)
+        return s
+
+    streamed = itself.run(stream=True, backend=backend, temperature=0)
+    streamed.sync()
+    assert streamed.mode == "graph" and streamed.ret_value is streamed

@@ -333,3 +333,12 @@ def test_an_unbounded_stop_regex_check_does_not_search_the_whole_window_again():
         ids += map(ord, " " + word)
         assert kept.first_match(stops.patterns, (Counting(),), kept.update(ids, lambda i: "".join(map(chr, i)))) is None
     assert max(seen) <= 8 and len(ids) > 4096
+
+
+def test_a_gen_cut_by_the_context_reports_its_own_length(tok):
+    """A request graph's later gen continues its request (segment_start > 0): cut by the context, its finish said
+    `length` 17, the whole request's outputs, where eager mode and /generate say the gen's own 2 (fuzzing, session 30)."""
+    req = Req("r", [1] * 4, SamplingParams.from_dict({"max_new_tokens": 20}), output_ids=list(range(10, 27)))
+    req.segment_start = 15
+    StopChecker(tok, eos_ids=set()).check(req, seq_limit=len(req.fill_ids))
+    assert req.finish_reason == {"type": "length", "length": 2}

@@ -262,7 +262,8 @@ def _streamed_graph(graph: Graph, program: dict, b, defaults: dict) -> ProgramSt
             raise GenerationError(f"program {graph.name}: the stream ended without a result")
         done = _replayed(graph, out, b, defaults)
         done.executor.log = log
-        state.executor, state.program_meta, state.ret_value = done.executor, done.program_meta, done.ret_value
+        ret = state if done.ret_value is done else done.ret_value  # `return s`: the caller's state, as in run()
+        state.executor, state.program_meta, state.ret_value = done.executor, done.program_meta, ret
 
     _in_thread(state, body, graph.name)
     return state

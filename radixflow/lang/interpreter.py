@@ -175,7 +175,7 @@ class Interpreter:
             self.spec.drop()
         prompt = self._prompt()
         if not prompt.text and not prompt.ids:  # as graph mode: every choice would score 0 after nothing
-            raise ProgramError(f"select {node.name!r}: a program must have some text before its first gen or select")
+            raise GenerationError(f"select {node.name!r}: a program must have some text before its first gen or select")
         try:
             res = self.backend.select(prompt, node.choices, node.method, node)
         except ProgramError:

@@ -116,7 +116,7 @@ class StopChecker:
             closed = {"grammar_closed": True, "matched": None} if req.grammar is not None and req.grammar.budget_closed else {}
             req.finish({"type": "length", "length": p.max_new_tokens, **closed})
         elif req.seq_len >= seq_limit:
-            req.finish({"type": "length", "length": len(req.output_ids)})
+            req.finish({"type": "length", "length": req.segment_len})
 
     @staticmethod
     def _grammar_failed(req: Req) -> bool:
