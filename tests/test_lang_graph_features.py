@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import radixflow as rf
-from radixflow.lang import GenerationError, NotTraceable
+from radixflow.lang import GenerationError, NotTraceable, ProgramError
 from radixflow.lang.backends.engine_backend import EngineBackend
 
 from lang_programs import concat_story, few_shot_qa, one_sentence, tips
@@ -463,3 +463,20 @@ def test_run_batch_keeps_a_batch_whose_program_selects_after_nothing_in_every_mo
     streamed = itself.run(stream=True, backend=backend, temperature=0)
     streamed.sync()
     assert streamed.mode == "graph" and streamed.ret_value is streamed
+
+
+def test_appending_to_a_joined_branch_is_an_error_in_every_mode(backend):
+    """After join, eager mode dropped a branch's further text while a graph folded it into the join (a concatenating
+    join took the late gen into the parent's text: fuzzing, session 30); SGLang's client hangs there. It is an error."""
+    @rf.function
+    def late(s, join_mode):
+        s += "Word:"
+        forks = s.fork(2)
+        forks += lambda i: f" [{i}]"
+        forks.join(join_mode)
+        forks += " LATE" + rf.gen("x", max_tokens=2)
+
+    for join_mode in ("gather_variable", "concate_and_append"):
+        for mode in ("auto", "eager"):
+            with pytest.raises(ProgramError, match="already joined"):
+                late.run(join_mode, backend=backend, mode=mode)

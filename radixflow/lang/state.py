@@ -39,9 +39,13 @@ class ProgramState:
         self.thread: Optional[threading.Thread] = None
         self.ret_value: Any = None  # what the program function returned (SGLang's)
         self._copied_from: Optional["ForkGroup"] = None  # s.copy()'s one-branch fork, joined by `with`'s exit
+        self._joined = False  # a fork branch whose fork was joined: appending to it is an error
 
     # -- appending ---------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> "ProgramState":
+        if self._joined:  # eager mode dropped such text, a graph joined it: SGLang's client hangs
+            raise ProgramError("this fork branch was already joined (forks.join(), or the end of its `with` block); "
+                               "append to the parent state instead")
         for node in to_nodes(expr):
             self.executor.execute(node)
         return self
@@ -259,6 +263,8 @@ class ForkGroup(list):
         if self.joined:
             raise ProgramError("these forks were already joined")
         self.joined = True
+        for s in self:
+            s._joined = True
         self.parent.executor.join([s.executor for s in self], JOIN_MODES[mode], self.nid)
 
     def __enter__(self) -> "ForkGroup":
