@@ -480,3 +480,24 @@ def test_appending_to_a_joined_branch_is_an_error_in_every_mode(backend):
         for mode in ("auto", "eager"):
             with pytest.raises(ProgramError, match="already joined"):
                 late.run(join_mode, backend=backend, mode=mode)
+
+
+def test_join_gathers_as_sglang_new_variables_of_the_branches_that_set_them(backend):
+    """SGLang's join gathers only the variables the parent did not have, each from the branches that set it. Graph
+    and eager mode both turned a parent variable one branch set again into a list (the other branch's entry the
+    parent's value) and padded a variable set in one branch with None (fuzzing, session 30)."""
+    @rf.function
+    def p(s):
+        s += "Word:" + rf.gen("x", max_tokens=2)
+        forks = s.fork(2)
+        forks[0] += " again" + rf.gen("x", max_tokens=2)  # the parent's variable, set again in branch 0
+        forks[1] += " new" + rf.gen("y", max_tokens=2)  # a new one, in branch 1 only
+        forks.join()
+        s += " then" + rf.gen("z", max_tokens=2)
+
+    states = [p.run(backend=backend, mode=mode, temperature=0) for mode in ("auto", "eager")]
+    assert states[0].mode == "graph"
+    for st in states:
+        assert isinstance(st["x"], str) and isinstance(st["y"], list) and len(st["y"]) == 1
+        assert st.get_meta_info("y")["forks"][0] is not None
+    assert states[0].variables() == states[1].variables()

@@ -20,6 +20,7 @@ from radixflow.lang.ir import (
 from radixflow.lang.primitives import sampling_params
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
+from radixflow.runtime.programs.program_ops import joined_names
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.reasoning import get_format, prompt_forces, split
 
@@ -268,8 +269,9 @@ class Interpreter:
         return kids, None
 
     def join(self, kids: list["Interpreter"], mode: str, fork_nid: Optional[int] = None) -> None:
-        for name in dict.fromkeys(n for k in kids for n in k.produced):  # branch variables -> lists
-            self.set(name, [k.vars.get(name) for k in kids], {"forks": [k.metas.get(name) for k in kids]})
+        for name in joined_names(self.vars, kids):  # new branch variables -> lists
+            having = [k for k in kids if name in k.produced]
+            self.set(name, [k.vars[name] for k in having], {"forks": [k.metas.get(name) for k in having]})
         if mode == "gather":
             return
         if self.spec is not None:
@@ -289,3 +291,4 @@ def _call_result(res: GenResult) -> tuple:
     reason = (res.meta or {}).get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else reason  # native dict, or OpenAI's string
     return res.text, res.meta, kind == "stop"
+

@@ -11,6 +11,7 @@ from typing import Any, Callable, Optional
 from radixflow.lang.errors import DataDependentError
 from radixflow.lang.ir import Expr, Fork, Gen, Join, Node, ScopeEnd, Select, SeparateReasoning, SetVar, VarRef, _walk
 from radixflow.lang.placeholder import MARK, Placeholder, plain_str
+from radixflow.runtime.programs.program_ops import joined_names
 
 
 class Recorder:
@@ -92,7 +93,7 @@ class Recorder:
 
     def join(self, kids: list["Recorder"], mode: str, fork_nid: int) -> None:
         self.nodes.append(Join(fork=fork_nid, mode=mode, nid=next(self.counter)))
-        for name in dict.fromkeys(n for k in kids for n in k.produced):
+        for name in joined_names(self.known, kids):  # new branch variables become lists
             self._produce(name)
 
 

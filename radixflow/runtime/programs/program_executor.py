@@ -25,7 +25,7 @@ from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import score_choices
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
 from radixflow.runtime.programs.program_meta import request_meta, run_meta
-from radixflow.runtime.programs.program_ops import Op, parse_program
+from radixflow.runtime.programs.program_ops import Op, joined_names, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
 from radixflow.runtime.programs.program_runs import DONE, GEN, JOIN, RUNNABLE, SAMPLES, SELECT, ProgramRun, Strand, Wakeups
 from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
@@ -316,8 +316,8 @@ class ProgramExecutor:
         kids = st.children[op.fork]
         if not all(k.state == DONE for k in kids):
             return False
-        for name in dict.fromkeys(n for k in kids for n in k.produced):  # branch variables -> lists
-            st.vars[name] = [k.vars.get(name) for k in kids]
+        for name in joined_names(st.vars, kids):  # new branch variables -> lists
+            st.vars[name] = [k.vars[name] for k in kids if name in k.produced]
             st.produced.append(name)
         if op.mode == "concat":
             self._flush(st)
