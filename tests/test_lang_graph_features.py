@@ -501,3 +501,20 @@ def test_join_gathers_as_sglang_new_variables_of_the_branches_that_set_them(back
         assert isinstance(st["x"], str) and isinstance(st["y"], list) and len(st["y"]) == 1
         assert st.get_meta_info("y")["forks"][0] is not None
     assert states[0].variables() == states[1].variables()
+
+
+def test_a_prefill_only_gen_runs_as_a_graph_with_eager_modes_meta(backend):
+    """gen(max_tokens=0) (SGLang: prefill only, "") was refused in a request graph, so auto mode failed a program
+    eager mode ran; and a graph's gen meta_info lacked eager's id, num_retractions and e2e_latency (fuzzing,
+    session 30)."""
+    @rf.function
+    def p(s):
+        s += "The capital of France is" + rf.gen("a", max_tokens=0) + "." + rf.gen("b", max_tokens=2)
+        s += " Next" + rf.gen("c", max_tokens=0, n=2) + rf.gen("d", max_tokens=0, return_logprob=True)
+
+    graph, eager = (p.run(backend=backend, mode=mode, temperature=0) for mode in ("auto", "eager"))
+    assert graph.mode == "graph" and graph.variables() == eager.variables() and graph.text() == eager.text()
+    assert graph["a"] == "" and graph["c"] == ["", ""]
+    for name in "abd":
+        assert set(eager.get_meta_info(name)) <= set(graph.get_meta_info(name)), name
+    assert graph.get_meta_info("a")["finish_reason"] == {"type": "length", "length": 0}

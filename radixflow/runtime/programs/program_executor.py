@@ -24,7 +24,7 @@ from typing import Callable, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import score_choices
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
-from radixflow.runtime.programs.program_meta import request_meta, run_meta
+from radixflow.runtime.programs.program_meta import request_facts, request_meta, run_meta
 from radixflow.runtime.programs.program_ops import Op, joined_names, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
 from radixflow.runtime.programs.program_runs import DONE, GEN, JOIN, RUNNABLE, SAMPLES, SELECT, ProgramRun, Strand, Wakeups
@@ -141,6 +141,7 @@ class ProgramExecutor:
             "completion_tokens": len(seg),
             "cached_tokens": req.cached_tokens if req.segment_start == 0 else req.seq_len - len(kept),
             "finish_reason": req.finish_reason,
+            **request_facts(req),
             **({} if lp is None else lp.meta(req)),
         }
         self._record(st, op, text, meta)
@@ -246,8 +247,8 @@ class ProgramExecutor:
 
     def _start_gen(self, st: Strand, op: Op) -> None:
         ids, sp = self._flush(st), op.sampling
-        if sp.n > 1:
-            st.samples = [self._new_req(st, ids, sp.sample(j), op.logprob) for j in range(sp.n)]
+        if sp.n > 1 or sp.max_new_tokens == 0:  # samples, or a prefill only, which ends without the scheduler's hook
+            st.samples = [self._new_req(st, ids, sp.sample(j) if sp.n > 1 else sp, op.logprob) for j in range(sp.n)]
             st.state = SAMPLES
             return
         st.req = self._new_req(st, ids, sp, op.logprob, continues=continues_after(st.ops, st.pc))
@@ -256,7 +257,7 @@ class ProgramExecutor:
         st.state = GEN
 
     def _finish_samples(self, st: Strand) -> None:
-        """n > 1: the variable holds every sample, the sequence goes on with the first."""
+        """n > 1: the variable holds every sample, the sequence goes on with the first (n = 1: a prefill only)."""
         op = st.ops[st.pc]
         bad = [r for r in st.samples if (r.finish_reason or {}).get("type") == "abort"]
         if bad:
@@ -267,7 +268,7 @@ class ProgramExecutor:
         texts = [text for text, _ in pieces]
         lp = None if op.logprob is None else GenLogprobs(op.logprob, 0, 0, self.scheduler.logprobs.with_text)
         metas = [{**request_meta(r), **({} if lp is None else lp.meta(r))} for r in st.samples]
-        self._record(st, op, texts, metas)
+        self._record(st, op, texts if op.sampling.n > 1 else texts[0], metas if op.sampling.n > 1 else metas[0])
         st.ids.extend(pieces[0][1])
         first = st.samples[0]
         self._appended(st, op.name, texts[0], streamed=True, chunk=None if lp is None else lambda: lp.chunk(first))

@@ -20,7 +20,16 @@ def metas(result: dict) -> list:
 def request_meta(req: Req) -> dict:
     """meta_info of one request of a graph: its token counts and why it finished."""
     return {"prompt_tokens": len(req.origin_input_ids), "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason}  # fmt: skip
+            "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason, **request_facts(req)}  # fmt: skip
+
+
+def request_facts(req: Req) -> dict:
+    """The rest of the meta_info eager mode's gens have (/generate's): the request's id, its retractions, the
+    seconds since it (or its gen's segment) started, and the tokens a grammar jumped over, if any."""
+    facts = {"id": req.rid, "num_retractions": req.num_retractions, "e2e_latency": time.time() - req.created}
+    if req.jump_forward_tokens:
+        facts["jump_forward_tokens"] = req.jump_forward_tokens
+    return facts
 
 
 def run_meta(run: "ProgramRun") -> dict:

@@ -157,8 +157,6 @@ def _parse_op(r: dict, ids: set, depth: int) -> Op:
             op.sampling, op.sampling_key = _sampling(r.get("sampling_params"))
         except RadixflowError as e:
             raise RadixflowError(f"gen {op.name!r}: {e}") from None
-        if op.sampling.max_new_tokens < 1:
-            raise RadixflowError(f"gen {op.name!r}: max_new_tokens must be >= 1 in a program")
         op.logprob = _gen_logprob(r, op.name)
     elif kind == "select":
         _select_fields(op, r)

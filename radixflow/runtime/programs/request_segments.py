@@ -4,6 +4,8 @@ the request's tokens and the next gen's sampling params take over, so its KV is 
 
 from __future__ import annotations
 
+import time
+
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.req import Req
 
@@ -11,9 +13,10 @@ from radixflow.runtime.scheduling.req import Req
 def continuable(sp: SamplingParams) -> bool:
     """Whether a gen can run as a new segment of the finished request. Per-request state
     (grammar matcher, penalty counts) and a seed (keyed by output position) need a fresh
-    request, and n > 1 samples run as requests of their own."""
+    request, and n > 1 samples run as requests of their own, as does a prefill only (max_new_tokens 0)."""
     return (
         sp.n == 1
+        and sp.max_new_tokens > 0
         and sp.grammar is None
         and sp.sampling_seed is None
         and not sp.frequency_penalty
@@ -45,6 +48,7 @@ def start_segment(req: Req, tokens: list, sampling: SamplingParams, stats) -> No
     req.grammar = None
     req.output_counts = None
     req.finish_reason = None
+    req.created, req.jump_forward_tokens = time.time(), 0  # the gen's own meta_info counts from its segment's start
 
 
 def common_prefix(a: list, b: list) -> int:
