@@ -518,3 +518,19 @@ def test_a_prefill_only_gen_runs_as_a_graph_with_eager_modes_meta(backend):
     for name in "abd":
         assert set(eager.get_meta_info(name)) <= set(graph.get_meta_info(name)), name
     assert graph.get_meta_info("a")["finish_reason"] == {"type": "length", "length": 0}
+
+
+def test_reading_an_n_samples_variable_into_the_text_fails_as_in_eager_mode(backend):
+    """gen(n=2)'s variable is a list: eager mode cannot append it (a TypeError, as in SGLang), while a request graph
+    put str(list) into the model's prompt (fuzzing, session 30). The graph now refuses it, and auto mode runs the
+    program eagerly, with eager mode's error."""
+    @rf.function
+    def p(s):
+        s += "Count: 1, 2, 3," + rf.gen("a", max_tokens=3, n=2)
+        s += " | again:" + s["a"] + rf.gen("b", max_tokens=2)
+
+    with pytest.raises(NotTraceable):
+        p.run(backend=backend, mode="graph", temperature=0)
+    for mode in ("auto", "eager"):
+        with pytest.raises(TypeError):
+            p.run(backend=backend, mode=mode, temperature=0)

@@ -64,8 +64,12 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
             start = lp.pop("logprob_start_len", None)
             if start is not None and start >= 0:
                 raise NotTraceable(f"gen {n.name!r} asks for prompt logprobs, which request graphs do not return")
-            ops.append({"op": "gen", "id": n.nid, "name": n.name, "sampling_params": sampling_params(ctx.defaults, n.params), **lp})
-            _produced(ctx, n.name)
+            sampling = sampling_params(ctx.defaults, n.params)
+            ops.append({"op": "gen", "id": n.nid, "name": n.name, "sampling_params": sampling, **lp})
+            if sampling.get("n", 1) == 1:  # n > 1: a list, which eager mode cannot append either (a TypeError)
+                _produced(ctx, n.name)
+            else:
+                ctx.gen_vars.discard(n.name)
         elif isinstance(n, Select):
             ops.append({"op": "select", "id": n.nid, "name": n.name, "choices": n.choices, "method": n.method})
             _produced(ctx, n.name)
