@@ -534,3 +534,18 @@ def test_reading_an_n_samples_variable_into_the_text_fails_as_in_eager_mode(back
     for mode in ("auto", "eager"):
         with pytest.raises(TypeError):
             p.run(backend=backend, mode=mode, temperature=0)
+
+
+def test_an_eager_stream_shows_a_gens_text_as_it_grows(backend):
+    """An eager stream held back a gen's last 32 characters whatever its stops, so a short gen arrived in one chunk
+    at its end while a graph streamed it token by token (fuzzing, session 30). Only a possible stop's start is held
+    back now; the chunks still join to the final text, cut at the stop."""
+    @rf.function
+    def p(s, stop):
+        s += "Count: 1, 2, 3," + rf.gen("a", max_tokens=16, stop=stop)
+
+    for stop in (None, " 9", ["zz", " 7,"]):
+        state = p.run(stop, backend=backend, mode="eager", stream=True, temperature=0)
+        chunks = list(state.text_iter("a"))
+        assert state.mode == "eager" and "".join(chunks) == state["a"]
+        assert len([c for c in chunks if c]) > 3, chunks

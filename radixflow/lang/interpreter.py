@@ -20,11 +20,11 @@ from radixflow.lang.ir import (
 from radixflow.lang.primitives import sampling_params
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
+from radixflow.runtime.incremental_text import partial_stop_len
 from radixflow.runtime.programs.program_ops import joined_names
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.reasoning import get_format, prompt_forces, split
 
-STOP_HOLDBACK = 32  # streamed characters held back while a stop string may still cut them
 
 
 @dataclass
@@ -151,12 +151,15 @@ class Interpreter:
         return True
 
     def _gen_stream(self, prompt: Prompt, params: dict, node: Gen, chunk_meta: ChunkMeta) -> tuple:
-        shown = 0
+        """Stream a gen's text as it grows, holding back a tail that may be the start of a stop string (or of a
+        stop_regex's own text), where the output would be cut; it held back 32 characters whatever the stops, so a
+        short gen showed nothing until it ended (fuzzing, session 30)."""
+        shown, cuts = 0, _listed(params.get("stop")) + _listed(params.get("stop_regex"))
         for item in self.backend.generate_stream(prompt, params, node):
             if isinstance(item, GenResult):
                 return item, shown
             text, meta = item
-            safe = max(shown, len(text) - STOP_HOLDBACK)
+            safe = max(shown, len(text) - partial_stop_len(text, cuts))
             if safe > shown:
                 self.log.put(node.name, text[shown:safe], chunk_meta(meta))
             shown = safe
@@ -291,4 +294,9 @@ def _call_result(res: GenResult) -> tuple:
     reason = (res.meta or {}).get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else reason  # native dict, or OpenAI's string
     return res.text, res.meta, kind == "stop"
+
+
+def _listed(value) -> list:
+    """A stop or stop_regex parameter (None, a string or a list of them) as a list."""
+    return [] if not value else [value] if isinstance(value, str) else list(value)
 
