@@ -549,3 +549,31 @@ def test_an_eager_stream_shows_a_gens_text_as_it_grows(backend):
         chunks = list(state.text_iter("a"))
         assert state.mode == "eager" and "".join(chunks) == state["a"]
         assert len([c for c in chunks if c]) > 3, chunks
+
+
+def test_run_takes_sglangs_n_and_logprob_keywords_for_every_gen(backend):
+    """SGLang's run() and run_batch() take n, return_logprob, logprob_start_len, top_logprobs_num and
+    return_text_in_logprobs as every gen's defaults, and run() use_thread; a tuple appended to forks is one expression
+    a branch. All were TypeErrors (fuzzing, session 30)."""
+    @rf.function
+    def p(s):
+        s += "Count: 1, 2, 3," + rf.gen("a", max_tokens=3) + rf.gen("b", max_tokens=2, top_logprobs_num=0)
+
+    for mode in ("auto", "eager"):
+        st = p.run(backend=backend, mode=mode, temperature=0, return_logprob=True, top_logprobs_num=2, use_thread=False)
+        assert len(st.get_meta_info("a")["output_top_logprobs"][0]) == 2
+        assert not any(st.get_meta_info("b").get("output_top_logprobs") or [])  # the gen's own value wins
+        assert p.run(backend=backend, mode=mode, temperature=0, n=2)["a"] == [" 4,", " 4,"]
+    states = p.run_batch([{}, {}], backend=backend, temperature=0, return_logprob=True)
+    assert all(len(st.get_meta_info("a")["output_token_logprobs"]) == 3 for st in states)
+
+    @rf.function
+    def q(s):
+        s += "A:"
+        forks = s.fork(2)
+        forks += (" x", " y")
+        forks += rf.gen("z", max_tokens=1)
+        forks.join("concate_and_append")
+
+    st = q.run(backend=backend, temperature=0)
+    assert st.text().startswith("A: x") and " y" in st.text() and len(st["z"]) == 2

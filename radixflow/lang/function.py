@@ -21,6 +21,7 @@ from radixflow.lang.graph_run import replay, signature, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
 from radixflow.lang.lowering import lower
+from radixflow.lang.primitives import LOGPROB_KEYS
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
 from radixflow.lang.trace_templates import prepared
@@ -59,7 +60,8 @@ class Function:
     # -- arguments ---------------------------------------------------------------------------
     def _split(self, args: tuple, kwargs: dict) -> tuple[dict, dict]:
         """(program arguments, sampling defaults)."""
-        sampling = {k: kwargs.pop(k) for k in RUN_SAMPLING_PARAMS if k in kwargs and k not in self.arg_names}
+        run_params = RUN_SAMPLING_PARAMS + LOGPROB_KEYS  # SGLang's run() takes both for every gen
+        sampling = {k: kwargs.pop(k) for k in run_params if k in kwargs and k not in self.arg_names}
         sampling = {k: v for k, v in sampling.items() if v is not None}
         bound = signature(self.func).bind_partial(None, *args, **{**self.bound, **kwargs})
         arguments = dict(bound.arguments)
@@ -74,8 +76,10 @@ class Function:
         return trace_graph(self.func, arguments, self.arg_names)
 
     # -- running -------------------------------------------------------------------------------
-    def run(self, *args: Any, stream: bool = False, backend: Any = None, mode: str = "auto", **kwargs: Any) -> ProgramState:
-        """Run once. mode: "auto" (request graph if static, else eager), "graph" or "eager"."""
+    def run(self, *args: Any, stream: bool = False, backend: Any = None, mode: str = "auto", use_thread: bool = True,
+            **kwargs: Any) -> ProgramState:
+        """Run once. mode: "auto" (request graph if static, else eager), "graph" or "eager". use_thread: SGLang's,
+        accepted and ignored (a streamed run always runs on a thread of its own)."""
         if mode not in MODES:
             raise RadixflowError(f"mode must be one of {', '.join(MODES)}")
         b = resolve_backend(backend)

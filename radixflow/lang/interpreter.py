@@ -9,6 +9,7 @@ The same class replays a request graph's results into a ProgramState.
 from __future__ import annotations
 
 import copy
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -17,7 +18,7 @@ from radixflow.lang.errors import GenerationError, ProgramError
 from radixflow.lang.ir import (
     ArgRef, Gen, Node, RoleBegin, RoleEnd, ScopeBegin, ScopeEnd, Select, SeparateReasoning, Text, VarRef,
 )
-from radixflow.lang.primitives import sampling_params
+from radixflow.lang.primitives import logprob_options, sampling_params
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.stream_log import ChunkMeta, StreamLog
 from radixflow.runtime.incremental_text import partial_stop_len
@@ -114,6 +115,9 @@ class Interpreter:
         return Prompt(self.text, None if self.ids is None else list(self.ids), list(self.messages), role)
 
     def _gen(self, node: Gen) -> None:
+        logprobs = logprob_options(node.params, self.defaults)  # run(return_logprob=...) asks every gen
+        if logprobs.keys() - node.params.keys():
+            node = dataclasses.replace(node, params={**node.params, **logprobs})
         params = sampling_params(self.defaults, node.params)
         prompt = self._prompt()
         shown, chunk_meta = 0, ChunkMeta()

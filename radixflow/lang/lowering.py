@@ -60,7 +60,7 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
         elif isinstance(n, ArgRef):
             raise NotTraceable(f"argument {n.name!r} has no value")
         elif isinstance(n, Gen):
-            lp = logprob_options(n.params)
+            lp = logprob_options(n.params, ctx.defaults)
             start = lp.pop("logprob_start_len", None)
             if start is not None and start >= 0:
                 raise NotTraceable(f"gen {n.name!r} asks for prompt logprobs, which request graphs do not return")

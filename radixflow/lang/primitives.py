@@ -102,7 +102,9 @@ def assistant(expr: Any = None) -> ExprList:
 
 def sampling_params(defaults: dict, params: dict) -> dict:
     """A gen's sampling params: the run's defaults, overridden by what the gen set."""
-    out = {**defaults, **{k: v for k, v in params.items() if k != "dtype" and k not in LOGPROB_KEYS}}
+    out = {**defaults, **params}
+    for k in ("dtype", *LOGPROB_KEYS):
+        out.pop(k, None)
     dtype = params.get("dtype")
     if dtype is not None:
         out["regex"] = _dtype_regex(dtype)
@@ -114,9 +116,11 @@ def sampling_params(defaults: dict, params: dict) -> dict:
     return out
 
 
-def logprob_options(params: dict) -> dict:
-    """A gen's logprob request fields (return_logprob, ...), as the generate API takes them."""
-    return {k: params[k] for k in LOGPROB_KEYS if k in params}
+def logprob_options(params: dict, defaults: Optional[dict] = None) -> dict:
+    """A gen's logprob request fields (return_logprob, ...), as the generate API takes them: the gen's, else the
+    run()'s (SGLang's run(return_logprob=...) sets them for every gen)."""
+    merged = {**(defaults or {}), **params}
+    return {k: merged[k] for k in LOGPROB_KEYS if merged.get(k) is not None}
 
 
 def system_begin() -> RoleBegin:

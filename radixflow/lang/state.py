@@ -235,7 +235,7 @@ class ForkGroup(list):
 
     def __iadd__(self, expr: Any) -> "ForkGroup":
         def branch_expr(i: int) -> Any:
-            return expr(i) if callable(expr) else expr[i] if isinstance(expr, list) else expr
+            return expr(i) if callable(expr) else expr[i] if isinstance(expr, (list, tuple)) else expr
 
         if not self._concurrent():  # one after another: each expr is made just before its append
             for i, s in enumerate(self):

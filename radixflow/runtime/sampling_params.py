@@ -45,7 +45,7 @@ class SamplingParams:
     ignore_eos: bool = _param(False, gen="", run=True)
     no_stop_trim: bool = _param(False)
     skip_special_tokens: bool = _param(True)
-    n: int = _param(1, gen="")
+    n: int = _param(1, gen="", run=True)
     sampling_seed: Optional[int] = _param(None, openai="seed")
     regex: Optional[str] = _param(None, gen="")
     json_schema: Optional[Union[str, dict]] = _param(None, gen="")
