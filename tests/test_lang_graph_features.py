@@ -577,3 +577,26 @@ def test_run_takes_sglangs_n_and_logprob_keywords_for_every_gen(backend):
 
     st = q.run(backend=backend, temperature=0)
     assert st.text().startswith("A: x") and " y" in st.text() and len(st["z"]) == 2
+
+
+def test_streamed_chunks_carry_meta_info_in_every_mode(backend):
+    """text_async_iter(var, return_meta_data=True): a graph's chunks of a gen without logprobs carried None where
+    eager mode's carried the gen's meta_info, and a select's carried None in both (SGLang gives its meta_info:
+    fuzzing, session 30)."""
+    import asyncio
+
+    @rf.function
+    def p(s):
+        s += "Sky:" + rf.select("c", [" blue", " red"]) + "." + rf.gen("h", max_tokens=3)
+
+    async def chunks(mode, var):
+        state = p.run(stream=True, backend=backend, temperature=0, mode=mode)
+        return state, [item async for item in state.text_async_iter(var, return_meta_data=True)]
+
+    for mode in ("auto", "eager"):
+        state, gen_chunks = asyncio.run(chunks(mode, "h"))
+        assert "".join(d for d, _ in gen_chunks) == state["h"] and all(isinstance(m, dict) for _, m in gen_chunks)
+        assert gen_chunks[-1][1]["finish_reason"]["type"] == "length"
+        state, select_chunks = asyncio.run(chunks(mode, "c"))
+        assert [d for d, _ in select_chunks] == [state["c"]]
+        assert select_chunks[0][1]["normalized_prompt_logprobs"] == state.get_meta_info("c")["normalized_prompt_logprobs"]

@@ -192,7 +192,7 @@ class Interpreter:
             raise GenerationError(f"select {node.name!r} failed: {e}") from e
         choice = node.choices[res.index]
         self.set(node.name, choice, res.meta)
-        self._append_generated(GenResult(choice, res.ids), node.name, 0)
+        self._append_generated(GenResult(choice, res.ids), node.name, 0, res.meta)
 
     # -- reasoning -------------------------------------------------------------------------------
     def _separate(self, node: SeparateReasoning) -> None:

@@ -145,7 +145,7 @@ class ProgramExecutor:
             **({} if lp is None else lp.meta(req)),
         }
         self._record(st, op, text, meta)
-        self._appended(st, op.name, text, streamed=True, chunk=None if lp is None else lambda: lp.chunk(req, n))
+        self._appended(st, op.name, text, streamed=True, chunk=lambda: meta if lp is None else {**meta, **lp.chunk(req, n)})
         st.pc += 1
 
     def _record(self, st: Strand, op: Op, value: Union[str, list], meta: Union[dict, list]) -> None:
@@ -154,13 +154,13 @@ class ProgramExecutor:
             st.vars[op.name] = value
             st.produced.append(op.name)
 
-    def _appended(
-        self, st: Strand, var: Optional[str], text: str, streamed: bool = False, chunk: Optional[Callable[[], dict]] = None
-    ) -> None:
-        """Text that joined the strand (not constant text: _take_text sends that)."""
+    def _appended(self, st: Strand, var: Optional[str], text: str, streamed: bool = False,
+                  chunk: Optional[Callable[[], dict]] = None, meta: Optional[dict] = None) -> None:
+        """Text that joined the strand (not constant text: _take_text sends that); a stream's chunk carries the
+        gen's meta_info (`chunk()`), or a select's (`meta`), as eager mode's and SGLang's do."""
         st.text += text
         if st.stream is not None:
-            st.stream.finished(var, text, chunk) if streamed else st.stream.text(var, text)
+            st.stream.finished(var, text, chunk) if streamed else st.stream.text(var, text, meta)
 
     def _release(self, st: Strand) -> None:
         if st.req is not None:
@@ -271,7 +271,8 @@ class ProgramExecutor:
         self._record(st, op, texts if op.sampling.n > 1 else texts[0], metas if op.sampling.n > 1 else metas[0])
         st.ids.extend(pieces[0][1])
         first = st.samples[0]
-        self._appended(st, op.name, texts[0], streamed=True, chunk=None if lp is None else lambda: lp.chunk(first))
+        self._appended(st, op.name, texts[0], streamed=True,
+                       chunk=lambda: metas[0] if lp is None else {**metas[0], **lp.chunk(first)})
         st.samples = []
         st.pc += 1
 
@@ -299,7 +300,7 @@ class ProgramExecutor:
                                    [r.input_token_logprobs for r in uncond_reqs], cids)
         st.ids.extend(cids[best])
         self._record(st, op, op.choices[best], meta)
-        self._appended(st, op.name, op.choices[best])
+        self._appended(st, op.name, op.choices[best], meta=meta)
         st.choice = []
         st.pc += 1
 

@@ -2,8 +2,9 @@
 them: constant text when the strand passes it, a gen's text as its tokens are sampled
 (held back while it could still end mid-character or be cut by a stop string), a
 select's choice, n > 1's first sample, and the branches' text at a concatenating join.
-Fork branches stream nothing of their own, as in eager mode. A gen that asks for logprobs
-sends each chunk with its meta_info: that chunk's output logprobs (gen_logprobs.py)."""
+Fork branches stream nothing of their own, as in eager mode. A gen's chunks carry its meta_info (token counts so far;
+the last, the gen's whole meta_info), with that chunk's output logprobs if it asks for them (gen_logprobs.py); a
+select's choice carries the select's."""
 
 from __future__ import annotations
 
@@ -23,9 +24,9 @@ class StrandStream:
         self.decoded = IncrementalText()
         self.shown = 0  # characters of the running gen sent so far
 
-    def text(self, var: Optional[str], text: str) -> None:
+    def text(self, var: Optional[str], text: str, meta: Optional[dict] = None) -> None:
         if text:
-            self.on_delta(var, text, None)
+            self.on_delta(var, text, meta)
 
     def progress(self, req: Req, var: Optional[str], lp: Optional[GenLogprobs] = None) -> None:
         """A running gen: send what is settled of its text since the last call (with the
@@ -34,16 +35,22 @@ class StrandStream:
         text = self.decoded.update(self.tokenizer, req.output_ids[req.segment_start :], sp.skip_special_tokens)
         safe = len(text) - partial_stop_len(text, sp.cut_strs)
         if safe > self.shown:
-            self.on_delta(var, text[self.shown : safe], None if lp is None else lp.chunk(req))
+            self.on_delta(var, text[self.shown : safe], running_meta(req) if lp is None else {**running_meta(req), **lp.chunk(req)})
             self.shown = safe
 
     def finished(self, var: Optional[str], text: str, chunk: Optional[Callable[[], dict]] = None) -> None:
         """A gen's final text (stop-trimmed): send the rest of it (`chunk()`: its meta_info), or
         an empty delta if only logprobs remain (the last token was cut as a stop string)."""
         rest, meta = text[self.shown :], None if chunk is None else chunk()
-        if rest or (meta and meta["output_token_logprobs"]):
+        if rest or (meta and meta.get("output_token_logprobs")):
             self.on_delta(var, rest, meta)
         self.decoded, self.shown = IncrementalText(), 0
+
+
+def running_meta(req: Req) -> dict:
+    """A running gen's stream chunk meta_info without logprobs: its request and token counts so far."""
+    return {"id": req.rid, "prompt_tokens": len(req.origin_input_ids) + req.segment_start,
+            "completion_tokens": len(req.output_ids) - req.segment_start}  # fmt: skip
 
 
 def delta_event(var: Optional[str], text: str, meta: Optional[dict]) -> dict:
