@@ -111,3 +111,24 @@ def test_an_engine_stream_view_starts_its_text_over_after_a_cut(engine, tokenize
     out = engine._result(req, finished=False, view=view)
     assert out["text"] == tokenizer.decode(req.output_ids) and out["output_ids"] == req.output_ids
     assert [t[1] for t in out["meta_info"]["output_token_logprobs"]] == req.output_ids
+
+
+def test_a_graph_strands_stream_follows_outputs_cut_back():
+    """A request graph's stream decoded a gen's ids as if they only grew: after a cut back and other tokens, its
+    kept decode was stale (review, session 29). It now decodes afresh after a cut (text already sent stays sent)
+    and follows a gen's segment without copying the request's outputs at every token."""
+    from radixflow.model_files import load_tokenizer, resolve_model
+    from radixflow.runtime.programs.program_stream import StrandStream
+
+    tok = load_tokenizer(resolve_model(None).path)
+    sent = []
+    stream = StrandStream(lambda var, text, meta: sent.append(text), tok)
+    enc = lambda text: tok.encode(text, add_special_tokens=False)  # noqa: E731
+    req = Req("r", [1, 2], SamplingParams.from_dict({"max_new_tokens": 50}), output_ids=enc("Earlier gen."))
+    req.segment_start = len(req.output_ids)
+    req.output_ids += enc(" one two")
+    stream.progress(req, "x")
+    req.cut_outputs(req.segment_start + len(enc(" one")))
+    req.output_ids += enc(" three four five")
+    stream.progress(req, "x")
+    assert "".join(sent) == " one two" + tok.decode(enc(" one three four five"))[len(" one two"):]

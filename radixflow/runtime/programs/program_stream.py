@@ -23,6 +23,7 @@ class StrandStream:
         self.tokenizer = tokenizer
         self.decoded = IncrementalText()
         self.shown = 0  # characters of the running gen sent so far
+        self.decoding: Optional[tuple] = None  # (segment_start, cuts) that `decoded` follows
 
     def text(self, var: Optional[str], text: str, meta: Optional[dict] = None) -> None:
         if text:
@@ -32,7 +33,10 @@ class StrandStream:
         """A running gen: send what is settled of its text since the last call (with the
         logprobs sampled since the last chunk, if `lp`)."""
         sp = req.sampling
-        text = self.decoded.update(self.tokenizer, req.output_ids[req.segment_start :], sp.skip_special_tokens)
+        if self.decoding != (req.segment_start, req.cuts):  # a new gen, or outputs cut back: decoded afresh (text
+            start = req.segment_start  # already sent stays sent; the rest follows once the text passes it again)
+            self.decoded, self.decoding = IncrementalText(surr=start, read=start), (start, req.cuts)
+        text = self.decoded.update(self.tokenizer, req.output_ids, sp.skip_special_tokens)
         safe = len(text) - partial_stop_len(text, sp.cut_strs)
         if safe > self.shown:
             self.on_delta(var, text[self.shown : safe], running_meta(req) if lp is None else {**running_meta(req), **lp.chunk(req)})
@@ -44,7 +48,7 @@ class StrandStream:
         rest, meta = text[self.shown :], None if chunk is None else chunk()
         if rest or (meta and meta.get("output_token_logprobs")):
             self.on_delta(var, rest, meta)
-        self.decoded, self.shown = IncrementalText(), 0
+        self.decoded, self.shown, self.decoding = IncrementalText(), 0, None
 
 
 def running_meta(req: Req) -> dict:
