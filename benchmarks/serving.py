@@ -85,12 +85,15 @@ def _words(rng: random.Random, n: int) -> str:
 def request_body(args: argparse.Namespace, r: Request) -> tuple[str, dict]:
     if args.backend == "native":
         sp = {"max_new_tokens": r.output_len, "temperature": args.temperature, "ignore_eos": True}
-        return "/generate", {"text": r.prompt, "sampling_params": sp, "stream": True}
+        lp = {} if args.logprobs is None else {"return_logprob": True, "top_logprobs_num": args.logprobs}
+        return "/generate", {"text": r.prompt, "sampling_params": sp, "stream": True, **lp}
     common = {"model": args.model, "max_tokens": r.output_len, "temperature": args.temperature, "stream": True,
               "stream_options": {"include_usage": True}, "ignore_eos": True}  # fmt: skip
     if args.backend == "openai-chat":
-        return "/v1/chat/completions", {**common, "messages": [{"role": "user", "content": r.prompt}]}
-    return "/v1/completions", {**common, "prompt": r.prompt}
+        lp = {} if args.logprobs is None else {"logprobs": True, "top_logprobs": args.logprobs}
+        return "/v1/chat/completions", {**common, **lp, "messages": [{"role": "user", "content": r.prompt}]}
+    lp = {} if args.logprobs is None else {"logprobs": args.logprobs}
+    return "/v1/completions", {**common, **lp, "prompt": r.prompt}
 
 
 def parse_event(backend: str, data: dict, state: dict) -> int:
@@ -244,6 +247,8 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap.add_argument("--range-ratio", type=float, default=0.5)
     ap.add_argument("--shared-prefix-len", type=int, default=0, help="words of common prefix in every prompt")
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument("--logprobs", type=int, default=None,
+                    help="ask every token's logprob and this many top logprobs (0: the token's only), streamed")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--output-json", default=None, help="append the summary as one JSON line here")
