@@ -48,8 +48,9 @@ def default_gguf_path() -> str:
     return path
 
 
-def resolve_model(model_path: Optional[str]) -> ModelFiles:
-    """Turn what the user gave into a HF-style directory, converting a GGUF if needed."""
+def resolve_model(model_path: Optional[str], need_weights: bool = True) -> ModelFiles:
+    """Turn what the user gave into a HF-style directory, converting a GGUF if needed. need_weights=False
+    (--load-format dummy): a directory needs no weights files."""
     if not model_path:
         return ModelFiles(convert_gguf(default_gguf_path()), "default")
     if not os.path.exists(model_path):
@@ -61,7 +62,7 @@ def resolve_model(model_path: Optional[str]) -> ModelFiles:
         if not model_path.endswith(".gguf"):
             raise ModelPathError(f"model file {model_path!r} is not a .gguf file; give a .gguf file or a HF directory")
         return ModelFiles(convert_gguf(model_path), model_path)
-    check_hf_dir(model_path)
+    check_hf_dir(model_path, need_weights)
     return ModelFiles(model_path, model_path)
 
 

@@ -173,3 +173,12 @@ def test_socket_directories_of_killed_servers_are_removed_at_the_next_start(tmp_
         assert remove_stale_ipc_dirs(str(tmp_path)) == 1
     assert not dead.exists() and alive.exists() and other.exists() and (tmp_path / "radixflow-server-x.log").exists()
     assert (alive / "sched").exists() and (listening / "sched").exists()
+
+
+def test_a_dummy_model_directory_needs_no_weights(default_dir, tmp_path):
+    """--load-format dummy with a model folder (config.json and a tokenizer, as SGLang and vLLM take it) was refused
+    for lacking *.safetensors, which random weights never read; a folder for real weights still needs them."""
+    bare = _copy_with(default_dir, tmp_path / "no_weights")
+    assert resolve_model(bare, need_weights=False).path == bare
+    with pytest.raises(RadixflowError, match="lacks \\*.safetensors weights"):
+        resolve_model(bare)

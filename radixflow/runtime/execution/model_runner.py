@@ -48,7 +48,7 @@ class ModelRunner:
             if not args.tokenizer_path:  # random weights: any tokenizer covering the ids will do
                 args.tokenizer_path = resolve_model(None).path
         else:
-            files = resolve_model(args.model_path)
+            files = resolve_model(args.model_path, need_weights=args.load_format != "dummy")
             self.model_dir = files.path
             self.config = load_config(files.path)
         self._check_arch()
