@@ -535,3 +535,20 @@ def test_a_non_streamed_request_keeps_what_a_streamed_one_keeps(engine):
     whole = engine.generate(input_ids=ids, sampling_params=sp)
     streamed = list(engine.generate(input_ids=ids, sampling_params=sp, stream=True))[-1]
     assert whole["output_ids"] == streamed["output_ids"] and '"arguments": {"city": "Oslo"}' in whole["text"]
+
+
+@pytest.mark.parametrize("prompt,regex,budget", [
+    ("Colors:", r"( [a-z]+,)+ [a-z]+\.", 21), ("Colors:", r"( [a-z]+,)+ [a-z]+\.", 30),
+    ("Describe Bob, 42, as text:", r"[A-Z][a-z]+ is \d+", 20)])
+def test_streamed_and_whole_requests_keep_the_same_tokens_under_a_budget(engine, prompt, regex, budget):
+    """A streamed request is checked after every token, a whole one near its budget only; the closing search, which
+    lost `( [a-z]+,)+ [a-z]+\\.` round its loop, made the streamed one replace the model's token 18 tokens from the
+    budget, and an old path's `0` was forced on an output already complete (fuzzing, session 30): both gave other
+    tokens than the whole request. Now the search takes a token that completes the output when its walk finds
+    none, and a complete output needs no path."""
+    params = {"max_new_tokens": budget, "temperature": 0, "regex": regex}
+    whole = engine.generate(prompt, params)
+    streamed = list(engine.generate(prompt, params, stream=True))[-1]
+    assert streamed["output_ids"] == whole["output_ids"], (whole["text"], streamed["text"])
+    scored = list(engine.generate(prompt, params, stream=True, return_logprob=True))[-1]  # a logprob's None: not sampled
+    assert None not in [lp for lp, _, _ in scored["meta_info"]["output_token_logprobs"][:-3]], scored["text"]

@@ -74,7 +74,15 @@ class ClosingSearch:
 
     def find(self, m: LLMatcher, limit: int, hints: tuple = ()) -> Optional[list]:
         """Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
-        the walk finds none. `m` is left in the state it was in."""
+        the walk finds none. `m` is left in the state it was in. Where the walk finds none, a second one first
+        takes any of the lowest-id allowed tokens after which the output is complete: the preferences lead a regex
+        such as `( [a-z]+,)+ [a-z]+\.` round its loop (`a`, `,`, ` `, ...) and never to its `.` (fuzzing, session
+        30: a streamed request, checked at every token, lost the model's tokens to the old path far from its
+        budget)."""
+        path = self._walk(m, limit, hints, False)
+        return path if path is not None else self._walk(m, limit, hints, True)
+
+    def _walk(self, m: LLMatcher, limit: int, hints: tuple, close_first: bool) -> Optional[list]:
         path: list = []
         walk = _Walk()
         hinted = -1  # the path length at which hints were last tried (once per string opening)
@@ -100,7 +108,7 @@ class ClosingSearch:
                 continue
             if walk.mask is None:
                 walk.arrive(self._mask(m), self._in_lexeme)
-            token, anyway = self._pick(m, walk.mask, walk.skip)
+            token, anyway = self._pick(m, walk.mask, walk.skip, close_first)
             if token is None or not m.consume_token(token):
                 break
             path.append(token)
@@ -177,9 +185,15 @@ class ClosingSearch:
         bits = mask.view(np.uint32)
         return self._in_string(mask) or not any(_has(bits, int(t)) for t in self.structure)
 
-    def _pick(self, m: LLMatcher, mask: np.ndarray, skip: set) -> tuple:
+    def _pick(self, m: LLMatcher, mask: np.ndarray, skip: set, close_first: bool = False) -> tuple:
         """(token, anyway): anyway = every allowed token was passed over, so this one is
-        taken even though it makes no visible progress (e.g. digits of `[0-9]{30}`)."""
+        taken even though it makes no visible progress (e.g. digits of `[0-9]{30}`). close_first: a token of the
+        lowest-id allowed ones that completes the output comes before the preferences."""
+        if close_first:
+            ids = _first_allowed(mask, FALLBACK_TRIES)
+            done = next((t for t in ids[~np.isin(ids, self.eos_ids)].tolist() if _accepts_after(m, t)), None)
+            if done is not None:
+                return done, False
         bits = mask.view(np.uint32)
         prefs = self.in_string if self._in_string(mask) else self.structural
         allowed = (bits[prefs >> 5] >> (prefs & 31).astype(np.uint32)) & 1

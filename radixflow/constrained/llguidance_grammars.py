@@ -272,6 +272,8 @@ class LLGuidanceMatcher:
     def _completion(self, path: list, left: int) -> Optional[list]:
         """A completion within `left` from the matcher's state: a tail of `path` (the model may have taken a step
         of it its own way), else a search's."""
+        if self.m.is_accepting():  # complete already: an older path's tail (`0` after `\d+`) forced a token at the
+            return []  # budget that streamed and non-streamed requests, verified at other times, did not share
         for tail in (path, path[1:], path[2:]):
             if len(tail) <= left and self._completes(tail):
                 return list(tail)
