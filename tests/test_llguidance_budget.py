@@ -537,18 +537,25 @@ def test_a_non_streamed_request_keeps_what_a_streamed_one_keeps(engine):
     assert whole["output_ids"] == streamed["output_ids"] and '"arguments": {"city": "Oslo"}' in whole["text"]
 
 
-@pytest.mark.parametrize("prompt,regex,budget", [
-    ("Colors:", r"( [a-z]+,)+ [a-z]+\.", 21), ("Colors:", r"( [a-z]+,)+ [a-z]+\.", 30),
-    ("Describe Bob, 42, as text:", r"[A-Z][a-z]+ is \d+", 20)])
-def test_streamed_and_whole_requests_keep_the_same_tokens_under_a_budget(engine, prompt, regex, budget):
-    """A streamed request is checked after every token, a whole one near its budget only; the closing search, which
-    lost `( [a-z]+,)+ [a-z]+\\.` round its loop, made the streamed one replace the model's token 18 tokens from the
-    budget, and an old path's `0` was forced on an output already complete (fuzzing, session 30): both gave other
-    tokens than the whole request. Now the search takes a token that completes the output when its walk finds
-    none, and a complete output needs no path."""
-    params = {"max_new_tokens": budget, "temperature": 0, "regex": regex}
+MIN_LENGTH = {"type": "object", "properties": {"summary": {"type": "string", "minLength": 30}}, "required": ["summary"]}
+
+
+@pytest.mark.parametrize("prompt,kind,spec,budget", [
+    ("Colors:", "regex", r"( [a-z]+,)+ [a-z]+\.", 21), ("Colors:", "regex", r"( [a-z]+,)+ [a-z]+\.", 30),
+    ("Describe Bob, 42, as text:", "regex", r"[A-Z][a-z]+ is \d+", 20),
+    ("Summarize the news in JSON:", "json_schema", json.dumps(MIN_LENGTH), 64)])
+def test_streamed_and_whole_requests_keep_the_same_tokens_under_a_budget(engine, prompt, kind, spec, budget):
+    """A streamed request is checked after every token, a whole one near its budget only. Three ways they parted
+    (fuzzing, session 30): the closing search went round `( [a-z]+,)+ [a-z]+\\.`'s loop, so the streamed request
+    replaced the model's token 18 tokens from the budget; an old path's `0` was forced on an output already
+    complete; and an old path's 30 `a`s (a minLength) were written at the budget after the string had its length.
+    Now the search takes a token that completes the output when its walk finds none, a complete output needs no
+    path, and near the budget an old path's tail is kept only where no shorter completion is found."""
+    params = {"max_new_tokens": budget, "temperature": 0, kind: spec}
     whole = engine.generate(prompt, params)
     streamed = list(engine.generate(prompt, params, stream=True))[-1]
     assert streamed["output_ids"] == whole["output_ids"], (whole["text"], streamed["text"])
     scored = list(engine.generate(prompt, params, stream=True, return_logprob=True))[-1]  # a logprob's None: not sampled
     assert None not in [lp for lp, _, _ in scored["meta_info"]["output_token_logprobs"][:-3]], scored["text"]
+    if kind == "json_schema":
+        assert not json.loads(whole["text"])["summary"].endswith("aaaa"), whole["text"]

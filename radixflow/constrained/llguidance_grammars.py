@@ -271,11 +271,16 @@ class LLGuidanceMatcher:
 
     def _completion(self, path: list, left: int) -> Optional[list]:
         """A completion within `left` from the matcher's state: a tail of `path` (the model may have taken a step
-        of it its own way), else a search's."""
+        of it its own way), else a search's. Near the budget, where the path is about to be forced, a tail is
+        kept only if a search finds none shorter: in a free string or a loop an old tail still completes however
+        long it is (fuzzing, session 30: 30 `a`s of a minLength path written after the string had its length)."""
         if self.m.is_accepting():  # complete already: an older path's tail (`0` after `\d+`) forced a token at the
             return []  # budget that streamed and non-streamed requests, verified at other times, did not share
         for tail in (path, path[1:], path[2:]):
             if len(tail) <= left and self._completes(tail):
+                if len(tail) > 1 and len(tail) + VERIFY_MARGIN >= left:
+                    shorter = self.search.find(self.m, len(tail) - 1, self.grammar.hints)
+                    return list(tail) if shorter is None else shorter
                 return list(tail)
         return self.search.find(self.m, left, self.grammar.hints)
 
