@@ -342,3 +342,19 @@ def test_a_gen_cut_by_the_context_reports_its_own_length(tok):
     req.segment_start = 15
     StopChecker(tok, eos_ids=set()).check(req, seq_limit=len(req.fill_ids))
     assert req.finish_reason == {"type": "length", "length": 2}
+
+
+def test_an_unbounded_stop_regex_is_found_after_the_kept_text_was_trimmed():
+    """Past twice the window the kept text is trimmed and the places where a match could start are counted from
+    the gen's start (`dropped`): a review found no test where anything had been dropped."""
+    from radixflow.runtime.stop_regex import parse_stop_regex
+    from radixflow.runtime.stop_regex_search import GrowingText
+
+    stops = parse_stop_regex([r"[A-Z]{3,}", r"\d+!"])
+    decode = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    kept, ids = GrowingText.at(0), []
+    for word in [" word"] * 3000 + [" 12", " AB", "CD"]:
+        ids += map(ord, word)
+        found = kept.first_match(stops.patterns, stops.growing, kept.update(ids, decode))
+        assert found is None or word == "CD", word
+    assert kept.dropped > 0 and found == r"[A-Z]{3,}"

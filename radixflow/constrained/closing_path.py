@@ -73,7 +73,7 @@ class ClosingSearch:
         self.quote_closers = [t for t in self.in_string.tolist() if info.tokenizer.decode([t]).startswith('"')]
 
     def find(self, m: LLMatcher, limit: int, hints: tuple = ()) -> Optional[list]:
-        """Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
+        r"""Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
         the walk finds none. `m` is left in the state it was in. Where the walk finds none, a second one first
         takes any of the lowest-id allowed tokens after which the output is complete: the preferences lead a regex
         such as `( [a-z]+,)+ [a-z]+\.` round its loop (`a`, `,`, ` `, ...) and never to its `.` (fuzzing, session
@@ -190,8 +190,8 @@ class ClosingSearch:
         taken even though it makes no visible progress (e.g. digits of `[0-9]{30}`). close_first: a token of the
         lowest-id allowed ones that completes the output comes before the preferences."""
         if close_first:
-            ids = _first_allowed(mask, FALLBACK_TRIES)
-            done = next((t for t in ids[~np.isin(ids, self.eos_ids)].tolist() if _accepts_after(m, t)), None)
+            ids = _first_allowed(mask, FALLBACK_TRIES)  # up to 32 a word: the first FALLBACK_TRIES are tried
+            done = next((t for t in ids[~np.isin(ids, self.eos_ids)][:FALLBACK_TRIES].tolist() if _accepts_after(m, t)), None)
             if done is not None:
                 return done, False
         bits = mask.view(np.uint32)

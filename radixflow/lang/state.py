@@ -255,7 +255,8 @@ class ForkGroup(list):
         return self.parent.mode == "eager" and len(self) > 1 and getattr(backend, "batches_threads", False)
 
     def join(self, mode: str = "gather_variable") -> None:
-        """Each variable the branches set becomes a list in the parent. gather_variable
+        """Each variable the branches set that the parent lacks becomes a list in the parent, of the values of the
+        branches that set it (SGLang's join). gather_variable
         leaves the parent's text as it was; concate_and_append appends the branches'
         texts to it, in order (the first branch's KV is reused through the radix cache)."""
         if mode not in JOIN_MODES:

@@ -102,9 +102,9 @@ def _nested_repeats(items, inside: bool = False) -> bool:
     return False
 
 
-def first_match(stops: StopPatterns, text: str) -> Optional[str]:
-    """The first pattern (its text) that matches somewhere in `text`, or None."""
+def first_match(stops: StopPatterns, text: str, pos: int = 0) -> Optional[str]:
+    """The first pattern (its text) that matches somewhere in `text` from `pos` on, or None."""
     for p in stops.patterns:
-        if p.search(text) is not None:
+        if p.search(text, pos) is not None:
             return p.pattern
     return None

@@ -22,12 +22,12 @@ import regex
 from radixflow.runtime.incremental_text import IncrementalText
 
 WINDOW = 4096  # the characters of a gen's output searched for a pattern with no (or a long) longest match
-_SAME_IN_BOTH = re.compile(r"\[[:=.]")  # a POSIX class, equivalence or collating element: `regex` reads it its way
+_READ_DIFFERENTLY = re.compile(r"\[[:=.]")  # a POSIX class, equivalence or collating element: `regex` reads it its way
 
 
 def growing_pattern(pattern: re.Pattern) -> Optional[regex.Pattern]:
     """The pattern as `regex` compiles it, for the incremental search; None where `regex` would read it differently."""
-    if _SAME_IN_BOTH.search(pattern.pattern):
+    if _READ_DIFFERENTLY.search(pattern.pattern):
         return None
     try:
         return regex.compile(pattern.pattern, regex.VERSION0)
@@ -64,7 +64,7 @@ class GrowingText:
         settled = len(self.text.text)
         whole = text.rstrip("\ufffd")
         floor = max(0, len(whole) - WINDOW)
-        for i, (plain, rx) in enumerate(zip(patterns, growing)):
+        for i, (plain, rx) in enumerate(zip(patterns, growing, strict=True)):
             if rx is None:
                 if plain.search(whole, floor) is not None:
                     return plain.pattern

@@ -174,8 +174,9 @@ class StopChecker:
             width = p.stop_patterns.width  # characters: at most 4 bytes each
             if width is not None:
                 matched = first_match(p.stop_patterns, self._tail(req, added, 4 * width, end))
-            elif end is not None:
-                matched = first_match(p.stop_patterns, self._gen_text(req, end))
+            elif end is not None:  # searched from the window's start as the per-token check is (`^` is no match there)
+                text = self._decode(req.output_ids[req.segment_start : end], p.skip_special_tokens).rstrip("\ufffd")
+                matched = first_match(p.stop_patterns, text, max(0, len(text) - UNBOUNDED_WINDOW))
             else:
                 kept, stops = self._kept(req), p.stop_patterns
                 matched = kept.first_match(stops.patterns, stops.growing, self._kept_text(req))
