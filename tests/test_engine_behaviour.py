@@ -535,3 +535,13 @@ def test_async_generate_as_sglang_has_it(engine):
     assert [m["text"] for m in many] == [engine.generate(f"Count {i}:", params)["text"] for i in range(3)]
     assert chunks[-1]["text"] == engine.generate("Hello", params)["text"] and len(chunks) > 1
     assert not engine.scheduler.running and not engine.scheduler.waiting
+
+
+def test_a_batched_stream_sends_each_request_once_finished(engine):
+    """Once one request of a batched stream had finished, it was sent again (finished) at every later step of the
+    others, each time decoded and built anew (review, session 30: 29 finished events for one request)."""
+    events = list(engine.generate(["1, 2, 3,", "Tell me a story."], [{"max_new_tokens": 2, "temperature": 0},
+                                  {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}], stream=True))
+    finished = [e["index"] for e in events if e["meta_info"]["finish_reason"] is not None]
+    assert sorted(finished) == [0, 1]
+    assert events[-1]["meta_info"]["completion_tokens"] == 12
