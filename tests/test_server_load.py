@@ -250,3 +250,21 @@ def test_an_abandoned_request_whose_last_report_never_comes_is_forgotten(monkeyp
     tm._abort_unfinished(["new"])
     assert set(tm.pending) == {"new"} and list(tm.abandoned) == ["new"]
     assert [a.rid for a in sent] == ["old", "answered", "new"]  # each aborted once, when its caller left
+
+
+def test_a_request_failed_in_delivery_frees_its_rid_at_its_last_report():
+    """A request the delivery loop failed (its `done` set there) ignored its later reports, so its last one never
+    counted and its rid stayed blocked for ABANDONED_KEEP_S once its call ended (review, session 30)."""
+    import asyncio
+
+    from radixflow.runtime.scheduling.req import ReqOutput
+    from radixflow.runtime.server import tokenizer_manager as tm_module
+    from radixflow.runtime.server.server_messages import DetokBatch
+
+    tm = object.__new__(tm_module.TokenizerManager)
+    tm.pending, tm.abandoned, tm.groups, sent = {}, {}, {}, []
+    tm.send = sent.append
+    tm.pending["r"] = tm_module.Pending("r", 0, asyncio.Queue(), 0.0, None, done=True)  # failed by the delivery
+    tm._dispatch(DetokBatch([ReqOutput("r", [], True, {"type": "abort"}, 1, 0)], [""]))
+    tm._abort_unfinished(["r"])
+    assert "r" not in tm.pending and not tm.abandoned and not sent

@@ -266,7 +266,9 @@ class TokenizerManager:
                 if out.finished:  # its last report: the rid is free again
                     del self.pending[out.rid]
                     self.abandoned.pop(out.rid, None)
-            elif p is not None and not p.done:
+            elif p is not None and p.done:  # failed by the delivery below: its last report still frees its rid
+                p.last_report = p.last_report or out.finished
+            elif p is not None:
                 try:
                     self._deliver(p, out, text, now)
                 except Exception as e:  # fail this request, keep delivering the others
