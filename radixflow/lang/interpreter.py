@@ -25,6 +25,7 @@ from radixflow.runtime.incremental_text import partial_stop_len
 from radixflow.runtime.programs.program_ops import joined_names
 from radixflow.runtime.programs.segment_tokens import encode_piece
 from radixflow.runtime.reasoning import get_format, prompt_forces, split
+from radixflow.runtime.sampling_params import SamplingParams
 
 
 
@@ -158,7 +159,7 @@ class Interpreter:
         """Stream a gen's text as it grows, holding back a tail that may be the start of a stop string (or of a
         stop_regex's own text), where the output would be cut; it held back 32 characters whatever the stops, so a
         short gen showed nothing until it ended (fuzzing, session 30)."""
-        shown, cuts = 0, _listed(params.get("stop")) + _listed(params.get("stop_regex"))
+        shown, cuts = 0, SamplingParams.from_dict(params).cut_strs  # the runtime's rule: stops and stop_regex texts
         for item in self.backend.generate_stream(prompt, params, node):
             if isinstance(item, GenResult):
                 return item, shown
@@ -276,8 +277,7 @@ class Interpreter:
         return kids, None
 
     def join(self, kids: list["Interpreter"], mode: str, fork_nid: Optional[int] = None) -> None:
-        for name in joined_names(self.vars, kids):  # new branch variables -> lists
-            having = [k for k in kids if name in k.produced]
+        for name, having in joined_names(self.vars, kids):  # new branch variables -> lists
             self.set(name, [k.vars[name] for k in having], {"forks": [k.metas.get(name) for k in having]})
         if mode == "gather":
             return
@@ -298,9 +298,4 @@ def _call_result(res: GenResult) -> tuple:
     reason = (res.meta or {}).get("finish_reason")
     kind = reason.get("type") if isinstance(reason, dict) else reason  # native dict, or OpenAI's string
     return res.text, res.meta, kind == "stop"
-
-
-def _listed(value) -> list:
-    """A stop or stop_regex parameter (None, a string or a list of them) as a list."""
-    return [] if not value else [value] if isinstance(value, str) else list(value)
 

@@ -37,8 +37,12 @@ class Placeholder:
     def node(self):
         return VarRef(name=self._name, version=self._version) if self._kind == "var" else ArgRef(name=self._name)
 
+    def text(self) -> str:
+        """Its marked text, a plain str (what `split_text` turns back into the placeholder)."""
+        return f"{MARK}{self._kind}:{self._version}:{self._name}{MARK}"
+
     def __str__(self) -> str:
-        return MarkedText(f"{MARK}{self._kind}:{self._version}:{self._name}{MARK}")
+        return MarkedText(self.text())
 
     def __format__(self, spec: str) -> str:
         if spec:

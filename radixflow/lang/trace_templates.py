@@ -19,7 +19,7 @@ from radixflow.lang.errors import NotTraceable
 from radixflow.lang.graph_run import _jsonable, signature, trace_graph
 from radixflow.lang.ir import ArgRef, Fork, Graph, Text
 from radixflow.lang.lowering import lower
-from radixflow.lang.placeholder import _PATTERN, MARK, Placeholder, plain_str
+from radixflow.lang.placeholder import _PATTERN, MARK, Placeholder
 from radixflow.lang.trace_cache import analyse, key
 from radixflow.runtime.sampling_params import plain
 
@@ -107,7 +107,7 @@ def _fill_nodes(nodes: list, fill: Optional[Callable[[str], str]]) -> list:
     out = []
     for n in nodes:
         if fill is None and isinstance(n, ArgRef):
-            n = Text(text=plain_str(str(Placeholder("arg", n.name))), nid=n.nid)  # a plain str: lowering reads it
+            n = Text(text=Placeholder("arg", n.name).text(), nid=n.nid)  # a plain str: lowering reads it
         elif fill is not None and isinstance(n, Text) and MARK in n.text:
             n = Text(text=fill(n.text), nid=n.nid)
         elif isinstance(n, Fork):

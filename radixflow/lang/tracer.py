@@ -93,7 +93,7 @@ class Recorder:
 
     def join(self, kids: list["Recorder"], mode: str, fork_nid: int) -> None:
         self.nodes.append(Join(fork=fork_nid, mode=mode, nid=next(self.counter)))
-        for name in joined_names(self.known, kids):  # new branch variables become lists
+        for name, _ in joined_names(self.known, kids):  # new branch variables become lists
             self._produce(name)
 
 

@@ -103,7 +103,7 @@ class RequestBuilder:
             raise RadixflowError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
         limit = self.max_new_tokens_limit
         if sp.max_new_tokens > limit and sp.max_new_tokens == DEFAULT_MAX_NEW_TOKENS:  # the default, not the caller's:
-            return sp.copy(max_new_tokens=limit, min_new_tokens=min(sp.min_new_tokens, limit))  # it was a 400 (fuzzing)
+            return _fit_context(sp, limit)  # it was a 400 (fuzzing)
         if sp.max_new_tokens > limit:
             raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {limit}")
         return sp

@@ -318,8 +318,8 @@ class ProgramExecutor:
         kids = st.children[op.fork]
         if not all(k.state == DONE for k in kids):
             return False
-        for name in joined_names(st.vars, kids):  # new branch variables -> lists
-            st.vars[name] = [k.vars[name] for k in kids if name in k.produced]
+        for name, having in joined_names(st.vars, kids):  # new branch variables -> lists
+            st.vars[name] = [k.vars[name] for k in having]
             st.produced.append(name)
         if op.mode == "concat":
             self._flush(st)

@@ -242,10 +242,11 @@ def _sampling(raw: Any) -> tuple[SamplingParams, Optional[str]]:
     return sp, key
 
 
-def joined_names(parent_vars, kids: list) -> list:
-    """The variables a join gathers, as SGLang's join does: those the branches (`kids`, each with `produced`, the
-    names it set) set that the parent did not have when it joined. Each becomes the list of the values of the
-    branches that set it; a variable the parent had keeps the parent's value. Used by the executor, the eager
-    interpreter and the tracer alike."""
-    return [n for n in dict.fromkeys(n for k in kids for n in k.produced) if n not in parent_vars]
+def joined_names(parent_vars, kids: list) -> list[tuple]:
+    """The variables a join gathers, as SGLang's join does, each with the branches that set it: those the branches
+    (`kids`, each with `produced`, the names it set) set that the parent did not have when it joined. Each becomes
+    the list of those branches' values; a variable the parent had keeps the parent's value. Used by the executor,
+    the eager interpreter and the tracer alike."""
+    names = [n for n in dict.fromkeys(n for k in kids for n in k.produced) if n not in parent_vars]
+    return [(n, [k for k in kids if n in k.produced]) for n in names]
 

@@ -175,7 +175,7 @@ class StopChecker:
             if width is not None:
                 matched = first_match(p.stop_patterns, self._tail(req, added, 4 * width, end))
             elif end is not None:  # searched from the window's start as the per-token check is (`^` is no match there)
-                text = self._decode(req.output_ids[req.segment_start : end], p.skip_special_tokens).rstrip("\ufffd")
+                text = self._decoded_until(req, end)
                 matched = first_match(p.stop_patterns, text, max(0, len(text) - UNBOUNDED_WINDOW))
             else:
                 kept, stops = self._kept(req), p.stop_patterns
@@ -201,16 +201,18 @@ class StopChecker:
         return self._decode(req.output_ids[start:end], req.sampling.skip_special_tokens).rstrip("\ufffd")
 
     def _gen_text(self, req: Req, end: int | None = None) -> str:
-        """The gen's decoded output (its last UNBOUNDED_WINDOW characters), for patterns with no longest match:
-        kept on the request and decoded a window at a time (incremental_text.py), so a check decodes only the
-        newest tokens, not the whole gen again (quadratic in its length). Outputs cut back (rewind) drop it. With
-        `end` (a stop's search for where it completed), the outputs before it are decoded afresh."""
-        if end is not None:
-            ids = req.output_ids[req.segment_start : end]
-            return self._decode(ids, req.sampling.skip_special_tokens).rstrip("\ufffd")[-UNBOUNDED_WINDOW:]
-        return self._kept_text(req)[-UNBOUNDED_WINDOW:]
+        """The gen's decoded output, its last UNBOUNDED_WINDOW characters (where a long stop string is searched for):
+        the kept text, or with `end` the outputs before it decoded afresh."""
+        return (self._kept_text(req) if end is None else self._decoded_until(req, end))[-UNBOUNDED_WINDOW:]
+
+    def _decoded_until(self, req: Req, end: int) -> str:
+        """The gen's outputs before `end` decoded afresh (a stop's search for where it completed), without a last
+        character whose bytes are not all out yet."""
+        return self._decode(req.output_ids[req.segment_start : end], req.sampling.skip_special_tokens).rstrip("\ufffd")
 
     def _kept_text(self, req: Req) -> str:
+        """The gen's whole decoded output as the request keeps it (stop_regex_search.GrowingText), so a check decodes
+        only the newest tokens, not the whole gen again (quadratic in its length); outputs cut back drop it."""
         skip = req.sampling.skip_special_tokens
         return self._kept(req).update(req.output_ids, lambda ids: self._decode(ids, skip))
 
