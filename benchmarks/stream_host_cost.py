@@ -39,7 +39,7 @@ def grow(req: Req, ids: list, i: int) -> None:
 
 def server_step(state: dict, deltas: bool) -> None:
     req = state["req"]
-    out = as_delta(req, req.to_output(), state["sent"]) if deltas else req.to_output()
+    out = as_delta(req.to_output(), state["sent"]) if deltas else req.to_output()
     sent = pickle.loads(pickle.dumps(OutputBatch([out])))
     texts = [state["detok"].text_of(o) for o in sent.outputs]
     got = pickle.loads(pickle.dumps(DetokBatch(sent.outputs, texts)))
@@ -52,7 +52,7 @@ def server_step(state: dict, deltas: bool) -> None:
 def engine_step(state: dict, deltas: bool) -> None:
     req, sp = state["req"], state["req"].sampling
     if deltas:  # Engine._result with a stream's view
-        out = state["assembly"].apply(as_delta(req, req.to_output(), state["sent"]))
+        out = state["assembly"].apply(as_delta(req.to_output(), state["sent"]))
         text = state["decoded"].update(state["tok"], out.output_ids, sp.skip_special_tokens)
         build_result(out, text, req.logprob, None, False, 0.0)
     else:

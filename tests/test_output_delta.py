@@ -35,7 +35,7 @@ def test_reports_put_back_together_equal_the_whole_lists_through_cuts():
             req.cut_outputs(cut)
         if step == 1:
             req.input_token_logprobs.append((-1.0, 3))  # the prompt's last chunk
-        delta = as_delta(req, req.to_output(), sent)
+        delta = as_delta(req.to_output(), sent)
         sizes.append(len(pickle.dumps(delta)))
         assert _whole(assembly.apply(delta)) == _whole(req.to_output())
     assert sizes[-1] == sizes[-2] < sizes[0]  # one token's entries, not the whole lists
@@ -64,10 +64,10 @@ def test_the_detokenizer_decodes_a_stream_from_its_deltas_through_a_cut(tokenize
             req.cut_outputs(7)
         req.output_ids.append(tok)
         if step % 2:
-            text, whole = detok.text_of(as_delta(req, req.to_output(), sent)), tokenizer.decode(req.output_ids)
+            text, whole = detok.text_of(as_delta(req.to_output(), sent)), tokenizer.decode(req.output_ids)
             assert whole.startswith(text) and (text == whole or whole.endswith("\ufffd"))  # a split character waits
     req.finish({"type": "length", "length": len(req.output_ids)})
-    assert detok.text_of(as_delta(req, req.to_output(), sent)) == tokenizer.decode(req.output_ids)
+    assert detok.text_of(as_delta(req.to_output(), sent)) == tokenizer.decode(req.output_ids)
     assert "r" not in detok.states
 
 
@@ -82,7 +82,7 @@ def test_an_assembly_with_a_converter_turns_each_logprob_entry_into_a_triple_onc
     sent, assembly = Sent(), Assembly(convert=convert)
     for _ in range(3):
         _grow(req, 2)
-        result = build_result(assembly.apply(as_delta(req, req.to_output(), sent)), "", req.logprob, None, False, 0.0)
+        result = build_result(assembly.apply(as_delta(req.to_output(), sent)), "", req.logprob, None, False, 0.0)
     assert result["meta_info"]["output_token_logprobs"] == [[-0.5, t, f"t{t}"] for t in req.output_ids]
     assert result["meta_info"]["output_top_logprobs"][-1] == [[-0.5, 105, "t105"], [-1.5, 7, "t7"]]
     assert sum(calls) == 6 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs each
@@ -96,7 +96,7 @@ def test_an_engine_stream_view_starts_its_text_over_after_a_cut(engine, tokenize
     from radixflow.runtime.engine import _StreamView
 
     req = Req("r", [1], SamplingParams.from_dict({}), LogprobOptions(True, -1, 0, True))
-    view = _StreamView(Assembly.with_texts(engine.scheduler.logprobs.with_text, req.logprob))
+    view = _StreamView.of(req, engine.scheduler.logprobs.with_text)
     first = tokenizer.encode(" one two three four five", add_special_tokens=False)
     other = tokenizer.encode(" six seven", add_special_tokens=False)
     for tok in first:

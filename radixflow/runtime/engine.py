@@ -23,7 +23,7 @@ from radixflow.runtime.build import build_runtime
 from radixflow.runtime.distributed.tp_launch import TPRankFailed
 from radixflow.runtime.gc_freeze import EngineFreeze
 from radixflow.runtime.generate_request import GenerateInput, RequestBuilder, build_result, output_text
-from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
+from radixflow.runtime.incremental_text import StreamText
 from radixflow.runtime.output_delta import Assembly, Sent, as_delta
 from radixflow.runtime.scheduling.req import Req
 from radixflow.runtime.server_args import ServerArgs
@@ -144,7 +144,7 @@ class Engine:
     def _stream(self, reqs: list[Req], single: bool) -> Iterator:
         self._submit(reqs)
         sent = [-1] * len(reqs)
-        views = [_StreamView(Assembly.with_texts(self.scheduler.logprobs.with_text, r.logprob)) for r in reqs]
+        views = [_StreamView.of(r, self.scheduler.logprobs.with_text) for r in reqs]
         all_done = AllFinished(reqs)
         try:
             while True:
@@ -168,15 +168,14 @@ class Engine:
         """The request's result; for a stream (`view`), its text so far decoded a window at a time (a stop string's
         possible beginning held back, as the server's streams do) and its lists from the view's deltas."""
         sp, out, with_text = req.sampling, req.to_output(), self.scheduler.logprobs.with_text
+        cut = False
         if view is not None:
-            if req.cuts != view.sent.cuts:  # outputs cut back since the last yield: their text is decoded again
-                view.text = IncrementalText()
-            out, with_text = view.lists.apply(as_delta(req, out, view.sent)), None  # None: its lists hold the triples
+            cut = out.cuts != view.sent.cuts  # outputs cut back since the last yield: their text is decoded again
+            out, with_text = view.lists.apply(as_delta(out, view.sent)), None  # None: its lists hold the triples
         if finished or view is None:
             text = output_text(self.tokenizer, out.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
         else:
-            text = view.text.update(self.tokenizer, out.output_ids, sp.skip_special_tokens)
-            text = text[: len(text) - partial_stop_len(text, sp.cut_strs)]
+            text = view.text.shown(self.tokenizer, out.output_ids, restart=cut)
         return build_result(out, text, req.logprob, with_text, finished, time.time() - req.created)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
@@ -307,8 +306,13 @@ class _StreamView:
     tokens, on the CPU: BENCHMARKS.md)."""
 
     lists: Assembly
+    text: StreamText
     sent: Sent = field(default_factory=Sent)
-    text: IncrementalText = field(default_factory=IncrementalText)
+
+    @classmethod
+    def of(cls, req: Req, with_text) -> "_StreamView":
+        sp = req.sampling
+        return cls(Assembly.with_texts(with_text, req.logprob), StreamText(sp.skip_special_tokens, sp.cut_strs))
 
 
 def _raise_if_rejected(out: dict) -> dict:

@@ -1,11 +1,12 @@
 """Text of a growing list of output token ids, decoded a window at a time: only the ids
 since the last confirmed boundary are decoded again, and an incomplete UTF-8 character
 at the end waits for the next token. Used by the detokenizer's streams, by streamed
-request graphs and by the stop checker's unbounded stop_regex patterns."""
+request graphs and by the stop checker's unbounded stop_regex patterns. StreamText is a
+stream's text as its reader sees it (the server's detokenizer and an Engine stream)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 CONTEXT_TOKENS = 6  # a window's context before its new ids: more than one character's tokens (4 bytes)
@@ -34,6 +35,23 @@ class IncrementalText:
                 # old read point: after many tokens at once (a jump, a gen's first check) that would decode them all again
                 self.surr, self.read, self.pending = max(self.read, len(ids) - CONTEXT_TOKENS), len(ids), ""
         return self.text
+
+
+@dataclass
+class StreamText:
+    """A streamed request's text so far as its reader is shown it: decoded a window at a time, with a tail that could
+    still become a stop string (cut_strs) held back; after its outputs were cut back (a stop, a grammar: `restart`)
+    decoded again from the start."""
+
+    skip_special_tokens: bool = True
+    cut_strs: list = field(default_factory=list)
+    decoded: IncrementalText = field(default_factory=IncrementalText)
+
+    def shown(self, tokenizer, ids: list, restart: bool = False) -> str:
+        if restart:
+            self.decoded = IncrementalText()
+        text = self.decoded.update(tokenizer, ids, self.skip_special_tokens)
+        return text[: len(text) - partial_stop_len(text, self.cut_strs)]
 
 
 def partial_stop_len(text: str, stops: list) -> int:

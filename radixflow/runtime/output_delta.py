@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Callable, Optional
 
-from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput
+from radixflow.runtime.scheduling.req import LogprobOptions, ReqOutput
 
 _LISTS = ("output_ids", "new_output_token_logprobs", "new_output_top_logprobs", "input_token_logprobs",
           "input_top_logprobs")  # fmt: skip
@@ -28,12 +28,13 @@ class Sent:
     cuts: int = 0
 
 
-def as_delta(req: Req, out: ReqOutput, sent: Sent) -> ReqOutput:
-    """`out` (req's whole lists, by reference) as what they gained since `sent`, which then records this report."""
-    cut = req.cuts != sent.cuts
+def as_delta(out: ReqOutput, sent: Sent) -> ReqOutput:
+    """`out` (a request's whole lists, by reference) as what they gained since `sent`, which then records this
+    report."""
+    cut = out.cuts != sent.cuts
     starts = tuple(0 if cut and i < _OUTPUT_LISTS else n for i, n in enumerate(sent.lengths))
     tails = [(getattr(out, name) or [])[start:] for name, start in zip(_LISTS, starts)]
-    sent.lengths, sent.cuts = [start + len(tail) for start, tail in zip(starts, tails)], req.cuts  # from the slices:
+    sent.lengths, sent.cuts = [start + len(tail) for start, tail in zip(starts, tails)], out.cuts  # from the slices:
     return dataclasses.replace(out, **dict(zip(_LISTS, tails)), starts=starts)  # an Engine's lists may grow meanwhile
 
 

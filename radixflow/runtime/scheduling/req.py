@@ -160,6 +160,7 @@ class Req:
             input_top_logprobs=self.input_top_logprobs,
             num_retractions=self.num_retractions,
             jump_forward_tokens=self.jump_forward_tokens,
+            cuts=self.cuts,
         )
 
 
@@ -180,6 +181,7 @@ class ReqOutput:
     num_retractions: int = 0
     jump_forward_tokens: int = 0
     error: Optional[str] = None
+    cuts: int = 0  # the request's cuts (Req.cuts) when reported: a stream's sender sees its outputs cut back
     # None: the lists above are whole; else where each starts (output ids, output logprobs, output top logprobs,
     # input logprobs, input top logprobs): a streamed request's report carries what they gained since its last
     # (runtime/output_delta.py)

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import zmq
 
 from radixflow.runtime.generate_request import output_text
-from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
+from radixflow.runtime.incremental_text import StreamText
 from radixflow.runtime.scheduling.req import ReqOutput
 from radixflow.runtime.server.server_messages import (
     ControlReply,
@@ -37,18 +37,21 @@ POLL_MS = 500
 @dataclass
 class DecodeState:
     params: DecodeParams
-    decoded: IncrementalText = field(default_factory=IncrementalText)
+    text: StreamText
     ids: list = field(default_factory=list)  # a stream's output ids, from its reports' deltas (output_delta.py)
 
-    def ids_of(self, out: ReqOutput) -> list:
-        """The request's whole output ids so far."""
+    @classmethod
+    def of(cls, params: DecodeParams) -> "DecodeState":
+        return cls(params, StreamText(params.skip_special_tokens, params.cut_strs))
+
+    def ids_of(self, out: ReqOutput) -> tuple[list, bool]:
+        """The request's whole output ids so far, and whether its outputs were cut back since the last report."""
         if out.starts is None:
-            return out.output_ids
-        if out.starts[0] < len(self.ids):  # outputs cut back: their text is decoded again
-            self.decoded = IncrementalText()
+            return out.output_ids, False
+        cut = out.starts[0] < len(self.ids)
         del self.ids[out.starts[0] :]
         self.ids.extend(out.output_ids)
-        return self.ids
+        return self.ids, cut
 
 
 @dataclass
@@ -58,21 +61,17 @@ class Detokenizer:
 
     def register(self, params: dict) -> None:
         for rid, p in params.items():
-            self.states[rid] = DecodeState(p)
+            self.states[rid] = DecodeState.of(p)
 
     def text_of(self, out: ReqOutput) -> str:
-        st = self.states.get(out.rid) or DecodeState(DecodeParams())
-        ids = st.ids_of(out)
+        st = self.states.get(out.rid) or DecodeState.of(DecodeParams())
+        ids, cut = st.ids_of(out)
         if out.finished:
             self.states.pop(out.rid, None)
             p = st.params
             return output_text(self.tokenizer, ids, out.finish_reason, p.skip_special_tokens, p.no_stop_trim)
         self.states[out.rid] = st
-        return self._incremental(st, ids)
-
-    def _incremental(self, st: DecodeState, ids: list) -> str:
-        text = st.decoded.update(self.tokenizer, ids, st.params.skip_special_tokens)
-        return text[: len(text) - partial_stop_len(text, st.params.cut_strs)]
+        return st.text.shown(self.tokenizer, ids, restart=cut)
 
 
 def run_detokenizer_process(tokenizer_path: str, ipc: IpcNames, parent_pid: int, log_level: str = "info") -> None:

@@ -220,13 +220,12 @@ class SchedulerLoop:
         interval = max(self.args.stream_interval, 1)
         for o in outs:
             sent = self.streaming.get(o.rid)
-            req = self.inflight.get(o.rid)
             if o.finished:
                 self.inflight.pop(o.rid, None)
                 self.streaming.pop(o.rid, None)
-                keep.append(o if sent is None or req is None else as_delta(req, o, sent))
-            elif sent is not None and req is not None and len(o.output_ids) - sent.lengths[0] >= interval:
-                keep.append(as_delta(req, o, sent))
+                keep.append(o if sent is None else as_delta(o, sent))
+            elif sent is not None and len(o.output_ids) - sent.lengths[0] >= interval:
+                keep.append(as_delta(o, sent))
         if keep:
             self.send(OutputBatch(keep, self._stats_if_due()))
 
