@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.piece_codec import piece_decoder
-from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput, max_request_tokens
+from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput, max_request_tokens, over_limit
 from radixflow.runtime.sampling_params import SamplingParams, params_key
 
 CHECKED_MAX = 4096  # distinct sampling_params dicts a builder keeps parsed and checked
@@ -144,15 +144,9 @@ class RequestBuilder:
             raise RadixflowError("input_ids must be a non-empty list of token ids")
         if not token_ids_in(ids, self.vocab_size):
             raise RadixflowError(f"input_ids must be integers in [0, {self.vocab_size})")
-        if len(ids) >= self.context_len:
-            raise RadixflowError(
-                f"the prompt has {len(ids)} tokens but the context length is {self.context_len}; shorten the prompt"
-            )
-        if len(ids) + 1 > self.max_pool_tokens:
-            raise RadixflowError(
-                f"the prompt has {len(ids)} tokens but the KV pool holds {self.max_pool_tokens}; "
-                "shorten the prompt or raise max_total_tokens"
-            )
+        limit = over_limit(len(ids), self.context_len, self.max_pool_tokens)
+        if limit:
+            raise RadixflowError(f"the prompt has {len(ids)} tokens but {limit}; shorten the prompt")
 
 
 DEFAULT_MAX_NEW_TOKENS = SamplingParams().max_new_tokens

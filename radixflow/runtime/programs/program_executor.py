@@ -29,7 +29,7 @@ from radixflow.runtime.programs.program_ops import Op, joined_names, parse_progr
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
 from radixflow.runtime.programs.program_runs import DONE, GEN, JOIN, RUNNABLE, SAMPLES, SELECT, ProgramRun, Strand, Wakeups
 from radixflow.runtime.programs.request_segments import common_prefix, continuable, continues_after, start_segment
-from radixflow.runtime.scheduling.req import LogprobOptions, Req
+from radixflow.runtime.scheduling.req import LogprobOptions, Req, over_limit
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.programs.segment_tokens import encode_piece, gen_piece
 
@@ -233,10 +233,9 @@ class ProgramExecutor:
                  continues: bool = False) -> Req:  # fmt: skip
         if not ids:
             raise RadixflowError("a program must have some text before its first gen or select")
-        context, pool = self.scheduler.runner.context_len, self.scheduler.runner.kv_pool.allocator.capacity_slots
-        if len(ids) >= min(context, pool):
-            what = f"the context length is {context}" if len(ids) >= context else f"the KV pool holds {pool}"
-            raise RadixflowError(f"the program reached {len(ids)} tokens but {what}; shorten its text")
+        limit = over_limit(len(ids), self.scheduler.runner.context_len, self.scheduler.runner.kv_pool.allocator.capacity_slots)
+        if limit:
+            raise RadixflowError(f"the program reached {len(ids)} tokens but {limit}; shorten its text")
         req = Req(rid=f"{st.run.rid}-{next(self._ids)}", origin_input_ids=list(ids), sampling=sampling, continuable=continues,
                   streamed=st.stream is not None, on_finish=st.run.woken)
         if logprob is not None:

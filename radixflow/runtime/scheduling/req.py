@@ -20,6 +20,16 @@ def max_request_tokens(context_len: int, pool_slots: int) -> int:
     return min(context_len, pool_slots + 1)
 
 
+def over_limit(tokens: int, context_len: int, pool_slots: int) -> Optional[str]:
+    """What a prompt of `tokens` tokens reaches, if it is too long to be served (None if it fits): a prompt needs
+    room for one output token within the context, and KV for all its tokens in the pool."""
+    if tokens >= context_len:
+        return f"the context length is {context_len}"
+    if tokens >= pool_slots:
+        return f"the KV pool holds {pool_slots} (raise max_total_tokens)"
+    return None
+
+
 class ReqState(Enum):
     GRAMMAR_PENDING = "grammar_pending"
     WAITING = "waiting"
