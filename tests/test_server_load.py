@@ -268,3 +268,43 @@ def test_a_request_failed_in_delivery_frees_its_rid_at_its_last_report():
     tm._dispatch(DetokBatch([ReqOutput("r", [], True, {"type": "abort"}, 1, 0)], [""]))
     tm._abort_unfinished(["r"])
     assert "r" not in tm.pending and not tm.abandoned and not sent
+
+
+def test_a_request_its_detokenizer_failed_keeps_its_rid_until_its_last_report():
+    """A decode that raised marked the report finished, so the caller's rid was free at once while the scheduler
+    still ran the request and sent its reports (review, session 30): the report now carries only the error; the
+    caller gets it (500) and the scheduler an abort, and the rid is free at the scheduler's last report."""
+    import asyncio
+
+    from radixflow.runtime.scheduling.req import LogprobOptions, ReqOutput
+    from radixflow.runtime.server import tokenizer_manager as tm_module
+    from radixflow.runtime.server.detokenizer import Detokenizer, _handle
+    from radixflow.runtime.server.server_messages import DetokBatch, OutputBatch
+
+    class BrokenTokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            raise ValueError("no text for these ids")
+
+    batch = _handle(Detokenizer(BrokenTokenizer()), OutputBatch([ReqOutput("r", [5], False, None, 1, 0)]))
+    assert not batch.outputs[0].finished and "no text for these ids" in batch.outputs[0].error
+    tm = object.__new__(tm_module.TokenizerManager)
+    tm.pending, tm.abandoned, tm.groups, sent = {}, {}, {}, []
+    tm.send, tm.args, tm.metrics = sent.append, type("Args", (), {"log_requests_level": 0})(), _NoMetrics()
+    queue = asyncio.Queue()
+    tm.pending["r"] = tm_module.Pending("r", 0, queue, 0.0, LogprobOptions())
+    tm._dispatch(batch)
+    event = queue.get_nowait()
+    assert event.finished and event.status_code == 500 and "while decoding" in event.error
+    assert [a.rid for a in sent] == ["r"]
+    tm._abort_unfinished(["r"])
+    assert "r" in tm.pending  # the scheduler may still report it
+    tm._dispatch(DetokBatch([ReqOutput("r", [5], True, {"type": "abort"}, 1, 0)], [""]))
+    assert "r" not in tm.pending and not tm.abandoned
+
+
+class _NoMetrics:
+    def on_tokens(self, *args) -> None:
+        pass
+
+    def on_finish(self, *args) -> None:
+        pass

@@ -105,9 +105,9 @@ def _handle(detok: Detokenizer, msg):
         for out in msg.outputs:
             try:
                 texts.append(detok.text_of(out))
-            except Exception as e:  # fail this request, keep going
-                log.exception("decoding %s failed", out.rid)
-                out.finished, out.error = True, f"internal error while decoding: {type(e).__name__}: {e}"
+            except Exception as e:  # fail this request (its caller gets the error and the scheduler an abort), keep
+                log.exception("decoding %s failed", out.rid)  # going; `finished` stays the scheduler's: its rid is
+                out.error = f"internal error while decoding: {type(e).__name__}: {e}"  # in use until its last report
                 texts.append("")
         return DetokBatch(msg.outputs, texts, msg.stats)
     if isinstance(msg, (ControlReply, StatsSnapshot, ProgramDelta)):
