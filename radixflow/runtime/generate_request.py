@@ -102,8 +102,10 @@ class RequestBuilder:
         if bad:
             raise RadixflowError(f"stop_token_ids {bad} are not token ids in [0, {self.vocab_size})")
         limit = self.max_new_tokens_limit
-        if sp.max_new_tokens > limit and sp.max_new_tokens == DEFAULT_MAX_NEW_TOKENS:  # the default, not the caller's:
-            return _fit_context(sp, limit)  # it was a 400 (fuzzing)
+        # the default's value is taken for the default, not the caller's (it was a 400: fuzzing), sent or not: a
+        # program's gen sends it when it names none, and an explicit 128 over the limit is cut, not refused
+        if sp.max_new_tokens > limit and sp.max_new_tokens == DEFAULT_MAX_NEW_TOKENS:
+            return _fit_context(sp, limit)
         if sp.max_new_tokens > limit:
             raise RadixflowError(f"max_new_tokens={sp.max_new_tokens} is over this server's limit of {limit}")
         return sp
