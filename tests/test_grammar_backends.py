@@ -143,6 +143,19 @@ def test_annotations_and_unknown_keywords_are_ignored_and_digits_are_ascii(engin
     assert not g.accepts('{"n": "421"}') and not g.accepts('{"n": 42}')
 
 
+@pytest.mark.parametrize("backend", ["llguidance", "outlines"])
+def test_arrays_of_free_items_keep_their_counts(engine, backend):
+    """An array with minItems / maxItems and no items: on outlines its item regex (any value, two containers deep)
+    was repeated per counted item, and maxItems 3 ran past the 10 s compile limit; it now compiles in about a second
+    (items nest one container less, as in an unbounded free array)."""
+    cases = [({"type": "array", "maxItems": 3}, ['[]', '[1, "x", null]', '[{"a": 1}, [2]]'], ['[1, 2, 3, 4]']),
+             ({"type": "array", "items": {}, "minItems": 1, "maxItems": 2}, ['[true]', '[[], {}]'], ['[]', '[1, 2, 3]']),
+             ({"type": "array", "minItems": 2}, ['[1, 2]', '[1, 2, 3, 4, 5]'], ['[1]'])]  # fmt: skip
+    for schema, good, bad in cases:
+        g = Grammar.from_json_schema(schema, engine.tokenizer, backend=backend, whitespace=WS)
+        assert all(g.accepts(t) for t in good) and not any(g.accepts(t) for t in bad), schema
+
+
 def test_huge_enums_and_deep_nesting_are_refused_clearly(engine):
     with pytest.raises(GrammarError, match="too large"):
         Grammar.from_json_schema({"enum": list(range(200_000))}, engine.tokenizer, backend="llguidance")

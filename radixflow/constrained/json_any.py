@@ -16,6 +16,7 @@ allowed between tokens, laid out as outlines-core lays out its own regexes ("" =
 from __future__ import annotations
 
 import functools
+from typing import Optional
 
 DEFAULT_DEPTH = 2  # containers a free-form value may nest, itself included
 MAX_DEPTH = 3  # a free-form object of depth 3 already takes ~12 s to compile on an idle CPU
@@ -49,7 +50,11 @@ def any_object_regex(depth: int = DEFAULT_DEPTH, ws: str = "") -> str:
 
 
 @functools.lru_cache(maxsize=64)
-def any_array_regex(depth: int = DEFAULT_DEPTH, ws: str = "") -> str:
-    """Any JSON array whose items nest at most `depth - 1` further containers."""
+def any_array_regex(depth: int = DEFAULT_DEPTH, ws: str = "", least: int = 0, most: Optional[int] = None) -> str:
+    """Any JSON array of `least` to `most` items (None: no bound) that nest at most `depth - 1` further containers.
+    A bounded count repeats the item's automaton `most` times: built by outlines-core from an item of any depth (a
+    schema's items left free), maxItems 3 took longer than the compile limit."""
     value = any_value_regex(max(check_depth(depth) - 1, 0), ws)
-    return rf"\[{ws}(?:(?:{value})(?:{ws},{ws}(?:{value}))*)?{ws}\]"
+    upper = "" if most is None else most - 1
+    items = rf"(?:{value})(?:{ws},{ws}(?:{value})){{{max(least - 1, 0)},{upper}}}"
+    return rf"\[{ws}{items if least else f'(?:{items})?'}{ws}\]"

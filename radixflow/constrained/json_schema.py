@@ -330,8 +330,8 @@ def _free_form_regex(node: dict, rules: _Rules) -> Optional[str]:
         return any_object_regex(rules.any_depth, rules.whitespace)
     if kind == "object" and keys <= {"type", "additionalProperties", "properties"} and node.get("additionalProperties") is False and not node.get("properties"):
         return rf"\{{{rules.whitespace}\}}"
-    if kind == "array" and keys == {"type"}:
-        return any_array_regex(rules.any_depth, rules.whitespace)
+    if kind == "array" and keys <= {"type", "items", "minItems", "maxItems"} and _is_any(node.get("items", True)):
+        return any_array_regex(rules.any_depth, rules.whitespace, node.get("minItems", 0), node.get("maxItems"))
     return None
 
 
