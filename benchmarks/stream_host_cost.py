@@ -18,7 +18,7 @@ import time
 
 from radixflow.model_files import load_tokenizer, resolve_model
 from radixflow.runtime.generate_request import build_result, output_text
-from radixflow.runtime.incremental_text import IncrementalText
+from radixflow.runtime.incremental_text import StreamText
 from radixflow.runtime.output_delta import Assembly, Sent, as_delta
 from radixflow.runtime.sampling_params import SamplingParams
 from radixflow.runtime.scheduling.logprobs import LogprobCollector
@@ -44,20 +44,25 @@ def server_step(state: dict, deltas: bool) -> None:
     texts = [state["detok"].text_of(o) for o in sent.outputs]
     got = pickle.loads(pickle.dumps(DetokBatch(sent.outputs, texts)))
     if deltas:  # the TokenizerManager's: lists put back together, logprob texts added once an entry
-        build_result(state["assembly"].apply(got.outputs[0]), got.texts[0], req.logprob, None, False, 0.0)
-    else:
-        build_result(got.outputs[0], got.texts[0], req.logprob, state["with_text"], False, 0.0)
+        build_result(state["assembly"].apply(got.outputs[0]), got.texts[0], req.logprob, False, 0.0)
+    else:  # whole lists, every entry converted at every report
+        build_result(_converted(state, got.outputs[0]), got.texts[0], req.logprob, False, 0.0)
 
 
 def engine_step(state: dict, deltas: bool) -> None:
     req, sp = state["req"], state["req"].sampling
     if deltas:  # Engine._result with a stream's view
         out = state["assembly"].apply(as_delta(req.to_output(), state["sent"]))
-        text = state["decoded"].update(state["tok"], out.output_ids, sp.skip_special_tokens)
-        build_result(out, text, req.logprob, None, False, 0.0)
+        text = state["decoded"].shown(state["tok"], out.output_ids)
+        build_result(out, text, req.logprob, False, 0.0)
     else:
         text = output_text(state["tok"], req.output_ids, None, sp.skip_special_tokens, sp.no_stop_trim)
-        build_result(req.to_output(), text, req.logprob, state["with_text"], False, 0.0)
+        build_result(_converted(state, req.to_output()), text, req.logprob, False, 0.0)
+
+
+def _converted(state: dict, out):
+    """`out`'s whole lists as SGLang's triples, converted afresh (what a result cost before deltas)."""
+    return Assembly.with_texts(state["with_text"], state["req"].logprob).apply(out)
 
 
 def timed(step, make_state, tokens: int, ids: list, deltas: bool) -> tuple[float, float]:
@@ -90,7 +95,7 @@ def main() -> None:
             want = lp is not None and lp.return_text_in_logprobs
             return {"req": Req("r", [1, 2, 3], SamplingParams.from_dict({"max_new_tokens": 5000}), lp or LogprobOptions()),
                     "sent": Sent(), "assembly": Assembly(convert=lambda pairs: cached(pairs, want)), "detok": detok,
-                    "decoded": IncrementalText(), "tok": tok, "with_text": cached if deltas else uncached}  # fmt: skip
+                    "decoded": StreamText(), "tok": tok, "with_text": cached if deltas else uncached}  # fmt: skip
         for path, step in (("server report", server_step), ("Engine stream", engine_step)):
             now, before = timed(step, make_state, len(ids), ids, True), timed(step, make_state, len(ids), ids, False)
             print(f"| {path} | {name} | {now[0]:.1f} / {now[1]:.1f} | {before[0]:.1f} / {before[1]:.1f} | "

@@ -82,7 +82,7 @@ def test_an_assembly_with_a_converter_turns_each_logprob_entry_into_a_triple_onc
     sent, assembly = Sent(), Assembly(convert=convert)
     for _ in range(3):
         _grow(req, 2)
-        result = build_result(assembly.apply(as_delta(req.to_output(), sent)), "", req.logprob, None, False, 0.0)
+        result = build_result(assembly.apply(as_delta(req.to_output(), sent)), "", req.logprob, False, 0.0)
     assert result["meta_info"]["output_token_logprobs"] == [[-0.5, t, f"t{t}"] for t in req.output_ids]
     assert result["meta_info"]["output_top_logprobs"][-1] == [[-0.5, 105, "t105"], [-1.5, 7, "t7"]]
     assert sum(calls) == 6 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs each

@@ -167,16 +167,17 @@ class Engine:
     def _result(self, req: Req, finished: bool = True, view: Optional["_StreamView"] = None) -> dict:
         """The request's result; for a stream (`view`), its text so far decoded a window at a time (a stop string's
         possible beginning held back, as the server's streams do) and its lists from the view's deltas."""
-        sp, out, with_text = req.sampling, req.to_output(), self.scheduler.logprobs.with_text
-        cut = False
-        if view is not None:
+        sp, out, cut = req.sampling, req.to_output(), False
+        if view is None:  # the whole lists, each logprob given its text
+            out = Assembly.with_texts(self.scheduler.logprobs.with_text, req.logprob).apply(out)
+        else:
             cut = out.cuts != view.sent.cuts  # outputs cut back since the last yield: their text is decoded again
-            out, with_text = view.lists.apply(as_delta(out, view.sent)), None  # None: its lists hold the triples
+            out = view.lists.apply(as_delta(out, view.sent))
         if finished or view is None:
             text = output_text(self.tokenizer, out.output_ids, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
         else:
             text = view.text.shown(self.tokenizer, out.output_ids, restart=cut)
-        return build_result(out, text, req.logprob, with_text, finished, time.time() - req.created)
+        return build_result(out, text, req.logprob, finished, time.time() - req.created)
 
     # -- programs, cache, lifecycle -------------------------------------------------------------------
     def run_program(self, program: Union[dict, list], stream: bool = False) -> Union[dict, list, Iterator[dict]]:

@@ -237,15 +237,10 @@ def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no
     return text
 
 
-def build_result(
-    out: ReqOutput, text: str, logprob: LogprobOptions, logprob_text, finished: bool, e2e_latency: float
-) -> dict:
+def build_result(out: ReqOutput, text: str, logprob: LogprobOptions, finished: bool, e2e_latency: float) -> dict:
     """SGLang's response shape {text, output_ids, meta_info} for a request's output so far: the one
-    place the Engine and the server's tokenizer manager build results. `logprob_text`: turns
-    (logprob, id) pairs into SGLang's triples (LogprobCollector.with_text); None where `out`'s lists hold the
-    triples already (output_delta.Assembly's), copied here as a later report extends them."""
-    if logprob_text is None:
-        logprob_text = _copied
+    place the Engine and the server's tokenizer manager build results. `out`'s logprob lists hold SGLang's
+    triples (output_delta.Assembly's), copied here as a later report extends them."""
     meta = {
         "id": out.rid,
         "prompt_tokens": out.prompt_tokens,
@@ -259,19 +254,11 @@ def build_result(
     if out.jump_forward_tokens:
         meta["jump_forward_tokens"] = out.jump_forward_tokens
     if logprob.return_logprob:
-        want = logprob.return_text_in_logprobs
-        meta["input_token_logprobs"] = logprob_text(out.input_token_logprobs or [], want)
-        meta["output_token_logprobs"] = logprob_text(out.new_output_token_logprobs, want)
+        meta["input_token_logprobs"] = list(out.input_token_logprobs or [])
+        meta["output_token_logprobs"] = list(out.new_output_token_logprobs)
         meta["output_token_logprobs_length"] = len(out.new_output_token_logprobs)
-        if logprob.top_logprobs_num:
-            tops, new_tops = out.input_top_logprobs or [], out.new_output_top_logprobs
-            if logprob_text is _copied:  # each entry a finished list of triples
-                meta["input_top_logprobs"], meta["output_top_logprobs"] = list(tops), list(new_tops)
-            else:
-                meta["input_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in tops]
-                meta["output_top_logprobs"] = [None if t is None else logprob_text(t, want) for t in new_tops]
+        if logprob.top_logprobs_num:  # each entry a finished list of triples
+            meta["input_top_logprobs"] = list(out.input_top_logprobs or [])
+            meta["output_top_logprobs"] = list(out.new_output_top_logprobs)
     return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
 
-
-def _copied(entries: list, want_text: bool) -> list:
-    return list(entries)

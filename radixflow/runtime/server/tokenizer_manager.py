@@ -305,7 +305,7 @@ class TokenizerManager:
             self.metrics.on_finish(out.prompt_tokens, out.cached_tokens, now - p.created)
 
     def result(self, p: Pending, out: ReqOutput, text: str, finished: bool, now: float) -> dict:
-        return build_result(out, text, p.logprob, None, finished, now - p.created)  # out's lists: the assembly's
+        return build_result(out, text, p.logprob, finished, now - p.created)  # out's lists: the assembly's
 
     def fail_all(self, reason: str) -> None:
         """A child process died: every waiting caller gets an error now."""
