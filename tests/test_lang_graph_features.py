@@ -503,6 +503,23 @@ def test_join_gathers_as_sglang_new_variables_of_the_branches_that_set_them(back
     assert states[0].variables() == states[1].variables()
 
 
+def test_a_parent_variable_set_between_fork_and_join_stays_readable_in_a_graph(backend):
+    """The parent keeps a variable it set after the fork, though a branch set it too (SGLang's join), but lowering
+    decided at the fork what the join gathers, so a later read of it refused graph mode (review, session 31)."""
+    @rf.function
+    def p(s):
+        s += "Colors: red"
+        forks = s.fork(2)
+        forks += rf.gen("x", max_tokens=2)
+        s += "," + rf.gen("x", max_tokens=2)
+        forks.join()
+        s += " and" + s["x"] + rf.gen("y", max_tokens=2)
+
+    graph, eager = (p.run(backend=backend, mode=mode, temperature=0) for mode in ("graph", "eager"))
+    assert graph.mode == "graph" and isinstance(graph["x"], str)
+    assert graph.variables() == eager.variables() and graph.text() == eager.text()
+
+
 def test_a_prefill_only_gen_runs_as_a_graph_with_eager_modes_meta(backend):
     """gen(max_tokens=0) (SGLang: prefill only, "") was refused in a request graph, so auto mode failed a program
     eager mode ran; and a graph's gen meta_info lacked eager's id, num_retractions and e2e_latency (fuzzing,

@@ -31,7 +31,7 @@ class _Ctx:
     defaults: dict
     role_seen: bool = False
     gen_vars: set = field(default_factory=set)
-    fork_vars: dict = field(default_factory=dict)  # fork id -> names its branches set
+    fork_vars: dict = field(default_factory=dict)  # fork id -> (names its branches set, the parent's at the fork)
     separated: bool = False  # a separate_reasoning ran: the text after it differs from the graph's context
 
     def child(self) -> "_Ctx":
@@ -84,11 +84,13 @@ def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
             for k in kids:
                 k.gen_vars = set(ctx.gen_vars)
             ops.append({"op": "fork", "id": n.nid, "branches": [_lower(b, k) for b, k in zip(n.branches, kids)]})
-            ctx.fork_vars[n.nid] = {v for k in kids for v in k.gen_vars - ctx.gen_vars}
+            ctx.fork_vars[n.nid] = ({v for k in kids for v in k.gen_vars - ctx.gen_vars}, set(ctx.gen_vars))
             ctx.separated = any(k.separated for k in kids)
         elif isinstance(n, Join):
             ops.append({"op": "join", "fork": n.fork, "mode": n.mode})
-            ctx.gen_vars -= ctx.fork_vars.get(n.fork, set())  # branch variables become lists
+            branch_set, parent_had = ctx.fork_vars.get(n.fork, (set(), set()))
+            # branch variables become lists, but one the parent set since the fork keeps its value (joined_names)
+            ctx.gen_vars -= branch_set - (ctx.gen_vars - parent_had)
     return [o for o in ops if o["op"] != "text" or o["text"]]
 
 
