@@ -5,6 +5,7 @@ still ends with a complete, schema-valid output, whatever tokens were sampled.""
 from __future__ import annotations
 
 import json
+import re
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -112,6 +113,22 @@ def test_a_sampled_token_that_leaves_no_completion_is_replaced(backend, engine, 
     keep, tokens = backend.jump_forward(req)
     assert keep == 1 and tokens == (encode(closing) if closing else [backend.info.eos_ids[0]])
     assert req.grammar.budget_closed and req.grammar.is_accepting
+
+
+def test_the_budgets_last_token_may_keep_a_complete_output_going(engine):
+    """With one token left on a complete output the mask allowed only EOS, so `[0-9]+` in 2 tokens gave one digit
+    and EOS (review, session 30); now the last token is sampled under the grammar's mask, and one that leaves the
+    output incomplete (`a` after `abab` for `(ab)+`) is replaced by EOS before the length stop ends the output."""
+    prompt = "Write numbers: 1234567, 89101112, 99999999"
+    eos = set(engine.eos_ids)
+    for regex, budget in (("[0-9]+", 2), ("[0-9]+", 3), ("(ab)+", 6)):
+        for stream in (False, True):
+            p = {"max_new_tokens": budget, "regex": regex, "temperature": 0}
+            out = list(engine.generate(prompt, p, stream=True))[-1] if stream else engine.generate(prompt, p)
+            assert re.fullmatch(regex, out["text"]), (regex, budget, out["text"])
+            assert len(out["output_ids"]) == budget and out["meta_info"]["finish_reason"]["type"] == "length"
+            if regex == "[0-9]+":  # every token may stay complete: none is given up to EOS
+                assert not eos & set(out["output_ids"]), out
 
 
 def test_tight_budget_through_the_engine_closes_valid_json(engine):

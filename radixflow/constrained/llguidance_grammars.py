@@ -224,14 +224,13 @@ class LLGuidanceMatcher:
 
     def _budget_token(self) -> Optional[int]:
         """The one token the budget leaves: the path's next token when the path takes the
-        whole budget; EOS on an accepting state with one token left. None: no limit."""
+        whole budget. None: no limit (on a complete output, its last token too: one that leaves it
+        incomplete is replaced by EOS, the scheduler's repair before the length stop)."""
         if self.path is None or self.since:  # unverified: far from the budget
             return None
         left = self.budget()
         if self.path and len(self.path) >= left:
             return self.path[0]
-        if not self.path and left <= 1:
-            return self.eos_ids[0]
         return None
 
     def _apply_budget(self, bitmask: torch.Tensor, row: int) -> None:

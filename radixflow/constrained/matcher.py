@@ -21,6 +21,7 @@ class GrammarMatcher:
     # shorten the output (the tokenizer's own split of the forced text), so it is taken in any batch
     jumps_in_any_batch = True
     backend = "outlines"  # the grammar backend whose jump hook serves this matcher
+    undo = 0  # a budget repair due (llguidance's): each mask here keeps a completion within the budget
 
     def __init__(self, grammar: CompiledGrammar, req=None):
         self.grammar = grammar

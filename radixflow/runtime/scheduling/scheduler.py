@@ -346,7 +346,9 @@ class Scheduler:
         forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
             req = reqs[i]
-            self.stops.check(req, self.reserve.seq_limit)
+            if req.grammar is not None and req.grammar.undo and self.jump_forward is not None:
+                self._apply_jump_forward(req, False)  # a budget repair first: the sampled token never counts (at the
+            self.stops.check(req, self.reserve.seq_limit)  # budget's last token the length stop came first)
             if not req.finished and req.grammar is not None and self.jump_forward is not None:
                 limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
                 self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit, cut=forced)
