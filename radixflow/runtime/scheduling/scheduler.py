@@ -35,8 +35,7 @@ from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.scheduling import kv_audit
 from radixflow.runtime.scheduling.admission import form_extend_batch
 from radixflow.runtime.scheduling.forward_inputs import build_forward_batch, concat_ranges, first_logit_pos, logit_rows_for
-from radixflow.runtime.scheduling.extend_overlap import (PendingExtend, defers_extends, finish_prompt_only, sample_deferred,
-                                                         tokens_arrived)
+from radixflow.runtime.scheduling.extend_overlap import PendingExtend, defers_extends, finish_prompt_only, sample_deferred, tokens_arrived
 from radixflow.runtime.scheduling.grammar_wait import poll_grammars, start_grammar_backend
 from radixflow.runtime.scheduling.kv_audit import SchedulerStats
 from radixflow.runtime.scheduling.jump_policy import decode_rows, jump_limit, jumps_after_sampling
@@ -337,19 +336,18 @@ class Scheduler:
         for i in live:
             req, tok = reqs[i], next_ids[i]
             req.output_ids.append(tok)
-            if req.first_token_time is None:
-                req.first_token_time = now
+            req.first_token_time = req.first_token_time or now
             if req.logprob.return_logprob:
                 self.logprobs.add_output(req, result, i, tok)
         accept_tokens(pairs := [(reqs[i].grammar, next_ids[i]) for i in live if reqs[i].grammar is not None])
         grammars = bool(pairs)  # without overlap the rows do not matter
         forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
-            req = reqs[i]
-            if req.grammar is not None and req.grammar.undo and self.jump_forward is not None:
-                self._apply_jump_forward(req, False)  # a budget repair first: the sampled token never counts (at the
-            self.stops.check(req, self.reserve.seq_limit)  # budget's last token the length stop came first)
-            if not req.finished and req.grammar is not None and self.jump_forward is not None:
+            req, jumps = reqs[i], reqs[i].grammar is not None and self.jump_forward is not None
+            if jumps and req.grammar.undo:  # a budget repair before the stops: the token it replaces never counts
+                self._apply_jump_forward(req, False)  # (at the budget's last token the length stop came first)
+            self.stops.check(req, self.reserve.seq_limit)
+            if jumps and not req.finished:
                 limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
                 self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit, cut=forced)
             if req.finished and self.continue_request is not None and self.continue_request(req):
