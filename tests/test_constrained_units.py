@@ -548,3 +548,65 @@ def test_property_names_that_json_escapes_are_written_escaped():
     doc = {k: i for i, k in enumerate(names)}
     assert re.fullmatch(rx, json.dumps(doc, ensure_ascii=False, separators=(",", ":")))
     assert not re.fullmatch(rx, "{" + ",".join(f'"{k}":{i}' for i, k in enumerate(names)) + "}")  # unescaped
+
+
+def _closing_path(tokenizer, spec: str, prefix: str, limit: int, hinted: bool = True, kind: str = "regex") -> tuple:
+    """The llguidance closing search from the grammar's state after `prefix` (with the grammar's sample strings, as
+    a request's search has them, where `hinted`): (path, text), the path checked to take the matcher to an accepting
+    state within `limit` tokens and the matcher checked to be left where it was."""
+    from radixflow.constrained import Grammar
+
+    g = Grammar.compile(kind, spec, tokenizer=tokenizer, backend="llguidance")
+    m = g.compiled.compiled.deep_copy()
+    assert m.consume_tokens(tokenizer.encode(prefix, add_special_tokens=False)) and not m.is_accepting()
+    path = g.backend.search.find(m, limit, g.compiled.hints if hinted else ())
+    assert path is not None, f"no path within {limit} tokens"
+    assert len(path) <= limit and m.try_consume_tokens(path) == len(path) and m.is_accepting()
+    return path, tokenizer.decode(path)
+
+
+# (regex, prefix, the fewest tokens that complete it: SmolLM2 writes a digit per token)
+COUNTED = [
+    (r"(\d+\.){3}\d+", "1.", 5),  # `0` then `.` go back to the masks of the group's first round
+    (r"(\d+\.){3}\d+", "1.2.", 3),
+    (r"[1-9]\d{0,2}(,\d{3})*", "100,", 3),  # `\d` allows other scripts' digits: bytes of `٢` looked like progress
+    (r"\(\d{3}\) \d{3}-\d{4}", "(555) ", 8),
+    (r"\d{4}-\d{2}-\d{2}", "2024-", 5),
+    (r"\d{3}(\.\d{2}){2}", "123.", 5),
+]
+
+
+@pytest.mark.parametrize("regex,prefix,fewest", COUNTED)
+def test_the_closing_search_completes_counted_repetitions_within_the_fewest_tokens(tokenizer, regex, prefix, fewest):
+    """Session 31 (fuzzing: streamed and whole requests parted at the budget): the walk judged progress by masks not
+    seen before, found no path after `1.` in `(\\d+\\.){3}\\d+` and wrote `٢۱߀` (6 tokens) where `111` closes
+    `\\d{3}`. It now repeats a round back to a seen mask until the count is met, and tries whole-character tokens
+    first."""
+    for limit, hinted in ((fewest, True), (64, False)):  # at 64 the repeated rounds run past the count
+        path, text = _closing_path(tokenizer, regex, prefix, limit, hinted)
+        assert len(path) == fewest and re.fullmatch(regex, prefix + text, re.ASCII), (limit, text)
+
+
+def test_a_repeated_round_stops_where_the_output_is_complete(tokenizer):
+    """`{3,}`: the masks of later rounds match the first's where the output becomes complete; is_accepting tells."""
+    path, text = _closing_path(tokenizer, r"(\d+\.){3,}\d+", "1.", 64, hinted=False)  # the hint `0.0.0.0` fits too
+    assert text == "0.0.0"
+
+
+@pytest.mark.parametrize("regex,prefix,limit,want", [
+    (r"x*🙂", "xx", 2, "🙂"),  # no whole-character token closes it: bytes are still tried, after the `x`s
+    (r"[a-z0-9._]+@[a-z0-9]+\.(com|org|net)", "bob", 5, "a@a.com"),  # a local part takes one character, then `@`
+    (r"#[0-9a-f]{6}", "#", 3, "ededed"),  # a lone digit repeats only after others: `ed` writes two hex digits
+    (r"( [a-z]+,)+ [a-z]+\.", " urn, urn", 8, None),  # an endless loop: its rounds are repeated in vain, once each
+])  # fmt: skip
+def test_the_closing_search_keeps_its_other_ways_to_close(tokenizer, regex, prefix, limit, want):
+    path, text = _closing_path(tokenizer, regex, prefix, limit)
+    assert re.fullmatch(regex, prefix + text) and (want is None or text == want), text
+
+
+def test_a_token_that_progresses_alone_comes_before_a_round(tokenizer):
+    """Rounds repeat only once many tokens were passed over: repeated at once, ` `, `null` went round to the count
+    and the shortest output (min_tokens, which refuses smaller budgets) grew from 5 tokens to 7 (fuzzing)."""
+    grammar = 'root ::= " " word (" " word){2,4} "."\nword ::= [a-z]+'
+    path, text = _closing_path(tokenizer, grammar, "", 64, kind="ebnf")
+    assert len(path) == 5 and re.fullmatch(r" [a-z]+( [a-z]+){2,4}\.", text), text

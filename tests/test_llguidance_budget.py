@@ -560,14 +560,16 @@ MIN_LENGTH = {"type": "object", "properties": {"summary": {"type": "string", "mi
 @pytest.mark.parametrize("prompt,kind,spec,budget", [
     ("Colors:", "regex", r"( [a-z]+,)+ [a-z]+\.", 21), ("Colors:", "regex", r"( [a-z]+,)+ [a-z]+\.", 30),
     ("Describe Bob, 42, as text:", "regex", r"[A-Z][a-z]+ is \d+", 20),
-    ("Summarize the news in JSON:", "json_schema", json.dumps(MIN_LENGTH), 64)])
+    ("Summarize the news in JSON:", "json_schema", json.dumps(MIN_LENGTH), 64),
+    ("The server IP is", "regex", r"(\d+\.){3}\d+", 19), ("The population is", "regex", r"[1-9]\d{0,2}(,\d{3})*", 13)])
 def test_streamed_and_whole_requests_keep_the_same_tokens_under_a_budget(engine, prompt, kind, spec, budget):
     """A streamed request is checked after every token, a whole one near its budget only. Three ways they parted
     (fuzzing, session 30): the closing search went round `( [a-z]+,)+ [a-z]+\\.`'s loop, so the streamed request
     replaced the model's token 18 tokens from the budget; an old path's `0` was forced on an output already
     complete; and an old path's 30 `a`s (a minLength) were written at the budget after the string had its length.
     Now the search takes a token that completes the output when its walk finds none, a complete output needs no
-    path, and near the budget an old path's tail is kept only where no shorter completion is found."""
+    path, and near the budget an old path's tail is kept only where no shorter completion is found. Session 31: in
+    counted repetitions (`(\\d+\\.){3}`, `(,\\d{3})*`) the walk now repeats a round of tokens until the count is met."""
     params = {"max_new_tokens": budget, "temperature": 0, kind: spec}
     whole = engine.generate(prompt, params)
     streamed = list(engine.generate(prompt, params, stream=True))[-1]

@@ -246,7 +246,9 @@ def test_logprobs_of_tokens_that_hold_part_of_a_character(server):
                                                     "top_logprobs": 2, **cjk}).json()["choices"][0]  # fmt: skip
         legacy = c.post("/v1/completions", json={"prompt": "中文：我喜欢", "max_tokens": 5, "logprobs": 2,
                                                  "temperature": 0}).json()["choices"][0]  # fmt: skip
-        native = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4, **cjk},
+        c_id, = c.post("/tokenize", json={"prompt": "c", "add_special_tokens": False}).json()["tokens"]
+        repair = {"regex": "a(c[0-9]{30})?", "logit_bias": {str(c_id): 100.0}, "temperature": 0}  # `c` after `a`
+        native = c.post("/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 8, **repair},
                                            "return_logprob": True, "top_logprobs_num": 2}).json()  # fmt: skip
     content = chat["logprobs"]["content"]
     assert bytes(b for e in content for b in e["bytes"]).decode() == chat["message"]["content"]
@@ -255,7 +257,7 @@ def test_logprobs_of_tokens_that_hold_part_of_a_character(server):
     assert lp["text_offset"] == sorted(lp["text_offset"]) and max(lp["text_offset"]) < len(legacy["text"])
     entries = native["meta_info"]["output_token_logprobs"]
     assert [e[1] for e in entries] == native["output_ids"]
-    assert any(e[0] is None for e in entries)  # this case (temperature 0) has a repair: 2 characters in 4 tokens
+    assert any(e[0] is None for e in entries)  # `c` then needs 30 digits, past the budget: it is replaced by EOS
     assert len(native["meta_info"]["output_top_logprobs"]) == len(entries)
     assert all((e[0] is None) == (t is None) for e, t in zip(entries, native["meta_info"]["output_top_logprobs"]))
 

@@ -1,4 +1,4 @@
-"""A short completion to an accepting state, found by search over llguidance matcher states.
+r"""A short completion to an accepting state, found by search over llguidance matcher states.
 
 llguidance keeps no distance to an accepting state (outlines' per-state `dist`), so
 budget-aware completion on it needs a completion found by search:
@@ -14,10 +14,19 @@ output at once, or the lowest. Two lists: inside free string
 content (a probe word is allowed) closing quotes come first (`"}`, `",`, `":`, `"`);
 elsewhere closing brackets, then separators, then the shortest JSON values (`0`, `""`,
 `[]`, `null`, ...), then openers. Inside a string or number, a token after which the mask is
-one already seen in that lexeme made no progress: it is undone and passed over while
+one already seen in that lexeme made no visible progress: it is undone and passed over while
 another token is allowed (an email's local part takes one character, then the others are
-tried until `@` opens the domain). Once a few tokens were passed over, such a token is first
-taken again a few times: in a counted repetition (`[0-9]{5}`) the mask changes only at the count.
+tried until `@` opens the domain). It may count, though: once a few tokens were passed over,
+or every allowed whole-character one was, such a token is taken again, round after round,
+with the tokens since the point where the walk saw that mask (in `\d{3}` a digit leaves the
+mask as it was; in `(\d+\.){3}\d+`, after `1.`, `0` then `.` go back to the digits-only mask).
+Progress is the output complete or a token allowed that the first round did not allow at the
+same point (the literal after the count); the fewest copies that make it are kept. A lone
+token repeats before a longer round does, so that tokens that progress alone come first
+(` t`, a space and a word, before ` `, `a`). Tokens that end inside a UTF-8 character (a
+byte of `٢`, a digit to `\d`) are tried last: their masks always look new (session 31: the
+walk found no path after `1.` above and wrote `٢۱߀`, 6 tokens, where `111` closes `\d{3}`,
+so streamed and whole requests parted).
 Where masks show no progress (an unanchored `pattern`, a long `minLength`), sample strings
 from the grammar's spec (closing_hints.py, as `hints`: token lists) are tried wherever a
 string opens (after a token that ends with `"`, and at the start): one the matcher accepts, after which the string may close, is
@@ -35,13 +44,17 @@ import numpy as np
 from llguidance import LLMatcher
 
 from radixflow.constrained.options import TokenizerInfo
+from radixflow.constrained.vocabulary import token_to_bytes, tokenizer_kind
 
 PROBE_WORD = "the"  # allowed inside free string content, nowhere else in JSON
 STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a string or number
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
-REPEATS = 8  # a token that made no visible progress is taken again up to this often,
-REPEAT_AFTER = 24  # once this many others were passed over (a shorter way, `ed` for 2 hex digits, first)
+REPEATS = 32  # tokens a repeated round (or token) takes at most
+REPEAT_AFTER = 24  # a lone token repeats once this many others were passed over (`ed` for 2 hex digits first)
+ROUND_AFTER = 48  # a round repeats once this many tokens were passed over, or all whole-character ones were
+MAX_CYCLE = 8  # a round longer than this back to a mask seen before is not repeated
+NEW, PROBE, ANYWAY = "new", "probe", "anyway"  # how `_pick` took a token
 
 
 def _closers(alphabet: str, first: str = "") -> list:
@@ -71,6 +84,7 @@ class ClosingSearch:
         pieces = info.tokenizer.convert_ids_to_tokens(list(range(info.vocab_size)))
         self.opens_string = np.array([bool(p) and p.endswith('"') for p in pieces], dtype=bool)
         self.quote_closers = [t for t in self.in_string.tolist() if info.tokenizer.decode([t]).startswith('"')]
+        self.whole = _packed(_whole_characters(info.tokenizer, pieces), self.words)
 
     def find(self, m: LLMatcher, limit: int, hints: tuple = ()) -> Optional[list]:
         r"""Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
@@ -107,45 +121,68 @@ class ClosingSearch:
                 walk = _Walk()
                 continue
             if walk.mask is None:
-                walk.arrive(self._mask(m), self._in_lexeme)
-            token, anyway = self._pick(m, walk.mask, walk.skip, close_first)
+                walk.arrive(self._mask(m), self._in_lexeme, len(path))
+            token, mode = self._pick(m, walk, close_first)
             if token is None or not m.consume_token(token):
                 break
             path.append(token)
-            if m.is_accepting() or anyway:
+            if m.is_accepting() or mode == ANYWAY:
                 walk.mask = None
                 continue
             after = self._mask(m)
-            if walk.seen_before(after, self._in_lexeme):  # repeats only once a few tokens were passed over
-                after = self._repeat(m, token, walk, path, limit) if len(walk.skip) >= REPEAT_AFTER else None
+            start = walk.seen_at(after, self._in_lexeme)
+            if start is not None:  # back at a mask seen before: no progress, unless it counts
+                after, here = None, len(path) - 1
+                if mode == PROBE and start < here and (start, here) not in walk.rounds:  # the round since there
+                    walk.rounds.add((start, here))
+                    after = self._repeat(m, walk, path, start, limit)
+                elif start < here:  # repeated later: tokens that progress alone (` t`, a space and a word) first
+                    walk.rounds_here.setdefault(start, token)
+                if after is None and (len(walk.skip) >= REPEAT_AFTER or mode == PROBE):  # the token alone
+                    after = self._repeat(m, walk, path, here, limit)
             if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
                 walk.skip.add(token)
+                if mode == PROBE:
+                    walk.probed.add(token)
             else:
-                walk.arrive(after, self._in_lexeme)
+                walk.arrive(after, self._in_lexeme, len(path))
         found = m.is_accepting() and not m.is_error()
         m.rollback(len(path))
         return path if found else None
 
-    def _repeat(self, m: LLMatcher, token: int, walk: "_Walk", path: list, limit: int) -> Optional[np.ndarray]:
-        """`token` left the mask as it was: take it again, up to REPEATS times, in case it
-        counts (`[0-9]{5}`, or 5 digits anywhere in an unanchored pattern): progress is a
-        token allowed that was not before (`-` after `[0-9]{3}`; reaching the bound of
-        `[a-z]{1,20}` only takes tokens away). One mask decides; then the fewest copies that
-        make the progress join `path`, and the mask there is returned. None: no progress."""
-        before = walk.mask
-        n = m.try_consume_tokens([token] * min(REPEATS, limit - len(path)))
-        progress = n and self._opens(m, before)
+    def _repeat(self, m: LLMatcher, walk: "_Walk", path: list, start: int, limit: int) -> Optional[np.ndarray]:
+        r"""The tokens since `start` (where the walk saw the mask it is back at) left no visible
+        progress: take them again, round and round, up to REPEATS tokens, in case they count
+        (`[0-9]{5}`; `(\d+\.){3}`, where `0` and `.` go back to the masks of the first round).
+        Progress: the output complete, or a token allowed that was not at the same point of
+        the first round (`-` after `[0-9]{3}`; reaching the bound of `[a-z]{1,20}` only takes
+        tokens away), checked where the copies end (the last mask; `is_accepting` each
+        token). Then the fewest copies that make the progress join `path`, and the mask there
+        is returned. None: no progress, or the round is longer than MAX_CYCLE."""
+        cycle = path[start:]
+        first = [walk.trail.get(p) for p in range(start + 1, len(path))] + [walk.trail.get(start)]
+        if len(cycle) > MAX_CYCLE or any(f is None for f in first):
+            return None
+        seq = (cycle * (REPEATS // len(cycle) + 1))[: min(REPEATS, limit - len(path))]
+        n = m.try_consume_tokens(seq)
         m.rollback(n)
+        k = 0
+        while k < n and not m.is_accepting():
+            m.consume_token(seq[k])
+            k += 1
+        progress = k and self._opens(m, first[(k - 1) % len(cycle)])
+        m.rollback(k)
         if not progress:
             return None
-        for k in range(1, n + 1):
-            m.consume_token(token)
+        for j in range(1, k + 1):
+            m.consume_token(seq[j - 1])
             mask = self._mask(m)
-            if m.is_accepting() or bool(np.any(mask & ~before)):
-                path.extend([token] * k)
+            if m.is_accepting() or bool(np.any(mask & ~first[(j - 1) % len(cycle)])):
+                path.extend(seq[:j])
                 return mask
+            walk.trail[len(path) + j] = mask
         raise AssertionError("the same copies opened a token before")
 
     def _opens(self, m: LLMatcher, before: np.ndarray) -> bool:
@@ -185,48 +222,76 @@ class ClosingSearch:
         bits = mask.view(np.uint32)
         return self._in_string(mask) or not any(_has(bits, int(t)) for t in self.structure)
 
-    def _pick(self, m: LLMatcher, mask: np.ndarray, skip: set, close_first: bool = False) -> tuple:
-        """(token, anyway): anyway = every allowed token was passed over, so this one is
-        taken even though it makes no visible progress (e.g. digits of `[0-9]{30}`). close_first: a token of the
-        lowest-id allowed ones that completes the output comes before the preferences."""
+    def _pick(self, m: LLMatcher, walk: "_Walk", close_first: bool = False) -> tuple:
+        """(token, mode): NEW, a token to try; PROBE, a token passed over, taken again to be
+        repeated (`_repeat`): one that went back to an earlier point's mask, once ROUND_AFTER
+        tokens were passed over or every allowed whole-character one was, then one of the
+        latter, before tokens that end inside a character are tried; ANYWAY, those were passed
+        over too, so this one is taken even though it makes no visible progress. close_first:
+        a token of the lowest-id allowed ones that completes the output comes before the rest."""
+        mask, skip = walk.mask, walk.skip
         if close_first:
             ids = _first_allowed(mask, FALLBACK_TRIES)  # up to 32 a word: the first FALLBACK_TRIES are tried
             done = next((t for t in ids[~np.isin(ids, self.eos_ids)][:FALLBACK_TRIES].tolist() if _accepts_after(m, t)), None)
             if done is not None:
-                return done, False
+                return done, NEW
         bits = mask.view(np.uint32)
         prefs = self.in_string if self._in_string(mask) else self.structural
         allowed = (bits[prefs >> 5] >> (prefs & 31).astype(np.uint32)) & 1
         for i in np.flatnonzero(allowed)[: len(skip) + 1].tolist():
             if int(prefs[i]) not in skip:
-                return int(prefs[i]), False
-        ids = _first_allowed(mask, FALLBACK_TRIES + len(skip) + len(self.eos_ids) + 1)
-        ids = ids[~np.isin(ids, self.eos_ids)]
-        fresh = ids[~np.isin(ids, list(skip))] if skip else ids
-        anyway = not fresh.size
-        # repeating anyway: not the lowest (`0`), so digit runs are not all zeros (year 0000 is no date)
-        first = (ids[1:] if anyway and ids.size > 1 else ids if anyway else fresh)[:FALLBACK_TRIES].tolist()
-        return next((t for t in first if _accepts_after(m, t)), first[0] if first else None), anyway
+                return int(prefs[i]), NEW
+        words = FALLBACK_TRIES + len(skip) + len(self.eos_ids) + 1
+        whole = self._lowest(mask & self.whole, words)
+        fresh = whole[~np.isin(whole, list(skip))] if skip else whole
+        # repeating: not the lowest (`0`), so digit runs are not all zeros (year 0000 is no date)
+        again = np.concatenate([whole[1:], whole[:1]])[:FALLBACK_TRIES].tolist()
+        mode = NEW
+        rounds = [t for t in walk.rounds_here.values() if t not in walk.probed]
+        if rounds and (not fresh.size or len(skip) >= ROUND_AFTER):
+            return rounds[0], PROBE
+        if not fresh.size:
+            probe = next((t for t in again if t not in walk.probed), None)
+            if probe is not None:
+                return probe, PROBE
+            partial = self._lowest(mask & ~self.whole, words)
+            fresh = partial[~np.isin(partial, list(skip))]
+            if not fresh.size:
+                mode = ANYWAY
+                again = again or np.concatenate([partial[1:], partial[:1]])[:FALLBACK_TRIES].tolist()
+        first = again if mode == ANYWAY else fresh[:FALLBACK_TRIES].tolist()
+        return next((t for t in first if _accepts_after(m, t)), first[0] if first else None), mode
+
+    def _lowest(self, mask: np.ndarray, words: int) -> np.ndarray:
+        ids = _first_allowed(mask, words)
+        return ids[~np.isin(ids, self.eos_ids)]
 
 
 class _Walk:
     """Where the walk is within one stretch of a lexeme (string or number) or of structure:
-    the current state's mask, the masks seen so far in a lexeme, the tokens passed over."""
+    the current state's mask, where in the path each mask was last seen (`at`) and the
+    mask at each point (`trail`), the tokens passed over and those repeated in vain."""
 
     def __init__(self):
         self.mask, self.inside = None, None
-        self.seen: set = set()
+        self.at: dict = {}
+        self.trail: dict = {}
         self.skip: set = set()
+        self.probed: set = set()
+        self.rounds: set = set()  # (from, to): rounds repeated
+        self.rounds_here: dict = {}  # an earlier point: a token passed over here that went back to its mask
 
-    def arrive(self, mask: np.ndarray, in_lexeme) -> None:
+    def arrive(self, mask: np.ndarray, in_lexeme, where: int) -> None:
         inside = in_lexeme(mask)
         if inside != self.inside:  # into or out of a lexeme: nothing seen here yet
-            self.inside, self.seen, self.skip = inside, set(), set()
-        self.mask = mask
-        self.seen.add(hash(mask.tobytes()))
+            self.inside, self.at, self.trail, self.skip, self.probed, self.rounds = inside, {}, {}, set(), set(), set()
+        self.mask, self.rounds_here = mask, {}
+        self.at[hash(mask.tobytes())] = where
+        self.trail[where] = mask
 
-    def seen_before(self, mask: np.ndarray, in_lexeme) -> bool:
-        return bool(self.inside) and in_lexeme(mask) and hash(mask.tobytes()) in self.seen
+    def seen_at(self, mask: np.ndarray, in_lexeme) -> Optional[int]:
+        """Where in the path `mask` was last seen in this lexeme; None if it was not."""
+        return self.at.get(hash(mask.tobytes())) if self.inside and in_lexeme(mask) else None
 
 
 def _accepts_after(m: LLMatcher, token: int) -> bool:
@@ -248,6 +313,28 @@ def _first_allowed(mask: np.ndarray, words: int) -> np.ndarray:
 
 def _has(bits: np.ndarray, token: int) -> bool:
     return bool((int(bits[token >> 5]) >> (token & 31)) & 1)
+
+
+def _whole_characters(tokenizer, pieces: list) -> np.ndarray:
+    """Per token: its bytes are whole UTF-8 characters (not a byte of one, as in `٢` = two
+    tokens). Once per tokenizer: a loop over the vocabulary is fine here."""
+    kind = tokenizer_kind(tokenizer)
+
+    def whole(piece) -> bool:
+        if kind == "byte_level" and piece and piece.isascii():  # ASCII bytes, as they are
+            return True
+        try:
+            return bool(piece) and bool(token_to_bytes(piece, kind).decode("utf-8"))
+        except UnicodeDecodeError:
+            return False
+
+    return np.array([whole(p) for p in pieces], dtype=bool)
+
+
+def _packed(flags: np.ndarray, words: int) -> np.ndarray:
+    bits = np.zeros(words * 32, dtype=bool)
+    bits[: len(flags)] = flags
+    return np.packbits(bits, bitorder="little").view(np.int32)
 
 
 def _single_tokens(tokenizer, strings: list, vocab_size: int) -> np.ndarray:
