@@ -97,7 +97,7 @@ def test_parse_whole_and_streamed(name):
         delta, fin = stream.delta(text[:end], end == 1, end == len(text), "stop" if end == len(text) else None)
         deltas.append(delta)
     assert deltas[0]["role"] == "assistant" and fin == "tool_calls"
-    assert "".join(d.get("content", "") for d in deltas) == prefix
+    assert "".join(d.get("content", "") for d in deltas) == (msg["content"] or "")  # the "\n" before the call: in neither
     calls: dict = {}
     for d in deltas:
         for c in d.get("tool_calls", []):
@@ -120,6 +120,20 @@ def test_output_without_a_complete_call_stays_content():
     cut = format_calls(fmt, _calls(fmt))[:30]
     assert tool_message(fmt, cut, "length") == ({"role": "assistant", "content": cut, "reasoning_content": None, "tool_calls": None}, "length")
     assert parse("a <tool_c", fmt, final=False).content == "a "  # held back: may open a call
+
+
+def test_a_call_cut_by_a_stop_string_ends_the_stream_as_the_whole_response():
+    """A stop string inside a call (`"stop": ["Oslo"]`): the whole response keeps the output as content with finish
+    "stop", while the stream, which had sent the call's name and partial arguments, ended with "tool_calls"
+    (fuzzing, session 31). Its deltas stay sent; its finish reason is now the whole response's."""
+    fmt = FORMATS["hermes"]
+    whole = format_calls(fmt, _calls(fmt))
+    cut = whole[: whole.index('"arguments"') + 20]  # the name out, the arguments begun
+    assert tool_message(fmt, cut, "stop")[1] == "stop"
+    stream = ToolStream(fmt)
+    for end in range(1, len(cut) + 1):
+        delta, fin = stream.delta(cut[:end], end == 1, end == len(cut), "stop" if end == len(cut) else None)
+    assert stream.ids and fin == "stop"
 
 
 def test_generated_arguments_validate():

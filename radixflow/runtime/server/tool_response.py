@@ -27,7 +27,7 @@ def tool_message(fmt: ToolFormat, text: str, finish: Optional[str]) -> tuple:
     calls = [c for c in p.calls if c.complete]
     if not calls:
         return {"role": "assistant", "content": text, "reasoning_content": None, "tool_calls": None}, finish
-    msg = {"role": "assistant", "content": p.content.strip() or None, "reasoning_content": None,
+    msg = {"role": "assistant", "content": p.content.rstrip() or None, "reasoning_content": None,
            "tool_calls": [_call(new_call_id(fmt), c) for c in calls]}  # fmt: skip
     return msg, ("tool_calls" if finish == "stop" else finish)
 
@@ -46,7 +46,9 @@ class ToolStream:
         p = parse(text, self.fmt, final=finished)
         delta: dict = {"role": "assistant"} if first else {}
         no_calls = finished and not self.ids and not any(c.complete for c in p.calls)
-        content = text if no_calls else p.content  # as tool_message: an output without calls is all content
+        # as tool_message: an output without calls is all content; whitespace before a call is not (held back while
+        # a call may follow: the stream sent the "\n" before `<tool_call>` that the whole message dropped)
+        content = text if no_calls else p.content.rstrip()
         if len(content) > self.content:
             delta["content"] = content[self.content :]
             self.content = len(content)
@@ -56,8 +58,8 @@ class ToolStream:
         calls = [c for c in calls if c is not None]
         if calls:
             delta["tool_calls"] = calls
-        if finished and self.ids and finish == "stop":
-            finish = "tool_calls"
+        if finished and finish == "stop" and any(c.complete for c in p.calls):  # as tool_message: a call a stop
+            finish = "tool_calls"  # string cut off was streamed (sent deltas stay sent) but is not a finished call
         return delta, finish
 
     def _call_delta(self, k: int, c: ParsedCall) -> Optional[dict]:
