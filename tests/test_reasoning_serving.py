@@ -37,6 +37,17 @@ def test_chat_without_thinking_has_no_reasoning_content(server):
     assert r["choices"][0]["message"]["reasoning_content"] is None and r["usage"]["reasoning_tokens"] == 0
 
 
+def test_a_grammar_on_the_whole_output_leaves_it_outside_a_block_the_prompt_opened(server):
+    """A prompt that ends with `<think>` (as deepseek-r1's template writes it) puts the output inside the block, but
+    a grammar on the whole output leaves no room for thinking: a required tool call or a schema's JSON came back as
+    reasoning_content with empty content (fuzzing, session 31). Such an output is now the answer."""
+    opened = MESSAGES + [{"role": "assistant", "content": "<think>"}]
+    free = _chat(server, messages=opened, regex=None, max_tokens=5, continue_final_message=True)
+    assert free["choices"][0]["message"]["reasoning_content"]  # no grammar: the block the prompt opened
+    msg = _chat(server, messages=opened, regex="[A-Z][a-z]{2,8}", continue_final_message=True)["choices"][0]["message"]
+    assert msg["reasoning_content"] is None and msg["content"][:1].isupper()
+
+
 @pytest.mark.parametrize("stream_reasoning", [True, False])
 def test_chat_stream_sends_reasoning_deltas(server, stream_reasoning):
     want = _chat(server)["choices"][0]["message"]
