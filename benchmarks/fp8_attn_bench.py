@@ -86,17 +86,8 @@ SWEEP = [
     # ... then one warp (32 / 1 / 5 at 168 registers: 807 against 880 us at 1,000 x 1,500) at its neighbours
     *[(n, 1, s, {**E2, "maxnreg": r}) for n, s, r in ((32, 5, 144), (32, 5, 160), (32, 5, 176), (32, 5, 192),
                                                      (32, 4, 168), (32, 6, 168), (16, 8, 168))],
-    # session 28: K and / or V widened by integer operations (`_bk` / `_bv`: prmt, and, add, shift) instead of the
-    # conversion instruction Nsight Compute found the loop waiting on, and the lazy rescale (`_lz`: acc rescaled only
-    # when the running max moves past a factor 2^8), at the `fp8` entry's two launches (the one-warp one with and
-    # without its register cap)
-    *[(n, w, 5, {**E2, **r, **b}) for n, w, r in ((32, 1, {"maxnreg": 168}), (32, 1, {}), (64, 2, {}))
-      for b in ({"fp8_bits_k": True}, {"fp8_bits_v": True}, {"fp8_bits_k": True, "fp8_bits_v": True},
-                {"lazy_rescale": True}, {"lazy_rescale": True, "fp8_bits_k": True},
-                {"lazy_rescale": True, "fp8_bits_k": True, "fp8_bits_v": True})],
-    (64, 2, 5, E2),  # the base of its row (32 / 1 / 5 e2, the other's, is above)
 ]
-FLAGS = {"fp8_exp2": "e2", "fp8_bits_k": "bk", "fp8_bits_v": "bv", "lazy_rescale": "lz"}  # label suffixes
+FLAGS = {"fp8_exp2": "e2"}  # label suffixes
 # the bf16 pool with 5 stages too (gpu_attn_bench sweeps other bf16 launches): does the deeper pipeline help it?
 BF16_EXTRA = [{**BF16_4W, "num_stages": 5}]  # whole launches, no pool entry: labelled `bf16_` + _label
 

@@ -209,12 +209,11 @@ def check_decode_attention(pdl: int) -> None:
                    "stride_cos", "stride_knb", "stride_knh", "stride_vnb", "stride_vnh"),
            "scale": "fp32", **_ints("num_splits", "split_align", "D")}
     consts = {"GROUP": 4, "BLOCK_H": 16, "BLOCK_N": cfg["block_n"], "BLOCK_D": 128, "IEEE": False, "USE_PDL": pdl,
-              "EXP2": False, "BITS_K": False, "BITS_V": False, "LAZY": False}
+              "EXP2": False}
     fp8_sig = dict(sig, K=FP8, V=FP8)  # an FP8 KV pool
     off = {"KV_FP8": False, "KV_F16": False, "V_REGS": False}
     f16 = {"KV_FP8": True, "KV_F16": True, "V_REGS": True}  # an FP8 pool widened to float16, V in registers
     e2 = {**f16, "EXP2": True}  # ... with scores in log2 units (issue 28, session 11)
-    bits = {**e2, "BITS_K": True, "BITS_V": True}  # ... with K and V widened by integer operations (session 28)
     for extra in ({"num_splits": 1, "DIRECT": True, "ROPE": True, "P_PARTS": 2, **off},
                   {"DIRECT": False, "ROPE": True, "P_PARTS": 3, **off},
                   {"DIRECT": False, "ROPE": False, "P_PARTS": 1, **off},
@@ -223,10 +222,7 @@ def check_decode_attention(pdl: int) -> None:
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **f16, "V_REGS": False},
                   {"DIRECT": False, "ROPE": False, "P_PARTS": 2, "KV_FP8": True, "KV_F16": False, "V_REGS": False},
                   {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **e2},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 1, **e2},
-                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **bits},
-                  {"num_splits": 1, "DIRECT": True, "ROPE": False, "P_PARTS": 1, **bits, "BITS_V": False, "LAZY": True},
-                  {"DIRECT": False, "ROPE": True, "P_PARTS": 2, **off, "LAZY": True}):
+                  {"DIRECT": False, "ROPE": True, "P_PARTS": 1, **e2}):
         launch = decode_attention.resolve_config(256, pool="fp8" if extra["KV_FP8"] else "bf16", head_dim=128,
                                                  kv_heads=8)
         ptx = _compile(decode_attention._decode_stage1, fp8_sig if extra["KV_FP8"] else sig,
@@ -234,11 +230,7 @@ def check_decode_attention(pdl: int) -> None:
                        num_warps=launch["num_warps"], num_stages=launch["num_stages"], launch_pdl=pdl > 0)
         assert _pdl_order_ok(ptx, pdl) and (not pdl or _waits_first(ptx))
         if extra["KV_F16"]:  # e4m3 -> float16 in one step, no float16 -> bf16 conversions left
-            assert "cvt.bf16.f16" not in ptx
-            # the hardware conversion unless both K and V are widened by integer operations (prmt first)
-            both = extra.get("BITS_K") and extra.get("BITS_V")
-            assert ("cvt.rn.f16x2.e4m3x2" in ptx) == (not both), extra
-            assert ("prmt.b32 lo, " in ptx) == bool(extra.get("BITS_K") or extra.get("BITS_V")), extra
+            assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx
         # V of p @ v: with V_REGS the float16 tile reaches the operand through the transposing ldmatrix, as
         # a 16-bit pool's does; without it Triton reads the 8-bit tile a byte at a time
         byte_reads = "ld.shared.b8" in ptx or "ld.shared.u8" in ptx

@@ -493,27 +493,6 @@ def test_decode_attention_matches_reference(variant, splits, hq, hkv):
     _close(got, want, 1e-5)
 
 
-@pytest.mark.parametrize("growth", [0.0, 0.05, 1.0])  # scores rising per token: never, within, past the threshold
-@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # 16-bit p @ v (the interpreter has no bf16)
-def test_decode_attention_lazy_rescale(growth, dtype):
-    """`lazy_rescale` (the running max moves only past a factor 2^8) gives the reference's output whether a
-    block's scores stay under the running max, pass it by less than the threshold (p up to e^(16 x 0.05)) or by more
-    (every block rescales): K is a random pool plus, at position t, t x growth along each request's first head."""
-    seq_lens, hq, hkv, d = [70, 7, 1, 100], 4, 1, 16
-    k_buf, v_buf, table, req_idx = _paged_pool(seq_lens, hkv, d, torch.float32)
-    q = torch.randn(len(seq_lens), hq, d, device=DEV)
-    for b, n in enumerate(seq_lens):
-        slots = table[b + 1, :n].long()
-        k_buf[slots, 0] += growth / 0.25 * torch.arange(n, device=DEV)[:, None] * q[b, 0] / q[b, 0].square().sum()
-    k_buf, v_buf, q = k_buf.to(dtype), v_buf.to(dtype), q.to(dtype)
-    lens = torch.tensor(seq_lens, device=DEV)
-    want = ref.decode_attention_ref(q.float(), k_buf.float(), v_buf.float(), table, req_idx, lens, 0.25)
-    for splits in (1, 4):
-        got = decode_attention(q, k_buf, v_buf, table, req_idx, lens, 0.25, splits,
-                               config={"lazy_rescale": True, "block_n": 16, "small": {}})
-        _close(got.float(), want, 1e-5 if dtype == torch.float32 else 2e-2)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("splits", [1, 4])
 def test_decode_attention_with_rotary_equals_rotary_then_attention(dtype, splits):

@@ -38,22 +38,12 @@ def dot(a, b, IEEE: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, EXP2: tl.constexpr = False,
-                        LAZY: tl.constexpr = False):
+def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.constexpr, EXP2: tl.constexpr = False):
     """Fold one block of scaled, masked scores qk [M, N] and values v [N, D] into the
     running max m_i, denominator l_i and unnormalised output acc. EXP2: qk and m_i are in log2 units
-    (the scale times log2(e)), exponentiated by `exp2_ftz`; l_i and acc come out the same. LAZY: the running max
-    moves (and l_i, acc are rescaled) only when some row's max passes it by more than a factor 2^8, so a block's p
-    stays below 2^8 (16-bit floats hold it) and most blocks skip rescaling acc, a multiply for every element of
-    every padded row; the first block always moves it (m_i starts at -inf)."""
+    (the scale times log2(e)), exponentiated by `exp2_ftz`; l_i and acc come out the same."""
     m_new = tl.maximum(m_i, tl.max(qk, axis=1))
-    if LAZY:
-        if tl.max(m_new - m_i, axis=0) > LAZY_THRESHOLD_LOG2 * (1.0 if EXP2 else 0.6931471805599453):
-            l_i, acc = _rescaled(m_i, m_new, l_i, acc, EXP2)
-            m_i = m_new
-        m_new = m_i
-    else:
-        l_i, acc = _rescaled(m_i, m_new, l_i, acc, EXP2)
+    l_i, acc = _rescaled(m_i, m_new, l_i, acc, EXP2)
     if EXP2:
         p = exp2_ftz(qk - m_new[:, None])
     else:
@@ -66,12 +56,11 @@ def online_softmax_step(qk, v, m_i, l_i, acc, IEEE: tl.constexpr, P_PARTS: tl.co
     return m_new, l_i, acc
 
 
-LAZY_THRESHOLD_LOG2 = tl.constexpr(8.0)  # online_softmax_step's LAZY: p below 2^8
-
-
 @triton.jit
 def _rescaled(m_i, m_new, l_i, acc, EXP2: tl.constexpr):
-    """l_i and acc moved from the running max m_i to m_new."""
+    """l_i and acc moved from the running max m_i to m_new. Kept a function of its own: inlined into
+    online_softmax_step, the same PTX less some debug labels assembles to other sm_90 SASS (registers, instruction
+    order) for several decode launches than the code timed on the H200 on 2026-12-05."""
     if EXP2:
         alpha = exp2_ftz(m_i - m_new)
     else:
@@ -129,27 +118,6 @@ def e4m3_to_f16_in_registers(x):
     return tl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
         "=r,=r,r", [x], dtype=tl.float16, is_pure=False, pack=4)
-
-
-# e4m3 -> float16 by integer operations, the value divided by 2^8 (the caller folds 2^8 into a scale): each byte
-# b = s eeee mmm lands in a 16-bit half as b + (b & 0x80), shifted left by 7: the magnitude's bits become float16's
-# (exponent bias 15 against e4m3's 7, so 2^-8 times the value, subnormals included) and the doubled sign bit carries
-# out of bit 14 into bit 15. prmt puts bytes 0, 1 (2, 3) of the packed input in the halves of the first (second)
-# output, so element i of the input is element i of the output, as the hardware conversion keeps them.
-E4M3_BITS_PTX = tl.constexpr("{ .reg .b32 lo, hi, m; "
-                 "prmt.b32 lo, $2, 0, 0x4140; and.b32 m, lo, 0x00800080; add.u32 lo, lo, m; shl.b32 $0, lo, 7; "
-                 "prmt.b32 hi, $2, 0, 0x4342; and.b32 m, hi, 0x00800080; add.u32 hi, hi, m; shl.b32 $1, hi, 7; }")
-
-
-@triton.jit
-def e4m3_div256_to_f16(x, PINNED: tl.constexpr):
-    """x (e4m3) / 2^8 as float16 through integer operations (E4M3_BITS_PTX) instead of the conversion instruction,
-    which Hopper issues at a fraction of the integer units' rate. PINNED: computed where this call stands (V before
-    its shared-memory store, as `e4m3_to_f16_in_registers`); else pure, so Triton may move it after the shared read
-    into the tensor-core operand's layout, as it moves a cast (K). Exact: every e4m3 value / 2^8 is a float16 one."""
-    if INTERPRETED:
-        return (x.to(tl.float32) * 0.00390625).to(tl.float16)
-    return tl.inline_asm_elementwise(E4M3_BITS_PTX, "=r,=r,r", [x], dtype=tl.float16, is_pure=not PINNED, pack=4)
 
 
 @triton.jit

@@ -26,8 +26,7 @@ import triton
 import triton.language as tl
 
 from radixflow.kernels.attention_common import (
-    as_f16_pow2, dot, e4m3_div256_to_f16, e4m3_to_f16_in_registers, load_kv_block, online_softmax_step, p_parts,
-    to_kv_dtype,
+    as_f16_pow2, dot, e4m3_to_f16_in_registers, load_kv_block, online_softmax_step, p_parts, to_kv_dtype,
 )
 from radixflow.kernels.decode_config import (  # noqa: F401 (the config's names, re-exported for callers)
     DECODE_CONFIG, DETERMINISTIC_CONFIG, ENTRY_GATES, FALLBACKS, LAUNCH_KEYS, POOL_ENTRIES, POOL_GATES, POOL_KINDS,
@@ -58,7 +57,6 @@ def _decode_stage1(
     GROUP: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
     DIRECT: tl.constexpr, ROPE: tl.constexpr, IEEE: tl.constexpr, P_PARTS: tl.constexpr, KV_FP8: tl.constexpr,
     KV_F16: tl.constexpr, V_REGS: tl.constexpr, EXP2: tl.constexpr, USE_PDL: tl.constexpr,
-    BITS_K: tl.constexpr, BITS_V: tl.constexpr, LAZY: tl.constexpr,
 ):
     b = tl.program_id(0).to(tl.int64)
     kvh = tl.program_id(1)
@@ -66,8 +64,6 @@ def _decode_stage1(
     pdl_wait(USE_PDL)
     if KV_FP8:  # the pool holds K / k_scale: fold the head's scale into the softmax scale (V's: into the output)
         scale = scale * tl.load(KScale + kvh)
-        if BITS_K:  # K arrives divided by 2^8
-            scale = scale * 256.0
     seq_len = tl.load(SeqLens + b).to(tl.int32)
     row = tl.load(ReqIdx + b).to(tl.int64)
     split_len = tl.cdiv(tl.cdiv(seq_len, num_splits), split_align) * split_align
@@ -111,25 +107,16 @@ def _decode_stage1(
         k, v = load_kv_block(Slots, offs_n, mask_n, K + kvh * stride_kh, V + kvh * stride_vh, stride_kt, stride_vt,
                              offs_d, mask_d)
         if V_REGS:  # FP8 pool: V widened before shared memory (attention_common.e4m3_to_f16_in_registers)
-            if BITS_V:
-                v = e4m3_div256_to_f16(v, True)
-            else:
-                v = e4m3_to_f16_in_registers(v)
-        if BITS_K:
-            k = e4m3_div256_to_f16(k, False)
-        else:
-            k = k.to(q.dtype)
-        qk = dot(q, k, IEEE) * scale
+            v = e4m3_to_f16_in_registers(v)
+        qk = dot(q, k.to(q.dtype), IEEE) * scale
         qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2, LAZY)
+        m_i, l_i, acc = online_softmax_step(qk, v.to(q.dtype), m_i, l_i, acc, IEEE, P_PARTS, EXP2)
     if EXP2:
         m_i = m_i * 0.6931471805599453  # back to natural-log units for the log-sum-exp
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     if KV_FP8:
         out *= tl.load(VScale + kvh)
-        if BITS_V:
-            out *= 256.0
     mask_o = mask_h[:, None] & mask_d[None, :]
     if DIRECT:
         tl.store(Out + b * stride_ob + heads[:, None] * stride_oh + offs_d[None, :],
@@ -251,8 +238,6 @@ def decode_attention(
         GROUP=group, BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_N=cfg["block_n"], BLOCK_D=block_d,
         DIRECT=direct, ROPE=rope is not None, IEEE=q.dtype == torch.float32, P_PARTS=p_parts(q.dtype, settings, kv_f16),
         KV_FP8=fp8, KV_F16=kv_f16, V_REGS=kv_f16 and cfg["fp8_v_regs"], EXP2=fp8 and cfg["fp8_exp2"],
-        BITS_K=kv_f16 and cfg["fp8_bits_k"], BITS_V=kv_f16 and cfg["fp8_v_regs"] and cfg["fp8_bits_v"],
-        LAZY=cfg["lazy_rescale"],
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **reg_cap, **pdl_launch(q, settings),
     )
     if not direct:

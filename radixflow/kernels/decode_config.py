@@ -16,10 +16,7 @@ head_dim, min_kv_heads (the KV heads a rank holds), sm_major (the device's compu
 widened to float16 for the products (False: to q's dtype; kept for A/B); `fp8_v_regs`: with fp8_f16, V
 is widened in registers before it goes through shared memory (attention_common.e4m3_to_f16_in_registers;
 False: where Triton puts it, kept for A/B); `fp8_exp2`: an FP8 pool's scores in log2 units, exponentiated
-by attention_common.exp2_ftz; `fp8_bits_k` / `fp8_bits_v`: with fp8_f16 (V: and fp8_v_regs), K / V widened by
-integer operations instead of the conversion instruction (attention_common.e4m3_div256_to_f16; for A/B);
-`lazy_rescale`: the online softmax moves its running max only past a factor 2^8 (attention_common.online_softmax_step's
-LAZY; for A/B); `maxnreg`: a cap on stage 1's registers a thread (Triton's launch option; 0: none),
+by attention_common.exp2_ftz; `maxnreg`: a cap on stage 1's registers a thread (Triton's launch option; 0: none),
 so more programs fit an SM. A caller's `config` replaces DECODE_CONFIG's keys it names; its own `small` /
 pool entries win over its top-level keys at their batch sizes, DECODE_CONFIG's pool entries do not
 (`resolve_config`).
@@ -71,8 +68,7 @@ import triton
 DECODE_CONFIG = {
     "block_n": 64, "num_warps": 4, "num_stages": 3, "waves": 4, "max_splits": 16, "split_align": 0, "direct": True,
     "small": {"max_batch": 1, "max_splits": 32, "split_align": 16}, "fixed_splits": 0, "fp8_f16": True,
-    "fp8_v_regs": True, "fp8_exp2": False, "fp8_bits_k": False, "fp8_bits_v": False, "lazy_rescale": False,
-    "maxnreg": 0,
+    "fp8_v_regs": True, "fp8_exp2": False, "maxnreg": 0,
     "fp8": {"block_n": 64, "num_warps": 2, "num_stages": 5, "fp8_exp2": True,
             "min_batch": 256, "head_dim": 128, "min_kv_heads": 1, "sm_major": 9,
             "large": {"min_batch": 512, "block_n": 32, "num_warps": 1, "num_stages": 5, "maxnreg": 168}},
