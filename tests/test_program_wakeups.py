@@ -154,3 +154,19 @@ def test_programs_finish_through_retractions_with_the_same_outputs(engine):
         assert small.scheduler.stats.retractions > 0
     texts = lambda outs: [{k: v["text"] for k, v in o["results"].items()} for o in outs]  # noqa: E731
     assert texts(got) == texts(ref)
+
+
+def test_a_continued_gens_meta_counts_its_own_retractions():
+    """A gen that continues its request (request_segments.start_segment) reported the request's retractions since
+    its first gen (review, session 30); it now counts those since its segment started, as its latency does."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.programs.program_meta import request_facts
+    from radixflow.runtime.programs.request_segments import start_segment
+
+    req = Req("r", [1, 2], SamplingParams.from_dict({}), output_ids=[3])
+    req.num_retractions = 2
+    start_segment(req, [4], SamplingParams.from_dict({}), SimpleNamespace(prompt_tokens=0, cached_tokens=0))
+    req.num_retractions += 1
+    facts = request_facts(req)
+    assert facts["num_retractions"] == 1 and facts["id"] == "r"

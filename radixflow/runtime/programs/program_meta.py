@@ -24,9 +24,11 @@ def request_meta(req: Req) -> dict:
 
 
 def request_facts(req: Req) -> dict:
-    """The rest of the meta_info eager mode's gens have (/generate's): the request's id, its retractions, the
-    seconds since it (or its gen's segment) started, and the tokens a grammar jumped over, if any."""
-    facts = {"id": req.rid, "num_retractions": req.num_retractions, "e2e_latency": time.time() - req.created}
+    """The rest of the meta_info eager mode's gens have (/generate's): the request's id (a continued gen's is the
+    request it continues), its retractions, the seconds since it started, and the tokens a grammar jumped over, if
+    any; all but the id counted from the gen's segment."""
+    retractions = req.num_retractions - req.segment_retractions
+    facts = {"id": req.rid, "num_retractions": retractions, "e2e_latency": time.time() - req.created}
     if req.jump_forward_tokens:
         facts["jump_forward_tokens"] = req.jump_forward_tokens
     return facts

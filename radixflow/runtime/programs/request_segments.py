@@ -49,6 +49,7 @@ def start_segment(req: Req, tokens: list, sampling: SamplingParams, stats) -> No
     req.output_counts = None
     req.finish_reason = None
     req.created, req.jump_forward_tokens = time.time(), 0  # the gen's own meta_info counts from its segment's start
+    req.segment_retractions = req.num_retractions
 
 
 def common_prefix(a: list, b: list) -> int:

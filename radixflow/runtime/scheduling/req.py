@@ -76,6 +76,7 @@ class Req:
     stop_checked: int = 0  # output tokens the stop checker has seen (a grammar's first jump is appended unchecked)
     # request graphs run several gen segments in one request: limits count from here
     segment_start: int = 0
+    segment_retractions: int = 0  # num_retractions when the segment started: a gen's meta counts its own
     continuable: bool = False  # a request graph's: the scheduler's continue_request may extend it
     streamed: bool = False  # its outputs are shown as they grow: nothing already shown may be cut back
 
