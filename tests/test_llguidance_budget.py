@@ -131,6 +131,19 @@ def test_the_budgets_last_token_may_keep_a_complete_output_going(engine):
                 assert not eos & set(out["output_ids"]), out
 
 
+def test_a_stop_made_by_a_token_due_for_repair_ends_streamed_and_whole_requests_alike(engine):
+    """`c` after `a` needs 30 digits, past the budget: it is due for repair. A stop string or stop id it makes ended a
+    whole request (checked lazily, no repair due yet) but not a streamed one, whose repair ran before the stops
+    (review, session 31). The stops come first; only the length stop waits for a repair."""
+    c_id, = engine.tokenizer.encode("c", add_special_tokens=False)
+    base = {"max_new_tokens": 12, "regex": "a(c[0-9]{30})?z", "temperature": 0, "logit_bias": {str(c_id): 100.0}}
+    for extra, reason in (({"stop": ["c"]}, "stop"), ({"stop_token_ids": [c_id]}, "stop"), ({}, "length")):
+        p = {**base, **extra}
+        whole, streamed = engine.generate("Write: ac123", p), list(engine.generate("Write: ac123", p, stream=True))[-1]
+        assert whole["output_ids"] == streamed["output_ids"], (extra, whole["text"], streamed["text"])
+        assert whole["meta_info"]["finish_reason"]["type"] == streamed["meta_info"]["finish_reason"]["type"] == reason
+
+
 def test_tight_budget_through_the_engine_closes_valid_json(engine):
     """On the default backend, at temperature 1, a budget of the shortest output + 3."""
     need = Grammar.from_json_schema(SCHEMA, engine.tokenizer).compiled.min_tokens

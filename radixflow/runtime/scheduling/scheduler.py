@@ -344,9 +344,7 @@ class Scheduler:
         forced = not grammars or self.jumps_after_sampling(decode_rows(self.running, reqs) if self.overlap else len(reqs))
         for i in live:
             req, jumps = reqs[i], reqs[i].grammar is not None and self.jump_forward is not None
-            if jumps and req.grammar.undo:  # a budget repair before the stops: the token it replaces never counts
-                self._apply_jump_forward(req, False)  # (at the budget's last token the length stop came first)
-            self.stops.check(req, self.reserve.seq_limit)
+            self.stops.check(req, self.reserve.seq_limit)  # a length stop waits for a budget repair (the jump's)
             if jumps and not req.finished:
                 limit = jump_limit(self.overlap, req.seq_len, req.kv_len)
                 self._apply_jump_forward(req, forced or req.grammar.jumps_in_any_batch, limit, cut=forced)

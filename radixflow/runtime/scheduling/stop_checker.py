@@ -111,6 +111,8 @@ class StopChecker:
         if matched is not None:
             self._finish_at_stop(req, added, matched)
             return
+        if req.grammar is not None and req.grammar.undo:  # a budget repair is due (the jump hook's, next): the
+            return  # token it replaces ends nothing by length; a stop it made above still counts, as in a lazy check
         # after the stop checks: a stop matched by the last allowed token still counts as a stop
         if req.segment_len >= p.max_new_tokens:
             closed = {"grammar_closed": True, "matched": None} if req.grammar is not None and req.grammar.budget_closed else {}
