@@ -610,3 +610,11 @@ def test_a_token_that_progresses_alone_comes_before_a_round(tokenizer):
     grammar = 'root ::= " " word (" " word){2,4} "."\nword ::= [a-z]+'
     path, text = _closing_path(tokenizer, grammar, "", 64, kind="ebnf")
     assert len(path) == 5 and re.fullmatch(r" [a-z]+( [a-z]+){2,4}\.", text), text
+
+
+def test_a_long_count_of_single_characters_still_has_a_closing_path(tokenizer):
+    """`.{60}!` after `a`: a lone token repeated up to 32 times never met the count, so the search found no path,
+    the grammar no min_tokens and a request no budget (review, session 31; session 30's walk found one). Where the
+    first walks find none, a last one repeats a lone token up to LONE_REPEATS times."""
+    path, text = _closing_path(tokenizer, r".{60}!", "a", 4096, hinted=False)
+    assert re.fullmatch(r".{60}!", "a" + text, re.DOTALL)

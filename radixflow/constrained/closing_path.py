@@ -51,6 +51,7 @@ STRUCTURE = "{}[],:"  # one of these allowed: between JSON values, not inside a 
 FALLBACK_TRIES = 8  # lowest-id allowed tokens tried for one that completes the output at once
 MAX_PICKS = 512  # mask computations per search: a walk that needs more gives up
 REPEATS = 32  # tokens a repeated round (or token) takes at most
+LONE_REPEATS = 256  # copies of a lone token the last walk repeats (32 missed `.{60}!`, which session 30's walk found)
 REPEAT_AFTER = 24  # a lone token repeats once this many others were passed over (`ed` for 2 hex digits first)
 ROUND_AFTER = 48  # a round repeats once this many tokens were passed over, or all whole-character ones were
 MAX_CYCLE = 8  # a round longer than this back to a mask seen before is not repeated
@@ -92,11 +93,16 @@ class ClosingSearch:
         takes any of the lowest-id allowed tokens after which the output is complete: the preferences lead a regex
         such as `( [a-z]+,)+ [a-z]+\.` round its loop (`a`, `,`, ` `, ...) and never to its `.` (fuzzing, session
         30: a streamed request, checked at every token, lost the model's tokens to the old path far from its
-        budget)."""
-        path = self._walk(m, limit, hints, False)
-        return path if path is not None else self._walk(m, limit, hints, True)
+        budget). Where that finds none either, a third lets a lone token repeat up to LONE_REPEATS times, not
+        REPEATS (`.{60}!`: a count past 32 of single characters; the first walks' shorter paths of longer tokens
+        come first where they exist)."""
+        for close_first, lone in ((False, REPEATS), (True, REPEATS), (True, LONE_REPEATS)):
+            path = self._walk(m, limit, hints, close_first, lone)
+            if path is not None:
+                return path
+        return None
 
-    def _walk(self, m: LLMatcher, limit: int, hints: tuple, close_first: bool) -> Optional[list]:
+    def _walk(self, m: LLMatcher, limit: int, hints: tuple, close_first: bool, lone: int) -> Optional[list]:
         path: list = []
         walk = _Walk()
         hinted = -1  # the path length at which hints were last tried (once per string opening)
@@ -135,11 +141,11 @@ class ClosingSearch:
                 after, here = None, len(path) - 1
                 if mode == PROBE and start < here and (start, here) not in walk.rounds:  # the round since there
                     walk.rounds.add((start, here))
-                    after = self._repeat(m, walk, path, start, limit)
+                    after = self._repeat(m, walk, path, start, limit, lone)
                 elif start < here:  # repeated later: tokens that progress alone (` t`, a space and a word) first
                     walk.rounds_here.setdefault(start, token)
                 if after is None and (len(walk.skip) >= REPEAT_AFTER or mode == PROBE):  # the token alone
-                    after = self._repeat(m, walk, path, here, limit)
+                    after = self._repeat(m, walk, path, here, limit, lone)
             if after is None:  # no progress: undo it, try another token
                 m.rollback(1)
                 path.pop()
@@ -152,9 +158,9 @@ class ClosingSearch:
         m.rollback(len(path))
         return path if found else None
 
-    def _repeat(self, m: LLMatcher, walk: "_Walk", path: list, start: int, limit: int) -> Optional[np.ndarray]:
+    def _repeat(self, m: LLMatcher, walk: "_Walk", path: list, start: int, limit: int, lone: int) -> Optional[np.ndarray]:
         r"""The tokens since `start` (where the walk saw the mask it is back at) left no visible
-        progress: take them again, round and round, up to REPEATS tokens, in case they count
+        progress: take them again, round and round, up to REPEATS tokens (a lone token: `lone`), in case they count
         (`[0-9]{5}`; `(\d+\.){3}`, where `0` and `.` go back to the masks of the first round).
         Progress: the output complete, or a token allowed that was not at the same point of
         the first round (`-` after `[0-9]{3}`; reaching the bound of `[a-z]{1,20}` only takes
@@ -165,7 +171,8 @@ class ClosingSearch:
         first = [walk.trail.get(p) for p in range(start + 1, len(path))] + [walk.trail.get(start)]
         if len(cycle) > MAX_CYCLE or any(f is None for f in first):
             return None
-        seq = (cycle * (REPEATS // len(cycle) + 1))[: min(REPEATS, limit - len(path))]
+        most = lone if len(cycle) == 1 else REPEATS
+        seq = (cycle * (most // len(cycle) + 1))[: min(most, limit - len(path))]
         n = m.try_consume_tokens(seq)
         m.rollback(n)
         k = 0
