@@ -46,6 +46,9 @@ def test_a_grammar_on_the_whole_output_leaves_it_outside_a_block_the_prompt_open
     assert free["choices"][0]["message"]["reasoning_content"]  # no grammar: the block the prompt opened
     msg = _chat(server, messages=opened, regex="[A-Z][a-z]{2,8}", continue_final_message=True)["choices"][0]["message"]
     assert msg["reasoning_content"] is None and msg["content"][:1].isupper()
+    writes_end = _chat(server, messages=opened, regex="[a-z]{2,8}</think>[A-Z][a-z]{2,8}", continue_final_message=True)
+    msg = writes_end["choices"][0]["message"]  # a grammar that closes the block writes the thinking before it
+    assert msg["reasoning_content"] and msg["content"][:1].isupper() and "</think>" not in msg["content"]
 
 
 @pytest.mark.parametrize("stream_reasoning", [True, False])

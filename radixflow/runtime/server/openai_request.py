@@ -197,22 +197,25 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
         sp["regex"] = tools.regex
     g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
                       top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
-    from_start = any(sp.get(k) is not None for k in ("regex", "json_schema", "ebnf")) and not (tools and tools.choice == "auto")
+    grammar = next((str(sp[k]) for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None), None)
+    whole = None if tools and tools.choice == "auto" else grammar  # auto: free text (thinking too) before any call
     return Call("chat", g, _n(body), [text], False, want_lp, usage, continuous, tools if tools and tools.regex else None,
-                _reasoning_plan(tm, body, text, from_start))  # fmt: skip
+                _reasoning_plan(tm, body, text, whole))  # fmt: skip
 
 
-def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar_from_start: bool) -> Optional[ReasoningPlan]:
+def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar: Optional[str]) -> Optional[ReasoningPlan]:
     """Split the thinking out if the server has a --reasoning-parser and the request does not
     say separate_reasoning: false (SGLang's fields; stream_reasoning: false sends the thinking
     in one delta once it ends). A grammar on the whole output (a schema, a regex, a required tool
-    call) leaves no room for unmarked thinking: its output starts inside a block only if it opens
-    one, whatever the format (a deepseek-r1 tool call came back as reasoning_content: fuzzing)."""
+    call) that never writes the end marker leaves no room for thinking: its output starts inside a
+    block only if it opens one, whatever the format (a deepseek-r1 tool call came back as
+    reasoning_content: fuzzing). One that writes the marker writes the thinking too."""
     separate, stream = flag(body, "separate_reasoning", True), flag(body, "stream_reasoning", True)
     if not tm.args.reasoning_parser or not separate:
         return None
     fmt = get_format(tm.args.reasoning_parser)
-    return ReasoningPlan(fmt, prompt_forces(fmt, prompt) and not grammar_from_start, stream)
+    thinks = grammar is None or fmt.end in grammar
+    return ReasoningPlan(fmt, prompt_forces(fmt, prompt) and thinks, stream)
 
 
 def chat_prompt_text(tm: TokenizerManager, body: dict) -> str:
