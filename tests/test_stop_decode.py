@@ -244,7 +244,7 @@ def test_every_budget_closed_finish_has_one_shape(tok, ends_on_eos):
     """A budget-closed output that ended on EOS said matched 2 (the EOS id), one cut at max_new_tokens left
     matched out (found by fuzzing); both now read as docs/serving.md shows."""
     eos = tok.eos_token_id
-    grammar = SimpleNamespace(budget_closed=True, is_terminated=lambda: ends_on_eos, error=lambda: None)
+    grammar = SimpleNamespace(budget_closed=True, undo=0, is_terminated=lambda: ends_on_eos, error=lambda: None)
     req = Req("r", [1], SamplingParams.from_dict({"max_new_tokens": 3}), output_ids=[5, 6, eos if ends_on_eos else 7])
     req.grammar = grammar
     StopChecker(tok, eos_ids={eos}).check(req, seq_limit=10**6)
