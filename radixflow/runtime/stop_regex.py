@@ -54,7 +54,7 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
         raise RadixflowError("stop_regex must be a string or a list of strings")
     if len(texts) > MAX_PATTERNS:
         raise RadixflowError(f"at most {MAX_PATTERNS} stop_regex patterns are allowed, got {len(texts)}")
-    patterns, width = [], 0
+    patterns, width, asserts = [], 0, []
     for t in texts:
         check_text("stop_regex", t)
         if len(t.encode()) > MAX_PATTERN_BYTES:
@@ -71,10 +71,11 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
         if shortest == 0:  # it matches the empty text, or an empty place in any text (\b, (?=a))
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
+        asserts.append(_holds(parsed, _ASSERTIONS))
         width = max(width, longest)
     if width <= TAIL_WIDTH:
         return StopPatterns(tuple(patterns), width)
-    return StopPatterns(tuple(patterns), None, tuple(growing_pattern(p) for p in patterns))
+    return StopPatterns(tuple(patterns), None, tuple(None if a else growing_pattern(p) for p, a in zip(patterns, asserts)))
 
 
 def check_text(name: str, text: str) -> None:
@@ -99,6 +100,23 @@ def _nested_repeats(items, inside: bool = False) -> bool:
             return True
         elif op in (_sre_c.ASSERT, _sre_c.ASSERT_NOT) and _nested_repeats(av[1], inside):
             return True
+    return False
+
+
+# anchors, lookarounds, backreferences: their partial matches cannot be trusted, so a pattern holding one is searched
+# over the window, not incrementally (stop_regex_search.py says why)
+_ASSERTIONS = (_sre_c.AT, _sre_c.ASSERT, _sre_c.ASSERT_NOT, _sre_c.GROUPREF, _sre_c.GROUPREF_EXISTS)
+
+
+def _holds(items, ops: tuple) -> bool:
+    """Whether a parsed pattern holds one of `ops` anywhere, nested groups, branches and repeats included."""
+    for op, av in items:
+        if op in ops:
+            return True
+        for part in av if isinstance(av, (list, tuple)) else ():
+            nested = part if isinstance(part, (list, tuple)) else (part,)
+            if any(isinstance(x, _sre_parse.SubPattern) and _holds(x, ops) for x in nested):
+                return True
     return False
 
 

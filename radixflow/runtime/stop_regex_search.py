@@ -28,41 +28,14 @@ _READ_DIFFERENTLY = re.compile(r"\[[:=.]")  # a POSIX class, equivalence or coll
 
 
 def growing_pattern(pattern: re.Pattern) -> Optional[regex.Pattern]:
-    """The pattern as `regex` compiles it, for the incremental search; None where `regex` would read it differently
-    or its partial matches cannot be trusted (anchors, lookarounds, backreferences)."""
-    if _READ_DIFFERENTLY.search(pattern.pattern) or _looks_around(pattern):
+    """The pattern as `regex` compiles it, for the incremental search; None where `regex` would read it differently.
+    (The caller leaves out patterns whose partial matches cannot be trusted: anchors, lookarounds, backreferences.)"""
+    if _READ_DIFFERENTLY.search(pattern.pattern):
         return None
     try:
         return regex.compile(pattern.pattern, regex.VERSION0)
     except (regex.error, RecursionError, OverflowError):
         return None
-
-
-_AROUND = ("AT", "ASSERT", "ASSERT_NOT", "GROUPREF", "GROUPREF_EXISTS")  # re's opcodes of assertions and backrefs
-
-
-def _looks_around(pattern: re.Pattern) -> bool:
-    """Whether the pattern holds an anchor, a lookaround or a backreference (read by `re`'s own parser)."""
-    try:
-        from re import _parser
-    except ImportError:  # another Python's layout: assume the worst (a window search is always right)
-        return True
-
-    def holds(items) -> bool:
-        for op, arg in items:
-            if str(op) in _AROUND:
-                return True
-            parts = arg if isinstance(arg, (list, tuple)) else [arg]
-            for part in parts:
-                nested = part if isinstance(part, (list, tuple)) else [part]
-                if any(isinstance(x, _parser.SubPattern) and holds(x) for x in nested):
-                    return True
-        return False
-
-    try:
-        return holds(_parser.parse(pattern.pattern, pattern.flags))
-    except (re.error, RecursionError):
-        return True
 
 
 @dataclass
