@@ -39,17 +39,21 @@ class IncrementalText:
 
 @dataclass
 class StreamText:
-    """A streamed request's text so far as its reader is shown it: decoded a window at a time, with a tail that could
-    still become a stop string (cut_strs) held back; after its outputs were cut back (a stop, a grammar: `restart`)
-    decoded again from the start."""
+    """A streamed request's text so far as its reader is shown it: decoded a window at a time from output `start` (a
+    request graph's gen: its segment), with a tail that could still become a stop string (cut_strs) held back; after
+    its outputs were cut back (a stop, a grammar: `restart`) decoded again from `start`."""
 
     skip_special_tokens: bool = True
     cut_strs: list = field(default_factory=list)
-    decoded: IncrementalText = field(default_factory=IncrementalText)
+    start: int = 0
+    decoded: IncrementalText = field(init=False)
+
+    def __post_init__(self):
+        self.decoded = IncrementalText(surr=self.start, read=self.start)
 
     def shown(self, tokenizer, ids: list, restart: bool = False) -> str:
         if restart:
-            self.decoded = IncrementalText()
+            self.__post_init__()
         text = self.decoded.update(tokenizer, ids, self.skip_special_tokens)
         return text[: len(text) - partial_stop_len(text, self.cut_strs)]
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
-from radixflow.runtime.incremental_text import IncrementalText, partial_stop_len
+from radixflow.runtime.incremental_text import StreamText
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
 from radixflow.runtime.scheduling.req import Req
 
@@ -21,7 +21,7 @@ class StrandStream:
     def __init__(self, on_delta: OnDelta, tokenizer):
         self.on_delta = on_delta
         self.tokenizer = tokenizer
-        self.decoded = IncrementalText()
+        self.decoded: Optional[StreamText] = None  # the running gen's text
         self.shown = 0  # characters of the running gen sent so far
         self.decoding: Optional[tuple] = None  # (segment_start, cuts) that `decoded` follows
 
@@ -34,13 +34,12 @@ class StrandStream:
         logprobs sampled since the last chunk, if `lp`)."""
         sp = req.sampling
         if self.decoding != (req.segment_start, req.cuts):  # a new gen, or outputs cut back: decoded afresh (text
-            start = req.segment_start  # already sent stays sent; the rest follows once the text passes it again)
-            self.decoded, self.decoding = IncrementalText(surr=start, read=start), (start, req.cuts)
-        text = self.decoded.update(self.tokenizer, req.output_ids, sp.skip_special_tokens)
-        safe = len(text) - partial_stop_len(text, sp.cut_strs)
-        if safe > self.shown:
-            self.on_delta(var, text[self.shown : safe], running_meta(req) if lp is None else {**running_meta(req), **lp.chunk(req)})
-            self.shown = safe
+            self.decoding = (req.segment_start, req.cuts)  # already sent stays sent; the rest follows once past it)
+            self.decoded = StreamText(sp.skip_special_tokens, sp.cut_strs, req.segment_start)
+        text = self.decoded.shown(self.tokenizer, req.output_ids)
+        if len(text) > self.shown:
+            self.on_delta(var, text[self.shown :], running_meta(req) if lp is None else {**running_meta(req), **lp.chunk(req)})
+            self.shown = len(text)
 
     def finished(self, var: Optional[str], text: str, chunk: Optional[Callable[[], dict]] = None) -> None:
         """A gen's final text (stop-trimmed): send the rest of it (`chunk()`: its meta_info), or
@@ -48,7 +47,7 @@ class StrandStream:
         rest, meta = text[self.shown :], None if chunk is None else chunk()
         if rest or (meta and meta.get("output_token_logprobs")):
             self.on_delta(var, rest, meta)
-        self.decoded, self.shown, self.decoding = IncrementalText(), 0, None
+        self.decoded, self.shown, self.decoding = None, 0, None
 
 
 def running_meta(req: Req) -> dict:
