@@ -78,6 +78,26 @@ def test_rmsnorm_quantized_rows_equal_quantizing_its_output(residual):
     assert torch.equal(fused.q.view(torch.uint8), q.view(torch.uint8))
 
 
+def test_quantized_rows_carry_the_gemms_padding_rows():
+    """Above 128 rows an FP8 GEMM's input is allocated to a multiple of 128 rows (torch._scaled_mm's row-wise
+    kernel runs those faster); the kernels making it write only the real rows, which keep their bits."""
+    from radixflow.kernels.fp8 import gemm_rows
+    from radixflow.kernels.norm_act import rmsnorm
+
+    assert [gemm_rows(m) for m in (1, 100, 128, 129, 256, 300, 544, 8192)] == [1, 100, 128, 256, 256, 384, 640, 8192]
+    rows, n = 130, 32
+    x = (torch.randn(rows, n, device=DEV) * 3).to(torch.bfloat16)
+    w = (torch.rand(n, device=DEV) + 0.5).to(torch.bfloat16)
+    fused = rmsnorm(x, w, 1e-5, quantize=True)
+    q, s = quantize_rows(rmsnorm(x, w, 1e-5))
+    assert fused.rows == rows and fused.q.shape == (256, n) and fused.scale.shape == (256,)
+    assert torch.equal(fused.q[:rows].view(torch.uint8), q.view(torch.uint8)) and torch.equal(fused.scale[:rows], s)
+    q2, s2 = quantize_rows(x, alloc_rows=gemm_rows(rows))
+    q1, s1 = quantize_rows(x)
+    assert q2.shape == (256, n) and torch.equal(q2[:rows].view(torch.uint8), q1.view(torch.uint8))
+    assert torch.equal(s2[:rows], s1)
+
+
 @pytest.mark.parametrize("interleaved", [False, True])
 def test_silu_and_mul_quantized_rows_equal_quantizing_its_output(interleaved):
     """SiLU-and-mul writing FP8 rows: one program a row (the plain kernel splits a row over programs) and
@@ -179,6 +199,27 @@ def test_every_fp8_gemv_config_matches_the_reference(k):
         for m in (1, 2):
             got = gemv(x[:m], wq, config=config, w_scale=ws)
             torch.testing.assert_close(got.float(), want[:m].float(), rtol=2e-2, atol=5e-2, msg=str(config))
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
+@pytest.mark.parametrize("m", [129, 300, 544])
+def test_fp8_gemm_over_padded_rows_equals_the_unpadded_product(m):
+    """fp8_gemm pads the rows to a multiple of 128 (gemm_rows): its output has m rows, each the unpadded
+    product's (garbage in the padding rows stays there), whether x comes as a tensor or as Fp8Rows."""
+    from radixflow.kernels.fp8 import Fp8Rows, empty_rows, fp8_gemm
+
+    x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
+    q, s = quantize_rows(x)
+    plain = torch._scaled_mm(q, wq.t(), scale_a=s.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=x.dtype)
+    rows = empty_rows(m, 512, x.dtype, DEV)
+    rows.q.view(torch.uint8).fill_(0x7F)  # NaN in e4m3 in every padding row
+    rows.scale.fill_(float("inf"))
+    rows.q[:m], rows.scale[:m] = q, s
+    for got in (fp8_gemm(x, wq, None, ws), fp8_gemm(rows, wq, None, ws)):
+        assert got.shape == (m, 256) and torch.isfinite(got).all()
+        torch.testing.assert_close(got, plain, rtol=1e-2, atol=1e-2)
+    assert isinstance(rows, Fp8Rows) and rows.q.shape[0] > m
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")

@@ -129,6 +129,7 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
     for m in GEMM_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
+        pq, ps = quantize_rows(x, alloc_rows=gemm_rows(m))
         row = _time_variants({
             "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
             "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),
@@ -211,19 +212,20 @@ def _quantize_rates() -> dict:
     return out
 
 
-# Decode batches between 256 and 1,024, on and off multiples of 128 (the offline workload's steps take every size)
-GEMM_SWEEP_MS = (384, 400, 448, 512, 528, 544, 576, 640, 656, 768, 896, 912, 1024)
+# Decode batches up to 1,024, on and off multiples of 128 (the offline workload's steps take every size)
+GEMM_SWEEP_MS = (16, 48, 100, 136, 200, 264, 300, 384, 400, 448, 512, 528, 544, 576, 640, 656, 768, 896, 912, 1024)
 
 
 def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
     """The FP8 product alone (quantized inputs) across GEMM_SWEEP_MS, us per call in a CUDA graph: row-wise
-    torch._scaled_mm as the engine calls it (named as in _gemm_rates); with fast accumulation; swapped (weight
+    torch._scaled_mm over the rows as they are (named as in _gemm_rates); over the rows padded as the engine pads
+    them (kernels/fp8.gemm_rows, the padded product's extra rows dropped); with fast accumulation; swapped (weight
     as the left operand, out.T = W @ x.T, so the batch is the product's inner tile dimension, then transposed
     back with a copy, counted); and bf16 F.linear of the same shape. Does the row-wise kernel pay for 128-row
     tiles, as the offline steps' fit suggests, and does a swapped product avoid it?"""
     import torch.nn.functional as F
 
-    from radixflow.kernels.fp8 import quantize_rows
+    from radixflow.kernels.fp8 import gemm_rows, quantize_rows
 
     weights, quantized = _gemm_weights(n, k)
     copies = len(weights)
@@ -231,19 +233,21 @@ def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
     for m in GEMM_SWEEP_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
+        pq, ps = quantize_rows(x, alloc_rows=gemm_rows(m))
 
         def swapped(i: int):
             wq, ws = quantized[i % copies]
             return _scaled_mm(wq, ws, xq, xs).t().contiguous()
 
         variants = {"scaled_mm_only": lambda i: _scaled_mm(xq, xs, *quantized[i % copies]),
+                    "scaled_mm_padded": lambda i: _scaled_mm(pq, ps, *quantized[i % copies])[:m],
                     "scaled_mm_fast_accum": lambda i: _scaled_mm(xq, xs, *quantized[i % copies], fast=True),
                     "scaled_mm_swapped": swapped, "bf16_linear": lambda i: F.linear(x, weights[i % copies])}
         row = _time_variants(variants, copies)
         if all(isinstance(row[label], float) for label in ("scaled_mm_only", "scaled_mm_swapped")):
             ref = variants["scaled_mm_only"](0).float()  # the same product up to the order of accumulation
             row["swapped_max_rel_diff"] = float((swapped(0).float() - ref).abs().max() / ref.abs().max())
-        _add_tflops(row, 2 * m * n * k, ("scaled_mm_only", "scaled_mm_swapped", "bf16_linear"))
+        _add_tflops(row, 2 * m * n * k, ("scaled_mm_only", "scaled_mm_padded", "scaled_mm_swapped", "bf16_linear"))
         out[f"m{m}"] = row
     log(f"gemm_m {name} {n}x{k}: {out}")
     return out

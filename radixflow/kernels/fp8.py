@@ -87,12 +87,27 @@ def _quantize_rows_kernel(X, Q, S, K, stride_x, stride_q, BLOCK: tl.constexpr, O
 ONE_PASS_MAX_K = 16384  # rows up to this wide are held in registers (8 warps: 64 values a thread)
 
 
-def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row (per-token) dynamic quantization in one Triton launch; see `quantize_rows_torch`."""
+# torch._scaled_mm's row-wise kernel (Hopper) runs a batch whose row count is a multiple of this faster than one
+# of fewer rows that is not: 400 rows took 1.4x as long as 512, 912 rows 1.3x as long as 1,024 (BENCHMARKS.md,
+# session 32). So the FP8 GEMM's quantized input gets padding rows up to the next multiple (`gemm_rows`).
+GEMM_ROW_TILE = 128
+
+
+def gemm_rows(m: int) -> int:
+    """Rows to allocate for an FP8 GEMM input of m rows: m rounded up to a multiple of GEMM_ROW_TILE above it."""
+    return m if m <= GEMM_ROW_TILE else -(-m // GEMM_ROW_TILE) * GEMM_ROW_TILE
+
+
+def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SETTINGS,
+                  alloc_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row (per-token) dynamic quantization in one Triton launch; see `quantize_rows_torch`.
+    alloc_rows: the outputs' row count, at least x's (rows past x's are left unwritten: `gemm_rows`)."""
     r, k = x.shape
     assert x.stride(1) == 1
-    q = torch.empty((r, k), dtype=FP8, device=x.device)
-    s = torch.empty((r,), dtype=torch.float32, device=x.device)
+    alloc = r if alloc_rows is None else alloc_rows
+    assert alloc >= r
+    q = torch.empty((alloc, k), dtype=FP8, device=x.device)
+    s = torch.empty((alloc,), dtype=torch.float32, device=x.device)
     if r:
         one_pass = k <= ONE_PASS_MAX_K
         block = triton.next_power_of_2(k) if one_pass else 2048
@@ -103,17 +118,21 @@ def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SET
 
 @dataclass
 class Fp8Rows:
-    """Activations already quantized per row by the kernel that made them (kernels/norm_act.py): q [M, K]
-    e4m3 and scale [M] float32, as `quantize_rows` gives them, and `dtype`, the GEMM output's dtype."""
+    """Activations already quantized per row by the kernel that made them (kernels/norm_act.py): q [R, K]
+    e4m3 and scale [R] float32, as `quantize_rows` gives them, and `dtype`, the GEMM output's dtype. The first
+    `rows` rows are the activations (None: all R); any after them are the GEMM's padding, never written."""
 
     q: torch.Tensor
     scale: torch.Tensor
     dtype: torch.dtype
+    rows: int | None = None
 
 
 def empty_rows(rows: int, k: int, dtype: torch.dtype, device) -> Fp8Rows:
-    return Fp8Rows(torch.empty((rows, k), dtype=FP8, device=device), torch.empty((rows,), dtype=torch.float32,
-                                                                                 device=device), dtype)
+    """Outputs for `rows` quantized rows, with the FP8 GEMM's padding (`gemm_rows`)."""
+    alloc = gemm_rows(rows)
+    return Fp8Rows(torch.empty((alloc, k), dtype=FP8, device=device),
+                   torch.empty((alloc,), dtype=torch.float32, device=device), dtype, rows)
 
 
 def scaled_mm_ok(n: int, k: int) -> bool:
@@ -125,13 +144,14 @@ def fp8_gemm(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, bias: torch.Tensor
              settings: KernelSettings = DEFAULT_KERNEL_SETTINGS) -> torch.Tensor:
     """CUDA: x [M, K] (bf16/fp16) @ dequant(weight [N, K] e4m3, w_scale [N]).T (+ bias) -> [M, N] in x's dtype,
     x quantized per token first (unless it comes quantized: Fp8Rows), the product by torch._scaled_mm with
-    row-wise scales."""
+    row-wise scales, over the rows padded as `gemm_rows` says."""
     if isinstance(x, Fp8Rows):
-        xq, xs, dtype = x.q, x.scale, x.dtype
+        xq, xs, dtype, rows = x.q, x.scale, x.dtype, x.q.shape[0] if x.rows is None else x.rows
     else:
-        xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings)
-        dtype = x.dtype
+        rows, dtype = x.shape[0], x.dtype
+        xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings, alloc_rows=gemm_rows(rows))
     out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=dtype)
+    out = out[:rows]  # a padding row's product is its own output row only: dropped
     return out if bias is None else out + bias
 
 
