@@ -183,6 +183,7 @@ def test_triton_backend_plans_decode_splits_with_its_pools_entry(monkeypatch, dt
     kind = da.pool_kind(dtype)
     backend = TritonBackend(kv_pool=KVPool(64, 1, 1, 2, 16, dtype, DEV), req_to_token=ReqToTokenPool(2, 32, DEV),
                             num_q_heads=4, num_kv_heads=2, head_dim=16)
+    backend.num_sms = 8  # the CPU's stand-in on a GPU too: a GPU's 132 SMs put both counts at max_splits
     fb = SimpleNamespace(mode=ForwardMode.DECODE, batch_size=4)
     backend.init_forward_metadata(fb)
     plain = fb.attn_metadata
