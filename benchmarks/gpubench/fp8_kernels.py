@@ -129,7 +129,6 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
     for m in GEMM_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
-        pq, ps = quantize_rows(x, alloc_rows=gemm_rows(m))
         row = _time_variants({
             "bf16_linear": lambda i: F.linear(x, weights[i % copies]),
             "fp8_gemm": lambda i: fp8_gemm(x, quantized[i % copies][0], None, quantized[i % copies][1]),

@@ -88,8 +88,9 @@ ONE_PASS_MAX_K = 16384  # rows up to this wide are held in registers (8 warps: 6
 
 
 # torch._scaled_mm's row-wise kernel (Hopper) runs a batch whose row count is a multiple of this faster than one
-# of fewer rows that is not: 400 rows took 1.4x as long as 512, 912 rows 1.3x as long as 1,024 (BENCHMARKS.md,
-# session 32). So the FP8 GEMM's quantized input gets padding rows up to the next multiple (`gemm_rows`).
+# of fewer rows that is not (H100, gate_up: 400 rows took 1.4x as long as 512, 912 rows 1.2x as long as 1,024;
+# BENCHMARKS.md, session 32). So the FP8 GEMM's quantized input gets padding rows up to the next multiple
+# (`gemm_rows`). Measured on Hopper only; elsewhere the padding may only cost its rows.
 GEMM_ROW_TILE = 128
 
 
@@ -120,7 +121,8 @@ def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SET
 class Fp8Rows:
     """Activations already quantized per row by the kernel that made them (kernels/norm_act.py): q [R, K]
     e4m3 and scale [R] float32, as `quantize_rows` gives them, and `dtype`, the GEMM output's dtype. The first
-    `rows` rows are the activations (None: all R); any after them are the GEMM's padding, never written."""
+    `rows` rows are the activations (None: all R); any after them are the GEMM's padding, never written
+    (`empty_rows` makes them: give `rows` whenever q has padding, or the GEMM returns R rows)."""
 
     q: torch.Tensor
     scale: torch.Tensor
