@@ -130,7 +130,7 @@ def test_fp8_engine_with_quantizing_norms_gives_the_same_bits(monkeypatch):
     x = torch.randn(5, 64, device=DEV).to(torch.bfloat16)
     w, ws = quantize_rows_torch(torch.randn(32, 64, device=DEV))
     q, s = quantize_rows(x)
-    assert torch.equal(fp8_gemm(Fp8Rows(q, s, x.dtype), w, None, ws), fp8_gemm(x, w, None, ws))
+    assert torch.equal(fp8_gemm(Fp8Rows(q, s, x.dtype, len(x)), w, None, ws), fp8_gemm(x, w, None, ws))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     cfg = os.path.join(root, "benchmarks", "configs", "smollm2-135m.json")
     tok = os.environ.get("RADIXFLOW_TOKENIZER") or resolve_model(None).path
@@ -206,20 +206,20 @@ def test_every_fp8_gemv_config_matches_the_reference(k):
 def test_fp8_gemm_over_padded_rows_equals_the_unpadded_product(m):
     """fp8_gemm pads the rows to a multiple of 128 (gemm_rows): its output has m rows, each the unpadded
     product's (garbage in the padding rows stays there), whether x comes as a tensor or as Fp8Rows."""
-    from radixflow.kernels.fp8 import Fp8Rows, empty_rows, fp8_gemm
+    from radixflow.kernels.fp8 import empty_rows, fp8_gemm
 
     x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
     wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
     q, s = quantize_rows(x)
     plain = torch._scaled_mm(q, wq.t(), scale_a=s.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=x.dtype)
     rows = empty_rows(m, 512, x.dtype, DEV)
+    assert rows.rows == m and rows.q.shape[0] > m  # padded: m is no multiple of 128
     rows.q.view(torch.uint8).fill_(0x7F)  # NaN in e4m3 in every padding row
     rows.scale.fill_(float("inf"))
     rows.q[:m], rows.scale[:m] = q, s
     for got in (fp8_gemm(x, wq, None, ws), fp8_gemm(rows, wq, None, ws)):
         assert got.shape == (m, 256) and torch.isfinite(got).all()
         torch.testing.assert_close(got, plain, rtol=1e-2, atol=1e-2)
-    assert isinstance(rows, Fp8Rows) and rows.q.shape[0] > m
 
 
 @pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")

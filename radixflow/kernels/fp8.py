@@ -121,13 +121,12 @@ def quantize_rows(x: torch.Tensor, settings: KernelSettings = DEFAULT_KERNEL_SET
 class Fp8Rows:
     """Activations already quantized per row by the kernel that made them (kernels/norm_act.py): q [R, K]
     e4m3 and scale [R] float32, as `quantize_rows` gives them, and `dtype`, the GEMM output's dtype. The first
-    `rows` rows are the activations (None: all R); any after them are the GEMM's padding, never written
-    (`empty_rows` makes them: give `rows` whenever q has padding, or the GEMM returns R rows)."""
+    `rows` rows are the activations; any after them are the GEMM's padding, never written (`empty_rows`)."""
 
     q: torch.Tensor
     scale: torch.Tensor
     dtype: torch.dtype
-    rows: int | None = None
+    rows: int
 
 
 def empty_rows(rows: int, k: int, dtype: torch.dtype, device) -> Fp8Rows:
@@ -148,7 +147,7 @@ def fp8_gemm(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, bias: torch.Tensor
     x quantized per token first (unless it comes quantized: Fp8Rows), the product by torch._scaled_mm with
     row-wise scales, over the rows padded as `gemm_rows` says."""
     if isinstance(x, Fp8Rows):
-        xq, xs, dtype, rows = x.q, x.scale, x.dtype, x.q.shape[0] if x.rows is None else x.rows
+        xq, xs, dtype, rows = x.q, x.scale, x.dtype, x.rows
     else:
         rows, dtype = x.shape[0], x.dtype
         xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings, alloc_rows=gemm_rows(rows))
