@@ -24,7 +24,7 @@ from typing import Callable, Optional, Union
 from radixflow.errors import RadixflowError
 from radixflow.runtime.programs.choice_scoring import score_choices
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
-from radixflow.runtime.programs.program_meta import request_facts, request_meta, run_meta
+from radixflow.runtime.programs.program_meta import request_facts, request_meta, run_meta, segment_tokens
 from radixflow.runtime.programs.program_ops import Op, joined_names, parse_program
 from radixflow.runtime.programs.program_stream import OnDelta, StrandStream
 from radixflow.runtime.programs.program_runs import DONE, GEN, JOIN, RUNNABLE, SAMPLES, SELECT, ProgramRun, Strand, Wakeups
@@ -128,7 +128,7 @@ class ProgramExecutor:
         return False
 
     def _finish_gen(self, st: Strand, req: Req, op: Op) -> None:
-        seg = req.output_ids[req.segment_start :]
+        seg, counts = req.output_ids[req.segment_start :], segment_tokens(req)  # the counts before the trim below
         lp, n = st.logprobs, len(seg)
         sp = req.sampling
         text, kept = gen_piece(self.tokenizer, seg, req.finish_reason, sp.skip_special_tokens, sp.no_stop_trim)
@@ -137,8 +137,7 @@ class ProgramExecutor:
             self.scheduler.rewind(req, req.segment_start + same)
         req.output_ids.extend(kept[same:])
         meta = {
-            "prompt_tokens": len(req.origin_input_ids) + req.segment_start,
-            "completion_tokens": len(seg),
+            **counts,
             "cached_tokens": req.cached_tokens if req.segment_start == 0 else req.seq_len - len(kept),
             "finish_reason": req.finish_reason,
             **request_facts(req),

@@ -18,9 +18,15 @@ def metas(result: dict) -> list:
 
 
 def request_meta(req: Req) -> dict:
-    """meta_info of one request of a graph: its token counts and why it finished."""
-    return {"prompt_tokens": len(req.origin_input_ids), "completion_tokens": len(req.output_ids),
-            "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason, **request_facts(req)}  # fmt: skip
+    """meta_info of one request of a graph (a sample of a gen with n > 1): its token counts and why it finished."""
+    return {**segment_tokens(req), "cached_tokens": req.cached_tokens, "finish_reason": req.finish_reason,
+            **request_facts(req)}  # fmt: skip
+
+
+def segment_tokens(req: Req) -> dict:
+    """A gen's token counts: its prompt (a continued gen's holds the segments before its own) and its outputs."""
+    return {"prompt_tokens": len(req.origin_input_ids) + req.segment_start,
+            "completion_tokens": len(req.output_ids) - req.segment_start}
 
 
 def request_facts(req: Req) -> dict:

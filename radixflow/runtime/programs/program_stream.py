@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from radixflow.runtime.incremental_text import StreamText
 from radixflow.runtime.programs.gen_logprobs import GenLogprobs
+from radixflow.runtime.programs.program_meta import segment_tokens
 from radixflow.runtime.scheduling.req import Req
 
 OnDelta = Callable[[Optional[str], str, Optional[dict]], None]  # (variable or None, text, chunk meta_info or None)
@@ -52,8 +53,7 @@ class StrandStream:
 
 def running_meta(req: Req) -> dict:
     """A running gen's stream chunk meta_info without logprobs: its request and token counts so far."""
-    return {"id": req.rid, "prompt_tokens": len(req.origin_input_ids) + req.segment_start,
-            "completion_tokens": len(req.output_ids) - req.segment_start}  # fmt: skip
+    return {"id": req.rid, **segment_tokens(req)}
 
 
 def delta_event(var: Optional[str], text: str, meta: Optional[dict]) -> dict:
