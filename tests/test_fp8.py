@@ -23,6 +23,7 @@ from radixflow import Engine  # noqa: E402
 from radixflow.kernels import reference as ref  # noqa: E402
 from radixflow.kernels.fp8 import FP8, dequantize, quantize_rows, quantize_rows_torch  # noqa: E402
 from radixflow.kernels.gemv import gemv  # noqa: E402
+from radixflow.kernels.settings import KernelSettings  # noqa: E402
 
 DEV = "cuda" if torch.cuda.is_available() else "cpu"
 GEMV_TINY = {"block_n": 16, "block_k": 32, "num_warps": 4, "stages": 3}
@@ -224,14 +225,18 @@ def test_fp8_gemm_over_padded_rows_equals_the_unpadded_product(m):
 
 @pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
 @pytest.mark.parametrize("m", [1, 64, 300])
-def test_fp8_gemm_matches_reference(m):
+@pytest.mark.parametrize("fast_accum", [False, True])
+def test_fp8_gemm_matches_reference(m, fast_accum):
+    """Both accumulations (KernelSettings.fp8_fast_accum) give the reference's product, at a long K (4,096, as
+    Llama-3-8B's), where fast accumulation's partial sums are longest."""
     from radixflow.kernels.fp8 import fp8_gemm
 
-    x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
-    wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
+    x = torch.randn(m, 4096, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(256, 4096, device=DEV) * 0.02)
     b = torch.randn(256, device=DEV).to(torch.bfloat16)
     want = ref.fp8_linear_ref(x, wq, ws, b)
-    torch.testing.assert_close(fp8_gemm(x, wq, b, ws), want, rtol=2e-2, atol=5e-2)
+    got = fp8_gemm(x, wq, b, ws, KernelSettings(fp8_fast_accum=fast_accum))
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=5e-2)
 
 
 # -- checkpoints and the engine ---------------------------------------------------------------

@@ -18,10 +18,10 @@ def test_server_args_derive_the_settings():
     assert ServerArgs().kernel_settings() == DEFAULT_KERNEL_SETTINGS
     s = ServerArgs(disable_pdl=True, pdl_late_trigger=True, attention_p_parts=1, disable_fused_kernels=True,
                    fused_rotary_max_batch=4, bf16_residual=True, disable_triton_sampling=True, fp8_weight_only=True,
-                   native_attention_dtype="float64").kernel_settings()
+                   disable_fp8_fast_accum=True, native_attention_dtype="float64").kernel_settings()
     assert s == KernelSettings(pdl=False, pdl_early_trigger=False, attention_p_parts=1, fused_kernels=False,
                                fused_rotary_max_batch=4, fp32_residual=False, triton_sampling=False,
-                               fp8_activations=False, native_attention_dtype="float64")
+                               fp8_activations=False, fp8_fast_accum=False, native_attention_dtype="float64")
     det = ServerArgs(enable_deterministic_inference=True).kernel_settings()
     assert det.batch_invariant and det.fused_rotary_max_batch == 0  # one rotary kernel at every batch size
     with pytest.raises(dataclasses.FrozenInstanceError):

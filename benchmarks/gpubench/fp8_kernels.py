@@ -4,7 +4,8 @@
   configs below, FP8 weights and bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
-  then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs).
+  then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs); the product's
+  error with exact and with fast accumulation (`_accum_errors`).
 - GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
   with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.
@@ -140,10 +141,25 @@ def _gemm_rates(name: str, n: int, k: int) -> dict:
                                                                out_dtype=torch.bfloat16),
         }, copies)
         row["quantize_matches_torch"] = _quantize_matches_torch(x)
+        row.update(_accum_errors(x, weights[0], xq, xs, *quantized[0]))
         _add_tflops(row, 2 * m * n * k, ("fp8_gemm", "bf16_linear"))
         out[f"m{m}"] = row
     log(f"gemm {name} {n}x{k}: {out}")
     return out
+
+
+def _accum_errors(x, w, xq, xs, wq, ws) -> dict:
+    """Relative (Frobenius) errors of the row-wise product with exact and with fast accumulation against the same
+    quantized operands multiplied in float64, beside the yardsticks: that float64 product rounded once to bf16, and
+    the quantization's own error (the float64 product of the quantized operands against that of x and w)."""
+    ref = (xq.double() * xs.double()[:, None]) @ (wq.double() * ws.double()[:, None]).t()
+    rel = lambda a, b: round(((a.double() - b).norm() / b.norm()).item(), 7)  # noqa: E731
+    errors = {"exact_accum_rel_err": rel(_scaled_mm(xq, xs, wq, ws), ref),
+              "fast_accum_rel_err": rel(_scaled_mm(xq, xs, wq, ws, fast=True), ref),
+              "bf16_rounding_rel_err": rel(ref.to(torch.bfloat16), ref),
+              "quantization_rel_err": rel(ref, x.double() @ w.double().t())}
+    del ref
+    return errors
 
 
 def fp8_pool(x: dict) -> tuple:

@@ -151,7 +151,8 @@ def fp8_gemm(x: torch.Tensor | Fp8Rows, weight: torch.Tensor, bias: torch.Tensor
     else:
         rows, dtype = x.shape[0], x.dtype
         xq, xs = quantize_rows(x if x.stride(1) == 1 else x.contiguous(), settings, alloc_rows=gemm_rows(rows))
-    out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=dtype)
+    out = torch._scaled_mm(xq, weight.t(), scale_a=xs.view(-1, 1), scale_b=w_scale.view(1, -1), out_dtype=dtype,
+                           use_fast_accum=settings.fp8_fast_accum)
     out = out[:rows]  # a padding row's product is its own output row only: dropped
     return out if bias is None else out + bias
 

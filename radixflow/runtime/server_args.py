@@ -142,6 +142,8 @@ _HELP = {
     "disable_triton_sampling": "draw sampled tokens with torch's sort-based path instead of the Triton kernel",
     "fp8_weight_only": "FP8 weights: dequantize them for the GEMM instead of quantizing activations per token "
     "(slow; separates the two errors)",
+    "disable_fp8_fast_accum": "FP8 GEMMs: promote partial sums to float32 instead of Hopper's fast FP8 "
+    "accumulation (slower; the error fast accumulation adds to a product is under a tenth of e4m3's own)",
     "native_attention_dtype": "what the torch_native attention backend computes in (float64: exact attention, "
     "a yardstick)",
     "tp_scheduler": "tensor parallelism: replicated = every rank runs the same scheduler on the same inputs (rank 0 "
@@ -201,6 +203,7 @@ class ServerArgs:
     bf16_residual: bool = False
     disable_triton_sampling: bool = False
     fp8_weight_only: bool = False
+    disable_fp8_fast_accum: bool = False
     native_attention_dtype: str = "float32"
 
     # constrained decoding
@@ -304,6 +307,7 @@ class ServerArgs:
             fp32_residual=not self.bf16_residual,
             triton_sampling=not self.disable_triton_sampling,
             fp8_activations=not self.fp8_weight_only,
+            fp8_fast_accum=not self.disable_fp8_fast_accum,
             batch_invariant=det,
             native_attention_dtype=self.native_attention_dtype,
         )
