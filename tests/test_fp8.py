@@ -206,13 +206,15 @@ def test_every_fp8_gemv_config_matches_the_reference(k):
 @pytest.mark.parametrize("m", [129, 300, 544])
 def test_fp8_gemm_over_padded_rows_equals_the_unpadded_product(m):
     """fp8_gemm pads the rows to a multiple of 128 (gemm_rows): its output has m rows, each the unpadded
-    product's (garbage in the padding rows stays there), whether x comes as a tensor or as Fp8Rows."""
+    product's with the same accumulation (garbage in the padding rows stays there), whether x comes as a tensor
+    or as Fp8Rows."""
     from radixflow.kernels.fp8 import empty_rows, fp8_gemm
 
     x = torch.randn(m, 512, device=DEV).to(torch.bfloat16)
     wq, ws = quantize_rows_torch(torch.randn(256, 512, device=DEV))
     q, s = quantize_rows(x)
-    plain = torch._scaled_mm(q, wq.t(), scale_a=s.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=x.dtype)
+    plain = torch._scaled_mm(q, wq.t(), scale_a=s.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=x.dtype,
+                             use_fast_accum=KernelSettings().fp8_fast_accum)
     rows = empty_rows(m, 512, x.dtype, DEV)
     assert rows.rows == m and rows.q.shape[0] > m  # padded: m is no multiple of 128
     rows.q.view(torch.uint8).fill_(0x7F)  # NaN in e4m3 in every padding row
