@@ -51,6 +51,19 @@ def test_a_grammar_on_the_whole_output_leaves_it_outside_a_block_the_prompt_open
     assert msg["reasoning_content"] and msg["content"][:1].isupper() and "</think>" not in msg["content"]
 
 
+def test_an_empty_thinking_block_has_no_reasoning_content_whole_or_streamed(server):
+    """`<think></think>` then the answer: reasoning_content null in the whole response, as its stream sends no
+    reasoning_content delta (the whole response said "" before: the two disagreed)."""
+    regex = "<think></think>[A-Z][a-z]{2,8}"
+    want = _chat(server, regex=regex)["choices"][0]["message"]
+    assert want["reasoning_content"] is None and want["content"][:1].isupper() and "<think>" not in want["content"]
+    body = {"model": "default", "messages": MESSAGES, "max_tokens": 60, "temperature": 0, "regex": regex, "stream": True}
+    with server.client() as c, c.stream("POST", "/v1/chat/completions", json=body) as r:
+        deltas = [e["choices"][0]["delta"] for e in sse_events(r.iter_lines())[:-1]]
+    assert not any("reasoning_content" in d for d in deltas)
+    assert "".join(d.get("content") or "" for d in deltas) == want["content"]
+
+
 @pytest.mark.parametrize("stream_reasoning", [True, False])
 def test_chat_stream_sends_reasoning_deltas(server, stream_reasoning):
     want = _chat(server)["choices"][0]["message"]

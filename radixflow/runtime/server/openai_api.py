@@ -120,7 +120,7 @@ def _choice(tm: TokenizerManager, call: Call, i: int, r: dict, parts: Optional[S
     lp = {"content": _chat_logprobs(tm, meta, 0)} if call.logprobs else None
     text, thinking = r["text"], None
     if parts is not None:
-        text, thinking = parts.content, (parts.reasoning if parts.block != "none" else None)
+        text, thinking = parts.content, parts.reasoning or None  # an empty block has none, as its stream sends none
     msg = {"role": "assistant", "content": text, "reasoning_content": thinking, "tool_calls": None}
     fields = _finish_fields(meta)
     if call.tools:
