@@ -236,7 +236,10 @@ def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
     torch._scaled_mm over the rows as they are (named as in _gemm_rates); over the rows padded as the engine pads
     them (kernels/fp8.gemm_rows, the padded product's extra rows dropped); with fast accumulation; swapped (weight
     as the left operand, out.T = W @ x.T, so the batch is the product's inner tile dimension, then transposed
-    back with a copy, counted); and bf16 F.linear of the same shape. Does the row-wise kernel pay for 128-row
+    back with a copy, counted); padded with fast accumulation (the engine's product since session 33); cuBLAS's
+    one-scale-per-tensor product with fast accumulation (scales 1), alone and with the row and column scales applied
+    after it by two elementwise multiplies (could a kernel that reads the output apply them?); and bf16 F.linear of
+    the same shape. Does the row-wise kernel pay for 128-row
     tiles, as the offline steps' fit suggests, and does a swapped product avoid it?"""
     import torch.nn.functional as F
 
@@ -244,7 +247,7 @@ def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
 
     weights, quantized = _gemm_weights(n, k)
     copies = len(weights)
-    out = {}
+    out, one = {}, torch.ones((), device="cuda")
     for m in GEMM_SWEEP_MS:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         xq, xs = quantize_rows(x)
@@ -254,15 +257,28 @@ def _gemm_m_sweep(name: str, n: int, k: int) -> dict:
             wq, ws = quantized[i % copies]
             return _scaled_mm(wq, ws, xq, xs).t().contiguous()
 
+        def tensorwise(i: int, rescale: bool) -> torch.Tensor:
+            wq, ws = quantized[i % copies]
+            out = torch._scaled_mm(xq, wq.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True)
+            return out.mul_(xs[:, None]).mul_(ws[None, :]) if rescale else out
+
         variants = {"scaled_mm_only": lambda i: _scaled_mm(xq, xs, *quantized[i % copies]),
                     "scaled_mm_padded": lambda i: _scaled_mm(pq, ps, *quantized[i % copies])[:m],
                     "scaled_mm_fast_accum": lambda i: _scaled_mm(xq, xs, *quantized[i % copies], fast=True),
+                    "scaled_mm_padded_fast": lambda i: _scaled_mm(pq, ps, *quantized[i % copies], fast=True)[:m],
+                    "tensorwise_fast": lambda i: tensorwise(i, False),
+                    "tensorwise_fast_rescaled": lambda i: tensorwise(i, True),
                     "scaled_mm_swapped": swapped, "bf16_linear": lambda i: F.linear(x, weights[i % copies])}
         row = _time_variants(variants, copies)
+        if all(isinstance(row[label], float) for label in ("scaled_mm_padded_fast", "tensorwise_fast_rescaled")):
+            want = variants["scaled_mm_padded_fast"](0).float()  # the engine's product: the rescaled one's yardstick
+            row["rescaled_max_rel_diff"] = ((variants["tensorwise_fast_rescaled"](0).float() - want).abs().max()
+                                            / want.abs().max()).item()
         if all(isinstance(row[label], float) for label in ("scaled_mm_only", "scaled_mm_swapped")):
             ref = variants["scaled_mm_only"](0).float()  # the same product up to the order of accumulation
             row["swapped_max_rel_diff"] = float((swapped(0).float() - ref).abs().max() / ref.abs().max())
-        _add_tflops(row, 2 * m * n * k, ("scaled_mm_only", "scaled_mm_padded", "scaled_mm_swapped", "bf16_linear"))
+        _add_tflops(row, 2 * m * n * k, ("scaled_mm_only", "scaled_mm_padded", "scaled_mm_padded_fast", "tensorwise_fast",
+                                         "tensorwise_fast_rescaled", "scaled_mm_swapped", "bf16_linear"))
         out[f"m{m}"] = row
     log(f"gemm_m {name} {n}x{k}: {out}")
     return out
