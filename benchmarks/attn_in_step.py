@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import gpu_attn_bench as attn  # noqa: E402
 from fp8_attn_bench import fp8_pool_dequantized  # noqa: E402
 from radixflow.kernels.decode_attention import decode_attention, num_kv_splits  # noqa: E402
+from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS  # noqa: E402
 
 LAYERS = 32
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # (N, K)
@@ -45,7 +46,8 @@ def fp8_operands(rows: int) -> dict:
 
 def gemm(op: tuple) -> torch.Tensor:
     a, w, sa, sw = op
-    return torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16)
+    return torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sw, out_dtype=torch.bfloat16,
+                            use_fast_accum=DEFAULT_KERNEL_SETTINGS.fp8_fast_accum)  # as the FP8 linear accumulates
 
 
 def capture(fn) -> torch.cuda.CUDAGraph:

@@ -241,6 +241,24 @@ def test_fp8_gemm_matches_reference(m, fast_accum):
     torch.testing.assert_close(got, want, rtol=2e-2, atol=5e-2)
 
 
+@pytest.mark.skipif(DEV != "cuda", reason="torch._scaled_mm needs a GPU")
+def test_fp8_gemm_accumulates_as_its_settings_say():
+    """fp8_gemm's product is torch._scaled_mm's with the accumulation KernelSettings.fp8_fast_accum names, bit for
+    bit, and the two accumulations differ at K = 4,096: a flag the GEMM ignored would fail one of the checks."""
+    from radixflow.kernels.fp8 import fp8_gemm
+
+    x = torch.randn(64, 4096, device=DEV).to(torch.bfloat16)
+    wq, ws = quantize_rows_torch(torch.randn(256, 4096, device=DEV) * 0.02)
+    q, s = quantize_rows(x)
+    outs = {}
+    for fast in (True, False):
+        outs[fast] = fp8_gemm(x, wq, None, ws, KernelSettings(fp8_fast_accum=fast))
+        plain = torch._scaled_mm(q, wq.t(), scale_a=s.view(-1, 1), scale_b=ws.view(1, -1), out_dtype=x.dtype,
+                                 use_fast_accum=fast)
+        assert torch.equal(outs[fast], plain), fast
+    assert not torch.equal(outs[True], outs[False])
+
+
 # -- checkpoints and the engine ---------------------------------------------------------------
 TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False)

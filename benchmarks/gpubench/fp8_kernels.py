@@ -4,8 +4,10 @@
   configs below, FP8 weights and bf16 weights of the same shape, each call after an RMSNorm in a CUDA graph as the chooser times it;
   TB/s of the weight bytes (the RMSNorm's few microseconds included, so a slight understatement).
 - GEMM at decode batches 256 / 544 / 1,024: bf16 F.linear against the FP8 GEMM (per-token quantization,
-  then torch._scaled_mm), and each of its two parts alone (us each; TFLOP/s of the two GEMMs); the product's
-  error with exact and with fast accumulation (`_accum_errors`).
+  then torch._scaled_mm as the engine runs it), and each of its two parts alone (us each; TFLOP/s of the two GEMMs);
+  the product's error with exact and with fast accumulation (`_accum_errors`, random operands at these shapes).
+  Labels: `scaled_mm_only` / `scaled_mm_padded` accumulate in float32 (the engine's product before session 33,
+  the labels kept so runs compare), `scaled_mm_fast_accum` / `scaled_mm_padded_fast` fast (the engine's since).
 - GEMM across decode batches 384-1,024 (part gemm_m): the row-wise product alone, with fast accumulation,
   with the operands swapped, and bf16 F.linear: where the row-wise kernel's 128-row tiles cost.
 - The activation quantization alone, at both widths and the same M, checked against torch's bits.

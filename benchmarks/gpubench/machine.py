@@ -51,11 +51,15 @@ def read_bandwidth() -> dict:
 
 
 def _fp8_matmul_rate() -> float:
-    """e4m3 FLOP/s of an 8192^3 torch._scaled_mm with row-wise scales and bf16 output (the FP8 linear's GEMM)."""
+    """e4m3 FLOP/s of an 8192^3 torch._scaled_mm with row-wise scales and bf16 output, accumulated as the FP8
+    linear's GEMM is (KernelSettings.fp8_fast_accum: fast since session 33, float32 partial sums before)."""
+    from radixflow.kernels.settings import DEFAULT_KERNEL_SETTINGS
+
     a = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
     b = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
     sa, sb = torch.ones(8192, 1, device="cuda"), torch.ones(1, 8192, device="cuda")
-    mm = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)  # noqa: E731
+    mm = lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,  # noqa: E731
+                                  use_fast_accum=DEFAULT_KERNEL_SETTINGS.fp8_fast_accum)
     for _ in range(3):
         mm()
     return 2 * 8192**3 / cuda_time(mm, 10)

@@ -47,8 +47,9 @@ class KernelSettings:
     # themselves (kernels/norm_act.py), the same bits as quantizing their bf16 output in a kernel of its own.
     fp8_fused_quantize: bool = True
     # FP8 GEMMs (torch._scaled_mm) use Hopper's fast FP8 accumulation, as vLLM's and SGLang's CUTLASS FP8 kernels
-    # do (False: partial sums promoted to float32). On an H100 it adds 0.13-0.29% relative error to a Llama-3-8B
-    # linear's product, beside e4m3's own 3.7%, and made the offline workload 1.05x faster (BENCHMARKS.md).
+    # do (False: partial sums promoted to float32). On an H100 it adds 0.13-0.29% relative error to the product at
+    # Llama-3-8B's linear shapes (random operands), beside e4m3's own 3.7%, and made the offline workload 1.05x
+    # faster (BENCHMARKS.md).
     fp8_fast_accum: bool = True
     # Deterministic inference: a request's results do not depend on what it is batched with.
     batch_invariant: bool = False
