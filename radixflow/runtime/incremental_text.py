@@ -49,11 +49,14 @@ class StreamText:
     decoded: IncrementalText = field(init=False)
 
     def __post_init__(self):
+        self._decode_from_start()
+
+    def _decode_from_start(self) -> None:
         self.decoded = IncrementalText(surr=self.start, read=self.start)
 
     def shown(self, tokenizer, ids: list, restart: bool = False) -> str:
         if restart:
-            self.__post_init__()
+            self._decode_from_start()
         text = self.decoded.update(tokenizer, ids, self.skip_special_tokens)
         return text[: len(text) - partial_stop_len(text, self.cut_strs)]
 

@@ -71,7 +71,7 @@ def parse_stop_regex(value: Any) -> Optional[StopPatterns]:
         if shortest == 0:  # it matches the empty text, or an empty place in any text (\b, (?=a))
             raise RadixflowError(f"stop_regex {t!r} matches the empty text, so it would stop at once; make it match at least one character")
         patterns.append(p)
-        asserts.append(_holds(parsed, _ASSERTIONS))
+        asserts.append(_has_assertion(parsed))
         width = max(width, longest)
     if width <= TAIL_WIDTH:
         return StopPatterns(tuple(patterns), width)
@@ -108,14 +108,14 @@ def _nested_repeats(items, inside: bool = False) -> bool:
 _ASSERTIONS = (_sre_c.AT, _sre_c.ASSERT, _sre_c.ASSERT_NOT, _sre_c.GROUPREF, _sre_c.GROUPREF_EXISTS)
 
 
-def _holds(items, ops: tuple) -> bool:
-    """Whether a parsed pattern holds one of `ops` anywhere, nested groups, branches and repeats included."""
+def _has_assertion(items) -> bool:
+    """Whether a parsed pattern holds one of _ASSERTIONS anywhere, nested groups, branches and repeats included."""
     for op, av in items:
-        if op in ops:
+        if op in _ASSERTIONS:
             return True
         for part in av if isinstance(av, (list, tuple)) else ():
             nested = part if isinstance(part, (list, tuple)) else (part,)
-            if any(isinstance(x, _sre_parse.SubPattern) and _holds(x, ops) for x in nested):
+            if any(isinstance(x, _sre_parse.SubPattern) and _has_assertion(x) for x in nested):
                 return True
     return False
 
