@@ -216,3 +216,32 @@ def test_the_cpus_threshold_defers_a_short_shared_tail_the_gpus_computes_twice()
     prompts = [(context + b, 4) for b in branches]
     assert _admitted([], prompts, 32) == [("r0", 10), ("r1", 10)]
     assert _admitted([], prompts, 4) == [("r0", 10)]
+
+
+class _Sched(SimpleNamespace):
+    @property
+    def num_running(self) -> int:  # as Scheduler.num_running: a chunked request counts
+        return len(self.running) + (self.chunked is not None)
+
+
+def test_a_chunked_request_finishing_its_prefill_counts_against_max_running_requests():
+    """The pass that ends a chunked prefill no longer holds the request as `chunked`, and the request
+    is not running yet: it is in the batch. Admission must count it, or one request more than
+    max_running_requests runs (and, on the GPU, its batch has no CUDA graph: graphs go up to the cap)."""
+    alloc = PageAllocator(200, 1)
+    tree = RadixCache(alloc, 1)
+    kv = KVManager(SimpleNamespace(allocator=alloc, page_size=1), ReqToTokenPool(8, 128, "cpu"), tree)
+    long = Req("long", list(range(100, 120)), SamplingParams(max_new_tokens=1), arrival_seq=0)
+    short = [Req(f"s{i}", list(range(200 + 10 * i, 204 + 10 * i)), SamplingParams(max_new_tokens=1), arrival_seq=1 + i)
+             for i in range(2)]  # fmt: skip
+    args = SimpleNamespace(chunked_prefill_size=16, max_prefill_tokens=4096, schedule_policy="fcfs",
+                           max_running_requests=2, page_size=1, resolve_in_batch_threshold=lambda device: 32)  # fmt: skip
+    sched = _Sched(args=args, waiting=[long, *short], running=[], chunked=None, tree=tree, kv=kv, device="cpu",
+                   stats=SchedulerStats(), new_token_ratio=0.0, reserve=KVReserve())  # fmt: skip
+
+    assert admission.form_extend_batch(sched) == [(long, 16)] and sched.chunked is long
+    long.kv_len += 16  # the pass ran
+    batch = admission.form_extend_batch(sched)
+
+    assert batch == [(long, 4), (short[0], 4)] and sched.chunked is None
+    assert sched.waiting == [short[1]]

@@ -62,7 +62,7 @@ def form_extend_batch(sched: Scheduler) -> list[tuple[Req, int]]:
     gate = admission_gate(sched, batch)
     admitted = set()
     for req, match in ordered_waiting(sched):
-        if sched.num_running + len(admitted) >= sched.args.max_running_requests or budget <= 0:
+        if sched.num_running + len(batch) >= sched.args.max_running_requests or budget <= 0:  # batch: a finished chunk too
             break
         if match is None or not sched.tree.is_attached(match.node):  # an earlier alloc may have evicted it
             match = sched.kv.match_waiting(req, match_limit(req))
