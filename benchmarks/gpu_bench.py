@@ -76,6 +76,8 @@ runs in a variant's engine when named section@variant: bf16 (default), fp8 (FP8 
 (FP8 KV cache), fp8kv8 (both), nofold / fp8nofold (--disable-gemv-epilogue: the norm weights not folded), ratio /
 fp8kv8ratio (--admission-rule ratio: SGLang's admission estimate, the rule before the peak rule), fp8exact /
 fp8kv8exact (--disable-fp8-fast-accum: the FP8 GEMMs' partial sums in float32, the default before session 33),
+fp8kv8r512 (FP8 weights + FP8 KV with --max-running-requests 512: every decode batch within one wave of the
+row-wise FP8 GEMM's tiles for o_proj and down; a variant's settings replace --max-running's),
 e.g. --sections ceilings,bs1,bs1@fp8,offline,offline@fp8. Results go to
 OUT/results.json and OUT/bench.log; a table is printed last.
 
@@ -147,7 +149,8 @@ VARIANTS = {"bf16": {}, "fp8": {"quantization": "fp8"}, "kv8": {"kv_cache_dtype"
                            "kernel_settings": {"fp8_fused_quantize": False}},
             "fp8nofq": {"quantization": "fp8", "kernel_settings": {"fp8_fused_quantize": False}},
             "fp8exact": {"quantization": "fp8", "disable_fp8_fast_accum": True},
-            "fp8kv8exact": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "disable_fp8_fast_accum": True}}
+            "fp8kv8exact": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "disable_fp8_fast_accum": True},
+            "fp8kv8r512": {"quantization": "fp8", "kv_cache_dtype": "fp8_e4m3", "max_running_requests": 512}}
 NEEDS_BENCH_ENGINE = {"bs1", "offline_1k", "offline", "offline_arms", "offline_decode_ab", "offline_flash_ab", "offline_pdl_ab", "offline_residual_ab", "offline_p_parts_ab", "shared", "idle", "prefill", "decode_bs1", "sampled_bs1",
                       "gemv_configs", "gemv_config_search", "step_profile", "decode_graphs", "decode_sweep", "prefill_profile", "memory",
                       "logprob_peak"}
@@ -231,7 +234,7 @@ def main() -> None:
         OPTS.variant_kw = VARIANTS[variant]
         if uses_bench and OPTS.bench_engine is None:
             free()  # earlier sections' memory back to the driver before the KV pool is sized
-            OPTS.bench_engine = make_engine("llama3-8b", **OPTS.bench_kw, **OPTS.variant_kw)
+            OPTS.bench_engine = make_engine("llama3-8b", **{**OPTS.bench_kw, **OPTS.variant_kw})
             OPTS.bench_variant = variant
         OPTS.section_key = key
         t = time.perf_counter()
