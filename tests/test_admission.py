@@ -245,3 +245,25 @@ def test_a_chunked_request_finishing_its_prefill_counts_against_max_running_requ
 
     assert batch == [(long, 4), (short[0], 4)] and sched.chunked is None
     assert sched.waiting == [short[1]]
+
+
+def test_the_engine_never_runs_more_requests_than_max_running_requests_with_chunked_prefill(engine):
+    """End to end on the default model: prompts cut into 16-token chunks, at most 2 running. Before the fix the
+    step after a chunked prefill ended ran 3."""
+    sched, seen = engine.scheduler, []
+    saved = (sched.args.max_running_requests, sched.args.chunked_prefill_size, sched.step)
+
+    def step():
+        out = saved[2]()
+        seen.append(len(sched.running))
+        return out
+
+    sched.args.max_running_requests, sched.args.chunked_prefill_size, sched.step = 2, 16, step
+    try:
+        prompts = [f"A long story about a lighthouse keeper named Mara, part {i}, told slowly. " * 2 for i in range(6)]
+        outs = engine.generate(prompts, {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True})
+    finally:
+        sched.args.max_running_requests, sched.args.chunked_prefill_size = saved[:2]
+        del sched.step  # the instance attribute: the class's step again
+    assert len(outs) == 6 and all(o["meta_info"]["completion_tokens"] == 6 for o in outs)
+    assert max(seen) == 2  # the cap held, and was reached
