@@ -162,7 +162,7 @@ def test_far_from_the_budget_tokens_off_the_path_are_not_searched(backend, engin
     search = backend.impl.search
     calls = []
     find = search.find
-    search.find = lambda m, limit, hints=(): calls.append(limit) or find(m, limit, hints)
+    search.find = lambda m, limit, hints=(), lead=None: calls.append(limit) or find(m, limit, hints, lead)
     try:
         tokens = 0
         for seed in range(3):

@@ -3,6 +3,8 @@ real server (started with --reasoning-parser qwen3, conftest.py) and the DSL on 
 
 from __future__ import annotations
 
+import json
+import re
 
 import pytest
 from test_server_native import sse_events
@@ -37,15 +39,22 @@ def test_chat_without_thinking_has_no_reasoning_content(server):
     assert r["choices"][0]["message"]["reasoning_content"] is None and r["usage"]["reasoning_tokens"] == 0
 
 
-def test_a_grammar_on_the_whole_output_leaves_it_outside_a_block_the_prompt_opened(server):
-    """A prompt that ends with `<think>` (as deepseek-r1's template writes it) puts the output inside the block, but
-    a grammar on the whole output leaves no room for thinking: a required tool call or a schema's JSON came back as
-    reasoning_content with empty content (fuzzing, session 31). Such an output is now the answer."""
+def test_a_grammar_starts_after_the_thinking_block_the_prompt_opened(server):
+    """A prompt that ends with `<think>` (as deepseek-r1's template writes it) puts the output inside the block. A
+    grammar that does not write `</think>` itself starts after the block, as SGLang applies it with
+    --reasoning-parser (before session 34 it covered the whole output, so a forced-thinking model did not think);
+    the budget closes the block in time for the answer. The default model does not end its thinking on its own."""
     opened = MESSAGES + [{"role": "assistant", "content": "<think>"}]
     free = _chat(server, messages=opened, regex=None, max_tokens=5, continue_final_message=True)
     assert free["choices"][0]["message"]["reasoning_content"]  # no grammar: the block the prompt opened
-    msg = _chat(server, messages=opened, regex="[A-Z][a-z]{2,8}", continue_final_message=True)["choices"][0]["message"]
-    assert msg["reasoning_content"] is None and msg["content"][:1].isupper()
+    r = _chat(server, messages=opened, regex="[A-Z][a-z]{2,8}", continue_final_message=True)
+    msg = r["choices"][0]["message"]
+    assert msg["reasoning_content"] and re.fullmatch("[A-Z][a-z]{2,8}", msg["content"])
+    assert r["choices"][0]["finish_reason"] == "length" and r["choices"][0]["grammar_closed"]
+    schema = {"type": "object", "properties": {"fruit": {"type": "string", "maxLength": 12}}, "required": ["fruit"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "fruit", "schema": schema}}
+    msg = _chat(server, messages=opened, regex=None, response_format=fmt, continue_final_message=True)["choices"][0]["message"]
+    assert msg["reasoning_content"] and set(json.loads(msg["content"])) == {"fruit"}
     writes_end = _chat(server, messages=opened, regex="[a-z]{2,8}</think>[A-Z][a-z]{2,8}", continue_final_message=True)
     msg = writes_end["choices"][0]["message"]  # a grammar that closes the block writes the thinking before it
     assert msg["reasoning_content"] and msg["content"][:1].isupper() and "</think>" not in msg["content"]

@@ -38,6 +38,7 @@ bounds the distance to acceptance from above; it is not always the shortest comp
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
@@ -73,6 +74,14 @@ def structural_preferences() -> list:
     return _closers("}]") + [",", ":"] + values + ['"', ',"', ':"', '{"', '["', "{", "["]
 
 
+@dataclass(frozen=True, eq=False)
+class Lead:
+    """A thinking block's end marker as tokens, and the mask where the grammar after the block starts."""
+
+    tokens: tuple
+    mask: np.ndarray
+
+
 class ClosingSearch:
     def __init__(self, info: TokenizerInfo):
         self.eos_ids = list(info.eos_ids)
@@ -87,7 +96,7 @@ class ClosingSearch:
         self.quote_closers = [t for t in self.in_string.tolist() if info.tokenizer.decode([t]).startswith('"')]
         self.whole = _packed(_whole_characters(info.tokenizer, pieces), self.words)
 
-    def find(self, m: LLMatcher, limit: int, hints: tuple = ()) -> Optional[list]:
+    def find(self, m: LLMatcher, limit: int, hints: tuple = (), lead: Optional[Lead] = None) -> Optional[list]:
         r"""Tokens from `m`'s state to an accepting one, at most `limit` of them; None if
         the walk finds none. `m` is left in the state it was in. Where the walk finds none, a second one first
         takes any of the lowest-id allowed tokens after which the output is complete: the preferences lead a regex
@@ -95,21 +104,23 @@ class ClosingSearch:
         30: a streamed request, checked at every token, lost the model's tokens to the old path far from its
         budget). Where that finds none either, a third lets a lone token repeat up to LONE_REPEATS times, not
         REPEATS (`.{60}!`: a count past 32 of single characters; the first walks' shorter paths of longer tokens
-        come first where they exist)."""
+        come first where they exist). `lead`: a thinking block's end marker before its grammar (after_thinking.py:
+        free text shows the walk no progress), which each walk takes first where it ends the block."""
         for close_first, lone in ((False, REPEATS), (True, REPEATS), (True, LONE_REPEATS)):
-            path = self._walk(m, limit, hints, close_first, lone)
+            path = self._walk(m, limit, hints, close_first, lone, lead)
             if path is not None:
                 return path
         return None
 
-    def _walk(self, m: LLMatcher, limit: int, hints: tuple, close_first: bool, lone: int) -> Optional[list]:
-        path: list = []
+    def _walk(self, m: LLMatcher, limit: int, hints: tuple, close_first: bool, lone: int, lead: Optional[Lead]) -> Optional[list]:
+        path: list = self._take_lead(m, lead, limit)
+        begin = len(path)  # where the grammar's own search starts (after a block's end marker)
         walk = _Walk()
         hinted = -1  # the path length at which hints were last tried (once per string opening)
         for _ in range(min(2 * limit + 16, MAX_PICKS)):
             if m.is_accepting() or len(path) >= limit:
                 break
-            if hints and hinted != len(path) and (not path or self.opens_string[path[-1]]):
+            if hints and hinted != len(path) and (len(path) == begin or self.opens_string[path[-1]]):
                 hinted = len(path)
                 sample = self._try_hints(m, hints, limit - len(path))
                 if sample is not None:
@@ -194,6 +205,26 @@ class ClosingSearch:
 
     def _opens(self, m: LLMatcher, before: np.ndarray) -> bool:
         return m.is_accepting() or bool(np.any(self._mask(m) & ~before))
+
+    def lead(self, m: LLMatcher, opening: list, marker: list) -> Optional[Lead]:
+        """A block's end `marker` (tokens) with the mask where the grammar after the block starts: from `m`'s state (a
+        fresh matcher), after the block's `opening` (tokens; none where the output starts inside it) and the marker."""
+        at = m.deep_copy()
+        if at.try_consume_tokens(opening + marker) != len(opening) + len(marker):
+            return None
+        return Lead(tuple(marker), self._mask(at))
+
+    def _take_lead(self, m: LLMatcher, lead: Optional[Lead], limit: int) -> list:
+        """The lead's tokens, consumed on `m`, where they end the thinking block: `m` allows them all and is then where
+        the grammar after the block starts (its mask); else [] and `m` unchanged (an answer that allows the marker's
+        text, a JSON string, must not get it)."""
+        if lead is None or len(lead.tokens) > limit or m.is_accepting():
+            return []
+        done = m.try_consume_tokens(list(lead.tokens))
+        if done == len(lead.tokens) and np.array_equal(self._mask(m), lead.mask):
+            return list(lead.tokens)
+        m.rollback(done)
+        return []
 
     def _try_hints(self, m: LLMatcher, hints: tuple, room: int) -> Optional[list]:
         """The first hint `m` accepts whole and after which it may end or close a string

@@ -33,8 +33,9 @@ import numpy as np
 import torch
 from llguidance import LLMatcher, LLParserLimits
 
+from radixflow.constrained.after_thinking import composed_parts
 from radixflow.constrained.closing_hints import hint_strings
-from radixflow.constrained.closing_path import ClosingSearch
+from radixflow.constrained.closing_path import ClosingSearch, Lead
 from radixflow.constrained.llguidance_text import grammar_text, grammar_text_error
 from radixflow.constrained.llguidance_threads import by_build, executor, max_builds
 from radixflow.constrained.llguidance_tokenizer import ll_tokenizer
@@ -59,6 +60,7 @@ class LLGuidanceGrammar:
     words: int
     closing: Optional[list] = None  # a shortest output found by search (None: none found)
     hints: tuple = ()  # sample strings as token lists, for the closing search (closing_hints.py)
+    lead: Optional[Lead] = None  # a thinking block's end marker, which the closing search takes first (after_thinking.py)
     compile_s: float = 0.0
     build: Optional[Callable[[], LLMatcher]] = None  # builds another matcher of `text` (None: no more builds)
     builds: list = field(default_factory=list)  # independently built matchers of `text`, `compiled` first
@@ -278,10 +280,10 @@ class LLGuidanceMatcher:
         for tail in (path, path[1:], path[2:]):
             if len(tail) <= left and self._completes(tail):
                 if len(tail) > 1 and len(tail) + VERIFY_MARGIN >= left:
-                    shorter = self.search.find(self.m, len(tail) - 1, self.grammar.hints)
+                    shorter = self.search.find(self.m, len(tail) - 1, self.grammar.hints, self.grammar.lead)
                     return list(tail) if shorter is None else shorter
                 return list(tail)
-        return self.search.find(self.m, left, self.grammar.hints)
+        return self.search.find(self.m, left, self.grammar.hints, self.grammar.lead)
 
     def _replay(self, left: int, earlier: int) -> tuple[int, list]:
         """After a failed check: the `earlier` unverified tokens (those before the ones just consumed) checked one at
@@ -342,11 +344,15 @@ class LLGuidanceGrammars:
         m = _built(self.tokenizer, text, self.limits, self.words)
         if m.is_error():
             raise grammar_text_error(kind, spec, m.get_error())
-        encode = self.info.tokenizer.encode
-        hints = tuple(sorted((encode(h, add_special_tokens=False) for h in hint_strings(kind, spec)), key=len))
-        closing = self.search.find(m, MAX_CLOSING_TOKENS, hints)
+        ids = partial(self.info.tokenizer.encode, add_special_tokens=False)
+        parts = composed_parts(kind, spec)
+        own = (parts.kind, parts.spec) if parts else (kind, spec)  # sample strings from the grammar after a block
+        hints = tuple(sorted((ids(h) for h in hint_strings(*own)), key=len))
+        lead = self.search.lead(m, ids(parts.opening), ids(parts.end)) if parts else None
+        closing = self.search.find(m, MAX_CLOSING_TOKENS, hints, lead)
         build = partial(_built, self.tokenizer, text, self.limits, self.words)
-        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, build=build, regex=regex)
+        return LLGuidanceGrammar(kind, text, m, self.words, closing=closing, hints=hints, lead=lead, build=build,
+                                 regex=regex)  # fmt: skip
 
     def matcher(self, grammar: LLGuidanceGrammar, req=None, pool: Optional[Executor] = None) -> LLGuidanceMatcher:
         """`pool`: where the grammar's further builds are made (None: it keeps the builds it has)."""

@@ -26,13 +26,15 @@ def grammar_text(kind: str, spec: Any, options: GrammarOptions) -> str:
     if kind == "regex":
         return LLMatcher.grammar_from_regex(strip_anchors(spec))
     if kind == "ebnf":
-        return LLMatcher.grammar_from_lark(_lark(spec))
+        return LLMatcher.grammar_from_lark(lark_text(spec))
     raise GrammarError(f"unknown grammar kind {kind!r}")
 
 
-def _lark(text: str) -> str:
+def lark_text(text: str) -> str:
+    """An ebnf spec as Lark text (GBNF is converted)."""
     try:
-        return any_to_lark(text) if "::=" in text else text  # GBNF (`root ::= ...`) is converted
+        gbnf = "::=" in text and not text.startswith("{")  # `{`: llguidance's own JSON (after_thinking.py)
+        return any_to_lark(text) if gbnf else text  # GBNF (`root ::= ...`) is converted
     except Exception as e:  # the converter's own parse errors
         raise GrammarError(f"invalid ebnf grammar: {e}") from None
 

@@ -199,22 +199,56 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
                       top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
     grammar = next((str(sp[k]) for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None), None)
     whole = None if tools and tools.choice == "auto" else grammar  # auto: free text (thinking too) before any call
+    thinks = _think_first(tm, g.sampling_params, text, whole)
     return Call("chat", g, _n(body), [text], False, want_lp, usage, continuous, tools if tools and tools.regex else None,
-                _reasoning_plan(tm, body, text, whole))  # fmt: skip
+                _reasoning_plan(tm, body, text, whole, thinks))  # fmt: skip
 
 
-def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar: Optional[str]) -> Optional[ReasoningPlan]:
+def _think_first(tm: TokenizerManager, sp: dict, prompt: str, grammar: Optional[str]) -> bool:
+    """With a --reasoning-parser, a grammar on the whole output (a schema, a regex, a required tool call) starts
+    after the thinking block, as SGLang applies it: `sp`'s grammar becomes the block, then the grammar
+    (constrained/after_thinking.py). Not where the grammar writes the end marker itself (it writes the thinking
+    too), nor for an ebnf grammar on the outlines backend. True where the grammar was so composed."""
+    if not tm.args.reasoning_parser or grammar is None:
+        return False
+    from radixflow.constrained import validate
+    from radixflow.constrained.after_thinking import after_thinking
+    from radixflow.constrained.options import GrammarOptions
+
+    fmt, backend = get_format(tm.args.reasoning_parser), tm.args.grammar_backend
+    kinds = [k for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None]
+    if len(kinds) != 1 or fmt.end in grammar.replace("\\", "") or _special(tm.tokenizer, fmt.end):
+        return False  # several grammars: refused later; a special-token marker: grammars never allow one
+    kind = kinds[0]
+    if not sp[kind] or not (isinstance(sp[kind], str) or (kind == "json_schema" and isinstance(sp[kind], dict))):
+        return False  # a bad value: refused later with the usual message (sampling_params)
+    validate(kind, sp[kind], backend)  # the request's own grammar: an error names it, not the composition
+    options = GrammarOptions(tm.args.constrained_json_whitespace_pattern or None, tm.args.constrained_json_any_depth)
+    new_kind, spec = after_thinking(kind, sp[kind], fmt.start, fmt.end, prompt_forces(fmt, prompt), backend, options)
+    if spec is sp[kind]:
+        return False
+    del sp[kind]
+    sp[new_kind] = spec
+    return True
+
+
+def _special(tokenizer, text: str) -> bool:
+    return any(i in tokenizer.all_special_ids for i in tokenizer.encode(text, add_special_tokens=False))
+
+
+def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar: Optional[str],
+                    thinks_first: bool) -> Optional[ReasoningPlan]:  # fmt: skip
     """Split the thinking out if the server has a --reasoning-parser and the request does not
     say separate_reasoning: false (SGLang's fields; stream_reasoning: false sends the thinking
-    in one delta once it ends). A grammar on the whole output (a schema, a regex, a required tool
-    call) that never writes the end marker leaves no room for thinking: its output starts inside a
-    block only if it opens one, whatever the format (a deepseek-r1 tool call came back as
-    reasoning_content: fuzzing). One that writes the marker writes the thinking too."""
+    in one delta once it ends). A grammar on the whole output that the thinking block does not come
+    before (`thinks_first`: _think_first) and that never writes the end marker leaves no room for thinking:
+    its output starts inside a block only if it opens one, whatever the format (a deepseek-r1 tool call came
+    back as reasoning_content: fuzzing). One that writes the marker writes the thinking too."""
     separate, stream = flag(body, "separate_reasoning", True), flag(body, "stream_reasoning", True)
     if not tm.args.reasoning_parser or not separate:
         return None
     fmt = get_format(tm.args.reasoning_parser)
-    thinks = grammar is None or fmt.end in grammar
+    thinks = grammar is None or thinks_first or fmt.end in grammar.replace("\\", "")
     return ReasoningPlan(fmt, prompt_forces(fmt, prompt) and thinks, stream)
 
 
