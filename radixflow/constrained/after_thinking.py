@@ -48,7 +48,7 @@ def after_thinking(kind: str, spec: Any, start: str, end: str, inside: bool, bac
                    options: GrammarOptions = GrammarOptions()) -> tuple[str, Any]:  # fmt: skip
     """(kind, spec) of the grammar `kind`/`spec` preceded by a thinking block between `start` and `end`;
     `inside`: the output starts in the block (the prompt opened it). The spec passed its up-front check."""
-    block = free_text_then(end) if inside else f"(?:{''.join(map(_literal, start))}{free_text_then(end)})?"
+    block = free_text_then(end) if inside else f"(?:{_literal_text(start)}{free_text_then(end)})?"
     if kind == "regex":
         return "regex", f"{block}(?:{strip_anchors(spec)})"
     if backend == "outlines" and kind == "ebnf":
@@ -65,7 +65,7 @@ def _main(start: str, end: str, inside: bool) -> dict:
     free = _lark_regex(free_text_then(end))
     if inside:
         return {"name": "main", "lark_grammar": f"start: /{free}/ @answer"}
-    opened = _lark_regex("".join(map(_literal, start))) + free
+    opened = _lark_regex(_literal_text(start)) + free
     return {"name": "main", "lark_grammar": f"start: think? @answer\nthink: /{opened}/"}
 
 
@@ -79,6 +79,15 @@ def _answer(kind: str, spec: Any, options: GrammarOptions) -> dict:
 
 def _literal(c: str) -> str:
     return "\\" + c if c in _META else c
+
+
+def _literal_text(text: str) -> str:
+    return "".join(map(_literal, text))
+
+
+def _unescape(regex_text: str) -> str:
+    """_literal_text's input back."""
+    return re.sub(r"\\(.)", r"\1", regex_text)
 
 
 def _none_of(*chars: str) -> str:
@@ -107,12 +116,12 @@ def composed_parts(kind: str, spec: Any) -> Optional[Composed]:
                 return Composed(end, "", "regex", spec[len(free) + 3 : -1])
             at = spec.find(free + ")?(?:")
             if spec.startswith("(?:") and at > 3:
-                return Composed(end, re.sub(r"\\(.)", r"\1", spec[3:at]), "regex", spec[at + len(free) + 5 : -1])
+                return Composed(end, _unescape(spec[3:at]), "regex", spec[at + len(free) + 5 : -1])
     if kind == "ebnf" and isinstance(spec, str) and spec.startswith('{"grammars": [{"name": "main"'):
         main, answer = json.loads(spec)["grammars"]
         end = next(e for e in END_MARKERS if f"{_lark_regex(free_text_then(e))}/" in main["lark_grammar"])
         opened = main["lark_grammar"].partition("think: /")[2]
-        opening = re.sub(r"\\(.)", r"\1", opened[: opened.find(_lark_regex(free_text_then(end)))]) if opened else ""
+        opening = _unescape(opened[: opened.find(_lark_regex(free_text_then(end)))]) if opened else ""
         if answer.get("json_schema") is not None:
             return Composed(end, opening, "json_schema", answer["json_schema"])
         return Composed(end, opening, "ebnf", answer["lark_grammar"])

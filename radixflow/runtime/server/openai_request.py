@@ -4,6 +4,7 @@ clear error for each bad field. Tools are planned by tool_request.py."""
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import time
@@ -217,7 +218,7 @@ def _think_first(tm: TokenizerManager, sp: dict, prompt: str, grammar: Optional[
 
     fmt, backend = get_format(tm.args.reasoning_parser), tm.args.grammar_backend
     kinds = [k for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None]
-    if len(kinds) != 1 or fmt.end in grammar.replace("\\", "") or _special(tm.tokenizer, fmt.end):
+    if len(kinds) != 1 or _writes_marker(grammar, fmt.end) or _special(tm.tokenizer, fmt.end):
         return False  # several grammars: refused later; a special-token marker: grammars never allow one
     kind = kinds[0]
     if not sp[kind] or not (isinstance(sp[kind], str) or (kind == "json_schema" and isinstance(sp[kind], dict))):
@@ -232,8 +233,17 @@ def _think_first(tm: TokenizerManager, sp: dict, prompt: str, grammar: Optional[
     return True
 
 
+def _writes_marker(grammar: str, marker: str) -> bool:
+    """Whether a grammar writes the thinking block's end `marker` itself (so it writes the thinking too), escaped
+    characters included (`\\[/THINK\\]`)."""
+    return marker in grammar.replace("\\", "")
+
+
+@functools.lru_cache(maxsize=8)
 def _special(tokenizer, text: str) -> bool:
-    return any(i in tokenizer.all_special_ids for i in tokenizer.encode(text, add_special_tokens=False))
+    """Whether `text` holds a special token of `tokenizer` (the server's one marker: checked once, not per request)."""
+    special = set(tokenizer.all_special_ids)
+    return any(i in special for i in tokenizer.encode(text, add_special_tokens=False))
 
 
 def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar: Optional[str],
@@ -248,7 +258,7 @@ def _reasoning_plan(tm: TokenizerManager, body: dict, prompt: str, grammar: Opti
     if not tm.args.reasoning_parser or not separate:
         return None
     fmt = get_format(tm.args.reasoning_parser)
-    thinks = grammar is None or thinks_first or fmt.end in grammar.replace("\\", "")
+    thinks = grammar is None or thinks_first or _writes_marker(grammar, fmt.end)
     return ReasoningPlan(fmt, prompt_forces(fmt, prompt) and thinks, stream)
 
 
