@@ -290,8 +290,7 @@ def run_dtype(folder: str, prompts: list[dict], dtype: str, a: argparse.Namespac
     rows = [compare_prompt(p, c, r, ref_eng, tok, tie, cand_name) for p, c, r in zip(prompts, cand, ref)]
     dlogprob = None
     if a.dlogprob:  # the reference's greedy tokens, teacher-forced through both engines
-        with candidate_settings(a):
-            lp_cand = teacher_forced_logprobs(cand_eng, prompts, ref)
+        lp_cand = teacher_forced_logprobs(cand_eng, prompts, ref)  # the engine holds its own kernel settings
         lp_ref = teacher_forced_logprobs(ref_eng, prompts, ref)
         diffs = [abs(x - y) for c, r in zip(lp_cand, lp_ref) for x, y in zip(c, r)]
         dlogprob = {"tokens": len(diffs), "mean_abs": sum(diffs) / len(diffs), "max_abs": max(diffs),

@@ -32,3 +32,21 @@ def test_bf16_divergences_are_scored_against_float32():
 
 def test_no_float32_run_gives_no_yardstick():
     assert against_truth({"dtypes": {"bfloat16": {"prompts": [_row(0, "a", "b")]}}}) == {}
+
+
+def test_the_script_runs_end_to_end_on_cpu_with_the_fp8_candidate_and_dlogprob(tmp_path):
+    """The whole driver on the real default model (CPU, torch-native twice): the FP8 candidate against the
+    float32 reference, with --dlogprob's teacher forcing. Its dlogprob path once crashed on every GPU run."""
+    import json
+    import subprocess
+
+    from radixflow.env import cache_dir
+
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks", "gpu_real_model.py")
+    cmd = [sys.executable, script, "--device", "cpu", "--prompts", "2", "--max-new-tokens", "3", "--dtype", "float32",
+           "--candidate-quantization", "fp8", "--dlogprob", "--cache", cache_dir(), "--out", str(tmp_path)]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    dlogprob = json.load(open(tmp_path / "real_model.json"))["dtypes"]["float32"]["summary"]["reference_tokens_dlogprob"]
+    assert dlogprob["tokens"] >= 3
+    assert dlogprob["mean_abs"] > 0  # FP8 weights move the logprobs; an equal engine would give 0
