@@ -256,6 +256,17 @@ def test_max_new_tokens_is_cut_to_the_kv_pool_and_its_default_to_the_limit():
         builder.build(GenerateInput(input_ids=[1], sampling_params={"max_new_tokens": 51}))
 
 
+def test_grammar_backend_none_refuses_every_grammar_and_serves_the_rest():
+    """SGLang's --grammar-backend none: a request with a grammar is a 400 saying why; others run as before."""
+    from radixflow.runtime.generate_request import GenerateInput, RequestBuilder
+
+    builder = RequestBuilder(None, vocab_size=100, context_len=1000, max_pool_tokens=1000, grammar_backend="none")
+    for grammar in ({"regex": "[ab]+"}, {"json_schema": '{"type": "object"}'}, {"ebnf": 'root ::= "a"'}):
+        with pytest.raises(RadixflowError, match=rf"takes no grammars \(--grammar-backend none\).*{next(iter(grammar))}"):
+            builder.build(GenerateInput(input_ids=[1, 2], sampling_params={"max_new_tokens": 2, **grammar}))
+    assert builder.build(GenerateInput(input_ids=[1, 2], sampling_params={"max_new_tokens": 2}))[0].sampling.grammar is None
+
+
 def test_openai_chat_fields_are_typed_as_openai_types_them(server):
     """Found by fuzzing: these were accepted whatever their value (parallel_tool_calls only checked with tools, a
     message without content rendered as empty, continue_final_message silently off after a user turn)."""

@@ -55,6 +55,24 @@ def test_serve_help_lists_sglangs_flags(capsys):
     assert all(flag in shown for flag in [*ALWAYS, *REFUSED, "--model MODEL_PATH", "--tensor-parallel-size"])
 
 
+def test_sglangs_names_for_values_are_taken_and_its_xgrammar_is_refused_saying_what_to_use(capsys):
+    args = serve_args(["--dtype", "half", "--tool-call-parser", "qwen25", "--grammar-backend", "none"])
+    assert (args.dtype, args.tool_call_parser, args.grammar_backend) == ("float16", "qwen25", "none")
+    assert ServerArgs(dtype="float").dtype == "float32" and ServerArgs(dtype="float").to_cli() == ["--dtype", "float32"]
+    err = _refusal(capsys, ["--grammar-backend", "xgrammar"])
+    assert "--grammar-backend xgrammar is SGLang's: radixflow has no xgrammar backend" in err
+    with pytest.raises(RadixflowError, match="choose llguidance or outlines"):
+        ServerArgs(grammar_backend="xgrammar")
+
+
+def test_sglangs_sampling_params_for_features_radixflow_lacks_pass_at_their_off_values():
+    off = {"beam_width": 1, "watermark": None, "custom_params": None, "spaces_between_special_tokens": True}
+    assert SamplingParams.from_dict({"max_new_tokens": 3, **off}).max_new_tokens == 3
+    for name, value in (("beam_width", 4), ("watermark", {"gamma": 0.5}), ("custom_params", {"thinking_budget": 8})):
+        with pytest.raises(RadixflowError, match=f"{name}=.* is not supported by radixflow"):
+            SamplingParams.from_dict({name: value})
+
+
 def test_a_chat_template_is_a_jinja_file_or_a_chat_template_json(tmp_path, capsys):
     jinja, js, bad = tmp_path / "t.jinja", tmp_path / "chat_template.json", tmp_path / "bad.jinja"
     jinja.write_text(TEMPLATE)

@@ -94,6 +94,9 @@ class RequestBuilder:
 
     def _check(self, sp: SamplingParams) -> SamplingParams:
         if sp.grammar is not None:
+            if self.grammar_backend == "none":
+                raise RadixflowError(f"this server takes no grammars (--grammar-backend none): send the request without "
+                                     f"{sp.grammar[0]}, or start the server with another --grammar-backend")
             from radixflow.constrained import validate  # grammar backends only when grammars are used
 
             validate(*sp.grammar, backend=self.grammar_backend)

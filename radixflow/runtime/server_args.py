@@ -11,7 +11,7 @@ from radixflow.constrained.options import PROMOTE_AFTER
 from radixflow.errors import RadixflowError
 from radixflow.runtime.reasoning import NAMES as REASONING_PARSERS
 from radixflow.runtime.server_args_checks import check_args
-from radixflow.runtime.sglang_flags import ALIASES as SGLANG_ALIASES, HELP as SGLANG_HELP
+from radixflow.runtime.sglang_flags import ALIASES as SGLANG_ALIASES, HELP as SGLANG_HELP, cli_choices, sglang_values
 from radixflow.runtime.extend_graph_args import (
     DEFAULT_EXTEND_GRAPH_REQS, DEFAULT_EXTEND_GRAPH_TOKENS, extend_graph_tokens,
 )  # fmt: skip
@@ -37,8 +37,8 @@ _CHOICES = {
     "overlap_schedule": ("auto", "on", "off"),
     "kv_cache_dtype": ("auto", "fp8_e4m3"),
     "router_policy": ("cache_aware", "round_robin", "power_of_two", "random"),
-    "grammar_backend": ("llguidance", "outlines", "auto"),
-    "tool_call_parser": ("auto", "hermes", "qwen", "llama3", "mistral", "generic"),  # runtime/server/tool_formats.py
+    "grammar_backend": ("llguidance", "outlines", "auto", "none"),
+    "tool_call_parser": ("auto", "hermes", "qwen", "qwen25", "llama3", "mistral", "generic"),  # server/tool_formats.py
     "reasoning_parser": REASONING_PARSERS,  # runtime/reasoning.py; None (the default): no parsing
     "attention_p_parts": (1, 2),
     "tp_scheduler": ("replicated", "leader"),
@@ -103,7 +103,7 @@ _HELP = {
     f"move (9-15x per mask on the CPU), paid for good by a grammar with fewer than {PROMOTE_AFTER} requests (many "
     "distinct schemas: unmeasured on a GPU; use llguidance for such workloads if it matters), a short pause per move, "
     "memory per moved grammar; a CPU or tensor-parallel server reads schemas the llguidance way, a single-GPU server "
-    "the outlines way (docs/grammars.md)",
+    "the outlines way (docs/grammars.md); none: requests with a grammar are refused (400), as SGLang's none",
     "disable_jump_forward": "never append the tokens a grammar forces without sampling them (with jumps on, under "
     f"overlap scheduling a jump is cut to what keeps its row within {MAX_FED_TOKENS} fed tokens; the rest is jumped "
     "over on later steps)",
@@ -121,7 +121,8 @@ _HELP = {
     "time queued behind other compiles) fails its request with a 400; under --grammar-backend auto, a background "
     "outlines compile running longer is stopped (its child process killed) and the grammar stays on llguidance",
     "tool_call_parser": "tool-call format of /v1/chat/completions tools: auto = from the chat template "
-    "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic)",
+    "(<tool_call> -> hermes, [TOOL_CALLS] -> mistral, <|python_tag|> -> llama3, no tool support -> generic); "
+    "qwen and qwen25 (SGLang's name) are hermes' format",
     "reasoning_parser": "split a reasoning model's thinking from its answer in /v1/chat/completions: the message's "
     "reasoning_content and content (streamed as delta.reasoning_content); requests may turn it off with "
     "separate_reasoning: false (docs/serving.md, Reasoning models)",
@@ -249,6 +250,7 @@ class ServerArgs:
     router_args: Optional[str] = None
 
     def __post_init__(self) -> None:
+        sglang_values(self)
         check_args(self, _CHOICES)
 
     def extend_graph_tokens(self, device: str, fp8: bool = False) -> int:
@@ -332,7 +334,8 @@ class ServerArgs:
             kind = {"int": int, "float": float}.get(str(f.type), str)
             if str(f.type) == "Optional[int]":
                 kind = int
-            parser.add_argument(*flags, type=kind, default=f.default, choices=_CHOICES.get(f.name), help=_HELP.get(f.name))
+            parser.add_argument(*flags, type=kind, default=f.default, choices=cli_choices(f.name, _CHOICES.get(f.name)),
+                                help=_HELP.get(f.name))
 
     def to_cli(self, **overrides: Any) -> list[str]:
         """The `radixflow serve` flags that reproduce these arguments (with `overrides`), for the

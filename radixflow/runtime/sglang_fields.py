@@ -27,8 +27,10 @@ _NULL = (None,)
 _FALSE = (None, False)
 
 # sampling_params entries SGLang knows that change nothing here: text is always decoded as the
-# tokenizer decodes it, and a stream sends every step (the server's --stream-interval).
-SAMPLING = {"spaces_between_special_tokens": (None, True), "stream_interval": ANY}
+# tokenizer decodes it, and a stream sends every step (the server's --stream-interval); and SGLang's
+# entries for what radixflow has not (beam search, watermarks, custom logit processors) at their off values.
+SAMPLING = {"spaces_between_special_tokens": (None, True), "stream_interval": ANY, "beam_width": (None, 1),
+            "watermark": _NULL, "custom_params": _NULL}
 
 
 # fields every route shares (routing, scheduling hints, metrics, unsupported features)

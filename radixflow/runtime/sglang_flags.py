@@ -20,6 +20,15 @@ ALIASES = {
     "cuda_graph_max_bs": ("--cuda-graph-max-bs-decode",),
 }
 
+# SGLang's names for some values of radixflow's flags: field -> {SGLang's value: radixflow's}
+VALUE_ALIASES = {"dtype": {"half": "float16", "float": "float32"}}
+
+# values of radixflow's flags that only SGLang has: field -> {value: what radixflow does instead}
+REFUSED_VALUES = {
+    "grammar_backend": {"xgrammar": "has no xgrammar backend; leave --grammar-backend out (auto: llguidance, moving "
+                        "busy grammars to outlines) or choose llguidance or outlines"},
+}
+
 # the help of the ServerArgs fields that are SGLang's serving flags
 HELP = {
     "chat_template": "a Jinja chat template file (or a chat_template.json) used instead of the tokenizer's: the "
@@ -44,6 +53,10 @@ ALWAYS = {
     "--enable-metrics": "accepted for SGLang's launch commands: GET /metrics is always served",
     "--enable-cache-report": "accepted for SGLang's launch commands: OpenAI responses always report "
     "usage.prompt_tokens_details.cached_tokens",
+    "--disable-custom-all-reduce": "accepted for SGLang's launch commands: tensor parallelism all-reduces through "
+    "NCCL unless --enable-one-shot-allreduce is given",
+    "--skip-server-warmup": "accepted for SGLang's launch commands: the server sends itself no warm-up request (its "
+    "CUDA graphs are captured before the port opens)",
 }
 
 _HIERARCHICAL = ("keeps the radix cache in GPU memory only (no host-memory tier); size the pool with "
@@ -83,6 +96,7 @@ REFUSED = {
     "OpenAI API's, as SGLang does without this flag",
     "--admin-api-key": "has one --api-key for every route",
     "--enable-custom-logit-processor": "has no custom logit processors",
+    "--base-gpu-id": "uses the first GPUs the process sees (cuda:0 and up); pick others with CUDA_VISIBLE_DEVICES",
 }
 
 
@@ -101,6 +115,23 @@ def add_sglang_flags(parser: argparse.ArgumentParser) -> None:
     refused = parser.add_argument_group("SGLang's flags that radixflow refuses, and what it does instead")
     for flag, why in REFUSED.items():
         refused.add_argument(flag, action=_Refused, nargs="*", default=argparse.SUPPRESS, help=f"radixflow {why}")
+
+
+def sglang_values(args: Any) -> None:
+    """SGLang's names for values made radixflow's (VALUE_ALIASES); a value only SGLang has, refused (REFUSED_VALUES)."""
+    for name, aliases in VALUE_ALIASES.items():
+        setattr(args, name, aliases.get(getattr(args, name), getattr(args, name)))
+    for name, refused in REFUSED_VALUES.items():
+        value = getattr(args, name)
+        if isinstance(value, str) and value in refused:
+            raise RadixflowError(f"--{name.replace('_', '-')} {value} is SGLang's: radixflow {refused[value]}")
+
+
+def cli_choices(name: str, choices: Any) -> Any:
+    """argparse's choices for a field: radixflow's values, then SGLang's names that sglang_values() handles."""
+    if choices is None:
+        return None
+    return (*choices, *VALUE_ALIASES.get(name, {}), *REFUSED_VALUES.get(name, {}))
 
 
 def check_sglang_args(args: Any) -> None:

@@ -210,8 +210,8 @@ def _think_first(tm: TokenizerManager, sp: dict, prompt: str, grammar: Optional[
     after the thinking block, as SGLang applies it: `sp`'s grammar becomes the block, then the grammar
     (constrained/after_thinking.py). Not where the grammar writes the end marker itself (it writes the thinking
     too), nor for an ebnf grammar on the outlines backend. True where the grammar was so composed."""
-    if not tm.args.reasoning_parser or grammar is None:
-        return False
+    if not tm.args.reasoning_parser or grammar is None or tm.args.grammar_backend == "none":
+        return False  # none: the request builder refuses the grammar
     from radixflow.constrained import validate
     from radixflow.constrained.after_thinking import after_thinking
     from radixflow.constrained.options import GrammarOptions

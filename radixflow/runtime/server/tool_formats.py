@@ -4,9 +4,9 @@ parser that reads calls back out of the output (whole or while it streams).
 Every format writes a call as one JSON object `{"name": "NAME", "arguments": ARGS}` (Llama 3
 says "parameters"), wrapped and separated as the family's chat template expects:
 
-    hermes / qwen / generic   <tool_call>\\n{"name": ...}\\n</tool_call>   (one block per call, "\\n" between)
-    mistral                   [TOOL_CALLS] [{"name": ...}, {"name": ...}]
-    llama3                    {"name": ..., "parameters": ...}; {"name": ...}   (only at the start)
+    hermes / qwen / qwen25 / generic   <tool_call>\\n{"name": ...}\\n</tool_call>   (one block per call, "\\n" between)
+    mistral                            [TOOL_CALLS] [{"name": ...}, {"name": ...}]
+    llama3                             {"name": ..., "parameters": ...}; {"name": ...}   (only at the start)
 
 The grammar is one regex: the calls section, optionally after free text that never contains
 the section's opening (`auto`), so once the model opens a call it can only finish a valid one.
@@ -43,6 +43,7 @@ _HERMES = dict(call_open="<tool_call>\n", call_close="\n</tool_call>", separator
 FORMATS = {
     "hermes": ToolFormat("hermes", **_HERMES),
     "qwen": ToolFormat("qwen", **_HERMES),
+    "qwen25": ToolFormat("qwen25", **_HERMES),  # SGLang's name for Qwen2.5's parser
     "generic": ToolFormat("generic", **_HERMES),
     "mistral": ToolFormat("mistral", separator=", ", section_open="[TOOL_CALLS] [", section_close="]"),
     "llama3": ToolFormat("llama3", separator="; ", args_key="parameters", after_text=False),
