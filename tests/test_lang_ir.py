@@ -174,6 +174,25 @@ def test_lowering_renders_roles_with_default_system_and_sampling_defaults():
     assert _leading_text(ops).startswith("<|im_start|>system\nDefault system.<|im_end|>\n<|im_start|>user\n")
 
 
+def test_cache_sends_the_constant_prefix_with_its_role_markers():
+    """SGLang's f.cache(): the text before the first argument, roles rendered (the default system turn too)."""
+    class Recording(FakeBackend):
+        def cache_prefix(self, text):
+            self.calls.append(("cache", text))
+
+    b = Recording()
+    assert chat_two_turns.cache(backend=b) is True
+    assert b.calls == [("cache", "<|im_start|>system\nYou are a terse assistant.<|im_end|>\n<|im_start|>user\n")]
+
+    @rf.function
+    def short(s, q):
+        s += "Q: " + q + rf.gen("a", max_tokens=2)
+
+    assert short.cache(backend=b) is False and len(b.calls) == 1  # 3 characters: under SGLang's 64
+    with pytest.raises(RadixflowError, match="has no prefix cache"):
+        few_shot_qa.cache(backend=FakeBackend())
+
+
 def _leading_text(ops: list) -> str:
     out = ""
     for o in ops:

@@ -106,3 +106,41 @@ def test_openai_endpoint_gen_and_select_through_logprobs(runtime):
     assert t["first"] and t.messages()[2]["content"] == t["first"]
     with pytest.raises(rf.ProgramError, match="select"):
         capital_select.run(country="France", backend=chat)
+
+
+def test_sglangs_runtime_helpers_generate_stream_tokenize_and_cache_a_programs_prefix(runtime):
+    """SGLang's Runtime.generate (a JSON string), async_generate (the text once, piece by piece), get_tokenizer,
+    and f.cache(): a program's constant prefix prefilled, so its first run after a flush finds it cached."""
+    import asyncio
+    import json
+
+    prompt, params = "The capital of France is", {"max_new_tokens": 6, "temperature": 0}
+    out = json.loads(runtime.generate(prompt, params))
+    assert out["text"] and out["meta_info"]["completion_tokens"] == 6
+
+    async def pieces():
+        return [p async for p in runtime.async_generate(prompt, params)]
+
+    streamed = asyncio.run(pieces())
+    assert len(streamed) > 1 and "".join(streamed) == out["text"]
+    assert runtime.get_tokenizer().encode(prompt, add_special_tokens=False) == runtime.endpoint.tokenizer.encode(
+        prompt, add_special_tokens=False)
+
+    def first_run_cached() -> int:
+        return few_shot_qa.run(question="What is the capital of Peru?", backend=runtime, max_new_tokens=2,
+                               **GREEDY).program_meta["cached_tokens"]
+
+    assert runtime.flush_cache()
+    assert first_run_cached() == 0
+    assert runtime.flush_cache()
+    assert few_shot_qa.cache(backend=runtime) is True  # FEW_SHOT + "Q: ": 82 characters before the argument
+    assert first_run_cached() >= len(runtime.get_tokenizer().encode(FEW_SHOT, add_special_tokens=False)) - 1
+    assert echo_gen.cache(backend=runtime) is False  # it starts with its argument: nothing constant to cache
+
+
+def test_runtime_endpoint_takes_sglangs_arguments(runtime):
+    endpoint = rf.RuntimeEndpoint(runtime.url, api_key=runtime.api_key, verify=True)
+    assert endpoint.get_model_name()
+    endpoint.close()
+    with pytest.raises(rf.RadixflowError, match="chat_template_name='chatml'.*--chat-template"):
+        rf.RuntimeEndpoint(runtime.url, chat_template_name="chatml")

@@ -20,7 +20,7 @@ from radixflow.lang.errors import GenerationError, NotTraceable
 from radixflow.lang.graph_run import replay, signature, trace_graph
 from radixflow.lang.interpreter import Interpreter
 from radixflow.lang.ir import Graph
-from radixflow.lang.lowering import lower
+from radixflow.lang.lowering import constant_prefix, lower
 from radixflow.lang.primitives import LOGPROB_KEYS
 from radixflow.lang.speculation import Speculation
 from radixflow.lang.state import ProgramState
@@ -28,6 +28,8 @@ from radixflow.lang.trace_templates import prepared
 from radixflow.runtime.async_threads import in_thread
 from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
+
+MIN_CACHED_PREFIX = 64  # characters: SGLang's threshold for caching a program's prefix
 
 MODES = ("auto", "graph", "eager")
 
@@ -74,6 +76,21 @@ class Function:
         if the program uses a generated value in Python."""
         arguments, _ = self._split(args, kwargs)
         return trace_graph(self.func, arguments, self.arg_names)
+
+    def cache(self, backend: Any = None) -> bool:
+        """SGLang's f.cache(): prefill the program's constant prefix (its text and role markers before the first
+        argument, gen, select or fork) so that runs find it in the radix cache. Prefixes under MIN_CACHED_PREFIX
+        characters, and programs that cannot be traced, are left alone (False), as SGLang's."""
+        b = resolve_backend(backend)
+        arguments, _ = self._split((), {})
+        try:
+            prefix = constant_prefix(trace_graph(self.func, arguments, self.arg_names), b.chat_template())
+        except NotTraceable:
+            return False
+        if len(prefix) < MIN_CACHED_PREFIX:
+            return False
+        b.cache_prefix(prefix)
+        return True
 
     # -- running -------------------------------------------------------------------------------
     def run(self, *args: Any, stream: bool = False, backend: Any = None, mode: str = "auto", use_thread: bool = True,

@@ -43,6 +43,22 @@ def lower(graph: Graph, template: ChatTemplate, defaults: dict) -> dict:
     return {"ops": _lower(graph.nodes, _Ctx(template, defaults))}
 
 
+def constant_prefix(graph: Graph, template: ChatTemplate) -> str:
+    """The text a program starts with whatever its arguments: its leading text and role markers, up to its first
+    argument, variable, gen, select or fork (what SGLang's f.cache() sends)."""
+    ctx, out = _Ctx(template, {}), []
+    for n in graph.nodes:
+        if isinstance(n, Text):
+            out.append(n.text)
+        elif isinstance(n, RoleBegin):
+            out += _role_begin(n.role, ctx)
+        elif isinstance(n, RoleEnd):
+            out.append(template.end(n.role))
+        elif not isinstance(n, (ScopeBegin, ScopeEnd)):
+            break
+    return "".join(out)
+
+
 def _lower(nodes: list, ctx: _Ctx) -> list[dict]:
     ops: list[dict] = []
     for n in nodes:

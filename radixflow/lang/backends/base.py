@@ -93,6 +93,10 @@ class Backend:
     def get_server_info(self) -> Optional[dict]:
         return None
 
+    def cache_prefix(self, text: str) -> None:
+        """Prefill `text` so that later requests find it in the radix cache (SGLang's cache_prefix)."""
+        raise RadixflowError(f"{type(self).__name__} has no prefix cache to fill")
+
 
 class NativeBackend(Backend):
     """Generate and select through the native API's shape: `_call(payload)` and
@@ -103,6 +107,9 @@ class NativeBackend(Backend):
 
     def _call(self, payload: dict):
         raise NotImplementedError
+
+    def cache_prefix(self, text: str) -> None:
+        self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})
 
     def _counted(self, payload: dict):
         """`_call`, adding what it reports to token_usage."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Iterator
+from typing import AsyncIterator, Iterator
 
 import httpx
 
@@ -30,16 +30,38 @@ def error_message(r: httpx.Response) -> str:
 def sse_events(r: httpx.Response) -> Iterator[dict]:
     """`data: {...}` events of a server-sent-event stream, until [DONE]."""
     for line in r.iter_lines():
-        if not line.startswith("data:"):
-            continue
-        data = line[len("data:") :].strip()
-        if data == "[DONE]":
+        event = _event(line)
+        if event is _DONE:
             return
-        event = json.loads(data)
-        if isinstance(event, dict) and "error" in event:
-            err = event["error"]
-            raise RadixflowError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
-        yield event
+        if event is not None:
+            yield event
+
+
+async def async_sse_events(r: httpx.Response) -> AsyncIterator[dict]:
+    """sse_events for an httpx.AsyncClient's stream."""
+    async for line in r.aiter_lines():
+        event = _event(line)
+        if event is _DONE:
+            return
+        if event is not None:
+            yield event
+
+
+_DONE = object()
+
+
+def _event(line: str):
+    """A line's event (None: not a data line; _DONE: the end); a stream's error event raised."""
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    if data == "[DONE]":
+        return _DONE
+    event = json.loads(data)
+    if isinstance(event, dict) and "error" in event:
+        err = event["error"]
+        raise RadixflowError(err.get("message", str(err)) if isinstance(err, dict) else str(err))
+    return event
 
 
 # An idle connection is dropped by the client before the server may close it: uvicorn closes one idle 5 s (httpx's
@@ -48,7 +70,9 @@ def sse_events(r: httpx.Response) -> Iterator[dict]:
 KEEPALIVE_EXPIRY_S = 2.0
 
 
-def client(base_url: str, api_key, timeout: float) -> httpx.Client:
+def client(base_url: str, api_key, timeout: float, verify=None) -> httpx.Client:
+    """verify: TLS certificate checks as httpx takes them (None: httpx's default, checked)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
-    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits)
+    tls = {} if verify is None else {"verify": verify}
+    return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits, **tls)

@@ -4,17 +4,19 @@ RuntimeEndpoint (`.endpoint`)."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Optional, Union
 
 import httpx
 
 from radixflow.errors import RadixflowError
+from radixflow.lang.backends.http_util import async_sse_events, check
 from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
 from radixflow.runtime.child_processes import free_port
 
@@ -82,6 +84,42 @@ class Runtime:
 
     def get_server_info(self) -> dict:
         return self.endpoint.get_server_info()
+
+    def get_tokenizer(self):
+        """The served model's tokenizer (transformers'), loaded from the server's tokenizer folder."""
+        if self.endpoint.tokenizer is None:
+            raise RadixflowError("the server's tokenizer folder cannot be read from this process")
+        return self.endpoint.tokenizer
+
+    def cache_prefix(self, prefix: str) -> None:
+        """Prefill `prefix` so that later requests find it in the radix cache."""
+        self.endpoint.cache_prefix(prefix)
+
+    def generate(self, prompt: Union[str, list], sampling_params: Optional[dict] = None, return_logprob: bool = False,
+                 logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None) -> str:
+        """SGLang's Runtime.generate: one POST /generate; its JSON response as a string."""
+        payload = {"text": prompt, "sampling_params": sampling_params or {}, "return_logprob": return_logprob}
+        optional = {"logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num}
+        payload.update({k: v for k, v in optional.items() if v is not None})
+        return json.dumps(self.endpoint._call(payload))
+
+    async def async_generate(self, prompt: str, sampling_params: Optional[dict] = None) -> AsyncIterator[str]:
+        """SGLang's Runtime.async_generate: the text as it streams, each piece once (`async for piece in ...`)."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
+        sent = 0
+        async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=600) as c:
+            async with c.stream("POST", "/generate", json=body) as r:
+                if r.status_code >= 400:
+                    await r.aread()
+                    check(r, "POST /generate")
+                async for event in async_sse_events(r):
+                    piece = event.get("text", "")[sent:]
+                    sent += len(piece)
+                    if piece:
+                        yield piece
+
+    add_request = async_generate  # SGLang's other name
 
     def __enter__(self) -> "Runtime":
         return self

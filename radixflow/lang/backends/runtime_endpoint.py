@@ -15,9 +15,15 @@ MAX_PARALLEL_PROGRAMS = 128
 
 
 class RuntimeEndpoint(NativeBackend):
-    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600.0):
+    def __init__(self, base_url: str, api_key: Optional[str] = None, verify=None, chat_template_name: Optional[str] = None,
+                 timeout: float = 600.0):
+        """SGLang's arguments: verify (TLS checks, as httpx's `verify`); chat_template_name only as None: roles
+        render with the server's chat template (the model's, or its --chat-template)."""
+        if chat_template_name is not None:
+            raise RadixflowError(f"chat_template_name={chat_template_name!r}: radixflow renders roles with the server's "
+                                 "chat template (start the server with --chat-template FILE); leave it out")
         self.base_url = base_url.rstrip("/")
-        self.client = client(self.base_url, api_key, timeout)
+        self.client = client(self.base_url, api_key, timeout, verify)
         self.model_info = check(self.client.get("/get_model_info"), "GET /get_model_info").json()
         self.tokenizer = _local_tokenizer(self.model_info.get("tokenizer_path"))
         if self.tokenizer is not None and self.model_info.get("chat_template"):  # the server's --chat-template
