@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import PROMPTS
-from radixflow import Engine
+from radixflow import Engine, RadixflowError
 
 MAX_NEW = 24
 
@@ -155,6 +155,34 @@ def test_input_logprobs_of_a_batch_match_transformers(engine, hf_model, tokenize
         for k, ((lp, tid, _), best) in enumerate(zip(inp, top)):
             assert abs(lp - ref[k + 1, tid].item()) < 1e-3
             assert [t[1] for t in best] == ref[k + 1].topk(2).indices.tolist()
+
+
+def test_token_ids_logprob_gives_the_asked_ids_logprobs_at_every_position(engine, hf_model, tokenizer):
+    """SGLang's token_ids_logprob: at each prompt position (from logprob_start_len) and each output token, the
+    logprobs of the asked ids in their order, against transformers; the same when streamed; per prompt in a batch."""
+    prompt, params = PROMPTS[2], {"max_new_tokens": 4, "temperature": 0}
+    asked = [tokenizer.encode(prompt)[3], 7042, 5]
+    out = engine.generate(prompt, params, return_logprob=True, logprob_start_len=0, token_ids_logprob=asked)
+    ids = tokenizer.encode(prompt) + out["output_ids"]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), dim=-1)
+    m, n_prompt = out["meta_info"], len(tokenizer.encode(prompt))
+    rows = m["input_token_ids_logprobs"] + m["output_token_ids_logprobs"]
+    assert m["input_token_ids_logprobs"][0] is None and len(rows) == n_prompt + 4
+    for pos, row in enumerate(rows[1:], start=1):
+        assert [t[1] for t in row] == asked and all(isinstance(t[2], str) for t in row)
+        for lp, tid, _ in row:
+            assert abs(lp - ref[pos - 1, tid].item()) < 1e-3
+    streamed = list(engine.generate(prompt, params, return_logprob=True, logprob_start_len=0, token_ids_logprob=asked,
+                                    stream=True))[-1]["meta_info"]
+    assert streamed["output_token_ids_logprobs"] == m["output_token_ids_logprobs"]
+    assert streamed["input_token_ids_logprobs"] == m["input_token_ids_logprobs"]
+    both = engine.generate([prompt, "Hello"], params, return_logprob=True, token_ids_logprob=[[5], None])
+    assert [len(r) for r in both[0]["meta_info"]["output_token_ids_logprobs"]] == [1] * 4
+    assert "output_token_ids_logprobs" not in both[1]["meta_info"]
+    for bad in ([-1], [10**9], "x", [[1], [2], [3]]):
+        with pytest.raises(RadixflowError, match="token_ids_logprob"):
+            engine.generate(prompt, params, return_logprob=True, token_ids_logprob=bad)
 
 
 def test_a_selects_choices_share_its_short_uncached_context(engine, hf_model, tokenizer, monkeypatch):

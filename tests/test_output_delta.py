@@ -17,11 +17,13 @@ def _grow(req: Req, n: int) -> None:
         req.output_ids.append(tok)
         req.output_token_logprobs.append((-0.5, tok))
         req.output_top_logprobs.append([(-0.5, tok), (-1.5, 7)])
+        req.output_token_ids_logprobs.append([(-3.0, 5), (-0.5 - len(req.output_ids), 9)])
 
 
 def _whole(out) -> list:
-    return [out.output_ids, out.new_output_token_logprobs, out.new_output_top_logprobs, out.input_token_logprobs,
-            out.input_top_logprobs]  # fmt: skip
+    return [out.output_ids, out.new_output_token_logprobs, out.new_output_top_logprobs,
+            out.new_output_token_ids_logprobs, out.input_token_logprobs, out.input_top_logprobs,
+            out.input_token_ids_logprobs]  # fmt: skip
 
 
 def test_reports_put_back_together_equal_the_whole_lists_through_cuts():
@@ -35,6 +37,7 @@ def test_reports_put_back_together_equal_the_whole_lists_through_cuts():
             req.cut_outputs(cut)
         if step == 1:
             req.input_token_logprobs.append((-1.0, 3))  # the prompt's last chunk
+            req.input_token_ids_logprobs.append([(-4.0, 5), (-2.0, 9)])
         delta = as_delta(req.to_output(), sent)
         sizes.append(len(pickle.dumps(delta)))
         assert _whole(assembly.apply(delta)) == _whole(req.to_output())
@@ -85,7 +88,7 @@ def test_an_assembly_with_a_converter_turns_each_logprob_entry_into_a_triple_onc
         result = build_result(assembly.apply(as_delta(req.to_output(), sent)), "", req.logprob, False, 0.0)
     assert result["meta_info"]["output_token_logprobs"] == [[-0.5, t, f"t{t}"] for t in req.output_ids]
     assert result["meta_info"]["output_top_logprobs"][-1] == [[-0.5, 105, "t105"], [-1.5, 7, "t7"]]
-    assert sum(calls) == 6 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs each
+    assert sum(calls) == 6 + 6 * 2 + 6 * 2  # each pair converted once: 6 outputs, 2 top pairs and 2 asked ids each
     again = Assembly(convert=convert).apply(req.to_output())  # a non-streamed request's one whole report
     assert again.new_output_token_logprobs == result["meta_info"]["output_token_logprobs"]
 

@@ -108,6 +108,20 @@ def test_stop_regex_in_stream_and_final(server, engine, stop_regex):
     assert texts[-1] == want["text"] and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
 
 
+def test_token_ids_logprob_over_http(server, engine):
+    body = {"text": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 2}, "return_logprob": True,
+            "token_ids_logprob": [5, 7042], "return_text_in_logprobs": True}  # fmt: skip
+    with server.client() as c:
+        meta = c.post("/generate", json=body).json()["meta_info"]
+        refused = c.post("/generate", json={**body, "token_ids_logprob": [-3]})
+    want = engine.generate(PROMPTS[0], {**GREEDY, "max_new_tokens": 2}, return_logprob=True,
+                           token_ids_logprob=[5, 7042])["meta_info"]  # fmt: skip
+    assert [[t[1] for t in row] for row in meta["output_token_ids_logprobs"]] == [[5, 7042]] * 2
+    for got, ref in zip(meta["output_token_ids_logprobs"], want["output_token_ids_logprobs"]):
+        assert [t[0] for t in got] == pytest.approx([t[0] for t in ref], abs=1e-3) and isinstance(got[0][2], str)
+    assert refused.status_code == 400 and "token_ids_logprob" in refused.json()["error"]["message"]
+
+
 def test_logprobs(server, engine):
     body = {"text": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 3}, "return_logprob": True,
             "logprob_start_len": 0, "top_logprobs_num": 2, "return_text_in_logprobs": True}  # fmt: skip

@@ -30,7 +30,7 @@ from radixflow.runtime.server_args import ServerArgs
 
 log = logging.getLogger(__name__)
 _GENERATE_ARGS = {"prompt", "sampling_params", "input_ids", "return_logprob", "logprob_start_len", "top_logprobs_num",
-                  "stream", "rid", "return_text_in_logprobs"}  # fmt: skip
+                  "stream", "rid", "return_text_in_logprobs", "token_ids_logprob"}  # fmt: skip
 
 
 class Engine:
@@ -71,13 +71,14 @@ class Engine:
         stream: bool = False,
         rid: Union[str, list, None] = None,
         return_text_in_logprobs: bool = True,
+        token_ids_logprob: Optional[list] = None,
         **sglang_extras: Any,
     ) -> Union[dict, list, Iterator]:
         """A dict for one prompt, a list of dicts for a batch (prompt-major when n > 1);
         with stream=True an iterator of growing results. `sglang_extras`: SGLang's other
         generate fields, accepted at values that change nothing (runtime/sglang_fields.py)."""
         g = _generate_input(prompt, sampling_params, input_ids, return_logprob, logprob_start_len, top_logprobs_num,
-                            stream, rid, return_text_in_logprobs, **sglang_extras)
+                            stream, rid, return_text_in_logprobs, token_ids_logprob, **sglang_extras)
         reqs, single = self._build(g)
         if stream:
             return self._stream(reqs, single)
@@ -326,13 +327,13 @@ def _generate_input(prompt: Union[str, list, None] = None, sampling_params: Unio
                     input_ids: Optional[list] = None, return_logprob: Union[bool, list] = False,
                     logprob_start_len: Union[int, list, None] = None, top_logprobs_num: Union[int, list] = 0,
                     stream: bool = False, rid: Union[str, list, None] = None, return_text_in_logprobs: bool = True,
-                    **sglang_extras: Any) -> GenerateInput:
+                    token_ids_logprob: Optional[list] = None, **sglang_extras: Any) -> GenerateInput:
     """Engine.generate's arguments (async_generate's too) as one request."""
     sglang_fields.check_fields(sglang_extras, _GENERATE_ARGS, sglang_fields.GENERATE, "Engine.generate")
     return GenerateInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
                          return_logprob=return_logprob, logprob_start_len=logprob_start_len,
                          top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs,
-                         stream=stream)
+                         stream=stream, token_ids_logprob=token_ids_logprob)
 
 
 def _raise_if_refused(reason: dict) -> None:

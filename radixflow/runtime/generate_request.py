@@ -15,6 +15,7 @@ from radixflow.runtime.scheduling.req import LogprobOptions, Req, ReqOutput, max
 from radixflow.runtime.sampling_params import SamplingParams, params_key
 
 CHECKED_MAX = 4096  # distinct sampling_params dicts a builder keeps parsed and checked
+MAX_ASKED_IDS = 1000  # token_ids_logprob's ids a request may ask for (top_logprobs_num's bound too)
 
 
 @dataclass
@@ -30,6 +31,7 @@ class GenerateInput:
     top_logprobs_num: Any = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
+    token_ids_logprob: Any = None  # token ids (a list for every prompt, or one list per prompt)
 
     @property
     def is_batch(self) -> bool:
@@ -60,12 +62,13 @@ class RequestBuilder:
         want_lp = _per_item(g.return_logprob, count, "return_logprob")
         start = _per_item(g.logprob_start_len, count, "logprob_start_len")
         topk = _per_item(g.top_logprobs_num, count, "top_logprobs_num")
+        asked = _asked_ids(g.token_ids_logprob, count, self.vocab_size)
         sps = [self.sampling(p) for p in params]
         self._check_count(sum(sp.n for sp in sps))  # before a request is made for each of n samples
         reqs = []
         for i, ids in enumerate(prompts):
             sp = _fit_context(sps[i], max_request_tokens(self.context_len, self.max_pool_tokens) - len(ids))
-            lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids))
+            lp = logprob_options(want_lp[i], start[i], topk[i], g.return_text_in_logprobs, len(ids), asked[i])
             for j in range(sp.n):
                 sub = sp if sp.n == 1 else sp.sample(j)
                 rid = rids[i] if sp.n == 1 else f"{rids[i]}-{j}"
@@ -214,7 +217,28 @@ def _rids(rid: Any, count: int) -> list[str]:
     raise RadixflowError("rid must be a string or a list of strings, one per prompt")
 
 
-def logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: int) -> LogprobOptions:
+def _asked_ids(value: Any, count: int, vocab_size: int) -> list:
+    """token_ids_logprob per prompt, as SGLang takes it: one list of ids for every prompt, or a list (or null) per
+    prompt; each a tuple of ids in the vocabulary, or None."""
+    if value is None:
+        return [None] * count
+    if not isinstance(value, list):
+        raise RadixflowError("token_ids_logprob must be a list of token ids, or one such list (or null) per prompt")
+    per_prompt = bool(value) and all(v is None or isinstance(v, list) for v in value)
+    lists = _per_item(value, count, "token_ids_logprob") if per_prompt else [value] * count
+    return [_checked_ids(ids, vocab_size) for ids in lists]
+
+
+def _checked_ids(ids: Optional[list], vocab_size: int) -> Optional[tuple]:
+    if not ids:
+        return None
+    if len(ids) > MAX_ASKED_IDS or not token_ids_in(ids, vocab_size):
+        raise RadixflowError(f"token_ids_logprob must hold at most {MAX_ASKED_IDS} token ids in [0, {vocab_size})")
+    return tuple(ids)
+
+
+def logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: int,
+                    asked: Optional[tuple] = None) -> LogprobOptions:
     if not isinstance(want, bool):
         raise RadixflowError("return_logprob must be true or false")
     if start is None:
@@ -223,7 +247,8 @@ def logprob_options(want: Any, start: Any, topk: Any, text: bool, prompt_len: in
         raise RadixflowError("logprob_start_len must be an integer >= -1")
     if not isinstance(topk, int) or isinstance(topk, bool) or not 0 <= topk <= 1000:
         raise RadixflowError("top_logprobs_num must be an integer in [0, 1000]")
-    return LogprobOptions(want, min(start, prompt_len - 1) if start >= 0 else -1, topk if want else 0, text)
+    return LogprobOptions(want, min(start, prompt_len - 1) if start >= 0 else -1, topk if want else 0, text,
+                          asked if want else None)
 
 
 def output_text(tokenizer, ids: list, reason: Any, skip_special_tokens: bool, no_stop_trim: bool) -> str:
@@ -263,5 +288,8 @@ def build_result(out: ReqOutput, text: str, logprob: LogprobOptions, finished: b
         if logprob.top_logprobs_num:  # each entry a finished list of triples
             meta["input_top_logprobs"] = list(out.input_top_logprobs or [])
             meta["output_top_logprobs"] = list(out.new_output_top_logprobs)
+        if logprob.token_ids_logprob:  # the same, for the asked token ids in their order
+            meta["input_token_ids_logprobs"] = list(out.input_token_ids_logprobs or [])
+            meta["output_token_ids_logprobs"] = list(out.new_output_token_ids_logprobs)
     return {"text": text, "output_ids": list(out.output_ids), "meta_info": meta}
 

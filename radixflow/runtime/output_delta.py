@@ -14,9 +14,10 @@ from typing import Callable, Optional
 
 from radixflow.runtime.scheduling.req import LogprobOptions, ReqOutput
 
-_LISTS = ("output_ids", "new_output_token_logprobs", "new_output_top_logprobs", "input_token_logprobs",
-          "input_top_logprobs")  # fmt: skip
-_OUTPUT_LISTS = 3  # the first three are cut back with the outputs; input lists only grow
+_LISTS = ("output_ids", "new_output_token_logprobs", "new_output_top_logprobs", "new_output_token_ids_logprobs",
+          "input_token_logprobs", "input_top_logprobs", "input_token_ids_logprobs")  # fmt: skip
+_OUTPUT_LISTS = 4  # the first four are cut back with the outputs; input lists only grow
+_PER_POSITION = ("top_logprobs", "token_ids_logprobs")  # lists whose entries are each a list of pairs (or None)
 
 
 @dataclass
@@ -70,6 +71,6 @@ class Assembly:
     def _converted(self, i: int, entries: list) -> list:
         if self.convert is None or _LISTS[i] == "output_ids":
             return entries
-        if "top" in _LISTS[i]:
+        if _LISTS[i].endswith(_PER_POSITION):
             return [None if t is None else self.convert(t) for t in entries]
         return self.convert(entries)

@@ -50,7 +50,7 @@ GENERATE = {
                      "external_trace_header", "received_time", "modalities"), ANY),
     "model": ANY,  # sglang-router forwards its routing key ("model": null) with every /generate
     **dict.fromkeys(("input_embeds", "image_data", "video_data", "audio_data", "mm_hashes", "mm_content_hashes",
-                     "video_config", "token_ids_logprob", "sampling_logprobs_mode", "lora_id",
+                     "video_config", "sampling_logprobs_mode", "lora_id",
                      "positional_embed_overrides", "bootstrap_pair_key", "decode_tp_size", "max_thinking_tokens",
                      "need_wait_for_mm_inputs", "num_items_assigned", "encoder_urls", "max_dynamic_patch",
                      "min_dynamic_patch", "image_max_dynamic_patch", "video_max_dynamic_patch",

@@ -1,4 +1,4 @@
-"""Collects input (prompt) and output token logprobs, with optional top-k, per request."""
+"""Collects input (prompt) and output token logprobs, with optional top-k and asked-for token ids, per request."""
 
 from __future__ import annotations
 
@@ -69,6 +69,8 @@ class LogprobCollector:
         for (req, first, last), span_rows in zip(spans, rows):
             if req.logprob.top_logprobs_num:
                 req.input_top_logprobs.extend(_top_rows(logits, lse, lo, span_rows, req.logprob.top_logprobs_num))
+            if req.logprob.token_ids_logprob:
+                req.input_token_ids_logprobs.extend(_id_rows(logits, lse, lo, span_rows, req.logprob.token_ids_logprob))
             req.input_logprob_next = last + 1  # the next chunk's span starts here, applied or not
         if defer:
             return pending
@@ -83,6 +85,8 @@ class LogprobCollector:
             req.input_token_logprobs.append((None, req.origin_input_ids[0]))
             if req.logprob.top_logprobs_num:
                 req.input_top_logprobs.append(None)
+            if req.logprob.token_ids_logprob:
+                req.input_token_ids_logprobs.append(None)
             req.input_logprob_next = 1
         return req.input_logprob_next, min(start_pos + n, len(req.origin_input_ids) - 1)
 
@@ -92,6 +96,10 @@ class LogprobCollector:
         if k:
             vals, ids = result.logprobs[row].topk(k)
             req.output_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
+        asked = req.logprob.token_ids_logprob
+        if asked:
+            ids = torch.tensor(asked, device=result.logprobs.device)
+            req.output_token_ids_logprobs.append(list(zip(result.logprobs[row, ids].tolist(), asked)))
 
     @staticmethod
     def replace_outputs(req: Req, dropped: int, tokens: list) -> None:
@@ -104,6 +112,8 @@ class LogprobCollector:
         req.output_token_logprobs.extend((None, t) for t in tokens)
         if req.logprob.top_logprobs_num:
             req.output_top_logprobs.extend([None] * len(tokens))
+        if req.logprob.token_ids_logprob:
+            req.output_token_ids_logprobs.extend([None] * len(tokens))
 
     def with_text(self, pairs: list, want_text: bool) -> list:
         """[(lp, id)] -> [[lp, id, text|None]]."""
@@ -125,6 +135,17 @@ def _top_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, k: 
     for a in range(rows.start, rows.stop, CHUNK_ROWS):
         b = min(a + CHUNK_ROWS, rows.stop)
         pairs += _pairs(*(logits[a:b] - lse[a - lo : b - lo, None]).topk(k, dim=-1))
+    return pairs
+
+
+def _id_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, asked: tuple) -> list:
+    """The logprobs of the `asked` token ids in each row of `rows`, as [(logprob, id)] in the asked order."""
+    ids = torch.tensor(asked, device=logits.device)
+    pairs = []
+    for a in range(rows.start, rows.stop, CHUNK_ROWS):
+        b = min(a + CHUNK_ROWS, rows.stop)
+        values = logits[a:b, ids] - lse[a - lo : b - lo, None]
+        pairs += [list(zip(v, asked)) for v in values.tolist()]
     return pairs
 
 

@@ -43,6 +43,7 @@ class LogprobOptions:
     logprob_start_len: int = -1  # -1: output tokens only; 0: the whole prompt
     top_logprobs_num: int = 0
     return_text_in_logprobs: bool = False
+    token_ids_logprob: Optional[tuple] = None  # token ids whose logprobs every reported position also gives
 
 
 @dataclass(eq=False)
@@ -83,8 +84,10 @@ class Req:
     # logprobs, filled as they are computed
     input_token_logprobs: list = field(default_factory=list)  # [(logprob|None, id)]
     input_top_logprobs: list = field(default_factory=list)
+    input_token_ids_logprobs: list = field(default_factory=list)
     output_token_logprobs: list = field(default_factory=list)
     output_top_logprobs: list = field(default_factory=list)
+    output_token_ids_logprobs: list = field(default_factory=list)
     input_logprob_next: int = -1  # next prompt position whose logprob is still to report
     cuts: int = 0  # times its output ids or their logprobs were cut back: a stream's next report and text start over
     # called once each time the request finishes (request graphs: wakes its program); never pickled
@@ -145,7 +148,7 @@ class Req:
 
     def drop_output_logprobs(self, n: int) -> None:
         """Drop the logprob entries of the last `n` outputs (cut back), so the lists still match output_ids."""
-        for entries in (self.output_token_logprobs, self.output_top_logprobs):
+        for entries in (self.output_token_logprobs, self.output_top_logprobs, self.output_token_ids_logprobs):
             if n > 0 and entries:
                 del entries[len(entries) - min(n, len(entries)):]
                 self.cuts += 1
@@ -167,8 +170,10 @@ class Req:
             cached_tokens=self.cached_tokens,
             new_output_token_logprobs=self.output_token_logprobs,
             new_output_top_logprobs=self.output_top_logprobs,
+            new_output_token_ids_logprobs=self.output_token_ids_logprobs,
             input_token_logprobs=self.input_token_logprobs,
             input_top_logprobs=self.input_top_logprobs,
+            input_token_ids_logprobs=self.input_token_ids_logprobs,
             num_retractions=self.num_retractions,
             jump_forward_tokens=self.jump_forward_tokens,
             cuts=self.cuts,
@@ -187,13 +192,14 @@ class ReqOutput:
     cached_tokens: int
     new_output_token_logprobs: list = field(default_factory=list)
     new_output_top_logprobs: list = field(default_factory=list)
+    new_output_token_ids_logprobs: list = field(default_factory=list)
     input_token_logprobs: Optional[list] = None
     input_top_logprobs: Optional[list] = None
+    input_token_ids_logprobs: Optional[list] = None
     num_retractions: int = 0
     jump_forward_tokens: int = 0
     error: Optional[str] = None
     cuts: int = 0  # the request's cuts (Req.cuts) when reported: a stream's sender sees its outputs cut back
-    # None: the lists above are whole; else where each starts (output ids, output logprobs, output top logprobs,
-    # input logprobs, input top logprobs): a streamed request's report carries what they gained since its last
-    # (runtime/output_delta.py)
+    # None: the lists above are whole; else where each starts (output_delta._LISTS' order): a streamed request's
+    # report carries what they gained since its last (runtime/output_delta.py)
     starts: Optional[tuple] = None

@@ -48,6 +48,7 @@ _GENERATE_FIELDS = {
     "top_logprobs_num": 0,
     "return_text_in_logprobs": False,
     "stream": False,
+    "token_ids_logprob": None,
 }
 
 
