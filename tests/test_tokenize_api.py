@@ -105,3 +105,26 @@ def test_template_options_apply_with_tools_too(server):
                             ({"chat_template_kwargs": {"tokenizer": 1}}, "may not set tokenizer")):  # was a TypeError
             r = c.post("/v1/chat/completions", json={"messages": user, "tools": tools, "max_tokens": 1, **bad})
             assert r.status_code == 400 and needle in r.json()["error"]["message"], bad
+
+
+def test_reasoning_effort_reaches_the_chat_template_as_its_variable(tokenizer):
+    """SGLang's and vLLM's reasoning_effort: the template variable gpt-oss-style templates read (it was accepted and
+    ignored); chat_template_kwargs' own value wins, and a non-string is a 400."""
+    from radixflow.errors import RadixflowError
+    from radixflow.runtime.server.openai_request import _template_options
+    from radixflow.runtime.tokenizer import apply_chat_template
+
+    user = [{"role": "user", "content": "Hi"}]
+    assert _template_options({"reasoning_effort": "high"}, user)["reasoning_effort"] == "high"
+    assert "reasoning_effort" not in _template_options({}, user)
+    both = {"reasoning_effort": "high", "chat_template_kwargs": {"reasoning_effort": "low"}}
+    assert _template_options(both, user)["reasoning_effort"] == "low"
+    with pytest.raises(RadixflowError, match="reasoning_effort must be a string"):
+        _template_options({"reasoning_effort": 3}, user)
+    saved = tokenizer.chat_template
+    tokenizer.chat_template = "Reasoning: {{ reasoning_effort | default('medium') }}\n{{ messages[0]['content'] }}"
+    try:
+        assert apply_chat_template(tokenizer, user, **_template_options({"reasoning_effort": "high"}, user)).startswith(
+            "Reasoning: high\nHi")
+    finally:
+        tokenizer.chat_template = saved

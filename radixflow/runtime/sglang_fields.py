@@ -76,7 +76,6 @@ COMPLETION = {**_OPENAI, "best_of": (None, 1)}
 CHAT = {
     **_OPENAI,
     **dict.fromkeys(("parallel_tool_calls", "return_flat_raw_top_logprobs_b64"), ANY),
-    "reasoning_effort": str,
     **dict.fromkeys(("thinking", "task", "sampling_logprobs_mode", "max_dynamic_patch", "min_dynamic_patch",
                      "video_config", "input_ids"), _NULL),
     **dict.fromkeys(("return_prompt_token_ids", "return_meta_info", "return_input_ids_in_sglext",

@@ -28,7 +28,7 @@ _COMMON = set(_SAMPLING_FIELDS) | {"model", "stream", "stream_options", "rid", "
 COMPLETION_FIELDS = _COMMON | {"prompt", "logprobs", "echo", "suffix"}
 CHAT_FIELDS = _COMMON | {"messages", "max_completion_tokens", "logprobs", "top_logprobs", "tools", "tool_choice", "parallel_tool_calls",
                           "continue_final_message", "add_generation_prompt", "chat_template_kwargs", "separate_reasoning",
-                          "stream_reasoning"}  # fmt: skip
+                          "stream_reasoning", "reasoning_effort"}  # fmt: skip
 _TEMPLATE_ARGS = {"conversation", "messages", "tokenize", "add_generation_prompt", "tools", "continue_final_message",
                   "return_dict", "return_tensors", "tokenizer"}  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -281,8 +281,12 @@ def _chat_text(tm: TokenizerManager, body: dict) -> tuple[str, Optional[ToolPlan
 def _template_options(body: dict, messages: list) -> dict:
     """The chat template's options the request sets, checked: with continue_final_message a last assistant message
     is continued rather than followed by a new turn (as in SGLang); add_generation_prompt (vLLM's) false opens no
-    assistant turn; chat_template_kwargs go to the template. With or without tools alike."""
+    assistant turn; chat_template_kwargs go to the template, and reasoning_effort as its variable of that name (what
+    gpt-oss-style templates read) unless chat_template_kwargs sets one. With or without tools alike."""
     kwargs = {} if body.get("chat_template_kwargs") is None else body["chat_template_kwargs"]
+    effort = body.get("reasoning_effort")
+    if effort is not None and not isinstance(effort, str):
+        raise RadixflowError(f"reasoning_effort must be a string (low, medium, high) or null, got {effort!r}")
     cont = flag(body, "continue_final_message", False)
     turn = flag(body, "add_generation_prompt", not cont)
     if not isinstance(kwargs, dict):
@@ -296,7 +300,8 @@ def _template_options(body: dict, messages: list) -> dict:
     if cont and messages[-1]["role"] != "assistant":
         raise RadixflowError(f"continue_final_message continues the last message, which must be the assistant's; "
                              f"it is {messages[-1]['role']!r}: add the assistant's partial answer or drop the flag")
-    return {"add_generation_prompt": turn, "continue_final_message": cont, **kwargs}
+    effort = {} if effort is None else {"reasoning_effort": effort}
+    return {"add_generation_prompt": turn, "continue_final_message": cont, **effort, **kwargs}
 
 
 def _messages(messages: Any) -> list:

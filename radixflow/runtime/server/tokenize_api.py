@@ -20,7 +20,7 @@ from radixflow.runtime.server.openai_request import chat_prompt_text, flag, pars
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
 
 _CHAT_ONLY = ("continue_final_message", "add_generation_prompt", "chat_template_kwargs", "tools", "tool_choice",
-              "parallel_tool_calls")  # the fields that shape a chat prompt
+              "parallel_tool_calls", "reasoning_effort")  # the fields that shape a chat prompt
 TOKENIZE_FIELDS = {"model", "prompt", "messages", "add_special_tokens", *_CHAT_ONLY}
 DETOKENIZE_FIELDS = {"model", "tokens", "skip_special_tokens"}
 
