@@ -31,12 +31,14 @@ def serve_args(argv: list[str]):
     """`radixflow serve`'s arguments as ServerArgs; argparse's exit (status 2, the reason on stderr) for bad ones."""
     from radixflow.errors import RadixflowError
     from radixflow.runtime.server_args import ServerArgs
-    from radixflow.runtime.sglang_flags import add_sglang_flags
+    from radixflow.runtime.sglang_flags import add_sglang_flags, flag_conflict
 
     parser = argparse.ArgumentParser(prog="radixflow serve", description="Start the HTTP server (native + OpenAI API).")
     ServerArgs.add_cli_args(parser)
     add_sglang_flags(parser)
     namespace = parser.parse_args(argv)
+    if flag_conflict(namespace):
+        parser.error(flag_conflict(namespace))
     try:
         args = ServerArgs.from_cli(namespace)
         if args.chat_template is not None:  # read and compiled now, not after the model has loaded

@@ -179,6 +179,7 @@ def test_cache_sends_the_constant_prefix_with_its_role_markers():
     class Recording(FakeBackend):
         def cache_prefix(self, text):
             self.calls.append(("cache", text))
+            return True
 
     b = Recording()
     assert chat_two_turns.cache(backend=b) is True
@@ -188,9 +189,8 @@ def test_cache_sends_the_constant_prefix_with_its_role_markers():
     def short(s, q):
         s += "Q: " + q + rf.gen("a", max_tokens=2)
 
-    assert short.cache(backend=b) is False and len(b.calls) == 1  # 3 characters: under SGLang's 64
-    with pytest.raises(RadixflowError, match="has no prefix cache"):
-        few_shot_qa.cache(backend=FakeBackend())
+    assert short.cache(backend=b) is False and len(b.calls) == 1  # 3 characters: SGLang caches only past 64
+    assert few_shot_qa.cache(backend=FakeBackend()) is False  # no prefix cache there: nothing to do, as SGLang's
 
 
 def _leading_text(ops: list) -> str:

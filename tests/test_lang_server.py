@@ -138,9 +138,13 @@ def test_sglangs_runtime_helpers_generate_stream_tokenize_and_cache_a_programs_p
     assert echo_gen.cache(backend=runtime) is False  # it starts with its argument: nothing constant to cache
 
 
-def test_runtime_endpoint_takes_sglangs_arguments(runtime):
-    endpoint = rf.RuntimeEndpoint(runtime.url, api_key=runtime.api_key, verify=True)
-    assert endpoint.get_model_name()
+def test_runtime_endpoint_takes_sglangs_arguments(runtime, monkeypatch):
+    import httpx
+
+    made, real = [], httpx.Client
+    monkeypatch.setattr(httpx, "Client", lambda *a, **kw: made.append(kw) or real(*a, **kw))
+    endpoint = rf.RuntimeEndpoint(runtime.url, api_key=runtime.api_key, verify=False)
+    assert endpoint.get_model_name() and made[-1]["verify"] is False  # handed to httpx as SGLang hands it to requests
     endpoint.close()
     with pytest.raises(rf.RadixflowError, match="chat_template_name='chatml'.*--chat-template"):
         rf.RuntimeEndpoint(runtime.url, chat_template_name="chatml")

@@ -1,4 +1,4 @@
-"""benchmarks/gpu_real_model.py's float32 yardstick, on hand-made results (no model, no GPU)."""
+"""benchmarks/gpu_real_model.py: its float32 yardstick on hand-made results, and the whole driver on the CPU."""
 
 from __future__ import annotations
 

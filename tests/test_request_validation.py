@@ -327,3 +327,29 @@ def test_chat_text_parts_are_joined_as_sglang_joins_them(server):
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": [
         {"type": "image_url", "image_url": {"url": "x"}}]}], "max_tokens": 1})
     assert r.status_code == 400 and "only text parts are supported" in r.json()["error"]["message"]
+
+
+def test_grammar_backend_none_on_the_openai_routes_names_the_field_and_parses_auto_tool_calls_unconstrained(engine):
+    """--grammar-backend none: response_format, a required or named tool call are refused in the request's terms;
+    tools with tool_choice auto still work, their calls parsed from unconstrained output (as SGLang's): the first
+    version refused them for a regex the client never sent (review)."""
+    from types import SimpleNamespace
+
+    from radixflow.runtime.server.openai_request import chat_call, completion_call
+    from radixflow.runtime.server_args import ServerArgs
+
+    info = SimpleNamespace(context_len=engine.runner.context_len, vocab_size=engine.runner.vocab_size)
+    tm = SimpleNamespace(args=ServerArgs(grammar_backend="none"), tokenizer=engine.tokenizer, info=info,
+                         sampling_defaults={})
+    user = [{"role": "user", "content": "Weather in Paris?"}]
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object", "properties": {}}}}]
+    auto = chat_call(tm, {"messages": user, "tools": tools, "max_tokens": 4})
+    assert auto.tools is not None and auto.g.sampling_params.get("regex") is None
+    for extra, field in (({"tool_choice": "required"}, "tool_choice 'required'"),
+                         ({"tool_choice": {"type": "function", "function": {"name": "weather"}}}, "naming a function"),
+                         ({"response_format": {"type": "json_object"}}, "without response_format"),
+                         ({"regex": "[ab]+"}, "without regex")):
+        with pytest.raises(RadixflowError, match=field):
+            chat_call(tm, {"messages": user, "tools": tools if "tool_choice" in extra else None, "max_tokens": 4, **extra})
+    with pytest.raises(RadixflowError, match="without json_schema"):
+        completion_call(tm, {"prompt": "Hi", "json_schema": '{"type": "object"}'})

@@ -59,6 +59,8 @@ def test_sglangs_names_for_values_are_taken_and_its_xgrammar_is_refused_saying_w
     args = serve_args(["--dtype", "half", "--tool-call-parser", "qwen25", "--grammar-backend", "none"])
     assert (args.dtype, args.tool_call_parser, args.grammar_backend) == ("float16", "qwen25", "none")
     assert ServerArgs(dtype="float").dtype == "float32" and ServerArgs(dtype="float").to_cli() == ["--dtype", "float32"]
+    assert "drop --enable-one-shot-allreduce" in _refusal(capsys, ["--disable-custom-all-reduce",
+                                                                   "--enable-one-shot-allreduce"])
     err = _refusal(capsys, ["--grammar-backend", "xgrammar"])
     assert "--grammar-backend xgrammar is SGLang's: radixflow has no xgrammar backend" in err
     with pytest.raises(RadixflowError, match="choose llguidance or outlines"):

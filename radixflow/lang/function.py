@@ -29,7 +29,7 @@ from radixflow.runtime.async_threads import in_thread
 from radixflow.runtime.programs.program_meta import metas
 from radixflow.runtime.sampling_params import RUN_SAMPLING_PARAMS, SAMPLING_DEFAULTS
 
-MIN_CACHED_PREFIX = 64  # characters: SGLang's threshold for caching a program's prefix
+MIN_CACHED_PREFIX = 65  # characters: SGLang caches a program's prefix only when it is longer than 64
 
 MODES = ("auto", "graph", "eager")
 
@@ -79,8 +79,9 @@ class Function:
 
     def cache(self, backend: Any = None) -> bool:
         """SGLang's f.cache(): prefill the program's constant prefix (its text and role markers before the first
-        argument, gen, select or fork) so that runs find it in the radix cache. Prefixes under MIN_CACHED_PREFIX
-        characters, and programs that cannot be traced, are left alone (False), as SGLang's."""
+        argument, gen, select or fork; arguments with defaults take them, as in SGLang's trace) so that runs find it
+        in the radix cache. Prefixes under MIN_CACHED_PREFIX characters, programs that cannot be traced, and
+        backends without a prefix cache (OpenAIEndpoint) are left alone (False), as SGLang's."""
         b = resolve_backend(backend)
         arguments, _ = self._split((), {})
         try:
@@ -89,8 +90,7 @@ class Function:
             return False
         if len(prefix) < MIN_CACHED_PREFIX:
             return False
-        b.cache_prefix(prefix)
-        return True
+        return b.cache_prefix(prefix)
 
     # -- running -------------------------------------------------------------------------------
     def run(self, *args: Any, stream: bool = False, backend: Any = None, mode: str = "auto", use_thread: bool = True,

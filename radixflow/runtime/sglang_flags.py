@@ -134,6 +134,13 @@ def cli_choices(name: str, choices: Any) -> Any:
     return (*choices, *VALUE_ALIASES.get(name, {}), *REFUSED_VALUES.get(name, {}))
 
 
+def flag_conflict(namespace: argparse.Namespace) -> str:
+    """What contradicts itself among the parsed flags ("" if nothing): an ALWAYS flag whose promise another breaks."""
+    if getattr(namespace, "disable_custom_all_reduce", False) and getattr(namespace, "enable_one_shot_allreduce", False):
+        return "--disable-custom-all-reduce asks for NCCL's all-reduce alone: drop --enable-one-shot-allreduce"
+    return ""
+
+
 def check_sglang_args(args: Any) -> None:
     """ServerArgs' checks of its SGLang serving flags (RadixflowError says what to change)."""
     if args.chat_template is not None and not os.path.isfile(args.chat_template):

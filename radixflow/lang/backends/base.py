@@ -93,9 +93,10 @@ class Backend:
     def get_server_info(self) -> Optional[dict]:
         return None
 
-    def cache_prefix(self, text: str) -> None:
-        """Prefill `text` so that later requests find it in the radix cache (SGLang's cache_prefix)."""
-        raise RadixflowError(f"{type(self).__name__} has no prefix cache to fill")
+    def cache_prefix(self, text: str) -> bool:
+        """Prefill `text` so that later requests find it in the radix cache (SGLang's cache_prefix); False where
+        the backend has no prefix cache (nothing is sent, as in SGLang)."""
+        return False
 
 
 class NativeBackend(Backend):
@@ -108,8 +109,9 @@ class NativeBackend(Backend):
     def _call(self, payload: dict):
         raise NotImplementedError
 
-    def cache_prefix(self, text: str) -> None:
+    def cache_prefix(self, text: str) -> bool:
         self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})
+        return True
 
     def _counted(self, payload: dict):
         """`_call`, adding what it reports to token_usage."""

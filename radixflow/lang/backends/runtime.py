@@ -91,9 +91,9 @@ class Runtime:
             raise RadixflowError("the server's tokenizer folder cannot be read from this process")
         return self.endpoint.tokenizer
 
-    def cache_prefix(self, prefix: str) -> None:
+    def cache_prefix(self, prefix: str) -> bool:
         """Prefill `prefix` so that later requests find it in the radix cache."""
-        self.endpoint.cache_prefix(prefix)
+        return self.endpoint.cache_prefix(prefix)
 
     def generate(self, prompt: Union[str, list], sampling_params: Optional[dict] = None, return_logprob: bool = False,
                  logprob_start_len: Optional[int] = None, top_logprobs_num: Optional[int] = None) -> str:

@@ -16,7 +16,7 @@ MAX_PARALLEL_PROGRAMS = 128
 
 class RuntimeEndpoint(NativeBackend):
     def __init__(self, base_url: str, api_key: Optional[str] = None, verify=None, chat_template_name: Optional[str] = None,
-                 timeout: float = 600.0):
+                 *, timeout: float = 600.0):
         """SGLang's arguments: verify (TLS checks, as httpx's `verify`); chat_template_name only as None: roles
         render with the server's chat template (the model's, or its --chat-template)."""
         if chat_template_name is not None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from dataclasses import dataclass
 from typing import Optional
@@ -98,7 +99,7 @@ class LogprobCollector:
             req.output_top_logprobs.append(list(zip(vals.tolist(), ids.tolist())))
         asked = req.logprob.token_ids_logprob
         if asked:
-            ids = torch.tensor(asked, device=result.logprobs.device)
+            ids = _ids_on(asked, result.logprobs.device)
             req.output_token_ids_logprobs.append(list(zip(result.logprobs[row, ids].tolist(), asked)))
 
     @staticmethod
@@ -138,9 +139,15 @@ def _top_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, k: 
     return pairs
 
 
+@functools.lru_cache(maxsize=64)
+def _ids_on(asked: tuple, device: torch.device) -> torch.Tensor:
+    """The asked ids on the device, made once per id list (a request's every step reads them)."""
+    return torch.tensor(asked, device=device)
+
+
 def _id_rows(logits: torch.Tensor, lse: torch.Tensor, lo: int, rows: range, asked: tuple) -> list:
     """The logprobs of the `asked` token ids in each row of `rows`, as [(logprob, id)] in the asked order."""
-    ids = torch.tensor(asked, device=logits.device)
+    ids = _ids_on(asked, logits.device)
     pairs = []
     for a in range(rows.start, rows.stop, CHUNK_ROWS):
         b = min(a + CHUNK_ROWS, rows.stop)

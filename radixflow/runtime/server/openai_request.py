@@ -83,6 +83,28 @@ def _sampling(body: dict, max_tokens: Any, defaults: dict) -> dict:
     return sp
 
 
+def _check_grammars_on(tm: TokenizerManager, body: dict, sp: dict) -> None:
+    """--grammar-backend none: a grammar the request asks for is refused in the request's own terms."""
+    kinds = [k for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None]
+    if kinds and tm.args.grammar_backend == "none":
+        field = kinds[0] if body.get(kinds[0]) is not None else "response_format"
+        raise RadixflowError(f"this server takes no grammars (--grammar-backend none): send the request without "
+                             f"{field}, or start the server with another --grammar-backend")
+
+
+def _tools_constrained(tm: TokenizerManager, tools: ToolPlan) -> bool:
+    """Whether the tool plan's grammar applies: not under --grammar-backend none, where tool_choice auto's calls are
+    parsed from unconstrained output (as SGLang's) and a required or named call is refused."""
+    if tm.args.grammar_backend != "none":
+        return True
+    if tools.choice != "auto":
+        which = "'required'" if tools.choice == "required" else "naming a function"
+        raise RadixflowError(f"tool_choice {which} constrains the output to a tool call, and this server takes "
+                             "no grammars (--grammar-backend none): use tool_choice auto, whose calls are parsed "
+                             "unconstrained, or start the server with another --grammar-backend")
+    return False
+
+
 def _response_format(rf: Any) -> Optional[str]:
     if rf is None:
         return None
@@ -153,6 +175,7 @@ def completion_call(tm: TokenizerManager, body: dict) -> Call:
     echo = flag(body, "echo", False)
     max_tokens = body.get("max_tokens", 16)
     sp = _sampling(body, 16 if max_tokens is None else max_tokens, tm.sampling_defaults)
+    _check_grammars_on(tm, body, sp)
     g = GenerateInput(text=text, input_ids=ids, sampling_params=sp,
                       rid=body.get("rid"), return_logprob=k is not None, top_logprobs_num=k or 0,
                       logprob_start_len=0 if (echo and k is not None) else None,
@@ -194,7 +217,8 @@ def chat_call(tm: TokenizerManager, body: dict) -> Call:
     if max_tokens is None:  # like OpenAI: up to the context length
         max_tokens = max(min(tm.info.context_len - len(ids), tm.args.max_new_tokens_limit), 0)
     sp = _sampling(body, max_tokens, tm.sampling_defaults)
-    if tools and tools.regex:
+    _check_grammars_on(tm, body, sp)
+    if tools and tools.regex and _tools_constrained(tm, tools):
         sp["regex"] = tools.regex
     g = GenerateInput(input_ids=ids, sampling_params=sp, rid=body.get("rid"), return_logprob=want_lp,
                       top_logprobs_num=top or 0, return_text_in_logprobs=True, stream=stream)  # fmt: skip
