@@ -261,3 +261,31 @@ def test_auth_required(server, method, path, auth):
 def test_health_is_open(server):
     for path in ("/health", "/ready", "/ping"):
         assert httpx.get(server.url + path, timeout=30).status_code == 200
+
+
+def test_start_and_stop_profile_write_a_chrome_trace_of_the_steps(server, tmp_path):
+    """SGLang's /start_profile and /stop_profile: torch.profiler around the scheduler's steps; num_steps stops it by
+    itself; a second start, a stop with none running and bad fields are 400s that say why."""
+    import json
+
+    def traces():
+        return sorted(tmp_path.glob("radixflow-*.trace.json"))
+
+    gen = {"text": PROMPTS[0], "sampling_params": {**GREEDY, "max_new_tokens": 4}}
+    with server.client() as c:
+        started = c.post("/start_profile", json={"output_dir": str(tmp_path), "activities": ["CPU"]})
+        again = c.post("/start_profile", json={"output_dir": str(tmp_path)})
+        assert c.post("/generate", json=gen).status_code == 200
+        stopped = c.post("/stop_profile")
+        none_running = c.post("/stop_profile")
+        bad = [c.post("/start_profile", json=body) for body in ({"num_steps": 0}, {"activities": ["MEM"]}, {"x": 1})]
+        assert started.status_code == 200 and str(tmp_path) in started.text
+        assert again.status_code == 400 and "already running" in again.json()["error"]["message"]
+        assert stopped.status_code == 200 and none_running.status_code == 400
+        assert [r.status_code for r in bad] == [400, 400, 400]
+        assert "traceEvents" in json.loads(traces()[0].read_text())
+        auto = c.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 2})
+        assert auto.status_code == 200 and c.post("/generate", json=gen).status_code == 200
+        after = c.post("/stop_profile")  # it stopped after two steps by itself
+    assert after.status_code == 400 and "stopped after its num_steps" in after.json()["error"]["message"]
+    assert len(traces()) == 2

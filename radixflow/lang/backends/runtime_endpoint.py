@@ -70,6 +70,14 @@ class RuntimeEndpoint(NativeBackend):
     def flush_cache(self) -> bool:
         return self.client.post("/flush_cache").status_code == 200
 
+    def start_profile(self) -> None:
+        """SGLang's: the server's torch profiler on (POST /start_profile, its defaults)."""
+        check(self.client.post("/start_profile"), "POST /start_profile")
+
+    def stop_profile(self) -> None:
+        """SGLang's: the profile stopped and its trace written (the server logs and answers where)."""
+        check(self.client.post("/stop_profile"), "POST /stop_profile")
+
     def get_server_info(self) -> dict:
         return check(self.client.get("/get_server_info"), "GET /get_server_info").json()
 

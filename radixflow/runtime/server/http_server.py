@@ -33,6 +33,7 @@ from radixflow.runtime.server.http_common import (
 from radixflow.runtime import reasoning, sglang_fields
 from radixflow.runtime.server.openai_api import register_openai_routes
 from radixflow.runtime.server.program_service import register_program_routes
+from radixflow.runtime.server.step_profiler import parse_profile
 from radixflow.runtime.server.tokenize_api import register_tokenize_routes
 from radixflow.runtime.server.tokenizer_manager import Event, ServerDeadError, TokenizerManager
 
@@ -205,6 +206,22 @@ def _register_native(app: FastAPI) -> None:
         if ok:
             return PlainTextResponse("Cache flushed.\n")
         return PlainTextResponse("Cache not flushed: requests are running; retry when the server is idle.\n", 400)
+
+    @app.api_route("/start_profile", methods=["GET", "POST"])
+    async def start_profile(request: Request):
+        empty = request.headers.get("content-length") in (None, "0")  # SGLang's clients may send no body
+        asked = parse_profile(None if empty else await read_json(request))
+        started = await request.app.state.tm.control("start_profile", args=asked)
+        if "error" in started:
+            raise RadixflowError(started["error"])
+        return PlainTextResponse(f"Start profiling. The trace will be written to {started['path']}\n")
+
+    @app.api_route("/stop_profile", methods=["GET", "POST"])
+    async def stop_profile(request: Request):
+        stopped = await request.app.state.tm.control("stop_profile", timeout=120.0)  # writing a trace takes a while
+        if "error" in stopped:
+            raise RadixflowError(stopped["error"])
+        return PlainTextResponse(f"Stop profiling. The trace is at {stopped['path']}\n")
 
     @app.post("/abort_request")
     async def abort_request(request: Request):

@@ -12,7 +12,7 @@ import os
 import signal
 import time
 import traceback
-from typing import Optional
+from typing import Any, Optional
 
 import zmq
 
@@ -21,6 +21,7 @@ from radixflow.errors import RadixflowError
 from radixflow.runtime.gc_freeze import freeze_startup_objects
 from radixflow.runtime.output_delta import Sent, as_delta
 from radixflow.runtime.scheduling.req import Req, ReqOutput, ReqState
+from radixflow.runtime.server.step_profiler import StepProfiler
 from radixflow.runtime.server_args import ServerArgs
 from radixflow.runtime.server.server_messages import (
     AbortReq,
@@ -69,6 +70,7 @@ class SchedulerLoop:
         self.tp, self.runner, self.scheduler = rt.tp, rt.runner, rt.scheduler
         self.tokenizer_path, self.eos_ids = rt.tokenizer_path, rt.eos_ids
         self.programs = SchedulerPrograms(rt.programs, self.send)
+        self.profiler = StepProfiler()  # POST /start_profile, /stop_profile
         self.inflight: dict[str, Req] = {}
         self.streaming: dict[str, Sent] = {}  # rid -> what its last report carried
         ctx = zmq.Context()
@@ -122,7 +124,7 @@ class SchedulerLoop:
         elif isinstance(msg, ControlReq) and msg.kind == "program":
             self.programs.handle(msg)
         elif isinstance(msg, ControlReq):
-            self.send(ControlReply(msg.req_id, self._control(msg.kind)))
+            self.send(ControlReply(msg.req_id, self._control(msg.kind, msg.args)))
         else:
             raise AssertionError(f"unexpected message {type(msg).__name__}")
 
@@ -152,11 +154,15 @@ class SchedulerLoop:
         self._emit(outs)
         self.programs.abort(None if msg.abort_all else msg.rid)
 
-    def _control(self, kind: str):
+    def _control(self, kind: str, args: Any = None):
         if kind == "flush_cache":
             return self.scheduler.flush_cache()
         if kind == "server_info":
             return self.server_info()
+        if kind == "start_profile":
+            return self.profiler.start(args)
+        if kind == "stop_profile":
+            return self.profiler.stop()
         return None
 
     def server_info(self) -> dict:
@@ -188,6 +194,7 @@ class SchedulerLoop:
         try:
             outs = self.scheduler.step()
             self.programs.on_step()
+            self.profiler.on_step()
         except Exception as e:
             log.exception("a forward step failed; failing the requests in it")
             outs = self._fail_batch(e)

@@ -119,8 +119,11 @@ class AbortReq:
 
 @dataclass
 class ControlReq:
-    kind: str  # "flush_cache" | "server_info"
+    kind: str  # "flush_cache" | "server_info" | "start_profile" | "stop_profile"
     req_id: int
+    # start_profile: its step_profiler.ProfileRequest. Keyword-only, so that subclasses' fields (ProgramReq's)
+    # keep their positions after req_id.
+    args: Any = field(default=None, kw_only=True)
 
 
 @dataclass

@@ -207,9 +207,9 @@ class TokenizerManager:
         self.controls[req_id] = fut
         return req_id, fut
 
-    async def control(self, kind: str, timeout: float = 20.0) -> Any:
+    async def control(self, kind: str, timeout: float = 20.0, args: Any = None) -> Any:
         req_id, fut = self.new_control()
-        self.send(ControlReq(kind, req_id))
+        self.send(ControlReq(kind, req_id, args=args))
         try:
             return await asyncio.wait_for(fut, timeout)
         finally:
