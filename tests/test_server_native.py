@@ -278,11 +278,12 @@ def test_start_and_stop_profile_write_a_chrome_trace_of_the_steps(server, tmp_pa
         assert c.post("/generate", json=gen).status_code == 200
         stopped = c.post("/stop_profile")
         none_running = c.post("/stop_profile")
-        bad = [c.post("/start_profile", json=body) for body in ({"num_steps": 0}, {"activities": ["MEM"]}, {"x": 1})]
+        bad = [c.post("/start_profile", json=body) for body in ({"num_steps": 0}, {"activities": ["MEM"]}, {"x": 1},
+                                                                  {"output_dir": "/proc/radixflow-no-such-dir"})]
         assert started.status_code == 200 and str(tmp_path) in started.text
         assert again.status_code == 400 and "already running" in again.json()["error"]["message"]
         assert stopped.status_code == 200 and none_running.status_code == 400
-        assert [r.status_code for r in bad] == [400, 400, 400]
+        assert [r.status_code for r in bad] == [400] * 4 and "cannot hold the trace" in bad[3].json()["error"]["message"]
         assert "traceEvents" in json.loads(traces()[0].read_text())
         auto = c.post("/start_profile", json={"output_dir": str(tmp_path), "num_steps": 2})
         assert auto.status_code == 200 and c.post("/generate", json=gen).status_code == 200

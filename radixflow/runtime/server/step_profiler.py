@@ -61,7 +61,12 @@ class StepProfiler:
 
         if self.prof is not None:
             return {"error": "a profile is already running: POST /stop_profile first"}
-        os.makedirs(req.output_dir, exist_ok=True)
+        try:  # the request's folder may not be writable: its error, not the scheduler's
+            os.makedirs(req.output_dir, exist_ok=True)
+            if not os.access(req.output_dir, os.W_OK):
+                raise PermissionError(f"{req.output_dir} is not writable")
+        except OSError as e:
+            return {"error": f"output_dir {req.output_dir!r} cannot hold the trace ({e}); give another"}
         kinds = {"CPU": torch.profiler.ProfilerActivity.CPU, "GPU": torch.profiler.ProfilerActivity.CUDA}
         wanted = [kinds[a] for a in req.activities if a == "CPU" or torch.cuda.is_available()]
         self.prof = torch.profiler.profile(activities=wanted, record_shapes=req.record_shapes, with_stack=req.with_stack)
@@ -74,17 +79,23 @@ class StepProfiler:
         if self.prof is not None and self.steps_left is not None:
             self.steps_left -= 1
             if self.steps_left <= 0:
-                self.last_path = self._write()
+                try:
+                    self.last_path = self._write()
+                except OSError:
+                    self.last_path = f"{self.path}, which could not be written"
 
     def stop(self) -> dict:
         if self.prof is None:
             ended = f" (the last one stopped after its num_steps: {self.last_path})" if self.last_path else ""
             return {"error": f"no profile is running{ended}; POST /start_profile first"}
         self.last_path = ""
-        return {"path": self._write()}
+        try:
+            return {"path": self._write()}
+        except OSError as e:
+            return {"error": f"the trace could not be written to {self.path} ({e})"}
 
     def _write(self) -> str:
-        self.prof.stop()
-        self.prof.export_chrome_trace(self.path)
-        self.prof = None
+        prof, self.prof = self.prof, None
+        prof.stop()
+        prof.export_chrome_trace(self.path)  # a full disk raises here, after the profiler was stopped and let go
         return self.path
