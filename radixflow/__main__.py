@@ -37,8 +37,8 @@ def serve_args(argv: list[str]):
     ServerArgs.add_cli_args(parser)
     add_sglang_flags(parser)
     namespace = parser.parse_args(argv)
-    if flag_conflict(namespace):
-        parser.error(flag_conflict(namespace))
+    if conflict := flag_conflict(namespace):
+        parser.error(conflict)
     try:
         args = ServerArgs.from_cli(namespace)
         if args.chat_template is not None:  # read and compiled now, not after the model has loaded

@@ -98,8 +98,7 @@ class RequestBuilder:
     def _check(self, sp: SamplingParams) -> SamplingParams:
         if sp.grammar is not None:
             if self.grammar_backend == "none":
-                raise RadixflowError(f"this server takes no grammars (--grammar-backend none): send the request without "
-                                     f"{sp.grammar[0]}, or start the server with another --grammar-backend")
+                raise grammars_off(sp.grammar[0])
             from radixflow.constrained import validate  # grammar backends only when grammars are used
 
             validate(*sp.grammar, backend=self.grammar_backend)
@@ -215,6 +214,12 @@ def _rids(rid: Any, count: int) -> list[str]:
             raise RadixflowError("rid has the same rid twice; give each prompt its own")
         return rid
     raise RadixflowError("rid must be a string or a list of strings, one per prompt")
+
+
+def grammars_off(field: str) -> RadixflowError:
+    """The refusal of a grammar under --grammar-backend none, naming the request's `field` that asked for one."""
+    return RadixflowError(f"this server takes no grammars (--grammar-backend none): send the request without {field}, "
+                          "or start the server with another --grammar-backend")
 
 
 def _asked_ids(value: Any, count: int, vocab_size: int) -> list:

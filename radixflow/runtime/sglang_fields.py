@@ -65,7 +65,7 @@ _OPENAI = {
     **_SHARED,
     "user": str,
     "spaces_between_special_tokens": SAMPLING["spaces_between_special_tokens"],
-    "custom_params": _NULL,
+    "custom_params": SAMPLING["custom_params"],
     **dict.fromkeys(("return_cached_tokens_details", "return_spec_tokens_details", "return_token_ids"), _FALSE),
     # OpenAI fields that only concern OpenAI's own service
     "service_tier": str, "store": bool, "metadata": dict,

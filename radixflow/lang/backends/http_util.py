@@ -70,9 +70,14 @@ def _event(line: str):
 KEEPALIVE_EXPIRY_S = 2.0
 
 
+def auth_headers(api_key) -> dict:
+    """The Bearer header a server started with --api-key wants (none without a key)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
 def client(base_url: str, api_key, timeout: float, verify=None) -> httpx.Client:
     """verify: TLS certificate checks as httpx takes them (None: httpx's default, checked)."""
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    headers = auth_headers(api_key)
     limits = httpx.Limits(max_connections=256, max_keepalive_connections=64, keepalive_expiry=KEEPALIVE_EXPIRY_S)
     tls = {} if verify is None else {"verify": verify}
     return httpx.Client(base_url=base_url.rstrip("/"), headers=headers, timeout=timeout, limits=limits, **tls)

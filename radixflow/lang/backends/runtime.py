@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Optional, Union
 import httpx
 
 from radixflow.errors import RadixflowError
-from radixflow.lang.backends.http_util import async_sse_events, check
+from radixflow.lang.backends.http_util import async_sse_events, auth_headers, check
 from radixflow.lang.backends.runtime_endpoint import RuntimeEndpoint
 from radixflow.runtime.child_processes import free_port
 
@@ -44,7 +44,7 @@ class Runtime:
 
     def _wait_ready(self, timeout: float) -> None:
         deadline = time.time() + timeout
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = auth_headers(self.api_key)
         while time.time() < deadline:
             if self.process.poll() is not None:
                 raise RadixflowError(f"the server exited with {self.process.returncode}:\n{self.log()[-3000:]}")
@@ -105,7 +105,7 @@ class Runtime:
 
     async def async_generate(self, prompt: str, sampling_params: Optional[dict] = None) -> AsyncIterator[str]:
         """SGLang's Runtime.async_generate: the text as it streams, each piece once (`async for piece in ...`)."""
-        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        headers = auth_headers(self.api_key)
         body = {"text": prompt, "sampling_params": sampling_params or {}, "stream": True}
         sent = 0
         async with httpx.AsyncClient(base_url=self.url, headers=headers, timeout=600) as c:

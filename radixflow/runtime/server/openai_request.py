@@ -14,7 +14,7 @@ from typing import Any, Optional
 
 from radixflow.errors import RadixflowError
 from radixflow.runtime import sglang_fields
-from radixflow.runtime.generate_request import GenerateInput, token_ids_in
+from radixflow.runtime.generate_request import GenerateInput, grammars_off, token_ids_in
 from radixflow.runtime.reasoning import ReasoningPlan, get_format, prompt_forces
 from radixflow.runtime.sampling_params import api_names
 from radixflow.runtime.server.tokenizer_manager import TokenizerManager
@@ -87,9 +87,7 @@ def _check_grammars_on(tm: TokenizerManager, body: dict, sp: dict) -> None:
     """--grammar-backend none: a grammar the request asks for is refused in the request's own terms."""
     kinds = [k for k in ("regex", "json_schema", "ebnf") if sp.get(k) is not None]
     if kinds and tm.args.grammar_backend == "none":
-        field = kinds[0] if body.get(kinds[0]) is not None else "response_format"
-        raise RadixflowError(f"this server takes no grammars (--grammar-backend none): send the request without "
-                             f"{field}, or start the server with another --grammar-backend")
+        raise grammars_off(kinds[0] if body.get(kinds[0]) is not None else "response_format")
 
 
 def _tools_constrained(tm: TokenizerManager, tools: ToolPlan) -> bool:
