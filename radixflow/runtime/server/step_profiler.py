@@ -5,6 +5,7 @@ only rank 0's scheduler is profiled."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 import time
@@ -54,6 +55,7 @@ class StepProfiler:
         self.prof = None
         self.steps_left: Optional[int] = None
         self.path = ""
+        self.numbers = itertools.count(1)
         self.last_path = ""  # the trace of the last profile that stopped by itself (num_steps), until a stop
 
     def start(self, req: ProfileRequest) -> dict:
@@ -72,7 +74,9 @@ class StepProfiler:
         self.prof = torch.profiler.profile(activities=wanted, record_shapes=req.record_shapes, with_stack=req.with_stack)
         self.prof.start()
         self.steps_left = req.num_steps
-        self.path = os.path.join(req.output_dir, f"radixflow-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.trace.json")
+        # numbered: two profiles within one second had one name, and the second trace overwrote the first
+        name = f"radixflow-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{next(self.numbers)}.trace.json"
+        self.path = os.path.join(req.output_dir, name)
         return {"path": self.path}
 
     def on_step(self) -> None:
